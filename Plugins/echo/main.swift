@@ -1,0 +1,65 @@
+import CJSONC
+import PylonPluginKit
+
+/// pylon-echo: a minimal plugin used by tests, examples and the routing benchmark.
+///
+/// - `echo.echo`: replies with its params unchanged (no conversion to Swift values).
+/// - `echo.sleep {ms}`: replies after `ms` milliseconds (timeouts, in-flight failure tests).
+/// - `echo.hang {}`: stops the loop from serving anything (liveness tests).
+/// - `echo.crash {}`: exits abnormally at once.
+/// - `echo.collect {appKey, data}`: a consent-scoped method under `echo:{appKey}`.
+/// - `echo.call {method, params}`: calls another method through the host (plugin→plugin routing).
+/// - `echo.publish {topic, data}`: publishes a notification.
+let plugin = Plugin(name: "echo", version: pylonVersionEcho)
+
+plugin.method("echo") { call in
+    call.replyRaw(owning: json_object_get(call.paramsRef))
+}
+var timers: [Timer] = []
+plugin.method("sleep") { call in
+    let ms = UInt64(max(0, call.params["ms"]?.intValue ?? 0))
+    let t = Timer(loop: plugin.loop) {}
+    t.callback = { [unowned t] in
+        call.reply(["slept_ms": .int(Int64(ms))])
+        t.close()
+    }
+    t.start(after: ms)
+}
+plugin.method("hang") { call in
+    call.reply(["hanging": true])
+    plugin.loop.flushDirty()
+    while true { sleepSeconds(3600) }
+}
+plugin.method("crash") { _ in
+    abortNow()
+}
+plugin.method("collect", consent: "echo:{appKey}") { call in
+    call.reply(["stored": call.params["data"] ?? .null])
+}
+plugin.method("call") { call in
+    guard let m = call.params["method"]?.stringValue else {
+        call.fail(RPCError(.invalidParams, "params.method is required"))
+        return
+    }
+    plugin.call(m, call.params["params"]) { r in
+        switch r {
+        case .success(let v): call.reply(["result": v])
+        case .failure(let e): call.fail(e)
+        }
+    }
+}
+plugin.method("publish") { call in
+    guard let t = call.params["topic"]?.stringValue else {
+        call.fail(RPCError(.invalidParams, "params.topic is required"))
+        return
+    }
+    plugin.publish(t, call.params["data"] ?? .null)
+    call.reply(["published": .string(t)])
+}
+var consentLog: [JSON] = []
+plugin.onConsentChanged = { key, granted in
+    consentLog.append(["key": .string(key), "granted": .bool(granted)])
+}
+plugin.method("consentLog") { call in call.reply(.array(consentLog)) }
+plugin.declarePublishes("echo.*")
+plugin.run()

@@ -1,0 +1,282 @@
+import CLibUV
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Shared read buffer: reads are processed synchronously on the loop thread, so one suffices.
+nonisolated(unsafe) private let readBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: readBufferSize)
+private let readBufferSize = 256 * 1024
+
+/// A framed, newline-delimited stream over a `uv_pipe_t` (Unix socket, socketpair end or pipe).
+///
+/// Reading: every read is split into lines by a `LineFramer`; each line goes to `onLine`. After a
+/// read has been fully dispatched, the loop writes out all connections that gained output, so a
+/// burst of requests costs one write per peer rather than one per message.
+///
+/// Writing: `send` appends to an in-memory queue. `queuedBytes` is what the peer has not yet
+/// taken; past `pauseAbove` the connection stops reading (backpressure) until it drains to half.
+public final class Connection {
+    public let loop: Loop
+    let handle: UnsafeMutablePointer<uv_pipe_t>
+    private var framer: LineFramer
+    private let pending = ByteBuffer()
+    private let inflight = ByteBuffer()
+    private let writeReq: UnsafeMutablePointer<uv_write_t>
+    private var writing = false
+    private var isDirty = false
+    private var reading = false
+    private var pausedForBackpressure = false
+    private var closeWhenFlushed = false
+    public private(set) var isClosed = false
+
+    /// Pause reading while more than this many bytes wait to be written to the peer (0 = never).
+    public var pauseAbove: Int = 0
+
+    public var onLine: (UnsafeRawBufferPointer) -> Void = { _ in }
+    public var onOversized: (Int, [UInt8]) -> Void = { _, _ in }
+    public var onClose: (_ error: Int32) -> Void = { _ in }
+    /// When set, end of input does not close the connection (so replies can still be written);
+    /// the owner decides when to close. When nil, EOF closes at once.
+    public var onEOF: (() -> Void)?
+    /// True after the peer shut down its sending side.
+    public private(set) var peerShutdown = false
+
+    public var maxLineBytes: Int {
+        get { framer.maxLineBytes }
+        set { framer.maxLineBytes = newValue }
+    }
+
+    /// Bytes accepted by `send` that the peer has not read yet.
+    public var queuedBytes: Int { pending.count + inflight.count }
+    public private(set) var bytesIn: UInt64 = 0
+    public private(set) var bytesOut: UInt64 = 0
+
+    /// An unopened pipe handle (for `uv_spawn` stdio or `uv_accept`).
+    public init(loop: Loop, maxLineBytes: Int) {
+        self.loop = loop
+        framer = LineFramer(maxLineBytes: maxLineBytes)
+        handle = .allocate(capacity: 1)
+        handle.initialize(to: uv_pipe_t())
+        writeReq = .allocate(capacity: 1)
+        writeReq.initialize(to: uv_write_t())
+        uv_pipe_init(loop.uv, handle, 0)
+        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        writeReq.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+    }
+
+    /// Wraps an already-connected descriptor (`uv_pipe_open`).
+    public convenience init(loop: Loop, fd: Int32, maxLineBytes: Int) throws(UVError) {
+        self.init(loop: loop, maxLineBytes: maxLineBytes)
+        let rc = uv_pipe_open(handle, fd)
+        if rc < 0 {
+            close()
+            throw UVError(rc, "uv_pipe_open(\(fd))")
+        }
+    }
+
+    /// Connects to a Unix socket path synchronously (blocking `connect(2)`), then wraps it.
+    public static func connect(loop: Loop, path: String, maxLineBytes: Int) throws(UVError) -> Connection {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        if fd < 0 { throw UVError(-errno, "socket") }
+        var sa = sockaddr_un()
+        sa.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: sa.sun_path) else {
+            Glibc.close(fd)
+            throw UVError(-ENAMETOOLONG, "socket path \(path)")
+        }
+        withUnsafeMutableBytes(of: &sa.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let rc = withUnsafePointer(to: &sa) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        if rc != 0 {
+            let e = errno
+            Glibc.close(fd)
+            throw UVError(-e, "connect \(path)")
+        }
+        return try Connection(loop: loop, fd: fd, maxLineBytes: maxLineBytes)
+    }
+
+    public var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle) }
+
+    /// The OS descriptor (`uv_fileno`), or -1.
+    public var fd: Int32 {
+        if isClosed { return -1 }
+        var f = uv_os_fd_t(-1)
+        return uv_fileno(asHandle(handle), &f) == 0 ? Int32(f) : -1
+    }
+
+    public func startReading() {
+        guard !isClosed, !reading else { return }
+        reading = true
+        uv_read_start(stream, { h, _, buf in
+            buf!.pointee = pylon_buf(readBuffer, readBufferSize)
+        }, { s, nread, _ in
+            let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
+            c.didRead(nread)
+        })
+    }
+
+    public func stopReading() {
+        guard reading, !isClosed else { return }
+        reading = false
+        uv_read_stop(stream)
+    }
+
+    private func didRead(_ nread: Int) {
+        if nread < 0 {
+            if nread == Int(UV_EOF.rawValue), let onEOF {
+                // Half-close: the peer sent everything it will send but may still read.
+                uv_read_stop(stream)
+                reading = false
+                peerShutdown = true
+                onEOF()
+            } else {
+                close(error: nread == Int(UV_EOF.rawValue) ? 0 : Int32(nread))
+            }
+            return
+        }
+        guard nread > 0 else { return }
+        bytesIn &+= UInt64(nread)
+        let chunk = UnsafeRawBufferPointer(start: readBuffer, count: nread)
+        framer.feed(chunk) { event in
+            guard !self.isClosed else { return }
+            switch event {
+            case .line(let l): self.onLine(l)
+            case .oversized(let n, let head): self.onOversized(n, head)
+            }
+        }
+        loop.flushDirty()
+    }
+
+    // MARK: Writing
+
+    /// Queues one line (a `\n` is appended).
+    public func sendLine(_ bytes: UnsafeRawBufferPointer) {
+        guard !isClosed else { return }
+        pending.append(bytes)
+        pending.append(byte: 0x0A)
+        markDirty()
+    }
+    public func send(_ ref: JSONRef) { ref.withSerialized { sendLine($0) } }
+    public func send(_ json: JSON) { send(JSONRef(json)) }
+    public func sendLine(_ s: String) {
+        var s = s
+        s.withUTF8 { sendLine(UnsafeRawBufferPointer($0)) }
+    }
+
+    private func markDirty() {
+        if !isDirty {
+            isDirty = true
+            loop.markDirty(self)
+        }
+        if pauseAbove > 0, reading, !pausedForBackpressure, queuedBytes > pauseAbove {
+            pausedForBackpressure = true
+            uv_read_stop(stream)
+        }
+    }
+
+    /// Writes queued bytes now: `uv_try_write` first, the remainder with one `uv_write`.
+    func flushNow() {
+        isDirty = false
+        guard !isClosed, !writing else { return }
+        if pending.count > 0 {
+            var buf = pylon_buf(pending.base.assumingMemoryBound(to: CChar.self), pending.count)
+            let r = uv_try_write(stream, &buf, 1)
+            if r > 0 {
+                bytesOut &+= UInt64(r)
+                pending.consume(Int(r))
+            } else if r < 0 && r != UV_EAGAIN.rawValue {
+                close(error: r)
+                return
+            }
+        }
+        if pending.count > 0 {
+            // Hand the rest to libuv; `inflight` stays untouched until the write callback.
+            inflight.append(pending.bytes)
+            pending.clear()
+            writing = true
+            var buf = pylon_buf(inflight.base.assumingMemoryBound(to: CChar.self), inflight.count)
+            let rc = uv_write(writeReq, stream, &buf, 1) { req, status in
+                let c = Unmanaged<Connection>.fromOpaque(req!.pointee.data).takeUnretainedValue()
+                c.didWrite(status)
+            }
+            if rc < 0 {
+                writing = false
+                close(error: rc)
+            }
+            return
+        }
+        afterDrain()
+    }
+
+    private func didWrite(_ status: Int32) {
+        writing = false
+        bytesOut &+= UInt64(inflight.count)
+        inflight.clear()
+        if status < 0 {
+            close(error: status)
+            return
+        }
+        flushNow()
+    }
+
+    private func afterDrain() {
+        if pausedForBackpressure, queuedBytes <= pauseAbove / 2 {
+            pausedForBackpressure = false
+            if reading && !peerShutdown { startReadingAgain() }
+        }
+        if closeWhenFlushed, queuedBytes == 0 { close() }
+    }
+
+    private func startReadingAgain() {
+        reading = false
+        startReading()
+    }
+
+    /// True while reading is paused because the peer is not taking its output.
+    public var isBackpressured: Bool { pausedForBackpressure }
+
+    /// Closes once everything queued has been written.
+    public func closeAfterFlush() {
+        closeWhenFlushed = true
+        stopReading()
+        if queuedBytes == 0 { close() } else { markDirty() }
+    }
+
+    /// Closes the handle; `onClose` runs from libuv's close callback, after which the object is
+    /// released by its handle. Safe to call more than once.
+    public func close(error: Int32 = 0) {
+        guard !isClosed else { return }
+        isClosed = true
+        closeError = error
+        if reading { uv_read_stop(stream) }
+        uv_close(asHandle(handle)) { h in
+            let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
+            let c = Unmanaged<Connection>.fromOpaque(p.pointee.data).takeRetainedValue()
+            c.didClose()
+        }
+    }
+    private var closeError: Int32 = 0
+
+    private func didClose() {
+        let cb = onClose
+        onLine = { _ in }
+        onOversized = { _, _ in }
+        onClose = { _ in }
+        onEOF = nil
+        cb(closeError)
+    }
+
+    deinit {
+        // Only reachable after the close callback released the handle's reference.
+        handle.deallocate()
+        writeReq.deallocate()
+    }
+}

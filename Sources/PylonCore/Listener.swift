@@ -1,0 +1,76 @@
+import CLibUV
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A listening Unix socket (`uv_pipe_bind` + `uv_listen`).
+public final class Listener {
+    let handle: UnsafeMutablePointer<uv_pipe_t>
+    public let path: String
+    public var onConnection: () -> Void = {}
+    private var closed = false
+
+    /// Binds `path` (removing a stale socket file first) and applies `mode`/`group` to it.
+    public init(loop: Loop, path: String, mode: mode_t, group: gid_t?, backlog: Int32 = 128) throws(UVError) {
+        self.path = path
+        handle = .allocate(capacity: 1)
+        handle.initialize(to: uv_pipe_t())
+        uv_pipe_init(loop.uv, handle, 0)
+        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        var st = stat()
+        if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK { unlink(path) }
+        // Bind with a restrictive umask so the socket never exists with looser permissions.
+        let old = umask(0o177)
+        let rc = uv_pipe_bind(handle, path)
+        umask(old)
+        if rc < 0 { close(); throw UVError(rc, "bind \(path)") }
+        if chmod(path, mode) != 0 { let e = errno; close(); throw UVError(-e, "chmod \(path)") }
+        if let group, chown(path, uid_t.max, group) != 0 {
+            let e = errno; close(); throw UVError(-e, "chown \(path)")
+        }
+        let lrc = uv_listen(asStream(handle), backlog) { s, status in
+            guard status == 0 else { return }
+            Unmanaged<Listener>.fromOpaque(s!.pointee.data).takeUnretainedValue().onConnection()
+        }
+        if lrc < 0 { close(); throw UVError(lrc, "listen \(path)") }
+    }
+
+    /// Accepts a pending connection into a new `Connection` (`uv_accept`).
+    public func accept(loop: Loop, maxLineBytes: Int) -> Connection? {
+        let c = Connection(loop: loop, maxLineBytes: maxLineBytes)
+        if uv_accept(asStream(handle), c.stream) != 0 {
+            c.close()
+            return nil
+        }
+        return c
+    }
+
+    /// Stops listening and removes the socket file.
+    public func close() {
+        guard !closed else { return }
+        closed = true
+        unlink(path)
+        uv_close(asHandle(handle)) { h in
+            let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
+            Unmanaged<Listener>.fromOpaque(p.pointee.data).release()
+            p.deallocate()
+        }
+    }
+}
+
+/// Peer credentials of a connected Unix socket (SO_PEERCRED).
+public struct PeerCredentials: Sendable, Equatable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+    public init(pid: Int32, uid: UInt32, gid: UInt32) { self.pid = pid; self.uid = uid; self.gid = gid }
+
+    public static func of(fd: Int32) -> PeerCredentials? {
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+        guard fd >= 0, pylon_peercred(fd, &pid, &uid, &gid) == 0 else { return nil }
+        return PeerCredentials(pid: pid, uid: uid, gid: gid)
+    }
+}

@@ -1,0 +1,83 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Structured logs: one logfmt line per event on stderr (`ts=… level=… msg="…" key=value …`),
+/// which journald and grep both read well.
+public struct Log: Sendable {
+    public enum Level: Int, Comparable, Sendable {
+        case debug = 0, info, warn, error
+        public static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
+        public var name: String { ["debug", "info", "warn", "error"][rawValue] }
+        public init?(name: String) {
+            switch name {
+            case "debug": self = .debug
+            case "info": self = .info
+            case "warn", "warning": self = .warn
+            case "error": self = .error
+            default: return nil
+            }
+        }
+    }
+
+    nonisolated(unsafe) public static var minimum: Level = .info
+    public let component: String
+    public init(_ component: String) { self.component = component }
+
+    public func debug(_ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible> = [:]) {
+        emit(.debug, msg, fields)
+    }
+    public func info(_ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible> = [:]) {
+        emit(.info, msg, fields)
+    }
+    public func warn(_ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible> = [:]) {
+        emit(.warn, msg, fields)
+    }
+    public func error(_ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible> = [:]) {
+        emit(.error, msg, fields)
+    }
+
+    public func emit(_ level: Level, _ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible>) {
+        guard level >= Log.minimum else { return }
+        var line = "ts=\(Log.timestamp()) level=\(level.name) component=\(component) msg=\(Log.quote(msg))"
+        for (k, v) in fields { line += " \(k)=\(Log.quote(v.description))" }
+        line += "\n"
+        var l = line
+        l.withUTF8 { b in _ = write(2, b.baseAddress, b.count) }
+    }
+
+    /// Quotes a value when it holds spaces, quotes, `=` or control characters.
+    public static func quote(_ s: String) -> String {
+        var needs = s.isEmpty
+        for u in s.utf8 where u <= 0x20 || u == 0x22 || u == 0x3D || u == 0x5C { needs = true; break }
+        guard needs else { return s }
+        var out = "\""
+        for ch in s.unicodeScalars {
+            switch ch {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            default:
+                if ch.value < 0x20 { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
+            }
+        }
+        return out + "\""
+    }
+
+    /// UTC time as RFC 3339 with milliseconds.
+    public static func timestamp() -> String {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        var t = ts.tv_sec
+        var tmv = tm()
+        gmtime_r(&t, &tmv)
+        func p(_ v: Int32, _ w: Int) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, w - s.count)) + s
+        }
+        return "\(p(tmv.tm_year + 1900, 4))-\(p(tmv.tm_mon + 1, 2))-\(p(tmv.tm_mday, 2))T"
+            + "\(p(tmv.tm_hour, 2)):\(p(tmv.tm_min, 2)):\(p(tmv.tm_sec, 2)).\(p(Int32(ts.tv_nsec / 1_000_000), 3))Z"
+    }
+}

@@ -1,0 +1,25 @@
+import CLibUV
+
+/// A libuv (negative errno) error code with its message.
+public struct UVError: Error, Equatable, Sendable, CustomStringConvertible {
+    public let code: Int32
+    public let context: String
+    public init(_ code: Int32, _ context: String = "") { self.code = code; self.context = context }
+    public var message: String { String(cString: uv_strerror(code)) }
+    public var description: String { context.isEmpty ? message : "\(context): \(message)" }
+
+    /// Throws when `rc` is negative.
+    @inline(__always)
+    public static func check(_ rc: Int32, _ context: @autoclosure () -> String) throws(UVError) {
+        if rc < 0 { throw UVError(rc, context()) }
+    }
+}
+
+@inline(__always)
+func asHandle<T>(_ p: UnsafeMutablePointer<T>) -> UnsafeMutablePointer<uv_handle_t> {
+    UnsafeMutableRawPointer(p).assumingMemoryBound(to: uv_handle_t.self)
+}
+@inline(__always)
+func asStream<T>(_ p: UnsafeMutablePointer<T>) -> UnsafeMutablePointer<uv_stream_t> {
+    UnsafeMutableRawPointer(p).assumingMemoryBound(to: uv_stream_t.self)
+}

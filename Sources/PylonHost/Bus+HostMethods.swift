@@ -1,0 +1,255 @@
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The host's own methods: `bus.*` and `consent.*`.
+extension Bus {
+    static let hostMethods = [
+        "bus.ping", "bus.status", "bus.describe", "bus.subscribe", "bus.unsubscribe", "bus.publish",
+        "bus.provide", "bus.unprovide", "bus.restart", "consent.get", "consent.set", "consent.list",
+    ]
+
+    func hostMethod(_ peer: Peer, _ method: String, _ params: JSON?) -> Result<JSON, RPCError> {
+        do throws(RPCError) {
+            switch method {
+            case "bus.ping": return .success(["pong": true, "version": .string(pylonVersion)])
+            case "bus.status": return .success(status())
+            case "bus.describe": return .success(describe())
+            case "bus.subscribe": return .success(try subscribe(peer, params, add: true))
+            case "bus.unsubscribe": return .success(try subscribe(peer, params, add: false))
+            case "bus.publish": return .success(try publishMethod(peer, params))
+            case "bus.provide": return .success(try provide(peer, params, add: true))
+            case "bus.unprovide": return .success(try provide(peer, params, add: false))
+            case "bus.restart": return .success(try restartMethod(params))
+            case "consent.get": return .success(try consentGet(params))
+            case "consent.set": return .success(try consentSet(params))
+            case "consent.list": return .success(consentJSON())
+            case "bus.hello":
+                throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
+            default:
+                throw RPCError(.methodNotFound, "method not found: \(method)")
+            }
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    private func str(_ params: JSON?, _ key: String) throws(RPCError) -> String {
+        guard let s = params?[key]?.stringValue, !s.isEmpty else {
+            throw RPCError(.invalidParams, "params.\(key) (non-empty string) is required")
+        }
+        return s
+    }
+
+    func status() -> JSON {
+        let now = loop.nowMs
+        var plugins: [JSON] = []
+        for name in slotOrder {
+            guard let s = slots[name] else { continue }
+            var o: JSONObject = [
+                "name": .string(name), "pid": s.life.isAlive ? .int(Int64(s.pid)) : .null,
+                "state": .string(s.life.state.rawValue), "restarts": .int(Int64(s.life.restarts)),
+                "uptime_s": s.life.runningSince.map { .double(Double(now - $0) / 1000) } ?? .int(0),
+                "requests_served": .int(Int64(s.served)),
+                "inflight": .int(Int64(pending.values.reduce(0) { $0 + ($1.target === s.peer && s.peer != nil ? 1 : 0) })),
+                "queued_bytes": .int(Int64(s.peer?.conn.queuedBytes ?? 0)),
+                "restart_policy": .string(s.config.policy.restart.rawValue),
+                "version": s.manifest.map { .string($0.version) } ?? .null,
+            ]
+            if let r = s.lastExit { o["last_exit"] = .string(r) }
+            if let r = s.life.failedReason { o["failed_reason"] = .string(r) }
+            if s.life.state == .backoff { o["backoff_ms"] = .int(Int64(s.life.lastBackoffMs)) }
+            if let rtt = s.lastHeartbeatRttMs { o["heartbeat_rtt_ms"] = .int(Int64(rtt)) }
+            if let pid = s.life.isAlive ? s.pid : nil, let rss = System.rssKiB(pid: pid) { o["rss_kib"] = .int(Int64(rss)) }
+            plugins.append(.object(o))
+        }
+        var clients: [JSON] = []
+        for p in peers.values.sorted(by: { $0.id < $1.id }) where !p.isPlugin {
+            var o: JSONObject = [
+                "id": .int(Int64(p.id)), "inflight": .int(Int64(p.inflight)),
+                "queued_bytes": .int(Int64(p.conn.queuedBytes)), "requests": .int(Int64(p.requestsSent)),
+                "subscriptions": .array(p.subscriptions.map { .string($0.text) }),
+                "dropped_notifications": .int(Int64(p.droppedNotifications)),
+                "connected_s": .double(Double(now - p.connectedAtMs) / 1000),
+            ]
+            if let c = p.credentials { o["pid"] = .int(Int64(c.pid)); o["uid"] = .int(Int64(c.uid)); o["gid"] = .int(Int64(c.gid)) }
+            if !p.provided.isEmpty { o["provides"] = .array(p.provided.sorted().map { .string($0) }) }
+            if p.conn.isBackpressured { o["backpressured"] = true }
+            clients.append(.object(o))
+        }
+        var refused = JSONObject()
+        for k in consentRefused.keys.sorted() { refused[k] = .int(Int64(consentRefused[k]!)) }
+        var consentInfo = consentJSON().objectValue!
+        consentInfo["refused"] = .object(refused)
+        return [
+            "version": .string(pylonVersion), "pid": .int(Int64(System.pid)),
+            "uptime_s": .double(Double(now - startedAtMs) / 1000), "socket": .string(config.socketPath),
+            "state": shuttingDown ? "stopping" : (readyReported ? "running" : "starting"),
+            "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
+            "plugins": .array(plugins), "clients": .array(clients),
+            "counters": [
+                "routed": .int(Int64(routed)), "inflight": .int(Int64(pending.count)),
+                "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
+                "published": .int(Int64(published)),
+            ],
+            "limits": config.limits.json,
+            "consent": .object(consentInfo),
+        ]
+    }
+
+    func describe() -> JSON {
+        var plugins = JSONObject()
+        for name in slotOrder {
+            guard let s = slots[name] else { continue }
+            if let m = s.manifest {
+                var o = m.json.objectValue!
+                o["state"] = .string(s.life.state.rawValue)
+                plugins[name] = .object(o)
+            } else {
+                plugins[name] = ["state": .string(s.life.state.rawValue), "methods": []]
+            }
+        }
+        var prov = JSONObject()
+        for k in provided.keys.sorted() { prov[k] = .int(Int64(provided[k]!.id)) }
+        return [
+            "host": .array(Bus.hostMethods.map { .string($0) }),
+            "plugins": .object(plugins),
+            "provided": .object(prov),
+            "protocol": .int(Int64(Manifest.supportedProtocols.upperBound)),
+        ]
+    }
+
+    func subscribe(_ peer: Peer, _ params: JSON?, add: Bool) throws(RPCError) -> JSON {
+        let pattern = try str(params, "pattern")
+        guard !peer.isPlugin else { throw RPCError(.invalidRequest, "plugins subscribe through their manifest") }
+        let p = TopicPattern(pattern)
+        if add {
+            if !peer.subscriptions.contains(p) {
+                guard peer.subscriptions.count < config.limits.maxSubscriptionsPerConnection else {
+                    throw RPCError(.overloaded, "too many subscriptions (limit \(config.limits.maxSubscriptionsPerConnection))",
+                                   data: ["limit": "maxSubscriptionsPerConnection"])
+                }
+                peer.subscriptions.append(p)
+            }
+        } else {
+            peer.subscriptions.removeAll { $0 == p }
+        }
+        return ["subscriptions": .array(peer.subscriptions.map { .string($0.text) })]
+    }
+
+    func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
+        let topic = try str(params, "topic")
+        guard !topic.hasPrefix("bus."), !topic.hasPrefix("consent.") else {
+            throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
+        }
+        let n = publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: params?["data"] ?? .null)), from: peer)
+        return ["delivered": .int(Int64(n))]
+    }
+
+    func provide(_ peer: Peer, _ params: JSON?, add: Bool) throws(RPCError) -> JSON {
+        guard !peer.isPlugin else { throw RPCError(.invalidRequest, "plugins serve methods through their manifest") }
+        var names: [String] = []
+        if let m = params?["method"]?.stringValue { names.append(m) }
+        if let ms = params?["methods"]?.arrayValue {
+            for m in ms {
+                guard let s = m.stringValue else { throw RPCError(.invalidParams, "params.methods must be strings") }
+                names.append(s)
+            }
+        }
+        guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
+        for n in names {
+            let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
+            guard n.contains("."), !n.hasSuffix("."), ns != "bus", ns != "consent", slots[ns] == nil else {
+                throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> outside bus, consent and plugin namespaces")
+            }
+            if add, let other = provided[n], other !== peer {
+                throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
+            }
+        }
+        for n in names {
+            if add {
+                provided[n] = peer
+                peer.provided.insert(n)
+            } else if provided[n] === peer {
+                provided[n] = nil
+                peer.provided.remove(n)
+            }
+        }
+        return ["provides": .array(peer.provided.sorted().map { .string($0) })]
+    }
+
+    /// Manual restart: clears `failed` without spending the automatic restart budget.
+    func restartMethod(_ params: JSON?) throws(RPCError) -> JSON {
+        let name = try str(params, "plugin")
+        guard let slot = slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
+        log.info("manual restart requested", ["plugin": name])
+        if slot.life.isAlive {
+            slot.process?.kill(SIGKILL)
+        } else {
+            slot.timer?.stop()
+            perform(slot, slot.life.start(now: loop.nowMs))
+        }
+        return ["plugin": .string(name), "state": .string(slot.life.state.rawValue)]
+    }
+
+    // MARK: Consent
+
+    func consentJSON() -> JSON {
+        var o = JSONObject()
+        for k in consent.switches.keys.sorted() { o[k] = .bool(consent.switches[k]!) }
+        return ["master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)), "switches": .object(o)]
+    }
+
+    func consentGet(_ params: JSON?) throws(RPCError) -> JSON {
+        let key = try str(params, "key")
+        return ["key": .string(key), "granted": .bool(consent.isGranted(key)),
+                "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
+                "master": .bool(consent.masterGranted)]
+    }
+
+    func consentSet(_ params: JSON?) throws(RPCError) -> JSON {
+        let key = try str(params, "key")
+        if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
+        guard let granted = params?["granted"]?.boolValue else {
+            throw RPCError(.invalidParams, "params.granted (true or false) is required")
+        }
+        var next = consent
+        let changed = next.set(key, granted: granted)
+        if next != consent {
+            guard System.writeFileAtomically(consentPath, Array(next.snapshot.serialized.utf8)) else {
+                throw RPCError(.internalError, "could not persist consent to \(consentPath)")
+            }
+            consent = next
+        }
+        if changed {
+            log.info("consent changed", ["key": key, "granted": granted, "epoch": consent.epoch])
+            // Queued on every plugin channel before anything routed after this point.
+            let note = JSONRef(Wire.notification(method: "consent.changed", params: [
+                "key": .string(key), "granted": .bool(granted), "epoch": .int(Int64(consent.epoch)),
+                "master": .bool(consent.masterGranted),
+            ]))
+            for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.send(note) } }
+            for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches("consent.changed") }) {
+                p.conn.send(note)
+            }
+        }
+        return ["key": .string(key), "granted": .bool(granted), "changed": .bool(changed), "epoch": .int(Int64(consent.epoch))]
+    }
+
+    func loadConsent() {
+        guard let bytes = System.readFile(consentPath) else { return }
+        do {
+            let j = try bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
+            consent = ConsentStore.restore(j)
+        } catch {
+            log.error("consent file unreadable; refusing to start with unknown consent", ["path": consentPath, "error": "\(error)"])
+            // Fail closed: an unreadable consent file must not silently grant collection.
+            consent = ConsentStore()
+            consent.set(ConsentStore.master, granted: false)
+        }
+    }
+}
+
+public let pylonVersion = "0.1.0"

@@ -1,0 +1,269 @@
+import CJSONC
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Plugin processes: spawning with a pre-connected channel, handshake, heartbeats, and carrying
+/// out what each plugin's `PluginLifecycle` decides.
+extension Bus {
+    public func startPlugins() {
+        for pc in config.plugins where pc.enabled { addPlugin(pc) }
+        checkReady()
+    }
+
+    func addPlugin(_ pc: PluginConfig) {
+        let slot = PluginSlot(config: pc, seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs) ^ UInt64(slots.count))
+        slots[pc.name] = slot
+        slotOrder.append(pc.name)
+        perform(slot, slot.life.start(now: loop.nowMs))
+    }
+
+    func perform(_ slot: PluginSlot, _ action: PluginLifecycle.Action) {
+        let name = slot.config.name
+        switch action {
+        case .none:
+            break
+        case .spawn:
+            do throws(UVError) {
+                try spawn(slot)
+            } catch {
+                log.error("plugin spawn failed", ["plugin": name, "error": error.description])
+                perform(slot, slot.life.spawnFailed(now: loop.nowMs, error: error.description))
+            }
+        case .kill(let sig):
+            slot.process?.kill(sig)
+            if sig == SIGTERM {
+                // Escalate after the grace period (neovim's proc_stop shape).
+                slot.timer?.stop()
+                slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
+                    if slot.life.isAlive {
+                        self.log.warn("plugin did not stop in time; killing", ["plugin": slot.config.name])
+                        slot.process?.kill(SIGKILL)
+                    }
+                }
+                slot.timer?.start(after: slot.config.policy.stopGraceMs)
+            }
+        case .scheduleRestart(let ms):
+            log.warn("plugin restart scheduled", ["plugin": name, "in_ms": ms, "restarts": slot.life.restarts, "reason": slot.lastExit ?? "-"])
+            publish(topic: "bus.plugin.exited", params: [
+                "plugin": .string(name), "pid": .int(Int64(slot.pid)), "reason": .string(slot.lastExit ?? ""),
+                "state": "backoff", "restartInMs": .int(Int64(ms)),
+            ])
+            slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
+                self.perform(slot, slot.life.backoffElapsed(now: self.loop.nowMs))
+            }
+            slot.timer?.start(after: ms)
+        case .markFailed(let reason):
+            log.error("plugin failed; not restarting", ["plugin": name, "reason": reason])
+            publish(topic: "bus.plugin.exited", params: [
+                "plugin": .string(name), "pid": .int(Int64(slot.pid)), "reason": .string(reason), "state": "failed",
+            ])
+            checkReady()
+        }
+    }
+
+    func replaceTimer(_ old: Timer?, _ cb: @escaping () -> Void) -> Timer {
+        old?.close()
+        return Timer(loop: loop, cb)
+    }
+
+    /// Resolves a plugin executable: absolute or relative paths as given; a bare name in
+    /// `pluginDir`, else next to pylond itself, else on PATH.
+    func resolveExec(_ exec: String) -> String {
+        if exec.contains("/") { return exec }
+        var dirs: [String] = []
+        if let d = config.pluginDir { dirs.append(d) }
+        if let selfDir = System.executableDirectory() { dirs.append(selfDir) }
+        for d in dirs where access(d + "/" + exec, X_OK) == 0 { return d + "/" + exec }
+        return exec  // uv_spawn searches PATH
+    }
+
+    func spawn(_ slot: PluginSlot) throws(UVError) {
+        let pc = slot.config
+        let (hostEnd, pluginEnd) = try System.socketPair()
+        let channel: Connection
+        do {
+            channel = try Connection(loop: loop, fd: hostEnd, maxLineBytes: config.limits.maxLineBytes)
+        } catch {
+            System.close(pluginEnd)
+            throw error
+        }
+        let stateDir = config.stateDir + "/plugins/" + pc.name
+        _ = System.makeDirectories(stateDir, mode: 0o700)
+
+        var o = ChildProcess.Options(exec: resolveExec(pc.exec))
+        o.args = pc.args
+        var env = System.environment().filter {
+            !$0.hasPrefix("PYLON_BUS_FD=") && !$0.hasPrefix("NOTIFY_SOCKET=") && !$0.hasPrefix("WATCHDOG_")
+        }
+        env.append("PYLON_BUS_FD=3")
+        env.append("PYLON_PLUGIN_NAME=\(pc.name)")
+        env.append("PYLON_PLUGIN_STATE_DIR=\(stateDir)")
+        for (k, v) in pc.env.sorted(by: { $0.key < $1.key }) { env.append("\(k)=\(v)") }
+        o.env = env
+        o.inheritFds = [(child: 3, parent: pluginEnd)]
+        let out = Connection(loop: loop, maxLineBytes: 16 * 1024)
+        let err = Connection(loop: loop, maxLineBytes: 16 * 1024)
+        o.stdout = out
+        o.stderr = err
+        if let user = pc.user {
+            guard let ids = lookupUser(user) else {
+                System.close(pluginEnd); channel.close(); out.close(); err.close()
+                throw UVError(-EINVAL, "unknown user \(user)")
+            }
+            o.uid = ids.uid
+            o.gid = ids.gid
+            _ = chown(stateDir, ids.uid, ids.gid)
+        }
+        let process: ChildProcess
+        do {
+            process = try ChildProcess(loop: loop, options: o) { [unowned self, slot] status, sig in
+                self.pluginExited(slot, status: status, signal: sig)
+            }
+        } catch {
+            System.close(pluginEnd)
+            channel.close(); out.close(); err.close()
+            throw error
+        }
+        System.close(pluginEnd)
+        slot.process = process
+        slot.pid = process.pid
+        slot.spawnedAtMs = loop.nowMs
+        slot.manifest = nil
+        for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
+            let plog = Log("plugin")
+            stream.onLine = { [pid = process.pid, name = pc.name] line in
+                plog.emit(level, String(decoding: line, as: UTF8.self), ["plugin": name, "pid": pid])
+            }
+            stream.onOversized = { _, _ in }
+            stream.startReading()
+        }
+        let peer = newPeer(kind: .plugin(slot), conn: channel)
+        slot.peer = peer
+        channel.startReading()
+        log.info("plugin spawned", ["plugin": pc.name, "pid": process.pid, "exec": o.exec])
+
+        slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
+            self.perform(slot, slot.life.handshakeTimedOut(now: self.loop.nowMs))
+        }
+        slot.timer?.start(after: pc.policy.startTimeoutMs)
+    }
+
+    func pluginHello(_ slot: PluginSlot, _ peer: Peer, msg: JSONRef, id: OpaquePointer?) {
+        let params = JSONRef.toJSON(msg.member("params"))
+        let manifest: Manifest
+        do throws(RPCError) {
+            manifest = try Manifest.parse(params)
+        } catch {
+            log.error("plugin handshake rejected", ["plugin": slot.config.name, "error": error.message])
+            sendError(peer.conn, id: id, error)
+            return
+        }
+        guard manifest.name == slot.config.name else {
+            let e = RPCError(.invalidParams, "bus.hello: plugin announced name \(manifest.name) but is configured as \(slot.config.name)")
+            log.error("plugin handshake rejected", ["plugin": slot.config.name, "error": e.message])
+            sendError(peer.conn, id: id, e)
+            return
+        }
+        slot.manifest = manifest
+        peer.handshaken = true
+        slot.timer?.stop()
+        sendResult(peer.conn, id: id, [
+            "protocol": .int(Int64(manifest.protocolVersion)),
+            "config": slot.config.config,
+            "stateDir": .string(config.stateDir + "/plugins/" + slot.config.name),
+            "consent": consentJSON(),
+            "heartbeatMs": .int(Int64(slot.config.policy.heartbeatIntervalMs)),
+            "limits": config.limits.json,
+        ])
+        perform(slot, slot.life.handshakeCompleted(now: loop.nowMs))
+        slot.everLeftStarting = true
+        log.info("plugin running", ["plugin": slot.config.name, "pid": slot.pid, "version": manifest.version,
+                                    "methods": manifest.methods.count])
+        startHeartbeat(slot)
+        checkReady()
+    }
+
+    func startHeartbeat(_ slot: PluginSlot) {
+        slot.heartbeatOutstanding = nil
+        let interval = slot.config.policy.heartbeatIntervalMs
+        slot.heartbeat = replaceTimer(slot.heartbeat) { [unowned self, unowned slot] in self.heartbeatTick(slot) }
+        slot.heartbeat?.start(after: interval, repeat: interval)
+    }
+
+    func heartbeatTick(_ slot: PluginSlot) {
+        guard slot.life.state == .running, let peer = slot.peer, !peer.closed else { return }
+        let now = loop.nowMs
+        if slot.heartbeatOutstanding != nil {
+            if now - slot.heartbeatSentAtMs >= slot.config.policy.heartbeatTimeoutMs {
+                log.error("plugin hung: heartbeat not answered", ["plugin": slot.config.name, "pid": slot.pid,
+                                                                  "waited_ms": now - slot.heartbeatSentAtMs])
+                slot.lastExit = "hung"
+                perform(slot, slot.life.heartbeatMissed(now: now))
+            }
+            return
+        }
+        slot.heartbeatSentAtMs = now
+        let timeout = slot.config.policy.heartbeatTimeoutMs + slot.config.policy.heartbeatIntervalMs * 2
+        slot.heartbeatOutstanding = call(peer, method: "bus.heartbeat", params: nil, timeoutMs: timeout) {
+            [unowned self, unowned slot] r in
+            guard case .success = r else { return }
+            slot.heartbeatOutstanding = nil
+            slot.lastHeartbeatRttMs = self.loop.nowMs - slot.heartbeatSentAtMs
+        }
+    }
+
+    func pluginChannelClosed(_ slot: PluginSlot, _ peer: Peer) {
+        guard slot.peer === peer else { return }
+        slot.peer = nil
+        slot.heartbeat?.stop()
+        if slot.life.isAlive && !shuttingDown {
+            log.warn("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
+            perform(slot, slot.life.channelClosed(now: loop.nowMs))
+        }
+    }
+
+    func pluginExited(_ slot: PluginSlot, status: Int64, signal: Int32) {
+        let name = slot.config.name
+        slot.process = nil
+        slot.heartbeat?.stop()
+        slot.heartbeatOutstanding = nil
+        if let peer = slot.peer {
+            slot.peer = nil
+            peer.conn.close()
+            peerClosed(peer)
+        }
+        let action = slot.life.exited(now: loop.nowMs, status: status, signal: signal)
+        slot.lastExit = slot.life.lastExitReason
+        let level: Log.Level = (shuttingDown || (status == 0 && signal == 0)) ? .info : .error
+        log.emit(level, "plugin exited", ["plugin": name, "pid": slot.pid, "status": status, "signal": signal,
+                                           "reason": slot.lastExit ?? "-", "next": slot.life.state.rawValue])
+        if !slot.life.isAlive, slot.life.state != .backoff { slot.timer?.stop() }
+        perform(slot, action)
+        if shuttingDown { checkShutdownComplete() }
+    }
+
+    func checkReady() {
+        guard !readyReported else { return }
+        for slot in slots.values where slot.life.state == .starting && !slot.everLeftStarting {
+            _ = slot
+            return
+        }
+        readyReported = true
+        onReady()
+    }
+
+    /// Stops one plugin (reload removed it, or shutdown).
+    func stopPlugin(_ slot: PluginSlot) {
+        slot.heartbeat?.stop()
+        if let peer = slot.peer {
+            // Closing the channel is the plugin's signal to exit (no plugin outlives the host).
+            peer.conn.sendLine(#"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
+            peer.conn.closeAfterFlush()
+        }
+        perform(slot, slot.life.stop(now: loop.nowMs))
+        if !slot.life.isAlive { slot.timer?.stop() }
+    }
+}

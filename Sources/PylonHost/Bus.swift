@@ -1,0 +1,452 @@
+import CJSONC
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The router at the heart of the host. It owns every peer (clients and plugin channels), the
+/// table of forwarded requests, subscriptions and the consent switches, and applies each limit.
+///
+/// One message's path: a line arrives → json-c parses it once → the host decides (host method,
+/// plugin method, provided method, reply, publish) → for forwarding only the `id` member is
+/// replaced in the parsed object, which is serialised once onto the target's output queue.
+public final class Bus {
+    let loop: Loop
+    var config: HostConfig
+    let log = Log("bus")
+    private let tokener: Tokener
+
+    var peers: [UInt64: Peer] = [:]
+    private var nextPeerId: UInt64 = 1
+    var pending: [Int64: Pending] = [:]
+    private var nextRequestId: Int64 = 1
+    var slots: [String: PluginSlot] = [:]
+    var slotOrder: [String] = []
+    /// Methods served by clients (`bus.provide`), by full name.
+    var provided: [String: Peer] = [:]
+
+    var consent = ConsentStore()
+    var consentRefused: [String: UInt64] = [:]
+    var consentPath: String { config.stateDir + "/consent.json" }
+
+    private var sweepTimer: Timer!
+    let startedAtMs: UInt64
+    var shuttingDown = false
+    var onShutdownComplete: () -> Void = {}
+
+    // Counters for bus.status.
+    var routed: UInt64 = 0
+    var timeouts: UInt64 = 0
+    var protocolErrors: UInt64 = 0
+    var published: UInt64 = 0
+
+    /// Called once every enabled plugin has left `starting` for the first time.
+    public var onReady: () -> Void = {}
+    var readyReported = false
+
+    public init(loop: Loop, config: HostConfig) {
+        self.loop = loop
+        self.config = config
+        tokener = Tokener(maxDepth: config.limits.maxDepth)
+        startedAtMs = loop.nowMs
+        sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in self.sweepTimeouts() }
+        sweepTimer.start(after: 100, repeat: 100)
+        loadConsent()
+    }
+
+    public var clientCount: Int { peers.values.reduce(0) { $0 + ($1.isPlugin ? 0 : 1) } }
+
+    // MARK: Peers
+
+    /// Adopts an accepted client connection, or refuses it when at the connection limit.
+    public func adoptClient(_ conn: Connection) {
+        if shuttingDown {
+            sendError(conn, id: nil, RPCError(.shuttingDown, "host is shutting down"))
+            conn.closeAfterFlush()
+            return
+        }
+        if clientCount >= config.limits.maxConnections {
+            log.warn("connection refused: limit reached", ["limit": config.limits.maxConnections])
+            sendError(conn, id: nil, RPCError(.overloaded, "too many connections (limit \(config.limits.maxConnections))",
+                                              data: ["limit": "maxConnections", "value": .int(Int64(config.limits.maxConnections))]))
+            conn.closeAfterFlush()
+            return
+        }
+        let peer = newPeer(kind: .client(PeerCredentials.of(fd: conn.fd)), conn: conn)
+        // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
+        // answer what is in flight, then close.
+        conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
+        if let c = peer.credentials {
+            log.debug("client connected", ["client": peer.id, "pid": c.pid, "uid": c.uid])
+        }
+        conn.startReading()
+    }
+
+    func newPeer(kind: Peer.Kind, conn: Connection) -> Peer {
+        let peer = Peer(id: nextPeerId, kind: kind, conn: conn, now: loop.nowMs)
+        nextPeerId += 1
+        peers[peer.id] = peer
+        conn.maxLineBytes = config.limits.maxLineBytes
+        conn.pauseAbove = config.limits.maxQueuedBytes
+        conn.onLine = { [unowned self, unowned peer] line in self.handleLine(peer, line) }
+        conn.onOversized = { [unowned self, unowned peer] n, head in self.handleOversized(peer, n, head) }
+        conn.onClose = { [unowned self] _ in self.peerClosed(peer) }
+        return peer
+    }
+
+    /// Closes a half-closed client once nothing it asked for is still in flight.
+    func closeIfDone(_ peer: Peer) {
+        if peer.conn.peerShutdown && peer.inflight == 0 && !peer.closed { peer.conn.closeAfterFlush() }
+    }
+
+    func peerClosed(_ peer: Peer) {
+        guard !peer.closed else { return }
+        peer.closed = true
+        peers[peer.id] = nil
+        for m in peer.provided where provided[m] === peer { provided[m] = nil }
+        // Requests that peer was serving fail now, not at their timeout.
+        failPending(targeting: peer, RPCError(.pluginUnavailable, "\(peer.label) disconnected with the request in flight",
+                                              data: ["reason": "disconnected"]))
+        if let slot = peer.slot { pluginChannelClosed(slot, peer) }
+    }
+
+    // MARK: Inbound
+
+    func handleOversized(_ peer: Peer, _ n: Int, _ head: [UInt8]) {
+        protocolErrors += 1
+        log.warn("message too large", ["peer": peer.label, "bytes": n, "limit": config.limits.maxLineBytes])
+        let id = Bus.scanId(head)
+        sendError(peer.conn, jsonId: id, RPCError(.messageTooLarge,
+            "message of \(n) bytes exceeds the limit of \(config.limits.maxLineBytes) bytes; it was skipped",
+            data: ["limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n))]))
+    }
+
+    func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
+        // A person pressing Enter in socat sends an empty line: ignore it.
+        if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
+        let msg: JSONRef
+        do {
+            msg = try tokener.parse(line)
+        } catch {
+            protocolErrors += 1
+            var data: JSONObject = ["reason": .string(error.detail)]
+            if error.kind == .depth { data["limit"] = "maxDepth"; data["value"] = .int(Int64(config.limits.maxDepth)) }
+            sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
+            return
+        }
+        let obj = msg.ptr
+        guard json_object_get_type(obj) == json_type_object else {
+            protocolErrors += 1
+            let isArray = json_object_get_type(obj) == json_type_array
+            sendError(peer.conn, id: nil, RPCError(.invalidRequest,
+                isArray ? "batch requests are not supported; send one request per line" : "a message must be a JSON object"))
+            return
+        }
+        let idPtr = msg.member("id")
+        let hasId = msg.has("id")
+        if hasId {
+            let t = json_object_get_type(idPtr)
+            guard t == json_type_string || t == json_type_int || t == json_type_null || t == json_type_double else {
+                protocolErrors += 1
+                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "id must be a string, a number or null"))
+                return
+            }
+        }
+        guard let v = msg.member("jsonrpc"), json_object_get_type(v) == json_type_string,
+              String(cString: json_object_get_string(v)) == "2.0"
+        else {
+            protocolErrors += 1
+            sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"jsonrpc\" must be \"2.0\""))
+            return
+        }
+        if msg.has("method") {
+            guard let m = msg.member("method"), json_object_get_type(m) == json_type_string else {
+                protocolErrors += 1
+                sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"method\" must be a string"))
+                return
+            }
+            if msg.has("params") {
+                let pt = json_object_get_type(msg.member("params"))
+                guard pt == json_type_object || pt == json_type_array else {
+                    protocolErrors += 1
+                    if hasId { sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"params\" must be an object or an array")) }
+                    return
+                }
+            }
+            let method = String(cString: json_object_get_string(m))
+            if hasId {
+                handleRequest(peer, msg, method: method, id: idPtr)
+            } else {
+                handleNotification(peer, msg, method: method)
+            }
+        } else if hasId && (msg.has("result") || msg.has("error")) {
+            handleResponse(peer, msg, id: idPtr)
+        } else {
+            protocolErrors += 1
+            sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "not a request, notification or response"))
+        }
+    }
+
+    func handleRequest(_ peer: Peer, _ msg: JSONRef, method: String, id: OpaquePointer?) {
+        if let slot = peer.slot, !peer.handshaken {
+            if method == "bus.hello" {
+                pluginHello(slot, peer, msg: msg, id: id)
+            } else {
+                sendError(peer.conn, id: id, RPCError(.invalidRequest, "the first message must be bus.hello"))
+            }
+            return
+        }
+        if shuttingDown {
+            sendError(peer.conn, id: id, RPCError(.shuttingDown, "host is shutting down"))
+            return
+        }
+        if let cred = peer.credentials, !isPermitted(method, cred) {
+            sendError(peer.conn, id: id, RPCError(.notPermitted, "uid \(cred.uid) may not call \(method)",
+                                                  data: ["method": .string(method), "uid": .int(Int64(cred.uid))]))
+            return
+        }
+        if method.hasPrefix("bus.") || method.hasPrefix("consent.") {
+            let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
+            let r = hostMethod(peer, method, params)
+            switch r {
+            case .success(let v): sendResult(peer.conn, id: id, v)
+            case .failure(let e): sendError(peer.conn, id: id, e)
+            }
+            return
+        }
+        if let provider = provided[method] {
+            forward(peer, msg, id: id, to: provider, timeoutMs: config.limits.requestTimeoutMs)
+            return
+        }
+        let dot = method.firstIndex(of: ".") ?? method.endIndex
+        guard let slot = slots[String(method[..<dot])] else {
+            sendError(peer.conn, id: id, RPCError(.methodNotFound, "method not found: \(method)"))
+            return
+        }
+        guard slot.life.state == .running, let target = slot.peer, target.handshaken else {
+            sendError(peer.conn, id: id, slot.unavailableError())
+            return
+        }
+        if let manifest = slot.manifest, !manifest.methods.isEmpty {
+            guard let spec = manifest.methods[method] else {
+                sendError(peer.conn, id: id, RPCError(.methodNotFound, "method not found: \(method) (plugin \(slot.config.name) does not serve it)"))
+                return
+            }
+            if spec.consent != nil, let key = deniedConsent(spec, msg) {
+                consentRefused[key, default: 0] += 1
+                if spec.dropWhenDenied {
+                    sendResult(peer.conn, id: id, spec.deniedResult)
+                } else {
+                    sendError(peer.conn, id: id, RPCError(.consentDenied, "consent switch \(key) is denied",
+                                                          data: ["switch": .string(key)]))
+                }
+                return
+            }
+        }
+        forward(peer, msg, id: id, to: target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+    }
+
+    /// The switch that refuses this message, or nil when it may pass.
+    func deniedConsent(_ spec: Manifest.Method, _ msg: JSONRef) -> String? {
+        if !consent.masterGranted { return ConsentStore.master }
+        let params: JSON? = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
+        switch spec.consentKey(params: params) {
+        case .none, .unresolved: return nil
+        case .key(let k): return consent.isGranted(k) ? nil : k
+        }
+    }
+
+    func forward(_ peer: Peer, _ msg: JSONRef, id: OpaquePointer?, to target: Peer, timeoutMs: UInt64) {
+        if peer.inflight >= config.limits.maxInflightPerConnection {
+            sendError(peer.conn, id: id, RPCError(.overloaded,
+                "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
+                data: ["limit": "maxInflightPerConnection", "value": .int(Int64(config.limits.maxInflightPerConnection))]))
+            return
+        }
+        let hostId = nextRequestId
+        nextRequestId += 1
+        let original = JSONRef(retaining: id)
+        pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
+                                  deadlineMs: loop.nowMs + timeoutMs)
+        peer.inflight += 1
+        peer.requestsSent += 1
+        json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))
+        target.conn.send(msg)
+        routed += 1
+    }
+
+    /// Issues a request from the host itself (heartbeats, callbacks to providers).
+    func call(_ target: Peer, method: String, params: JSON?, timeoutMs: UInt64,
+              _ done: @escaping (Result<JSON, RPCError>) -> Void) -> Int64 {
+        let hostId = nextRequestId
+        nextRequestId += 1
+        pending[hostId] = Pending(origin: .host(done), target: target, deadlineMs: loop.nowMs + timeoutMs)
+        target.conn.send(Wire.request(id: .int(hostId), method: method, params: params))
+        return hostId
+    }
+
+    func handleResponse(_ peer: Peer, _ msg: JSONRef, id: OpaquePointer?) {
+        guard json_object_get_type(id) == json_type_int, let p = pending[json_object_get_int64(id)],
+              p.target === peer
+        else {
+            log.debug("reply to an unknown request ignored", ["peer": peer.label])
+            return
+        }
+        pending[json_object_get_int64(id)] = nil
+        peer.slot?.served += 1
+        switch p.origin {
+        case .peer(let origin, let originalId):
+            origin.inflight -= 1
+            guard !origin.closed else { return }
+            json_object_object_add(msg.ptr, "id", json_object_get(originalId.ptr))
+            origin.conn.send(msg)
+            if origin.conn.peerShutdown { closeIfDone(origin) }
+        case .host(let done):
+            if msg.has("error") {
+                let e = JSONRef.toJSON(msg.member("error"))
+                done(.failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
+                                       message: e["message"]?.stringValue ?? "error", data: e["data"])))
+            } else {
+                done(.success(JSONRef.toJSON(msg.member("result"))))
+            }
+        }
+    }
+
+    func handleNotification(_ peer: Peer, _ msg: JSONRef, method: String) {
+        if let slot = peer.slot, !peer.handshaken {
+            log.warn("notification before bus.hello ignored", ["plugin": slot.config.name, "method": method])
+            return
+        }
+        if peer.isPlugin {
+            // A plugin's notification is a publication on the topic named by its method.
+            publish(topic: method, msg: msg, from: peer)
+            return
+        }
+        // A client notification to a plugin method: forwarded without a reply (consent applies).
+        let dot = method.firstIndex(of: ".") ?? method.endIndex
+        guard let slot = slots[String(method[..<dot])], slot.life.state == .running, let target = slot.peer else { return }
+        if let spec = slot.manifest?.methods[method], spec.consent != nil, let key = deniedConsent(spec, msg) {
+            consentRefused[key, default: 0] += 1
+            return
+        }
+        target.conn.send(msg)
+        routed += 1
+    }
+
+    /// Delivers a notification to every peer subscribed to `topic` (except the sender).
+    @discardableResult
+    func publish(topic: String, msg: JSONRef, from sender: Peer?) -> Int {
+        published += 1
+        var delivered = 0
+        for peer in peers.values where peer !== sender && !peer.closed {
+            let subs: [TopicPattern]
+            if let slot = peer.slot {
+                guard peer.handshaken else { continue }
+                subs = slot.manifest?.subscribes ?? []
+            } else {
+                subs = peer.subscriptions
+            }
+            guard subs.contains(where: { $0.matches(topic) }) else { continue }
+            if peer.conn.queuedBytes > config.limits.maxQueuedBytes {
+                peer.droppedNotifications += 1
+                continue
+            }
+            peer.conn.send(msg)
+            delivered += 1
+        }
+        return delivered
+    }
+
+    func publish(topic: String, params: JSON, from sender: Peer? = nil) {
+        publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: params)), from: sender)
+    }
+
+    // MARK: Pending requests
+
+    func failPending(targeting peer: Peer, _ error: RPCError) {
+        let ids = pending.filter { $0.value.target === peer }.map { $0.key }
+        for id in ids { complete(id, error) }
+    }
+
+    /// Answers a pending request with an error (plugin death, timeout).
+    func complete(_ id: Int64, _ error: RPCError) {
+        guard let p = pending.removeValue(forKey: id) else { return }
+        switch p.origin {
+        case .peer(let origin, let originalId):
+            origin.inflight -= 1
+            guard !origin.closed else { return }
+            sendError(origin.conn, id: originalId.ptr, error)
+            if origin.conn.peerShutdown { closeIfDone(origin) }
+        case .host(let done):
+            done(.failure(error))
+        }
+    }
+
+    private func sweepTimeouts() {
+        guard !pending.isEmpty else { return }
+        let now = loop.nowMs
+        let expired = pending.filter { $0.value.deadlineMs <= now }
+        for (id, p) in expired.sorted(by: { $0.key < $1.key }) {
+            if case .peer = p.origin { timeouts += 1 }
+            complete(id, RPCError(.timeout, "no reply from \(p.target.label) in time",
+                                  data: ["target": .string(p.target.label)]))
+        }
+    }
+
+    // MARK: Output helpers
+
+    func sendResult(_ conn: Connection, id: OpaquePointer?, _ result: JSON) {
+        let o = json_object_new_object()
+        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
+        json_object_object_add(o, "id", json_object_get(id))
+        json_object_object_add(o, "result", JSONRef.make(result))
+        conn.send(JSONRef(owning: o))
+    }
+
+    func sendError(_ conn: Connection, id: OpaquePointer?, _ e: RPCError) {
+        let o = json_object_new_object()
+        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
+        json_object_object_add(o, "id", json_object_get(id))
+        json_object_object_add(o, "error", JSONRef.make(e.json))
+        conn.send(JSONRef(owning: o))
+    }
+
+    func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {
+        let ref = JSONRef(id ?? .null)
+        sendError(conn, id: ref.ptr, e)
+    }
+
+    /// Best effort: the `id` of a message whose line was too long, from its first bytes.
+    static func scanId(_ head: [UInt8]) -> JSON? {
+        let s = String(decoding: head, as: UTF8.self)
+        guard let r = s.range(of: "\"id\"") else { return nil }
+        var rest = s[r.upperBound...].drop { $0 == " " || $0 == "\t" }
+        guard rest.first == ":" else { return nil }
+        rest = rest.dropFirst().drop { $0 == " " || $0 == "\t" }
+        if rest.first == "\"" {
+            let body = rest.dropFirst()
+            guard let end = body.firstIndex(of: "\""), !body[..<end].contains("\\") else { return nil }
+            return .string(String(body[..<end]))
+        }
+        let digits = rest.prefix { $0 == "-" || ($0 >= "0" && $0 <= "9") }
+        if let i = Int64(digits) { return .int(i) }
+        return nil
+    }
+
+    func isPermitted(_ method: String, _ c: PeerCredentials) -> Bool {
+        for rule in config.permissions where rule.method.matches(method) { return rule.allows(c) }
+        return true
+    }
+}
+
+extension String {
+    func range(of needle: String) -> Range<String.Index>? {
+        var i = startIndex
+        while i < endIndex {
+            if self[i...].hasPrefix(needle) { return i..<self.index(i, offsetBy: needle.count) }
+            i = index(after: i)
+        }
+        return nil
+    }
+}

@@ -1,0 +1,278 @@
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Protocol limits. Each is configurable under `"limits"` and answered with a documented error.
+public struct Limits: Equatable, Sendable {
+    /// Longest accepted line in bytes, excluding the newline (-32006 beyond it).
+    public var maxLineBytes = 1 << 20
+    /// Deepest accepted JSON nesting (-32700 beyond it).
+    public var maxDepth: Int32 = 64
+    /// Client connections at once (-32004, then the connection is closed).
+    public var maxConnections = 256
+    /// Requests a connection may have awaiting replies (-32004 beyond it).
+    public var maxInflightPerConnection = 1024
+    /// Bytes queued to a slow reader before the host stops reading its requests and drops
+    /// notifications to it (counted in `bus.status`).
+    public var maxQueuedBytes = 8 << 20
+    /// Topic patterns one connection may subscribe to.
+    public var maxSubscriptionsPerConnection = 256
+    /// Default time a routed request may wait for its reply (-32002).
+    public var requestTimeoutMs: UInt64 = 30_000
+    public init() {}
+
+    public var json: JSON {
+        [
+            "maxLineBytes": .int(Int64(maxLineBytes)), "maxDepth": .int(Int64(maxDepth)),
+            "maxConnections": .int(Int64(maxConnections)),
+            "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
+            "maxQueuedBytes": .int(Int64(maxQueuedBytes)),
+            "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
+            "requestTimeoutMs": .int(Int64(requestTimeoutMs)),
+        ]
+    }
+}
+
+/// One configured plugin.
+public struct PluginConfig: Equatable, Sendable {
+    public var name: String
+    public var exec: String
+    public var args: [String] = []
+    public var env: [String: String] = [:]
+    public var user: String?
+    public var enabled = true
+    public var policy = SupervisorPolicy()
+    public var requestTimeoutMs: UInt64?
+    /// The plugin's own section, handed to it in the handshake.
+    public var config: JSON = .object([:])
+}
+
+/// A per-method permission rule for client connections, checked with SO_PEERCRED credentials.
+/// The first rule whose pattern matches the method decides; no matching rule means allowed.
+public struct PermissionRule: Equatable, Sendable {
+    public var method: TopicPattern
+    public var uids: [UInt32]
+    public var gids: [UInt32]
+    public func allows(_ c: PeerCredentials) -> Bool { uids.contains(c.uid) || gids.contains(c.gid) }
+}
+
+/// The host's configuration (a JSON file; see etc/pylon.json).
+public struct HostConfig: Equatable, Sendable {
+    public var socketPath = "/run/pylon/pylon.sock"
+    public var socketMode: UInt32 = 0o660
+    public var socketGroup: String?
+    public var stateDir = "/var/lib/pylon"
+    public var logLevel = "info"
+    public var limits = Limits()
+    public var plugins: [PluginConfig] = []
+    public var permissions: [PermissionRule] = []
+    /// Directory searched for plugin executables named without a `/` (default: pylond's own).
+    public var pluginDir: String?
+    public init() {}
+}
+
+public struct ConfigError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    init(_ d: String) { description = d }
+}
+
+extension HostConfig {
+    /// Loads and validates a configuration file, then applies `PYLON_SOCKET` / `PYLON_STATE_DIR`.
+    public static func load(path: String, environment: (String) -> String? = System.env) throws(ConfigError) -> HostConfig {
+        guard let bytes = System.readFile(path) else { throw ConfigError("cannot read config file \(path)") }
+        let json: JSON
+        do {
+            json = try bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
+        } catch {
+            throw ConfigError("\(path): \(error)")
+        }
+        var c = try parse(json)
+        if let s = environment("PYLON_SOCKET"), !s.isEmpty { c.socketPath = s }
+        if let s = environment("PYLON_STATE_DIR"), !s.isEmpty { c.stateDir = s }
+        return c
+    }
+
+    public static func parse(_ j: JSON) throws(ConfigError) -> HostConfig {
+        guard let o = j.objectValue else { throw ConfigError("config must be a JSON object") }
+        var c = HostConfig()
+        var r = Reader(o, path: "")
+        if let s = try r.string("socket") { c.socketPath = s }
+        if let m = try r.string("socketMode") {
+            guard let v = UInt32(m, radix: 8) else { throw ConfigError("socketMode must be an octal string like \"0660\"") }
+            c.socketMode = v
+        }
+        c.socketGroup = try r.string("socketGroup")
+        if let s = try r.string("stateDir") { c.stateDir = s }
+        if let s = try r.string("logLevel") {
+            guard Log.Level(name: s) != nil else { throw ConfigError("logLevel must be debug, info, warn or error") }
+            c.logLevel = s
+        }
+        c.pluginDir = try r.string("pluginDir")
+        if let l = try r.object("limits") {
+            var lr = Reader(l, path: "limits.")
+            if let v = try lr.int("maxLineBytes", min: 256) { c.limits.maxLineBytes = v }
+            if let v = try lr.int("maxDepth", min: 2, max: 1000) { c.limits.maxDepth = Int32(v) }
+            if let v = try lr.int("maxConnections", min: 1) { c.limits.maxConnections = v }
+            if let v = try lr.int("maxInflightPerConnection", min: 1) { c.limits.maxInflightPerConnection = v }
+            if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
+            if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
+            if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
+            try lr.finish()
+        }
+        if let plugins = try r.array("plugins") {
+            var seen = Set<String>()
+            for (i, p) in plugins.enumerated() {
+                guard let po = p.objectValue else { throw ConfigError("plugins[\(i)] must be an object") }
+                let pc = try parsePlugin(po, path: "plugins[\(i)].")
+                guard seen.insert(pc.name).inserted else { throw ConfigError("plugins[\(i)]: duplicate plugin name \(pc.name)") }
+                c.plugins.append(pc)
+            }
+        }
+        if let rules = try r.array("permissions") {
+            for (i, rj) in rules.enumerated() {
+                guard let ro = rj.objectValue else { throw ConfigError("permissions[\(i)] must be an object") }
+                var rr = Reader(ro, path: "permissions[\(i)].")
+                guard let m = try rr.string("method") else { throw ConfigError("permissions[\(i)].method is required") }
+                let uids = try rr.intArray("uids").map { UInt32($0) }
+                var gids = try rr.intArray("gids").map { UInt32($0) }
+                for g in try rr.stringArray("groups") {
+                    guard let gid = lookupGroup(g) else { throw ConfigError("permissions[\(i)]: unknown group \(g)") }
+                    gids.append(gid)
+                }
+                try rr.finish()
+                c.permissions.append(PermissionRule(method: TopicPattern(m), uids: uids, gids: gids))
+            }
+        }
+        try r.finish()
+        return c
+    }
+
+    static func parsePlugin(_ o: JSONObject, path: String) throws(ConfigError) -> PluginConfig {
+        var r = Reader(o, path: path)
+        guard let name = try r.string("name"), isValidPluginName(name) else {
+            throw ConfigError("\(path)name is required: lowercase letters, digits, '-' or '_'; not 'bus' or 'consent'")
+        }
+        guard let exec = try r.string("exec"), !exec.isEmpty else { throw ConfigError("\(path)exec is required") }
+        var p = PluginConfig(name: name, exec: exec)
+        p.args = try r.stringArray("args")
+        if let env = try r.object("env") {
+            for (k, v) in env {
+                guard let s = v.stringValue else { throw ConfigError("\(path)env.\(k) must be a string") }
+                p.env[k] = s
+            }
+        }
+        p.user = try r.string("user")
+        if let e = try r.bool("enabled") { p.enabled = e }
+        if let s = try r.string("restart") {
+            guard let rp = RestartPolicy(rawValue: s) else {
+                throw ConfigError("\(path)restart must be permanent, transient or temporary")
+            }
+            p.policy.restart = rp
+        }
+        if let v = try r.int("backoffInitialMs", min: 0) { p.policy.backoffInitialMs = UInt64(v) }
+        if let v = try r.int("backoffMaxMs", min: 0) { p.policy.backoffMaxMs = UInt64(v) }
+        if let v = try r.double("backoffMultiplier"), v >= 1 { p.policy.backoffMultiplier = v }
+        if let v = try r.double("jitter") {
+            guard v >= 0 && v < 1 else { throw ConfigError("\(path)jitter must be in [0, 1)") }
+            p.policy.jitter = v
+        }
+        if let v = try r.int("maxRestarts", min: 0) { p.policy.maxRestarts = v }
+        if let v = try r.int("intensityWindowMs", min: 1) { p.policy.intensityWindowMs = UInt64(v) }
+        if let v = try r.int("resetAfterMs", min: 0) { p.policy.resetAfterMs = UInt64(v) }
+        if let v = try r.int("startTimeoutMs", min: 1) { p.policy.startTimeoutMs = UInt64(v) }
+        if let v = try r.int("heartbeatIntervalMs", min: 10) { p.policy.heartbeatIntervalMs = UInt64(v) }
+        if let v = try r.int("heartbeatTimeoutMs", min: 10) { p.policy.heartbeatTimeoutMs = UInt64(v) }
+        if let v = try r.int("stopGraceMs", min: 0) { p.policy.stopGraceMs = UInt64(v) }
+        if let v = try r.int("requestTimeoutMs", min: 1) { p.requestTimeoutMs = UInt64(v) }
+        if let c = o["config"] { r.consumed.insert("config"); p.config = c }
+        try r.finish()
+        return p
+    }
+
+    public static func isValidPluginName(_ s: String) -> Bool {
+        guard !s.isEmpty, s.utf8.count <= 64, s != "bus", s != "consent" else { return false }
+        return s.utf8.allSatisfy { ($0 >= 0x61 && $0 <= 0x7A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2D || $0 == 0x5F }
+    }
+}
+
+func lookupGroup(_ name: String) -> UInt32? {
+    if let n = UInt32(name) { return n }
+    guard let g = getgrnam(name) else { return nil }
+    return g.pointee.gr_gid
+}
+
+func lookupUser(_ name: String) -> (uid: UInt32, gid: UInt32)? {
+    guard let p = getpwnam(name) else { return nil }
+    return (p.pointee.pw_uid, p.pointee.pw_gid)
+}
+
+/// Typed access to a config object that rejects unknown keys (typos fail loudly).
+struct Reader {
+    let o: JSONObject
+    let path: String
+    var consumed = Set<String>()
+    init(_ o: JSONObject, path: String) { self.o = o; self.path = path }
+
+    mutating func value(_ k: String) -> JSON? {
+        consumed.insert(k)
+        guard let v = o[k], v != .null else { return nil }
+        return v
+    }
+    mutating func string(_ k: String) throws(ConfigError) -> String? {
+        guard let v = value(k) else { return nil }
+        guard let s = v.stringValue else { throw ConfigError("\(path)\(k) must be a string") }
+        return s
+    }
+    mutating func bool(_ k: String) throws(ConfigError) -> Bool? {
+        guard let v = value(k) else { return nil }
+        guard let b = v.boolValue else { throw ConfigError("\(path)\(k) must be true or false") }
+        return b
+    }
+    mutating func int(_ k: String, min lo: Int = Int.min, max hi: Int = Int.max) throws(ConfigError) -> Int? {
+        guard let v = value(k) else { return nil }
+        guard let i = v.intValue, i >= lo, i <= hi else {
+            throw ConfigError("\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : ""))
+        }
+        return Int(i)
+    }
+    mutating func double(_ k: String) throws(ConfigError) -> Double? {
+        guard let v = value(k) else { return nil }
+        guard let d = v.doubleValue else { throw ConfigError("\(path)\(k) must be a number") }
+        return d
+    }
+    mutating func object(_ k: String) throws(ConfigError) -> JSONObject? {
+        guard let v = value(k) else { return nil }
+        guard let ob = v.objectValue else { throw ConfigError("\(path)\(k) must be an object") }
+        return ob
+    }
+    mutating func array(_ k: String) throws(ConfigError) -> [JSON]? {
+        guard let v = value(k) else { return nil }
+        guard let a = v.arrayValue else { throw ConfigError("\(path)\(k) must be an array") }
+        return a
+    }
+    mutating func stringArray(_ k: String) throws(ConfigError) -> [String] {
+        guard let a = try array(k) else { return [] }
+        var out: [String] = []
+        for x in a {
+            guard let s = x.stringValue else { throw ConfigError("\(path)\(k) must be an array of strings") }
+            out.append(s)
+        }
+        return out
+    }
+    mutating func intArray(_ k: String) throws(ConfigError) -> [Int] {
+        guard let a = try array(k) else { return [] }
+        var out: [Int] = []
+        for x in a {
+            guard let i = x.intValue, i >= 0 else { throw ConfigError("\(path)\(k) must be an array of non-negative integers") }
+            out.append(Int(i))
+        }
+        return out
+    }
+    func finish() throws(ConfigError) {
+        for k in o.keys where !consumed.contains(k) && !k.hasPrefix("_") && !k.hasPrefix("//") {
+            throw ConfigError("unknown setting \(path)\(k)")
+        }
+    }
+}

@@ -1,0 +1,114 @@
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The daemon's shell: the client socket, signals, systemd notification and watchdog around a `Bus`.
+public final class Host {
+    public let loop: Loop
+    public let bus: Bus
+    let configPath: String
+    var listener: Listener?
+    var signals: [SignalWatcher] = []
+    var watchdog: Timer?
+    let log = Log("host")
+    public private(set) var exitCode: Int32 = 0
+
+    public init(config: HostConfig, configPath: String) {
+        loop = Loop()
+        self.configPath = configPath
+        bus = Bus(loop: loop, config: config)
+    }
+
+    /// Creates directories, binds the socket, starts plugins and runs the loop until stopped.
+    public func run() -> Int32 {
+        System.ignoreSIGPIPE()
+        let cfg = bus.config
+        guard System.makeDirectories(cfg.stateDir, mode: 0o700) else {
+            log.error("cannot create state directory", ["path": cfg.stateDir])
+            return 1
+        }
+        if let slash = cfg.socketPath.lastIndex(of: "/") {
+            let dir = String(cfg.socketPath[..<slash])
+            if !dir.isEmpty && !System.makeDirectories(dir, mode: 0o755) {
+                log.error("cannot create socket directory", ["path": dir])
+                return 1
+            }
+        }
+        var group: gid_t? = nil
+        if let g = cfg.socketGroup {
+            guard let gid = lookupGroup(g) else {
+                log.error("unknown socketGroup", ["group": g])
+                return 1
+            }
+            group = gid
+        }
+        do throws(UVError) {
+            let l = try Listener(loop: loop, path: cfg.socketPath, mode: mode_t(cfg.socketMode), group: group)
+            l.onConnection = { [unowned self, unowned l] in
+                guard let c = l.accept(loop: self.loop, maxLineBytes: self.bus.config.limits.maxLineBytes) else { return }
+                self.bus.adoptClient(c)
+            }
+            listener = l
+        } catch {
+            log.error("cannot listen on the client socket", ["path": cfg.socketPath, "error": error.description])
+            return 1
+        }
+        log.info("listening", ["socket": cfg.socketPath, "mode": String(cfg.socketMode, radix: 8), "pid": System.pid])
+
+        signals.append(SignalWatcher(loop: loop, signal: SIGTERM) { [unowned self] _ in self.stop(reason: "SIGTERM") })
+        signals.append(SignalWatcher(loop: loop, signal: SIGINT) { [unowned self] _ in self.stop(reason: "SIGINT") })
+        signals.append(SignalWatcher(loop: loop, signal: SIGHUP) { [unowned self] _ in self.reload() })
+        startWatchdog()
+
+        bus.onReady = { [unowned self] in
+            System.sdNotify("READY=1\nSTATUS=serving \(self.bus.slots.count) plugins\nMAINPID=\(System.pid)")
+            self.log.info("ready", ["socket": cfg.socketPath, "plugins": self.bus.slots.count])
+        }
+        bus.startPlugins()
+        loop.run()
+        return exitCode
+    }
+
+    func stop(reason: String) {
+        log.info("stop requested", ["reason": reason])
+        System.sdNotify("STOPPING=1")
+        listener?.close()
+        listener = nil
+        bus.shutdown { [unowned self] in self.finish() }
+    }
+
+    private func finish() {
+        for s in signals { s.close() }
+        signals.removeAll()
+        watchdog?.close()
+        log.info("stopped")
+        // Let close callbacks and final writes run, then leave the loop.
+        loop.flushDirty()
+        loop.stop()
+    }
+
+    func reload() {
+        System.sdNotify("RELOADING=1")
+        do throws(ConfigError) {
+            let c = try HostConfig.load(path: configPath)
+            Log.minimum = Log.Level(name: c.logLevel) ?? .info
+            bus.reload(c)
+        } catch {
+            log.error("reload failed; keeping the running configuration", ["error": error.description])
+        }
+        System.sdNotify("READY=1")
+    }
+
+    /// systemd's watchdog: when WATCHDOG_USEC is set, ping at half the interval from the loop, so a
+    /// wedged loop stops the pings and systemd restarts the daemon.
+    private func startWatchdog() {
+        guard let s = System.env("WATCHDOG_USEC"), let usec = UInt64(s), usec > 0 else { return }
+        if let p = System.env("WATCHDOG_PID"), let pid = Int32(p), pid != System.pid { return }
+        let ms = max(usec / 2000, 1)
+        watchdog = Timer(loop: loop, unref: true) { System.sdNotify("WATCHDOG=1") }
+        watchdog?.start(after: ms, repeat: ms)
+        log.info("systemd watchdog enabled", ["interval_ms": ms])
+    }
+}

@@ -1,0 +1,104 @@
+import PylonCore
+
+/// What a plugin announces in its `bus.hello` handshake.
+public struct Manifest: Equatable, Sendable {
+    public struct Method: Equatable, Sendable {
+        /// Full method name, `<plugin>.<method>`.
+        public var name: String
+        /// The consent switch the method's data falls under; `{field}` is replaced by the string
+        /// value of that params field (`ma:{appKey}`). nil: not data collection.
+        public var consent: String?
+        /// When consent is denied: `error` answers -32003; `drop` answers `deniedResult` without
+        /// reaching the plugin (the SDK behaviour of silently dropping events).
+        public var dropWhenDenied = false
+        public var deniedResult: JSON = .null
+    }
+    public var name: String
+    public var version: String
+    public var protocolVersion: Int
+    public var methods: [String: Method] = [:]
+    public var methodOrder: [String] = []
+    public var publishes: [String] = []
+    public var subscribes: [TopicPattern] = []
+
+    /// Protocol versions this host speaks.
+    public static let supportedProtocols = 1...1
+
+    public static func parse(_ p: JSON) throws(RPCError) -> Manifest {
+        func bad(_ m: String) -> RPCError { RPCError(.invalidParams, "bus.hello: \(m)") }
+        guard let name = p["name"]?.stringValue else { throw bad("name (string) is required") }
+        let version = p["version"]?.stringValue ?? "0"
+        guard let proto = p["protocol"]?.intValue else { throw bad("protocol (integer) is required") }
+        guard supportedProtocols.contains(Int(proto)) else {
+            throw RPCError(.invalidParams, "bus.hello: protocol \(proto) not supported; host speaks \(supportedProtocols)",
+                           data: ["supported": [.int(Int64(supportedProtocols.lowerBound)), .int(Int64(supportedProtocols.upperBound))]])
+        }
+        var m = Manifest(name: name, version: version, protocolVersion: Int(proto))
+        let man = p["manifest"] ?? .object([:])
+        if let methods = man["methods"]?.arrayValue {
+            for mj in methods {
+                var spec: Method
+                if let s = mj.stringValue {
+                    spec = Method(name: s)
+                } else if let o = mj.objectValue, let s = o["name"]?.stringValue {
+                    spec = Method(name: s)
+                    spec.consent = o["consent"]?.stringValue
+                    spec.dropWhenDenied = o["onDenied"]?.stringValue == "drop"
+                    spec.deniedResult = o["deniedResult"] ?? .null
+                } else {
+                    throw bad("manifest.methods entries must be strings or {name, consent?, onDenied?}")
+                }
+                if !spec.name.hasPrefix(name + ".") { spec.name = name + "." + spec.name }
+                if m.methods.updateValue(spec, forKey: spec.name) == nil { m.methodOrder.append(spec.name) }
+            }
+        }
+        m.publishes = man["publishes"]?.arrayValue?.compactMap { $0.stringValue } ?? []
+        m.subscribes = man["subscribes"]?.arrayValue?.compactMap { $0.stringValue.map(TopicPattern.init) } ?? []
+        return m
+    }
+
+    public var json: JSON {
+        var ms: [JSON] = []
+        for n in methodOrder {
+            let s = methods[n]!
+            var o: JSONObject = ["name": .string(n)]
+            if let c = s.consent {
+                o["consent"] = .string(c)
+                o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
+            }
+            ms.append(.object(o))
+        }
+        return [
+            "version": .string(version), "protocol": .int(Int64(protocolVersion)), "methods": .array(ms),
+            "publishes": .array(publishes.map { .string($0) }),
+            "subscribes": .array(subscribes.map { .string($0.text) }),
+        ]
+    }
+}
+
+extension Manifest.Method {
+    /// Resolves the consent template against the request params. nil when the method has no
+    /// switch; `.unresolved` when a `{field}` is absent (only the master switch then applies).
+    public func consentKey(params: JSON?) -> ConsentKey {
+        guard let t = consent else { return .none }
+        guard t.contains("{") else { return .key(t) }
+        var out = ""
+        var rest = t[...]
+        while let open = rest.firstIndex(of: "{") {
+            out += rest[..<open]
+            guard let close = rest[open...].firstIndex(of: "}") else { return .key(t) }
+            let field = String(rest[rest.index(after: open)..<close])
+            guard let v = params?[field]?.stringValue, !v.isEmpty else { return .unresolved }
+            out += v
+            rest = rest[rest.index(after: close)...]
+        }
+        out += rest
+        return .key(out)
+    }
+}
+
+public enum ConsentKey: Equatable, Sendable {
+    case none
+    case unresolved
+    case key(String)
+}

@@ -1,0 +1,285 @@
+import CJSONC
+@_exported import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One incoming request to a plugin method. Reply exactly once with `reply`, `replyRaw` or `fail`;
+/// a handler may keep the call and reply later (after calling another plugin, say).
+public final class Call {
+    public let method: String
+    let msg: JSONRef
+    let id: JSONRef
+    unowned let plugin: Plugin
+    private var answered = false
+    /// Set for notifications: they carry no id and get no reply.
+    var isNotification = false
+
+    init(method: String, msg: JSONRef, id: JSONRef, plugin: Plugin) {
+        self.method = method
+        self.msg = msg
+        self.id = id
+        self.plugin = plugin
+    }
+
+    /// The params as a Swift value (converted on first use).
+    public lazy var params: JSON = JSONRef.toJSON(msg.member("params"))
+    /// The params as a borrowed json-c object, for handlers that avoid conversion.
+    public var paramsRef: OpaquePointer? { msg.member("params") }
+
+    public func reply(_ result: JSON) {
+        replyRaw(owning: JSONRef.make(result))
+    }
+
+    /// Replies with a json-c object; takes ownership of one reference.
+    public func replyRaw(owning result: OpaquePointer?) {
+        guard !answered, !isNotification else { json_object_put(result); answered = true; return }
+        answered = true
+        let o = json_object_new_object()
+        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
+        json_object_object_add(o, "id", json_object_get(id.ptr))
+        json_object_object_add(o, "result", result)
+        plugin.channel?.send(JSONRef(owning: o))
+    }
+
+    public func fail(_ e: RPCError) {
+        guard !answered, !isNotification else { answered = true; return }
+        answered = true
+        plugin.channel?.send(Wire.error(id: id.json, e))
+    }
+}
+
+/// The plugin kit: makes a Pylon plugin a small program.
+///
+/// ```swift
+/// let plugin = Plugin(name: "echo", version: "1.0")
+/// plugin.method("echo") { call in call.reply(call.params) }
+/// plugin.run()
+/// ```
+/// The host starts the plugin with its bus channel on the descriptor named by `PYLON_BUS_FD`.
+/// `run()` sends the `bus.hello` handshake (name, version, protocol, manifest), receives the
+/// plugin's config, state directory and consent snapshot, answers heartbeats, and exits when the
+/// channel closes (so a plugin never outlives its host).
+public final class Plugin {
+    public let name: String
+    public let version: String
+    public let loop = Loop()
+    public let log: Log
+    fileprivate(set) var channel: Connection?
+    private let tokener = Tokener(maxDepth: 128)
+
+    private struct MethodSpec {
+        var consent: String?
+        var dropWhenDenied: Bool
+        var deniedResult: JSON
+        var handler: (Call) -> Void
+    }
+    private var methods: [String: MethodSpec] = [:]
+    private var methodOrder: [String] = []
+    private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
+    private var publishes: [String] = []
+    private var pendingCalls: [Int64: (Result<JSON, RPCError>) -> Void] = [:]
+    private var nextId: Int64 = 1
+
+    /// From the host's welcome.
+    public private(set) var config: JSON = .object([:])
+    public private(set) var stateDir: String = ""
+    public private(set) var consent: [String: Bool] = [:]
+    public private(set) var consentMaster = true
+    public private(set) var limits: JSON = .object([:])
+
+    /// Runs once the handshake completed.
+    public var onReady: () -> Void = {}
+    /// Runs when the host broadcasts a consent change (before any later message is delivered).
+    public var onConsentChanged: (_ key: String, _ granted: Bool) -> Void = { _, _ in }
+    /// Runs before the process exits because the host closed the channel or asked to shut down.
+    public var onShutdown: () -> Void = {}
+
+    public init(name: String, version: String) {
+        self.name = name
+        self.version = version
+        log = Log(name)
+    }
+
+    /// Serves `<plugin>.<method>`. `consent` names the switch the method's data falls under
+    /// (`{field}` is taken from params); with `dropWhenDenied` the host answers `deniedResult`
+    /// itself while that switch is denied, otherwise it answers a -32003 error.
+    public func method(_ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
+                       deniedResult: JSON = .null, _ handler: @escaping (Call) -> Void) {
+        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        if methods[full] == nil { methodOrder.append(full) }
+        methods[full] = MethodSpec(consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, handler: handler)
+    }
+
+    /// Receives notifications published on topics matching `pattern`.
+    public func subscribe(_ pattern: String, _ handler: @escaping (_ topic: String, _ params: JSON) -> Void) {
+        subscriptions.append((TopicPattern(pattern), handler))
+    }
+
+    /// Declares a topic this plugin publishes (for `bus.describe`).
+    public func declarePublishes(_ topic: String) { publishes.append(topic) }
+
+    public func publish(_ topic: String, _ params: JSON) {
+        channel?.send(Wire.notification(method: topic, params: params))
+    }
+
+    /// Calls a method of another plugin (or the host) through the host.
+    public func call(_ method: String, _ params: JSON?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+        guard let channel, !channel.isClosed else {
+            done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
+            return
+        }
+        let id = nextId
+        nextId += 1
+        pendingCalls[id] = done
+        channel.send(Wire.request(id: .int(id), method: method, params: params))
+    }
+
+    public func isConsentGranted(_ key: String) -> Bool {
+        consentMaster && (consent[key] ?? true)
+    }
+
+    /// Connects to the host and serves until the channel closes; never returns.
+    public func run() -> Never {
+        System.ignoreSIGPIPE()
+        guard let fdText = System.env("PYLON_BUS_FD"), let fd = Int32(fdText) else {
+            log.error("PYLON_BUS_FD is not set: plugins are started by pylond")
+            System.exit(78)
+        }
+        do throws(UVError) {
+            channel = try Connection(loop: loop, fd: fd, maxLineBytes: 64 << 20)
+        } catch {
+            log.error("cannot open bus channel", ["error": error.description])
+            System.exit(1)
+        }
+        guard let channel else { System.exit(1) }
+        channel.onLine = { [unowned self] line in self.handleLine(line) }
+        channel.onClose = { [unowned self] _ in self.exitNow() }
+        channel.startReading()
+        sendHello()
+        loop.run()
+        exitNow()
+    }
+
+    private func exitNow() -> Never {
+        onShutdown()
+        loop.flushDirty()
+        System.exit(0)
+    }
+
+    private func sendHello() {
+        var ms: [JSON] = []
+        for m in methodOrder {
+            let s = methods[m]!
+            var o: JSONObject = ["name": .string(m)]
+            if let c = s.consent {
+                o["consent"] = .string(c)
+                o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
+                o["deniedResult"] = s.deniedResult
+            }
+            ms.append(.object(o))
+        }
+        let params: JSON = [
+            "name": .string(name), "version": .string(version), "protocol": 1, "pid": .int(Int64(System.pid)),
+            "manifest": [
+                "methods": .array(ms),
+                "publishes": .array(publishes.map { .string($0) }),
+                "subscribes": .array(subscriptions.map { .string($0.pattern.text) }),
+            ],
+        ]
+        let id = nextId
+        nextId += 1
+        pendingCalls[id] = { [unowned self] r in
+            switch r {
+            case .success(let w):
+                self.config = w["config"] ?? .object([:])
+                self.stateDir = w["stateDir"]?.stringValue ?? ""
+                self.limits = w["limits"] ?? .object([:])
+                self.applyConsentSnapshot(w["consent"])
+                self.onReady()
+            case .failure(let e):
+                self.log.error("handshake refused by host", ["error": e.message])
+                System.exit(78)
+            }
+        }
+        channel?.send(Wire.request(id: .int(id), method: "bus.hello", params: params))
+    }
+
+    private func applyConsentSnapshot(_ j: JSON?) {
+        consentMaster = j?["master"]?.boolValue ?? true
+        consent = [:]
+        if let sw = j?["switches"]?.objectValue {
+            for (k, v) in sw { if let b = v.boolValue { consent[k] = b } }
+        }
+    }
+
+    private func handleLine(_ line: UnsafeRawBufferPointer) {
+        let msg: JSONRef
+        do {
+            msg = try tokener.parse(line)
+        } catch {
+            log.warn("unparseable message from host", ["error": error.detail])
+            return
+        }
+        let mptr = msg.member("method")
+        if json_object_get_type(mptr) == json_type_string {
+            let method = String(cString: json_object_get_string(mptr))
+            if msg.has("id") {
+                dispatchRequest(method, msg)
+            } else {
+                dispatchNotification(method, msg)
+            }
+        } else if let idp = msg.member("id"), json_object_get_type(idp) == json_type_int {
+            guard let done = pendingCalls.removeValue(forKey: json_object_get_int64(idp)) else { return }
+            if msg.has("error") {
+                let e = JSONRef.toJSON(msg.member("error"))
+                done(.failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
+                                       message: e["message"]?.stringValue ?? "error", data: e["data"])))
+            } else {
+                done(.success(JSONRef.toJSON(msg.member("result"))))
+            }
+        }
+    }
+
+    private func dispatchRequest(_ method: String, _ msg: JSONRef) {
+        let id = JSONRef(retaining: msg.member("id"))
+        let call = Call(method: method, msg: msg, id: id, plugin: self)
+        if method == "bus.heartbeat" {
+            call.reply(.object([:]))
+            return
+        }
+        guard let spec = methods[method] else {
+            call.fail(RPCError(.methodNotFound, "method not found: \(method)"))
+            return
+        }
+        spec.handler(call)
+    }
+
+    private func dispatchNotification(_ method: String, _ msg: JSONRef) {
+        switch method {
+        case "consent.changed":
+            let p = JSONRef.toJSON(msg.member("params"))
+            if let k = p["key"]?.stringValue, let g = p["granted"]?.boolValue {
+                consent[k] = g
+                if let m = p["master"]?.boolValue { consentMaster = m }
+                onConsentChanged(k, g)
+            }
+        case "bus.shutdown":
+            exitNow()
+        default:
+            if let spec = methods[method] {
+                // A client notification to one of our methods: run it, discard the reply.
+                let call = Call(method: method, msg: msg, id: JSONRef(owning: nil), plugin: self)
+                call.isNotification = true
+                spec.handler(call)
+                return
+            }
+            var params: JSON?
+            for s in subscriptions where s.pattern.matches(method) {
+                if params == nil { params = JSONRef.toJSON(msg.member("params")) }
+                s.handler(method, params!)
+            }
+        }
+    }
+}

@@ -91,15 +91,13 @@ public struct JSONObject: Equatable, Sendable, Sequence, ExpressibleByDictionary
 }
 
 extension JSON: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral,
-    ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral, ExpressibleByNilLiteral,
-    ExpressibleByFloatLiteral
+    ExpressibleByArrayLiteral, ExpressibleByDictionaryLiteral, ExpressibleByFloatLiteral
 {
     public init(stringLiteral value: String) { self = .string(value) }
     public init(integerLiteral value: Int64) { self = .int(value) }
     public init(booleanLiteral value: Bool) { self = .bool(value) }
     public init(floatLiteral value: Double) { self = .double(value) }
     public init(arrayLiteral elements: JSON...) { self = .array(elements) }
-    public init(nilLiteral: ()) { self = .null }
     public init(dictionaryLiteral elements: (String, JSON)...) {
         var o = JSONObject()
         for (k, v) in elements { o[k] = v }

@@ -1,0 +1,43 @@
+# Pylon — build, run and test. Works as root on a fresh Debian 12 machine with the Swift toolchain:
+# every target first installs the Debian packages it needs (`make deps`).
+SHELL := /bin/bash
+SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
+DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev socat python3
+RUN_DIR ?= $(CURDIR)/run
+export PYLON_SOCKET ?= $(RUN_DIR)/pylon.sock
+
+.PHONY: all deps build release run test bench clean format-check
+
+all: build
+
+## Install missing Debian packages (needs root; a no-op when all are present).
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release
+
+## Start the host with every plugin (and the reference backend once it exists) on loopback.
+run: build
+	@mkdir -p $(RUN_DIR)/state
+	@echo "pylond: socket $(PYLON_SOCKET)   try: socat - UNIX-CONNECT:$(PYLON_SOCKET)   or: PYLON_SOCKET=$(PYLON_SOCKET) .build/debug/pylonctl status"
+	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config etc/pylon.json
+
+## Every test: unit tests and integration tests that start the real host and plugins.
+test: build
+	$(SWIFT) test
+
+## Release-mode benchmarks (numbers go to README.md).
+bench: release
+	.build/release/pylon-bench
+
+clean:
+	rm -rf .build $(RUN_DIR)

@@ -114,7 +114,7 @@ public final class Tokener {
     public init(maxDepth: Int32) {
         self.maxDepth = maxDepth
         tok = json_tokener_new_ex(maxDepth)!
-        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8)
+        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_ALLOW_TRAILING_CHARS | JSON_TOKENER_VALIDATE_UTF8)
     }
     deinit { json_tokener_free(tok) }
 
@@ -126,14 +126,16 @@ public final class Tokener {
         }
         var obj = json_tokener_parse_ex(tok, base, Int32(bytes.count))
         var err = json_tokener_get_error(tok)
+        var consumedAll = false
         if err == json_tokener_continue {
+            consumedAll = true
             // A bare scalar (`42`) needs a terminator to be complete.
             obj = json_tokener_parse_ex(tok, " ", 1)
             err = json_tokener_get_error(tok)
         }
         switch err {
         case json_tokener_success:
-            let end = Int(json_tokener_get_parse_end(tok))
+            let end = consumedAll ? bytes.count : Int(json_tokener_get_parse_end(tok))
             if end < bytes.count {
                 for i in end..<bytes.count where !isSpace(bytes[i]) {
                     json_object_put(obj)

@@ -1,0 +1,110 @@
+import Testing
+@testable import PylonHost
+import PylonCore
+
+struct ConsentStoreTests {
+    @Test func neverSetIsGranted() {
+        #expect(ConsentStore().isGranted("ma:abc"))
+    }
+
+    @Test func denyAndGrantChangeTheEpoch() {
+        var s = ConsentStore()
+        let first = s.set("ma:a", granted: false)
+        #expect(first)
+        #expect(!s.isGranted("ma:a"))
+        #expect(s.epoch == 1)
+        let again = s.set("ma:a", granted: false)
+        #expect(!again, "setting the same value is not a change")
+        let back = s.set("ma:a", granted: true)
+        #expect(back)
+        #expect(s.epoch == 2)
+    }
+
+    @Test func masterSwitchOverridesEverything() {
+        var s = ConsentStore()
+        s.set("ma:a", granted: true)
+        s.set(ConsentStore.master, granted: false)
+        #expect(!s.isGranted("ma:a"))
+        #expect(!s.isGranted("anything"))
+    }
+
+    @Test func snapshotRoundTrips() {
+        var s = ConsentStore()
+        s.set("x", granted: false)
+        s.set("y", granted: true)
+        #expect(ConsentStore.restore(s.snapshot) == s)
+    }
+
+    @Test func keyValidation() {
+        #expect(ConsentStore.validate(key: "ma:abc") == nil)
+        #expect(ConsentStore.validate(key: "") != nil)
+        #expect(ConsentStore.validate(key: "has space") != nil)
+        #expect(ConsentStore.validate(key: String(repeating: "k", count: 300)) != nil)
+    }
+}
+
+struct ManifestTests {
+    @Test func consentTemplateResolvesFromParams() throws {
+        let m = try Manifest.parse([
+            "name": "ma", "protocol": 1,
+            "manifest": ["methods": [["name": "eventRecord", "consent": "ma:{appKey}", "onDenied": "drop"], "start"]],
+        ])
+        let spec = try #require(m.methods["ma.eventRecord"])
+        #expect(spec.dropWhenDenied)
+        #expect(spec.consentKey(params: ["appKey": "K1"]) == .key("ma:K1"))
+        #expect(spec.consentKey(params: ["other": 1]) == .unresolved)
+        #expect(m.methods["ma.start"]?.consentKey(params: nil) == ConsentKey.none)
+    }
+
+    @Test func unsupportedProtocolIsRefused() {
+        #expect(throws: RPCError.self) { try Manifest.parse(["name": "x", "protocol": 99]) }
+    }
+}
+
+struct ConfigTests {
+    @Test func parsesPluginsAndLimits() throws {
+        let c = try HostConfig.parse([
+            "socket": "/tmp/x.sock", "socketMode": "0600",
+            "limits": ["maxLineBytes": 4096, "maxInflightPerConnection": 8],
+            "plugins": [["name": "echo", "exec": "pylon-echo", "restart": "transient", "maxRestarts": 2, "config": ["a": 1]]],
+        ])
+        #expect(c.socketPath == "/tmp/x.sock")
+        #expect(c.socketMode == 0o600)
+        #expect(c.limits.maxLineBytes == 4096)
+        #expect(c.limits.maxInflightPerConnection == 8)
+        #expect(c.plugins.first?.policy.restart == .transient)
+        #expect(c.plugins.first?.policy.maxRestarts == 2)
+        #expect(c.plugins.first?.config == ["a": 1])
+    }
+
+    @Test func unknownKeysAreErrors() {
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["sockett": "/x"]) }
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["limits": ["maxLines": 1]]) }
+    }
+
+    @Test func wrongTypesAreErrors() {
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["limits": ["maxLineBytes": "big"]]) }
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["plugins": [["name": "x", "exec": "y", "restart": "sometimes"]]]) }
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["plugins": [["name": "bus", "exec": "y"]]]) }
+    }
+
+    @Test func duplicatePluginNamesAreErrors() {
+        #expect(throws: ConfigError.self) {
+            try HostConfig.parse(["plugins": [["name": "a", "exec": "x"], ["name": "a", "exec": "y"]]])
+        }
+    }
+
+    @Test func permissionRuleDecides() throws {
+        let c = try HostConfig.parse(["permissions": [["method": "consent.set", "uids": [0]]]])
+        let rule = try #require(c.permissions.first)
+        #expect(rule.method.matches("consent.set"))
+        #expect(rule.allows(PeerCredentials(pid: 1, uid: 0, gid: 0)))
+        #expect(!rule.allows(PeerCredentials(pid: 1, uid: 1000, gid: 1000)))
+    }
+
+    @Test func scanIdFindsTheIdOfAnOversizedLine() {
+        #expect(Bus.scanId(Array(#"{"jsonrpc":"2.0","id":42,"method":"x","params":"#.utf8)) == .int(42))
+        #expect(Bus.scanId(Array(#"{"id": "abc","#.utf8)) == .string("abc"))
+        #expect(Bus.scanId(Array(#"{"method":"x","params":{"#.utf8)) == nil)
+    }
+}

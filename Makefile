@@ -33,7 +33,7 @@ run: build
 
 ## Every test: unit tests and integration tests that start the real host and plugins.
 test: build
-	$(SWIFT) test
+	$(SWIFT) test --no-parallel
 
 ## Release-mode benchmarks (numbers go to README.md).
 bench: release

@@ -19,7 +19,10 @@ public final class JSONRef {
         case .null: return nil
         case .bool(let b): return json_object_new_boolean(b ? 1 : 0)
         case .int(let i): return json_object_new_int64(i)
-        case .double(let d): return json_object_new_double(d)
+        case .double(let d):
+            // Shortest text that round-trips (Swift's), instead of json-c's 17 digits.
+            guard d.isFinite else { return nil }
+            return json_object_new_double_s(d, d.description)
         case .string(let s):
             var s = s
             return s.withUTF8 { b in

@@ -61,12 +61,12 @@ public struct RPCError: Error, Equatable, Sendable, CustomStringConvertible {
 public enum Wire {
     public static func request(id: JSON, method: String, params: JSON?) -> JSON {
         var o: JSONObject = ["jsonrpc": "2.0", "id": id, "method": .string(method)]
-        if let params { o["params"] = params }
+        if let params, params != .null { o["params"] = params }
         return .object(o)
     }
     public static func notification(method: String, params: JSON?) -> JSON {
         var o: JSONObject = ["jsonrpc": "2.0", "method": .string(method)]
-        if let params { o["params"] = params }
+        if let params, params != .null { o["params"] = params }
         return .object(o)
     }
     public static func result(id: JSON, _ result: JSON) -> JSON {

@@ -33,6 +33,14 @@ public enum System {
 
     public static func close(_ fd: Int32) { _ = Glibc.close(fd) }
 
+    /// Clears the inherited signal mask: a parent that blocked SIGTERM (test runners, some
+    /// supervisors) must not leave the daemon deaf to it.
+    public static func unblockAllSignals() {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigprocmask(SIG_SETMASK, &set, nil)
+    }
+
     /// Ignores SIGPIPE so a peer that vanishes mid-write yields EPIPE, not death.
     public static func ignoreSIGPIPE() { signal(SIGPIPE, SIG_IGN) }
 

@@ -90,7 +90,8 @@ extension Bus {
             "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
             "plugins": .array(plugins), "clients": .array(clients),
             "counters": [
-                "routed": .int(Int64(routed)), "inflight": .int(Int64(pending.count)),
+                "routed": .int(Int64(routed)),
+                "inflight": .int(Int64(pending.values.reduce(0) { if case .peer = $1.origin { return $0 + 1 }; return $0 })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)),
             ],
@@ -144,7 +145,12 @@ extension Bus {
         guard !topic.hasPrefix("bus."), !topic.hasPrefix("consent.") else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }
-        let n = publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: params?["data"] ?? .null)), from: peer)
+        let data = params?["data"] ?? .null
+        switch data {
+        case .null, .object, .array: break
+        default: throw RPCError(.invalidParams, "params.data must be an object or an array (it becomes the notification's params)")
+        }
+        let n = publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: data)), from: peer)
         return ["delivered": .int(Int64(n))]
     }
 
@@ -185,12 +191,8 @@ extension Bus {
         let name = try str(params, "plugin")
         guard let slot = slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
         log.info("manual restart requested", ["plugin": name])
-        if slot.life.isAlive {
-            slot.process?.kill(SIGKILL)
-        } else {
-            slot.timer?.stop()
-            perform(slot, slot.life.start(now: loop.nowMs))
-        }
+        if !slot.life.isAlive { slot.timer?.stop() }
+        perform(slot, slot.life.restartRequested(now: loop.nowMs))
         return ["plugin": .string(name), "state": .string(slot.life.state.rawValue)]
     }
 
@@ -238,17 +240,24 @@ extension Bus {
         return ["key": .string(key), "granted": .bool(granted), "changed": .bool(changed), "epoch": .int(Int64(consent.epoch))]
     }
 
+    /// Loads persisted switches. No file means nothing was ever set (all granted). A file that
+    /// exists but cannot be read or understood fails closed: the master switch is denied until an
+    /// operator sets consent again, because granting by accident is the worse error.
     func loadConsent() {
-        guard let bytes = System.readFile(consentPath) else { return }
-        do {
-            let j = try bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
-            consent = ConsentStore.restore(j)
-        } catch {
-            log.error("consent file unreadable; refusing to start with unknown consent", ["path": consentPath, "error": "\(error)"])
-            // Fail closed: an unreadable consent file must not silently grant collection.
-            consent = ConsentStore()
-            consent.set(ConsentStore.master, granted: false)
+        guard access(consentPath, F_OK) == 0 else { return }
+        var problem = "unreadable"
+        if let bytes = System.readFile(consentPath) {
+            let parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
+            if let j = parsed, let restored = ConsentStore.restore(j) {
+                consent = restored
+                return
+            }
+            problem = "not a consent snapshot"
         }
+        log.error("consent file \(problem); collection denied (master switch) until consent is set again",
+                  ["path": consentPath])
+        consent = ConsentStore()
+        consent.set(ConsentStore.master, granted: false)
     }
 }
 

@@ -27,16 +27,18 @@ extension Bus {
     /// restarted when their definition changed. The socket path, mode and state directory are
     /// fixed at start (a change is logged and ignored).
     public func reload(_ new: HostConfig) {
-        if new.socketPath != config.socketPath || new.stateDir != config.stateDir || new.socketMode != config.socketMode {
-            log.warn("reload: socket and stateDir changes need a restart; keeping the old ones")
+        if new.socketPath != config.socketPath || new.stateDir != config.stateDir || new.socketMode != config.socketMode
+            || new.socketGroup != config.socketGroup
+        {
+            log.warn("reload: socket, socketMode, socketGroup and stateDir changes need a restart; keeping the old ones")
         }
         var next = new
         next.socketPath = config.socketPath
         next.stateDir = config.stateDir
         next.socketMode = config.socketMode
         next.socketGroup = config.socketGroup
-        let old = config
         config = next
+        if next.limits.maxDepth != tokener.maxDepth { tokener = Tokener(maxDepth: next.limits.maxDepth) }
         for p in peers.values {
             p.conn.maxLineBytes = next.limits.maxLineBytes
             p.conn.pauseAbove = next.limits.maxQueuedBytes
@@ -59,7 +61,6 @@ extension Bus {
             log.info("reload: plugin added", ["plugin": pc.name])
             addPlugin(pc)
         }
-        _ = old
         log.info("configuration reloaded", ["plugins": slots.count])
     }
 

@@ -30,21 +30,27 @@ extension Bus {
                 try spawn(slot)
             } catch {
                 log.error("plugin spawn failed", ["plugin": name, "error": error.description])
-                perform(slot, slot.life.spawnFailed(now: loop.nowMs, error: error.description))
+                slot.pid = 0
+                let next = slot.life.spawnFailed(now: loop.nowMs, error: error.description)
+                slot.lastExit = slot.life.lastExitReason
+                perform(slot, next)
             }
         case .kill(let sig):
             slot.process?.kill(sig)
-            if sig == SIGTERM {
-                // Escalate after the grace period (neovim's proc_stop shape).
-                slot.timer?.stop()
-                slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
-                    if slot.life.isAlive {
-                        self.log.warn("plugin did not stop in time; killing", ["plugin": slot.config.name])
-                        slot.process?.kill(SIGKILL)
-                    }
-                }
-                slot.timer?.start(after: slot.config.policy.stopGraceMs)
+        case .shutdown(let graceMs):
+            // Ask first: bus.shutdown, then EOF on the channel (the plugin kit exits on either).
+            if let peer = slot.peer {
+                peer.conn.sendLine(#"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
+                peer.conn.closeAfterFlush()
             }
+            // Escalate after the grace period (neovim's proc_stop shape).
+            slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
+                if slot.life.isAlive {
+                    self.log.warn("plugin did not stop in time; killing", ["plugin": slot.config.name, "grace_ms": graceMs])
+                    slot.process?.kill(SIGKILL)
+                }
+            }
+            slot.timer?.start(after: graceMs)
         case .scheduleRestart(let ms):
             log.warn("plugin restart scheduled", ["plugin": name, "in_ms": ms, "restarts": slot.life.restarts, "reason": slot.lastExit ?? "-"])
             publish(topic: "bus.plugin.exited", params: [
@@ -91,12 +97,18 @@ extension Bus {
             throw error
         }
         let stateDir = config.stateDir + "/plugins/" + pc.name
+        // plugins/ is traversable so a plugin running as another user reaches its own 0700 dir.
+        _ = System.makeDirectories(config.stateDir + "/plugins", mode: 0o711)
         _ = System.makeDirectories(stateDir, mode: 0o700)
 
         var o = ChildProcess.Options(exec: resolveExec(pc.exec))
         o.args = pc.args
-        var env = System.environment().filter {
-            !$0.hasPrefix("PYLON_BUS_FD=") && !$0.hasPrefix("NOTIFY_SOCKET=") && !$0.hasPrefix("WATCHDOG_")
+        // Inherited variables first, minus the host's private ones and any the plugin's config
+        // sets (getenv returns the first match, so an override must replace, not append).
+        var env = System.environment().filter { kv in
+            let key = kv.split(separator: "=", maxSplits: 1).first.map(String.init) ?? kv
+            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "NOTIFY_SOCKET"
+                && !key.hasPrefix("WATCHDOG_") && pc.env[key] == nil
         }
         env.append("PYLON_BUS_FD=3")
         env.append("PYLON_PLUGIN_NAME=\(pc.name)")
@@ -137,7 +149,9 @@ extension Bus {
             stream.onLine = { [pid = process.pid, name = pc.name] line in
                 plog.emit(level, String(decoding: line, as: UTF8.self), ["plugin": name, "pid": pid])
             }
-            stream.onOversized = { _, _ in }
+            stream.onOversized = { [pid = process.pid, name = pc.name] n, head in
+                plog.emit(level, String(decoding: head, as: UTF8.self) + "… (line of \(n) bytes truncated)", ["plugin": name, "pid": pid])
+            }
             stream.startReading()
         }
         let peer = newPeer(kind: .plugin(slot), conn: channel)
@@ -215,14 +229,20 @@ extension Bus {
         }
     }
 
+    /// How long a plugin that closed its channel may take to exit by itself before it is killed
+    /// (so a clean exit is reported with its real status, not as a liveness kill).
+    static let channelCloseGraceMs: UInt64 = 1_000
+
     func pluginChannelClosed(_ slot: PluginSlot, _ peer: Peer) {
         guard slot.peer === peer else { return }
         slot.peer = nil
         slot.heartbeat?.stop()
-        if slot.life.isAlive && !shuttingDown {
-            log.warn("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
-            perform(slot, slot.life.channelClosed(now: loop.nowMs))
+        guard slot.life.isAlive, !shuttingDown, slot.life.state != .stopped else { return }
+        log.warn("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
+        slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
+            self.perform(slot, slot.life.channelClosed(now: self.loop.nowMs))
         }
+        slot.timer?.start(after: Bus.channelCloseGraceMs)
     }
 
     func pluginExited(_ slot: PluginSlot, status: Int64, signal: Int32) {
@@ -242,15 +262,20 @@ extension Bus {
                                            "reason": slot.lastExit ?? "-", "next": slot.life.state.rawValue])
         if !slot.life.isAlive, slot.life.state != .backoff { slot.timer?.stop() }
         perform(slot, action)
+        checkReady()
         if shuttingDown { checkShutdownComplete() }
     }
 
+    /// Ready (READY=1) once every plugin has left `starting` at least once: it is running, or
+    /// known to be failing (backoff/failed) — a broken plugin must not hold the whole host back.
     func checkReady() {
         guard !readyReported else { return }
-        for slot in slots.values where slot.life.state == .starting && !slot.everLeftStarting {
-            _ = slot
-            return
+        var allLeft = true
+        for slot in slots.values {
+            if slot.life.state != .starting { slot.everLeftStarting = true }
+            allLeft = allLeft && slot.everLeftStarting
         }
+        guard allLeft else { return }
         readyReported = true
         onReady()
     }
@@ -258,12 +283,8 @@ extension Bus {
     /// Stops one plugin (reload removed it, or shutdown).
     func stopPlugin(_ slot: PluginSlot) {
         slot.heartbeat?.stop()
-        if let peer = slot.peer {
-            // Closing the channel is the plugin's signal to exit (no plugin outlives the host).
-            peer.conn.sendLine(#"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
-            peer.conn.closeAfterFlush()
-        }
-        perform(slot, slot.life.stop(now: loop.nowMs))
+        let action = slot.life.stop(now: loop.nowMs)
         if !slot.life.isAlive { slot.timer?.stop() }
+        perform(slot, action)
     }
 }

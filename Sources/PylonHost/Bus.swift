@@ -15,7 +15,7 @@ public final class Bus {
     let loop: Loop
     var config: HostConfig
     let log = Log("bus")
-    private let tokener: Tokener
+    var tokener: Tokener
 
     var peers: [UInt64: Peer] = [:]
     private var nextPeerId: UInt64 = 1
@@ -201,9 +201,10 @@ public final class Bus {
             sendError(peer.conn, id: id, RPCError(.shuttingDown, "host is shutting down"))
             return
         }
-        if let cred = peer.credentials, !isPermitted(method, cred) {
-            sendError(peer.conn, id: id, RPCError(.notPermitted, "uid \(cred.uid) may not call \(method)",
-                                                  data: ["method": .string(method), "uid": .int(Int64(cred.uid))]))
+        if !peer.isPlugin, !isPermitted(method, peer.credentials) {
+            let uid = peer.credentials.map { Int64($0.uid) }
+            sendError(peer.conn, id: id, RPCError(.notPermitted, "uid \(uid.map(String.init) ?? "unknown") may not call \(method)",
+                                                  data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
             return
         }
         if method.hasPrefix("bus.") || method.hasPrefix("consent.") {
@@ -318,17 +319,26 @@ public final class Bus {
             log.warn("notification before bus.hello ignored", ["plugin": slot.config.name, "method": method])
             return
         }
-        if peer.isPlugin {
+        if let slot = peer.slot {
             // A plugin's notification is a publication on the topic named by its method.
+            guard !method.hasPrefix("bus."), !method.hasPrefix("consent.") else {
+                log.warn("plugin tried to publish on a host topic; dropped", ["plugin": slot.config.name, "topic": method])
+                return
+            }
             publish(topic: method, msg: msg, from: peer)
             return
         }
-        // A client notification to a plugin method: forwarded without a reply (consent applies).
+        // A client notification to a plugin method: forwarded without a reply, under the same
+        // permission, manifest and consent rules as a request.
+        guard isPermitted(method, peer.credentials), !shuttingDown else { return }
         let dot = method.firstIndex(of: ".") ?? method.endIndex
         guard let slot = slots[String(method[..<dot])], slot.life.state == .running, let target = slot.peer else { return }
-        if let spec = slot.manifest?.methods[method], spec.consent != nil, let key = deniedConsent(spec, msg) {
-            consentRefused[key, default: 0] += 1
-            return
+        if let manifest = slot.manifest, !manifest.methods.isEmpty {
+            guard let spec = manifest.methods[method] else { return }
+            if spec.consent != nil, let key = deniedConsent(spec, msg) {
+                consentRefused[key, default: 0] += 1
+                return
+            }
         }
         target.conn.send(msg)
         routed += 1
@@ -434,8 +444,12 @@ public final class Bus {
         return nil
     }
 
-    func isPermitted(_ method: String, _ c: PeerCredentials) -> Bool {
-        for rule in config.permissions where rule.method.matches(method) { return rule.allows(c) }
+    /// The first rule matching `method` decides; unknown credentials never satisfy a rule.
+    func isPermitted(_ method: String, _ c: PeerCredentials?) -> Bool {
+        for rule in config.permissions where rule.method.matches(method) {
+            guard let c else { return false }
+            return rule.allows(c)
+        }
         return true
     }
 }

@@ -173,7 +173,10 @@ extension HostConfig {
         }
         if let v = try r.int("backoffInitialMs", min: 0) { p.policy.backoffInitialMs = UInt64(v) }
         if let v = try r.int("backoffMaxMs", min: 0) { p.policy.backoffMaxMs = UInt64(v) }
-        if let v = try r.double("backoffMultiplier"), v >= 1 { p.policy.backoffMultiplier = v }
+        if let v = try r.double("backoffMultiplier") {
+            guard v >= 1 else { throw ConfigError("\(path)backoffMultiplier must be >= 1") }
+            p.policy.backoffMultiplier = v
+        }
         if let v = try r.double("jitter") {
             guard v >= 0 && v < 1 else { throw ConfigError("\(path)jitter must be in [0, 1)") }
             p.policy.jitter = v

@@ -45,10 +45,13 @@ public struct ConsentStore: Equatable, Sendable {
         return .object(["epoch": .int(Int64(epoch)), "switches": .object(o)])
     }
 
-    public static func restore(_ j: JSON) -> ConsentStore {
+    /// Rebuilds a store from `snapshot`; nil when `j` does not have that shape.
+    public static func restore(_ j: JSON) -> ConsentStore? {
         var s = ConsentStore()
-        if let o = j["switches"]?.objectValue {
-            for (k, v) in o { if let b = v.boolValue { s.switches[k] = b } }
+        guard let o = j["switches"]?.objectValue else { return nil }
+        for (k, v) in o {
+            guard let b = v.boolValue else { return nil }
+            s.switches[k] = b
         }
         s.epoch = UInt64(max(0, j["epoch"]?.intValue ?? 0))
         return s

@@ -24,6 +24,7 @@ public final class Host {
     /// Creates directories, binds the socket, starts plugins and runs the loop until stopped.
     public func run() -> Int32 {
         System.ignoreSIGPIPE()
+        System.unblockAllSignals()
         let cfg = bus.config
         guard System.makeDirectories(cfg.stateDir, mode: 0o700) else {
             log.error("cannot create state directory", ["path": cfg.stateDir])

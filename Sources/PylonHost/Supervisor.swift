@@ -18,7 +18,7 @@ public struct SupervisorPolicy: Equatable, Sendable {
     /// Each delay is scaled by a random factor in [1 - jitter, 1 + jitter] (then capped).
     public var jitter: Double = 0.2
     /// Restart intensity: more than `maxRestarts` restarts within `intensityWindowMs` marks the
-    /// plugin `failed` (not restarted again until `bus.restart` or a reload).
+    /// plugin `failed` (not restarted again until `bus.restart`, or a reload that changes it).
     public var maxRestarts: Int = 5
     public var intensityWindowMs: UInt64 = 60_000
     /// After this much healthy uptime the consecutive-failure count (and backoff) resets.
@@ -50,6 +50,9 @@ public struct PluginLifecycle: Sendable {
         case spawn
         /// Send this signal to the running process; an `exited` event will follow.
         case kill(signal: Int32)
+        /// Ask the process to exit (send `bus.shutdown`, close its channel); SIGKILL it if it
+        /// is still alive after `graceMs`. An `exited` event will follow.
+        case shutdown(graceMs: UInt64)
         /// Wait this long, then deliver `backoffElapsed`.
         case scheduleRestart(afterMs: UInt64)
         /// The plugin is given up on (restart intensity exceeded or permanent failure).
@@ -70,6 +73,7 @@ public struct PluginLifecycle: Sendable {
     public private(set) var failedReason: String?
     /// True while a liveness kill (hang, missed handshake) is pending; the exit that follows is abnormal.
     private var killedForLiveness = false
+    private var manualRestart = false
     private var stopping = false
     private var processAlive = false
     private var rng: SplitMix64
@@ -154,6 +158,16 @@ public struct PluginLifecycle: Sendable {
             runningSince = nil
             return .none
         }
+        if manualRestart {
+            // An operator's restart: immediate, and not charged to the automatic budget.
+            manualRestart = false
+            lastExitReason = "restarted on request"
+            runningSince = nil
+            restarts += 1
+            state = .starting
+            processAlive = true
+            return .spawn
+        }
         let abnormal = liveness || signal != 0 || status != 0
         return afterExit(now: now, abnormal: abnormal, reason: reason,
                          permanent: !liveness && signal == 0 && status == exitStatusPermanentFailure)
@@ -216,10 +230,20 @@ public struct PluginLifecycle: Sendable {
     public mutating func stop(now: UInt64) -> Action {
         stopping = true
         if processAlive {
-            return .kill(signal: 15)
+            return .shutdown(graceMs: policy.stopGraceMs)
         }
         state = .stopped
         return .none
+    }
+
+    /// An operator asked for a restart (`bus.restart`): a running plugin is killed and started
+    /// again at once; a failed or backing-off one starts now. Neither spends the restart budget.
+    public mutating func restartRequested(now: UInt64) -> Action {
+        if processAlive {
+            manualRestart = true
+            return .kill(signal: 9)
+        }
+        return start(now: now)
     }
 
     /// Delay before the `failures`-th consecutive restart: exponential, capped, jittered.

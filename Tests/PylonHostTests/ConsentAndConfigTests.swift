@@ -33,6 +33,8 @@ struct ConsentStoreTests {
         s.set("x", granted: false)
         s.set("y", granted: true)
         #expect(ConsentStore.restore(s.snapshot) == s)
+        #expect(ConsentStore.restore(["switches": ["x": "yes"]]) == nil)
+        #expect(ConsentStore.restore(["nothing": 1]) == nil)
     }
 
     @Test func keyValidation() {

@@ -168,7 +168,7 @@ struct SupervisorTests {
 
     @Test func requestedStopEndsStoppedWithoutRestart() {
         var l = started(policy())
-        #expect(l.stop(now: 1) == .kill(signal: 15))
+        #expect(l.stop(now: 1) == .shutdown(graceMs: l.policy.stopGraceMs))
         #expect(l.exited(now: 2, status: 0, signal: 15) == .none)
         #expect(l.state == .stopped)
     }
@@ -179,6 +179,19 @@ struct SupervisorTests {
         #expect(l.state == .failed)
         #expect(l.start(now: 2) == .spawn)
         #expect(l.state == .starting)
+    }
+
+    @Test func manualRestartDoesNotSpendTheBudget() {
+        var l = started(policy { $0.maxRestarts = 1 })
+        for i in 0..<5 {
+            #expect(l.restartRequested(now: UInt64(i * 10)) == .kill(signal: 9))
+            #expect(l.exited(now: UInt64(i * 10 + 1), status: 0, signal: 9) == .spawn)
+            _ = l.handshakeCompleted(now: UInt64(i * 10 + 2))
+        }
+        #expect(l.state == .running)
+        #expect(l.recentRestarts.isEmpty)
+        // The automatic budget is still whole: one crash is restarted.
+        if case .scheduleRestart = l.exited(now: 100, status: 1, signal: 0) {} else { Issue.record("expected restart") }
     }
 
     @Test func spawnFailureBacksOff() {

@@ -1,0 +1,71 @@
+import Foundation
+import Testing
+import PylonClientKit
+
+/// The host's consent gate across plugins.
+@Suite(.serialized) struct ConsentTests {
+    @Test func deniedSwitchRefusesScopedMethodsAndCountsThem() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        #expect(try c.call("echo.collect", ["appKey": "A", "data": 1])["stored"] == .int(1))
+        _ = try c.call("consent.set", ["key": "echo:A", "granted": false])
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":5,"method":"echo.collect","params":{"appKey":"A","data":2}}"#)
+        #expect(r.errorCode == -32003)
+        #expect(r["error"]?["data"]?["switch"] == .string("echo:A"))
+        // Another AppKey and unscoped methods are unaffected.
+        #expect(try c.call("echo.collect", ["appKey": "B", "data": 3])["stored"] == .int(3))
+        #expect(try c.call("echo.echo", [1]) == [1])
+        #expect(try h.status()["consent"]?["refused"]?["echo:A"] == .int(1))
+    }
+
+    @Test func masterSwitchDeniesEveryScopedMethod() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        _ = try c.call("consent.set", ["key": "device", "granted": false])
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.collect","params":{"appKey":"Z"}}"#).errorCode == -32003)
+        #expect(try c.call("consent.get", ["key": "echo:Z"])["granted"] == .bool(false))
+        _ = try c.call("consent.set", ["key": "device", "granted": true])
+        #expect(try c.call("echo.collect", ["appKey": "Z", "data": 0])["stored"] == .int(0))
+    }
+
+    @Test func changesAreBroadcastToPluginsBeforeTheNextMessage() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let watcher = try h.client()
+        _ = try watcher.call("bus.subscribe", ["pattern": "consent.*"])
+        _ = try c.call("consent.set", ["key": "echo:K", "granted": false])
+        // The very next message routed to the plugin sees the change already applied.
+        let log = try c.call("echo.consentLog")
+        #expect(log == [["key": "echo:K", "granted": false]])
+        let n = try #require(try watcher.nextNotification())
+        #expect(n["method"] == .string("consent.changed"))
+        #expect(n["params"]?["key"] == .string("echo:K"))
+    }
+
+    @Test func switchesPersistAcrossAHostRestart() throws {
+        let first = try TestHost()
+        _ = try first.client().call("consent.set", ["key": "echo:P", "granted": false])
+        first.stop()
+        let second = try TestHost(stateDir: first.stateDir)
+        let c = try second.client()
+        #expect(try c.call("consent.get", ["key": "echo:P"])["granted"] == .bool(false))
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.collect","params":{"appKey":"P"}}"#).errorCode == -32003)
+        // The plugin receives the snapshot in its handshake.
+        #expect(try c.call("consent.list")["switches"]?["echo:P"] == .bool(false))
+    }
+
+    @Test func pluginToPluginMessagesAreGatedToo() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        _ = try c.call("consent.set", ["key": "echo:Q", "granted": false])
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.call","params":{"method":"echo.collect","params":{"appKey":"Q"}}}"#)
+        #expect(r.errorCode == -32003)
+    }
+
+    @Test func invalidConsentParamsAreRejected() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"consent.set","params":{"key":"a b","granted":true}}"#).errorCode == -32602)
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"consent.set","params":{"key":"k","granted":"yes"}}"#).errorCode == -32602)
+    }
+}

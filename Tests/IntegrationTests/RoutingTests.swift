@@ -1,0 +1,136 @@
+import Foundation
+import Testing
+import PylonClientKit
+
+/// Routing through the real host: id rewriting, plugin↔plugin, client-provided methods, pub/sub.
+@Suite(.serialized) struct RoutingTests {
+    @Test func concurrentClientsWithCollidingIdsEachGetTheirOwnReplies() throws {
+        let h = try TestHost()
+        let clients = try (0..<8).map { _ in try h.client() }
+        let perClient = 200
+        // Everyone uses the same ids 0..<200, pipelined, interleaved.
+        for i in 0..<perClient {
+            for (ci, c) in clients.enumerated() {
+                try c.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"echo.echo","params":{"c":\#(ci),"i":\#(i)}}"#)
+            }
+        }
+        for (ci, c) in clients.enumerated() {
+            var got = Set<Int64>()
+            for _ in 0..<perClient {
+                let m = try #require(try c.readMessage())
+                let id = try #require(m["id"]?.intValue)
+                #expect(m["result"]?["c"] == .int(Int64(ci)), "reply crossed connections")
+                #expect(m["result"]?["i"] == .int(id), "reply matched to the wrong id")
+                got.insert(id)
+            }
+            #expect(got.count == perClient)
+        }
+    }
+
+    @Test func pluginCallsAnotherPluginThroughTheHost() throws {
+        let h2 = try TestHost(plugins: [
+            TestHost.echo(),
+            ["name": "py", "exec": .string(fixturesDir + "/fake_echo.py")],
+        ])
+        let c = try h2.client()
+        let r = try c.call("echo.call", ["method": "py.echo", "params": ["via": "host"]])
+        #expect(r["result"] == ["via": "host"])
+    }
+
+    @Test func clientProvidedMethodIsCalledBack() throws {
+        let h = try TestHost()
+        let provider = try h.client()
+        _ = try provider.call("bus.provide", ["method": "app.greet"])
+        let caller = try h.client()
+        try caller.sendLine(#"{"jsonrpc":"2.0","id":"c1","method":"app.greet","params":{"who":"kiosk"}}"#)
+        // The provider receives the request with a host-issued id and answers it.
+        let req = try #require(try provider.readMessage())
+        #expect(req["method"] == .string("app.greet"))
+        #expect(req["params"]?["who"] == .string("kiosk"))
+        let hostId = try #require(req["id"])
+        try provider.sendLine(Wire.result(id: hostId, ["hello": "kiosk"]).serialized)
+        let reply = try #require(try caller.readMessage())
+        #expect(reply["id"] == .string("c1"))
+        #expect(reply["result"] == ["hello": "kiosk"])
+
+        // A plugin can call it too (function-call tags later use this path).
+        try caller.sendLine(#"{"jsonrpc":"2.0","id":"c2","method":"echo.call","params":{"method":"app.greet","params":{"who":"plugin"}}}"#)
+        let req2 = try #require(try provider.readMessage())
+        try provider.sendLine(Wire.result(id: req2["id"]!, ["hello": "plugin"]).serialized)
+        #expect(try #require(try caller.readMessage())["result"]?["result"] == ["hello": "plugin"])
+    }
+
+    @Test func providedMethodFailsPromptlyWhenProviderDisconnects() throws {
+        let h = try TestHost()
+        var provider: SyncClient? = try h.client()
+        _ = try provider!.call("bus.provide", ["method": "app.slow"])
+        let caller = try h.client()
+        try caller.sendLine(#"{"jsonrpc":"2.0","id":9,"method":"app.slow"}"#)
+        _ = try provider!.readMessage()
+        provider = nil
+        let r = try #require(try caller.readMessage())
+        #expect(r.errorCode == -32001)
+        #expect(try caller.roundTrip(#"{"jsonrpc":"2.0","id":10,"method":"app.slow"}"#).errorCode == -32601)
+    }
+
+    @Test func cannotProvideReservedOrPluginNamespaces() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        for m in ["bus.x", "consent.x", "echo.echo", "nodot"] {
+            #expect(throws: RPCError.self) { try c.call("bus.provide", ["method": .string(m)]) }
+        }
+    }
+
+    @Test func publishReachesMatchingSubscribersOnly() throws {
+        let h = try TestHost()
+        let sub = try h.client()
+        _ = try sub.call("bus.subscribe", ["pattern": "news.*"])
+        let other = try h.client()
+        _ = try other.call("bus.subscribe", ["pattern": "weather.*"])
+        let pub = try h.client()
+        #expect(try pub.call("bus.publish", ["topic": "news.local", "data": ["n": 1]])["delivered"] == .int(1))
+        let n = try #require(try sub.nextNotification())
+        #expect(n["method"] == .string("news.local"))
+        #expect(n["params"] == ["n": 1])
+        #expect(n["id"] == nil)
+        #expect(try other.nextNotification(timeoutMs: 300) == nil)
+        // A plugin's notification is a publication too.
+        _ = try pub.call("echo.publish", ["topic": "news.fromplugin", "data": ["x": 1]])
+        #expect(try sub.nextNotification()?["method"] == .string("news.fromplugin"))
+        _ = try sub.call("bus.unsubscribe", ["pattern": "news.*"])
+        _ = try pub.call("bus.publish", ["topic": "news.local", "data": ["n": 2]])
+        #expect(try sub.nextNotification(timeoutMs: 300) == nil)
+    }
+
+    @Test func requestTimeoutAnswersWithTimeoutError() throws {
+        let h = try TestHost(extra: ["limits": ["requestTimeoutMs": 300]])
+        let c = try h.client()
+        let start = Date()
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.sleep","params":{"ms":3000}}"#)
+        #expect(r.errorCode == -32002)
+        #expect(Date().timeIntervalSince(start) < 2.5)
+        #expect(try h.status()["counters"]?["timeouts"] == .int(1))
+    }
+
+    @Test func permissionRulesUsePeerCredentials() throws {
+        let h = try TestHost(extra: ["permissions": [
+            ["method": "echo.crash", "uids": [54321]],
+            ["method": "echo.*", "uids": .array([.int(Int64(getuid()))])],
+        ]])
+        let c = try h.client()
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.crash"}"#)
+        #expect(r.errorCode == -32005)
+        #expect(try c.call("echo.echo", ["ok": true]) == ["ok": true])
+        let s = try h.status()
+        #expect(s["clients"]?.arrayValue?.first?["uid"] == .int(Int64(getuid())))
+    }
+
+    @Test func describeListsManifests() throws {
+        let h = try TestHost()
+        let d = try h.client().call("bus.describe")
+        let methods = d["plugins"]?["echo"]?["methods"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
+        #expect(methods.contains("echo.echo"))
+        #expect(d["plugins"]?["echo"]?["methods"]?.arrayValue?.first { $0["name"] == "echo.collect" }?["consent"] == .string("echo:{appKey}"))
+        #expect(d["host"]?.arrayValue?.contains(.string("consent.set")) == true)
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+import Testing
+import PylonClientKit
+
+/// Real processes: crashes, hangs, shutdown, and swapping an implementation by configuration.
+@Suite(.serialized) struct SupervisionTests {
+    @Test func killDashNineUnderLoadFailsInflightPromptlyAndRestarts() throws {
+        let h = try TestHost()
+        let pid = try #require(try h.plugin()["pid"]?.intValue)
+        let c = try h.client()
+        for i in 0..<40 { try c.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"echo.sleep","params":{"ms":5000}}"#) }
+        usleep(200_000)
+        let killedAt = Date()
+        kill(Int32(pid), SIGKILL)
+        for _ in 0..<40 {
+            let m = try #require(try c.readMessage(timeoutMs: 3000))
+            #expect(m.errorCode == -32001, "in-flight requests of a dead plugin get 'plugin unavailable'")
+        }
+        #expect(Date().timeIntervalSince(killedAt) < 2, "answered promptly, not at the 30 s timeout")
+        try h.waitForPlugin(restartsAtLeast: 1)
+        #expect(try c.call("echo.echo", ["back": true]) == ["back": true])
+        let p = try h.plugin()
+        #expect(p["pid"]?.intValue != pid)
+        #expect(h.logText.contains("killed by signal 9"))
+    }
+
+    @Test func hungPluginIsDetectedKilledAndRestarted() throws {
+        let h = try TestHost(plugins: [TestHost.echo(name: "echo", ["heartbeatIntervalMs": 100, "heartbeatTimeoutMs": 400])])
+        let pid = try #require(try h.plugin()["pid"]?.intValue)
+        let c = try h.client()
+        _ = try c.call("echo.hang")
+        try h.waitForPlugin(restartsAtLeast: 1, timeout: 10)
+        #expect(!isAlive(Int32(pid)), "the hung process was killed")
+        #expect(try c.call("echo.echo", [1]) == [1])
+        #expect(h.logText.contains("heartbeat"))
+    }
+
+    @Test func crashLoopEndsInFailedNotATightLoop() throws {
+        let h = try TestHost(plugins: [TestHost.echo(name: "echo", ["maxRestarts": 2, "intensityWindowMs": 60000, "backoffInitialMs": 10])])
+        for _ in 0..<3 {
+            try h.waitForPlugin()
+            _ = try? h.client().call("echo.crash", JSON?.none, timeoutMs: 2000)
+        }
+        try h.waitForPlugin(state: "failed")
+        let p = try h.plugin()
+        #expect(p["failed_reason"]?.stringValue?.contains("intensity") == true)
+        let r = try h.client().roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":[]}"#)
+        #expect(r.errorCode == -32001)
+        #expect(r["error"]?["data"]?["state"] == JSON.string("failed"))
+        // A manual restart brings it back.
+        _ = try h.client().call("bus.restart", ["plugin": "echo"])
+        try h.waitForPlugin()
+    }
+
+    @Test func sigtermStopsHostAndEveryPlugin() throws {
+        let h = try TestHost(plugins: [TestHost.echo(), ["name": "py", "exec": .string(fixturesDir + "/fake_echo.py")]])
+        let pids = try h.status()["plugins"]!.arrayValue!.compactMap { $0["pid"]?.intValue }
+        #expect(pids.count == 2)
+        let status = h.stop()
+        #expect(status == 0)
+        for p in pids { #expect(!isAlive(Int32(p)), "plugin \(p) outlived the host") }
+        #expect(!FileManager.default.fileExists(atPath: h.socket), "socket removed on stop")
+    }
+
+    @Test func pluginsExitWhenTheHostIsKilled() throws {
+        let h = try TestHost()
+        let pid = try #require(try h.plugin()["pid"]?.intValue)
+        h.kill9()
+        try waitUntil(timeout: 5) { !isAlive(Int32(pid)) }
+    }
+
+    @Test func pythonPluginSwappedInByConfigurationServesCalls() throws {
+        let h = try TestHost(plugins: [["name": "echo", "exec": .string(fixturesDir + "/fake_echo.py")]])
+        let c = try h.client()
+        #expect(try c.call("echo.echo", ["from": "python?"]) == ["from": "python?"])
+        #expect(try c.call("echo.whoami")["implementation"] == .string("python"))
+        #expect(try h.plugin()["version"] == .string("python-1.0"))
+    }
+
+    @Test func pluginStderrLandsInTheHostLog() throws {
+        let h = try TestHost(plugins: [["name": "sh", "exec": "/bin/sh",
+                                         "args": ["-c", "echo 'hello from stderr' >&2; exec sleep 30"],
+                                         "startTimeoutMs": 500, "backoffInitialMs": 5000]])
+        try waitUntil(timeout: 5) { h.logText.contains("hello from stderr") }
+        #expect(h.logText.contains("plugin=sh"))
+        // It never handshakes, so it is killed at the start deadline and scheduled for restart.
+        try waitUntil(timeout: 5) { h.logText.contains("no handshake") }
+    }
+
+    @Test func sighupReloadAddsAPlugin() throws {
+        let h = try TestHost()
+        var cfg = try JSON.parse(String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
+        cfg["plugins"] = [TestHost.echo(), ["name": "py", "exec": .string(fixturesDir + "/fake_echo.py")]]
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        kill(h.pid, SIGHUP)
+        try h.waitForPlugin("py")
+        #expect(try h.client().call("py.whoami")["implementation"] == .string("python"))
+    }
+}

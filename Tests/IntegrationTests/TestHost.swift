@@ -1,0 +1,154 @@
+import Foundation
+import PylonClientKit
+
+/// Where the built executables are: `$PYLON_BIN_DIR`, else `.build/debug` of this package.
+let binDir: String = {
+    if let d = ProcessInfo.processInfo.environment["PYLON_BIN_DIR"] { return d }
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    return root.appendingPathComponent(".build/debug").path
+}()
+let fixturesDir = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .appendingPathComponent("fixtures").path
+
+struct TestFailure: Error, CustomStringConvertible { let description: String }
+
+/// A real `pylond` with its own temporary socket, state directory and configuration.
+final class TestHost {
+    let dir: String
+    let socket: String
+    let stateDir: String
+    let configPath: String
+    let logPath: String
+    private(set) var process: Process?
+
+    /// - Parameters:
+    ///   - plugins: the `plugins` array of the config (default: the Swift echo plugin).
+    ///   - extra: more top-level config keys (limits, permissions, ...).
+    init(plugins: [JSON]? = nil, extra: JSONObject = [:], stateDir existing: String? = nil) throws {
+        dir = NSTemporaryDirectory() + "pylon-test-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        socket = dir + "/pylon.sock"
+        stateDir = existing ?? dir + "/state"
+        configPath = dir + "/pylon.json"
+        logPath = dir + "/pylond.log"
+        var cfg: JSONObject = [
+            "socket": .string(socket), "stateDir": .string(stateDir), "pluginDir": .string(binDir),
+            "logLevel": "debug",
+            "plugins": .array(plugins ?? [TestHost.echo()]),
+        ]
+        for (k, v) in extra { cfg[k] = v }
+        try JSON.object(cfg).serialized.write(toFile: configPath, atomically: true, encoding: .utf8)
+        try start()
+    }
+
+    /// The Swift echo plugin with fast supervision settings for tests.
+    static func echo(name: String = "echo", _ extra: JSONObject = [:]) -> JSON {
+        var o: JSONObject = [
+            "name": .string(name), "exec": "pylon-echo", "backoffInitialMs": 50, "backoffMaxMs": 500,
+            "heartbeatIntervalMs": 200, "heartbeatTimeoutMs": 2000, "stopGraceMs": 1000,
+        ]
+        for (k, v) in extra { o[k] = v }
+        return .object(o)
+    }
+
+    func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylond")
+        p.arguments = ["--config", configPath]
+        FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        p.standardError = log
+        p.standardOutput = log
+        var env = ProcessInfo.processInfo.environment
+        env["PYLON_SOCKET"] = nil
+        env["PYLON_STATE_DIR"] = nil
+        p.environment = env
+        try p.run()
+        process = p
+        try waitUntil(timeout: 10) {
+            guard let c = try? SyncClient(path: socket), let s = try? c.call("bus.status", nil, timeoutMs: 2000) else { return false }
+            return s["state"]?.stringValue == "running"
+        }
+    }
+
+    var pid: Int32 { process?.processIdentifier ?? -1 }
+
+    func client() throws -> SyncClient { try SyncClient(path: socket) }
+
+    func status() throws -> JSON { try client().call("bus.status", nil, timeoutMs: 5000) }
+
+    func plugin(_ name: String = "echo") throws -> JSON {
+        guard let p = try status()["plugins"]?.arrayValue?.first(where: { $0["name"]?.stringValue == name }) else {
+            throw TestFailure(description: "no plugin \(name) in bus.status")
+        }
+        return p
+    }
+
+    /// Waits until the plugin is running with at least `restarts` restarts.
+    func waitForPlugin(_ name: String = "echo", state: String = "running", restartsAtLeast: Int = 0, timeout: Double = 10) throws {
+        try waitUntil(timeout: timeout) {
+            guard let p = try? plugin(name) else { return false }
+            return p["state"]?.stringValue == state && (p["restarts"]?.intValue ?? 0) >= Int64(restartsAtLeast)
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        guard let p = process, p.isRunning else { return process?.terminationStatus ?? 0 }
+        p.terminate()
+        // Never hang a test run on a host that ignores SIGTERM: that is a failure, reported as -1.
+        let deadline = Date().addingTimeInterval(15)
+        while p.isRunning && Date() < deadline { usleep(10_000) }
+        if p.isRunning {
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+            return -1
+        }
+        return p.terminationStatus
+    }
+
+    func kill9() {
+        guard let p = process, p.isRunning else { return }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+    }
+
+    var logText: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+}
+
+func waitUntil(timeout: Double, _ cond: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if (try? cond()) == true { return }
+        usleep(20_000)
+    }
+    throw TestFailure(description: "condition not met within \(timeout) s")
+}
+
+func isAlive(_ pid: Int32) -> Bool {
+    // A zombie (exited, not yet reaped) counts as dead.
+    guard kill(pid, 0) == 0 else { return false }
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8) else { return false }
+    let afterComm = stat.split(separator: ")").last ?? ""
+    return !afterComm.trimmingCharacters(in: .whitespaces).hasPrefix("Z")
+}
+
+extension SyncClient {
+    /// Sends a raw line and reads the next message.
+    func roundTrip(_ line: String, timeoutMs: Int = 5000) throws -> JSON {
+        try sendLine(line)
+        guard let m = try readMessage(timeoutMs: timeoutMs) else { throw TestFailure(description: "no reply to \(line.prefix(80))") }
+        return m
+    }
+}
+
+extension JSON {
+    var errorCode: Int64? { self["error"]?["code"]?.intValue }
+}

@@ -23,7 +23,7 @@ build: deps
 	$(SWIFT) build
 
 release: deps
-	$(SWIFT) build -c release
+	$(SWIFT) build -c release --static-swift-stdlib
 
 ## Start the host with every plugin (and the reference backend once it exists) on loopback.
 run: build

@@ -165,6 +165,31 @@ public final class Connection {
         markDirty()
     }
     public func send(_ ref: JSONRef) { ref.withSerialized { sendLine($0) } }
+
+    /// Queues `line` with the bytes in `span` replaced by `replacement` (the id rewrite).
+    public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ replacement: UnsafeRawBufferPointer) {
+        guard !isClosed else { return }
+        pending.append(UnsafeRawBufferPointer(rebasing: line[..<span.lowerBound]))
+        pending.append(replacement)
+        pending.append(UnsafeRawBufferPointer(rebasing: line[span.upperBound...]))
+        pending.append(byte: 0x0A)
+        markDirty()
+    }
+
+    /// `sendSpliced` with a decimal integer as the replacement.
+    public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64) {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { buf in
+            var v = value.magnitude
+            var i = 24
+            repeat {
+                i -= 1
+                buf[i] = UInt8(truncatingIfNeeded: v % 10) + 0x30
+                v /= 10
+            } while v > 0
+            if value < 0 { i -= 1; buf[i] = UInt8(ascii: "-") }
+            sendSpliced(line, span, UnsafeRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buf)[i...]))
+        }
+    }
     public func send(_ json: JSON) { send(JSONRef(json)) }
     public func sendLine(_ s: String) {
         var s = s

@@ -61,8 +61,8 @@ public final class JSONRef {
         case json_type_object:
             var o = JSONObject()
             var it = json_object_iter_begin(p)
-            let end = json_object_iter_end(p)
-            while json_object_iter_equal(&it, withUnsafePointer(to: end) { $0 }) == 0 {
+            var end = json_object_iter_end(p)
+            while json_object_iter_equal(&it, &end) == 0 {
                 let name = String(cString: json_object_iter_peek_name(&it))
                 o[name] = toJSON(json_object_iter_peek_value(&it))
                 json_object_iter_next(&it)

@@ -176,19 +176,19 @@ public final class Bus {
             }
             let method = String(cString: json_object_get_string(m))
             if hasId {
-                handleRequest(peer, msg, method: method, id: idPtr)
+                handleRequest(peer, msg, line, method: method, id: idPtr)
             } else {
-                handleNotification(peer, msg, method: method)
+                handleNotification(peer, msg, line, method: method)
             }
         } else if hasId && (msg.has("result") || msg.has("error")) {
-            handleResponse(peer, msg, id: idPtr)
+            handleResponse(peer, msg, line, id: idPtr)
         } else {
             protocolErrors += 1
             sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "not a request, notification or response"))
         }
     }
 
-    func handleRequest(_ peer: Peer, _ msg: JSONRef, method: String, id: OpaquePointer?) {
+    func handleRequest(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String, id: OpaquePointer?) {
         if let slot = peer.slot, !peer.handshaken {
             if method == "bus.hello" {
                 pluginHello(slot, peer, msg: msg, id: id)
@@ -217,7 +217,7 @@ public final class Bus {
             return
         }
         if let provider = provided[method] {
-            forward(peer, msg, id: id, to: provider, timeoutMs: config.limits.requestTimeoutMs)
+            forward(peer, msg, line, id: id, to: provider, timeoutMs: config.limits.requestTimeoutMs)
             return
         }
         let dot = method.firstIndex(of: ".") ?? method.endIndex
@@ -245,7 +245,7 @@ public final class Bus {
                 return
             }
         }
-        forward(peer, msg, id: id, to: target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+        forward(peer, msg, line, id: id, to: target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
     }
 
     /// The switch that refuses this message, or nil when it may pass.
@@ -258,7 +258,9 @@ public final class Bus {
         }
     }
 
-    func forward(_ peer: Peer, _ msg: JSONRef, id: OpaquePointer?, to target: Peer, timeoutMs: UInt64) {
+    /// Forwards a request with a host-issued id: the original line with only its id's bytes
+    /// replaced (the parsed object is not re-serialised).
+    func forward(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, to target: Peer, timeoutMs: UInt64) {
         if peer.inflight >= config.limits.maxInflightPerConnection {
             sendError(peer.conn, id: id, RPCError(.overloaded,
                 "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
@@ -267,13 +269,19 @@ public final class Bus {
         }
         let hostId = nextRequestId
         nextRequestId += 1
-        let original = JSONRef(retaining: id)
+        let original: String
+        if let span = RawJSON.memberValueSpan(line, key: "id") {
+            original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
+            target.conn.sendSpliced(line, span, int: hostId)
+        } else {
+            original = JSONRef(retaining: id).serialized
+            json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))
+            target.conn.send(msg)
+        }
         pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
                                   deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
-        json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))
-        target.conn.send(msg)
         routed += 1
     }
 
@@ -287,7 +295,7 @@ public final class Bus {
         return hostId
     }
 
-    func handleResponse(_ peer: Peer, _ msg: JSONRef, id: OpaquePointer?) {
+    func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?) {
         guard json_object_get_type(id) == json_type_int, let p = pending[json_object_get_int64(id)],
               p.target === peer
         else {
@@ -300,8 +308,12 @@ public final class Bus {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
             guard !origin.closed else { return }
-            json_object_object_add(msg.ptr, "id", json_object_get(originalId.ptr))
-            origin.conn.send(msg)
+            var idText = originalId
+            idText.withUTF8 { idBytes in
+                if let span = RawJSON.memberValueSpan(line, key: "id") {
+                    origin.conn.sendSpliced(line, span, UnsafeRawBufferPointer(idBytes))
+                }
+            }
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .host(let done):
             if msg.has("error") {
@@ -314,7 +326,7 @@ public final class Bus {
         }
     }
 
-    func handleNotification(_ peer: Peer, _ msg: JSONRef, method: String) {
+    func handleNotification(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String) {
         if let slot = peer.slot, !peer.handshaken {
             log.warn("notification before bus.hello ignored", ["plugin": slot.config.name, "method": method])
             return
@@ -325,7 +337,7 @@ public final class Bus {
                 log.warn("plugin tried to publish on a host topic; dropped", ["plugin": slot.config.name, "topic": method])
                 return
             }
-            publish(topic: method, msg: msg, from: peer)
+            publish(topic: method, line: line, from: peer)
             return
         }
         // A client notification to a plugin method: forwarded without a reply, under the same
@@ -340,13 +352,19 @@ public final class Bus {
                 return
             }
         }
-        target.conn.send(msg)
+        target.conn.sendLine(line)
         routed += 1
     }
 
     /// Delivers a notification to every peer subscribed to `topic` (except the sender).
     @discardableResult
     func publish(topic: String, msg: JSONRef, from sender: Peer?) -> Int {
+        msg.withSerialized { publish(topic: topic, line: $0, from: sender) }
+    }
+
+    /// Delivers one notification line, as it is, to every subscriber of `topic` but the sender.
+    @discardableResult
+    func publish(topic: String, line: UnsafeRawBufferPointer, from sender: Peer?) -> Int {
         published += 1
         var delivered = 0
         for peer in peers.values where peer !== sender && !peer.closed {
@@ -362,7 +380,7 @@ public final class Bus {
                 peer.droppedNotifications += 1
                 continue
             }
-            peer.conn.send(msg)
+            peer.conn.sendLine(line)
             delivered += 1
         }
         return delivered
@@ -386,7 +404,7 @@ public final class Bus {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
             guard !origin.closed else { return }
-            sendError(origin.conn, id: originalId.ptr, error)
+            sendError(origin.conn, idText: originalId, error)
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .host(let done):
             done(.failure(error))
@@ -420,6 +438,11 @@ public final class Bus {
         json_object_object_add(o, "id", json_object_get(id))
         json_object_object_add(o, "error", JSONRef.make(e.json))
         conn.send(JSONRef(owning: o))
+    }
+
+    /// An error response for an id kept as JSON text.
+    func sendError(_ conn: Connection, idText: String, _ e: RPCError) {
+        conn.sendLine(#"{"jsonrpc":"2.0","id":"# + idText + #","error":"# + e.json.serialized + "}")
     }
 
     func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {

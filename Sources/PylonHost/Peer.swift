@@ -45,8 +45,8 @@ final class Peer {
 /// A request the host forwarded and whose reply it awaits, keyed by the host-issued id.
 struct Pending {
     enum Origin {
-        /// Forwarded for a peer: its own id is restored on the reply.
-        case peer(Peer, originalId: JSONRef)
+        /// Forwarded for a peer: its own id (as JSON text) is restored on the reply.
+        case peer(Peer, originalId: String)
         /// Issued by the host itself (heartbeats, callbacks).
         case host((Result<JSON, RPCError>) -> Void)
     }

@@ -1,0 +1,48 @@
+import Testing
+@testable import PylonCore
+
+struct RawJSONTests {
+    func span(_ s: String, _ key: StaticString = "id") -> String? {
+        let bytes = Array(s.utf8)
+        return bytes.withUnsafeBytes { b in
+            RawJSON.memberValueSpan(b, key: key).map { String(decoding: bytes[$0], as: UTF8.self) }
+        }
+    }
+
+    @Test func findsTopLevelIdOfEveryType() {
+        #expect(span(#"{"jsonrpc":"2.0","id":42,"method":"x"}"#) == "42")
+        #expect(span(#"{"id":"a,b}\"c","method":"x"}"#) == #""a,b}\"c""#)
+        #expect(span(#"{"method":"x","id":null}"#) == "null")
+        #expect(span(#"{ "id" : -1.5e3 , "x":1}"#) == "-1.5e3")
+    }
+
+    @Test func ignoresNestedIds() {
+        #expect(span(#"{"params":{"id":1,"list":[{"id":2}]},"id":3}"#) == "3")
+        #expect(span(#"{"params":{"id":1}}"#) == nil)
+        #expect(span(#"{"note":"\"id\":9","id":"real"}"#) == #""real""#)
+    }
+
+    @Test func keysAreComparedExactly() {
+        #expect(span(#"{"idx":1,"id":2}"#) == "2")
+        #expect(span(#"{"i":1}"#) == nil)
+    }
+
+    @Test func agreesWithJsonCOnRandomisedMessages() throws {
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<200 {
+            let id: JSON = Bool.random(using: &rng) ? .int(Int64.random(in: -1000...1000, using: &rng)) : .string("k\(Int.random(in: 0...99, using: &rng))")
+            var o = JSONObject()
+            let keys = ["jsonrpc", "method", "params", "id"].shuffled(using: &rng)
+            for k in keys {
+                switch k {
+                case "id": o[k] = id
+                case "params": o[k] = ["id": "inner", "a": [1, ["id": 5]], "s": "} ] , \" id"]
+                default: o[k] = .string(k)
+                }
+            }
+            let text = JSON.object(o).serialized
+            let found = try #require(span(text))
+            #expect(try JSON.parse(found) == id)
+        }
+    }
+}

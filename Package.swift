@@ -20,6 +20,10 @@ let package = Package(
         // C libraries from Debian (installed by `make deps`): module maps and tiny typed shims only.
         .systemLibrary(name: "CLibUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CJSONC", pkgConfig: "json-c", providers: [.apt(["libjson-c-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC"], swiftSettings: strict),
@@ -28,6 +32,10 @@ let package = Package(
         // What plugins and apps link.
         .target(name: "PylonPluginKit", dependencies: ["PylonCore"], swiftSettings: strict),
         .target(name: "PylonClientKit", dependencies: ["PylonCore"], swiftSettings: strict),
+        // SQLite (durable queues and state) and gzip, shared by plugins and the backend.
+        .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
+        // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
+        .target(name: "PylonHTTP", dependencies: ["CCurl", "PylonCore"], swiftSettings: strict),
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),
@@ -37,6 +45,15 @@ let package = Package(
         // package plugins; each therefore names its `path:` explicitly.
         .executableTarget(
             name: "pylon-echo", dependencies: ["PylonPluginKit"], path: "Plugins/echo",
+            swiftSettings: strict),
+
+        .executableTarget(
+            name: "pylon-uploader", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
+            path: "Plugins/uploader", swiftSettings: strict),
+
+        // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
+        .executableTarget(
+            name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV"],
             swiftSettings: strict),
 
         // Release-mode benchmark, run by hand (`make bench`).

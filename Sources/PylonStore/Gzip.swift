@@ -1,0 +1,55 @@
+import CZlib
+
+public struct GzipError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+}
+
+/// gzip (RFC 1952) compression and decompression with zlib.
+public enum Gzip {
+    public static func compress(_ input: [UInt8], level: Int32 = 6) throws(GzipError) -> [UInt8] {
+        var s = z_stream()
+        guard pylon_deflate_init_gzip(&s, level) == Z_OK else { throw GzipError(description: "deflateInit2 failed") }
+        defer { deflateEnd(&s) }
+        var out = [UInt8](repeating: 0, count: Int(deflateBound(&s, uLong(input.count))) + 32)
+        var input = input
+        let rc: Int32 = input.withUnsafeMutableBytes { inp in
+            out.withUnsafeMutableBytes { outp in
+                s.next_in = inp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                s.avail_in = uInt(inp.count)
+                s.next_out = outp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                s.avail_out = uInt(outp.count)
+                return deflate(&s, Z_FINISH)
+            }
+        }
+        guard rc == Z_STREAM_END else { throw GzipError(description: "deflate failed (\(rc))") }
+        out.removeSubrange(Int(s.total_out)...)
+        return out
+    }
+
+    /// Decompresses, refusing to produce more than `limit` bytes (a zip bomb is an error).
+    public static func decompress(_ input: [UInt8], limit: Int) throws(GzipError) -> [UInt8] {
+        var s = z_stream()
+        guard pylon_inflate_init_gzip(&s) == Z_OK else { throw GzipError(description: "inflateInit2 failed") }
+        defer { inflateEnd(&s) }
+        var out: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        var input = input
+        var rc: Int32 = Z_OK
+        input.withUnsafeMutableBytes { inp in
+            s.next_in = inp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+            s.avail_in = uInt(inp.count)
+            repeat {
+                chunk.withUnsafeMutableBytes { c in
+                    s.next_out = c.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                    s.avail_out = uInt(c.count)
+                    rc = inflate(&s, Z_NO_FLUSH)
+                }
+                let produced = 65536 - Int(s.avail_out)
+                out.append(contentsOf: chunk[0..<produced])
+            } while rc == Z_OK && out.count <= limit && (s.avail_in > 0 || s.avail_out == 0)
+        }
+        if out.count > limit { throw GzipError(description: "decompressed body exceeds \(limit) bytes") }
+        guard rc == Z_STREAM_END else { throw GzipError(description: "invalid gzip data (\(rc))") }
+        return out
+    }
+}

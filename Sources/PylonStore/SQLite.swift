@@ -1,0 +1,174 @@
+import CSQLite
+
+/// A SQLite error: result code and message.
+public struct SQLiteError: Error, CustomStringConvertible, Sendable {
+    public let code: Int32
+    public let message: String
+    public var description: String { "sqlite \(code): \(message)" }
+}
+
+/// One SQLite connection (`sqlite3_open_v2`), used from the loop thread only.
+public final class Database {
+    let db: OpaquePointer
+    private var cache: [String: Statement] = [:]
+
+    /// Opens (creating if needed) the database at `path` in WAL mode.
+    public init(path: String) throws(SQLiteError) {
+        var h: OpaquePointer?
+        let rc = sqlite3_open_v2(path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nil)
+        guard rc == SQLITE_OK, let h else {
+            let msg = h.map { String(cString: sqlite3_errmsg($0)) } ?? "cannot open"
+            sqlite3_close(h)  // required even after a failed open
+            throw SQLiteError(code: rc, message: "\(path): \(msg)")
+        }
+        db = h
+        sqlite3_busy_timeout(db, 5000)
+    }
+
+    /// Finalizes cached statements and closes. Call explicitly (not from deinit of an owner that
+    /// may be mid-callback).
+    public func close() {
+        for s in cache.values { s.finalize() }
+        cache.removeAll()
+        sqlite3_close(db)
+    }
+
+    /// Runs one or more statements without results (`sqlite3_exec`).
+    public func exec(_ sql: String) throws(SQLiteError) {
+        var err: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(db, sql, nil, nil, &err)
+        if rc != SQLITE_OK {
+            let msg = err.map { String(cString: $0) } ?? "error"
+            sqlite3_free(err)
+            throw SQLiteError(code: rc, message: msg)
+        }
+    }
+
+    /// A prepared statement, cached by its SQL text.
+    public func prepare(_ sql: String) throws(SQLiteError) -> Statement {
+        if let s = cache[sql] {
+            s.reset()
+            return s
+        }
+        var st: OpaquePointer?
+        let rc = sqlite3_prepare_v2(db, sql, -1, &st, nil)
+        guard rc == SQLITE_OK, let st else { throw error(rc) }
+        let s = Statement(st, db: self)
+        cache[sql] = s
+        return s
+    }
+
+    /// Runs `body` in a transaction (BEGIN IMMEDIATE … COMMIT), rolling back if it throws.
+    public func transaction<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
+        try exec("BEGIN IMMEDIATE")
+        do {
+            let r = try body()
+            try exec("COMMIT")
+            return r
+        } catch {
+            try? exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    public var changes: Int { Int(sqlite3_changes(db)) }
+    public var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
+
+    func error(_ rc: Int32) -> SQLiteError {
+        SQLiteError(code: rc, message: String(cString: sqlite3_errmsg(db)))
+    }
+
+    /// Convenience: runs a statement with bindings to completion.
+    public func run(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) {
+        let s = try prepare(sql)
+        try s.bind(args)
+        while try s.step() {}
+    }
+
+    /// Convenience: all rows of a query, each as an array of values.
+    public func query(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> [[SQLValue]] {
+        let s = try prepare(sql)
+        try s.bind(args)
+        var rows: [[SQLValue]] = []
+        while try s.step() { rows.append((0..<s.columnCount).map { s.value($0) }) }
+        return rows
+    }
+}
+
+public enum SQLValue: Equatable, Sendable {
+    case null
+    case int(Int64)
+    case double(Double)
+    case text(String)
+    case blob([UInt8])
+
+    public var int: Int64? { if case .int(let i) = self { return i }; return nil }
+    public var text: String? {
+        switch self {
+        case .text(let t): return t
+        case .blob(let b): return String(decoding: b, as: UTF8.self)
+        default: return nil
+        }
+    }
+    public var blob: [UInt8]? {
+        switch self {
+        case .blob(let b): return b
+        case .text(let t): return Array(t.utf8)
+        default: return nil
+        }
+    }
+}
+
+public final class Statement {
+    let st: OpaquePointer
+    unowned let owner: Database
+    init(_ st: OpaquePointer, db: Database) { self.st = st; owner = db }
+
+    func finalize() { sqlite3_finalize(st) }
+    public func reset() { sqlite3_reset(st); sqlite3_clear_bindings(st) }
+
+    public func bind(_ args: [SQLValue]) throws(SQLiteError) {
+        for (i, a) in args.enumerated() {
+            let idx = Int32(i + 1)
+            let rc: Int32
+            switch a {
+            case .null: rc = sqlite3_bind_null(st, idx)
+            case .int(let v): rc = sqlite3_bind_int64(st, idx, v)
+            case .double(let v): rc = sqlite3_bind_double(st, idx, v)
+            case .text(var v): rc = v.withUTF8 { b in
+                b.withMemoryRebound(to: CChar.self) { pylon_sqlite_bind_text(st, idx, $0.baseAddress, Int32($0.count)) }
+            }
+            case .blob(let v): rc = v.withUnsafeBytes { pylon_sqlite_bind_blob(st, idx, $0.baseAddress, Int32($0.count)) }
+            }
+            if rc != SQLITE_OK { throw owner.error(rc) }
+        }
+    }
+
+    /// Steps once: true when a row is available, false when done.
+    public func step() throws(SQLiteError) -> Bool {
+        let rc = sqlite3_step(st)
+        if rc == SQLITE_ROW { return true }
+        if rc == SQLITE_DONE { return false }
+        throw owner.error(rc)
+    }
+
+    public var columnCount: Int { Int(sqlite3_column_count(st)) }
+
+    public func value(_ i: Int) -> SQLValue {
+        let c = Int32(i)
+        switch sqlite3_column_type(st, c) {
+        case SQLITE_INTEGER: return .int(sqlite3_column_int64(st, c))
+        case SQLITE_FLOAT: return .double(sqlite3_column_double(st, c))
+        case SQLITE_TEXT:
+            let n = Int(sqlite3_column_bytes(st, c))
+            guard let p = sqlite3_column_text(st, c) else { return .text("") }
+            return .text(String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self))
+        case SQLITE_BLOB:
+            let n = Int(sqlite3_column_bytes(st, c))
+            guard let p = sqlite3_column_blob(st, c) else { return .blob([]) }
+            return .blob(Array(UnsafeRawBufferPointer(start: p, count: n)))
+        default: return .null
+        }
+    }
+    public func int(_ i: Int) -> Int64 { sqlite3_column_int64(st, Int32(i)) }
+}

@@ -1,1 +1,22 @@
-print("uploader placeholder")
+import PylonPluginKit
+import PylonHTTP
+import PylonStore
+
+/// pylon-uploader: the one door through which collected data leaves the machine.
+///
+/// Other plugins hand it records (`uploader.enqueue`) for named streams under a consent switch.
+/// It replies only once they are committed to SQLite (many enqueues share one commit), batches
+/// them per stream by count, bytes and interval, and POSTs gzip'd JSON batches with an
+/// idempotency key per batch. See README "Uploader".
+let plugin = Plugin(name: "uploader", version: "0.1.0")
+let uploader = Uploader(plugin: plugin)
+
+plugin.method("enqueue", consent: "{consent}") { uploader.enqueue($0) }
+plugin.method("flush") { uploader.flush($0) }
+plugin.method("status") { $0.reply(uploader.status()) }
+plugin.method("deadLetters") { uploader.deadLetters($0) }
+plugin.method("configureStream") { uploader.configureStream($0) }
+plugin.onReady = { uploader.start() }
+plugin.onConsentChanged = { key, granted in uploader.consentChanged(key: key, granted: granted) }
+plugin.onShutdown = { uploader.shutdown() }
+plugin.run()

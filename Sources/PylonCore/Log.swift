@@ -42,6 +42,11 @@ public struct Log: Sendable {
         var line = "ts=\(Log.timestamp()) level=\(level.name) component=\(component) msg=\(Log.quote(msg))"
         for (k, v) in fields { line += " \(k)=\(Log.quote(v.description))" }
         line += "\n"
+        Log.writeRaw(line)
+    }
+
+    /// Writes an already formatted line to stderr.
+    public static func writeRaw(_ line: String) {
         var l = line
         l.withUTF8 { b in _ = write(2, b.baseAddress, b.count) }
     }

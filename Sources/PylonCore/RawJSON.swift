@@ -5,35 +5,38 @@
 /// message is parsed once (for validation and routing) and never re-serialised.
 public enum RawJSON {
     /// The byte range of the value of top-level member `key` in a validated JSON object, or nil.
-    /// `key` must be plain ASCII without escapes. Nested objects and strings are skipped.
+    /// `key` must be plain ASCII without escapes. Nested objects and strings are skipped. When the
+    /// key appears more than once the last wins, as in json-c, so the bytes rewritten are the
+    /// ones the parser used. A key spelled with escapes is not found (callers fall back).
     public static func memberValueSpan(_ text: UnsafeRawBufferPointer, key: StaticString) -> Range<Int>? {
         let n = text.count
         var i = 0
+        var found: Range<Int>?
         while i < n, text[i] != UInt8(ascii: "{") { i += 1 }
         i += 1
         while i < n {
             i = skipSpace(text, i)
-            guard i < n else { return nil }
-            if text[i] == UInt8(ascii: "}") { return nil }
+            guard i < n else { return found }
+            if text[i] == UInt8(ascii: "}") { return found }
             if text[i] == UInt8(ascii: ",") { i += 1; continue }
             // A key.
-            guard text[i] == UInt8(ascii: "\"") else { return nil }
+            guard text[i] == UInt8(ascii: "\"") else { return found }
             let keyStart = i + 1
             let keyEnd = skipString(text, i) - 1  // index of the closing quote
             i = keyEnd + 1
             i = skipSpace(text, i)
-            guard i < n, text[i] == UInt8(ascii: ":") else { return nil }
+            guard i < n, text[i] == UInt8(ascii: ":") else { return found }
             i = skipSpace(text, i + 1)
             let valueStart = i
             let valueEnd = skipValue(text, i)
             if equals(text, keyStart, keyEnd, key) {
                 var e = valueEnd
                 while e > valueStart, isSpace(text[e - 1]) { e -= 1 }
-                return valueStart..<e
+                found = valueStart..<e
             }
             i = valueEnd
         }
-        return nil
+        return found
     }
 
     @inline(__always) static func skipSpace(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {

@@ -124,3 +124,23 @@ extension System {
         return nil
     }
 }
+
+extension System {
+    /// Wall-clock milliseconds since the Unix epoch (`clock_gettime(CLOCK_REALTIME)`).
+    public static func wallClockMs() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec / 1_000_000)
+    }
+
+    /// `n` random bytes as lowercase hex, from the kernel (`getrandom`).
+    public static func randomHex(_ n: Int) -> String {
+        var b = [UInt8](repeating: 0, count: n)
+        _ = b.withUnsafeMutableBytes { uv_random(nil, nil, $0.baseAddress, n, 0, nil) }  // synchronous (no callback)
+        let digits = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(n * 2)
+        for x in b { out.append(digits[Int(x >> 4)]); out.append(digits[Int(x & 15)]) }
+        return String(decoding: out, as: UTF8.self)
+    }
+}

@@ -244,7 +244,7 @@ extension Bus {
     /// exists but cannot be read or understood fails closed: the master switch is denied until an
     /// operator sets consent again, because granting by accident is the worse error.
     func loadConsent() {
-        guard access(consentPath, F_OK) == 0 else { return }
+        if access(consentPath, F_OK) != 0 && errno == ENOENT { return }
         var problem = "unreadable"
         if let bytes = System.readFile(consentPath) {
             let parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }

@@ -2,7 +2,7 @@ import PylonCore
 
 /// Graceful stop and configuration reload.
 extension Bus {
-    /// Stops accepting work, asks every plugin to exit (channel closed + SIGTERM), and calls
+    /// Stops accepting work, asks every plugin to exit (`bus.shutdown`, channel closed), and calls
     /// `done` once all have exited or their grace periods ran out and they were killed.
     public func shutdown(_ done: @escaping () -> Void) {
         guard !shuttingDown else { return }

@@ -147,7 +147,13 @@ extension Bus {
         for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
             let plog = Log("plugin")
             stream.onLine = { [pid = process.pid, name = pc.name] line in
-                plog.emit(level, String(decoding: line, as: UTF8.self), ["plugin": name, "pid": pid])
+                // A plugin that already logs in Pylon's logfmt (the plugin kit does) is passed
+                // through with its name appended; anything else is wrapped as a message.
+                if line.starts(with: "ts=".utf8) {
+                    Log.writeRaw(String(decoding: line, as: UTF8.self) + " plugin=\(name) pid=\(pid)\n")
+                } else {
+                    plog.emit(level, String(decoding: line, as: UTF8.self), ["plugin": name, "pid": pid])
+                }
             }
             stream.onOversized = { [pid = process.pid, name = pc.name] n, head in
                 plog.emit(level, String(decoding: head, as: UTF8.self) + "… (line of \(n) bytes truncated)", ["plugin": name, "pid": pid])
@@ -237,7 +243,8 @@ extension Bus {
         guard slot.peer === peer else { return }
         slot.peer = nil
         slot.heartbeat?.stop()
-        guard slot.life.isAlive, !shuttingDown, slot.life.state != .stopped else { return }
+        // A stop in progress keeps its own SIGKILL timer.
+        guard slot.life.isAlive, !shuttingDown, !slot.life.isStopping else { return }
         log.warn("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
         slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
             self.perform(slot, slot.life.channelClosed(now: self.loop.nowMs))

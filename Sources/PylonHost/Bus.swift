@@ -9,8 +9,8 @@ import Glibc
 /// table of forwarded requests, subscriptions and the consent switches, and applies each limit.
 ///
 /// One message's path: a line arrives → json-c parses it once → the host decides (host method,
-/// plugin method, provided method, reply, publish) → for forwarding only the `id` member is
-/// replaced in the parsed object, which is serialised once onto the target's output queue.
+/// plugin method, provided method, reply, publish) → for forwarding, the original bytes are
+/// queued with only the top-level `id` value replaced (`RawJSON`); nothing is re-serialised.
 public final class Bus {
     let loop: Loop
     var config: HostConfig
@@ -309,10 +309,14 @@ public final class Bus {
             origin.inflight -= 1
             guard !origin.closed else { return }
             var idText = originalId
-            idText.withUTF8 { idBytes in
-                if let span = RawJSON.memberValueSpan(line, key: "id") {
-                    origin.conn.sendSpliced(line, span, UnsafeRawBufferPointer(idBytes))
-                }
+            if let span = RawJSON.memberValueSpan(line, key: "id") {
+                idText.withUTF8 { origin.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
+            } else {
+                // An id key spelled with escapes: rewrite through json-c instead.
+                let bytes = Array(originalId.utf8)
+                let orig = bytes.withUnsafeBytes { try? JSONRef.parse($0) }
+                json_object_object_add(msg.ptr, "id", json_object_get(orig?.ptr))
+                origin.conn.send(msg)
             }
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .host(let done):

@@ -100,7 +100,7 @@ extension HostConfig {
         var r = Reader(o, path: "")
         if let s = try r.string("socket") { c.socketPath = s }
         if let m = try r.string("socketMode") {
-            guard let v = UInt32(m, radix: 8) else { throw ConfigError("socketMode must be an octal string like \"0660\"") }
+            guard let v = UInt32(m, radix: 8), v <= 0o777 else { throw ConfigError("socketMode must be an octal string like \"0660\"") }
             c.socketMode = v
         }
         c.socketGroup = try r.string("socketGroup")
@@ -135,8 +135,16 @@ extension HostConfig {
                 guard let ro = rj.objectValue else { throw ConfigError("permissions[\(i)] must be an object") }
                 var rr = Reader(ro, path: "permissions[\(i)].")
                 guard let m = try rr.string("method") else { throw ConfigError("permissions[\(i)].method is required") }
-                let uids = try rr.intArray("uids").map { UInt32($0) }
-                var gids = try rr.intArray("gids").map { UInt32($0) }
+                var uids: [UInt32] = []
+                for u in try rr.intArray("uids") {
+                    guard let v = UInt32(exactly: u) else { throw ConfigError("permissions[\(i)].uids: \(u) is not a uid") }
+                    uids.append(v)
+                }
+                var gids: [UInt32] = []
+                for g in try rr.intArray("gids") {
+                    guard let v = UInt32(exactly: g) else { throw ConfigError("permissions[\(i)].gids: \(g) is not a gid") }
+                    gids.append(v)
+                }
                 for g in try rr.stringArray("groups") {
                     guard let gid = lookupGroup(g) else { throw ConfigError("permissions[\(i)]: unknown group \(g)") }
                     gids.append(gid)

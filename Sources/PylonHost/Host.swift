@@ -14,6 +14,8 @@ public final class Host {
     var watchdog: Timer?
     let log = Log("host")
     public private(set) var exitCode: Int32 = 0
+    /// Command-line overrides, re-applied to every reloaded configuration.
+    public var overrides: (socket: String?, stateDir: String?, logLevel: String?) = (nil, nil, nil)
 
     public init(config: HostConfig, configPath: String) {
         loop = Loop()
@@ -93,7 +95,10 @@ public final class Host {
     func reload() {
         System.sdNotify("RELOADING=1")
         do throws(ConfigError) {
-            let c = try HostConfig.load(path: configPath)
+            var c = try HostConfig.load(path: configPath)
+            if let s = overrides.socket { c.socketPath = s }
+            if let s = overrides.stateDir { c.stateDir = s }
+            if let l = overrides.logLevel { c.logLevel = l }
             Log.minimum = Log.Level(name: c.logLevel) ?? .info
             bus.reload(c)
         } catch {

@@ -28,7 +28,7 @@ public struct SupervisorPolicy: Equatable, Sendable {
     /// Heartbeat period, and how long a heartbeat may go unanswered before the plugin is killed.
     public var heartbeatIntervalMs: UInt64 = 2_000
     public var heartbeatTimeoutMs: UInt64 = 6_000
-    /// Grace period between asking a plugin to stop (channel closed + SIGTERM) and SIGKILL.
+    /// Grace period between asking a plugin to stop (`bus.shutdown`, channel closed) and SIGKILL.
     public var stopGraceMs: UInt64 = 5_000
     public init() {}
 }
@@ -84,6 +84,8 @@ public struct PluginLifecycle: Sendable {
     }
 
     public var isAlive: Bool { processAlive }
+    /// A requested stop is under way.
+    public var isStopping: Bool { stopping }
 
     /// First start, or a manual (re)start that clears a `failed` state without spending the budget.
     public mutating func start(now: UInt64) -> Action {

@@ -60,4 +60,5 @@ if checkOnly {
     System.exit(0)
 }
 let host = Host(config: config, configPath: configPath)
+host.overrides = (socketOverride, stateOverride, levelOverride)
 System.exit(host.run())

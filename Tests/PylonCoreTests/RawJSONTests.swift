@@ -22,6 +22,12 @@ struct RawJSONTests {
         #expect(span(#"{"note":"\"id\":9","id":"real"}"#) == #""real""#)
     }
 
+    @Test func lastDuplicateWinsLikeJsonC() throws {
+        let text = #"{"id":1,"method":"x","id":2}"#
+        #expect(span(text) == "2")
+        #expect(try JSON.parse(text)["id"] == .int(2))
+    }
+
     @Test func keysAreComparedExactly() {
         #expect(span(#"{"idx":1,"id":2}"#) == "2")
         #expect(span(#"{"i":1}"#) == nil)

@@ -1,0 +1,194 @@
+import PylonStore
+
+/// The uploader's durable queue in SQLite (WAL).
+///
+/// fsync policy: `synchronous=NORMAL` by default — a commit is in the WAL before the reply, so
+/// it survives a crash or `kill -9` of any process; the WAL is fsynced at checkpoints, so an
+/// OS crash or power loss can lose the last commits. `"fsync": "full"` (`synchronous=FULL`)
+/// fsyncs the WAL at every (group) commit and survives power loss too.
+final class UploaderStore {
+    let db: Database
+
+    struct Row {
+        var id: String
+        var ts: Int64
+        var body: String
+    }
+
+    init(path: String, fsyncEveryCommit: Bool) throws(SQLiteError) {
+        db = try Database(path: path)
+        try db.exec("PRAGMA journal_mode=WAL")
+        try db.exec(fsyncEveryCommit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL")
+        try db.exec("""
+            CREATE TABLE IF NOT EXISTS records(
+              seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
+              consent TEXT NOT NULL DEFAULT '', ts INTEGER NOT NULL, bytes INTEGER NOT NULL,
+              body TEXT NOT NULL, batch TEXT, enqueued_ms INTEGER NOT NULL, UNIQUE(stream, id));
+            CREATE INDEX IF NOT EXISTS records_by_batch ON records(stream, batch, seq);
+            CREATE TABLE IF NOT EXISTS batches(
+              key TEXT PRIMARY KEY, stream TEXT NOT NULL, created_ms INTEGER NOT NULL,
+              attempts INTEGER NOT NULL DEFAULT 0, final INTEGER NOT NULL DEFAULT 0);
+            CREATE TABLE IF NOT EXISTS dead_letters(
+              seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
+              body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
+              at_ms INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS stream_settings(
+              stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
+            """)
+    }
+
+    /// Inserts records (one enqueue call); returns how many were new (duplicates by (stream, id)
+    /// are ignored: a retried enqueue is idempotent). Call inside a transaction.
+    func insert(stream: String, consent: String, records: [(id: String, ts: Int64, body: String)], nowMs: Int64) throws(SQLiteError) -> Int {
+        var added = 0
+        for r in records {
+            try db.run("INSERT OR IGNORE INTO records(stream,id,consent,ts,bytes,body,enqueued_ms) VALUES(?,?,?,?,?,?,?)",
+                       [.text(stream), .text(r.id), .text(consent), .int(r.ts), .int(Int64(r.body.utf8.count)), .text(r.body), .int(nowMs)])
+            added += db.changes
+        }
+        return added
+    }
+
+    /// Assigns the oldest unbatched records of `stream` (same consent switch, at most `maxCount`
+    /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent.
+    /// Returns the number of records in it (0 when nothing was queued).
+    func cutBatch(stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
+                  nowMs: Int64) throws(SQLiteError) -> Int {
+        try db.transaction { () throws(SQLiteError) -> Int in
+            let rows: [[SQLValue]]
+            if let c = consent {
+                rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL AND consent=? ORDER BY seq LIMIT ?",
+                                    [.text(stream), .text(c), .int(Int64(maxCount))])
+            } else {
+                rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL ORDER BY seq LIMIT ?",
+                                    [.text(stream), .int(Int64(maxCount))])
+            }
+            guard let first = rows.first else { return 0 }
+            let consentKey = first[2].text ?? ""
+            var total = 0
+            var seqs: [Int64] = []
+            for r in rows {
+                guard r[2].text == consentKey else { break }
+                let b = Int(r[1].int ?? 0)
+                if !seqs.isEmpty && total + b > maxBytes { break }
+                total += b
+                seqs.append(r[0].int ?? 0)
+            }
+            try db.run("UPDATE records SET batch=? WHERE stream=? AND batch IS NULL AND seq BETWEEN ? AND ? AND consent=?",
+                       [.text(key), .text(stream), .int(seqs.first!), .int(seqs.last!), .text(consentKey)])
+            try db.run("INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
+                       [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
+            return seqs.count
+        }
+    }
+
+    func batchRecords(_ key: String) throws(SQLiteError) -> [Row] {
+        try db.query("SELECT id, ts, body FROM records WHERE batch=? ORDER BY seq", [.text(key)]).map {
+            Row(id: $0[0].text ?? "", ts: $0[1].int ?? 0, body: $0[2].text ?? "null")
+        }
+    }
+
+    func isFinal(_ key: String) throws(SQLiteError) -> Bool {
+        try db.query("SELECT final FROM batches WHERE key=?", [.text(key)]).first?[0].int == 1
+    }
+
+    func recordAttempt(_ key: String) throws(SQLiteError) {
+        try db.run("UPDATE batches SET attempts=attempts+1 WHERE key=?", [.text(key)])
+    }
+
+    /// Delivered (or a final batch that is purged whatever happened): the records are gone.
+    func deleteBatch(_ key: String) throws(SQLiteError) {
+        try db.transaction { () throws(SQLiteError) in
+            try db.run("DELETE FROM records WHERE batch=?", [.text(key)])
+            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+        }
+    }
+
+    /// Sets a rejected batch aside: kept for inspection, never retried.
+    func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws(SQLiteError) -> Int {
+        try db.transaction { () throws(SQLiteError) -> Int in
+            try db.run("""
+                INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms)
+                SELECT stream,id,body,batch,?,?,? FROM records WHERE batch=? ORDER BY seq
+                """, [.int(Int64(status)), .text(reason), .int(nowMs), .text(key)])
+            let n = db.changes
+            try db.run("DELETE FROM records WHERE batch=?", [.text(key)])
+            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+            return n
+        }
+    }
+
+    /// Dissolves a batch so its records are cut again (after a 413).
+    func unbatch(_ key: String) throws(SQLiteError) {
+        try db.transaction { () throws(SQLiteError) in
+            try db.run("UPDATE records SET batch=NULL WHERE batch=?", [.text(key)])
+            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+        }
+    }
+
+    func batchSize(_ key: String) throws(SQLiteError) -> Int {
+        Int(try db.query("SELECT COUNT(*) FROM records WHERE batch=?", [.text(key)]).first?[0].int ?? 0)
+    }
+
+    /// Marks every pending batch holding records under `consent` final (sent once, no retry).
+    func markFinal(consent: String) throws(SQLiteError) {
+        try db.run("UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM records WHERE consent=? AND batch IS NOT NULL)",
+                   [.text(consent)])
+    }
+
+    /// Streams with unbatched records under `consent`.
+    func streams(withConsent consent: String) throws(SQLiteError) -> [String] {
+        try db.query("SELECT DISTINCT stream FROM records WHERE consent=? AND batch IS NULL", [.text(consent)]).compactMap { $0[0].text }
+    }
+
+    struct StreamSummary {
+        var queued = 0
+        var queuedBytes = 0
+        var oldestMs: Int64?
+        var pendingBatches: [String] = []
+    }
+
+    /// What is on disk per stream (at start-up, and for status).
+    func summaries() throws(SQLiteError) -> [String: StreamSummary] {
+        var out: [String: StreamSummary] = [:]
+        for r in try db.query("SELECT stream, COUNT(*), SUM(bytes), MIN(enqueued_ms) FROM records WHERE batch IS NULL GROUP BY stream") {
+            let s = r[0].text ?? ""
+            out[s, default: StreamSummary()].queued = Int(r[1].int ?? 0)
+            out[s, default: StreamSummary()].queuedBytes = Int(r[2].int ?? 0)
+            out[s, default: StreamSummary()].oldestMs = r[3].int
+        }
+        for r in try db.query("SELECT stream, key FROM batches ORDER BY created_ms, rowid") {
+            out[r[0].text ?? "", default: StreamSummary()].pendingBatches.append(r[1].text ?? "")
+        }
+        return out
+    }
+
+    func totalBytes() throws(SQLiteError) -> Int {
+        Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM records").first?[0].int ?? 0)
+    }
+
+    func deadLetterCount(stream: String) throws(SQLiteError) -> Int {
+        Int(try db.query("SELECT COUNT(*) FROM dead_letters WHERE stream=?", [.text(stream)]).first?[0].int ?? 0)
+    }
+
+    func deadLetters(stream: String?, limit: Int) throws(SQLiteError) -> [[SQLValue]] {
+        if let stream {
+            return try db.query("SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters WHERE stream=? ORDER BY seq LIMIT ?",
+                                [.text(stream), .int(Int64(limit))])
+        }
+        return try db.query("SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters ORDER BY seq LIMIT ?", [.int(Int64(limit))])
+    }
+
+    func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64, endpoint: String) throws(SQLiteError) {
+        try db.run("INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,?)",
+                   [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs)), .text(endpoint)])
+    }
+
+    func savedSettings() throws(SQLiteError) -> [String: (maxCount: Int, intervalMs: UInt64, endpoint: String)] {
+        var out: [String: (Int, UInt64, String)] = [:]
+        for r in try db.query("SELECT stream,max_count,interval_ms,endpoint FROM stream_settings") {
+            out[r[0].text ?? ""] = (Int(r[1].int ?? 50), UInt64(r[2].int ?? 10_000), r[3].text ?? "")
+        }
+        return out
+    }
+}

@@ -1,0 +1,91 @@
+/// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500), `intervalMs`
+/// its `setReportInterval`; a batch never exceeds `maxBatchBytes`.
+struct StreamSettings: Equatable {
+    static let maxCountLimit = 500
+    var endpoint: String
+    var maxCount = 50
+    var intervalMs: UInt64 = 10_000
+    var maxBatchBytes = 512 * 1024
+}
+
+/// Retry tunables for failed uploads.
+struct RetryPolicy: Equatable {
+    var initialMs: UInt64 = 1_000
+    var maxMs: UInt64 = 300_000
+    var jitter = 0.2
+}
+
+/// What one upload attempt came back with.
+enum UploadOutcome: Equatable {
+    case delivered
+    /// Network error, 5xx, 408 or 429: try again later (`retryAfterMs` from the server wins if longer).
+    case retry(reason: String, retryAfterMs: UInt64?)
+    /// 413: the batch is too large for the endpoint.
+    case tooLarge
+    /// Any other 4xx: the batch will never be accepted.
+    case rejected(status: Int, reason: String)
+
+    /// Classifies an HTTP status (nil = no response at all).
+    static func classify(status: Int?, retryAfterMs: UInt64?, error: String?) -> UploadOutcome {
+        guard let status else { return .retry(reason: error ?? "network error", retryAfterMs: nil) }
+        switch status {
+        case 200..<300: return .delivered
+        case 408, 429: return .retry(reason: "HTTP \(status)", retryAfterMs: retryAfterMs)
+        case 413: return .tooLarge
+        case 400..<500: return .rejected(status: status, reason: "HTTP \(status)")
+        default: return .retry(reason: "HTTP \(status)", retryAfterMs: retryAfterMs)
+        }
+    }
+}
+
+/// When a stream should cut and send its next batch. A pure value: the plugin feeds it the
+/// queue's shape and the time, and it answers; it never touches the disk or the network.
+struct StreamState {
+    var settings: StreamSettings
+    /// Records queued and not yet in a batch, and their bytes.
+    var queued = 0
+    var queuedBytes = 0
+    /// Enqueue time of the oldest queued record.
+    var oldestMs: UInt64?
+    /// A batch is being sent (one at a time per stream, so order is kept).
+    var inFlight = false
+    /// Consecutive failed attempts of the current batch.
+    var attempts = 0
+    /// Do not send before this time (backoff or Retry-After).
+    var notBeforeMs: UInt64 = 0
+    var flushRequested = false
+    var lastResult = "none"
+    var lastRetryDelayMs: UInt64 = 0
+    var delivered: UInt64 = 0
+    var deadLetters: UInt64 = 0
+    var refusedConsent: UInt64 = 0
+    /// A persisted batch not yet delivered (from before a crash, or awaiting retry).
+    var pendingBatches: [String] = []
+    /// After a 413 the next batches are cut smaller (halved each time, down to 1).
+    var countCap: Int?
+
+    init(settings: StreamSettings) { self.settings = settings }
+
+    var effectiveMaxCount: Int { min(settings.maxCount, countCap ?? Int.max) }
+
+    /// Whether to send now: a pending batch whose wait is over, or a new batch because the count,
+    /// the bytes or the interval says so (or a flush was asked for).
+    func shouldSend(now: UInt64) -> Bool {
+        guard !inFlight, now >= notBeforeMs else { return false }
+        if !pendingBatches.isEmpty { return true }
+        guard queued > 0 else { return false }
+        if flushRequested || queued >= effectiveMaxCount || queuedBytes >= settings.maxBatchBytes { return true }
+        if let o = oldestMs, now >= o, now - o >= settings.intervalMs { return true }
+        return false
+    }
+
+    /// Backoff before retry number `attempts` (1-based): exponential, jittered, capped; a longer
+    /// Retry-After wins.
+    static func retryDelay(attempts: Int, policy: RetryPolicy, retryAfterMs: UInt64?, random: Double) -> UInt64 {
+        var base = Double(policy.initialMs)
+        for _ in 1..<max(attempts, 1) { base *= 2; if base > Double(policy.maxMs) { break } }
+        base = min(base, Double(policy.maxMs))
+        let jittered = min(base * (1 + policy.jitter * (2 * random - 1)), Double(policy.maxMs))
+        return max(UInt64(jittered), retryAfterMs ?? 0)
+    }
+}

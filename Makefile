@@ -25,10 +25,15 @@ build: deps
 release: deps
 	$(SWIFT) build -c release --static-swift-stdlib
 
-## Start the host with every plugin (and the reference backend once it exists) on loopback.
+BACKEND_LISTEN ?= 127.0.0.1:8780
+
+## Start the reference backend on loopback and the host with every plugin, wired to it.
 run: build
 	@mkdir -p $(RUN_DIR)/state
-	@echo "pylond: socket $(PYLON_SOCKET)   try: socat - UNIX-CONNECT:$(PYLON_SOCKET)   or: PYLON_SOCKET=$(PYLON_SOCKET) .build/debug/pylonctl status"
+	@echo "pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"
+	@echo "try: socat - UNIX-CONNECT:$(PYLON_SOCKET)   or: PYLON_SOCKET=$(PYLON_SOCKET) .build/debug/pylonctl status"
+	@.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db & backend=$$!; \
+	trap 'kill $$backend 2>/dev/null' EXIT INT TERM; \
 	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config etc/pylon.json
 
 ## Every test: unit tests and integration tests that start the real host and plugins.
@@ -37,7 +42,9 @@ test: build
 
 ## Release-mode benchmarks (numbers go to README.md).
 bench: release
-	.build/release/pylon-bench
+	.build/release/pylon-bench bus
+	.build/release/pylon-bench uploader
+	.build/release/pylon-bench uploader --fsync full
 
 clean:
 	rm -rf .build $(RUN_DIR)

@@ -58,11 +58,13 @@ let package = Package(
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
-            name: "pylon-bench", dependencies: ["PylonClientKit"], path: "Benchmarks/pylon-bench",
+            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP"], path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit"]),
+        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
+        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore"]),
     ]
 )

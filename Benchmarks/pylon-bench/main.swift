@@ -21,13 +21,17 @@ struct Mode {
 
 nonisolated(unsafe) var seconds = 5.0
 nonisolated(unsafe) var externalSocket: String?
+nonisolated(unsafe) var benchMode = "bus"
+nonisolated(unsafe) var fsyncMode = "normal"
 var it = CommandLine.arguments.dropFirst().makeIterator()
 while let a = it.next() {
     switch a {
     case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
     case "--socket": externalSocket = it.next()
+    case "--fsync": fsyncMode = it.next() ?? "normal"
+    case "bus", "uploader": benchMode = a
     default:
-        print("usage: pylon-bench [--seconds N] [--socket PATH]")
+        print("usage: pylon-bench [bus|uploader] [--seconds N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -38,14 +42,14 @@ nonisolated(unsafe) var hostProcess: ChildProcess?
 nonisolated(unsafe) let tmp = "/tmp/pylon-bench-\(getpid())"
 nonisolated(unsafe) let socketPath = externalSocket ?? tmp + "/pylon.sock"
 
-func startHost() {
+func startHost(plugins: [JSON]) {
     guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
     _ = System.makeDirectories(tmp)
     let cfg: JSON = [
         "socket": .string(socketPath), "stateDir": .string(tmp + "/state"), "pluginDir": .string(dir),
         "logLevel": "warn",
         "limits": ["maxInflightPerConnection": 4096],
-        "plugins": [["name": "echo", "exec": "pylon-echo"]],
+        "plugins": .array(plugins),
     ]
     let path = tmp + "/pylon.json"
     _ = System.writeFileAtomically(path, Array(cfg.serialized.utf8))
@@ -67,6 +71,15 @@ func startHost() {
         usleep(10_000)
     }
     fatalError("pylond did not become ready")
+}
+
+func stopHost() {
+    if let p = hostProcess {
+        p.kill(SIGTERM)
+        loop.run()
+        hostProcess = nil
+    }
+    _ = system("rm -rf " + tmp)
 }
 
 /// CPU time (user+system) of a process in clock ticks, from /proc/PID/stat.
@@ -204,7 +217,8 @@ extension String {
     func padding(_ n: Int) -> String { count >= n ? self : self + String(repeating: " ", count: n - count) }
 }
 
-if externalSocket == nil { startHost() }
+func busBench() throws {
+if externalSocket == nil { startHost(plugins: [["name": "echo", "exec": "pylon-echo"]]) }
 let status = try SyncClient(path: socketPath).call("bus.status")
 let hostPid = Int32(status["pid"]?.intValue ?? 0)
 let pluginPid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
@@ -216,8 +230,10 @@ for mode in [Mode(name: "sequential (1 in flight)", clients: 1, window: 1),
     run(mode, hostPid: hostPid, pluginPid: pluginPid)
 }
 print("after load: pylond RSS \(System.rssKiB(pid: hostPid) ?? 0) KiB; echo RSS \(System.rssKiB(pid: pluginPid) ?? 0) KiB")
-if let p = hostProcess {
-    p.kill(SIGTERM)
-    loop.run()
-    _ = system("rm -rf " + tmp)
+stopHost()
+}
+
+switch benchMode {
+case "uploader": try uploaderBench()
+default: try busBench()
 }

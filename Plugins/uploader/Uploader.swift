@@ -128,7 +128,9 @@ final class Uploader {
         }
         let consent = p["consent"]?.stringValue ?? ""
         if !consent.isEmpty && !plugin.isConsentGranted(consent) {
-            streams[stream, default: state(stream)].refusedConsent += 1
+            var st = state(stream)  // read before writing: no overlapping access to `streams`
+            st.refusedConsent += 1
+            streams[stream] = st
             call.fail(RPCError(.consentDenied, "consent switch \(consent) is denied", data: ["switch": .string(consent)]))
             return
         }
@@ -370,9 +372,11 @@ final class Uploader {
         let names: [String]
         if let s = call.params["stream"]?.stringValue { names = [s] } else { names = Array(streams.keys) }
         for n in names {
-            streams[n, default: state(n)].flushRequested = true
+            var st = state(n)
+            st.flushRequested = true
             // A flush also skips a pending retry wait: the caller asked for "now".
-            streams[n]?.notBeforeMs = 0
+            st.notBeforeMs = 0
+            streams[n] = st
         }
         let wait = call.params["wait"]?.boolValue ?? false
         if wait {

@@ -291,10 +291,12 @@ final class SocketPoll {
 }
 
 extension String {
+    /// Without leading/trailing spaces, tabs, CR and LF. Works on scalars: "\r\n" is one Character.
     var trimmingSpaces: String {
-        var s = Substring(self)
-        while let f = s.first, f == " " || f == "\t" || f == "\r" || f == "\n" { s = s.dropFirst() }
-        while let l = s.last, l == " " || l == "\t" || l == "\r" || l == "\n" { s = s.dropLast() }
-        return String(s)
+        var s = Substring(self).unicodeScalars[...]
+        let ws: (Unicode.Scalar) -> Bool = { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }
+        while let f = s.first, ws(f) { s = s.dropFirst() }
+        while let l = s.last, ws(l) { s = s.dropLast() }
+        return String(String.UnicodeScalarView(s))
     }
 }

@@ -107,12 +107,13 @@ extension Bus {
         // sets (getenv returns the first match, so an override must replace, not append).
         var env = System.environment().filter { kv in
             let key = kv.split(separator: "=", maxSplits: 1).first.map(String.init) ?? kv
-            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "NOTIFY_SOCKET"
+            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL" && key != "NOTIFY_SOCKET"
                 && !key.hasPrefix("WATCHDOG_") && pc.env[key] == nil
         }
         env.append("PYLON_BUS_FD=3")
         env.append("PYLON_PLUGIN_NAME=\(pc.name)")
         env.append("PYLON_PLUGIN_STATE_DIR=\(stateDir)")
+        if pc.env["PYLON_LOG_LEVEL"] == nil { env.append("PYLON_LOG_LEVEL=\(config.logLevel)") }
         for (k, v) in pc.env.sorted(by: { $0.key < $1.key }) { env.append("\(k)=\(v)") }
         o.env = env
         o.inheritFds = [(child: 3, parent: pluginEnd)]

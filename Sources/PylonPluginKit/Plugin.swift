@@ -100,6 +100,7 @@ public final class Plugin {
         self.name = name
         self.version = version
         log = Log(name)
+        if let l = System.env("PYLON_LOG_LEVEL").flatMap(Log.Level.init(name:)) { Log.minimum = l }
     }
 
     /// Serves `<plugin>.<method>`. `consent` names the switch the method's data falls under

@@ -1,1 +1,61 @@
-print("backend placeholder")
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// pylon-backend: the reference backend (HTTP/1.1 on loopback; see docs/backend-openapi.yaml).
+let options: Options
+do throws(Options.UsageError) {
+    options = try Options.parse(Array(CommandLine.arguments.dropFirst()))
+} catch {
+    if error.description.isEmpty {
+        print(Options.usage)
+        System.exit(0)
+    }
+    Log("backend").error("invalid arguments", ["error": error.description])
+    var text = Options.usage + "\n"
+    text.withUTF8 { b in _ = write(2, b.baseAddress, b.count) }
+    System.exit(2)
+}
+Log.minimum = options.logLevel
+System.unblockAllSignals()
+System.ignoreSIGPIPE()
+
+let log = Log("backend")
+let loop = Loop()
+let store: Store
+do {
+    store = try Store(path: options.dbPath)
+} catch {
+    log.error("cannot open the database", ["path": options.dbPath, "error": "\(error)"])
+    System.exit(1)
+}
+let backend = Backend(store: store, maxBody: options.maxBody)
+let server: Server
+do {
+    server = try Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody, handler: backend.handle)
+} catch {
+    log.error("cannot listen", ["address": "\(options.host):\(options.port)", "error": error.description])
+    System.exit(1)
+}
+
+// The one line tests and scripts wait for, written unbuffered.
+let address = server.boundAddress
+var ready = "pylon-backend listening on \(address)\n"
+ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
+log.info("listening", ["address": address, "db": options.dbPath, "maxBody": options.maxBody])
+
+// SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
+var signals: [SignalWatcher] = []
+for sig in [SIGTERM, SIGINT] {
+    signals.append(SignalWatcher(loop: loop, signal: sig) { s in
+        log.info("stopping", ["signal": s])
+        server.close()
+        for w in signals { w.close() }
+    })
+}
+loop.run()
+store.close()
+log.info("stopped")
+System.exit(0)

@@ -1,0 +1,103 @@
+import PylonClientKit
+import PylonHTTP
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `pylon-bench uploader`: acknowledged durable enqueues per second through the host
+/// (~300-byte records, 256 requests in flight, one record per request), then end-to-end
+/// records per second delivered to the reference backend.
+func uploaderBench() throws {
+    guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
+    _ = System.makeDirectories(tmp)
+    // The backend on a free loopback port.
+    let out = Connection(loop: loop, maxLineBytes: 4096)
+    var port = 0
+    out.onLine = { line in
+        let s = String(decoding: line, as: UTF8.self)
+        if let p = s.split(separator: ":").last, let n = Int(p) { port = n; loop.stop() }
+    }
+    var o = ChildProcess.Options(exec: dir + "/pylon-backend")
+    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"]
+    o.env = System.environment()
+    o.stdout = out
+    o.detached = false
+    let backend = try ChildProcess(loop: loop, options: o) { _, _ in }
+    out.startReading()
+    loop.run()
+    guard port > 0 else { fatalError("backend did not start") }
+    let stream = "bench.events"
+    startHost(plugins: [[
+        "name": "uploader", "exec": "pylon-uploader",
+        "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "fsync": .string(fsyncMode),
+                   "maxDiskBytes": .int(1 << 30),
+                   "streams": ["bench.*": ["maxCount": 500, "intervalMs": 1000, "maxBatchBytes": 1_048_576]]],
+    ]])
+    let status = try SyncClient(path: socketPath).call("bus.status")
+    let hostPid = Int32(status["pid"]?.intValue ?? 0)
+    let pluginPid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
+
+    let payload = #","data":{"event":"purchase","screen":"checkout","sku":"SKU-000123","price":1999,"currency":"EUR","props":{"campaign":"winter","variant":"b","session":"s-42"},"device":{"os":"linux","model":"kiosk-3"}}}]}}"#
+    let conn = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
+    var sent = 0
+    var acked = 0
+    var errors = 0
+    let window = 256
+    let start = Loop.hrtimeNs
+    let deadline = start + UInt64(seconds * 1e9)
+    var sendTimes = [UInt64](repeating: 0, count: 4_000_000)
+    var lat: [UInt64] = []
+    lat.reserveCapacity(1_000_000)
+    func sendOne() {
+        let i = sent
+        sent += 1
+        if i < sendTimes.count { sendTimes[i] = Loop.hrtimeNs }
+        conn.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench","records":[{"id":"r\#(i)""# + payload)
+    }
+    let cpu0 = cpuTicks(hostPid), pcpu0 = cpuTicks(pluginPid)
+    conn.onLine = { line in
+        if find(line, Array(#""accepted""#.utf8)) != nil { acked += 1 } else { errors += 1 }
+        if let r = find(line, Array(#""id":"#.utf8)) {
+            var v = 0
+            var k = r
+            while k < line.count, line[k] >= 0x30, line[k] <= 0x39 { v = v * 10 + Int(line[k] - 0x30); k += 1 }
+            if v < sendTimes.count { lat.append(Loop.hrtimeNs - sendTimes[v]) }
+        }
+        if Loop.hrtimeNs < deadline { sendOne() } else if acked + errors == sent { loop.stop() }
+    }
+    conn.startReading()
+    for _ in 0..<window { sendOne() }
+    loop.flushDirty()
+    loop.run()
+    let ackSeconds = Double(Loop.hrtimeNs - start) / 1e9
+    let cpu1 = cpuTicks(hostPid), pcpu1 = cpuTicks(pluginPid)
+    lat.sort()
+    let tps = Double(sysconf(Int32(_SC_CLK_TCK)))
+    print("uploader.enqueue (fsync \(fsyncMode)): \(Int(Double(acked) / ackSeconds)) acknowledged records/s over \(fmt(ackSeconds)) s, "
+          + "p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs, errors \(errors); "
+          + "CPU µs/record: host \(fmt((cpu1 - cpu0) / tps * 1e6 / Double(max(acked, 1)))), uploader \(fmt((pcpu1 - pcpu0) / tps * 1e6 / Double(max(acked, 1))))")
+
+    // End to end: until the backend holds every acknowledged record.
+    let http = HTTPClient(loop: loop)
+    var delivered = 0
+    func poll() {
+        http.send(HTTPRequest(url: "http://127.0.0.1:\(port)/v1/inspect/streams/\(stream)")) { r in
+            if case .success(let resp) = r, let j = try? JSON.parse(resp.bodyText) { delivered = Int(j["records"]?.intValue ?? 0) }
+            if delivered >= acked || Loop.hrtimeNs - start > UInt64(120e9) { loop.stop() } else {
+                let t = Timer(loop: loop) {}
+                t.callback = { [unowned t] in t.close(); poll() }
+                t.start(after: 50)
+            }
+        }
+    }
+    poll()
+    loop.run()
+    let e2e = Double(Loop.hrtimeNs - start) / 1e9
+    print("end to end: \(delivered) of \(acked) records at the backend after \(fmt(e2e)) s = \(Int(Double(delivered) / e2e)) records/s")
+    http.shutdown()
+    conn.close()
+    stopHost()
+    backend.kill(SIGTERM)
+    loop.run()
+}

@@ -1,0 +1,52 @@
+import PylonCore
+
+/// An error answered to a client: an HTTP status and a body `{"error": message, "code": code}`.
+struct APIError: Error {
+    /// Stable, machine-readable error codes; the one table of them (documented in
+    /// docs/backend-openapi.yaml as `ErrorCode`).
+    struct Code: RawRepresentable, Equatable, Sendable {
+        let rawValue: String
+        init(rawValue: String) { self.rawValue = rawValue }
+
+        static let malformedHTTP = Code(rawValue: "malformed_http")
+        static let headerTooLarge = Code(rawValue: "header_too_large")
+        static let payloadTooLarge = Code(rawValue: "payload_too_large")
+        static let unsupportedEncoding = Code(rawValue: "unsupported_encoding")
+        static let invalidJSON = Code(rawValue: "invalid_json")
+        static let invalidBatch = Code(rawValue: "invalid_batch")
+        static let invalidRequest = Code(rawValue: "invalid_request")
+        static let missingIdempotencyKey = Code(rawValue: "missing_idempotency_key")
+        static let notFound = Code(rawValue: "not_found")
+        static let methodNotAllowed = Code(rawValue: "method_not_allowed")
+        static let injectedFault = Code(rawValue: "injected_fault")
+        static let tooManyConnections = Code(rawValue: "too_many_connections")
+        static let storage = Code(rawValue: "storage_error")
+    }
+
+    var status: Int
+    var code: Code
+    var message: String
+    /// For 405: the methods the path accepts (`Allow` header).
+    var allow: String? = nil
+    /// Seconds for a `Retry-After` header (injected faults).
+    var retryAfter: Int? = nil
+
+    var body: JSON { ["error": .string(message), "code": .string(code.rawValue)] }
+
+    static func badRequest(_ code: Code, _ message: String) -> APIError {
+        APIError(status: 400, code: code, message: message)
+    }
+    static func tooLarge(_ message: String) -> APIError {
+        APIError(status: 413, code: .payloadTooLarge, message: message)
+    }
+    static func notFound(_ path: Substring) -> APIError {
+        APIError(status: 404, code: .notFound, message: "no such resource: \(path)")
+    }
+    static func methodNotAllowed(_ method: String, allowed: [String]) -> APIError {
+        APIError(status: 405, code: .methodNotAllowed, message: "\(method) is not allowed here",
+                 allow: allowed.joined(separator: ", "))
+    }
+    static func storage(_ error: any Error) -> APIError {
+        APIError(status: 500, code: .storage, message: "storage failed: \(error)")
+    }
+}

@@ -1,0 +1,196 @@
+import PylonCore
+import PylonStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The application: turns each request into a `Disposition`. Owns the store, the injected
+/// fault state and the request counters. Runs on the loop thread only.
+final class Backend {
+    let store: Store
+    let maxBody: Int
+    private(set) var faults = FaultState()
+    private(set) var stats = Stats()
+    private let log = Log("backend")
+
+    init(store: Store, maxBody: Int) {
+        self.store = store
+        self.maxBody = maxBody
+    }
+
+    /// Counts the request, applies injected faults unless the path is exempt, then routes.
+    /// A request answered by a fault never reaches its handler, so it stores nothing.
+    func handle(_ request: HTTPRequest) -> Disposition {
+        let path = request.path
+        stats.count(path: path)
+        var delay: UInt64 = 0
+        if !Router.isFaultExempt(path) {
+            delay = UInt64(faults.latencyMs)
+            switch faults.next() {
+            case .pass: break
+            case .drop:
+                stats.faultsInjected += 1
+                log.info("fault: dropping connection", ["method": request.method, "path": path])
+                return .drop
+            case .fail(let status, let retryAfter):
+                stats.faultsInjected += 1
+                log.info("fault: failing request", ["method": request.method, "path": path, "status": status])
+                let e = APIError(status: status, code: .injectedFault, message: "injected fault", retryAfter: retryAfter)
+                return .respond(HTTPResponse(e), delayMs: delay)
+            }
+        }
+        let response: HTTPResponse
+        do throws(APIError) {
+            response = try route(request)
+        } catch {
+            response = HTTPResponse(error)
+        }
+        log.debug("request", ["method": request.method, "target": request.target, "status": response.status])
+        return .respond(response, delayMs: delay)
+    }
+
+    private func route(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
+        switch Router.match(method: request.method, path: request.path) {
+        case .notFound: throw .notFound(request.path)
+        case .methodNotAllowed(let allowed): throw .methodNotAllowed(request.method, allowed: allowed)
+        case .badParameter(let why): throw .badRequest(.invalidRequest, why)
+        case .endpoint(let e):
+            switch e {
+            case .health: return HTTPResponse(["ok": true])
+            case .ingest(let stream): return try ingest(request, stream: stream)
+            case .inspectStream(let stream): return try inspect(stream: stream)
+            case .inspectRecords(let stream): return try records(request, stream: stream)
+            case .stats: return try statsResponse()
+            case .reset: return try reset()
+            case .getFaults: return HTTPResponse(faults.json)
+            case .setFaults:
+                try faults.merge(try jsonBody(request))
+                log.info("faults set", ["state": faults.json.serialized])
+                return HTTPResponse(faults.json)
+            case .clearFaults:
+                faults = FaultState()
+                return HTTPResponse(faults.json)
+            }
+        }
+    }
+
+    // MARK: Endpoints
+
+    private func ingest(_ request: HTTPRequest, stream: String) throws(APIError) -> HTTPResponse {
+        guard let key = request.header("idempotency-key") else {
+            throw .badRequest(.missingIdempotencyKey, "the Idempotency-Key header is required")
+        }
+        if let why = Router.invalidName(key, what: "Idempotency-Key") { throw .badRequest(.invalidRequest, why) }
+        let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
+        let r: Store.IngestResult
+        do throws(SQLiteError) {
+            r = try store.ingest(batch, receivedAt: Backend.nowMs())
+        } catch {
+            log.error("ingest failed", ["stream": stream, "error": error.description])
+            throw .storage(error)
+        }
+        log.debug("batch", ["stream": stream, "key": key, "accepted": r.accepted, "duplicates": r.duplicates])
+        return HTTPResponse([
+            "accepted": .int(Int64(r.accepted)), "duplicates": .int(Int64(r.duplicates)),
+            "duplicateBatch": .bool(r.duplicateBatch),
+        ])
+    }
+
+    private func inspect(stream: String) throws(APIError) -> HTTPResponse {
+        let s = try storage { () throws(SQLiteError) in try store.summary(stream: stream) }
+        return HTTPResponse([
+            "stream": .string(stream), "records": .int(s.records), "batches": .int(s.batches),
+            "duplicateRecords": .int(s.duplicateRecords), "duplicateBatches": .int(s.duplicateBatches),
+        ])
+    }
+
+    private func records(_ request: HTTPRequest, stream: String) throws(APIError) -> HTTPResponse {
+        let q = request.query
+        var limit = Limits.defaultRecordsPage
+        var after: Int64 = 0
+        if let l = q["limit"] {
+            guard let n = Int(l), (1...Limits.maxRecordsPage).contains(n) else {
+                throw .badRequest(.invalidRequest, "limit must be an integer in 1...\(Limits.maxRecordsPage)")
+            }
+            limit = n
+        }
+        if let a = q["after"] {
+            guard let n = Int64(a), n >= 0 else { throw .badRequest(.invalidRequest, "after must be a non-negative integer") }
+            after = n
+        }
+        let rows = try storage { () throws(SQLiteError) in try store.records(stream: stream, after: after, limit: limit) }
+        var list: [JSON] = []
+        list.reserveCapacity(rows.count)
+        for r in rows {
+            // Stored data was serialised by json-c from valid JSON, so it parses back.
+            let data = (try? JSON.parse(r.data, maxDepth: Limits.maxJSONDepth + 1)) ?? .null
+            list.append(["seq": .int(r.seq), "id": .string(r.id), "ts": .int(r.ts), "data": data])
+        }
+        return HTTPResponse([
+            "records": .array(list), "next": rows.last.map { .int($0.seq) } ?? .null,
+        ])
+    }
+
+    private func statsResponse() throws(APIError) -> HTTPResponse {
+        let t = try storage { () throws(SQLiteError) in try store.totals() }
+        return HTTPResponse([
+            "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
+            "batches": .int(t.batches), "records": .int(t.records),
+            "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
+            "faultsInjected": .int(Int64(stats.faultsInjected)),
+        ])
+    }
+
+    private func reset() throws(APIError) -> HTTPResponse {
+        try storage { () throws(SQLiteError) in try store.reset() }
+        faults = FaultState()
+        stats = Stats()
+        log.info("reset")
+        return HTTPResponse(["ok": true])
+    }
+
+    // MARK: Helpers
+
+    /// The body after `Content-Encoding` (identity or gzip; gunzipped to at most `maxBody`).
+    private func decodedBody(_ request: HTTPRequest) throws(APIError) -> [UInt8] {
+        let encoding = request.header("content-encoding")?.lowercased() ?? "identity"
+        switch encoding {
+        case "identity", "": return request.body
+        case "gzip", "x-gzip":
+            do throws(GzipError) {
+                return try Gzip.decompress(request.body, limit: maxBody)
+            } catch {
+                // GzipError has no kind; its over-the-limit message is how to tell.
+                if error.description.contains("exceeds") {
+                    throw .tooLarge("decompressed body exceeds the limit of \(maxBody) bytes")
+                }
+                throw .badRequest(.invalidRequest, "body is not valid gzip: \(error.description)")
+            }
+        default:
+            throw APIError(status: 415, code: .unsupportedEncoding,
+                           message: "unsupported Content-Encoding \(encoding) (identity or gzip)")
+        }
+    }
+
+    /// The body as a JSON value (after `Content-Encoding`).
+    private func jsonBody(_ request: HTTPRequest) throws(APIError) -> JSON {
+        try parseJSONBody(try decodedBody(request))
+    }
+
+    private func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
+        do throws(SQLiteError) {
+            return try body()
+        } catch {
+            log.error("storage failed", ["error": error.description])
+            throw .storage(error)
+        }
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch.
+    static func nowMs() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+}

@@ -1,0 +1,373 @@
+import CHTTPParser
+import CLibUV
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Shared read buffer: every read is parsed synchronously on the loop thread, so one suffices.
+nonisolated(unsafe) private let readBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Limits.readBufferSize)
+
+/// What the application decided for one request.
+enum Disposition {
+    /// Answer with `response`, after `delayMs` (injected latency; 0 = at once).
+    case respond(HTTPResponse, delayMs: UInt64)
+    /// Answer nothing and close the connection (injected "dropped connection").
+    case drop
+}
+
+/// One accepted HTTP/1.1 client connection on a `uv_tcp_t`.
+///
+/// Requests are parsed by http-parser (see `HTTPConnection+Parsing.swift`) into a queue and
+/// answered strictly in order, one at a time: a pipelined request is handed to `handler` only
+/// after the response to the one before it has been queued for writing (or its injected delay
+/// has passed). Parse errors and oversize requests become a final error response.
+///
+/// Closing is graceful: once the last response is written the write side is shut down and
+/// input is read and discarded until the client closes or `Limits.lingerMs` passes, so a
+/// client still sending a rejected body receives the error instead of a reset.
+///
+/// Memory: `handle.data` holds a retained reference, released in `uv_close`'s callback; the
+/// parser, write and shutdown requests are freed in `deinit`, which can run only after that.
+final class HTTPConnection {
+    enum State {
+        /// Reading and answering requests.
+        case open
+        /// No further requests are parsed (error, `Connection: close`, dropped, or the client
+        /// shut down its side); the queue is answered, then the connection lingers or closes.
+        case ending
+        /// Everything is answered and the write side is shut down; input is discarded.
+        case lingering
+        case closed
+    }
+
+    /// An entry of the in-order queue: a request, or a terminal error found while parsing.
+    enum Item {
+        case request(HTTPRequest)
+        case reject(APIError)
+    }
+
+    let loop: Loop
+    let handle: UnsafeMutablePointer<uv_tcp_t>
+    let parser: UnsafeMutablePointer<http_parser>
+    private let writeReq: UnsafeMutablePointer<uv_write_t>
+    private let shutdownReq: UnsafeMutablePointer<uv_shutdown_t>
+    private let pending = ByteBuffer()
+    private let inflight = ByteBuffer()
+    private var writing = false
+    private var reading = false
+    private(set) var state = State.open
+    /// The client shut down its sending side (EOF).
+    private var peerDone = false
+
+    private var queue: [Item] = []
+    private var queueHead = 0
+    /// A response held back by injected latency, and how to frame it.
+    private var held: (response: HTTPResponse, framing: Framing)?
+    private var delayTimer: Timer?
+    private var idleTimer: Timer?
+
+    /// The request being parsed (used by the parser callbacks).
+    var partial = PartialRequest()
+    /// Why the parser callbacks stopped the parser, if they did.
+    var rejection: APIError?
+    let maxBody: Int
+
+    /// Decides each request's response; called in request order, on the loop thread.
+    var handler: (HTTPRequest) -> Disposition = { _ in .drop }
+    /// Runs once, from libuv's close callback.
+    var onClose: () -> Void = {}
+
+    /// An unconnected TCP handle, ready for `uv_accept`.
+    init(loop: Loop, maxBody: Int) {
+        self.loop = loop
+        self.maxBody = maxBody
+        handle = .allocate(capacity: 1)
+        handle.initialize(to: uv_tcp_t())
+        parser = .allocate(capacity: 1)
+        parser.initialize(to: http_parser())
+        writeReq = .allocate(capacity: 1)
+        writeReq.initialize(to: uv_write_t())
+        shutdownReq = .allocate(capacity: 1)
+        shutdownReq.initialize(to: uv_shutdown_t())
+        uv_tcp_init(loop.uv, handle)
+        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        writeReq.pointee.data = me
+        shutdownReq.pointee.data = me
+        http_parser_init(parser, HTTP_REQUEST)
+        parser.pointee.data = me
+    }
+
+    deinit {
+        // Only reachable after the close callback released the handle's reference.
+        handle.deallocate()
+        parser.deallocate()
+        writeReq.deallocate()
+        shutdownReq.deallocate()
+    }
+
+    var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle) }
+
+    /// Starts serving an accepted connection.
+    func start() {
+        uv_tcp_nodelay(handle, 1)
+        idleTimer = Timer(loop: loop) { [weak self] in self?.idleTimerFired() }
+        idleTimer?.start(after: Limits.idleTimeoutMs)
+        startReading()
+    }
+
+    /// Answers `error` without reading any request, then closes (used when over a limit).
+    func refuse(_ error: APIError) {
+        idleTimer = Timer(loop: loop) { [weak self] in self?.idleTimerFired() }
+        state = .ending
+        emit(HTTPResponse(error), Framing(close: true, headOnly: false))
+        flush()
+        maybeFinish()
+    }
+
+    // MARK: Reading
+
+    private func startReading() {
+        guard !reading, state != .closed, !peerDone else { return }
+        reading = true
+        uv_read_start(stream, { _, _, buf in
+            buf!.pointee = pylon_buf(readBuffer, Limits.readBufferSize)
+        }, { s, nread, _ in
+            Unmanaged<HTTPConnection>.fromOpaque(s!.pointee.data).takeUnretainedValue().didRead(nread)
+        })
+    }
+
+    private func stopReading() {
+        guard reading, state != .closed else { return }
+        reading = false
+        uv_read_stop(stream)
+    }
+
+    /// Reads while open and not backpressured; in `ending` and `lingering` input is drained and
+    /// discarded so a client blocked writing a rejected body can finish and see the answer.
+    private func updateReading() {
+        switch state {
+        case .open:
+            let queued = queue.count - queueHead
+            let backlogged = queued >= Limits.maxQueuedRequests || pending.count + inflight.count > Limits.maxPendingOutput
+            if backlogged { stopReading() } else { startReading() }
+        case .ending, .lingering: startReading()
+        case .closed: break
+        }
+    }
+
+    private func didRead(_ nread: Int) {
+        if nread < 0 {
+            if nread == Int(UV_EOF.rawValue) {
+                peerEOF()
+            } else {
+                close()
+            }
+            return
+        }
+        guard nread > 0 else { return }
+        if state == .open {
+            idleTimer?.start(after: Limits.idleTimeoutMs)
+            parse(UnsafeRawBufferPointer(start: readBuffer, count: nread))
+            pump()
+        }
+        // Otherwise the bytes are discarded (see `updateReading`).
+    }
+
+    private func peerEOF() {
+        reading = false
+        peerDone = true
+        switch state {
+        case .open:
+            state = .ending
+            pump()
+        case .ending: maybeFinish()
+        case .lingering: close()
+        case .closed: break
+        }
+    }
+
+    /// Feeds bytes to http-parser; complete requests and a terminal error land in the queue.
+    private func parse(_ bytes: UnsafeRawBufferPointer) {
+        let base = bytes.baseAddress!.assumingMemoryBound(to: CChar.self)
+        _ = http_parser_execute(parser, parserSettings, base, bytes.count)
+        guard state == .open else { return }  // `Connection: close` seen: the rest is ignored
+        let errno = pylon_http_errno(parser)
+        if errno != HPE_OK.rawValue {
+            queue.append(.reject(rejection ?? HTTPConnection.parseError(errno)))
+            state = .ending
+        } else if parser.pointee.upgrade != 0 {
+            state = .ending  // protocol upgrades are not supported; answer and close
+        }
+    }
+
+    /// Called by the parser callbacks with each complete request.
+    func enqueue(_ request: HTTPRequest) {
+        queue.append(.request(request))
+        if !request.keepAlive { state = .ending }
+    }
+
+    /// True when a `100 Continue` written now would not overtake an earlier response.
+    var canSendContinue: Bool { queue.count == queueHead && held == nil && state == .open }
+
+    /// Queues a `100 Continue` interim response (flushed after the current read).
+    func sendContinue() { pending.append("HTTP/1.1 100 Continue\r\n\r\n") }
+
+    private static func parseError(_ errno: UInt32) -> APIError {
+        let what = String(cString: http_errno_description(http_errno(rawValue: errno)))
+        if errno == HPE_HEADER_OVERFLOW.rawValue {
+            return APIError(status: 431, code: .headerTooLarge,
+                            message: "request line and headers exceed \(Limits.maxHeaderBytes) bytes")
+        }
+        return .badRequest(.malformedHTTP, "malformed HTTP request: \(what)")
+    }
+
+    // MARK: Answering, in order
+
+    /// Answers queued requests until one is held back by injected latency or the queue is empty.
+    private func pump() {
+        while held == nil, state == .open || state == .ending, queueHead < queue.count {
+            let item = queue[queueHead]
+            queueHead += 1
+            switch item {
+            case .reject(let error):
+                emit(HTTPResponse(error), Framing(close: true, headOnly: false))
+            case .request(let request):
+                let framing = Framing(close: !request.keepAlive, headOnly: request.method == "HEAD")
+                switch handler(request) {
+                case .drop:
+                    discardQueue()
+                case .respond(let response, let delayMs) where delayMs > 0:
+                    held = (response, framing)
+                    if delayTimer == nil { delayTimer = Timer(loop: loop) { [weak self] in self?.releaseHeld() } }
+                    delayTimer?.start(after: delayMs)
+                case .respond(let response, _):
+                    emit(response, framing)
+                }
+            }
+        }
+        if queueHead == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+        }
+        flush()
+        updateReading()
+        maybeFinish()
+    }
+
+    private func releaseHeld() {
+        guard let h = held else { return }
+        held = nil
+        emit(h.response, h.framing)
+        pump()
+    }
+
+    /// How a response goes on the wire: `close` adds `Connection: close` and ends the
+    /// connection after it; `headOnly` (a `HEAD` request) leaves the body out.
+    private struct Framing {
+        var close: Bool
+        var headOnly: Bool
+    }
+
+    /// Queues a response; a closing one ends the connection and discards anything after it.
+    private func emit(_ response: HTTPResponse, _ framing: Framing) {
+        let bytes = response.serialized(close: framing.close, headOnly: framing.headOnly)
+        bytes.withUnsafeBytes { pending.append($0) }
+        if framing.close { discardQueue() }
+    }
+
+    private func discardQueue() {
+        queue.removeAll()
+        queueHead = 0
+        if state == .open { state = .ending }
+    }
+
+    // MARK: Writing
+
+    /// Writes queued bytes: `uv_try_write` first, the remainder with one `uv_write`.
+    private func flush() {
+        guard state != .closed, !writing, pending.count > 0 else { return }
+        var buf = pylon_buf(pending.base.assumingMemoryBound(to: CChar.self), pending.count)
+        let r = uv_try_write(stream, &buf, 1)
+        if r > 0 {
+            pending.consume(Int(r))
+        } else if r < 0 && r != UV_EAGAIN.rawValue {
+            close()
+            return
+        }
+        guard pending.count > 0 else { return }
+        inflight.append(pending.bytes)
+        pending.clear()
+        writing = true
+        buf = pylon_buf(inflight.base.assumingMemoryBound(to: CChar.self), inflight.count)
+        let rc = uv_write(writeReq, stream, &buf, 1) { req, status in
+            Unmanaged<HTTPConnection>.fromOpaque(req!.pointee.data).takeUnretainedValue().didWrite(status)
+        }
+        if rc < 0 {
+            writing = false
+            close()
+        }
+    }
+
+    private func didWrite(_ status: Int32) {
+        writing = false
+        inflight.clear()
+        guard state != .closed else { return }
+        if status < 0 {
+            close()
+            return
+        }
+        flush()
+        updateReading()
+        maybeFinish()
+    }
+
+    // MARK: Closing
+
+    /// In `ending`, once everything is answered and written: close if the client already shut
+    /// down, else shut down our side and linger.
+    private func maybeFinish() {
+        guard state == .ending, queueHead == queue.count, held == nil, !writing, pending.count == 0 else { return }
+        if peerDone {
+            close()
+            return
+        }
+        state = .lingering
+        idleTimer?.start(after: Limits.lingerMs)
+        let rc = uv_shutdown(shutdownReq, stream) { req, status in
+            let c = Unmanaged<HTTPConnection>.fromOpaque(req!.pointee.data).takeUnretainedValue()
+            if status < 0 { c.close() }
+        }
+        if rc < 0 { close() } else { startReading() }
+    }
+
+    private func idleTimerFired() {
+        // A response held back by injected latency is activity, not idleness.
+        if held != nil && state != .lingering {
+            idleTimer?.start(after: Limits.idleTimeoutMs)
+            return
+        }
+        close()
+    }
+
+    /// Closes at once (`uv_close`); pending output is discarded. Safe to call more than once.
+    func close() {
+        guard state != .closed else { return }
+        state = .closed
+        if reading { uv_read_stop(stream) }
+        reading = false
+        delayTimer?.close()
+        idleTimer?.close()
+        delayTimer = nil
+        idleTimer = nil
+        uv_close(asHandle(handle)) { h in
+            let c = Unmanaged<HTTPConnection>.fromOpaque(h!.pointee.data).takeRetainedValue()
+            let cb = c.onClose
+            c.onClose = {}
+            c.handler = { _ in .drop }
+            cb()
+        }
+    }
+}

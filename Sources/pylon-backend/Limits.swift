@@ -1,0 +1,40 @@
+/// Fixed limits of the reference backend. Each one, when exceeded, produces the error named
+/// next to it (see docs/backend-openapi.yaml for the wire form).
+enum Limits {
+    /// Request line plus headers, enforced by http-parser (`http_parser_set_max_header_size`).
+    /// Exceeded: 431 `header_too_large`, then the connection is closed.
+    static let maxHeaderBytes = 64 * 1024
+    /// Header fields per request. Exceeded: 431 `header_too_large`, then close.
+    static let maxHeaderCount = 100
+    /// Open client connections. Exceeded: the new connection gets 503 `too_many_connections`
+    /// and is closed.
+    static let maxConnections = 1024
+    /// Default for `--max-body`: request body bytes, both as received and after gunzip.
+    /// Exceeded: 413 `payload_too_large` (then close when the body was not read).
+    static let defaultMaxBody = 1 << 20
+    /// Requests parsed but not yet answered on one connection (pipelining). At this depth the
+    /// connection stops reading until the queue drains; nothing is refused.
+    static let maxQueuedRequests = 64
+    /// Response bytes waiting for a slow reader. Above this the connection stops reading.
+    static let maxPendingOutput = 4 << 20
+    /// A connection with no request in progress and no traffic for this long is closed.
+    static let idleTimeoutMs: UInt64 = 120_000
+    /// After the last response of a closing connection, how long input is drained before the
+    /// socket is closed (so a client still sending a rejected body sees the response).
+    static let lingerMs: UInt64 = 2_000
+    /// Stream names, idempotency keys and record ids, in UTF-8 bytes. Exceeded: 400.
+    static let maxNameBytes = 256
+    /// Largest page of `GET /v1/inspect/streams/{stream}/records` (and the default is 100).
+    static let maxRecordsPage = 1000
+    static let defaultRecordsPage = 100
+    /// Distinct keys of `requestsByPath` in `/v1/inspect/stats`; later paths count under "(other)".
+    static let maxDistinctPaths = 1024
+    /// Largest injectable latency. Exceeded: 400.
+    static let maxLatencyMs = 600_000
+    /// JSON nesting depth accepted in request bodies. Exceeded: 400 `invalid_json`.
+    static let maxJSONDepth: Int32 = 64
+    /// Bytes read from a socket per `uv_read` callback.
+    static let readBufferSize = 64 * 1024
+    /// `listen(2)` backlog.
+    static let listenBacklog: Int32 = 511
+}

@@ -1,0 +1,66 @@
+/// The backend's endpoints, one case per (method, path template).
+enum Endpoint: Equatable {
+    case health
+    case ingest(stream: String)
+    case inspectStream(String)
+    case inspectRecords(String)
+    case stats
+    case reset
+    case getFaults, setFaults, clearFaults
+}
+
+/// Maps a method and path to an `Endpoint`. A value type with no I/O.
+enum Router {
+    enum Match: Equatable {
+        case endpoint(Endpoint)
+        /// The path exists but not with this method; `allowed` lists the methods it takes.
+        case methodNotAllowed(allowed: [String])
+        case notFound
+        /// A path parameter is not acceptable (for example an over-long stream name).
+        case badParameter(String)
+    }
+
+    /// Matches a request. Path segments are percent-decoded; `{stream}` must be 1 to
+    /// `Limits.maxNameBytes` bytes without control characters.
+    static func match(method: String, path: Substring) -> Match {
+        let raw = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+        var segs: [String] = []
+        for s in raw {
+            guard let d = percentDecode(s) else { return .badParameter("invalid percent-encoding in the path") }
+            segs.append(d)
+        }
+        func pick(_ table: [(String, Endpoint)]) -> Match {
+            if let e = table.first(where: { $0.0 == method }) { return .endpoint(e.1) }
+            return .methodNotAllowed(allowed: table.map(\.0))
+        }
+        func stream(_ s: String, _ build: (String) -> [(String, Endpoint)]) -> Match {
+            if let why = invalidName(s, what: "stream name") { return .badParameter(why) }
+            return pick(build(s))
+        }
+        func starts(_ fixed: String...) -> Bool { segs.starts(with: fixed) }
+        switch segs.count {
+        case 1 where starts("healthz"): return pick([("GET", .health)])
+        case 3 where starts("v1", "batches"): return stream(segs[2]) { [("POST", .ingest(stream: $0))] }
+        case 3 where starts("v1", "inspect", "stats"): return pick([("GET", .stats)])
+        case 3 where starts("v1", "admin", "reset"): return pick([("POST", .reset)])
+        case 2 where starts("v1", "faults"): return pick([("GET", .getFaults), ("POST", .setFaults), ("DELETE", .clearFaults)])
+        case 4 where starts("v1", "inspect", "streams"): return stream(segs[3]) { [("GET", .inspectStream($0))] }
+        case 5 where starts("v1", "inspect", "streams") && segs[4] == "records":
+            return stream(segs[3]) { [("GET", .inspectRecords($0))] }
+        default: return .notFound
+        }
+    }
+
+    /// Control and inspection paths, which injected faults never touch.
+    static func isFaultExempt(_ path: Substring) -> Bool {
+        path == "/healthz" || path == "/v1/faults" || path.hasPrefix("/v1/inspect/") || path.hasPrefix("/v1/admin/")
+    }
+
+    /// Why `s` is not an acceptable name (stream, idempotency key, record id), or nil.
+    static func invalidName(_ s: String, what: String) -> String? {
+        if s.isEmpty { return "\(what) is empty" }
+        if s.utf8.count > Limits.maxNameBytes { return "\(what) exceeds \(Limits.maxNameBytes) bytes" }
+        if s.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) { return "\(what) contains control characters" }
+        return nil
+    }
+}

@@ -1,0 +1,111 @@
+import CLibUV
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A listening TCP socket (`uv_tcp_bind` + `uv_listen`) that accepts `HTTPConnection`s, at most
+/// `Limits.maxConnections` at a time, and hands their requests to `handler`.
+final class Server {
+    let loop: Loop
+    let handle: UnsafeMutablePointer<uv_tcp_t>
+    let maxBody: Int
+    var handler: (HTTPRequest) -> Disposition
+    private var connections: [ObjectIdentifier: HTTPConnection] = [:]
+    private var closed = false
+    private let log = Log("server")
+
+    /// Binds `host:port` (IPv4 or IPv6 literal; port 0 picks a free port) and listens.
+    init(loop: Loop, host: String, port: UInt16, maxBody: Int,
+         handler: @escaping (HTTPRequest) -> Disposition) throws(UVError) {
+        self.loop = loop
+        self.maxBody = maxBody
+        self.handler = handler
+        handle = .allocate(capacity: 1)
+        handle.initialize(to: uv_tcp_t())
+        uv_tcp_init(loop.uv, handle)
+        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+
+        var addr = sockaddr_storage()
+        let rc = withUnsafeMutablePointer(to: &addr) { p in
+            let raw = UnsafeMutableRawPointer(p)
+            if host.contains(":") {
+                return uv_ip6_addr(host, Int32(port), raw.assumingMemoryBound(to: sockaddr_in6.self))
+            }
+            return uv_ip4_addr(host, Int32(port), raw.assumingMemoryBound(to: sockaddr_in.self))
+        }
+        if rc < 0 { close(); throw UVError(rc, "address \(host)") }
+        let brc = withUnsafePointer(to: &addr) { p in
+            uv_tcp_bind(handle, UnsafeRawPointer(p).assumingMemoryBound(to: sockaddr.self), 0)
+        }
+        if brc < 0 { close(); throw UVError(brc, "bind \(host):\(port)") }
+        let lrc = uv_listen(asStream(handle), Limits.listenBacklog) { s, status in
+            Unmanaged<Server>.fromOpaque(s!.pointee.data).takeUnretainedValue().accept(status)
+        }
+        if lrc < 0 { close(); throw UVError(lrc, "listen \(host):\(port)") }
+    }
+
+    /// The bound address as `HOST:PORT` (`[HOST]:PORT` for IPv6), from `uv_tcp_getsockname`.
+    var boundAddress: String {
+        var addr = sockaddr_storage()
+        var len = Int32(MemoryLayout<sockaddr_storage>.size)
+        var name = [CChar](repeating: 0, count: 64)
+        return withUnsafeMutablePointer(to: &addr) { p -> String in
+            let raw = UnsafeMutableRawPointer(p)
+            guard uv_tcp_getsockname(handle, raw.assumingMemoryBound(to: sockaddr.self), &len) == 0 else { return "?" }
+            if Int32(p.pointee.ss_family) == AF_INET6 {
+                let a = raw.assumingMemoryBound(to: sockaddr_in6.self)
+                uv_ip6_name(a, &name, name.count)
+                return "[\(cString(name))]:\(UInt16(bigEndian: a.pointee.sin6_port))"
+            }
+            let a = raw.assumingMemoryBound(to: sockaddr_in.self)
+            uv_ip4_name(a, &name, name.count)
+            return "\(cString(name)):\(UInt16(bigEndian: a.pointee.sin_port))"
+        }
+    }
+
+    var connectionCount: Int { connections.count }
+
+    private func accept(_ status: Int32) {
+        guard status == 0, !closed else {
+            log.warn("accept failed", ["error": UVError(status).description])
+            return
+        }
+        let c = HTTPConnection(loop: loop, maxBody: maxBody)
+        let rc = uv_accept(asStream(handle), c.stream)
+        guard rc == 0 else {
+            log.warn("accept failed", ["error": UVError(rc).description])
+            c.close()
+            return
+        }
+        guard connections.count < Limits.maxConnections else {
+            log.warn("connection refused: too many connections", ["limit": Limits.maxConnections])
+            c.refuse(APIError(status: 503, code: .tooManyConnections,
+                              message: "more than \(Limits.maxConnections) open connections"))
+            return
+        }
+        let id = ObjectIdentifier(c)
+        connections[id] = c
+        c.handler = { [unowned self] request in self.handler(request) }
+        c.onClose = { [weak self] in self?.connections[id] = nil }
+        c.start()
+    }
+
+    /// Stops listening and closes every connection at once.
+    func close() {
+        guard !closed else { return }
+        closed = true
+        for c in connections.values { c.close() }
+        uv_close(asHandle(handle)) { h in
+            let s = h!.withMemoryRebound(to: uv_tcp_t.self, capacity: 1) { $0 }
+            Unmanaged<Server>.fromOpaque(s.pointee.data).release()
+            s.deallocate()
+        }
+    }
+}
+
+/// The text before the first NUL of a C character array.
+private func cString(_ chars: [CChar]) -> String {
+    String(decoding: chars.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}

@@ -1,0 +1,146 @@
+import PylonStore
+
+/// The backend's SQLite storage (WAL mode where the database is a file).
+///
+/// Tables: `batches` (one row per idempotency key ever accepted), `records` (one row per
+/// distinct `(stream, id)`, in arrival order by rowid) and `counters` (duplicate counts per
+/// stream). Every ingest is one transaction, so a batch is stored entirely or not at all.
+final class Store {
+    private let db: Database
+
+    struct IngestResult: Equatable {
+        var accepted: Int
+        var duplicates: Int
+        var duplicateBatch: Bool
+    }
+
+    struct StreamSummary: Equatable {
+        var records: Int64
+        var batches: Int64
+        var duplicateRecords: Int64
+        var duplicateBatches: Int64
+    }
+
+    struct StoredRecord {
+        var seq: Int64
+        var id: String
+        var ts: Int64
+        var data: String
+    }
+
+    static let schema = """
+        CREATE TABLE IF NOT EXISTS batches (
+            key TEXT PRIMARY KEY,
+            stream TEXT NOT NULL,
+            received_at INTEGER NOT NULL,
+            record_count INTEGER NOT NULL,
+            accepted INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS batches_stream ON batches(stream);
+        CREATE TABLE IF NOT EXISTS records (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            stream TEXT NOT NULL,
+            id TEXT NOT NULL,
+            ts INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            batch TEXT NOT NULL,
+            UNIQUE (stream, id)
+        );
+        CREATE TABLE IF NOT EXISTS counters (
+            stream TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value INTEGER NOT NULL,
+            PRIMARY KEY (stream, name)
+        );
+        """
+
+    /// Opens (creating) the database at `path` and its schema.
+    init(path: String) throws(SQLiteError) {
+        db = try Database(path: path)
+        do throws(SQLiteError) {
+            try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
+            try db.exec(Store.schema)
+        } catch {
+            db.close()
+            throw error
+        }
+    }
+
+    func close() { db.close() }
+
+    /// Stores a batch idempotently, in one transaction. A key seen before stores nothing and
+    /// counts one duplicate batch; a record id already stored for the stream (or repeated in
+    /// the batch) is dropped and counted as a duplicate record.
+    func ingest(_ batch: Batch, receivedAt: Int64) throws(SQLiteError) -> IngestResult {
+        try db.transaction { () throws(SQLiteError) -> IngestResult in
+            if !(try db.query("SELECT 1 FROM batches WHERE key = ?", [.text(batch.key)])).isEmpty {
+                try bump(batch.stream, "duplicateBatches", 1)
+                return IngestResult(accepted: 0, duplicates: batch.records.count, duplicateBatch: true)
+            }
+            var accepted = 0
+            for r in batch.records {
+                try db.run(
+                    "INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)",
+                    [.text(batch.stream), .text(r.id), .int(r.ts), .text(r.data), .text(batch.key)])
+                accepted += db.changes
+            }
+            let duplicates = batch.records.count - accepted
+            try db.run(
+                "INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, ?)",
+                [.text(batch.key), .text(batch.stream), .int(receivedAt), .int(Int64(batch.records.count)),
+                 .int(Int64(accepted))])
+            if duplicates > 0 { try bump(batch.stream, "duplicateRecords", duplicates) }
+            return IngestResult(accepted: accepted, duplicates: duplicates, duplicateBatch: false)
+        }
+    }
+
+    private func bump(_ stream: String, _ name: String, _ by: Int) throws(SQLiteError) {
+        try db.run(
+            """
+            INSERT INTO counters (stream, name, value) VALUES (?, ?, ?)
+            ON CONFLICT (stream, name) DO UPDATE SET value = value + excluded.value
+            """, [.text(stream), .text(name), .int(Int64(by))])
+    }
+
+    /// Counts for one stream (all zero for a stream never seen).
+    func summary(stream: String) throws(SQLiteError) -> StreamSummary {
+        let s = SQLValue.text(stream)
+        return StreamSummary(
+            records: try scalar("SELECT count(*) FROM records WHERE stream = ?", [s]),
+            batches: try scalar("SELECT count(*) FROM batches WHERE stream = ?", [s]),
+            duplicateRecords: try scalar(
+                "SELECT coalesce(sum(value), 0) FROM counters WHERE stream = ? AND name = 'duplicateRecords'", [s]),
+            duplicateBatches: try scalar(
+                "SELECT coalesce(sum(value), 0) FROM counters WHERE stream = ? AND name = 'duplicateBatches'", [s]))
+    }
+
+    /// Counts over every stream.
+    func totals() throws(SQLiteError) -> StreamSummary {
+        StreamSummary(
+            records: try scalar("SELECT count(*) FROM records"),
+            batches: try scalar("SELECT count(*) FROM batches"),
+            duplicateRecords: try scalar("SELECT coalesce(sum(value), 0) FROM counters WHERE name = 'duplicateRecords'"),
+            duplicateBatches: try scalar("SELECT coalesce(sum(value), 0) FROM counters WHERE name = 'duplicateBatches'"))
+    }
+
+    /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
+    func records(stream: String, after: Int64, limit: Int) throws(SQLiteError) -> [StoredRecord] {
+        try db.query(
+            "SELECT seq, id, ts, data FROM records WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+            [.text(stream), .int(after), .int(Int64(limit))]
+        ).map { row in
+            StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
+        }
+    }
+
+    /// Deletes everything.
+    func reset() throws(SQLiteError) {
+        try db.transaction { () throws(SQLiteError) in
+            try db.exec("DELETE FROM records; DELETE FROM batches; DELETE FROM counters;")
+        }
+    }
+
+    private func scalar(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> Int64 {
+        try db.query(sql, args).first?.first?.int ?? 0
+    }
+}

@@ -1,0 +1,113 @@
+import Foundation
+import PylonClientKit
+
+/// Where the built executables are: `$PYLON_BIN_DIR`, else `.build/debug` of this package.
+let binDir: String = {
+    if let d = ProcessInfo.processInfo.environment["PYLON_BIN_DIR"] { return d }
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    return root.appendingPathComponent(".build/debug").path
+}()
+
+struct TestFailure: Error, CustomStringConvertible { let description: String }
+
+/// A real `pylon-backend` on 127.0.0.1 with a free port, its stderr in a temporary log file.
+final class BackendProcess {
+    let process = Process()
+    let dir: String
+    let logPath: String
+    private(set) var port: UInt16 = 0
+
+    /// Starts the binary with `--listen 127.0.0.1:0` plus `arguments` and waits for its
+    /// `pylon-backend listening on HOST:PORT` line.
+    init(_ arguments: [String] = [], dir existing: String? = nil) throws {
+        dir = existing ?? NSTemporaryDirectory() + "pylon-backend-test-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        logPath = dir + "/backend.log"
+        process.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
+        process.arguments = ["--listen", "127.0.0.1:0", "--log-level", "debug"] + arguments
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let line = try BackendProcess.readLine(out.fileHandleForReading.fileDescriptor, timeoutMs: 10_000)
+        let prefix = "pylon-backend listening on 127.0.0.1:"
+        guard line.hasPrefix(prefix), let p = UInt16(line.dropFirst(prefix.count)) else {
+            stop()
+            throw TestFailure(description: "unexpected first line \(line.debugDescription); log: \(logText)")
+        }
+        port = p
+    }
+
+    private static func readLine(_ fd: Int32, timeoutMs: Int32) throws -> String {
+        var bytes: [UInt8] = []
+        var c: UInt8 = 0
+        while true {
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&pfd, 1, timeoutMs) == 1 else { throw TestFailure(description: "backend printed no address") }
+            guard read(fd, &c, 1) == 1 else { throw TestFailure(description: "backend stdout closed") }
+            if c == 0x0A { return String(decoding: bytes, as: UTF8.self) }
+            bytes.append(c)
+        }
+    }
+
+    func client() throws -> RawHTTPClient { try RawHTTPClient(port: port) }
+
+    /// One request on a fresh connection.
+    func request(_ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8] = []) throws -> HTTPReply {
+        try client().request(method, target, headers: headers, body: body)
+    }
+
+    func get(_ target: String) throws -> JSON { try request("GET", target).json() }
+
+    /// POSTs a batch as JSON; `key` becomes the Idempotency-Key header.
+    func postBatch(_ stream: String, key: String?, _ body: JSON) throws -> HTTPReply {
+        try client().postBatch(stream, key: key, body)
+    }
+
+    func setFaults(_ faults: JSON) throws {
+        let r = try request("POST", "/v1/faults", body: Array(faults.serialized.utf8))
+        guard r.status == 200 else { throw TestFailure(description: "POST /v1/faults: \(r.status) \(r.text)") }
+    }
+
+    var logText: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// Sends SIGTERM and waits; returns the exit status (-1 if it had to be killed).
+    @discardableResult
+    func stop() -> Int32 {
+        guard process.isRunning else { return process.terminationStatus }
+        process.terminate()
+        let deadline = Date().addingTimeInterval(10)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            return -1
+        }
+        return process.terminationStatus
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+}
+
+/// A batch body in the uploader's format.
+func batchBody(key: String, stream: String, ids: [String], ts: Int64 = 1_700_000_000_000) -> JSON {
+    .object([
+        "batch": .string(key), "stream": .string(stream),
+        "records": .array(ids.map { ["id": .string($0), "ts": .int(ts), "data": ["name": .string("event-\($0)"), "n": 1]] }),
+    ])
+}
+
+func waitUntil(timeout: Double, _ cond: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if (try? cond()) == true { return }
+        usleep(20_000)
+    }
+    throw TestFailure(description: "condition not met within \(timeout) s")
+}

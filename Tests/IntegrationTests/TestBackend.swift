@@ -1,0 +1,115 @@
+import Foundation
+import PylonClientKit
+
+/// A real `pylon-backend` on a free loopback port with its own database.
+final class TestBackend {
+    let dir: String
+    let process: Process
+    let port: Int
+    var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    init(maxBody: Int? = nil) throws {
+        dir = NSTemporaryDirectory() + "pylon-backend-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
+        p.arguments = ["--listen", "127.0.0.1:0", "--db", dir + "/backend.db"] + (maxBody.map { ["--max-body", String($0)] } ?? [])
+        let out = Pipe()
+        p.standardOutput = out
+        FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
+        p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/backend.log"))
+        try p.run()
+        process = p
+        // First stdout line: "pylon-backend listening on 127.0.0.1:PORT".
+        var line = Data()
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            let b = out.fileHandleForReading.availableData
+            if b.isEmpty { break }
+            line.append(b)
+            if line.contains(0x0A) { break }
+        }
+        let text = String(decoding: line, as: UTF8.self)
+        guard let portText = text.split(separator: ":").last?.split(separator: "\n").first, let port = Int(portText) else {
+            p.terminate()
+            throw TestFailure(description: "backend did not report its port: \(text)")
+        }
+        self.port = port
+    }
+
+    deinit {
+        if process.isRunning { process.terminate(); process.waitUntilExit() }
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+
+    /// A minimal HTTP/1.1 exchange over a fresh connection (Connection: close).
+    func request(_ method: String, _ path: String, body: JSON? = nil) throws -> (status: Int, json: JSON) {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = UInt16(port).bigEndian
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard rc == 0 else { throw TestFailure(description: "cannot connect to backend") }
+        let payload = body.map { Array($0.serialized.utf8) } ?? []
+        var req = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n"
+        if body != nil { req += "Content-Type: application/json\r\n" }
+        req += "\r\n"
+        let bytes = Array(req.utf8) + payload
+        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+        var resp = [UInt8]()
+        var buf = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 65536, 0) }
+            if n <= 0 { break }
+            resp.append(contentsOf: buf[0..<n])
+        }
+        let text = String(decoding: resp, as: UTF8.self)
+        guard let sep = text.range(of: "\r\n\r\n") else { throw TestFailure(description: "bad HTTP response: \(text.prefix(200))") }
+        let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
+        let bodyText = String(text[sep.upperBound...])
+        return (status, bodyText.isEmpty ? .null : ((try? JSON.parse(bodyText)) ?? .string(bodyText)))
+    }
+
+    func stream(_ name: String) throws -> JSON { try request("GET", "/v1/inspect/streams/\(name)").json }
+    func recordIds(_ name: String) throws -> Set<String> {
+        var ids = Set<String>()
+        var after: Int64 = 0
+        while true {
+            let page = try request("GET", "/v1/inspect/streams/\(name)/records?limit=1000&after=\(after)").json
+            let recs = page["records"]?.arrayValue ?? []
+            if recs.isEmpty { break }
+            for r in recs { if let id = r["id"]?.stringValue { ids.insert(id) } }
+            guard let next = page["next"]?.intValue ?? recs.last?["rowid"]?.intValue, next > after else { break }
+            after = next
+        }
+        return ids
+    }
+    func faults(_ f: JSON) throws { _ = try request("POST", "/v1/faults", body: f) }
+    func clearFaults() throws { _ = try request("DELETE", "/v1/faults") }
+}
+
+extension TestHost {
+    /// The uploader plugin against `backend`, with per-stream overrides.
+    static func uploader(_ backend: TestBackend, config extra: JSONObject = [:], _ plugin: JSONObject = [:]) -> JSON {
+        var cfg: JSONObject = [
+            "endpoint": .string(backend.baseURL + "/v1/batches/{stream}"),
+            "retryInitialMs": 100, "retryMaxMs": 2000,
+        ]
+        for (k, v) in extra { cfg[k] = v }
+        var o: JSONObject = [
+            "name": "uploader", "exec": "pylon-uploader", "config": .object(cfg),
+            "backoffInitialMs": 50, "heartbeatIntervalMs": 500, "heartbeatTimeoutMs": 5000,
+        ]
+        for (k, v) in plugin { o[k] = v }
+        return .object(o)
+    }
+}
+
+/// `n` records with ids `prefix-0 ...`.
+func records(_ prefix: String, _ range: Range<Int>, pad: Int = 0) -> JSON {
+    .array(range.map { i in
+        ["id": .string("\(prefix)-\(i)"), "data": ["n": .int(Int64(i)), "pad": .string(String(repeating: "p", count: pad))]]
+    })
+}

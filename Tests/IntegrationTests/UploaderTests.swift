@@ -1,0 +1,218 @@
+import Foundation
+import Testing
+import PylonClientKit
+
+/// The uploader plugin against the real reference backend on a free loopback port.
+@Suite(.serialized) struct UploaderTests {
+    func enqueue(_ c: SyncClient, _ stream: String, _ recs: JSON, consent: String = "test:k") throws -> JSON {
+        try c.call("uploader.enqueue", ["stream": .string(stream), "consent": .string(consent), "records": recs])
+    }
+
+    func count(_ b: TestBackend, _ stream: String) throws -> Int64 { try b.stream(stream)["records"]?.intValue ?? 0 }
+
+    @Test func batchesByCountAndFlushesTheRest() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.count": ["maxCount": 5, "intervalMs": 600000]]])])
+        let c = try h.client()
+        for i in 0..<12 { _ = try enqueue(c, "s.count", records("c", i..<(i + 1))) }
+        try waitUntil(timeout: 10) { try count(b, "s.count") == 10 }
+        #expect(try b.stream("s.count")["batches"] == .int(2))
+        usleep(300_000)
+        #expect(try count(b, "s.count") == 10, "the last 2 wait for the interval or a flush")
+        let r = try c.call("uploader.flush", ["stream": "s.count", "wait": true])
+        #expect(r["drained"] == .bool(true))
+        #expect(try count(b, "s.count") == 12)
+    }
+
+    @Test func batchesByInterval() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 500, "intervalMs": 300]]])])
+        _ = try enqueue(try h.client(), "s.interval", records("i", 0..<3))
+        try waitUntil(timeout: 5) { try count(b, "s.interval") == 3 }
+    }
+
+    @Test func batchesNeverExceedTheByteLimit() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.bytes": ["maxCount": 500, "maxBatchBytes": 2048, "intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.bytes", records("b", 0..<9, pad: 600))
+        _ = try c.call("uploader.flush", ["stream": "s.bytes", "wait": true])
+        #expect(try count(b, "s.bytes") == 9)
+        #expect((try b.stream("s.bytes")["batches"]?.intValue ?? 0) >= 3, "≈650-byte records, ≤2048 bytes per batch")
+    }
+
+    @Test func retriesServerErrorsWithBackoff() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 3, "status": 503])
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 0]]])])
+        _ = try enqueue(try h.client(), "s.retry", records("r", 0..<4))
+        try waitUntil(timeout: 10) { try count(b, "s.retry") == 4 }
+        let st = try h.client().call("uploader.status")["streams"]?["s.retry"]
+        #expect(st?["delivered"] == .int(4))
+    }
+
+    @Test func honoursRetryAfterOn429() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 1, "status": 429, "retryAfter": 2])
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 0]]])])
+        let start = Date()
+        _ = try enqueue(try h.client(), "s.429", records("t", 0..<2))
+        try waitUntil(timeout: 10) { try count(b, "s.429") == 2 }
+        #expect(Date().timeIntervalSince(start) >= 1.9, "Retry-After: 2 must be waited out")
+    }
+
+    @Test func splitsABatchOn413() throws {
+        let b = try TestBackend(maxBody: 4000)
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 20, "intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.split", records("x", 0..<20, pad: 500))
+        _ = try c.call("uploader.flush", ["stream": "s.split", "wait": true], timeoutMs: 20000)
+        #expect(try count(b, "s.split") == 20)
+        #expect((try b.stream("s.split")["batches"]?.intValue ?? 0) > 1)
+    }
+
+    @Test func otherClientErrorsBecomeDeadLetters() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 1, "status": 400])
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 0]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.dead", records("d", 0..<3))
+        try waitUntil(timeout: 10) {
+            (try c.call("uploader.deadLetters", ["stream": "s.dead"])["deadLetters"]?.arrayValue?.count ?? 0) == 3
+        }
+        let dl = try c.call("uploader.deadLetters", ["stream": "s.dead"])["deadLetters"]!.arrayValue!
+        #expect(dl.first?["status"] == .int(400))
+        #expect(dl.first?["data"]?["n"] == .int(0))
+        usleep(500_000)
+        #expect(try count(b, "s.dead") == 0, "a rejected batch is not retried")
+        // Later records still flow.
+        _ = try enqueue(c, "s.dead", records("e", 0..<1))
+        try waitUntil(timeout: 10) { try count(b, "s.dead") == 1 }
+    }
+
+    @Test func consentDenialSendsAFinalBatchThenRefuses() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.consent", records("k", 0..<3), consent: "ma:app1")
+        _ = try c.call("consent.set", ["key": "ma:app1", "granted": false])
+        try waitUntil(timeout: 10) { try count(b, "s.consent") == 3 }
+        let r = try c.request("uploader.enqueue", ["stream": "s.consent", "consent": "ma:app1", "records": records("k", 3..<4)])
+        #expect(r.errorCode == -32003)
+        usleep(300_000)
+        #expect(try count(b, "s.consent") == 3)
+    }
+
+    @Test func failedFinalBatchIsPurgedWithoutRetry() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.final", records("f", 0..<3), consent: "ma:app2")
+        try b.faults(["failNext": 1, "status": 503])
+        _ = try c.call("consent.set", ["key": "ma:app2", "granted": false])
+        try waitUntil(timeout: 10) {
+            let st = try c.call("uploader.status")["streams"]?["s.final"]
+            return st?["queued"] == .int(0) && st?["pendingBatches"] == .int(0)
+        }
+        usleep(500_000)
+        #expect(try count(b, "s.final") == 0)
+        #expect(try b.request("GET", "/v1/inspect/stats").json["requestsByPath"] != nil)
+    }
+
+    @Test func diskCapRefusesNewRecordsAndKeepsOld() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 1000, "status": 503])
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["maxDiskBytes": 4000, "streams": ["s.*": ["intervalMs": 600000]]])])
+        let c = try h.client()
+        var refused: JSON?
+        for i in 0..<20 {
+            let r = try c.request("uploader.enqueue", ["stream": "s.cap", "consent": "t", "records": records("cap", i..<(i + 1), pad: 500)])
+            if r["error"] != nil { refused = r; break }
+        }
+        #expect(refused?.errorCode == -32004)
+        let st = try c.call("uploader.status")
+        #expect((st["diskBytes"]?.intValue ?? 0) <= 4000)
+        try b.clearFaults()
+        _ = try c.call("uploader.flush", ["stream": "s.cap", "wait": true], timeoutMs: 20000)
+        #expect(try count(b, "s.cap") >= 6)
+    }
+
+    @Test func invalidEnqueuesAreRejected() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b)])
+        let c = try h.client()
+        for p: JSON in [["records": records("a", 0..<1)],
+                        ["stream": "bad stream", "records": records("a", 0..<1)],
+                        ["stream": "s", "records": []],
+                        ["stream": "s", "records": [["data": 1]]],
+                        ["stream": "s", "records": [["id": "x"]]]] {
+            #expect(try c.request("uploader.enqueue", p).errorCode == -32602, "\(p.serialized)")
+        }
+    }
+
+    @Test func killDashNineOfUploaderUnderLoadLosesNothingAcknowledged() throws {
+        try crashUnderLoad(killHost: false)
+    }
+
+    @Test func killDashNineOfHostUnderLoadLosesNothingAcknowledged() throws {
+        try crashUnderLoad(killHost: true)
+    }
+
+    /// Thousands of pipelined enqueues; kill -9 mid-load; restart; every acknowledged id must
+    /// reach the backend (duplicates allowed, loss not).
+    func crashUnderLoad(killHost: Bool) throws {
+        let b = try TestBackend()
+        let plugins = [TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 100, "intervalMs": 200]]])]
+        var h: TestHost? = try TestHost(plugins: plugins)
+        let stateDir = h!.stateDir
+        let c = try h!.client()
+        let total = 4000
+        var acked = Set<String>()
+        var sent = 0
+        var killed = false
+        // Pipeline in windows of 50; kill after ~40% are acknowledged.
+        loop: while sent < total {
+            let n = min(50, total - sent)
+            for i in sent..<(sent + n) {
+                try? c.sendLine(Wire.request(id: .int(Int64(i)), method: "uploader.enqueue",
+                                             params: ["stream": "s.crash", "consent": "t", "records": records("z", i..<(i + 1))]).serialized)
+            }
+            sent += n
+            for _ in 0..<n {
+                guard let m = try? c.readMessage(timeoutMs: 5000) else { break loop }
+                if m["result"]?["accepted"] != nil, let id = m["id"]?.intValue { acked.insert("z-\(id)") }
+            }
+            if !killed && acked.count >= total * 2 / 5 {
+                killed = true
+                if killHost {
+                    h!.kill9()
+                    break loop
+                } else {
+                    let pid = try #require(try h!.plugin("uploader")["pid"]?.intValue)
+                    kill(Int32(pid), SIGKILL)
+                    break loop
+                }
+            }
+        }
+        #expect(killed)
+        var first: TestHost?
+        if killHost {
+            // Keep the dead host's TestHost alive: its deinit removes the directory holding stateDir.
+            first = h
+            h = try TestHost(plugins: plugins, stateDir: stateDir)
+        } else {
+            try h!.waitForPlugin("uploader", restartsAtLeast: 1)
+        }
+        do {
+            _ = try h!.client().call("uploader.flush", ["stream": "s.crash", "wait": true], timeoutMs: 30000)
+        } catch {
+            Issue.record("flush after restart failed: \(error)\n\(h!.logText.suffix(3000))")
+            throw error
+        }
+        let got = try b.recordIds("s.crash")
+        let missing = acked.subtracting(got)
+        #expect(missing.isEmpty, "\(missing.count) acknowledged records lost, e.g. \(missing.prefix(5))")
+        #expect(acked.count >= total * 2 / 5)
+        _ = first
+    }
+}

@@ -1,4 +1,16 @@
+import CSQLite
 import PylonStore
+
+/// One record of an enqueue, pointing into the request's parsed json-c tree (valid while the
+/// request's `Call` is alive and the `data` object is not serialised again): the hot path
+/// copies each byte once, into SQLite.
+struct PendingRecord {
+    var id: UnsafePointer<CChar>
+    var idLength: Int32
+    var ts: Int64
+    var body: UnsafePointer<CChar>
+    var bodyLength: Int32
+}
 
 /// The uploader's durable queue in SQLite (WAL).
 ///
@@ -14,6 +26,8 @@ final class UploaderStore {
         var ts: Int64
         var body: String
     }
+
+    private var insertStatement: Statement!
 
     init(path: String, fsyncEveryCommit: Bool) throws(SQLiteError) {
         db = try Database(path: path)
@@ -35,18 +49,30 @@ final class UploaderStore {
             CREATE TABLE IF NOT EXISTS stream_settings(
               stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
             """)
+        insertStatement = try db.prepare(
+            "INSERT OR IGNORE INTO records(stream,id,consent,ts,bytes,body,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
     }
 
     /// Inserts records (one enqueue call); returns how many were new (duplicates by (stream, id)
     /// are ignored: a retried enqueue is idempotent). Call inside a transaction.
-    func insert(stream: String, consent: String, records: [(id: String, ts: Int64, body: String)], nowMs: Int64) throws(SQLiteError) -> Int {
+    func insert(stream: String, consent: String, records: [PendingRecord], nowMs: Int64) throws(SQLiteError) -> (added: Int, bytes: Int) {
         var added = 0
+        var bytes = 0
+        let s = insertStatement!
         for r in records {
-            try db.run("INSERT OR IGNORE INTO records(stream,id,consent,ts,bytes,body,enqueued_ms) VALUES(?,?,?,?,?,?,?)",
-                       [.text(stream), .text(r.id), .text(consent), .int(r.ts), .int(Int64(r.body.utf8.count)), .text(r.body), .int(nowMs)])
-            added += db.changes
+            s.reset()
+            try s.bind([.text(stream)])
+            try s.bindText(2, r.id, r.idLength)
+            try s.bind(at: 3, [.text(consent), .int(r.ts), .int(Int64(r.bodyLength))])
+            try s.bindText(6, r.body, r.bodyLength)
+            try s.bind(at: 7, [.int(nowMs)])
+            while try s.step() {}
+            if db.changes > 0 {
+                added += 1
+                bytes += Int(r.bodyLength)
+            }
         }
-        return added
+        return (added, bytes)
     }
 
     /// Assigns the oldest unbatched records of `stream` (same consent switch, at most `maxCount`

@@ -1,3 +1,4 @@
+import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -29,7 +30,7 @@ final class Uploader {
     private var commitTimer: Timer!
     private var rng = SplitMixLite(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
-    private var commitQueue: [(call: Call, stream: String, consent: String, records: [(id: String, ts: Int64, body: String)], bytes: Int)] = []
+    private var commitQueue: [(call: Call, stream: String, consent: String, records: [PendingRecord], bytes: Int)] = []
     private var commitQueueBytes = 0
     /// `uploader.flush {wait:true}` callers, answered when their stream is drained.
     private var drainWaiters: [String: [Call]] = [:]
@@ -115,18 +116,24 @@ final class Uploader {
 
     // MARK: Enqueue (group commit)
 
+    /// A string member of a json-c object, or nil.
+    static func string(_ obj: OpaquePointer?, _ key: String) -> String? {
+        var v: OpaquePointer?
+        guard json_object_object_get_ex(obj, key, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
+        return String(cString: json_object_get_string(v))
+    }
+
     static func validStream(_ s: String) -> Bool {
         !s.isEmpty && s.utf8.count <= 128
             && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F || $0 == 0x3A }
     }
 
     func enqueue(_ call: Call) {
-        let p = call.params
-        guard let stream = p["stream"]?.stringValue, Uploader.validStream(stream) else {
+        guard let stream = Uploader.string(call.paramsRef, "stream"), Uploader.validStream(stream) else {
             call.fail(RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]"))
             return
         }
-        let consent = p["consent"]?.stringValue ?? ""
+        let consent = Uploader.string(call.paramsRef, "consent") ?? ""
         if !consent.isEmpty && !plugin.isConsentGranted(consent) {
             var st = state(stream)  // read before writing: no overlapping access to `streams`
             st.refusedConsent += 1
@@ -134,34 +141,49 @@ final class Uploader {
             call.fail(RPCError(.consentDenied, "consent switch \(consent) is denied", data: ["switch": .string(consent)]))
             return
         }
-        guard let list = p["records"]?.arrayValue, !list.isEmpty else {
+        // Records are read straight from the parsed json-c tree: no conversion to Swift values.
+        var list: OpaquePointer?
+        guard json_object_object_get_ex(call.paramsRef, "records", &list) != 0, json_object_get_type(list) == json_type_array,
+              json_object_array_length(list) > 0
+        else {
             call.fail(RPCError(.invalidParams, "params.records must be a non-empty array"))
             return
         }
-        guard list.count <= limits.maxRecordsPerCall else {
+        let count = json_object_array_length(list)
+        guard count <= limits.maxRecordsPerCall else {
             call.fail(RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call"))
             return
         }
-        var records: [(id: String, ts: Int64, body: String)] = []
-        records.reserveCapacity(list.count)
+        var records: [PendingRecord] = []
+        records.reserveCapacity(count)
         var bytes = 0
         let wall = System.wallClockMs()
-        for (i, r) in list.enumerated() {
-            guard let id = r["id"]?.stringValue, !id.isEmpty, id.utf8.count <= 128 else {
+        for i in 0..<count {
+            let r = json_object_array_get_idx(list, i)
+            var idObj: OpaquePointer?
+            var dataObj: OpaquePointer?
+            var tsObj: OpaquePointer?
+            guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
+                  case let n = json_object_get_string_len(idObj), n > 0, n <= 128, let id = json_object_get_string(idObj)
+            else {
                 call.fail(RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes"))
                 return
             }
-            guard let data = r["data"] else {
+            guard json_object_object_get_ex(r, "data", &dataObj) != 0 else {
                 call.fail(RPCError(.invalidParams, "records[\(i)].data is required"))
                 return
             }
-            let body = data.serialized
-            guard body.utf8.count <= limits.maxRecordBytes else {
+            var bodyLen = 0
+            guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
                 call.fail(RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes"))
                 return
             }
-            bytes += body.utf8.count
-            records.append((id, r["ts"]?.intValue ?? wall, body))
+            var ts = wall
+            if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
+                ts = json_object_get_int64(tsObj)
+            }
+            bytes += bodyLen
+            records.append(PendingRecord(id: id, idLength: json_object_get_string_len(idObj), ts: ts, body: body, bodyLength: Int32(bodyLen)))
         }
         if diskBytes + commitQueueBytes + bytes > limits.maxDiskBytes {
             call.fail(RPCError(.overloaded, "uploader queue is full (\(limits.maxDiskBytes) bytes on disk); records refused",
@@ -181,7 +203,8 @@ final class Uploader {
         commitQueue.removeAll(keepingCapacity: true)
         commitQueueBytes = 0
         let nowWall = System.wallClockMs()
-        var added: [Int] = []
+        var added: [(added: Int, bytes: Int)] = []
+        added.reserveCapacity(batch.count)
         do {
             try store.db.transaction { () throws(SQLiteError) in
                 for e in batch { added.append(try store.insert(stream: e.stream, consent: e.consent, records: e.records, nowMs: nowWall)) }
@@ -192,15 +215,14 @@ final class Uploader {
             return
         }
         commits += 1
-        for (e, n) in zip(batch, added) {
+        for (e, r) in zip(batch, added) {
+            let n = r.added
             var st = state(e.stream)
             if n > 0 {
                 if st.queued == 0 { st.oldestMs = now }
                 st.queued += n
-                // Exact bytes of the new rows: duplicates add nothing.
-                let newBytes = n == e.records.count ? e.bytes : e.records.suffix(n).reduce(0) { $0 + $1.body.utf8.count }
-                st.queuedBytes += newBytes
-                diskBytes += newBytes
+                st.queuedBytes += r.bytes  // exact bytes of the new rows: duplicates add nothing
+                diskBytes += r.bytes
             }
             streams[e.stream] = st
             e.call.reply(["accepted": .int(Int64(n)), "duplicates": .int(Int64(e.records.count - n))])

@@ -127,9 +127,18 @@ public final class Statement {
     func finalize() { sqlite3_finalize(st) }
     public func reset() { sqlite3_reset(st); sqlite3_clear_bindings(st) }
 
-    public func bind(_ args: [SQLValue]) throws(SQLiteError) {
+    /// Binds text straight from C memory (copied by SQLite) at 1-based `index`.
+    public func bindText(_ index: Int32, _ p: UnsafePointer<CChar>, _ n: Int32) throws(SQLiteError) {
+        let rc = pylon_sqlite_bind_text(st, index, p, n)
+        if rc != SQLITE_OK { throw owner.error(rc) }
+    }
+
+    public func bind(_ args: [SQLValue]) throws(SQLiteError) { try bind(at: 1, args) }
+
+    /// Binds `args` to consecutive parameters starting at 1-based `start`.
+    public func bind(at start: Int32, _ args: [SQLValue]) throws(SQLiteError) {
         for (i, a) in args.enumerated() {
-            let idx = Int32(i + 1)
+            let idx = start + Int32(i)
             let rc: Int32
             switch a {
             case .null: rc = sqlite3_bind_null(st, idx)

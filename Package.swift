@@ -51,6 +51,10 @@ let package = Package(
             name: "pylon-uploader", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
             path: "Plugins/uploader", swiftSettings: strict),
 
+        .executableTarget(
+            name: "pylon-ma", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
+            path: "Plugins/ma", swiftSettings: strict),
+
         // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
         .executableTarget(
             name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV"],
@@ -65,6 +69,7 @@ let package = Package(
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit"]),
         .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
+        .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
         .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore"]),
     ]
 )

@@ -61,5 +61,12 @@ plugin.onConsentChanged = { key, granted in
     consentLog.append(["key": .string(key), "granted": .bool(granted)])
 }
 plugin.method("consentLog") { call in call.reply(.array(consentLog)) }
+// `echo.caller`: who called (only with PYLON_ECHO_CALLER=1, which turns on caller info).
+plugin.wantsCallerInfo = System.env("PYLON_ECHO_CALLER") == "1"
+plugin.method("caller") { call in call.reply(call.caller ?? .null) }
+// `echo.closedClients`: client connections the host reported closed.
+var closedClients: [JSON] = []
+plugin.subscribe("bus.client.closed") { _, p in closedClients.append(p["client"] ?? .null) }
+plugin.method("closedClients") { call in call.reply(.array(closedClients)) }
 plugin.declarePublishes("echo.*")
 plugin.run()

@@ -95,6 +95,13 @@ public final class Bus {
         return peer
     }
 
+    /// Who sent a request, for plugins whose manifest asks (`callerInfo`).
+    func callerJSON(_ peer: Peer) -> String {
+        if let slot = peer.slot { return #"{"plugin":"# + JSON.string(slot.config.name).serialized + "}" }
+        guard let c = peer.credentials else { return #"{"client":\#(peer.id)}"# }
+        return #"{"client":\#(peer.id),"uid":\#(c.uid),"gid":\#(c.gid),"pid":\#(c.pid)}"#
+    }
+
     /// Closes a half-closed client once nothing it asked for is still in flight.
     func closeIfDone(_ peer: Peer) {
         if peer.conn.peerShutdown && peer.inflight == 0 && !peer.closed { peer.conn.closeAfterFlush() }
@@ -108,7 +115,12 @@ public final class Bus {
         // Requests that peer was serving fail now, not at their timeout.
         failPending(targeting: peer, RPCError(.pluginUnavailable, "\(peer.label) disconnected with the request in flight",
                                               data: ["reason": "disconnected"]))
-        if let slot = peer.slot { pluginChannelClosed(slot, peer) }
+        if let slot = peer.slot {
+            pluginChannelClosed(slot, peer)
+        } else if !shuttingDown {
+            // Plugins that keep per-client state (MA's "app went away") subscribe to this.
+            publish(topic: "bus.client.closed", params: ["client": .int(Int64(peer.id))])
+        }
     }
 
     // MARK: Inbound
@@ -272,7 +284,12 @@ public final class Bus {
         let original: String
         if let span = RawJSON.memberValueSpan(line, key: "id") {
             original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
-            target.conn.sendSpliced(line, span, int: hostId)
+            if target.slot?.manifest?.callerInfo == true {
+                var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
+                replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
+            } else {
+                target.conn.sendSpliced(line, span, int: hostId)
+            }
         } else {
             original = JSONRef(retaining: id).serialized
             json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))

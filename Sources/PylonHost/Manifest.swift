@@ -20,6 +20,9 @@ public struct Manifest: Equatable, Sendable {
     public var methodOrder: [String] = []
     public var publishes: [String] = []
     public var subscribes: [TopicPattern] = []
+    /// The plugin wants to know who called: forwarded requests then carry a top-level
+    /// `"_pylon": {"client": N, "uid": U, "pid": P}` (or `{"plugin": name}`) member.
+    public var callerInfo = false
 
     /// Protocol versions this host speaks.
     public static let supportedProtocols = 1...1
@@ -54,6 +57,7 @@ public struct Manifest: Equatable, Sendable {
         }
         m.publishes = man["publishes"]?.arrayValue?.compactMap { $0.stringValue } ?? []
         m.subscribes = man["subscribes"]?.arrayValue?.compactMap { $0.stringValue.map(TopicPattern.init) } ?? []
+        m.callerInfo = man["callerInfo"]?.boolValue ?? false
         return m
     }
 

@@ -25,6 +25,12 @@ public final class Call {
 
     /// The params as a Swift value (converted on first use).
     public lazy var params: JSON = JSONRef.toJSON(msg.member("params"))
+    /// Who called, when the plugin set `wantsCallerInfo`: `{"client": N, "uid", "gid", "pid"}`
+    /// for a client connection, `{"plugin": name}` for another plugin; nil otherwise.
+    public lazy var caller: JSON? = msg.has("_pylon") ? JSONRef.toJSON(msg.member("_pylon")) : nil
+    /// The calling client's connection id, if known.
+    public var callerClient: Int64? { caller?["client"]?.intValue }
+
     /// The params as a borrowed json-c object, for handlers that avoid conversion.
     public var paramsRef: OpaquePointer? { msg.member("params") }
 
@@ -79,6 +85,8 @@ public final class Plugin {
     private var methodOrder: [String] = []
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
+    /// Ask the host to tell us who called (`Call.caller`).
+    public var wantsCallerInfo = false
     private var pendingCalls: [Int64: (Result<JSON, RPCError>) -> Void] = [:]
     private var nextId: Int64 = 1
 
@@ -187,6 +195,7 @@ public final class Plugin {
                 "methods": .array(ms),
                 "publishes": .array(publishes.map { .string($0) }),
                 "subscribes": .array(subscriptions.map { .string($0.pattern.text) }),
+                "callerInfo": .bool(wantsCallerInfo),
             ],
         ]
         let id = nextId

@@ -12,7 +12,7 @@ final class Backend {
     let maxBody: Int
     private(set) var faults = FaultState()
     private(set) var stats = Stats()
-    private let log = Log("backend")
+    let log = Log("backend")
 
     init(store: Store, maxBody: Int) {
         self.store = store
@@ -71,6 +71,13 @@ final class Backend {
             case .clearFaults:
                 faults = FaultState()
                 return HTTPResponse(faults.json)
+            case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
+            case .maGetApp(let appKey): return try maApp(appKey: appKey)
+            case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
+            case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
+            case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
+            case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
+            case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
             }
         }
     }
@@ -174,11 +181,11 @@ final class Backend {
     }
 
     /// The body as a JSON value (after `Content-Encoding`).
-    private func jsonBody(_ request: HTTPRequest) throws(APIError) -> JSON {
+    func jsonBody(_ request: HTTPRequest) throws(APIError) -> JSON {
         try parseJSONBody(try decodedBody(request))
     }
 
-    private func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
+    func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
         do throws(SQLiteError) {
             return try body()
         } catch {

@@ -33,6 +33,19 @@ enum Limits {
     static let maxLatencyMs = 600_000
     /// JSON nesting depth accepted in request bodies. Exceeded: 400 `invalid_json`.
     static let maxJSONDepth: Int32 = 64
+    /// MA AppKeys (path segment): 1 to this many bytes of `[A-Za-z0-9._-]`. Otherwise: 400.
+    static let maxAppKeyBytes = 128
+    /// MA `user_id`, `anonymous_id`, `email` and contact names, in characters. Exceeded:
+    /// per-field 3003 (contact names: -3).
+    static let maxIdentifierChars = 256
+    /// MA `phone` in characters (`+` and 6 to 20 digits). Exceeded: per-field 3003.
+    static let maxPhoneChars = 32
+    /// MA `deviceId` and `project`, in characters. Exceeded: -3.
+    static let maxMAKeyChars = 256
+    /// MA user properties named in one call. Exceeded: 4007.
+    static let maxPropertiesPerCall = 100
+    /// MA property names, in UTF-8 bytes. Exceeded: 4006.
+    static let maxPropertyNameBytes = 50
     /// Bytes read from a socket per `uv_read` callback.
     static let readBufferSize = 64 * 1024
     /// `listen(2)` backlog.

@@ -7,6 +7,12 @@ enum Endpoint: Equatable {
     case stats
     case reset
     case getFaults, setFaults, clearFaults
+    /// `POST /v1/ma/{appKey}/{call}`.
+    case maCall(appKey: String, MACall)
+    case maGetApp(appKey: String), maSetApp(appKey: String)
+    case maGetMetadata(appKey: String), maSetMetadata(appKey: String)
+    case maFindUser(appKey: String)
+    case maInspectUser(appKey: String, euid: String)
 }
 
 /// Maps a method and path to an `Endpoint`. A value type with no I/O.
@@ -20,8 +26,9 @@ enum Router {
         case badParameter(String)
     }
 
-    /// Matches a request. Path segments are percent-decoded; `{stream}` must be 1 to
-    /// `Limits.maxNameBytes` bytes without control characters.
+    /// Matches a request. Path segments are percent-decoded; `{stream}` and `{euid}` must be
+    /// 1 to `Limits.maxNameBytes` bytes without control characters; `{appKey}` 1 to
+    /// `Limits.maxAppKeyBytes` bytes of `[A-Za-z0-9._-]`.
     static func match(method: String, path: Substring) -> Match {
         let raw = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         var segs: [String] = []
@@ -37,6 +44,10 @@ enum Router {
             if let why = invalidName(s, what: "stream name") { return .badParameter(why) }
             return pick(build(s))
         }
+        func app(_ s: String, _ build: (String) -> [(String, Endpoint)]) -> Match {
+            if let why = invalidAppKey(s) { return .badParameter(why) }
+            return pick(build(s))
+        }
         func starts(_ fixed: String...) -> Bool { segs.starts(with: fixed) }
         switch segs.count {
         case 1 where starts("healthz"): return pick([("GET", .health)])
@@ -47,8 +58,29 @@ enum Router {
         case 4 where starts("v1", "inspect", "streams"): return stream(segs[3]) { [("GET", .inspectStream($0))] }
         case 5 where starts("v1", "inspect", "streams") && segs[4] == "records":
             return stream(segs[3]) { [("GET", .inspectRecords($0))] }
+        case 4 where starts("v1", "ma"):
+            guard let call = MACall(rawValue: segs[3]) else { return .notFound }
+            return app(segs[2]) { [("POST", .maCall(appKey: $0, call))] }
+        case 4 where starts("v1", "admin", "ma"):
+            return app(segs[3]) { [("GET", .maGetApp(appKey: $0)), ("POST", .maSetApp(appKey: $0))] }
+        case 5 where starts("v1", "admin", "ma") && segs[4] == "metadata":
+            return app(segs[3]) { [("GET", .maGetMetadata(appKey: $0)), ("POST", .maSetMetadata(appKey: $0))] }
+        case 5 where starts("v1", "inspect", "ma") && segs[4] == "users":
+            return app(segs[3]) { [("GET", .maFindUser(appKey: $0))] }
+        case 6 where starts("v1", "inspect", "ma") && segs[4] == "users":
+            if let why = invalidName(segs[5], what: "euid") { return .badParameter(why) }
+            return app(segs[3]) { [("GET", .maInspectUser(appKey: $0, euid: segs[5]))] }
         default: return .notFound
         }
+    }
+
+    /// Why `s` is not an acceptable MA AppKey, or nil.
+    static func invalidAppKey(_ s: String) -> String? {
+        let ok = (1...Limits.maxAppKeyBytes).contains(s.utf8.count) && s.utf8.allSatisfy { c in
+            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
+                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+        }
+        return ok ? nil : "appKey must be 1 to \(Limits.maxAppKeyBytes) characters of A-Z a-z 0-9 . _ -"
     }
 
     /// Control and inspection paths, which injected faults never touch.

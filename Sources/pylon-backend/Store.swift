@@ -5,8 +5,9 @@ import PylonStore
 /// Tables: `batches` (one row per idempotency key ever accepted), `records` (one row per
 /// distinct `(stream, id)`, in arrival order by rowid) and `counters` (duplicate counts per
 /// stream). Every ingest is one transaction, so a batch is stored entirely or not at all.
+/// The MA tables are in `Store+MA.swift`.
 final class Store {
-    private let db: Database
+    let db: Database
 
     struct IngestResult: Equatable {
         var accepted: Int
@@ -60,6 +61,7 @@ final class Store {
         do throws(SQLiteError) {
             try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             try db.exec(Store.schema)
+            try db.exec(Store.maSchema)
         } catch {
             db.close()
             throw error
@@ -67,6 +69,11 @@ final class Store {
     }
 
     func close() { db.close() }
+
+    /// Runs `body` as one transaction (see `Database.transaction`).
+    func transaction<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
+        try db.transaction(body)
+    }
 
     /// Stores a batch idempotently, in one transaction. A key seen before stores nothing and
     /// counts one duplicate batch; a record id already stored for the stream (or repeated in
@@ -137,6 +144,7 @@ final class Store {
     func reset() throws(SQLiteError) {
         try db.transaction { () throws(SQLiteError) in
             try db.exec("DELETE FROM records; DELETE FROM batches; DELETE FROM counters;")
+            try db.exec(Store.maReset)
         }
     }
 

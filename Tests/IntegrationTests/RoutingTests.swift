@@ -125,6 +125,20 @@ import PylonClientKit
         #expect(s["clients"]?.arrayValue?.first?["uid"] == .int(Int64(getuid())))
     }
 
+    @Test func callerInfoAndClientClosedReachPluginsThatAsk() throws {
+        let h = try TestHost(plugins: [TestHost.echo(["env": ["PYLON_ECHO_CALLER": "1"]])])
+        var a: SyncClient? = try h.client()
+        let who = try a!.call("echo.caller")
+        #expect(who["uid"] == .int(Int64(getuid())))
+        #expect(who["pid"] == .int(Int64(getpid())))
+        let clientId = try #require(who["client"]?.intValue)
+        #expect(try a!.call("echo.echo", ["x": 1]) == ["x": 1], "the extra member does not disturb params")
+        #expect(try a!.call("echo.call", ["method": "echo.caller"])["result"]?["plugin"] == .string("echo"))
+        a = nil
+        let b = try h.client()
+        try waitUntil(timeout: 5) { try b.call("echo.closedClients").arrayValue?.contains(.int(clientId)) == true }
+    }
+
     @Test func describeListsManifests() throws {
         let h = try TestHost()
         let d = try h.client().call("bus.describe")

@@ -1,0 +1,95 @@
+import PylonPluginKit
+
+/// One isolated MA instance per AppKey: identity, EUID, consent, settings, session.
+final class MAInstance {
+    let appKey: String
+    /// A start succeeded (EUID known).
+    var started = false
+    /// Starts/identifies queued or running; other calls are allowed while > 0 (they wait).
+    var pendingStarts = 0
+    var euid: String?
+    var project: String?
+    var identity: [String: String] = [:]
+    /// nil until the first start decides it.
+    var collectionEnabled: Bool?
+    var collectControl: [String: Bool] = MAInstance.defaultCollectControl
+    var utm: [String: String] = [:]
+    var sessionTimeoutS: Int64 = 30 * 60
+
+    // Session: starts on first activity, ends `sessionTimeoutS` after going to background.
+    var sessionId: String?
+    var sessionTimer: Timer?
+    var background = false
+
+    /// Serialised start/identifyAccount operations (strict call order, one at a time).
+    var opQueue: [() -> Void] = []
+    var opRunning = false
+    /// Calls that need the EUID, parked until the pending starts finish.
+    var waiting: [() -> Void] = []
+
+    /// The public SDK defaults (ma.md §10): idfa off, idfv off, carrier on.
+    static let defaultCollectControl: [String: Bool] = ["idfa": false, "idfv": false, "carrier": true]
+
+    init(appKey: String) { self.appKey = appKey }
+
+    var isUsable: Bool { started || pendingStarts > 0 }
+    var consentKey: String { "ma:" + appKey }
+    var stream: String { "ma." + appKey }
+
+    /// Runs `op` after every earlier start/identify (and its reply) completed.
+    func enqueueOp(_ op: @escaping () -> Void) {
+        opQueue.append(op)
+        runNextOp()
+    }
+
+    /// Called by an op when it (and its reply) are complete.
+    func opFinished() {
+        opRunning = false
+        runNextOp()
+    }
+
+    private func runNextOp() {
+        guard !opRunning, !opQueue.isEmpty else {
+            if !opRunning && opQueue.isEmpty && pendingStarts == 0 {
+                let w = waiting
+                waiting.removeAll()
+                for f in w { f() }
+            }
+            return
+        }
+        opRunning = true
+        let op = opQueue.removeFirst()
+        op()
+    }
+
+    /// Runs `f` now, or once pending starts are done.
+    func whenReady(_ f: @escaping () -> Void) {
+        if pendingStarts == 0 { f() } else { waiting.append(f) }
+    }
+
+    // MARK: Persistence
+
+    var snapshot: JSON {
+        var cc = JSONObject()
+        for k in collectControl.keys.sorted() { cc[k] = .bool(collectControl[k]!) }
+        var u = JSONObject()
+        for k in utm.keys.sorted() { u[k] = .string(utm[k]!) }
+        var id = JSONObject()
+        for k in identity.keys.sorted() { id[k] = .string(identity[k]!) }
+        return [
+            "euid": euid.map { .string($0) } ?? .null, "project": project.map { .string($0) } ?? .null,
+            "identity": .object(id), "collectionEnabled": collectionEnabled.map { .bool($0) } ?? .null,
+            "collectControl": .object(cc), "utm": .object(u), "sessionTimeoutS": .int(sessionTimeoutS),
+        ]
+    }
+
+    func restore(_ j: JSON) {
+        euid = j["euid"]?.stringValue
+        project = j["project"]?.stringValue
+        for (k, v) in j["identity"]?.objectValue ?? JSONObject() { identity[k] = v.stringValue }
+        collectionEnabled = j["collectionEnabled"]?.boolValue
+        for (k, v) in j["collectControl"]?.objectValue ?? JSONObject() { collectControl[k] = v.boolValue }
+        for (k, v) in j["utm"]?.objectValue ?? JSONObject() { utm[k] = v.stringValue }
+        if let t = j["sessionTimeoutS"]?.intValue { sessionTimeoutS = t }
+    }
+}

@@ -1,0 +1,261 @@
+import PylonHTTP
+import PylonPluginKit
+import PylonStore
+
+struct MAError: Error {
+    let message: String
+}
+
+/// The `ma` plugin's service: routes each call to its AppKey's instance, talks to the MA backend
+/// over HTTP, hands events to the uploader, and drives the host's `ma:<appKey>` consent switch.
+final class MAService {
+    let plugin: Plugin
+    var http: HTTPClient!
+    var db: Database!
+    var instances: [String: MAInstance] = [:]
+    /// Which AppKey each client connection last started (ma.md: calls without `appKey` use it).
+    var clientAppKey: [Int64: String] = [:]
+    var backendURL = "http://127.0.0.1:8780"
+    var defaultProject: String?
+    /// Per-install vendor id (`idfv` on Linux), persisted.
+    var vendorId = ""
+    /// `idfa`: only when configured (Linux has no advertising id).
+    var advertisingId: String?
+    /// `carrier`: the network operator, only when configured.
+    var carrier: String?
+    var deviceId = ""
+    var retryInitialMs: UInt64 = 500
+    var retryMaxMs: UInt64 = 30_000
+    private var eventSeq: UInt64 = 0
+
+    init(plugin: Plugin) { self.plugin = plugin }
+
+    var now: UInt64 { plugin.loop.nowMs }
+
+    func start() {
+        let c = plugin.config
+        if let u = c["backend"]?.stringValue { backendURL = u }
+        defaultProject = c["project"]?.stringValue
+        advertisingId = c["advertisingId"]?.stringValue
+        carrier = c["carrier"]?.stringValue
+        if let v = c["retryInitialMs"]?.intValue { retryInitialMs = UInt64(v) }
+        if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
+        do {
+            db = try Database(path: plugin.stateDir + "/ma.db")
+            try db.exec("""
+                PRAGMA journal_mode=WAL;
+                CREATE TABLE IF NOT EXISTS apps(app_key TEXT PRIMARY KEY, state TEXT NOT NULL);
+                CREATE TABLE IF NOT EXISTS bindings(client INTEGER PRIMARY KEY, app_key TEXT NOT NULL);
+                CREATE TABLE IF NOT EXISTS device(k TEXT PRIMARY KEY, v TEXT NOT NULL);
+                """)
+            for r in try db.query("SELECT app_key, state FROM apps") {
+                guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
+                let inst = MAInstance(appKey: k)
+                inst.restore(j)
+                inst.started = inst.euid != nil
+                instances[k] = inst
+            }
+            for r in try db.query("SELECT client, app_key FROM bindings") {
+                if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
+            }
+            vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
+            deviceId = try deviceValue("device_id") { System.randomHex(16) }
+        } catch {
+            plugin.log.error("cannot open MA state", ["error": "\(error)"])
+            System.exit(78)
+        }
+        http = HTTPClient(loop: plugin.loop)
+        plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
+    }
+
+    private func deviceValue(_ k: String, _ make: () -> String) throws(SQLiteError) -> String {
+        if let v = try db.query("SELECT v FROM device WHERE k=?", [.text(k)]).first?[0].text { return v }
+        let v = make()
+        try db.run("INSERT INTO device(k,v) VALUES(?,?)", [.text(k), .text(v)])
+        return v
+    }
+
+    func persist(_ inst: MAInstance) {
+        do {
+            try db.run("INSERT OR REPLACE INTO apps(app_key,state) VALUES(?,?)", [.text(inst.appKey), .text(inst.snapshot.serialized)])
+        } catch {
+            plugin.log.error("cannot persist MA state", ["appKey": inst.appKey, "error": "\(error)"])
+        }
+    }
+
+    func bind(client: Int64?, to appKey: String) {
+        guard let client else { return }
+        clientAppKey[client] = appKey
+        try? db.run("INSERT OR REPLACE INTO bindings(client,app_key) VALUES(?,?)", [.int(client), .text(appKey)])
+    }
+
+    func clientClosed(_ client: Int64) {
+        guard let k = clientAppKey.removeValue(forKey: client) else { return }
+        try? db.run("DELETE FROM bindings WHERE client=?", [.int(client)])
+        // A client that disconnects counts as the app going to the background.
+        if let inst = instances[k], !clientAppKey.values.contains(k) { setBackground(inst, true) }
+    }
+
+    // MARK: Replies
+
+    static func result(_ code: Int64, _ message: String, _ extra: JSONObject = [:]) -> JSON {
+        var o: JSONObject = ["code": .int(code), "message": .string(message)]
+        for (k, v) in extra { o[k] = v }
+        return .object(o)
+    }
+
+    /// The instance a call addresses: `params.appKey`, else the caller's last start.
+    func instance(for call: Call) -> MAInstance? {
+        if let k = call.params["appKey"]?.stringValue?.trimmedWhitespace, !k.isEmpty { return instances[k] }
+        if let c = call.callerClient, let k = clientAppKey[c] { return instances[k] }
+        return nil
+    }
+
+    /// Replies -2 unless the call's AppKey has a successful or in-flight start.
+    func usable(_ call: Call) -> MAInstance? {
+        guard let inst = instance(for: call), inst.isUsable else {
+            call.reply(MAService.result(MACode.notStarted, "start not called for this AppKey"))
+            return nil
+        }
+        return inst
+    }
+
+    // MARK: Backend
+
+    /// POSTs to the MA backend, retrying network failures and 5xx with backoff until it answers
+    /// (an offline start waits for the backend; later calls wait behind it).
+    func backend(_ path: String, _ body: JSON, retry: Bool, attempt: Int = 1, _ done: @escaping (Result<JSON, MAError>) -> Void) {
+        let req = HTTPRequest(method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
+                              body: Array(body.serialized.utf8), timeoutMs: 10_000)
+        http.send(req) { [unowned self] r in
+            switch r {
+            case .success(let resp) where resp.status < 500:
+                guard resp.status == 200, let j = try? JSON.parse(resp.bodyText) else {
+                    done(.failure(MAError(message: "backend answered HTTP \(resp.status)")))
+                    return
+                }
+                done(.success(j))
+            case .success(let resp):
+                self.again(path, body, retry: retry, attempt: attempt, reason: "HTTP \(resp.status)", done)
+            case .failure(let e):
+                self.again(path, body, retry: retry, attempt: attempt, reason: e.description, done)
+            }
+        }
+    }
+
+    private func again(_ path: String, _ body: JSON, retry: Bool, attempt: Int, reason: String,
+                       _ done: @escaping (Result<JSON, MAError>) -> Void) {
+        guard retry else {
+            done(.failure(MAError(message: "backend unreachable: \(reason)")))
+            return
+        }
+        var delay = retryInitialMs
+        for _ in 1..<attempt where delay < retryMaxMs { delay *= 2 }
+        delay = min(delay, retryMaxMs)
+        plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
+        let t = Timer(loop: plugin.loop) {}
+        t.callback = { [unowned self, unowned t] in
+            t.close()
+            self.backend(path, body, retry: retry, attempt: attempt + 1, done)
+        }
+        t.start(after: delay)
+    }
+
+    // MARK: Consent
+
+    /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader
+    /// sends what was queued once as a final batch, then purges it).
+    func setConsent(_ inst: MAInstance, _ enabled: Bool, _ done: @escaping () -> Void) {
+        plugin.call("consent.set", ["key": .string(inst.consentKey), "granted": .bool(enabled)]) { [unowned self] r in
+            if case .failure(let e) = r {
+                self.plugin.log.error("consent.set failed", ["appKey": inst.appKey, "error": e.message])
+            }
+            done()
+        }
+    }
+
+    func applyCollection(_ inst: MAInstance, enabled: Bool, _ done: @escaping () -> Void) {
+        let before = inst.collectionEnabled
+        inst.collectionEnabled = enabled
+        if !enabled {
+            inst.utm = [:]  // cleared for good: not restored on re-enable
+        }
+        persist(inst)
+        if before != enabled || plugin.isConsentGranted(inst.consentKey) != enabled {
+            setConsent(inst, enabled, done)
+        } else {
+            done()
+        }
+    }
+
+    // MARK: Sessions
+
+    func touchSession(_ inst: MAInstance) {
+        if inst.sessionId == nil {
+            inst.sessionId = System.randomHex(8)
+            record(inst, name: "el_session_start", properties: [:]) { _ in }
+        }
+        if inst.background { armSessionTimer(inst) }
+    }
+
+    func setBackground(_ inst: MAInstance, _ bg: Bool) {
+        inst.background = bg
+        if bg {
+            armSessionTimer(inst)
+        } else {
+            inst.sessionTimer?.close()
+            inst.sessionTimer = nil
+        }
+    }
+
+    private func armSessionTimer(_ inst: MAInstance) {
+        inst.sessionTimer?.close()
+        let t = Timer(loop: plugin.loop) { [unowned self, unowned inst] in
+            inst.sessionTimer?.close()
+            inst.sessionTimer = nil
+            guard inst.sessionId != nil else { return }
+            self.record(inst, name: "el_session_end", properties: [:]) { _ in }
+            inst.sessionId = nil
+        }
+        inst.sessionTimer = t
+        t.start(after: UInt64(max(1, inst.sessionTimeoutS)) * 1000)
+    }
+
+    // MARK: Events
+
+    /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
+    func record(_ inst: MAInstance, name: String, properties: JSON, _ done: @escaping (String?) -> Void) {
+        guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
+            done(nil)  // collection disabled: dropped silently, as the SDK does
+            return
+        }
+        eventSeq &+= 1
+        let id = "\(deviceId)-\(System.wallClockMs())-\(eventSeq)-\(System.randomHex(4))"
+        var data: JSONObject = [
+            "event": .string(name), "time": .int(System.wallClockMs()),
+            "euid": inst.euid.map { .string($0) } ?? .null,
+            "session": inst.sessionId.map { .string($0) } ?? .null,
+            "properties": properties,
+        ]
+        if !inst.utm.isEmpty {
+            var u = JSONObject()
+            for k in inst.utm.keys.sorted() { u[k] = .string(inst.utm[k]!) }
+            data["utm"] = .object(u)
+        }
+        var device: JSONObject = ["os": "linux"]
+        if inst.collectControl["idfv"] == true { device["idfv"] = .string(vendorId) }
+        if inst.collectControl["idfa"] == true, let a = advertisingId { device["idfa"] = .string(a) }
+        if inst.collectControl["carrier"] == true, let c = carrier { device["carrier"] = .string(c) }
+        data["device"] = .object(device)
+        plugin.call("uploader.enqueue", [
+            "stream": .string(inst.stream), "consent": .string(inst.consentKey),
+            "records": [["id": .string(id), "data": .object(data)]],
+        ]) { r in
+            switch r {
+            case .success: done(nil)
+            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: done(nil)
+            case .failure(let e): done(e.message)
+            }
+        }
+    }
+}

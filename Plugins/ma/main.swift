@@ -1,0 +1,238 @@
+import PylonPluginKit
+
+/// pylon-ma: the MA analytics SDK surface as a service (spec: ../shared/spec/ma.md).
+let plugin = Plugin(name: "ma", version: "0.1.0")
+plugin.wantsCallerInfo = true
+let ma = MAService(plugin: plugin)
+typealias R = MAService
+
+plugin.onReady = { ma.start() }
+plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
+
+// MARK: start / identifyAccount (strictly serialised per AppKey)
+
+plugin.method("start") { call in
+    guard let appKey = call.params["appKey"]?.stringValue?.trimmedWhitespace, !appKey.isEmpty else {
+        call.reply(R.result(MACode.invalidParams, "appKey is required"))
+        return
+    }
+    // Parameters are captured now; a queued start is not affected by later calls.
+    let enable = call.params["dataCollectionEnabled"]?.boolValue ?? true
+    let identity = IdentityInput(call.params["userID"]?.objectValue.map { JSON.object($0) })
+    let project = call.params["project"]?.stringValue ?? ma.defaultProject
+    for k in call.params.objectValue?.keys ?? [] where !["appKey", "dataCollectionEnabled", "userID", "project"].contains(k) {
+        plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
+    }
+    let client = call.callerClient
+    let inst = ma.instances[appKey] ?? MAInstance(appKey: appKey)
+    ma.instances[appKey] = inst
+    inst.pendingStarts += 1
+    inst.enqueueOp {
+        // The AppKey switch takes effect when this start begins executing.
+        ma.bind(client: client, to: appKey)
+        var body: JSONObject = ["deviceId": .string(ma.deviceId), "identity": identity.identityJSON]
+        if let project { body["project"] = .string(project) }
+        ma.backend("/v1/ma/\(appKey)/start", .object(body), retry: true) { r in
+            func finish(_ reply: JSON) {
+                call.reply(reply)
+                inst.pendingStarts -= 1
+                inst.opFinished()
+            }
+            switch r {
+            case .failure(let why):
+                finish(R.result(MACode.failed, why.message))
+            case .success(let j):
+                let code = j["code"]?.intValue ?? MACode.failed
+                guard code == 0, let euid = j["euid"]?.stringValue else {
+                    finish(R.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
+                    return
+                }
+                inst.euid = euid
+                inst.project = j["project"]?.stringValue ?? project
+                inst.identity.merge(identity.valid) { _, new in new }
+                inst.started = true
+                ma.applyCollection(inst, enabled: enable) {
+                    ma.persist(inst)
+                    finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
+                }
+            }
+        }
+    }
+}
+
+plugin.method("identifyAccount") { call in
+    guard let inst = ma.usable(call) else { return }
+    let identity = IdentityInput(call.params)  // captured at receipt
+    guard !identity.valid.isEmpty else {
+        call.reply(R.result(MACode.invalidParams, identity.message(server: nil) == "success" ? "no valid identifier" : identity.message(server: nil)))
+        return
+    }
+    inst.pendingStarts += 1
+    inst.enqueueOp {
+        var body: JSONObject = ["deviceId": .string(ma.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
+                                "identity": identity.identityJSON]
+        if let p = inst.project { body["project"] = .string(p) }
+        ma.backend("/v1/ma/\(inst.appKey)/identify", .object(body), retry: true) { r in
+            func finish(_ reply: JSON) {
+                call.reply(reply)
+                inst.pendingStarts -= 1
+                inst.opFinished()
+            }
+            switch r {
+            case .failure(let why): finish(R.result(MACode.failed, why.message))
+            case .success(let j):
+                let code = j["code"]?.intValue ?? MACode.failed
+                let message = identity.message(server: j["fields"]?.objectValue)
+                if code == 0, let euid = j["euid"]?.stringValue {
+                    inst.euid = euid
+                    inst.identity.merge(identity.valid) { _, new in new }
+                    ma.persist(inst)
+                    finish(R.result(0, message, ["euid": .string(euid)]))
+                } else {
+                    finish(R.result(code == 0 ? MACode.failed : code, message))
+                }
+            }
+        }
+    }
+}
+
+plugin.method("euid") { call in
+    let inst = ma.instance(for: call)
+    call.reply(R.result(0, "", ["euid": (inst?.started == true ? inst?.euid : nil).map { .string($0) } ?? .null]))
+}
+
+// MARK: Events
+
+plugin.method("eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
+              deniedResult: R.result(0, "")) { call in
+    guard let inst = ma.usable(call) else { return }
+    if let why = EventValidation.check(eventName: call.params["eventName"], property: call.params["property"]) {
+        call.reply(R.result(MACode.invalidParams, why))
+        return
+    }
+    let name = call.params["eventName"]!.stringValue!
+    let props = call.params["property"] ?? .object([:])
+    inst.whenReady {
+        ma.touchSession(inst)
+        ma.record(inst, name: name, properties: props == .null ? .object([:]) : props) { err in
+            call.reply(err.map { R.result(MACode.failed, $0) } ?? R.result(0, ""))
+        }
+    }
+}
+
+// MARK: Consent (data collection switch)
+
+plugin.method("setDataCollectionEnabled") { call in
+    guard let inst = ma.usable(call) else { return }
+    guard let enabled = call.params["enabled"]?.boolValue else {
+        call.reply(R.result(MACode.invalidParams, "enabled (true or false) is required"))
+        return
+    }
+    inst.whenReady {
+        if inst.collectionEnabled == enabled {
+            call.reply(R.result(0, "unchanged"))
+            return
+        }
+        ma.applyCollection(inst, enabled: enabled) { call.reply(R.result(0, "")) }
+    }
+}
+
+plugin.method("isDataCollectionEnabled") { call in
+    guard let inst = ma.instance(for: call), inst.started else {
+        call.reply(R.result(0, "", ["enabled": .null]))
+        return
+    }
+    call.reply(R.result(0, "", ["enabled": inst.collectionEnabled.map { .bool($0) } ?? .null]))
+}
+
+plugin.method("setCollectControl") { call in
+    guard let inst = ma.usable(call) else { return }
+    for k in ["idfa", "idfv", "carrier"] {
+        guard let v = call.params[k] else { continue }
+        guard let b = v.boolValue else {
+            call.reply(R.result(MACode.invalidParams, "\(k) must be true or false"))
+            return
+        }
+        inst.collectControl[k] = b
+    }
+    ma.persist(inst)
+    call.reply(R.result(0, ""))
+}
+
+plugin.method("setUtmProperties") { call in
+    guard let inst = ma.usable(call) else { return }
+    let allowed: Set<String> = ["utm_source", "utm_medium", "utm_term", "utm_content", "utm_campaign", "utm_id"]
+    guard let props = call.params["properties"]?.objectValue else {
+        call.reply(R.result(MACode.invalidParams, "properties must be an object"))
+        return
+    }
+    var utm: [String: String] = [:]
+    for (k, v) in props {
+        guard allowed.contains(k) else {
+            call.reply(R.result(MACode.invalidParams, "unknown UTM key \(k)"))
+            return
+        }
+        guard let s = v.stringValue else {
+            call.reply(R.result(MACode.invalidParams, "\(k) must be a string"))
+            return
+        }
+        utm[k] = s
+    }
+    // UTM is collection data: not kept while collection is disabled.
+    if inst.collectionEnabled != false {
+        inst.utm = utm
+        ma.persist(inst)
+    }
+    call.reply(R.result(0, ""))
+}
+
+// MARK: Upload cadence and sessions
+
+plugin.method("setReportInterval") { call in
+    guard let inst = ma.usable(call) else { return }
+    guard let s = call.params["interval"]?.intValue, s > 0 else {
+        call.reply(R.result(MACode.invalidParams, "interval (seconds, > 0) is required"))
+        return
+    }
+    plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .int(s * 1000)]) { r in
+        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)) } else { call.reply(R.result(0, "")) }
+    }
+}
+
+plugin.method("setMaxEventCacheCount") { call in
+    guard let inst = ma.usable(call) else { return }
+    guard let n = call.params["count"]?.intValue, n > 0 else {
+        call.reply(R.result(MACode.invalidParams, "count (> 0) is required"))
+        return
+    }
+    let count = min(n, 500)  // never above 500
+    plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "maxCount": .int(count)]) { r in
+        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)) } else { call.reply(R.result(0, "", ["count": .int(count)])) }
+    }
+}
+
+plugin.method("setSessionTimeout") { call in
+    guard let inst = ma.usable(call) else { return }
+    guard let s = call.params["interval"]?.intValue, s > 0 else {
+        call.reply(R.result(MACode.invalidParams, "interval (seconds, > 0) is required"))
+        return
+    }
+    inst.sessionTimeoutS = s
+    ma.persist(inst)
+    call.reply(R.result(0, ""))
+}
+
+plugin.method("setAppState") { call in
+    guard let inst = ma.usable(call) else { return }
+    switch call.params["state"]?.stringValue {
+    case "background": ma.setBackground(inst, true)
+    case "foreground": ma.setBackground(inst, false)
+    default:
+        call.reply(R.result(MACode.invalidParams, "state must be \"foreground\" or \"background\""))
+        return
+    }
+    call.reply(R.result(0, ""))
+}
+
+plugin.onShutdown = { ma.http?.shutdown() }
+plugin.run()

@@ -1,0 +1,185 @@
+import PylonCore
+import PylonStore
+
+/// The MA tables: the per-AppKey state, and each AppKey's identity graph and user data.
+///
+/// - `ma_apps`: `disabled`, `project` and the metadata (JSON) of AppKeys set by an admin call;
+///   an AppKey without a row has the defaults.
+/// - `ma_users`: one row per EUID, with its contacts and properties as JSON objects.
+/// - `ma_identities`: every identifier (`user_id`, `anonymous_id`, `email`, `phone`, `device`)
+///   and the EUID holding it; a value belongs to at most one user per AppKey. `seq` keeps
+///   attach order.
+/// - `ma_channel_values`: one row per channel call, in call order.
+///
+/// The methods are the primitives `MACalls` runs inside one transaction per request.
+extension Store {
+    static let maSchema = """
+        CREATE TABLE IF NOT EXISTS ma_apps (
+            app_key TEXT PRIMARY KEY,
+            disabled INTEGER NOT NULL DEFAULT 0,
+            project TEXT NOT NULL DEFAULT 'default',
+            metadata TEXT NOT NULL DEFAULT '{"properties":{}}'
+        );
+        CREATE TABLE IF NOT EXISTS ma_users (
+            app_key TEXT NOT NULL,
+            euid TEXT NOT NULL,
+            contacts TEXT NOT NULL DEFAULT '{}',
+            properties TEXT NOT NULL DEFAULT '{}',
+            created_at INTEGER NOT NULL,
+            PRIMARY KEY (app_key, euid)
+        );
+        CREATE TABLE IF NOT EXISTS ma_identities (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            app_key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            value TEXT NOT NULL,
+            euid TEXT NOT NULL,
+            UNIQUE (app_key, kind, value)
+        );
+        CREATE INDEX IF NOT EXISTS ma_identities_user ON ma_identities(app_key, euid);
+        CREATE TABLE IF NOT EXISTS ma_channel_values (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            app_key TEXT NOT NULL,
+            euid TEXT NOT NULL,
+            channel_id INTEGER NOT NULL,
+            vals TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS ma_channel_values_user ON ma_channel_values(app_key, euid);
+        """
+
+    static let maReset = """
+        DELETE FROM ma_apps; DELETE FROM ma_users; DELETE FROM ma_identities; DELETE FROM ma_channel_values;
+        """
+
+    /// The admin-set state of an AppKey.
+    struct MAApp: Equatable {
+        var disabled = false
+        var project = "default"
+        var metadata = MAMetadata()
+
+        func json(appKey: String) -> JSON {
+            [
+                "appKey": .string(appKey), "disabled": .bool(disabled), "project": .string(project),
+                "metadata": metadata.json,
+            ]
+        }
+    }
+
+    /// A user's JSON documents in `ma_users`.
+    enum MADocument: String {
+        case contacts, properties
+    }
+
+    // MARK: AppKey state
+
+    func maApp(_ appKey: String) throws(SQLiteError) -> MAApp {
+        guard let row = try db.query("SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?", [.text(appKey)]).first
+        else { return MAApp() }
+        return MAApp(disabled: row[0].int != 0, project: row[1].text ?? "default",
+                     metadata: MAMetadata.stored(row[2].text ?? ""))
+    }
+
+    func setMAApp(_ appKey: String, _ app: MAApp) throws(SQLiteError) {
+        try db.run(
+            """
+            INSERT INTO ma_apps (app_key, disabled, project, metadata) VALUES (?, ?, ?, ?)
+            ON CONFLICT (app_key) DO UPDATE SET
+                disabled = excluded.disabled, project = excluded.project, metadata = excluded.metadata
+            """, [.text(appKey), .int(app.disabled ? 1 : 0), .text(app.project), .text(app.metadata.json.serialized)])
+    }
+
+    // MARK: Identity graph
+
+    func maUserExists(_ appKey: String, _ euid: String) throws(SQLiteError) -> Bool {
+        !(try db.query("SELECT 1 FROM ma_users WHERE app_key = ? AND euid = ?", [.text(appKey), .text(euid)])).isEmpty
+    }
+
+    /// The EUID holding identifier `value` of `kind`, if any.
+    func maHolder(_ appKey: String, _ kind: IdentityKind, _ value: String) throws(SQLiteError) -> String? {
+        try db.query(
+            "SELECT euid FROM ma_identities WHERE app_key = ? AND kind = ? AND value = ?",
+            [.text(appKey), .text(kind.rawValue), .text(value)]
+        ).first?[0].text
+    }
+
+    /// Every identifier of a user, by kind, in attach order.
+    func maIdentities(_ appKey: String, _ euid: String) throws(SQLiteError) -> [IdentityKind: [String]] {
+        var out: [IdentityKind: [String]] = [:]
+        for row in try db.query(
+            "SELECT kind, value FROM ma_identities WHERE app_key = ? AND euid = ? ORDER BY seq",
+            [.text(appKey), .text(euid)])
+        {
+            guard let kind = row[0].text.flatMap(IdentityKind.init(rawValue:)), let v = row[1].text else { continue }
+            out[kind, default: []].append(v)
+        }
+        return out
+    }
+
+    /// What resolving `valid` needs to know: the holder of each value and the single-valued
+    /// identifiers of each user involved.
+    func maGraphView(_ appKey: String, _ valid: [IdentityKind: String], current: String?) throws(SQLiteError) -> IdentityGraphView {
+        var view = IdentityGraphView(current: current)
+        for (kind, value) in valid {
+            if let h = try maHolder(appKey, kind, value) { view.holder[kind] = h }
+        }
+        for euid in Set(view.holder.values).union(current.map { [$0] } ?? []) {
+            let ids = try maIdentities(appKey, euid)
+            view.users[euid] = IdentityGraphView.Keys(userID: ids[.userID]?.first, anonymousID: ids[.anonymousID]?.first)
+        }
+        return view
+    }
+
+    /// Creates a user with a new random EUID (32 lower-case hex digits) and returns it.
+    func maCreateUser(_ appKey: String, at now: Int64) throws(SQLiteError) -> String {
+        var euid = ""
+        repeat {
+            euid = (0..<2).map { _ in
+                let h = String(UInt64.random(in: .min ... .max), radix: 16)
+                return String(repeating: "0", count: 16 - h.count) + h
+            }.joined()
+        } while try maUserExists(appKey, euid)
+        try db.run("INSERT INTO ma_users (app_key, euid, created_at) VALUES (?, ?, ?)",
+                   [.text(appKey), .text(euid), .int(now)])
+        return euid
+    }
+
+    /// Attaches an identifier that no user holds.
+    func maAttach(_ appKey: String, _ euid: String, _ kind: IdentityKind, _ value: String) throws(SQLiteError) {
+        try db.run("INSERT INTO ma_identities (app_key, kind, value, euid) VALUES (?, ?, ?, ?)",
+                   [.text(appKey), .text(kind.rawValue), .text(value), .text(euid)])
+    }
+
+    /// Binds a device to a user, moving it from any other user.
+    func maBindDevice(_ appKey: String, _ deviceID: String, to euid: String) throws(SQLiteError) {
+        try db.run("INSERT OR REPLACE INTO ma_identities (app_key, kind, value, euid) VALUES (?, 'device', ?, ?)",
+                   [.text(appKey), .text(deviceID), .text(euid)])
+    }
+
+    // MARK: User data
+
+    func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(SQLiteError) -> JSONObject {
+        let text = try db.query("SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
+                                [.text(appKey), .text(euid)]).first?[0].text
+        return text.flatMap { try? JSON.parse($0, maxDepth: Limits.maxJSONDepth + 1).objectValue } ?? JSONObject()
+    }
+
+    func setMADocument(_ appKey: String, _ euid: String, _ doc: MADocument, _ value: JSONObject) throws(SQLiteError) {
+        try db.run("UPDATE ma_users SET \(doc.rawValue) = ? WHERE app_key = ? AND euid = ?",
+                   [.text(JSON.object(value).serialized), .text(appKey), .text(euid)])
+    }
+
+    func maAppendChannelValues(_ appKey: String, _ euid: String, channelID: Int64, _ values: [String]) throws(SQLiteError) {
+        try db.run("INSERT INTO ma_channel_values (app_key, euid, channel_id, vals) VALUES (?, ?, ?, ?)",
+                   [.text(appKey), .text(euid), .int(channelID), .text(JSON.array(values.map(JSON.string)).serialized)])
+    }
+
+    /// Every channel call of a user, in call order: `[{"channelId", "values"}]`.
+    func maChannelValues(_ appKey: String, _ euid: String) throws(SQLiteError) -> [JSON] {
+        try db.query("SELECT channel_id, vals FROM ma_channel_values WHERE app_key = ? AND euid = ? ORDER BY seq",
+                     [.text(appKey), .text(euid)]
+        ).map { row in
+            let values = row[1].text.flatMap { try? JSON.parse($0) } ?? .array([])
+            return ["channelId": .int(row[0].int ?? 0), "values": values]
+        }
+    }
+}

@@ -26,6 +26,20 @@ final class MAInstance {
     var opRunning = false
     /// Calls that need the EUID, parked until the pending starts finish.
     var waiting: [() -> Void] = []
+    /// setChannelValue requests, sent one at a time in call order.
+    var channelQueue: [() -> Void] = []
+    var channelRunning = false
+
+    func channelKick() {
+        guard !channelRunning, !channelQueue.isEmpty else { return }
+        channelRunning = true
+        channelQueue.removeFirst()()
+    }
+
+    func channelDone() {
+        channelRunning = false
+        channelKick()
+    }
 
     /// The public SDK defaults (ma.md §10): idfa off, idfv off, carrier on.
     static let defaultCollectControl: [String: Bool] = ["idfa": false, "idfv": false, "carrier": true]

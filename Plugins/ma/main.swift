@@ -234,5 +234,7 @@ plugin.method("setAppState") { call in
     call.reply(R.result(0, ""))
 }
 
+registerProfileMethods(plugin, ma)
+
 plugin.onShutdown = { ma.http?.shutdown() }
 plugin.run()

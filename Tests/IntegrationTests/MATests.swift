@@ -154,3 +154,126 @@ extension TestHost {
         #expect(try c.call("ma.isDataCollectionEnabled")["enabled"] == .bool(false))
     }
 }
+
+/// Contacts, channel values and user properties through the MA plugin to the backend.
+@Suite(.serialized) struct MAProfileTests {
+    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
+
+    func setup() throws -> (TestBackend, TestHost, SyncClient, String) {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        let euid = try #require(try c.call("ma.start", ["appKey": "prof"])["euid"]?.stringValue)
+        return (b, h, c, euid)
+    }
+
+    func user(_ b: TestBackend, _ euid: String) throws -> JSON {
+        try b.request("GET", "/v1/inspect/ma/prof/users/\(euid)").json
+    }
+
+    @Test func contactsAreStoredAndNeverChangeTheEuid() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        #expect(code(try c.call("ma.setUserContact", ["contacts": ["email": "a@b.co", "mobile_phone": "+100000000"]])) == 0)
+        #expect(code(try c.call("ma.setUserContact", ["contacts": ["email": "   "]])) == -3)
+        #expect(code(try c.call("ma.setUserContact", ["contacts": ["fax": "1"]])) == -3)
+        #expect(try c.call("ma.euid")["euid"] == .string(euid))
+        #expect(try user(b, euid)["contacts"]?["email"] == .string("a@b.co"))
+    }
+
+    @Test func channelValuesInCallOrder() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        try c.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.setChannelValue","params":{"channelId":7,"values":[" tokA "]}}"#)
+        try c.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"ma.setChannelValue","params":{"channelId":7,"values":["tokB"]}}"#)
+        for _ in 0..<2 { #expect(try c.readMessage()?["result"]?["code"] == .int(0)) }
+        let ch = try user(b, euid)["channels"]?.arrayValue ?? []
+        #expect(ch.map { $0["values"] } == [["tokA"], ["tokB"]])
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 0, "values": ["x"]])) == -3)
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": ["  "]])) == -3)
+    }
+
+    @Test func setPropertyValidatesAllOrNothing() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        #expect(code(try c.call("ma.setProperty", ["properties": ["level": 3, "Bad": 1]])) == -3)
+        #expect(code(try c.call("ma.setProperty", ["properties": ["el_x": 1]])) == -3)
+        #expect(code(try c.call("ma.setProperty", ["properties": ["flag": true]])) == -3)
+        #expect(code(try c.call("ma.setProperty", ["properties": ["gone": .null]])) == -3)
+        #expect(code(try c.call("ma.setProperty", ["properties": ["o": ["a": ["nested": 1]]]])) == -3)
+        #expect(try user(b, euid)["properties"]?["level"] == nil, "nothing sent when one property is invalid")
+        var many = JSONObject()
+        for i in 0..<101 { many["p\(i)"] = .int(Int64(i)) }
+        #expect(code(try c.call("ma.setProperty", ["properties": .object(many)])) == -3)
+        #expect(code(try c.call("ma.setProperty", ["key": "level", "value": 3])) == 0)
+        #expect(try user(b, euid)["properties"]?["level"] == .int(3))
+    }
+
+    @Test func objectMergesAndNullDeletesASubfield() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        _ = try c.call("ma.setProperty", ["properties": ["addr": ["city": "Rome", "zip": "00100"]]])
+        _ = try c.call("ma.setProperty", ["properties": ["addr": ["zip": .null, "street": "Via Roma"]]])
+        #expect(try user(b, euid)["properties"]?["addr"] == ["city": "Rome", "street": "Via Roma"])
+    }
+
+    @Test func increaseAddRemoveDelete() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        _ = try c.call("ma.increaseProperty", ["key": "score", "by": 5])
+        _ = try c.call("ma.increaseProperty", ["properties": ["score": 2]])
+        _ = try c.call("ma.addProperty", ["key": "tags", "by": ["a", "b"]])
+        _ = try c.call("ma.removeProperty", ["key": "tags", "by": ["a"]])
+        var p = try user(b, euid)["properties"]
+        #expect(p?["score"] == .int(7))
+        #expect(p?["tags"] == ["b"])
+        _ = try c.call("ma.deleteProperty", ["key": "score"])
+        p = try user(b, euid)["properties"]
+        #expect(p?["score"] == nil)
+    }
+
+    @Test func objectArrayOperationsFollowServerMetadata() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        _ = try b.request("POST", "/v1/admin/ma/prof/metadata", body: ["properties": ["orders": [
+            "type": "object_array", "identifierKey": "oid", "identifierType": "string",
+            "subfields": ["oid": "string", "total": "number"]]]])
+        #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "orders", "object": ["oid": "o1", "total": 10]])) == 0)
+        _ = try c.call("ma.addObjectArrayProperty", ["key": "orders", "object": ["oid": "o2", "total": 20]])
+        #expect(code(try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 11]])) == 0)
+        let miss = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "nope", "values": ["total": 1]])
+        #expect(code(miss) != 0, "no matching element is a failure")
+        #expect(code(try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["oid": "x"]])) == -3)
+        #expect(code(try c.call("ma.removeObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o2"])) == 0)
+        #expect(try user(b, euid)["properties"]?["orders"] == [["oid": "o1", "total": 11]])
+        // Undefined in metadata: 0 and no change.
+        #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "other", "object": ["a": 1]])) == 0)
+        #expect(try user(b, euid)["properties"]?["other"] == nil)
+    }
+
+    @Test func propertiesAreNotSentWhileCollectionIsDisabled() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = h }
+        _ = try c.call("ma.setDataCollectionEnabled", ["enabled": false])
+        _ = try c.call("ma.setProperty", ["key": "level", "value": 9])
+        #expect(try user(b, euid)["properties"]?["level"] == nil)
+        // Contacts keep working with collection disabled.
+        #expect(code(try c.call("ma.setUserContact", ["contacts": ["email": "x@y.io"]])) == 0)
+    }
+
+    @Test func identifyMergesServerPerFieldResults() throws {
+        let (b, h, c, euid) = try setup()
+        defer { _ = (b, h) }
+        let r: JSON
+        do { r = try c.call("ma.identifyAccount", ["userID": "user-1", "phone": "+12"], timeoutMs: 5000) } catch {
+            Issue.record("\(error)\n\(h.logText.suffix(4000))")
+            throw error
+        }
+        #expect(code(r) == 0)
+        let msg = try JSON.parse(r["message"]?.stringValue ?? "")
+        #expect(msg["phone"]?["code"] == .int(3013))
+        #expect(msg["user_id"]?["code"] == .int(0))
+        #expect(r["euid"]?.stringValue != nil)
+        _ = euid
+    }
+}

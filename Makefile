@@ -45,6 +45,7 @@ bench: release
 	.build/release/pylon-bench bus
 	.build/release/pylon-bench uploader
 	.build/release/pylon-bench uploader --fsync full
+	.build/release/pylon-bench ma
 
 clean:
 	rm -rf .build $(RUN_DIR)

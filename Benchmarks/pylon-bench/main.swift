@@ -29,9 +29,9 @@ while let a = it.next() {
     case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
-    case "bus", "uploader": benchMode = a
+    case "bus", "uploader", "ma": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader] [--seconds N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -235,5 +235,6 @@ stopHost()
 
 switch benchMode {
 case "uploader": try uploaderBench()
+case "ma": try maBench()
 default: try busBench()
 }

@@ -247,14 +247,38 @@ final class MAService {
         if inst.collectControl["idfa"] == true, let a = advertisingId { device["idfa"] = .string(a) }
         if inst.collectControl["carrier"] == true, let c = carrier { device["carrier"] = .string(c) }
         data["device"] = .object(device)
-        plugin.call("uploader.enqueue", [
-            "stream": .string(inst.stream), "consent": .string(inst.consentKey),
-            "records": [["id": .string(id), "data": .object(data)]],
-        ]) { r in
-            switch r {
-            case .success: done(nil)
-            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: done(nil)
-            case .failure(let e): done(e.message)
+        // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
+        // one commit for many events); each caller is answered when that enqueue is durable.
+        outbox[inst.appKey, default: []].append((["id": .string(id), "data": .object(data)], done))
+        if !outboxTimer.isActive { outboxTimer.start(after: 0) }
+    }
+
+    /// Pending events per AppKey for the next enqueue, and the timer that sends them.
+    var outbox: [String: [(record: JSON, done: (String?) -> Void)]] = [:]
+    lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
+    static let maxRecordsPerEnqueue = 1000
+
+    func flushOutbox() {
+        let all = outbox
+        outbox.removeAll()
+        for (appKey, items) in all {
+            guard let inst = instances[appKey] else { continue }
+            var start = 0
+            while start < items.count {
+                let chunk = Array(items[start..<min(items.count, start + MAService.maxRecordsPerEnqueue)])
+                start += chunk.count
+                plugin.call("uploader.enqueue", [
+                    "stream": .string(inst.stream), "consent": .string(inst.consentKey),
+                    "records": .array(chunk.map { $0.record }),
+                ]) { r in
+                    let err: String?
+                    switch r {
+                    case .success: err = nil
+                    case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: err = nil
+                    case .failure(let e): err = e.message
+                    }
+                    for item in chunk { item.done(err) }
+                }
             }
         }
     }

@@ -1,0 +1,65 @@
+import PylonClientKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `pylon-bench ma`: acknowledged `ma.eventRecord` per second through the host (pipelined,
+/// 256 in flight; each event is validated, stamped and made durable by the uploader), and the
+/// latency of one event on an idle system.
+func maBench() throws {
+    guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
+    _ = System.makeDirectories(tmp)
+    let out = Connection(loop: loop, maxLineBytes: 4096)
+    var port = 0
+    out.onLine = { line in
+        let s = String(decoding: line, as: UTF8.self)
+        if let p = s.split(separator: ":").last, let n = Int(p) { port = n; loop.stop() }
+    }
+    var o = ChildProcess.Options(exec: dir + "/pylon-backend")
+    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"]
+    o.env = System.environment()
+    o.stdout = out
+    o.detached = false
+    let backend = try ChildProcess(loop: loop, options: o) { _, _ in }
+    out.startReading()
+    loop.run()
+    startHost(plugins: [
+        ["name": "uploader", "exec": "pylon-uploader",
+         "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
+                    "streams": ["ma.*": ["maxCount": 500, "intervalMs": 1000]]]],
+        ["name": "ma", "exec": "pylon-ma", "config": ["backend": .string("http://127.0.0.1:\(port)")]],
+    ])
+    let sync = try SyncClient(path: socketPath)
+    _ = try sync.call("ma.start", ["appKey": "bench"])
+    // One event at a time first: the latency of a single acknowledged event.
+    var single: [UInt64] = []
+    for _ in 0..<200 {
+        let t0 = Loop.hrtimeNs
+        _ = try sync.call("ma.eventRecord", ["appKey": "bench", "eventName": "tap", "property": ["screen": "home"]])
+        single.append(Loop.hrtimeNs - t0)
+    }
+    single.sort()
+    print("ma.eventRecord, one at a time: p50 \(fmt(percentile(single, 0.5))) µs, p99 \(fmt(percentile(single, 0.99))) µs")
+
+    let conn = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
+    var sent = 0, acked = 0, errors = 0
+    let start = Loop.hrtimeNs
+    let deadline = start + UInt64(seconds * 1e9)
+    let line = #"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}}"#
+    func sendOne() { sent += 1; conn.sendLine(line) }
+    conn.onLine = { l in
+        if find(l, Array(#""code":0"#.utf8)) != nil { acked += 1 } else { errors += 1 }
+        if Loop.hrtimeNs < deadline { sendOne() } else if acked + errors == sent { loop.stop() }
+    }
+    conn.startReading()
+    for _ in 0..<256 { sendOne() }
+    loop.flushDirty()
+    loop.run()
+    let secs = Double(Loop.hrtimeNs - start) / 1e9
+    print("ma.eventRecord, 256 in flight: \(Int(Double(acked) / secs)) acknowledged events/s over \(fmt(secs)) s, errors \(errors)")
+    conn.close()
+    stopHost()
+    backend.kill(SIGTERM)
+    loop.run()
+}

@@ -8,22 +8,7 @@ import Glibc
 /// 256 in flight; each event is validated, stamped and made durable by the uploader), and the
 /// latency of one event on an idle system.
 func maBench() throws {
-    guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
-    _ = System.makeDirectories(tmp)
-    let out = Connection(loop: loop, maxLineBytes: 4096)
-    var port = 0
-    out.onLine = { line in
-        let s = String(decoding: line, as: UTF8.self)
-        if let p = s.split(separator: ":").last, let n = Int(p) { port = n; loop.stop() }
-    }
-    var o = ChildProcess.Options(exec: dir + "/pylon-backend")
-    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"]
-    o.env = System.environment()
-    o.stdout = out
-    o.detached = false
-    let backend = try ChildProcess(loop: loop, options: o) { _, _ in }
-    out.startReading()
-    loop.run()
+    let (backend, port) = try startBackend()
     startHost(plugins: [
         ["name": "uploader", "exec": "pylon-uploader",
          "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),

@@ -5,13 +5,10 @@ import PylonHTTP
 import Glibc
 #endif
 
-/// `pylon-bench uploader`: acknowledged durable enqueues per second through the host
-/// (~300-byte records, 256 requests in flight, one record per request), then end-to-end
-/// records per second delivered to the reference backend.
-func uploaderBench() throws {
+/// Starts `pylon-backend` on a free loopback port; returns it and the port it printed.
+func startBackend() throws -> (ChildProcess, Int) {
     guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
     _ = System.makeDirectories(tmp)
-    // The backend on a free loopback port.
     let out = Connection(loop: loop, maxLineBytes: 4096)
     var port = 0
     out.onLine = { line in
@@ -27,6 +24,14 @@ func uploaderBench() throws {
     out.startReading()
     loop.run()
     guard port > 0 else { fatalError("backend did not start") }
+    return (backend, port)
+}
+
+/// `pylon-bench uploader`: acknowledged durable enqueues per second through the host
+/// (~300-byte records, 256 requests in flight, one record per request), then end-to-end
+/// records per second delivered to the reference backend.
+func uploaderBench() throws {
+    let (backend, port) = try startBackend()
     let stream = "bench.events"
     startHost(plugins: [[
         "name": "uploader", "exec": "pylon-uploader",

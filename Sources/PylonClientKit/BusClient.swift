@@ -49,13 +49,7 @@ public final class BusClient {
         let id = json_object_get_int64(idp)
         if let raw = onRawResponse { raw(id); return }
         guard let done = pendingCalls.removeValue(forKey: id) else { return }
-        if msg.has("error") {
-            let e = JSONRef.toJSON(msg.member("error"))
-            done(.failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                                   message: e["message"]?.stringValue ?? "", data: e["data"])))
-        } else {
-            done(.success(JSONRef.toJSON(msg.member("result"))))
-        }
+        done(msg.responseResult)
     }
 
     public func close() { conn.close() }

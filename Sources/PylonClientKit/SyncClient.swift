@@ -28,28 +28,10 @@ public final class SyncClient {
 
     public init(path: String = defaultSocketPath()) throws(ClientError) {
         self.path = path
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw ClientError(.connect, "socket: \(String(cString: strerror(errno)))") }
-        var sa = sockaddr_un()
-        sa.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: sa.sun_path) else {
-            Glibc.close(fd)
-            throw ClientError(.connect, "socket path too long: \(path)")
-        }
-        withUnsafeMutableBytes(of: &sa.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        if rc != 0 {
-            let e = String(cString: strerror(errno))
-            Glibc.close(fd)
-            throw ClientError(.connect, "cannot connect to \(path): \(e)")
+        do {
+            fd = try System.connectUnix(path)
+        } catch {
+            throw ClientError(.connect, "cannot connect to \(path): \(error.message)")
         }
     }
 

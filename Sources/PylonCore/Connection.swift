@@ -77,29 +77,7 @@ public final class Connection {
 
     /// Connects to a Unix socket path synchronously (blocking `connect(2)`), then wraps it.
     public static func connect(loop: Loop, path: String, maxLineBytes: Int) throws(UVError) -> Connection {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        if fd < 0 { throw UVError(-errno, "socket") }
-        var sa = sockaddr_un()
-        sa.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: sa.sun_path) else {
-            Glibc.close(fd)
-            throw UVError(-ENAMETOOLONG, "socket path \(path)")
-        }
-        withUnsafeMutableBytes(of: &sa.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        if rc != 0 {
-            let e = errno
-            Glibc.close(fd)
-            throw UVError(-e, "connect \(path)")
-        }
+        let fd = try System.connectUnix(path)
         return try Connection(loop: loop, fd: fd, maxLineBytes: maxLineBytes)
     }
 

@@ -33,6 +33,32 @@ public enum System {
 
     public static func close(_ fd: Int32) { _ = Glibc.close(fd) }
 
+    /// A connected, close-on-exec Unix stream socket (`socket` + blocking `connect`).
+    public static func connectUnix(_ path: String) throws(UVError) -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        if fd < 0 { throw UVError(-errno, "socket") }
+        var sa = sockaddr_un()
+        sa.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: sa.sun_path) else {
+            _ = Glibc.close(fd)
+            throw UVError(-ENAMETOOLONG, "socket path \(path)")
+        }
+        withUnsafeMutableBytes(of: &sa.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let rc = withUnsafePointer(to: &sa) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if rc != 0 {
+            let e = errno
+            _ = Glibc.close(fd)
+            throw UVError(-e, "connect \(path)")
+        }
+        return fd
+    }
+
     /// Clears the inherited signal mask: a parent that blocked SIGTERM (test runners, some
     /// supervisors) must not leave the daemon deaf to it.
     public static func unblockAllSignals() {

@@ -337,13 +337,7 @@ public final class Bus {
             }
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .host(let done):
-            if msg.has("error") {
-                let e = JSONRef.toJSON(msg.member("error"))
-                done(.failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                                       message: e["message"]?.stringValue ?? "error", data: e["data"])))
-            } else {
-                done(.success(JSONRef.toJSON(msg.member("result"))))
-            }
+            done(msg.responseResult)
         }
     }
 

@@ -242,13 +242,7 @@ public final class Plugin {
             }
         } else if let idp = msg.member("id"), json_object_get_type(idp) == json_type_int {
             guard let done = pendingCalls.removeValue(forKey: json_object_get_int64(idp)) else { return }
-            if msg.has("error") {
-                let e = JSONRef.toJSON(msg.member("error"))
-                done(.failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                                       message: e["message"]?.stringValue ?? "error", data: e["data"])))
-            } else {
-                done(.success(JSONRef.toJSON(msg.member("result"))))
-            }
+            done(msg.responseResult)
         }
     }
 

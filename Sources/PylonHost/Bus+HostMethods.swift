@@ -36,11 +36,12 @@ extension Bus {
         }
     }
 
-    private func str(_ params: JSON?, _ key: String) throws(RPCError) -> String {
-        guard let s = params?[key]?.stringValue, !s.isEmpty else {
-            throw RPCError(.invalidParams, "params.\(key) (non-empty string) is required")
+    /// A required non-empty string parameter; `aliases` are accepted spellings (documented).
+    private func str(_ params: JSON?, _ key: String, aliases: [String] = []) throws(RPCError) -> String {
+        for k in [key] + aliases {
+            if let s = params?[k]?.stringValue, !s.isEmpty { return s }
         }
-        return s
+        throw RPCError(.invalidParams, "params.\(key) (non-empty string) is required")
     }
 
     func status() -> JSON {
@@ -123,7 +124,7 @@ extension Bus {
     }
 
     func subscribe(_ peer: Peer, _ params: JSON?, add: Bool) throws(RPCError) -> JSON {
-        let pattern = try str(params, "pattern")
+        let pattern = try str(params, "pattern", aliases: ["topic"])
         guard !peer.isPlugin else { throw RPCError(.invalidRequest, "plugins subscribe through their manifest") }
         let p = TopicPattern(pattern)
         if add {
@@ -145,7 +146,7 @@ extension Bus {
         guard !topic.hasPrefix("bus."), !topic.hasPrefix("consent.") else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }
-        let data = params?["data"] ?? .null
+        let data = params?["data"] ?? params?["params"] ?? .null
         switch data {
         case .null, .object, .array: break
         default: throw RPCError(.invalidParams, "params.data must be an object or an array (it becomes the notification's params)")
@@ -205,16 +206,16 @@ extension Bus {
     }
 
     func consentGet(_ params: JSON?) throws(RPCError) -> JSON {
-        let key = try str(params, "key")
+        let key = try str(params, "key", aliases: ["switch", "name"])
         return ["key": .string(key), "granted": .bool(consent.isGranted(key)),
                 "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
                 "master": .bool(consent.masterGranted)]
     }
 
     func consentSet(_ params: JSON?) throws(RPCError) -> JSON {
-        let key = try str(params, "key")
+        let key = try str(params, "key", aliases: ["switch", "name"])
         if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
-        guard let granted = params?["granted"]?.boolValue else {
+        guard let granted = (params?["granted"] ?? params?["enabled"] ?? params?["value"])?.boolValue else {
             throw RPCError(.invalidParams, "params.granted (true or false) is required")
         }
         var next = consent

@@ -169,10 +169,12 @@ final class Uploader {
                 call.fail(RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes"))
                 return
             }
-            guard json_object_object_get_ex(r, "data", &dataObj) != 0 else {
-                call.fail(RPCError(.invalidParams, "records[\(i)].data is required"))
+            // A record is `{id, ts?, data}`; a record without `data` is stored whole.
+            guard json_object_get_type(r) == json_type_object else {
+                call.fail(RPCError(.invalidParams, "records[\(i)] must be an object"))
                 return
             }
+            if json_object_object_get_ex(r, "data", &dataObj) == 0 { dataObj = r }
             var bodyLen = 0
             guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
                 call.fail(RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes"))
@@ -382,7 +384,16 @@ final class Uploader {
         pump(stream, now: now)
     }
 
+    /// `uploader.flush {wait: true}` without a stream: answered when every stream is drained.
+    private var allDrainWaiters: [Call] = []
+
     private func answerDrainWaiters(_ stream: String, _ st: StreamState) {
+        if !allDrainWaiters.isEmpty,
+           streams.values.allSatisfy({ $0.queued == 0 && $0.pendingBatches.isEmpty && !$0.inFlight }) {
+            let w = allDrainWaiters
+            allDrainWaiters.removeAll()
+            for c in w { c.reply(["drained": true]) }
+        }
         guard st.queued == 0, st.pendingBatches.isEmpty, !st.inFlight, let waiters = drainWaiters.removeValue(forKey: stream) else { return }
         for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
     }
@@ -402,11 +413,12 @@ final class Uploader {
         }
         let wait = call.params["wait"]?.boolValue ?? false
         if wait {
-            if names.count != 1 {
-                call.fail(RPCError(.invalidParams, "wait needs params.stream"))
-                return
+            if names.count == 1 {
+                drainWaiters[names[0], default: []].append(call)
+            } else {
+                allDrainWaiters.append(call)
+                if streams.isEmpty { answerDrainWaiters("", StreamState(settings: settings(for: ""))) }
             }
-            drainWaiters[names[0], default: []].append(call)
         } else {
             call.reply(["flushing": .array(names.sorted().map { .string($0) })])
         }

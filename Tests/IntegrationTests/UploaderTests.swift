@@ -145,9 +145,21 @@ import PylonClientKit
                         ["stream": "bad stream", "records": records("a", 0..<1)],
                         ["stream": "s", "records": []],
                         ["stream": "s", "records": [["data": 1]]],
-                        ["stream": "s", "records": [["id": "x"]]]] {
+                        ["stream": "s", "records": [1]]] {
             #expect(try c.request("uploader.enqueue", p).errorCode == -32602, "\(p.serialized)")
         }
+    }
+
+    @Test func recordWithoutDataIsStoredWholeAndFlushWaitsForAllStreams() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "s.whole1", [["id": "w1", "event": "tap", "n": 1]])
+        _ = try enqueue(c, "s.whole2", records("w", 0..<2))
+        #expect(try c.call("uploader.flush", ["wait": true])["drained"] == .bool(true))
+        let r = try b.request("GET", "/v1/inspect/streams/s.whole1/records?limit=10").json["records"]?.arrayValue?.first
+        #expect(r?["data"]?["event"] == .string("tap"))
+        #expect(try count(b, "s.whole2") == 2)
     }
 
     @Test func killDashNineOfUploaderUnderLoadLosesNothingAcknowledged() throws {

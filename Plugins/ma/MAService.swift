@@ -27,6 +27,8 @@ final class MAService {
     var retryInitialMs: UInt64 = 500
     var retryMaxMs: UInt64 = 30_000
     private var eventSeq: UInt64 = 0
+    /// Event ids: this install's device id and a random value drawn once per process start.
+    private lazy var runPrefix = "\(deviceId)-\(System.randomHex(6))"
 
     init(plugin: Plugin) { self.plugin = plugin }
 
@@ -230,7 +232,8 @@ final class MAService {
             return
         }
         eventSeq &+= 1
-        let id = "\(deviceId)-\(System.wallClockMs())-\(eventSeq)-\(System.randomHex(4))"
+        // Unique without a syscall per event: a random per-process prefix plus a counter.
+        let id = "\(runPrefix)-\(eventSeq)"
         var data: JSONObject = [
             "event": .string(name), "time": .int(System.wallClockMs()),
             "euid": inst.euid.map { .string($0) } ?? .null,

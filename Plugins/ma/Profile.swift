@@ -125,19 +125,14 @@ func registerProfileMethods(_ plugin: Plugin, _ ma: MAService) {
     }
     plugin.method("updateObjectArrayProperty") { call in
         propertyCall(call) {
-            let p = call.params
-            guard let k = p["key"]?.stringValue, let ik = p["identifierKey"]?.stringValue, !ik.isEmpty else {
-                return .failure(MAError(message: "key and identifierKey are required"))
+            PropertyValidation.elementTarget(call.params).flatMap { t in
+                guard let values = call.params["values"]?.objectValue else { return .failure(MAError(message: "values (object) is required")) }
+                if values[t.identifierKey] != nil { return .failure(MAError(message: "values must not contain the identifier key")) }
+                if let why = PropertyValidation.checkSubfields(values, requireNonNull: false, context: "values") {
+                    return .failure(MAError(message: why))
+                }
+                return .success(t.body(op: "updateObjectArray", ["values": .object(values)]))
             }
-            if let why = PropertyValidation.checkName(k) { return .failure(MAError(message: why)) }
-            guard PropertyValidation.identifierValue(p["identifierValue"]) else {
-                return .failure(MAError(message: "identifierValue must be a string or a finite number"))
-            }
-            guard let values = p["values"]?.objectValue else { return .failure(MAError(message: "values (object) is required")) }
-            if values[ik] != nil { return .failure(MAError(message: "values must not contain the identifier key")) }
-            if let why = PropertyValidation.checkSubfields(values, requireNonNull: false, context: "values") { return .failure(MAError(message: why)) }
-            return .success(["op": "updateObjectArray", "key": .string(k), "identifierKey": .string(ik),
-                             "identifierValue": p["identifierValue"]!, "values": .object(values)])
         }
     }
     plugin.method("addObjectArrayProperty") { call in
@@ -153,17 +148,6 @@ func registerProfileMethods(_ plugin: Plugin, _ ma: MAService) {
         }
     }
     plugin.method("removeObjectArrayProperty") { call in
-        propertyCall(call) {
-            let p = call.params
-            guard let k = p["key"]?.stringValue, let ik = p["identifierKey"]?.stringValue, !ik.isEmpty else {
-                return .failure(MAError(message: "key and identifierKey are required"))
-            }
-            if let why = PropertyValidation.checkName(k) { return .failure(MAError(message: why)) }
-            guard PropertyValidation.identifierValue(p["identifierValue"]) else {
-                return .failure(MAError(message: "identifierValue must be a string or a finite number"))
-            }
-            return .success(["op": "removeObjectArray", "key": .string(k), "identifierKey": .string(ik),
-                             "identifierValue": p["identifierValue"]!])
-        }
+        propertyCall(call) { PropertyValidation.elementTarget(call.params).map { $0.body(op: "removeObjectArray") } }
     }
 }

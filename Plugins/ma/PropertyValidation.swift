@@ -103,6 +103,31 @@ enum PropertyValidation {
         return .success(props)
     }
 
+    /// The element an update/removeObjectArray call addresses: `key`, `identifierKey`, and an
+    /// `identifierValue` that is a string or a finite number.
+    struct ElementTarget {
+        var key: String
+        var identifierKey: String
+        var identifierValue: JSON
+        func body(op: String, _ extra: JSONObject = [:]) -> JSONObject {
+            var o: JSONObject = ["op": .string(op), "key": .string(key), "identifierKey": .string(identifierKey),
+                                 "identifierValue": identifierValue]
+            for (k, v) in extra { o[k] = v }
+            return o
+        }
+    }
+
+    static func elementTarget(_ p: JSON) -> Result<ElementTarget, MAError> {
+        guard let k = p["key"]?.stringValue, let ik = p["identifierKey"]?.stringValue, !ik.isEmpty else {
+            return .failure(MAError(message: "key and identifierKey are required"))
+        }
+        if let why = checkName(k) { return .failure(MAError(message: why)) }
+        guard let iv = p["identifierValue"], identifierValue(iv) else {
+            return .failure(MAError(message: "identifierValue must be a string or a finite number"))
+        }
+        return .success(ElementTarget(key: k, identifierKey: ik, identifierValue: iv))
+    }
+
     static func identifierValue(_ v: JSON?) -> Bool {
         guard let v else { return false }
         if v.stringValue != nil { return true }

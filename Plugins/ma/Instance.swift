@@ -30,8 +30,14 @@ final class MAInstance {
     var channelQueue: [() -> Void] = []
     var channelRunning = false
 
+    /// Sends the next queued setChannelValue, unless one is running or a start/identify that was
+    /// called earlier is still pending (it runs first; the queued request then sees its effect).
     func channelKick() {
         guard !channelRunning, !channelQueue.isEmpty else { return }
+        guard pendingStarts == 0 else {
+            waiting.append { [unowned self] in self.channelKick() }
+            return
+        }
         channelRunning = true
         channelQueue.removeFirst()()
     }

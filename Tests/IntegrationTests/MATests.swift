@@ -277,3 +277,84 @@ extension TestHost {
         _ = euid
     }
 }
+
+/// Sessions and the upload cadence MA drives.
+@Suite(.serialized) struct MASessionTests {
+    func names(_ b: TestBackend, _ appKey: String) throws -> [JSON] {
+        try b.request("GET", "/v1/inspect/streams/ma.\(appKey)/records?limit=1000").json["records"]?.arrayValue ?? []
+    }
+
+    @Test func sessionEndsAfterTimeoutInBackgroundAndANewOneStarts() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "sess"])
+        _ = try c.call("ma.setSessionTimeout", ["interval": 1])
+        _ = try c.call("ma.eventRecord", ["eventName": "first"])
+        _ = try c.call("ma.setAppState", ["state": "background"])
+        usleep(1_500_000)
+        _ = try c.call("ma.setAppState", ["state": "foreground"])
+        _ = try c.call("ma.eventRecord", ["eventName": "second"])
+        _ = try c.call("uploader.flush", ["stream": "ma.sess", "wait": true])
+        let recs = try names(b, "sess").compactMap { $0["data"] }
+        let order = recs.compactMap { $0["event"]?.stringValue }
+        #expect(order == ["el_session_start", "first", "el_session_end", "el_session_start", "second"])
+        let first = recs.first { $0["event"] == .string("first") }?["session"]
+        let second = recs.first { $0["event"] == .string("second") }?["session"]
+        #expect(first != nil && first != second)
+        #expect(code(try c.call("ma.setAppState", ["state": "sideways"])) == -3)
+    }
+
+    @Test func disconnectingCountsAsBackground() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        var c: SyncClient? = try h.client()
+        _ = try c!.call("ma.start", ["appKey": "gone"])
+        _ = try c!.call("ma.setSessionTimeout", ["interval": 1])
+        _ = try c!.call("ma.eventRecord", ["eventName": "only"])
+        c = nil
+        usleep(1_600_000)
+        let other = try h.client()
+        _ = try other.call("uploader.flush", ["stream": "ma.gone", "wait": true])
+        #expect(try names(b, "gone").last?["data"]?["event"] == .string("el_session_end"))
+    }
+
+    @Test func maxEventCacheCountTriggersAnUpload() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "cache"])
+        #expect(try c.call("ma.setMaxEventCacheCount", ["count": 900])["count"] == .int(500), "never above 500")
+        _ = try c.call("ma.setMaxEventCacheCount", ["count": 3])
+        for i in 0..<3 { _ = try c.call("ma.eventRecord", ["eventName": .string("e\(i)")]) }
+        try waitUntil(timeout: 5) { (try b.stream("ma.cache")["records"]?.intValue ?? 0) >= 3 }
+        #expect(code(try c.call("ma.setReportInterval", ["interval": 0])) == -3)
+        #expect(code(try c.call("ma.setReportInterval", ["interval": 1])) == 0)
+        _ = try c.call("ma.eventRecord", ["eventName": "late"])
+        try waitUntil(timeout: 5) { try names(b, "cache").contains { $0["data"]?["event"] == .string("late") } }
+    }
+
+    @Test func channelValueQueuedAcrossAnIdentityChangeGetsMinus2() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        let e0 = try #require(try c.call("ma.start", ["appKey": "chan"])["euid"])
+        // alice is attached to the current user: same EUID.
+        #expect(try c.call("ma.identifyAccount", ["userID": "alice"])["euid"] == e0)
+        try b.faults(["latencyMs": 300])
+        try c.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.setChannelValue","params":{"channelId":3,"values":["a"]}}"#)
+        try c.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"ma.identifyAccount","params":{"userID":"bob"}}"#)
+        try c.sendLine(#"{"jsonrpc":"2.0","id":3,"method":"ma.setChannelValue","params":{"channelId":3,"values":["b"]}}"#)
+        var byId: [Int64: JSON] = [:]
+        for _ in 0..<3 {
+            let m = try #require(try c.readMessage(timeoutMs: 10000))
+            byId[m["id"]!.intValue!] = m["result"]
+        }
+        #expect(byId[1]?["code"] == .int(0))
+        #expect(byId[2]?["code"] == .int(0))
+        #expect(byId[2]?["euid"] != e0, "bob is another user: a new EUID")
+        #expect(byId[3]?["code"] == .int(-2), "queued before the identity changed: invalidated")
+    }
+
+    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
+}

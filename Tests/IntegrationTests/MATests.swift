@@ -141,6 +141,50 @@ extension TestHost {
         #expect(order == [1, 2])
     }
 
+    @Test func killDashNineOfMAUnderLoadLosesNoAcknowledgedEvent() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "load"])
+        var acked = Set<String>()
+        var killed = false
+        var sent = 0
+        loop: while sent < 2000 {
+            for i in sent..<(sent + 50) {
+                try? c.sendLine(Wire.request(id: .int(Int64(i)), method: "ma.eventRecord",
+                                             params: ["appKey": "load", "eventName": "e", "property": ["n": .int(Int64(i))]]).serialized)
+            }
+            sent += 50
+            for _ in 0..<50 {
+                guard let m = try? c.readMessage(timeoutMs: 5000) else { break loop }
+                if m["result"]?["code"] == .int(0), let id = m["id"]?.intValue { acked.insert("\(id)") }
+            }
+            if !killed && acked.count >= 600 {
+                killed = true
+                let pid = try #require(try h.plugin("ma")["pid"]?.intValue)
+                kill(Int32(pid), SIGKILL)
+                break loop
+            }
+        }
+        #expect(killed)
+        try h.waitForPlugin("ma", restartsAtLeast: 1)
+        _ = try h.client().call("uploader.flush", ["stream": "ma.load", "wait": true], timeoutMs: 30000)
+        var got = Set<String>()
+        var after: Int64 = 0
+        while true {
+            let page = try b.request("GET", "/v1/inspect/streams/ma.load/records?limit=1000&after=\(after)").json
+            let recs = page["records"]?.arrayValue ?? []
+            if recs.isEmpty { break }
+            for r in recs { if let n = r["data"]?["properties"]?["n"]?.intValue { got.insert("\(n)") } }
+            guard let next = page["next"]?.intValue, next > after else { break }
+            after = next
+        }
+        let missing = acked.subtracting(got)
+        #expect(missing.isEmpty, "\(missing.count) acknowledged events lost")
+        // And the instance is usable again without a new start.
+        #expect(try c.call("ma.eventRecord", ["eventName": "after"])["code"] == .int(0))
+    }
+
     @Test func pluginCrashKeepsIdentityAndConsent() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

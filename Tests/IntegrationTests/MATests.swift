@@ -402,3 +402,96 @@ extension TestHost {
 
     func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
 }
+
+/// More ma.md rules, one test each.
+@Suite(.serialized) struct MARuleTests {
+    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
+
+    @Test func withCollectionDisabledNothingIsCollectedButInitIdentifyContactsAndChannelsWork() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        let s = try c.call("ma.start", ["appKey": "off", "dataCollectionEnabled": false])
+        #expect(code(s) == 0)
+        let euid = try #require(s["euid"]?.stringValue)
+        #expect(code(try c.call("ma.eventRecord", ["eventName": "x"])) == 0)
+        #expect(code(try c.call("ma.setUtmProperties", ["properties": ["utm_source": "s"]])) == 0)
+        #expect(code(try c.call("ma.setProperty", ["key": "level", "value": 1])) == 0)
+        let id = try c.call("ma.identifyAccount", ["userID": "u-off"])
+        #expect(code(id) == 0)
+        #expect(code(try c.call("ma.setUserContact", ["contacts": ["email": "o@ff.io"]])) == 0)
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": ["t"]])) == 0)
+        _ = try c.call("uploader.flush", ["wait": true])
+        #expect(try b.stream("ma.off")["records"] == .int(0), "no event reaches the backend")
+        let user = try b.request("GET", "/v1/inspect/ma/off/users/\(id["euid"]?.stringValue ?? euid)").json
+        #expect(user["properties"] == JSON.object([:]) || user["properties"] == nil)
+        #expect(user["contacts"]?["email"] == .string("o@ff.io"))
+        #expect(user["channels"]?.arrayValue?.count == 1)
+    }
+
+    @Test func startReportsOnlyLocalRejectionsOfItsUserID() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        let ok = try c.call("ma.start", ["appKey": "sid", "userID": ["userID": "u1"]])
+        #expect(code(ok) == 0)
+        #expect(ok["message"] == .string(""))
+        let bad = try c.call("ma.start", ["appKey": "sid", "userID": ["userID": "u1", "email": "nope"]])
+        #expect(code(bad) == 0, "the start's own result says whether init succeeded")
+        let msg = try JSON.parse(bad["message"]?.stringValue ?? "{}")
+        #expect(msg["email"]?["code"] == .int(3013))
+        #expect(msg["user_id"] == nil, "no server per-field results in start")
+    }
+
+    @Test func setDataCollectionEnabledIsIdempotent() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "idem"])
+        _ = try c.call("ma.setDataCollectionEnabled", ["enabled": false])
+        let epoch = try c.call("consent.list")["epoch"]
+        #expect(code(try c.call("ma.setDataCollectionEnabled", ["enabled": false])) == 0)
+        #expect(try c.call("consent.list")["epoch"] == epoch, "the same value again changes nothing")
+        #expect(code(try c.call("ma.setDataCollectionEnabled", ["enabled": "no"])) == -3)
+    }
+
+    @Test func utmIsClearedForGoodAndCollectControlSurvivesADisableEnableCycle() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "cyc"])
+        _ = try c.call("ma.setUtmProperties", ["properties": ["utm_campaign": "winter"]])
+        _ = try c.call("ma.setCollectControl", ["idfv": true])
+        _ = try c.call("ma.setDataCollectionEnabled", ["enabled": false])
+        _ = try c.call("ma.setDataCollectionEnabled", ["enabled": true])
+        _ = try c.call("ma.eventRecord", ["eventName": "back"])
+        _ = try c.call("uploader.flush", ["stream": "ma.cyc", "wait": true])
+        let recs = try b.request("GET", "/v1/inspect/streams/ma.cyc/records?limit=100").json["records"]?.arrayValue ?? []
+        let back = try #require(recs.first { $0["data"]?["event"] == .string("back") })
+        #expect(back["data"]?["utm"] == nil, "UTM is not restored on re-enable")
+        #expect(back["data"]?["device"]?["idfv"]?.stringValue != nil, "collect control kept its setting")
+        #expect(code(try c.call("ma.setUtmProperties", ["properties": ["utm_bogus": "x"]])) == -3)
+    }
+
+    @Test func switchingAppKeyRoutesLaterCallsToTheNewOne() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "first"])
+        _ = try c.call("ma.start", ["appKey": "second"])
+        _ = try c.call("ma.eventRecord", ["eventName": "where"])
+        _ = try c.call("uploader.flush", ["wait": true])
+        #expect(try b.stream("ma.second")["records"]?.intValue ?? 0 >= 1)
+        let firstEvents = try b.request("GET", "/v1/inspect/streams/ma.first/records?limit=100").json["records"]?.arrayValue ?? []
+        #expect(!firstEvents.contains { $0["data"]?["event"] == .string("where") })
+        // An explicit appKey still reaches the first instance.
+        #expect(code(try c.call("ma.eventRecord", ["appKey": "first", "eventName": "explicit"])) == 0)
+    }
+
+    @Test func disabledProjectAnswersMinus4() throws {
+        let b = try TestBackend()
+        _ = try b.request("POST", "/v1/admin/ma/dis", body: ["disabled": true])
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        #expect(code(try h.client().call("ma.start", ["appKey": "dis"])) == -4)
+    }
+}

@@ -7,6 +7,9 @@ import Glibc
 /// `pylon-bench ma`: acknowledged `ma.eventRecord` per second through the host (pipelined,
 /// 256 in flight; each event is validated, stamped and made durable by the uploader), and the
 /// latency of one event on an idle system.
+/// Events in flight (`--window N`, default 1024).
+nonisolated(unsafe) var maWindow = 1024
+
 func maBench() throws {
     let (backend, port) = try startBackend()
     startHost(plugins: [
@@ -38,11 +41,11 @@ func maBench() throws {
         if Loop.hrtimeNs < deadline { sendOne() } else if acked + errors == sent { loop.stop() }
     }
     conn.startReading()
-    for _ in 0..<256 { sendOne() }
+    for _ in 0..<maWindow { sendOne() }
     loop.flushDirty()
     loop.run()
     let secs = Double(Loop.hrtimeNs - start) / 1e9
-    print("ma.eventRecord, 256 in flight: \(Int(Double(acked) / secs)) acknowledged events/s over \(fmt(secs)) s, errors \(errors)")
+    print("ma.eventRecord, \(maWindow) in flight: \(Int(Double(acked) / secs)) acknowledged events/s over \(fmt(secs)) s, errors \(errors)")
     conn.close()
     stopHost()
     backend.kill(SIGTERM)

@@ -29,6 +29,7 @@ while let a = it.next() {
     case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
+    case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
     case "bus", "uploader", "ma": benchMode = a
     default:
         print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--socket PATH] [--fsync normal|full]")

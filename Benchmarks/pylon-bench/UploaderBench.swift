@@ -48,7 +48,7 @@ func uploaderBench() throws {
     var sent = 0
     var acked = 0
     var errors = 0
-    let window = 256
+    let window = maWindow
     let start = Loop.hrtimeNs
     let deadline = start + UInt64(seconds * 1e9)
     var sendTimes = [UInt64](repeating: 0, count: 4_000_000)

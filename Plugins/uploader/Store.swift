@@ -61,11 +61,13 @@ final class UploaderStore {
         let s = insertStatement!
         for r in records {
             s.reset()
-            try s.bind([.text(stream)])
+            try s.bindText(1, string: stream)
             try s.bindText(2, r.id, r.idLength)
-            try s.bind(at: 3, [.text(consent), .int(r.ts), .int(Int64(r.bodyLength))])
+            try s.bindText(3, string: consent)
+            try s.bindInt(4, r.ts)
+            try s.bindInt(5, Int64(r.bodyLength))
             try s.bindText(6, r.body, r.bodyLength)
-            try s.bind(at: 7, [.int(nowMs)])
+            try s.bindInt(7, nowMs)
             while try s.step() {}
             if db.changes > 0 {
                 added += 1
@@ -106,6 +108,36 @@ final class UploaderStore {
                        [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
             return seqs.count
         }
+    }
+
+    /// The upload body of batch `key`, written straight from SQLite's rows into bytes:
+    /// `{"batch","stream","records":[{"id","ts","data"}]}`. Also returns the record count and the
+    /// bytes of their bodies (what they occupy in the disk cap).
+    func batchBody(_ key: String, stream: String) throws(SQLiteError) -> (body: [UInt8], count: Int, recordBytes: Int) {
+        let s = try db.prepare("SELECT id, ts, body FROM records WHERE batch=? ORDER BY seq")
+        try s.bind([.text(key)])
+        var out: [UInt8] = []
+        out.reserveCapacity(64 * 1024)
+        out += Array(#"{"batch":"#.utf8)
+        appendJSONString(&out, Array(key.utf8)[...])
+        out += Array(#","stream":"#.utf8)
+        appendJSONString(&out, Array(stream.utf8)[...])
+        out += Array(#","records":["#.utf8)
+        var count = 0
+        var bytes = 0
+        while try s.step() {
+            if count > 0 { out.append(UInt8(ascii: ",")) }
+            out += Array(#"{"id":"#.utf8)
+            s.withText(0) { appendJSONString(&out, $0[...]) }
+            out += Array(#","ts":"#.utf8)
+            out += Array(String(s.int(1)).utf8)
+            out += Array(#","data":"#.utf8)
+            s.withText(2) { b in out.append(contentsOf: b); bytes += b.count }
+            out.append(UInt8(ascii: "}"))
+            count += 1
+        }
+        out += Array("]}".utf8)
+        return (out, count, bytes)
     }
 
     func batchRecords(_ key: String) throws(SQLiteError) -> [Row] {
@@ -217,4 +249,19 @@ final class UploaderStore {
         }
         return out
     }
+}
+
+/// Appends `bytes` as a JSON string literal (quotes, backslashes and control characters escaped).
+func appendJSONString<C: Collection>(_ out: inout [UInt8], _ bytes: C) where C.Element == UInt8 {
+    out.append(UInt8(ascii: "\""))
+    let hex = Array("0123456789abcdef".utf8)
+    for b in bytes {
+        switch b {
+        case UInt8(ascii: "\""): out += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
+        case UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
+        case 0..<0x20: out += [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 15)]]
+        default: out.append(b)
+        }
+    }
+    out.append(UInt8(ascii: "\""))
 }

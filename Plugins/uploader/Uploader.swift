@@ -227,7 +227,10 @@ final class Uploader {
                 diskBytes += r.bytes
             }
             streams[e.stream] = st
-            e.call.reply(["accepted": .int(Int64(n)), "duplicates": .int(Int64(e.records.count - n))])
+            let reply = json_object_new_object()
+            json_object_object_add(reply, "accepted", json_object_new_int64(Int64(n)))
+            json_object_object_add(reply, "duplicates", json_object_new_int64(Int64(e.records.count - n)))
+            e.call.replyRaw(owning: reply)
         }
         pumpAll()
     }
@@ -273,10 +276,10 @@ final class Uploader {
     }
 
     func send(stream: String, key: String, endpoint: String) {
-        let rows: [UploaderStore.Row]
+        let batch: (body: [UInt8], count: Int, recordBytes: Int)
         let final: Bool
         do {
-            rows = try store.batchRecords(key)
+            batch = try store.batchBody(key, stream: stream)
             final = try store.isFinal(key)
             try store.recordAttempt(key)
         } catch {
@@ -284,19 +287,15 @@ final class Uploader {
             streams[stream]?.inFlight = false
             return
         }
-        if rows.isEmpty {
+        if batch.count == 0 {
             try? store.deleteBatch(key)
+            streams[stream]?.pendingBatches.removeAll { $0 == key }
+            streams[stream]?.inFlight = false
             finishBatch(stream, key)
             return
         }
-        var body = #"{"batch":"# + JSON.string(key).serialized + #","stream":"# + JSON.string(stream).serialized + #","records":["#
-        for (i, r) in rows.enumerated() {
-            if i > 0 { body += "," }
-            body += #"{"id":"# + JSON.string(r.id).serialized + #","ts":\#(r.ts),"data":"# + r.body + "}"
-        }
-        body += "]}"
         let gz: [UInt8]
-        do { gz = try Gzip.compress(Array(body.utf8)) } catch {
+        do { gz = try Gzip.compress(batch.body) } catch {
             plugin.log.error("gzip failed", ["error": "\(error)"])
             streams[stream]?.inFlight = false
             return
@@ -313,7 +312,7 @@ final class Uploader {
             case .failure(let e):
                 outcome = UploadOutcome.classify(status: nil, retryAfterMs: nil, error: e.description)
             }
-            self.finished(stream: stream, key: key, endpoint: endpoint, count: rows.count, bytes: body.utf8.count,
+            self.finished(stream: stream, key: key, endpoint: endpoint, count: batch.count, bytes: batch.recordBytes,
                           final: final, outcome: outcome)
         }
     }
@@ -325,7 +324,7 @@ final class Uploader {
             switch outcome {
             case .delivered:
                 try store.deleteBatch(key)
-                diskBytes = try store.totalBytes()
+                diskBytes = max(0, diskBytes - bytes)
                 st.pendingBatches.removeFirst()
                 st.attempts = 0
                 st.notBeforeMs = 0
@@ -334,7 +333,7 @@ final class Uploader {
             case .retry(let reason, let retryAfter):
                 if final {
                     try store.deleteBatch(key)
-                    diskBytes = try store.totalBytes()
+                    diskBytes = max(0, diskBytes - bytes)
                     st.pendingBatches.removeFirst()
                     st.lastResult = "final batch failed (\(reason)); purged without retry"
                 } else {
@@ -351,7 +350,7 @@ final class Uploader {
                     let n = try store.deadLetter(key, status: 413, reason: "too large for the endpoint", nowMs: System.wallClockMs())
                     st.deadLetters += UInt64(n)
                     st.pendingBatches.removeFirst()
-                    diskBytes = try store.totalBytes()
+                    diskBytes = max(0, diskBytes - bytes)
                     st.lastResult = "413 for a single record; set aside as a dead letter"
                 } else {
                     // Split: dissolve the batch and cut smaller ones from the same records.
@@ -368,7 +367,7 @@ final class Uploader {
                 let n = try store.deadLetter(key, status: status, reason: reason, nowMs: System.wallClockMs())
                 st.deadLetters += UInt64(n)
                 st.pendingBatches.removeFirst()
-                diskBytes = try store.totalBytes()
+                diskBytes = max(0, diskBytes - bytes)
                 st.lastResult = "rejected (\(reason)); \(n) records set aside as dead letters"
                 plugin.log.error("batch rejected; dead-lettered", ["stream": stream, "batch": key, "status": status])
             }

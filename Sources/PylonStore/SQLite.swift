@@ -127,6 +127,27 @@ public final class Statement {
     func finalize() { sqlite3_finalize(st) }
     public func reset() { sqlite3_reset(st); sqlite3_clear_bindings(st) }
 
+    /// Binds a Swift string as text at 1-based `index` (an empty string stays text, not NULL).
+    public func bindText(_ index: Int32, string: String) throws(SQLiteError) {
+        var s = string
+        let rc: Int32 = s.isEmpty ? pylon_sqlite_bind_text(st, index, "", 0) : s.withUTF8 { b in
+            b.withMemoryRebound(to: CChar.self) { pylon_sqlite_bind_text(st, index, $0.baseAddress, Int32($0.count)) }
+        }
+        if rc != SQLITE_OK { throw owner.error(rc) }
+    }
+
+    /// Binds an integer at 1-based `index`.
+    public func bindInt(_ index: Int32, _ v: Int64) throws(SQLiteError) {
+        let rc = sqlite3_bind_int64(st, index, v)
+        if rc != SQLITE_OK { throw owner.error(rc) }
+    }
+
+    /// Calls `body` with column `i`'s text bytes (valid only inside; empty for NULL).
+    public func withText<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        let n = Int(sqlite3_column_bytes(st, Int32(i)))
+        return body(UnsafeRawBufferPointer(start: sqlite3_column_text(st, Int32(i)), count: n))
+    }
+
     /// Binds text straight from C memory (copied by SQLite) at 1-based `index`.
     public func bindText(_ index: Int32, _ p: UnsafePointer<CChar>, _ n: Int32) throws(SQLiteError) {
         let rc = pylon_sqlite_bind_text(st, index, p, n)

@@ -163,6 +163,29 @@ final class MAService {
         t.start(after: delay)
     }
 
+    /// Queues a start or identifyAccount for `inst`: when its turn comes, `prepare` runs and
+    /// returns the backend path and body; the backend is retried until it answers; `handle`
+    /// turns its answer into the reply through `finish`. The next queued op begins only after
+    /// that reply (strict call order per AppKey).
+    func identityOp(_ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
+                    handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void) {
+        inst.pendingStarts += 1
+        inst.enqueueOp { [unowned self] in
+            let (path, body) = prepare()
+            func finish(_ reply: JSON) {
+                call.reply(reply)
+                inst.pendingStarts -= 1
+                inst.opFinished()
+            }
+            self.backend(path, body, retry: true) { r in
+                switch r {
+                case .failure(let why): finish(MAService.result(MACode.failed, why.message))
+                case .success(let j): handle(j, finish)
+                }
+            }
+        }
+    }
+
     // MARK: Consent
 
     /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader

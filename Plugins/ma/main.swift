@@ -26,38 +26,27 @@ plugin.method("start") { call in
     let client = call.callerClient
     let inst = ma.instances[appKey] ?? MAInstance(appKey: appKey)
     ma.instances[appKey] = inst
-    inst.pendingStarts += 1
-    inst.enqueueOp {
+    ma.identityOp(inst, call, prepare: {
         // The AppKey switch takes effect when this start begins executing.
         ma.bind(client: client, to: appKey)
         var body: JSONObject = ["deviceId": .string(ma.deviceId), "identity": identity.identityJSON]
         if let project { body["project"] = .string(project) }
-        ma.backend("/v1/ma/\(appKey)/start", .object(body), retry: true) { r in
-            func finish(_ reply: JSON) {
-                call.reply(reply)
-                inst.pendingStarts -= 1
-                inst.opFinished()
-            }
-            switch r {
-            case .failure(let why):
-                finish(R.result(MACode.failed, why.message))
-            case .success(let j):
-                let code = j["code"]?.intValue ?? MACode.failed
-                guard code == 0, let euid = j["euid"]?.stringValue else {
-                    finish(R.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
-                    return
-                }
-                inst.euid = euid
-                inst.project = j["project"]?.stringValue ?? project
-                inst.identity.merge(identity.valid) { _, new in new }
-                inst.started = true
-                ma.applyCollection(inst, enabled: enable) {
-                    ma.persist(inst)
-                    finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
-                }
-            }
+        return ("/v1/ma/\(appKey)/start", .object(body))
+    }, handle: { j, finish in
+        let code = j["code"]?.intValue ?? MACode.failed
+        guard code == 0, let euid = j["euid"]?.stringValue else {
+            finish(R.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
+            return
         }
-    }
+        inst.euid = euid
+        inst.project = j["project"]?.stringValue ?? project
+        inst.identity.merge(identity.valid) { _, new in new }
+        inst.started = true
+        ma.applyCollection(inst, enabled: enable) {
+            ma.persist(inst)
+            finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
+        }
+    })
 }
 
 plugin.method("identifyAccount") { call in
@@ -67,33 +56,23 @@ plugin.method("identifyAccount") { call in
         call.reply(R.result(MACode.invalidParams, identity.message(server: nil) == "success" ? "no valid identifier" : identity.message(server: nil)))
         return
     }
-    inst.pendingStarts += 1
-    inst.enqueueOp {
+    ma.identityOp(inst, call, prepare: {
         var body: JSONObject = ["deviceId": .string(ma.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
                                 "identity": identity.identityJSON]
         if let p = inst.project { body["project"] = .string(p) }
-        ma.backend("/v1/ma/\(inst.appKey)/identify", .object(body), retry: true) { r in
-            func finish(_ reply: JSON) {
-                call.reply(reply)
-                inst.pendingStarts -= 1
-                inst.opFinished()
-            }
-            switch r {
-            case .failure(let why): finish(R.result(MACode.failed, why.message))
-            case .success(let j):
-                let code = j["code"]?.intValue ?? MACode.failed
-                let message = identity.message(server: j["fields"]?.objectValue)
-                if code == 0, let euid = j["euid"]?.stringValue {
-                    inst.euid = euid
-                    inst.identity.merge(identity.valid) { _, new in new }
-                    ma.persist(inst)
-                    finish(R.result(0, message, ["euid": .string(euid)]))
-                } else {
-                    finish(R.result(code == 0 ? MACode.failed : code, message))
-                }
-            }
+        return ("/v1/ma/\(inst.appKey)/identify", .object(body))
+    }, handle: { j, finish in
+        let code = j["code"]?.intValue ?? MACode.failed
+        let message = identity.message(server: j["fields"]?.objectValue)
+        if code == 0, let euid = j["euid"]?.stringValue {
+            inst.euid = euid
+            inst.identity.merge(identity.valid) { _, new in new }
+            ma.persist(inst)
+            finish(R.result(0, message, ["euid": .string(euid)]))
+        } else {
+            finish(R.result(code == 0 ? MACode.failed : code, message))
         }
-    }
+    })
 }
 
 plugin.method("euid") { call in

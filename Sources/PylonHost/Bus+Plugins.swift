@@ -9,7 +9,11 @@ import Glibc
 /// out what each plugin's `PluginLifecycle` decides.
 extension Bus {
     public func startPlugins() {
+        // Readiness is judged only once every configured plugin has been added: a plugin whose
+        // spawn fails at once must not make the host report READY before the others start.
+        addingPlugins = true
         for pc in config.plugins where pc.enabled { addPlugin(pc) }
+        addingPlugins = false
         checkReady()
     }
 
@@ -277,7 +281,7 @@ extension Bus {
     /// Ready (READY=1) once every plugin has left `starting` at least once: it is running, or
     /// known to be failing (backoff/failed) — a broken plugin must not hold the whole host back.
     func checkReady() {
-        guard !readyReported else { return }
+        guard !readyReported, !addingPlugins else { return }
         var allLeft = true
         for slot in slots.values {
             if slot.life.state != .starting { slot.everLeftStarting = true }

@@ -44,6 +44,7 @@ public final class Bus {
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
     var readyReported = false
+    var addingPlugins = false
 
     public init(loop: Loop, config: HostConfig) {
         self.loop = loop

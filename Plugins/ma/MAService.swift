@@ -1,3 +1,4 @@
+import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -108,7 +109,7 @@ final class MAService {
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
     func instance(for call: Call) -> MAInstance? {
-        if let k = call.params["appKey"]?.stringValue?.trimmedWhitespace, !k.isEmpty { return instances[k] }
+        if let k = call.stringParam("appKey")?.trimmedWhitespace, !k.isEmpty { return instances[k] }
         if let c = call.callerClient, let k = clientAppKey[c] { return instances[k] }
         return nil
     }
@@ -218,7 +219,7 @@ final class MAService {
     func touchSession(_ inst: MAInstance) {
         if inst.sessionId == nil {
             inst.sessionId = System.randomHex(8)
-            record(inst, name: "el_session_start", properties: [:]) { _ in }
+            record(inst, name: "el_session_start", properties: nil) { _ in }
         }
         if inst.background { armSessionTimer(inst) }
     }
@@ -239,7 +240,7 @@ final class MAService {
             inst.sessionTimer?.close()
             inst.sessionTimer = nil
             guard inst.sessionId != nil else { return }
-            self.record(inst, name: "el_session_end", properties: [:]) { _ in }
+            self.record(inst, name: "el_session_end", properties: nil) { _ in }
             inst.sessionId = nil
         }
         inst.sessionTimer = t
@@ -249,38 +250,45 @@ final class MAService {
     // MARK: Events
 
     /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
-    func record(_ inst: MAInstance, name: String, properties: JSON, _ done: @escaping (String?) -> Void) {
+    /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
+    /// `properties` is a json-c object (borrowed; nil = none). The record is built as json-c
+    /// objects: the event's properties are shared with the request, never converted or copied.
+    func record(_ inst: MAInstance, name: String, properties: OpaquePointer?, _ done: @escaping (String?) -> Void) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
             done(nil)  // collection disabled: dropped silently, as the SDK does
             return
         }
         eventSeq &+= 1
-        // Unique without a syscall per event: a random per-process prefix plus a counter.
-        let id = "\(runPrefix)-\(eventSeq)"
-        var data: JSONObject = [
-            "event": .string(name), "time": .int(System.wallClockMs()),
-            "euid": inst.euid.map { .string($0) } ?? .null,
-            "session": inst.sessionId.map { .string($0) } ?? .null,
-            "properties": properties,
-        ]
+        let data = json_object_new_object()
+        json_object_object_add(data, "event", json_object_new_string(name))
+        json_object_object_add(data, "time", json_object_new_int64(System.wallClockMs()))
+        json_object_object_add(data, "euid", inst.euid.map { json_object_new_string($0) } ?? nil)
+        json_object_object_add(data, "session", inst.sessionId.map { json_object_new_string($0) } ?? nil)
+        json_object_object_add(data, "properties",
+                               json_object_get_type(properties) == json_type_object ? json_object_get(properties) : json_object_new_object())
         if !inst.utm.isEmpty {
-            var u = JSONObject()
-            for k in inst.utm.keys.sorted() { u[k] = .string(inst.utm[k]!) }
-            data["utm"] = .object(u)
+            let u = json_object_new_object()
+            for k in inst.utm.keys.sorted() { json_object_object_add(u, k, json_object_new_string(inst.utm[k]!)) }
+            json_object_object_add(data, "utm", u)
         }
-        var device: JSONObject = ["os": "linux"]
-        if inst.collectControl["idfv"] == true { device["idfv"] = .string(vendorId) }
-        if inst.collectControl["idfa"] == true, let a = advertisingId { device["idfa"] = .string(a) }
-        if inst.collectControl["carrier"] == true, let c = carrier { device["carrier"] = .string(c) }
-        data["device"] = .object(device)
+        let device = json_object_new_object()
+        json_object_object_add(device, "os", json_object_new_string("linux"))
+        if inst.collectControl["idfv"] == true { json_object_object_add(device, "idfv", json_object_new_string(vendorId)) }
+        if inst.collectControl["idfa"] == true, let a = advertisingId { json_object_object_add(device, "idfa", json_object_new_string(a)) }
+        if inst.collectControl["carrier"] == true, let c = carrier { json_object_object_add(device, "carrier", json_object_new_string(c)) }
+        json_object_object_add(data, "device", device)
+        let rec = json_object_new_object()
+        // Unique without a syscall per event: a random per-process prefix plus a counter.
+        json_object_object_add(rec, "id", json_object_new_string("\(runPrefix)-\(eventSeq)"))
+        json_object_object_add(rec, "data", data)
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
         // one commit for many events); each caller is answered when that enqueue is durable.
-        outbox[inst.appKey, default: []].append((["id": .string(id), "data": .object(data)], done))
+        outbox[inst.appKey, default: []].append((JSONRef(owning: rec), done))
         if !outboxTimer.isActive { outboxTimer.start(after: 0) }
     }
 
     /// Pending events per AppKey for the next enqueue, and the timer that sends them.
-    var outbox: [String: [(record: JSON, done: (String?) -> Void)]] = [:]
+    var outbox: [String: [(record: JSONRef, done: (String?) -> Void)]] = [:]
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
     static let maxRecordsPerEnqueue = 1000
 
@@ -293,10 +301,13 @@ final class MAService {
             while start < items.count {
                 let chunk = Array(items[start..<min(items.count, start + MAService.maxRecordsPerEnqueue)])
                 start += chunk.count
-                plugin.call("uploader.enqueue", [
-                    "stream": .string(inst.stream), "consent": .string(inst.consentKey),
-                    "records": .array(chunk.map { $0.record }),
-                ]) { r in
+                let params = json_object_new_object()
+                json_object_object_add(params, "stream", json_object_new_string(inst.stream))
+                json_object_object_add(params, "consent", json_object_new_string(inst.consentKey))
+                let recs = json_object_new_array_ext(Int32(chunk.count))
+                for item in chunk { json_object_array_add(recs, json_object_get(item.record.ptr)) }
+                json_object_object_add(params, "records", recs)
+                plugin.callRaw("uploader.enqueue", params: params) { r in
                     let err: String?
                     switch r {
                     case .success: err = nil

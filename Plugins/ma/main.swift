@@ -85,15 +85,16 @@ plugin.method("euid") { call in
 plugin.method("eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
               deniedResult: R.result(0, "")) { call in
     guard let inst = ma.usable(call) else { return }
-    if let why = EventValidation.check(eventName: call.params["eventName"], property: call.params["property"]) {
+    // Validated and recorded straight from the parsed json-c tree (no Swift values per event).
+    let props = call.paramRef("property")
+    if let why = EventValidation.check(eventName: call.paramRef("eventName"), hasEventName: call.hasParam("eventName"), property: props) {
         call.reply(R.result(MACode.invalidParams, why))
         return
     }
-    let name = call.params["eventName"]!.stringValue!
-    let props = call.params["property"] ?? .object([:])
+    let name = call.stringParam("eventName")!
     inst.whenReady {
         ma.touchSession(inst)
-        ma.record(inst, name: name, properties: props == .null ? .object([:]) : props) { err in
+        ma.record(inst, name: name, properties: props) { err in
             call.reply(err.map { R.result(MACode.failed, $0) } ?? R.result(0, ""))
         }
     }

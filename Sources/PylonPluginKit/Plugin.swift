@@ -31,6 +31,21 @@ public final class Call {
     /// The calling client's connection id, if known.
     public var callerClient: Int64? { caller?["client"]?.intValue }
 
+    /// A top-level params member as a borrowed json-c object (nil when absent).
+    public func paramRef(_ key: String) -> OpaquePointer? {
+        var v: OpaquePointer?
+        guard json_object_object_get_ex(paramsRef, key, &v) != 0 else { return nil }
+        return v
+    }
+    /// Whether params has the member `key` (even if null).
+    public func hasParam(_ key: String) -> Bool { json_object_object_get_ex(paramsRef, key, nil) != 0 }
+    /// A top-level string param, read without converting the rest of params.
+    public func stringParam(_ key: String) -> String? {
+        let v = paramRef(key)
+        guard json_object_get_type(v) == json_type_string else { return nil }
+        return String(cString: json_object_get_string(v))
+    }
+
     /// The params as a borrowed json-c object, for handlers that avoid conversion.
     public var paramsRef: OpaquePointer? { msg.member("params") }
 
@@ -143,6 +158,25 @@ public final class Plugin {
         nextId += 1
         pendingCalls[id] = done
         channel.send(Wire.request(id: .int(id), method: method, params: params))
+    }
+
+    /// `call` with params already built as a json-c object (ownership of `params` is taken):
+    /// the request is serialised once, with no conversion from Swift values.
+    public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+        guard let channel, !channel.isClosed else {
+            json_object_put(params)
+            done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
+            return
+        }
+        let id = nextId
+        nextId += 1
+        pendingCalls[id] = done
+        let o = json_object_new_object()
+        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
+        json_object_object_add(o, "id", json_object_new_int64(id))
+        json_object_object_add(o, "method", json_object_new_string(method))
+        json_object_object_add(o, "params", params)
+        channel.send(JSONRef(owning: o))
     }
 
     public func isConsentGranted(_ key: String) -> Bool {

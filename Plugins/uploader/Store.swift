@@ -21,12 +21,6 @@ struct PendingRecord {
 final class UploaderStore {
     let db: Database
 
-    struct Row {
-        var id: String
-        var ts: Int64
-        var body: String
-    }
-
     private var insertStatement: Statement!
 
     init(path: String, fsyncEveryCommit: Bool) throws(SQLiteError) {
@@ -138,12 +132,6 @@ final class UploaderStore {
         }
         out += Array("]}".utf8)
         return (out, count, bytes)
-    }
-
-    func batchRecords(_ key: String) throws(SQLiteError) -> [Row] {
-        try db.query("SELECT id, ts, body FROM records WHERE batch=? ORDER BY seq", [.text(key)]).map {
-            Row(id: $0[0].text ?? "", ts: $0[1].int ?? 0, body: $0[2].text ?? "null")
-        }
     }
 
     func isFinal(_ key: String) throws(SQLiteError) -> Bool {

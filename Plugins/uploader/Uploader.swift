@@ -28,7 +28,7 @@ final class Uploader {
     var diskBytes = 0
     private var tick: Timer!
     private var commitTimer: Timer!
-    private var rng = SplitMixLite(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
+    private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
     private var commitQueue: [(call: Call, stream: String, consent: String, records: [PendingRecord], bytes: Int)] = []
     private var commitQueueBytes = 0
@@ -116,24 +116,17 @@ final class Uploader {
 
     // MARK: Enqueue (group commit)
 
-    /// A string member of a json-c object, or nil.
-    static func string(_ obj: OpaquePointer?, _ key: String) -> String? {
-        var v: OpaquePointer?
-        guard json_object_object_get_ex(obj, key, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-        return String(cString: json_object_get_string(v))
-    }
-
     static func validStream(_ s: String) -> Bool {
         !s.isEmpty && s.utf8.count <= 128
             && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F || $0 == 0x3A }
     }
 
     func enqueue(_ call: Call) {
-        guard let stream = Uploader.string(call.paramsRef, "stream"), Uploader.validStream(stream) else {
+        guard let stream = call.stringParam("stream"), Uploader.validStream(stream) else {
             call.fail(RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]"))
             return
         }
-        let consent = Uploader.string(call.paramsRef, "consent") ?? ""
+        let consent = call.stringParam("consent") ?? ""
         if !consent.isEmpty && !plugin.isConsentGranted(consent) {
             var st = state(stream)  // read before writing: no overlapping access to `streams`
             st.refusedConsent += 1
@@ -533,26 +526,5 @@ extension String {
     func replacingStream(_ stream: String) -> String {
         guard let r = range(of: "{stream}") else { return self }
         return String(self[..<r.lowerBound]) + stream + String(self[r.upperBound...])
-    }
-    func range(of needle: String) -> Range<String.Index>? {
-        var i = startIndex
-        while i < endIndex {
-            if self[i...].hasPrefix(needle) { return i..<index(i, offsetBy: needle.count) }
-            i = index(after: i)
-        }
-        return nil
-    }
-}
-
-/// SplitMix64 for retry jitter.
-struct SplitMixLite {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func nextUnit() -> Double {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return Double((z ^ (z >> 31)) >> 11) / Double(1 << 53)
     }
 }

@@ -264,8 +264,13 @@ public final class Bus {
     /// The switch that refuses this message, or nil when it may pass.
     func deniedConsent(_ spec: Manifest.Method, _ msg: JSONRef) -> String? {
         if !consent.masterGranted { return ConsentStore.master }
-        let params: JSON? = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-        switch spec.consentKey(params: params) {
+        let params = msg.member("params")
+        let key = spec.consentKey { name in
+            var v: OpaquePointer?
+            guard json_object_object_get_ex(params, name, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
+            return String(cString: json_object_get_string(v))
+        }
+        switch key {
         case .none, .unresolved: return nil
         case .key(let k): return consent.isGranted(k) ? nil : k
         }
@@ -490,16 +495,5 @@ public final class Bus {
             return rule.allows(c)
         }
         return true
-    }
-}
-
-extension String {
-    func range(of needle: String) -> Range<String.Index>? {
-        var i = startIndex
-        while i < endIndex {
-            if self[i...].hasPrefix(needle) { return i..<self.index(i, offsetBy: needle.count) }
-            i = index(after: i)
-        }
-        return nil
     }
 }

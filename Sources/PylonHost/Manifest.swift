@@ -84,6 +84,12 @@ extension Manifest.Method {
     /// Resolves the consent template against the request params. nil when the method has no
     /// switch; `.unresolved` when a `{field}` is absent (only the master switch then applies).
     public func consentKey(params: JSON?) -> ConsentKey {
+        consentKey { params?[$0]?.stringValue }
+    }
+
+    /// The same, reading each `{field}` through `field` (the router looks fields up in the parsed
+    /// json-c tree, so a consent check converts nothing else of the message).
+    public func consentKey(field: (String) -> String?) -> ConsentKey {
         guard let t = consent else { return .none }
         guard t.contains("{") else { return .key(t) }
         var out = ""
@@ -91,8 +97,8 @@ extension Manifest.Method {
         while let open = rest.firstIndex(of: "{") {
             out += rest[..<open]
             guard let close = rest[open...].firstIndex(of: "}") else { return .key(t) }
-            let field = String(rest[rest.index(after: open)..<close])
-            guard let v = params?[field]?.stringValue, !v.isEmpty else { return .unresolved }
+            let name = String(rest[rest.index(after: open)..<close])
+            guard let v = field(name), !v.isEmpty else { return .unresolved }
             out += v
             rest = rest[rest.index(after: close)...]
         }

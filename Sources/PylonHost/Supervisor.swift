@@ -1,3 +1,5 @@
+import PylonCore
+
 /// How a plugin is restarted when it exits (Erlang/OTP's child restart types).
 public enum RestartPolicy: String, Sendable, CaseIterable {
     /// Always restarted, even after a clean exit.
@@ -258,21 +260,6 @@ public struct PluginLifecycle: Sendable {
         let d = min(base * factor, Double(policy.backoffMaxMs))
         return UInt64(max(0, d.rounded()))
     }
-}
-
-/// A small deterministic PRNG (SplitMix64) so jitter is reproducible under test.
-public struct SplitMix64: Sendable {
-    private var state: UInt64
-    public init(seed: UInt64) { state = seed }
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    public mutating func nextUnit() -> Double { Double(next() >> 11) / Double(1 << 53) }
 }
 
 private func pow(_ b: Double, _ e: Double) -> Double {

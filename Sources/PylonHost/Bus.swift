@@ -290,7 +290,7 @@ public final class Bus {
         let original: String
         if let span = RawJSON.memberValueSpan(line, key: "id") {
             original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
-            if target.slot?.manifest?.callerInfo == true {
+            if target.slot?.wantsCallerInfo == true {
                 var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
                 replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
             } else {

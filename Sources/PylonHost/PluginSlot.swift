@@ -7,7 +7,11 @@ final class PluginSlot {
     var life: PluginLifecycle
     var process: ChildProcess?
     var peer: Peer?
-    var manifest: Manifest?
+    var manifest: Manifest? {
+        didSet { wantsCallerInfo = manifest?.callerInfo ?? false }
+    }
+    /// From the manifest, kept apart so the routing hot path does not copy the manifest.
+    private(set) var wantsCallerInfo = false
     var pid: Int32 = 0
     var spawnedAtMs: UInt64 = 0
     var served: UInt64 = 0

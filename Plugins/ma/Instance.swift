@@ -15,6 +15,9 @@ final class MAInstance {
     var collectControl: [String: Bool] = MAInstance.defaultCollectControl
     var utm: [String: String] = [:]
     var sessionTimeoutS: Int64 = 30 * 60
+    /// Set by `ma.setReportInterval` for the app's current session; reset to the configured
+    /// default when the last client bound to this AppKey disconnects.
+    var reportIntervalS: Int64?
 
     // Session: starts on first activity, ends `sessionTimeoutS` after going to background.
     var sessionId: String?
@@ -100,6 +103,7 @@ final class MAInstance {
             "euid": euid.map { .string($0) } ?? .null, "project": project.map { .string($0) } ?? .null,
             "identity": .object(id), "collectionEnabled": collectionEnabled.map { .bool($0) } ?? .null,
             "collectControl": .object(cc), "utm": .object(u), "sessionTimeoutS": .int(sessionTimeoutS),
+            "reportIntervalS": reportIntervalS.map { .int($0) } ?? .null,
         ]
     }
 
@@ -111,5 +115,6 @@ final class MAInstance {
         for (k, v) in j["collectControl"]?.objectValue ?? JSONObject() { collectControl[k] = v.boolValue }
         for (k, v) in j["utm"]?.objectValue ?? JSONObject() { utm[k] = v.stringValue }
         if let t = j["sessionTimeoutS"]?.intValue { sessionTimeoutS = t }
+        reportIntervalS = j["reportIntervalS"]?.intValue
     }
 }

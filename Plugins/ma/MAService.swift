@@ -43,6 +43,7 @@ final class MAService {
         carrier = c["carrier"]?.stringValue
         if let v = c["retryInitialMs"]?.intValue { retryInitialMs = UInt64(v) }
         if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
+        if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
         do {
             db = try Database(path: plugin.stateDir + "/ma.db")
             try db.exec("""
@@ -95,8 +96,19 @@ final class MAService {
     func clientClosed(_ client: Int64) {
         guard let k = clientAppKey.removeValue(forKey: client) else { return }
         try? db.run("DELETE FROM bindings WHERE client=?", [.int(client)])
-        // A client that disconnects counts as the app going to the background.
-        if let inst = instances[k], !clientAppKey.values.contains(k) { setBackground(inst, true) }
+        // A client that disconnects counts as the app going to the background; its session's
+        // report interval ends with it (the uploader falls back to the configured default).
+        guard let inst = instances[k], !clientAppKey.values.contains(k) else { return }
+        setBackground(inst, true)
+        if inst.reportIntervalS != nil {
+            inst.reportIntervalS = nil
+            persist(inst)
+            plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .null]) { [unowned self] r in
+                if case .failure(let e) = r {
+                    self.plugin.log.warn("cannot reset the report interval", ["appKey": inst.appKey, "error": e.message])
+                }
+            }
+        }
     }
 
     // MARK: Replies
@@ -250,7 +262,6 @@ final class MAService {
     // MARK: Events
 
     /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
-    /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
     /// `properties` is a json-c object (borrowed; nil = none). The record is built as json-c
     /// objects: the event's properties are shared with the request, never converted or copied.
     func record(_ inst: MAInstance, name: String, properties: OpaquePointer?, _ done: @escaping (String?) -> Void) {
@@ -258,7 +269,12 @@ final class MAService {
             done(nil)  // collection disabled: dropped silently, as the SDK does
             return
         }
+        guard held + outboxCount < maxHeldEvents else {
+            done("too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))")
+            return
+        }
         eventSeq &+= 1
+        outboxCount += 1
         let data = json_object_new_object()
         json_object_object_add(data, "event", json_object_new_string(name))
         json_object_object_add(data, "time", json_object_new_int64(System.wallClockMs()))
@@ -292,9 +308,12 @@ final class MAService {
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
     static let maxRecordsPerEnqueue = 1000
 
+    private var outboxCount = 0
+
     func flushOutbox() {
         let all = outbox
         outbox.removeAll()
+        outboxCount = 0
         for (appKey, items) in all {
             guard let inst = instances[appKey] else { continue }
             var start = 0
@@ -307,16 +326,46 @@ final class MAService {
                 let recs = json_object_new_array_ext(Int32(chunk.count))
                 for item in chunk { json_object_array_add(recs, json_object_get(item.record.ptr)) }
                 json_object_object_add(params, "records", recs)
-                plugin.callRaw("uploader.enqueue", params: params) { r in
-                    let err: String?
-                    switch r {
-                    case .success: err = nil
-                    case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: err = nil
-                    case .failure(let e): err = e.message
-                    }
-                    for item in chunk { item.done(err) }
-                }
+                held += chunk.count
+                enqueue(params, chunk, attempt: 1)
             }
+        }
+    }
+
+    /// Events sent to the uploader and not yet answered (or waiting to be sent again).
+    private(set) var held = 0
+    /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
+    /// it new events are answered -1 at once instead of waiting.
+    var maxHeldEvents = 100_000
+
+    /// Sends one enqueue. If the uploader is restarting (-32001) or did not answer in time
+    /// (-32002), the same records are sent again after a backoff: the app's reply waits, and the
+    /// uploader ignores records it already has (ids are unique per stream), so nothing is
+    /// doubled. Any other answer settles the chunk.
+    private func enqueue(_ params: OpaquePointer?, _ chunk: [(record: JSONRef, done: (String?) -> Void)], attempt: Int) {
+        let again = JSONRef(owning: json_object_get(params))
+        plugin.callRaw("uploader.enqueue", params: params) { [unowned self] r in
+            let err: String?
+            switch r {
+            case .success: err = nil
+            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: err = nil
+            case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
+                var delay: UInt64 = 50
+                for _ in 1..<min(attempt, 6) { delay *= 2 }
+                if attempt == 1 {
+                    self.plugin.log.warn("uploader unavailable; holding events", ["events": chunk.count, "error": e.message])
+                }
+                let t = Timer(loop: self.plugin.loop) {}
+                t.callback = { [unowned self, unowned t] in
+                    t.close()
+                    self.enqueue(json_object_get(again.ptr), chunk, attempt: attempt + 1)
+                }
+                t.start(after: delay)
+                return
+            case .failure(let e): err = e.message
+            }
+            self.held -= chunk.count
+            for item in chunk { item.done(err) }
         }
     }
 }

@@ -175,7 +175,11 @@ plugin.method("setReportInterval") { call in
         return
     }
     plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .int(s * 1000)]) { r in
-        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)) } else { call.reply(R.result(0, "")) }
+        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)); return }
+        // Held for the app's session (ma.md §6): undone when its last client disconnects.
+        inst.reportIntervalS = s
+        ma.persist(inst)
+        call.reply(R.result(0, ""))
     }
 }
 

@@ -462,14 +462,18 @@ final class Uploader {
             return
         }
         var st = state(name)
-        if let n = p["maxCount"] {
+        // null restores the configured default (MA's report interval lasts one app session).
+        let configured = settings(for: name)
+        if p["maxCount"] == JSON.null { st.settings.maxCount = configured.maxCount }
+        if p["intervalMs"] == JSON.null { st.settings.intervalMs = configured.intervalMs }
+        if let n = p["maxCount"], n != JSON.null {
             guard let v = n.intValue, v >= 1, v <= Int64(StreamSettings.maxCountLimit) else {
                 call.fail(RPCError(.invalidParams, "maxCount must be an integer from 1 to \(StreamSettings.maxCountLimit)"))
                 return
             }
             st.settings.maxCount = Int(v)
         }
-        if let n = p["intervalMs"] {
+        if let n = p["intervalMs"], n != JSON.null {
             guard let v = n.intValue, v >= 0 else {
                 call.fail(RPCError(.invalidParams, "intervalMs must be a non-negative integer"))
                 return

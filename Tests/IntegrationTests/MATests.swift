@@ -4,11 +4,12 @@ import PylonClientKit
 
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.
-    static func maPlugins(_ backend: TestBackend) -> [JSON] {
-        [
+    static func maPlugins(_ backend: TestBackend, ma extra: JSONObject = [:]) -> [JSON] {
+        var config: JSONObject = ["backend": .string(backend.baseURL), "retryInitialMs": 100, "retryMaxMs": 500]
+        for (k, v) in extra { config[k] = v }
+        return [
             uploader(backend, config: ["streams": ["ma.*": ["maxCount": 50, "intervalMs": 600000]]]),
-            ["name": "ma", "exec": "pylon-ma", "backoffInitialMs": 50,
-             "config": ["backend": .string(backend.baseURL), "retryInitialMs": 100, "retryMaxMs": 500]],
+            ["name": "ma", "exec": "pylon-ma", "backoffInitialMs": 50, "config": .object(config)],
         ]
     }
 }

@@ -47,7 +47,7 @@ func maBench() throws {
     let secs = Double(Loop.hrtimeNs - start) / 1e9
     print("ma.eventRecord, \(maWindow) in flight: \(Int(Double(acked) / secs)) acknowledged events/s over \(fmt(secs)) s, errors \(errors)")
     conn.close()
-    stopHost()
+    // The backend first: stopHost runs the loop until every child has exited.
     backend.kill(SIGTERM)
-    loop.run()
+    stopHost()
 }

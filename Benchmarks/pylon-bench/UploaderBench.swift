@@ -102,7 +102,7 @@ func uploaderBench() throws {
     print("end to end: \(delivered) of \(acked) records at the backend after \(fmt(e2e)) s = \(Int(Double(delivered) / e2e)) records/s")
     http.shutdown()
     conn.close()
-    stopHost()
+    // The backend first: stopHost runs the loop until every child has exited.
     backend.kill(SIGTERM)
-    loop.run()
+    stopHost()
 }

@@ -113,6 +113,9 @@ final class MAService {
 
     // MARK: Replies
 
+    /// `{"code":0,"message":""}`, serialized once (the answer to every recorded event).
+    static let okReply = Array(#"{"code":0,"message":""}"#.utf8)
+
     static func result(_ code: Int64, _ message: String, _ extra: JSONObject = [:]) -> JSON {
         var o: JSONObject = ["code": .int(code), "message": .string(message)]
         for (k, v) in extra { o[k] = v }
@@ -306,7 +309,10 @@ final class MAService {
     /// Pending events per AppKey for the next enqueue, and the timer that sends them.
     var outbox: [String: [(record: JSONRef, done: (String?) -> Void)]] = [:]
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
-    static let maxRecordsPerEnqueue = 1000
+    /// Events per uploader enqueue. Small enough that the host, the uploader and this plugin
+    /// work on consecutive chunks at the same time (measured: 1000 per enqueue ran the three
+    /// in lock step at ~21k events/s; 128 gives ~30k with the same CPU).
+    static let maxRecordsPerEnqueue = 128
 
     private var outboxCount = 0
 

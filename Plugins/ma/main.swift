@@ -95,7 +95,7 @@ plugin.method("eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
     inst.whenReady {
         ma.touchSession(inst)
         ma.record(inst, name: name, properties: props) { err in
-            call.reply(err.map { R.result(MACode.failed, $0) } ?? R.result(0, ""))
+            if let err { call.reply(R.result(MACode.failed, err)) } else { call.reply(serialized: R.okReply) }
         }
     }
 }

@@ -15,7 +15,7 @@ func maBench() throws {
     startHost(plugins: [
         ["name": "uploader", "exec": "pylon-uploader",
          "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
-                    "streams": ["ma.*": ["maxCount": 500, "intervalMs": 1000]]]],
+                    "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]]]],  // as etc/pylon.json
         ["name": "ma", "exec": "pylon-ma", "config": ["backend": .string("http://127.0.0.1:\(port)")]],
     ])
     let sync = try SyncClient(path: socketPath)
@@ -29,6 +29,15 @@ func maBench() throws {
     }
     single.sort()
     print("ma.eventRecord, one at a time: p50 \(fmt(percentile(single, 0.5))) µs, p99 \(fmt(percentile(single, 0.99))) µs")
+
+    // CPU time of every process on the path (this client included), per acknowledged event.
+    let status = try sync.call("bus.status")
+    var pids: [(String, Int32)] = [("host", Int32(status["pid"]?.intValue ?? 0))]
+    for p in status["plugins"]?.arrayValue ?? [] {
+        pids.append((p["name"]?.stringValue ?? "?", Int32(p["pid"]?.intValue ?? 0)))
+    }
+    pids += [("backend", backend.pid), ("client", getpid())]
+    let cpu0 = pids.map { cpuTicks($0.1) }
 
     let conn = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
     var sent = 0, acked = 0, errors = 0
@@ -46,6 +55,9 @@ func maBench() throws {
     loop.run()
     let secs = Double(Loop.hrtimeNs - start) / 1e9
     print("ma.eventRecord, \(maWindow) in flight: \(Int(Double(acked) / secs)) acknowledged events/s over \(fmt(secs)) s, errors \(errors)")
+    let tick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(acked, 1))
+    let cpu = zip(pids, cpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * tick))" }
+    print("CPU µs per event: " + cpu.joined(separator: ", "))
     conn.close()
     // The backend first: stopHost runs the loop until every child has exited.
     backend.kill(SIGTERM)

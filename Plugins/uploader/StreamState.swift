@@ -1,5 +1,6 @@
-/// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500), `intervalMs`
-/// its `setReportInterval`; a batch never exceeds `maxBatchBytes`.
+/// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500): holding that
+/// many records makes the stream send everything queued (batches of at most 500 records and
+/// `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
 struct StreamSettings: Equatable {
     static let maxCountLimit = 500
     var endpoint: String
@@ -66,7 +67,11 @@ struct StreamState {
 
     init(settings: StreamSettings) { self.settings = settings }
 
+    /// How many queued records make the stream send.
     var effectiveMaxCount: Int { min(settings.maxCount, countCap ?? Int.max) }
+    /// How many records one batch may carry: everything queued (as MA's SDK reports "all data"
+    /// once the cache count is exceeded), up to 500 and `maxBatchBytes`, or the cap after a 413.
+    var batchLimit: Int { countCap ?? StreamSettings.maxCountLimit }
 
     /// Whether to send now: a pending batch whose wait is over, or a new batch because the count,
     /// the bytes or the interval says so (or a flush was asked for).

@@ -247,7 +247,7 @@ final class Uploader {
             let key = System.randomHex(16)
             let n: Int
             do {
-                n = try store.cutBatch(stream: name, key: key, maxCount: st.effectiveMaxCount,
+                n = try store.cutBatch(stream: name, key: key, maxCount: st.batchLimit,
                                        maxBytes: st.settings.maxBatchBytes, final: false, nowMs: System.wallClockMs())
             } catch {
                 plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
@@ -288,7 +288,9 @@ final class Uploader {
             return
         }
         let gz: [UInt8]
-        do { gz = try Gzip.compress(batch.body) } catch {
+        // Level 1: on event JSON it compresses within ~2% of level 6 at less than half the CPU
+        // (500 MA events: 144 KB -> 4.8 KB in 0.23 ms vs 4.7 KB in 0.57 ms).
+        do { gz = try Gzip.compress(batch.body, level: 1) } catch {
             plugin.log.error("gzip failed", ["error": "\(error)"])
             streams[stream]?.inFlight = false
             return

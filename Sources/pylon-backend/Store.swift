@@ -8,6 +8,8 @@ import PylonStore
 /// The MA tables are in `Store+MA.swift`.
 final class Store {
     let db: Database
+    /// The ingest insert, prepared once (compiled SQL reused for every record).
+    private var insertRecord: Statement?
 
     struct IngestResult: Equatable {
         var accepted: Int
@@ -85,10 +87,14 @@ final class Store {
                 return IngestResult(accepted: 0, duplicates: batch.records.count, duplicateBatch: true)
             }
             var accepted = 0
+            if insertRecord == nil {
+                insertRecord = try db.prepare("INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)")
+            }
+            let ins = insertRecord!
             for r in batch.records {
-                try db.run(
-                    "INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)",
-                    [.text(batch.stream), .text(r.id), .int(r.ts), .text(r.data), .text(batch.key)])
+                ins.reset()
+                try ins.bind([.text(batch.stream), .text(r.id), .int(r.ts), .text(r.data), .text(batch.key)])
+                _ = try ins.step()
                 accepted += db.changes
             }
             let duplicates = batch.records.count - accepted

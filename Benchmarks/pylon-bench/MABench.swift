@@ -5,7 +5,7 @@ import Glibc
 #endif
 
 /// `pylon-bench ma`: acknowledged `ma.eventRecord` per second through the host (pipelined,
-/// 256 in flight; each event is validated, stamped and made durable by the uploader), and the
+/// `--window` in flight; each event is validated, stamped and made durable by the uploader), and the
 /// latency of one event on an idle system.
 /// Events in flight (`--window N`, default 1024).
 nonisolated(unsafe) var maWindow = 1024

@@ -28,7 +28,7 @@ func startBackend() throws -> (ChildProcess, Int) {
 }
 
 /// `pylon-bench uploader`: acknowledged durable enqueues per second through the host
-/// (~300-byte records, 256 requests in flight, one record per request), then end-to-end
+/// (~300-byte records, `--window` requests in flight, default 1,024, one record per request), then end-to-end
 /// records per second delivered to the reference backend.
 func uploaderBench() throws {
     let (backend, port) = try startBackend()

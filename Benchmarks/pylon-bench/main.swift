@@ -32,7 +32,7 @@ while let a = it.next() {
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
     case "bus", "uploader", "ma": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }

@@ -50,7 +50,7 @@ extension Bus {
                 if pc != slot.config {
                     log.info("reload: plugin definition changed; restarting", ["plugin": name])
                     retire(slot)
-                    addPlugin(pc)
+                    addPlugin(pc, after: slot)
                 }
             } else {
                 log.info("reload: plugin removed; stopping", ["plugin": name])

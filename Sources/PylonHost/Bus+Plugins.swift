@@ -17,11 +17,22 @@ extension Bus {
         checkReady()
     }
 
-    func addPlugin(_ pc: PluginConfig) {
+    /// Adds a plugin and starts it, or, when it replaces a `predecessor` that is still exiting,
+    /// starts it once that process is gone (until then calls get -32001 "not running").
+    func addPlugin(_ pc: PluginConfig, after predecessor: PluginSlot? = nil) {
         let slot = PluginSlot(config: pc, seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs) ^ UInt64(slots.count))
         slots[pc.name] = slot
         slotOrder.append(pc.name)
-        perform(slot, slot.life.start(now: loop.nowMs))
+        guard let old = predecessor, old.life.isAlive else {
+            perform(slot, slot.life.start(now: loop.nowMs))
+            return
+        }
+        log.info("waiting for the old copy to exit before starting the new one", ["plugin": pc.name, "pid": old.pid])
+        old.onGone = { [unowned self, weak slot] in
+            // Only if no later reload replaced or removed it meanwhile.
+            guard let slot, self.slots[pc.name] === slot, !self.shuttingDown else { return }
+            self.perform(slot, slot.life.start(now: self.loop.nowMs))
+        }
     }
 
     func perform(_ slot: PluginSlot, _ action: PluginLifecycle.Action) {
@@ -274,6 +285,10 @@ extension Bus {
                                            "reason": slot.lastExit ?? "-", "next": slot.life.state.rawValue])
         if !slot.life.isAlive, slot.life.state != .backoff { slot.timer?.stop() }
         perform(slot, action)
+        if !slot.life.isAlive, let gone = slot.onGone {
+            slot.onGone = nil
+            gone()
+        }
         checkReady()
         if shuttingDown { checkShutdownComplete() }
     }

@@ -23,6 +23,9 @@ final class PluginSlot {
     var lastHeartbeatRttMs: UInt64?
     var everLeftStarting = false
     var lastExit: String?
+    /// Set on a slot retired by a reload while its process is still exiting: starts the
+    /// replacement once this process is gone (two copies never share the state directory).
+    var onGone: (() -> Void)?
 
     init(config: PluginConfig, seed: UInt64) {
         self.config = config

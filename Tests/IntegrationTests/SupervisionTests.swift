@@ -96,4 +96,23 @@ import PylonClientKit
         try h.waitForPlugin("py")
         #expect(try h.client().call("py.whoami")["implementation"] == .string("python"))
     }
+
+    @Test func sighupReloadOfAChangedPluginStartsTheNewCopyOnlyAfterTheOldExited() throws {
+        let h = try TestHost()
+        let oldPid = try #require(try h.plugin()["pid"]?.intValue)
+        var cfg = try JSON.parse(String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
+        cfg["plugins"] = [TestHost.echo(name: "echo", ["config": ["generation": 2]])]
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        kill(h.pid, SIGHUP)
+        try waitUntil(timeout: 10) {
+            let p = try h.plugin()
+            return p["state"] == .string("running") && p["pid"]?.intValue != oldPid
+        }
+        let newPid = try #require(try h.plugin()["pid"]?.intValue)
+        let lines = h.logText.split(separator: "\n")
+        let exited = try #require(lines.firstIndex { $0.contains("msg=\"plugin exited\"") && $0.contains("pid=\(oldPid)") })
+        let spawned = try #require(lines.firstIndex { $0.contains("msg=\"plugin spawned\"") && $0.contains("pid=\(newPid)") })
+        #expect(exited < spawned, "two copies must never run on the same state directory")
+        #expect(try h.client().call("echo.echo", ["x": 1]) == ["x": 1])
+    }
 }

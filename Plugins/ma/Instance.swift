@@ -114,7 +114,7 @@ final class MAInstance {
         collectionEnabled = j["collectionEnabled"]?.boolValue
         for (k, v) in j["collectControl"]?.objectValue ?? JSONObject() { collectControl[k] = v.boolValue }
         for (k, v) in j["utm"]?.objectValue ?? JSONObject() { utm[k] = v.stringValue }
-        if let t = j["sessionTimeoutS"]?.intValue { sessionTimeoutS = t }
+        if let t = j["sessionTimeoutS"]?.intValue { sessionTimeoutS = min(max(1, t), MAService.maxSessionTimeoutS) }
         reportIntervalS = j["reportIntervalS"]?.intValue
     }
 }

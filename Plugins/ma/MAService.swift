@@ -113,6 +113,11 @@ final class MAService {
 
     // MARK: Replies
 
+    /// Upper bounds of `ma.setReportInterval` (1 day) and `ma.setSessionTimeout` (7 days), in
+    /// seconds; larger values are answered -3.
+    static let maxReportIntervalS: Int64 = 86_400
+    static let maxSessionTimeoutS: Int64 = 7 * 86_400
+
     /// `{"code":0,"message":""}`, serialized once (the answer to every recorded event).
     static let okReply = Array(#"{"code":0,"message":""}"#.utf8)
 

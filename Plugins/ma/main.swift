@@ -170,8 +170,8 @@ plugin.method("setUtmProperties") { call in
 
 plugin.method("setReportInterval") { call in
     guard let inst = ma.usable(call) else { return }
-    guard let s = call.params["interval"]?.intValue, s > 0 else {
-        call.reply(R.result(MACode.invalidParams, "interval (seconds, > 0) is required"))
+    guard let s = call.params["interval"]?.intValue, s > 0, s <= R.maxReportIntervalS else {
+        call.reply(R.result(MACode.invalidParams, "interval (seconds, 1 to \(R.maxReportIntervalS)) is required"))
         return
     }
     plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .int(s * 1000)]) { r in
@@ -197,8 +197,8 @@ plugin.method("setMaxEventCacheCount") { call in
 
 plugin.method("setSessionTimeout") { call in
     guard let inst = ma.usable(call) else { return }
-    guard let s = call.params["interval"]?.intValue, s > 0 else {
-        call.reply(R.result(MACode.invalidParams, "interval (seconds, > 0) is required"))
+    guard let s = call.params["interval"]?.intValue, s > 0, s <= R.maxSessionTimeoutS else {
+        call.reply(R.result(MACode.invalidParams, "interval (seconds, 1 to \(R.maxSessionTimeoutS)) is required"))
         return
     }
     inst.sessionTimeoutS = s

@@ -164,6 +164,19 @@ import PylonClientKit
         try waitUntil(timeout: 5) { try streamSettings(watcher, "ma.cadence")?["intervalMs"] == .int(600000) }
     }
 
+    @Test func intervalsOutOfRangeAreMinus3AndNeverCrashThePlugin() throws {
+        let (b, h, c, _) = try started("ranges")
+        defer { _ = b }
+        for m in ["ma.setReportInterval", "ma.setSessionTimeout"] {
+            for v: JSON in [.int(Int64.max), .int(-5), .int(0), .double(1e300), "10", .null] {
+                #expect(code(try c.call(m, ["interval": v])) == -3, "\(m) \(v.serialized)")
+            }
+        }
+        #expect(code(try c.call("ma.setReportInterval", ["interval": 86_400])) == 0)
+        #expect(code(try c.call("ma.setSessionTimeout", ["interval": 604_800])) == 0)
+        #expect(try h.plugin("ma")["restarts"] == .int(0))
+    }
+
     // MARK: Property names and values
 
     @Test(arguments: ["Level", "1st", "a-b", "caf\u{e9}", "el_x", "engagelab_x", "metaverse_x",

@@ -220,5 +220,26 @@ plugin.method("setAppState") { call in
 
 registerProfileMethods(plugin, ma)
 
+// MARK: Operator view (not an SDK method)
+
+/// `ma.status`: what the plugin is doing, per AppKey — for people and `pylonctl call ma.status`.
+/// No identities (EUID, project, identifiers): any client may call it, and apps must not see
+/// each other's identity.
+plugin.method("status") { call in
+    var apps = JSONObject()
+    for k in ma.instances.keys.sorted() {
+        let i = ma.instances[k]!
+        apps[k] = [
+            "started": .bool(i.started), "collectionEnabled": i.collectionEnabled.map { .bool($0) } ?? .null,
+            "pendingStarts": .int(Int64(i.pendingStarts)), "queuedChannelValues": .int(Int64(i.channelQueue.count)),
+            "session": i.sessionId.map { .string($0) } ?? .null, "background": .bool(i.background),
+            "sessionTimeoutS": .int(i.sessionTimeoutS), "reportIntervalS": i.reportIntervalS.map { .int($0) } ?? .null,
+            "clients": .int(Int64(ma.clientAppKey.values.filter { $0 == k }.count)),
+        ]
+    }
+    call.reply(["backend": .string(ma.backendURL), "appKeys": .object(apps),
+                "heldEvents": .int(Int64(ma.held)), "maxHeldEvents": .int(Int64(ma.maxHeldEvents))])
+}
+
 plugin.onShutdown = { ma.http?.shutdown() }
 plugin.run()

@@ -123,6 +123,18 @@ import PylonClientKit
         #expect(code(try c.call("ma.setProperty", ["key": "level", "value": 1])) == -1)
     }
 
+    @Test func statusShowsEachAppKey() throws {
+        let (b, h, c, euid) = try started("seen")
+        defer { _ = (b, h) }
+        _ = try c.call("ma.setReportInterval", ["interval": 7])
+        let st = try c.call("ma.status")
+        #expect(st["appKeys"]?["seen"]?["started"] == .bool(true))
+        #expect(!st.serialized.contains(euid), "no identities: apps must not see each other's")
+        #expect(st["appKeys"]?["seen"]?["reportIntervalS"] == .int(7))
+        #expect(st["appKeys"]?["seen"]?["clients"] == .int(1))
+        #expect(st["heldEvents"] == .int(0))
+    }
+
     // MARK: Contacts
 
     @Test func contactEmptyStringClearsAndNullLeavesUnchanged() throws {

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Byte-level helpers for text that json-c has already validated as one JSON object.
 ///
 /// Routing rewrites only a message's `id`. Instead of re-serialising the whole parsed object,
@@ -9,6 +13,16 @@ public enum RawJSON {
     /// key appears more than once the last wins, as in json-c, so the bytes rewritten are the
     /// ones the parser used. A key spelled with escapes is not found (callers fall back).
     public static func memberValueSpan(_ text: UnsafeRawBufferPointer, key: StaticString) -> Range<Int>? {
+        memberValueSpan(text, keyBytes: UnsafeRawBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+    }
+
+    /// `memberValueSpan` for a key known only at run time (plain, no escapes).
+    public static func memberValueSpan(_ text: UnsafeRawBufferPointer, key: String) -> Range<Int>? {
+        var key = key
+        return key.withUTF8 { memberValueSpan(text, keyBytes: UnsafeRawBufferPointer($0)) }
+    }
+
+    static func memberValueSpan(_ text: UnsafeRawBufferPointer, keyBytes key: UnsafeRawBufferPointer) -> Range<Int>? {
         let n = text.count
         var i = 0
         var found: Range<Int>?
@@ -29,7 +43,7 @@ public enum RawJSON {
             i = skipSpace(text, i + 1)
             let valueStart = i
             let valueEnd = skipValue(text, i)
-            if equals(text, keyStart, keyEnd, key) {
+            if keyEnd - keyStart == key.count, memcmp(text.baseAddress! + keyStart, key.baseAddress!, key.count) == 0 {
                 var e = valueEnd
                 while e > valueStart, isSpace(text[e - 1]) { e -= 1 }
                 found = valueStart..<e
@@ -84,10 +98,259 @@ public enum RawJSON {
         return i
     }
 
-    @inline(__always) static func equals(_ t: UnsafeRawBufferPointer, _ s: Int, _ e: Int, _ key: StaticString) -> Bool {
+    /// The string at `span` when it is a JSON string without escapes (its bytes are then the
+    /// value); nil for any other value, or a string with escapes.
+    public static func plainString(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> String? {
+        guard span.count >= 2, t[span.lowerBound] == UInt8(ascii: "\""), t[span.upperBound - 1] == UInt8(ascii: "\"") else { return nil }
+        let body = UnsafeRawBufferPointer(rebasing: t[(span.lowerBound + 1)..<(span.upperBound - 1)])
+        guard !body.contains(UInt8(ascii: "\\")) else { return nil }
+        return String(decoding: body, as: UTF8.self)
+    }
+
+    /// The integer at `span` when it is written as plain digits (optionally negative) that fit an
+    /// Int64; nil for anything else (fractions, exponents, strings, overflow).
+    public static func plainInt(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Int64? {
+        var i = span.lowerBound
+        let negative = i < span.upperBound && t[i] == UInt8(ascii: "-")
+        if negative { i += 1 }
+        guard i < span.upperBound else { return nil }
+        var v: Int64 = 0
+        while i < span.upperBound {
+            let c = t[i]
+            guard c >= UInt8(ascii: "0"), c <= UInt8(ascii: "9") else { return nil }
+            let (m, o1) = v.multipliedReportingOverflow(by: 10)
+            let (a, o2) = m.addingReportingOverflow(Int64(c - UInt8(ascii: "0")))
+            guard !o1, !o2 else { return nil }
+            v = a
+            i += 1
+        }
+        return negative ? -v : v
+    }
+
+    @inline(__always) public static func equals(_ t: UnsafeRawBufferPointer, _ s: Int, _ e: Int, _ key: StaticString) -> Bool {
         guard e - s == key.utf8CodeUnitCount else { return false }
         let k = key.utf8Start
         for j in 0..<(e - s) where t[s + j] != k[j] { return false }
         return true
+    }
+}
+
+// MARK: - One-pass validation of a message line
+
+/// Byte spans of the top-level members of a JSON-RPC message (value bytes, no surrounding
+/// whitespace). When a key repeats, the last one wins, as in json-c.
+public struct MessageSpans: Equatable, Sendable {
+    public var jsonrpc: Range<Int>?
+    public var id: Range<Int>?
+    public var method: Range<Int>?
+    public var params: Range<Int>?
+    public var result: Range<Int>?
+    public var error: Range<Int>?
+    public init() {}
+}
+
+extension RawJSON {
+    /// Validates `text` as one JSON object (RFC 8259, strictly: UTF-8, no control characters in
+    /// strings, no leading zeros, nothing but whitespace around it) nested at most `maxDepth`
+    /// levels, and returns the spans of its JSON-RPC members — in one pass, building nothing.
+    ///
+    /// nil means "not sure": invalid input, too deep, or a top-level key written with escapes.
+    /// It accepts a subset of what the strict json-c tokener accepts, so a caller can take the
+    /// fast path on non-nil and hand everything else to json-c, which then decides (and words
+    /// the error) exactly as before.
+    public static func scanMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> MessageSpans? {
+        var s = Scanner(t: text, maxDepth: maxDepth)
+        return s.message()
+    }
+
+    struct Scanner {
+        let t: UnsafeRawBufferPointer
+        let maxDepth: Int
+        var i = 0
+
+        init(t: UnsafeRawBufferPointer, maxDepth: Int) {
+            self.t = t
+            self.maxDepth = maxDepth
+        }
+
+        @inline(__always) mutating func ws() {
+            while i < t.count, isSpace(t[i]) { i += 1 }
+        }
+
+        mutating func message() -> MessageSpans? {
+            var spans = MessageSpans()
+            ws()
+            guard i < t.count, t[i] == UInt8(ascii: "{"), maxDepth >= 1 else { return nil }
+            i += 1
+            ws()
+            if i < t.count, t[i] == UInt8(ascii: "}") {
+                i += 1
+            } else {
+                while true {
+                    ws()
+                    guard i < t.count, t[i] == UInt8(ascii: "\"") else { return nil }
+                    let keyStart = i + 1
+                    guard let escaped = string(), !escaped else { return nil }
+                    let keyEnd = i - 1
+                    ws()
+                    guard i < t.count, t[i] == UInt8(ascii: ":") else { return nil }
+                    i += 1
+                    ws()
+                    let valueStart = i
+                    guard value(depth: 1) else { return nil }
+                    let span = valueStart..<i
+                    switch keyEnd - keyStart {
+                    case 2 where RawJSON.equals(t, keyStart, keyEnd, "id"): spans.id = span
+                    case 5 where RawJSON.equals(t, keyStart, keyEnd, "error"): spans.error = span
+                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "method"): spans.method = span
+                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "params"): spans.params = span
+                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "result"): spans.result = span
+                    case 7 where RawJSON.equals(t, keyStart, keyEnd, "jsonrpc"): spans.jsonrpc = span
+                    default: break
+                    }
+                    ws()
+                    guard i < t.count else { return nil }
+                    if t[i] == UInt8(ascii: ",") { i += 1; continue }
+                    guard t[i] == UInt8(ascii: "}") else { return nil }
+                    i += 1
+                    break
+                }
+            }
+            ws()
+            return i == t.count ? spans : nil
+        }
+
+        /// A value starting at `i`, inside `depth` levels of containers.
+        mutating func value(depth: Int) -> Bool {
+            guard i < t.count else { return false }
+            switch t[i] {
+            case UInt8(ascii: "\""): return string() != nil
+            case UInt8(ascii: "{"): return container(depth: depth + 1, close: UInt8(ascii: "}"), keyed: true)
+            case UInt8(ascii: "["): return container(depth: depth + 1, close: UInt8(ascii: "]"), keyed: false)
+            case UInt8(ascii: "t"): return literal("true")
+            case UInt8(ascii: "f"): return literal("false")
+            case UInt8(ascii: "n"): return literal("null")
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return number()
+            default: return false
+            }
+        }
+
+        mutating func container(depth: Int, close: UInt8, keyed: Bool) -> Bool {
+            guard depth <= maxDepth else { return false }
+            i += 1
+            ws()
+            if i < t.count, t[i] == close { i += 1; return true }
+            while true {
+                ws()
+                if keyed {
+                    guard i < t.count, t[i] == UInt8(ascii: "\""), string() != nil else { return false }
+                    ws()
+                    guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
+                    i += 1
+                    ws()
+                }
+                guard value(depth: depth) else { return false }
+                ws()
+                guard i < t.count else { return false }
+                if t[i] == UInt8(ascii: ",") { i += 1; continue }
+                guard t[i] == close else { return false }
+                i += 1
+                return true
+            }
+        }
+
+        mutating func literal(_ word: StaticString) -> Bool {
+            let n = word.utf8CodeUnitCount
+            guard i + n <= t.count, RawJSON.equals(t, i, i + n, word) else { return false }
+            i += n
+            return true
+        }
+
+        mutating func number() -> Bool {
+            @inline(__always) func digit(_ c: UInt8) -> Bool { c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") }
+            if t[i] == UInt8(ascii: "-") { i += 1 }
+            guard i < t.count, digit(t[i]) else { return false }
+            if t[i] == UInt8(ascii: "0") {
+                i += 1
+            } else {
+                while i < t.count, digit(t[i]) { i += 1 }
+            }
+            if i < t.count, t[i] == UInt8(ascii: ".") {
+                i += 1
+                guard i < t.count, digit(t[i]) else { return false }
+                while i < t.count, digit(t[i]) { i += 1 }
+            }
+            if i < t.count, t[i] == UInt8(ascii: "e") || t[i] == UInt8(ascii: "E") {
+                i += 1
+                if i < t.count, t[i] == UInt8(ascii: "+") || t[i] == UInt8(ascii: "-") { i += 1 }
+                guard i < t.count, digit(t[i]) else { return false }
+                while i < t.count, digit(t[i]) { i += 1 }
+            }
+            // json-c reads a number up to the next delimiter; anything glued on is an error.
+            return i == t.count || isDelimiter(t[i])
+        }
+
+        @inline(__always) func isDelimiter(_ c: UInt8) -> Bool {
+            isSpace(c) || c == UInt8(ascii: ",") || c == UInt8(ascii: "}") || c == UInt8(ascii: "]")
+        }
+
+        /// A string at `i` (an opening quote). Returns whether it held an escape, or nil when it
+        /// is invalid (bad escape, control character, invalid UTF-8, unterminated).
+        mutating func string() -> Bool? {
+            i += 1
+            var escaped = false
+            while i < t.count {
+                let c = t[i]
+                if c == UInt8(ascii: "\"") { i += 1; return escaped }
+                if c == UInt8(ascii: "\\") {
+                    escaped = true
+                    i += 1
+                    guard i < t.count else { return nil }
+                    switch t[i] {
+                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
+                         UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                        i += 1
+                    case UInt8(ascii: "u"):
+                        guard i + 4 < t.count else { return nil }
+                        for k in 1...4 where !isHex(t[i + k]) { return nil }
+                        // Surrogates are json-c's to judge (lone halves and pairs): not sure here.
+                        if t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { return nil }
+                        i += 5
+                    default:
+                        return nil
+                    }
+                    continue
+                }
+                if c < 0x20 { return nil }
+                if c < 0x80 { i += 1; continue }
+                guard utf8() else { return nil }
+            }
+            return nil
+        }
+
+        @inline(__always) func isHex(_ c: UInt8) -> Bool {
+            (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) || (c >= UInt8(ascii: "a") && c <= UInt8(ascii: "f"))
+                || (c >= UInt8(ascii: "A") && c <= UInt8(ascii: "F"))
+        }
+
+        /// One multi-byte UTF-8 sequence at `i` (well-formed: no overlongs, surrogates or values
+        /// above U+10FFFF).
+        mutating func utf8() -> Bool {
+            let c = t[i]
+            @inline(__always) func cont(_ k: Int, _ lo: UInt8 = 0x80, _ hi: UInt8 = 0xBF) -> Bool {
+                i + k < t.count && t[i + k] >= lo && t[i + k] <= hi
+            }
+            switch c {
+            case 0xC2...0xDF: guard cont(1) else { return false }; i += 2
+            case 0xE0: guard cont(1, 0xA0), cont(2) else { return false }; i += 3
+            case 0xE1...0xEC, 0xEE, 0xEF: guard cont(1), cont(2) else { return false }; i += 3
+            case 0xED: guard cont(1, 0x80, 0x9F), cont(2) else { return false }; i += 3
+            case 0xF0: guard cont(1, 0x90), cont(2), cont(3) else { return false }; i += 4
+            case 0xF1...0xF3: guard cont(1), cont(2), cont(3) else { return false }; i += 4
+            case 0xF4: guard cont(1, 0x80, 0x8F), cont(2), cont(3) else { return false }; i += 4
+            default: return false
+            }
+            return true
+        }
     }
 }

@@ -91,7 +91,7 @@ extension Bus {
             "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
             "plugins": .array(plugins), "clients": .array(clients),
             "counters": [
-                "routed": .int(Int64(routed)),
+                "routed": .int(Int64(routed)), "routed_fast": .int(Int64(fastRouted)),
                 "inflight": .int(Int64(pending.values.reduce(0) { if case .peer = $1.origin { return $0 + 1 }; return $0 })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)),

@@ -37,6 +37,8 @@ public final class Bus {
 
     // Counters for bus.status.
     var routed: UInt64 = 0
+    /// Messages (requests and answers) routed without a json-c tree (Bus+FastPath).
+    var fastRouted: UInt64 = 0
     var timeouts: UInt64 = 0
     var protocolErrors: UInt64 = 0
     var published: UInt64 = 0
@@ -138,6 +140,7 @@ public final class Bus {
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
+        if fastRoute(peer, line) { return }
         let msg: JSONRef
         do {
             msg = try tokener.parse(line)
@@ -230,7 +233,8 @@ public final class Bus {
             return
         }
         if let provider = provided[method] {
-            forward(peer, msg, line, id: id, to: provider, timeoutMs: config.limits.requestTimeoutMs)
+            forward(peer, msg, line, id: id, idSpan: RawJSON.memberValueSpan(line, key: "id"), to: provider,
+                    timeoutMs: config.limits.requestTimeoutMs)
             return
         }
         let dot = method.firstIndex(of: ".") ?? method.endIndex
@@ -258,7 +262,8 @@ public final class Bus {
                 return
             }
         }
-        forward(peer, msg, line, id: id, to: target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+        forward(peer, msg, line, id: id, idSpan: RawJSON.memberValueSpan(line, key: "id"), to: target,
+                timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
     }
 
     /// The switch that refuses this message, or nil when it may pass.
@@ -277,8 +282,9 @@ public final class Bus {
     }
 
     /// Forwards a request with a host-issued id: the original line with only its id's bytes
-    /// replaced (the parsed object is not re-serialised).
-    func forward(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, to target: Peer, timeoutMs: UInt64) {
+    /// (`idSpan`) replaced (the parsed object, when there is one, is not re-serialised).
+    func forward(_ peer: Peer, _ msg: JSONRef?, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>?,
+                 to target: Peer, timeoutMs: UInt64) {
         if peer.inflight >= config.limits.maxInflightPerConnection {
             sendError(peer.conn, id: id, RPCError(.overloaded,
                 "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
@@ -288,7 +294,7 @@ public final class Bus {
         let hostId = nextRequestId
         nextRequestId += 1
         let original: String
-        if let span = RawJSON.memberValueSpan(line, key: "id") {
+        if let span = idSpan {
             original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
             if target.slot?.wantsCallerInfo == true {
                 var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
@@ -296,10 +302,12 @@ public final class Bus {
             } else {
                 target.conn.sendSpliced(line, span, int: hostId)
             }
-        } else {
+        } else if let msg {
             original = JSONRef(retaining: id).serialized
             json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))
             target.conn.send(msg)
+        } else {
+            return  // unreachable: the fast path always has the id's span
         }
         pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
                                   deadlineMs: loop.nowMs + timeoutMs)
@@ -329,18 +337,17 @@ public final class Bus {
         peer.slot?.served += 1
         switch p.origin {
         case .peer(let origin, let originalId):
+            if let span = RawJSON.memberValueSpan(line, key: "id") {
+                relayResponse(line, idSpan: span, to: origin, originalId: originalId)
+                return
+            }
             origin.inflight -= 1
             guard !origin.closed else { return }
-            var idText = originalId
-            if let span = RawJSON.memberValueSpan(line, key: "id") {
-                idText.withUTF8 { origin.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
-            } else {
-                // An id key spelled with escapes: rewrite through json-c instead.
-                let bytes = Array(originalId.utf8)
-                let orig = bytes.withUnsafeBytes { try? JSONRef.parse($0) }
-                json_object_object_add(msg.ptr, "id", json_object_get(orig?.ptr))
-                origin.conn.send(msg)
-            }
+            // An id key spelled with escapes: rewrite through json-c instead.
+            let bytes = Array(originalId.utf8)
+            let orig = bytes.withUnsafeBytes { try? JSONRef.parse($0) }
+            json_object_object_add(msg.ptr, "id", json_object_get(orig?.ptr))
+            origin.conn.send(msg)
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .host(let done):
             done(msg.responseResult)

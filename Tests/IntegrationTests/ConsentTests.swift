@@ -18,6 +18,26 @@ import PylonClientKit
         #expect(try h.status()["consent"]?["refused"]?["echo:A"] == .int(1))
     }
 
+    @Test func aFieldNameWrittenWithEscapesCannotSlipPastTheSwitch() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        _ = try c.call("consent.set", ["key": "echo:A", "granted": false])
+        // "app\u004bey" is "appKey": json-c decodes it, so the host's checks must too.
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.collect","params":{"app\u004bey":"A","data":2}}"#)
+        #expect(r.errorCode == -32003)
+        let v = try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"echo.collect","params":{"appKey":"\u0041","data":2}}"#)
+        #expect(v.errorCode == -32003, "an escaped value too")
+        #expect(try c.call("echo.collect", ["appKey": "B", "data": 3])["stored"] == .int(3))
+    }
+
+    @Test func ordinaryRequestsAndAnswersTakeTheFastPath() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        for i in 0..<10 { #expect(try c.call("echo.echo", ["n": .int(Int64(i))]) == ["n": .int(Int64(i))]) }
+        let counters = try h.status()["counters"]
+        #expect((counters?["routed_fast"]?.intValue ?? 0) >= 20, "10 requests and 10 answers: \(counters?.serialized ?? "")")
+    }
+
     @Test func masterSwitchDeniesEveryScopedMethod() throws {
         let h = try TestHost()
         let c = try h.client()

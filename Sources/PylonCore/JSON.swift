@@ -111,4 +111,8 @@ public struct JSONParseError: Error, Equatable, Sendable, CustomStringConvertibl
     public let kind: Kind
     public let detail: String
     public var description: String { detail }
+    public init(kind: Kind, detail: String) {
+        self.kind = kind
+        self.detail = detail
+    }
 }

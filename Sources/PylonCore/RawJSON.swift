@@ -159,14 +159,34 @@ extension RawJSON {
     /// fast path on non-nil and hand everything else to json-c, which then decides (and words
     /// the error) exactly as before.
     public static func scanMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> MessageSpans? {
+        if case .message(let m) = classifyMessage(text, maxDepth: maxDepth) { return m }
+        return nil
+    }
+
+    /// What the one-pass scan concluded about a line.
+    public enum ScanOutcome: Equatable, Sendable {
+        /// Valid, strictly: the spans of its members.
+        case message(MessageSpans)
+        /// Not strict JSON (RFC 8259); `at` is the byte where the scan stopped. json-c may still
+        /// accept some of these (single quotes, `2.`): the host refuses them all the same.
+        case invalid(at: Int)
+        /// Not decided here: not an object at the top, a top-level key with escapes, a `\uD...`
+        /// escape, or nested to the limit. json-c decides.
+        case unsure
+    }
+
+    public static func classifyMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> ScanOutcome {
         var s = Scanner(t: text, maxDepth: maxDepth)
-        return s.message()
+        if let m = s.message() { return .message(m) }
+        return s.unsure ? .unsure : .invalid(at: min(s.i, text.count))
     }
 
     struct Scanner {
         let t: UnsafeRawBufferPointer
         let maxDepth: Int
         var i = 0
+        /// Set when the scan stopped at something it does not judge (see `ScanOutcome.unsure`).
+        var unsure = false
 
         init(t: UnsafeRawBufferPointer, maxDepth: Int) {
             self.t = t
@@ -180,7 +200,7 @@ extension RawJSON {
         mutating func message() -> MessageSpans? {
             var spans = MessageSpans()
             ws()
-            guard i < t.count, t[i] == UInt8(ascii: "{"), maxDepth >= 1 else { return nil }
+            guard i < t.count, t[i] == UInt8(ascii: "{"), maxDepth >= 1 else { unsure = true; return nil }
             i += 1
             ws()
             if i < t.count, t[i] == UInt8(ascii: "}") {
@@ -190,7 +210,8 @@ extension RawJSON {
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: "\"") else { return nil }
                     let keyStart = i + 1
-                    guard let escaped = string(), !escaped else { return nil }
+                    guard let escaped = string() else { return nil }
+                    if escaped { unsure = true; return nil }
                     let keyEnd = i - 1
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: ":") else { return nil }
@@ -236,7 +257,7 @@ extension RawJSON {
         }
 
         mutating func container(depth: Int, close: UInt8, keyed: Bool) -> Bool {
-            guard depth <= maxDepth else { return false }
+            guard depth <= maxDepth else { unsure = true; return false }
             i += 1
             ws()
             if i < t.count, t[i] == close { i += 1; return true }
@@ -314,7 +335,7 @@ extension RawJSON {
                         guard i + 4 < t.count else { return nil }
                         for k in 1...4 where !isHex(t[i + k]) { return nil }
                         // Surrogates are json-c's to judge (lone halves and pairs): not sure here.
-                        if t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { return nil }
+                        if t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { unsure = true; return nil }
                         i += 5
                     default:
                         return nil

@@ -11,10 +11,10 @@ import PylonCore
 /// message from scratch with json-c, so replies, errors and counters are exactly those of the
 /// full path.
 extension Bus {
-    func fastRoute(_ peer: Peer, _ line: UnsafeRawBufferPointer) -> Bool {
-        // One level of margin: json-c, not the scanner, words the depth error.
-        guard let m = RawJSON.scanMessage(line, maxDepth: Int(config.limits.maxDepth) - 1),
-              let v = m.jsonrpc, RawJSON.equals(line, v.lowerBound, v.upperBound, "\"2.0\""),
+    /// `m`: the line's members, from `RawJSON.classifyMessage` (run by `handleLine` with one
+    /// level of depth margin, so that json-c, not the scanner, words the depth error).
+    func fastRoute(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
+        guard let v = m.jsonrpc, RawJSON.equals(line, v.lowerBound, v.upperBound, "\"2.0\""),
               let idSpan = m.id
         else { return false }
         if let methodSpan = m.method {

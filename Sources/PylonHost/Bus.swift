@@ -140,10 +140,16 @@ public final class Bus {
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
-        if fastRoute(peer, line) { return }
+        let scan = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth) - 1)
+        if case .message(let spans) = scan, fastRoute(peer, line, spans) { return }
         let msg: JSONRef
-        do {
+        do throws(JSONParseError) {
             msg = try tokener.parse(line)
+            // json-c accepts a few things RFC 8259 does not (single quotes, `2.`); relaying them
+            // would hand other peers lines they cannot parse.
+            if case .invalid(let at) = scan {
+                throw JSONParseError(kind: .syntax, detail: "not strict JSON (RFC 8259) at byte \(at)")
+            }
         } catch {
             protocolErrors += 1
             var data: JSONObject = ["reason": .string(error.detail)]

@@ -51,6 +51,21 @@ import PylonClientKit
         #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"bus.ping"}"#)["result"] != nil)
     }
 
+    /// Not RFC 8259 (json-c's strict mode accepts `2.`); relayed, such lines would reach other
+    /// peers as text no strict parser reads. The host refuses them.
+    @Test(arguments: [
+        #"{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"a":2.}}"#,
+        #"{'jsonrpc':'2.0','id':1,'method':'echo.echo'}"#,
+        #"{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"a":'x'}}"#,
+    ])
+    func lenientJSONIsAParseError(_ line: String) throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let r = try c.roundTrip(line)
+        #expect(r.errorCode == -32700, "\(line)")
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"bus.ping"}"#)["result"] != nil)
+    }
+
     @Test func invalidUTF8IsRefused() throws {
         let h = try TestHost()
         let c = try h.client()

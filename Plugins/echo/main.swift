@@ -12,9 +12,8 @@ import PylonPluginKit
 /// - `echo.publish {topic, data}`: publishes a notification.
 let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 
-plugin.method("echo") { call in
-    call.replyRaw(owning: json_object_get(call.paramsRef))
-}
+// Answered from the request's bytes: the params' text is the result.
+plugin.rawMethod("echo") { params in Array(params) }
 var timers: [Timer] = []
 plugin.method("sleep") { call in
     let ms = UInt64(max(0, call.params["ms"]?.intValue ?? 0))

@@ -117,6 +117,8 @@ public final class Plugin {
         var handler: (Call) -> Void
     }
     private var methods: [String: MethodSpec] = [:]
+    /// Methods answered from the request's bytes (see `rawMethod`).
+    private var rawMethods: [String: (UnsafeRawBufferPointer) -> [UInt8]] = [:]
     private var methodOrder: [String] = []
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
@@ -154,6 +156,46 @@ public final class Plugin {
         let full = short.hasPrefix(name + ".") ? short : name + "." + short
         if methods[full] == nil { methodOrder.append(full) }
         methods[full] = MethodSpec(consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, handler: handler)
+    }
+
+    /// Serves `<plugin>.<method>` straight from the request's bytes, for hot methods whose answer
+    /// is a function of the params text alone: no json-c objects are built. `handler` gets the
+    /// params' JSON text (`null` when absent; the host has validated the line as strict JSON) and
+    /// returns the result's JSON text, which must be valid JSON. Listed in the manifest like any
+    /// method; a line the fast scan is unsure about (escaped keys, say) is parsed and the handler
+    /// still gets the params' text.
+    public func rawMethod(_ short: String, _ handler: @escaping (_ params: UnsafeRawBufferPointer) -> [UInt8]) {
+        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        rawMethods[full] = handler
+        method(short) { call in
+            let result: [UInt8] = call.msg.has("params")
+                ? JSONRef(retaining: call.paramsRef).withSerialized { handler($0) }
+                : Array("null".utf8).withUnsafeBytes { handler($0) }
+            call.reply(serialized: result)
+        }
+    }
+
+    /// Answers a request for a raw method without parsing it; false when the line is not one.
+    private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
+        guard !rawMethods.isEmpty, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: 127),
+              let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms),
+              let handler = rawMethods[method]
+        else { return false }
+        let result: [UInt8]
+        if let p = m.params {
+            result = handler(UnsafeRawBufferPointer(rebasing: line[p]))
+        } else {
+            result = Array("null".utf8).withUnsafeBytes { handler($0) }
+        }
+        var out = [UInt8]()
+        out.reserveCapacity(result.count + idSpan.count + 40)
+        out.append(contentsOf: #"{"jsonrpc":"2.0","id":"#.utf8)
+        out.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[idSpan]))
+        out.append(contentsOf: #","result":"#.utf8)
+        out.append(contentsOf: result)
+        out.append(UInt8(ascii: "}"))
+        out.withUnsafeBytes { channel?.sendLine($0) }
+        return true
     }
 
     /// Receives notifications published on topics matching `pattern`.
@@ -279,6 +321,7 @@ public final class Plugin {
     }
 
     private func handleLine(_ line: UnsafeRawBufferPointer) {
+        if handleRawRequest(line) { return }
         let msg: JSONRef
         do {
             msg = try tokener.parse(line)

@@ -27,6 +27,21 @@ import PylonClientKit
         }
     }
 
+    /// echo.echo is a PylonPluginKit `rawMethod`: answered from the request's bytes, or through
+    /// the ordinary path when the line has escaped keys; both give the same answer.
+    @Test func rawMethodAnswersOnBothPaths() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let plain = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.echo","params":{"k":[1,"\u00e9",{"x":null}]}}"#)
+        #expect(plain["result"] == ["k": [1, "é", ["x": .null]]])
+        let escaped = try c.roundTrip(#"{"jsonrpc":"2.0","\u0069d":2,"method":"echo.echo","params":{"k":1}}"#)
+        #expect(escaped["id"] == .int(2))
+        #expect(escaped["result"] == ["k": 1])
+        let none = try c.roundTrip(#"{"jsonrpc":"2.0","id":"n","method":"echo.echo"}"#)
+        #expect(none["id"] == .string("n"))
+        #expect(none["result"] == .null)
+    }
+
     @Test func pluginCallsAnotherPluginThroughTheHost() throws {
         let h2 = try TestHost(plugins: [
             TestHost.echo(),

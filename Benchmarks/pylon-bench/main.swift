@@ -56,7 +56,9 @@ func startHost(plugins: [JSON]) {
     _ = System.writeFileAtomically(path, Array(cfg.serialized.utf8))
     var o = ChildProcess.Options(exec: dir + "/pylond")
     o.args = ["--config", path]
-    o.env = System.environment()
+    // The config names the socket and state directory: drop overrides inherited from the caller
+    // (the Makefile exports PYLON_SOCKET for `make run`).
+    o.env = System.environment().filter { !$0.hasPrefix("PYLON_SOCKET=") && !$0.hasPrefix("PYLON_STATE_DIR=") }
     o.detached = false
     do {
         hostProcess = try ChildProcess(loop: loop, options: o) { status, sig in

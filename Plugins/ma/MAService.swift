@@ -27,6 +27,9 @@ final class MAService {
     var deviceId = ""
     var retryInitialMs: UInt64 = 500
     var retryMaxMs: UInt64 = 30_000
+    /// The most AppKeys (MA instances) this plugin keeps (config `maxAppKeys`); a start for one
+    /// more is answered -1.
+    var maxAppKeys = 1_024
     private var eventSeq: UInt64 = 0
     /// Event ids: this install's device id and a random value drawn once per process start.
     private lazy var runPrefix = "\(deviceId)-\(System.randomHex(6))"
@@ -44,6 +47,7 @@ final class MAService {
         if let v = c["retryInitialMs"]?.intValue { retryInitialMs = UInt64(v) }
         if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
+        if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
         do {
             db = try Database(path: plugin.stateDir + "/ma.db")
             try db.exec("""
@@ -117,6 +121,15 @@ final class MAService {
     /// seconds; larger values are answered -3.
     static let maxReportIntervalS: Int64 = 86_400
     static let maxSessionTimeoutS: Int64 = 7 * 86_400
+
+    /// AppKeys are at most this long, of `[A-Za-z0-9._-]`: one names a URL path, an uploader
+    /// stream (`ma.<appKey>`) and a consent switch (`ma:<appKey>`).
+    static let maxAppKeyLength = 64
+
+    static func validAppKey(_ k: String) -> Bool {
+        !k.isEmpty && k.utf8.count <= maxAppKeyLength && k != "." && k != ".."
+            && k.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F }
+    }
 
     /// `{"code":0,"message":""}`, serialized once (the answer to every recorded event).
     static let okReply = Array(#"{"code":0,"message":""}"#.utf8)

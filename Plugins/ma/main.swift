@@ -16,6 +16,15 @@ plugin.method("start") { call in
         call.reply(R.result(MACode.invalidParams, "appKey is required"))
         return
     }
+    // It names a backend URL path, an uploader stream and a consent switch.
+    guard R.validAppKey(appKey) else {
+        call.reply(R.result(MACode.invalidParams, "appKey must be 1-\(R.maxAppKeyLength) of [A-Za-z0-9._-]"))
+        return
+    }
+    guard ma.instances[appKey] != nil || ma.instances.count < ma.maxAppKeys else {
+        call.reply(R.result(MACode.failed, "too many AppKeys (maxAppKeys \(ma.maxAppKeys))"))
+        return
+    }
     // Parameters are captured now; a queued start is not affected by later calls.
     let enable = call.params["dataCollectionEnabled"]?.boolValue ?? true
     let identity = IdentityInput(call.params["userID"]?.objectValue.map { JSON.object($0) })

@@ -61,6 +61,19 @@ import PylonClientKit
                 "an AppKey without a start is -2 even when named")
     }
 
+    @Test func appKeysAreCheckedAndBounded() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b, ma: ["maxAppKeys": 2]))
+        let c = try h.client()
+        for bad in ["../admin", "a/b", "a b", "x?y=1", "..", String(repeating: "k", count: 65), "caf\u{e9}"] {
+            #expect(code(try c.call("ma.start", ["appKey": .string(bad)])) == -3, "\(bad)")
+        }
+        #expect(code(try c.call("ma.start", ["appKey": "k1"])) == 0)
+        #expect(code(try c.call("ma.start", ["appKey": "K-2.x_y"])) == 0)
+        #expect(code(try c.call("ma.start", ["appKey": "k3"])) == -1, "maxAppKeys 2")
+        #expect(code(try c.call("ma.start", ["appKey": "k1"])) == 0, "a known AppKey still starts")
+    }
+
     @Test func startAcceptsUnknownConfigurationKeysWithAWarning() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

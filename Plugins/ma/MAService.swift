@@ -131,6 +131,11 @@ final class MAService {
             && k.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F }
     }
 
+    /// `ma.setChannelValue`: at most this many values per call, each at most this many bytes
+    /// (push tokens are well under it); more is -3.
+    static let maxChannelValues = 100
+    static let maxChannelValueBytes = 1_024
+
     /// `{"code":0,"message":""}`, serialized once (the answer to every recorded event).
     static let okReply = Array(#"{"code":0,"message":""}"#.utf8)
 

@@ -60,14 +60,14 @@ func registerProfileMethods(_ plugin: Plugin, _ ma: MAService) {
             call.reply(R.result(MACode.invalidParams, "channelId (integer > 0) is required"))
             return
         }
-        guard let arr = call.params["values"]?.arrayValue, !arr.isEmpty else {
-            call.reply(R.result(MACode.invalidParams, "values must be a non-empty array"))
+        guard let arr = call.params["values"]?.arrayValue, !arr.isEmpty, arr.count <= R.maxChannelValues else {
+            call.reply(R.result(MACode.invalidParams, "values must be an array of 1 to \(R.maxChannelValues) strings"))
             return
         }
         var values: [JSON] = []
         for v in arr {
-            guard let s = v.stringValue?.trimmedWhitespace, !s.isEmpty else {
-                call.reply(R.result(MACode.invalidParams, "every value must be a non-empty string"))
+            guard let s = v.stringValue?.trimmedWhitespace, !s.isEmpty, s.utf8.count <= R.maxChannelValueBytes else {
+                call.reply(R.result(MACode.invalidParams, "every value must be a non-empty string of at most \(R.maxChannelValueBytes) bytes"))
                 return
             }
             values.append(.string(s))

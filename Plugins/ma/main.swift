@@ -161,8 +161,8 @@ plugin.method("setUtmProperties") { call in
             call.reply(R.result(MACode.invalidParams, "unknown UTM key \(k)"))
             return
         }
-        guard let s = v.stringValue else {
-            call.reply(R.result(MACode.invalidParams, "\(k) must be a string"))
+        guard let s = v.stringValue, s.utf8.count <= EventValidation.maxStringBytes else {
+            call.reply(R.result(MACode.invalidParams, "\(k) must be a string of at most \(EventValidation.maxStringBytes) bytes"))
             return
         }
         utm[k] = s

@@ -171,6 +171,17 @@ import PylonClientKit
         #expect(try user(b, "contactrules", euid)["contacts"] == JSON.object([:]) || user(b, "contactrules", euid)["contacts"] == nil)
     }
 
+    @Test func channelValuesAndUtmValuesAreBounded() throws {
+        let (b, h, c, _) = try started("bounds")
+        defer { _ = (b, h) }
+        let many = JSON.array((0..<101).map { .string("t\($0)") })
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": many])) == -3)
+        let long = JSON.string(String(repeating: "t", count: 1025))
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": .array([long])])) == -3)
+        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": .array([.string(String(repeating: "t", count: 1024))])])) == 0)
+        #expect(code(try c.call("ma.setUtmProperties", ["properties": ["utm_source": .string(String(repeating: "u", count: 257))]])) == -3)
+    }
+
     // MARK: Upload cadence
 
     func streamSettings(_ c: SyncClient, _ stream: String) throws -> JSON? {

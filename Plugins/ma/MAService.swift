@@ -16,6 +16,10 @@ final class MAService {
     var instances: [String: MAInstance] = [:]
     /// Which AppKey each client connection last started (ma.md: calls without `appKey` use it).
     var clientAppKey: [Int64: String] = [:]
+    /// Clients not yet reported closed, and the AppKeys each has used (started, or named with
+    /// `appKey`). An AppKey's app session lasts while one of them, or a bound client, is
+    /// connected. (The host delivers a client's requests before its `bus.client.closed`.)
+    var liveClients: [Int64: Set<String>] = [:]
     var backendURL = "http://127.0.0.1:8780"
     var defaultProject: String?
     /// Per-install vendor id (`idfv` on Linux), persisted.
@@ -91,19 +95,47 @@ final class MAService {
         }
     }
 
-    func bind(client: Int64?, to appKey: String) {
+    /// Notes that `client` used `appKey` (called at receipt of a call).
+    func touch(_ client: Int64?, _ appKey: String) {
         guard let client else { return }
+        if liveClients[client]?.contains(appKey) != true { liveClients[client, default: []].insert(appKey) }
+    }
+
+    /// Whether a connected client still uses `appKey`.
+    func sessionActive(_ appKey: String) -> Bool {
+        liveClients.values.contains { $0.contains(appKey) } || clientAppKey.values.contains(appKey)
+    }
+
+    /// Clients connected and using `appKey`.
+    func clientCount(_ appKey: String) -> Int {
+        Set(liveClients.filter { $0.value.contains(appKey) }.keys).union(clientAppKey.filter { $0.value == appKey }.keys).count
+    }
+
+    func bind(client: Int64?, to appKey: String) {
+        // A client that closed while its start waited in the queue is not bound (it would stay
+        // bound for ever: its close was already handled).
+        guard let client, liveClients[client] != nil else { return }
         clientAppKey[client] = appKey
         try? db.run("INSERT OR REPLACE INTO bindings(client,app_key) VALUES(?,?)", [.int(client), .text(appKey)])
     }
 
     func clientClosed(_ client: Int64) {
-        guard let k = clientAppKey.removeValue(forKey: client) else { return }
-        try? db.run("DELETE FROM bindings WHERE client=?", [.int(client)])
+        var keys = liveClients.removeValue(forKey: client) ?? []
+        if let k = clientAppKey.removeValue(forKey: client) {
+            keys.insert(k)
+            try? db.run("DELETE FROM bindings WHERE client=?", [.int(client)])
+        }
         // A client that disconnects counts as the app going to the background; its session's
         // report interval ends with it (the uploader falls back to the configured default).
-        guard let inst = instances[k], !clientAppKey.values.contains(k) else { return }
-        setBackground(inst, true)
+        for k in keys.sorted() where !sessionActive(k) {
+            guard let inst = instances[k] else { continue }
+            setBackground(inst, true)
+            endReportInterval(inst)
+        }
+    }
+
+    /// Undoes `ma.setReportInterval` for `inst` (its app session is over).
+    func endReportInterval(_ inst: MAInstance) {
         if inst.reportIntervalS != nil {
             inst.reportIntervalS = nil
             persist(inst)
@@ -147,9 +179,15 @@ final class MAService {
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
     func instance(for call: Call) -> MAInstance? {
-        if let k = call.stringParam("appKey")?.trimmedWhitespace, !k.isEmpty { return instances[k] }
-        if let c = call.callerClient, let k = clientAppKey[c] { return instances[k] }
-        return nil
+        let key: String?
+        if let k = call.stringParam("appKey")?.trimmedWhitespace, !k.isEmpty {
+            key = k
+        } else {
+            key = call.callerClient.flatMap { clientAppKey[$0] }
+        }
+        guard let key, let inst = instances[key] else { return nil }
+        touch(call.callerClient, key)
+        return inst
     }
 
     /// Replies -2 unless the call's AppKey has a successful or in-flight start.

@@ -33,6 +33,7 @@ plugin.method("start") { call in
         plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
     }
     let client = call.callerClient
+    ma.touch(client, appKey)
     let inst = ma.instances[appKey] ?? MAInstance(appKey: appKey)
     ma.instances[appKey] = inst
     ma.identityOp(inst, call, prepare: {
@@ -185,9 +186,11 @@ plugin.method("setReportInterval") { call in
     }
     plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .int(s * 1000)]) { r in
         if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)); return }
-        // Held for the app's session (ma.md §6): undone when its last client disconnects.
+        // Held for the app's session (ma.md §6): undone when its last client disconnects —
+        // at once if that happened while this call was in flight.
         inst.reportIntervalS = s
         ma.persist(inst)
+        if call.callerClient != nil, !ma.sessionActive(inst.appKey) { ma.endReportInterval(inst) }
         call.reply(R.result(0, ""))
     }
 }
@@ -243,7 +246,7 @@ plugin.method("status") { call in
             "pendingStarts": .int(Int64(i.pendingStarts)), "queuedChannelValues": .int(Int64(i.channelQueue.count)),
             "session": i.sessionId.map { .string($0) } ?? .null, "background": .bool(i.background),
             "sessionTimeoutS": .int(i.sessionTimeoutS), "reportIntervalS": i.reportIntervalS.map { .int($0) } ?? .null,
-            "clients": .int(Int64(ma.clientAppKey.values.filter { $0 == k }.count)),
+            "clients": .int(Int64(ma.clientCount(k))),
         ]
     }
     call.reply(["backend": .string(ma.backendURL), "appKeys": .object(apps),

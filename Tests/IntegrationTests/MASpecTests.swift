@@ -213,6 +213,37 @@ import PylonClientKit
         #expect(try h.plugin("ma")["restarts"] == .int(0))
     }
 
+    @Test func aClientThatLeavesWhileItsCallsWaitLeavesNothingBehind() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        var first: SyncClient? = try h.client()
+        #expect(code(try first!.call("ma.start", ["appKey": "leave"])) == 0)
+        try b.faults(["latencyMs": 400])
+        // first's start runs (slowly); the second app's start waits behind it, and the second
+        // app disconnects before it runs, with a report interval in flight too.
+        try first!.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"leave"}}"#)
+        var second: SyncClient? = try h.client()
+        try second!.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"leave"}}"#)
+        try second!.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"ma.setReportInterval","params":{"interval":5,"appKey":"leave"}}"#)
+        usleep(50_000)
+        second = nil
+        _ = try first!.readMessage(timeoutMs: 10000)
+        try b.clearFaults()
+        let watcher = try h.client()
+        try waitUntil(timeout: 5) {
+            try watcher.call("ma.status")["appKeys"]?["leave"]?["pendingStarts"] == .int(0)
+        }
+        #expect(try watcher.call("ma.status")["appKeys"]?["leave"]?["clients"] == .int(1), "only the first app is left")
+        // The interval the second set lasts while a client of that AppKey is connected...
+        #expect(try watcher.call("uploader.status")["streams"]?["ma.leave"]?["intervalMs"] == .int(5000))
+        first = nil
+        // ...and no longer.
+        try waitUntil(timeout: 5) {
+            try watcher.call("uploader.status")["streams"]?["ma.leave"]?["intervalMs"] == .int(600000)
+        }
+        #expect(try watcher.call("ma.status")["appKeys"]?["leave"]?["clients"] == .int(0))
+    }
+
     // MARK: Property names and values
 
     @Test(arguments: ["Level", "1st", "a-b", "caf\u{e9}", "el_x", "engagelab_x", "metaverse_x",

@@ -67,9 +67,10 @@ let package = Package(
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit"]),
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "TestSupport"]),
         .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
         .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
-        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore"]),
+        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"]),
     ]
 )

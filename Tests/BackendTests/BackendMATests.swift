@@ -1,5 +1,6 @@
 import Foundation
 import PylonClientKit
+import TestSupport
 import PylonStore
 import Testing
 

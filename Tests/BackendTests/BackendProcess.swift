@@ -1,14 +1,7 @@
 import Foundation
 import PylonClientKit
+import TestSupport
 
-/// Where the built executables are: `$PYLON_BIN_DIR`, else `.build/debug` of this package.
-let binDir: String = {
-    if let d = ProcessInfo.processInfo.environment["PYLON_BIN_DIR"] { return d }
-    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-    return root.appendingPathComponent(".build/debug").path
-}()
-
-struct TestFailure: Error, CustomStringConvertible { let description: String }
 
 /// A real `pylon-backend` on 127.0.0.1 with a free port, its stderr in a temporary log file.
 final class BackendProcess {
@@ -76,18 +69,7 @@ final class BackendProcess {
 
     /// Sends SIGTERM and waits; returns the exit status (-1 if it had to be killed).
     @discardableResult
-    func stop() -> Int32 {
-        guard process.isRunning else { return process.terminationStatus }
-        process.terminate()
-        let deadline = Date().addingTimeInterval(10)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            return -1
-        }
-        return process.terminationStatus
-    }
+    func stop() -> Int32 { TestSupport.stop(process, graceSeconds: 10) }
 
     deinit {
         stop()
@@ -103,11 +85,3 @@ func batchBody(key: String, stream: String, ids: [String], ts: Int64 = 1_700_000
     ])
 }
 
-func waitUntil(timeout: Double, _ cond: () throws -> Bool) throws {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if (try? cond()) == true { return }
-        usleep(20_000)
-    }
-    throw TestFailure(description: "condition not met within \(timeout) s")
-}

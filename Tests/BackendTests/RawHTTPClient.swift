@@ -1,5 +1,6 @@
 import Foundation
 import PylonClientKit
+import TestSupport
 
 /// A parsed HTTP/1.1 response.
 struct HTTPReply {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import PylonClientKit
+import TestSupport
 
 /// One ma.md rule per test, each against the real host, MA plugin, uploader and reference
 /// backend. (Rules already covered in MATests.swift are not repeated here.)

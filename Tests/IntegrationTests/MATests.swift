@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import PylonClientKit
+import TestSupport
 
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.

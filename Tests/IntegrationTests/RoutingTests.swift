@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import PylonClientKit
+import TestSupport
 
 /// Routing through the real host: id rewriting, plugin↔plugin, client-provided methods, pub/sub.
 @Suite(.serialized) struct RoutingTests {

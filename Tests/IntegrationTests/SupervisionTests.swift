@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import PylonClientKit
+import TestSupport
 
 /// Real processes: crashes, hangs, shutdown, and swapping an implementation by configuration.
 @Suite(.serialized) struct SupervisionTests {

@@ -1,5 +1,6 @@
 import Foundation
 import PylonClientKit
+import TestSupport
 
 /// A real `pylon-backend` on a free loopback port with its own database.
 final class TestBackend {

@@ -1,16 +1,10 @@
 import Foundation
 import PylonClientKit
+import TestSupport
 
-/// Where the built executables are: `$PYLON_BIN_DIR`, else `.build/debug` of this package.
-let binDir: String = {
-    if let d = ProcessInfo.processInfo.environment["PYLON_BIN_DIR"] { return d }
-    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-    return root.appendingPathComponent(".build/debug").path
-}()
 let fixturesDir = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
     .appendingPathComponent("fixtures").path
 
-struct TestFailure: Error, CustomStringConvertible { let description: String }
 
 /// A real `pylond` with its own temporary socket, state directory and configuration.
 final class TestHost {
@@ -96,17 +90,8 @@ final class TestHost {
     /// Sends SIGTERM and waits for the process to exit; returns its exit status.
     @discardableResult
     func stop() -> Int32 {
-        guard let p = process, p.isRunning else { return process?.terminationStatus ?? 0 }
-        p.terminate()
-        // Never hang a test run on a host that ignores SIGTERM: that is a failure, reported as -1.
-        let deadline = Date().addingTimeInterval(15)
-        while p.isRunning && Date() < deadline { usleep(10_000) }
-        if p.isRunning {
-            kill(p.processIdentifier, SIGKILL)
-            p.waitUntilExit()
-            return -1
-        }
-        return p.terminationStatus
+        guard let p = process else { return 0 }
+        return TestSupport.stop(p, graceSeconds: 15)
     }
 
     func kill9() {
@@ -123,14 +108,6 @@ final class TestHost {
     }
 }
 
-func waitUntil(timeout: Double, _ cond: () throws -> Bool) throws {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if (try? cond()) == true { return }
-        usleep(20_000)
-    }
-    throw TestFailure(description: "condition not met within \(timeout) s")
-}
 
 func isAlive(_ pid: Int32) -> Bool {
     // A zombie (exited, not yet reaped) counts as dead.

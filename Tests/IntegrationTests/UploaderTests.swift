@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import PylonClientKit
+import TestSupport
 
 /// The uploader plugin against the real reference backend on a free loopback port.
 @Suite(.serialized) struct UploaderTests {

@@ -70,6 +70,7 @@ final class MAService {
             for r in try db.query("SELECT client, app_key FROM bindings") {
                 if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
             }
+            restoredBindings = Set(clientAppKey.keys)
             vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
             deviceId = try deviceValue("device_id") { System.randomHex(16) }
         } catch {
@@ -78,6 +79,30 @@ final class MAService {
         }
         http = HTTPClient(loop: plugin.loop)
         plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
+        pruneRestoredBindings()
+    }
+
+    /// Bindings restored from disk after a restart of this plugin (or of the host).
+    private var restoredBindings: Set<Int64> = []
+
+    /// Drops restored bindings whose client is gone: it closed while this plugin was down (its
+    /// `bus.client.closed` was missed), or the host restarted. The host's client list decides;
+    /// bindings made since the restart are not touched.
+    private func pruneRestoredBindings() {
+        guard !restoredBindings.isEmpty else { return }
+        plugin.call("bus.status", nil) { [unowned self] r in
+            guard case .success(let st) = r else { return }
+            let live = Set((st["clients"]?.arrayValue ?? []).compactMap { $0["id"]?.intValue })
+            for c in self.restoredBindings.sorted() where !live.contains(c) {
+                if let k = self.clientAppKey[c], self.liveClients[c] == nil {
+                    self.clientAppKey[c] = nil
+                    try? self.db.run("DELETE FROM bindings WHERE client=?", [.int(c)])
+                    if !self.sessionActive(k), let inst = self.instances[k] { self.setBackground(inst, true); self.endReportInterval(inst) }
+                }
+            }
+            self.plugin.log.info("restored client bindings checked", ["restored": self.restoredBindings.count, "live": live.count])
+            self.restoredBindings = []
+        }
     }
 
     private func deviceValue(_ k: String, _ make: () -> String) throws(SQLiteError) -> String {

@@ -18,7 +18,10 @@ public final class Bus {
     var tokener: Tokener
 
     var peers: [UInt64: Peer] = [:]
-    private var nextPeerId: UInt64 = 1
+    /// Connection ids are unique across restarts of pylond too (they start at the wall clock in
+    /// ms × 1000, below 2^53), so a plugin that kept state about a client id from an earlier
+    /// host run cannot mistake a new client for it.
+    private var nextPeerId = UInt64(max(0, System.wallClockMs())) * 1000
     var pending: [Int64: Pending] = [:]
     private var nextRequestId: Int64 = 1
     var slots: [String: PluginSlot] = [:]

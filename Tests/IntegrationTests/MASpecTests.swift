@@ -245,6 +245,23 @@ import TestSupport
         #expect(try watcher.call("ma.status")["appKeys"]?["leave"]?["clients"] == .int(0))
     }
 
+    @Test func bindingsOfClientsThatLeftWhileThePluginWasDownAreDropped() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let stays = try h.client()
+        var leaves: SyncClient? = try h.client()
+        #expect(code(try stays.call("ma.start", ["appKey": "keep"])) == 0)
+        #expect(code(try leaves!.call("ma.start", ["appKey": "keep"])) == 0)
+        let pid = try #require(try h.plugin("ma")["pid"]?.intValue)
+        kill(Int32(pid), SIGSTOP)  // down: it misses bus.client.closed
+        leaves = nil
+        usleep(200_000)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("ma", restartsAtLeast: 1)
+        try waitUntil(timeout: 5) { try stays.call("ma.status")["appKeys"]?["keep"]?["clients"] == .int(1) }
+        #expect(try stays.call("ma.euid")["euid"]?.stringValue != nil, "the client still connected keeps its binding")
+    }
+
     // MARK: Property names and values
 
     @Test(arguments: ["Level", "1st", "a-b", "caf\u{e9}", "el_x", "engagelab_x", "metaverse_x",

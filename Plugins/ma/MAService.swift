@@ -62,6 +62,10 @@ final class MAService {
                 """)
             for r in try db.query("SELECT app_key, state FROM apps") {
                 guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
+                guard MAService.validAppKey(k) else {
+                    plugin.log.warn("stored AppKey not valid any more; ignored", ["appKey": k])
+                    continue
+                }
                 let inst = MAInstance(appKey: k)
                 inst.restore(j)
                 inst.started = inst.euid != nil
@@ -407,7 +411,10 @@ final class MAService {
         outbox.removeAll()
         outboxCount = 0
         for (appKey, items) in all {
-            guard let inst = instances[appKey] else { continue }
+            guard let inst = instances[appKey] else {
+                for item in items { item.done("AppKey \(appKey) is gone") }  // never left unanswered
+                continue
+            }
             var start = 0
             while start < items.count {
                 let chunk = Array(items[start..<min(items.count, start + MAService.maxRecordsPerEnqueue)])

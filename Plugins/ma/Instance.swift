@@ -104,6 +104,7 @@ final class MAInstance {
             "identity": .object(id), "collectionEnabled": collectionEnabled.map { .bool($0) } ?? .null,
             "collectControl": .object(cc), "utm": .object(u), "sessionTimeoutS": .int(sessionTimeoutS),
             "reportIntervalS": reportIntervalS.map { .int($0) } ?? .null,
+            "sessionId": sessionId.map { .string($0) } ?? .null, "background": .bool(background),
         ]
     }
 
@@ -116,5 +117,7 @@ final class MAInstance {
         for (k, v) in j["utm"]?.objectValue ?? JSONObject() { utm[k] = v.stringValue }
         if let t = j["sessionTimeoutS"]?.intValue { sessionTimeoutS = min(max(1, t), MAService.maxSessionTimeoutS) }
         reportIntervalS = j["reportIntervalS"]?.intValue
+        sessionId = j["sessionId"]?.stringValue
+        background = j["background"]?.boolValue ?? false
     }
 }

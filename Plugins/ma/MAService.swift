@@ -75,6 +75,9 @@ final class MAService {
                 if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
             }
             restoredBindings = Set(clientAppKey.keys)
+            // A session that was in the background when the plugin stopped ends after a full
+            // timeout from now.
+            for inst in instances.values where inst.background && inst.sessionId != nil { armSessionTimer(inst) }
             vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
             deviceId = try deviceValue("device_id") { System.randomHex(16) }
         } catch {
@@ -325,12 +328,16 @@ final class MAService {
         if inst.sessionId == nil {
             inst.sessionId = System.randomHex(8)
             record(inst, name: "el_session_start", properties: nil) { _ in }
+            persist(inst)  // a plugin restart continues the session
         }
         if inst.background { armSessionTimer(inst) }
     }
 
     func setBackground(_ inst: MAInstance, _ bg: Bool) {
-        inst.background = bg
+        if inst.background != bg {
+            inst.background = bg
+            persist(inst)
+        }
         if bg {
             armSessionTimer(inst)
         } else {
@@ -339,7 +346,7 @@ final class MAService {
         }
     }
 
-    private func armSessionTimer(_ inst: MAInstance) {
+    func armSessionTimer(_ inst: MAInstance) {
         inst.sessionTimer?.close()
         let t = Timer(loop: plugin.loop) { [unowned self, unowned inst] in
             inst.sessionTimer?.close()
@@ -347,6 +354,7 @@ final class MAService {
             guard inst.sessionId != nil else { return }
             self.record(inst, name: "el_session_end", properties: nil) { _ in }
             inst.sessionId = nil
+            self.persist(inst)
         }
         inst.sessionTimer = t
         t.start(after: UInt64(max(1, inst.sessionTimeoutS)) * 1000)

@@ -199,6 +199,22 @@ extension TestHost {
         #expect(try c.call("ma.euid")["euid"] == euid, "the client's AppKey binding and EUID survive")
         #expect(try c.call("ma.isDataCollectionEnabled")["enabled"] == .bool(false))
     }
+
+    @Test func pluginCrashContinuesTheSession() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "crash2"])
+        _ = try c.call("ma.eventRecord", ["eventName": "before"])
+        let pid = try #require(try h.plugin("ma")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("ma", restartsAtLeast: 1)
+        try waitUntil(timeout: 5) { try c.call("ma.eventRecord", ["eventName": "after"])["code"] == .int(0) }
+        let evs = try events(b, "crash2", c).compactMap { $0["data"] }
+        let sessions = Set(evs.compactMap { $0["session"]?.stringValue })
+        #expect(sessions.count == 1, "one session across the restart: \(sessions)")
+        #expect(evs.filter { $0["event"] == .string("el_session_start") }.count == 1)
+    }
 }
 
 /// Contacts, channel values and user properties through the MA plugin to the backend.

@@ -1,6 +1,6 @@
-/// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500): holding that
-/// many records makes the stream send everything queued (batches of at most 500 records and
-/// `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
+/// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500): holding more
+/// than that many records makes the stream send everything queued (batches of at most 500
+/// records and `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
 struct StreamSettings: Equatable {
     static let maxCountLimit = 500
     var endpoint: String
@@ -67,8 +67,13 @@ struct StreamState {
 
     init(settings: StreamSettings) { self.settings = settings }
 
-    /// How many queued records make the stream send.
-    var effectiveMaxCount: Int { min(settings.maxCount, countCap ?? Int.max) }
+    /// Whether the queued count makes the stream send: more than `maxCount` records (MA's SDK
+    /// reports once the cached events *exceed* its max cache count), or, after a 413, as many as
+    /// the smaller batch size.
+    var countReached: Bool {
+        if let cap = countCap, queued >= cap { return true }
+        return queued > settings.maxCount
+    }
     /// How many records one batch may carry: everything queued (as MA's SDK reports "all data"
     /// once the cache count is exceeded), up to 500 and `maxBatchBytes`, or the cap after a 413.
     var batchLimit: Int { countCap ?? StreamSettings.maxCountLimit }
@@ -79,7 +84,7 @@ struct StreamState {
         guard !inFlight, now >= notBeforeMs else { return false }
         if !pendingBatches.isEmpty { return true }
         guard queued > 0 else { return false }
-        if flushRequested || queued >= effectiveMaxCount || queuedBytes >= settings.maxBatchBytes { return true }
+        if flushRequested || countReached || queuedBytes >= settings.maxBatchBytes { return true }
         if let o = oldestMs, now >= o, now - o >= settings.intervalMs { return true }
         return false
     }

@@ -388,8 +388,12 @@ extension TestHost {
         _ = try c.call("ma.start", ["appKey": "cache"])
         #expect(try c.call("ma.setMaxEventCacheCount", ["count": 900])["count"] == .int(500), "never above 500")
         _ = try c.call("ma.setMaxEventCacheCount", ["count": 3])
-        for i in 0..<3 { _ = try c.call("ma.eventRecord", ["eventName": .string("e\(i)")]) }
-        try waitUntil(timeout: 5) { (try b.stream("ma.cache")["records"]?.intValue ?? 0) >= 3 }
+        // el_session_start plus two events: 3 cached, not more than the limit.
+        for i in 0..<2 { _ = try c.call("ma.eventRecord", ["eventName": .string("e\(i)")]) }
+        usleep(300_000)
+        #expect(try b.stream("ma.cache")["records"]?.intValue ?? 0 == 0, "3 cached of 3: nothing uploaded yet")
+        _ = try c.call("ma.eventRecord", ["eventName": "e2"])
+        try waitUntil(timeout: 5) { (try b.stream("ma.cache")["records"]?.intValue ?? 0) >= 4 }
         #expect(code(try c.call("ma.setReportInterval", ["interval": 0])) == -3)
         #expect(code(try c.call("ma.setReportInterval", ["interval": 1])) == 0)
         _ = try c.call("ma.eventRecord", ["eventName": "late"])

@@ -15,21 +15,21 @@ import TestSupport
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.count": ["maxCount": 5, "intervalMs": 600000]]])])
         let c = try h.client()
-        for i in 0..<4 { _ = try enqueue(c, "s.count", records("c", i..<(i + 1))) }
+        for i in 0..<5 { _ = try enqueue(c, "s.count", records("c", i..<(i + 1))) }
         usleep(300_000)
-        #expect(try count(b, "s.count") == 0, "4 of maxCount 5: nothing sent")
-        _ = try enqueue(c, "s.count", records("c", 4..<5))
-        try waitUntil(timeout: 10) { try count(b, "s.count") == 5 }
-        // Reaching maxCount sends everything queued in one batch (up to 500 records).
-        _ = try enqueue(c, "s.count", records("c", 5..<17))
-        try waitUntil(timeout: 10) { try count(b, "s.count") == 17 }
+        #expect(try count(b, "s.count") == 0, "5 of maxCount 5: nothing sent (it must be exceeded)")
+        _ = try enqueue(c, "s.count", records("c", 5..<6))
+        try waitUntil(timeout: 10) { try count(b, "s.count") == 6 }
+        // Exceeding maxCount sends everything queued in one batch (up to 500 records).
+        _ = try enqueue(c, "s.count", records("c", 6..<18))
+        try waitUntil(timeout: 10) { try count(b, "s.count") == 18 }
         #expect(try b.stream("s.count")["batches"] == .int(2))
-        _ = try enqueue(c, "s.count", records("c", 17..<20))
+        _ = try enqueue(c, "s.count", records("c", 18..<21))
         usleep(300_000)
-        #expect(try count(b, "s.count") == 17, "the last 3 wait for the interval or a flush")
+        #expect(try count(b, "s.count") == 18, "the last 3 wait for the interval or a flush")
         let r = try c.call("uploader.flush", ["stream": "s.count", "wait": true])
         #expect(r["drained"] == .bool(true))
-        #expect(try count(b, "s.count") == 20)
+        #expect(try count(b, "s.count") == 21)
     }
 
     @Test func batchesByInterval() throws {

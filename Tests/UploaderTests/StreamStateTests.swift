@@ -16,12 +16,12 @@ struct StreamStateTests {
         #expect(!state().shouldSend(now: 10_000))
     }
 
-    @Test func sendsWhenCountReached() {
+    @Test func sendsWhenTheCountIsExceeded() {
         var s = state()
-        s.queued = 4
-        s.oldestMs = 0
-        #expect(!s.shouldSend(now: 10))
         s.queued = 5
+        s.oldestMs = 0
+        #expect(!s.shouldSend(now: 10), "maxCount 5 held: the SDK waits")
+        s.queued = 6
         #expect(s.shouldSend(now: 10))
     }
 
@@ -60,10 +60,13 @@ struct StreamStateTests {
         #expect(s.shouldSend(now: 500))
     }
 
-    @Test func a413CapShrinksBatches() {
+    @Test func a413CapShrinksBatchesAndSendsAtTheCap() {
         var s = state { $0.maxCount = 400 }
-        s.countCap = 100
-        #expect(s.effectiveMaxCount == 100)
+        s.countCap = 1
+        s.queued = 1
+        s.oldestMs = 0
+        #expect(s.batchLimit == 1)
+        #expect(s.shouldSend(now: 10), "a split batch is resent without waiting for more records")
     }
 
     @Test(arguments: [

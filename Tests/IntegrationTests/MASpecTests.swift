@@ -130,6 +130,21 @@ import TestSupport
         #expect(try property(b, "proj", euid, "level") == .int(1))
     }
 
+    @Test func perFieldCodes3003And3013AndTheOtherFieldsStillSent() throws {
+        let (b, h, c, _) = try started("fields")
+        defer { _ = (b, h) }
+        let r = try c.call("ma.identifyAccount", ["userID": .string(String(repeating: "u", count: 257)),
+                                                  "anonymousID": 42, "email": "  Ann@Example.com ", "phone": "null"])
+        #expect(code(r) == 0, "a usable EUID was obtained")
+        let msg = try JSON.parse(r["message"]?.stringValue ?? "{}")
+        #expect(msg["user_id"]?["code"] == .int(3003))
+        #expect(msg["anonymous_id"]?["code"] == .int(3013), "not a string")
+        #expect(msg["email"]?["code"] == .int(0), "trimmed, lower-cased and sent")
+        #expect(msg["phone"] == nil, "\"null\" counts as not sent: no result for it")
+        let all = try c.call("ma.identifyAccount", ["userID": .string(String(repeating: "u", count: 257)), "email": "nope"])
+        #expect(code(all) == -3, "no valid field: nothing sent")
+    }
+
     @Test func aBackendFailureIsMinus1() throws {
         let (b, h, c, _) = try started("fail")
         defer { _ = h }

@@ -143,6 +143,9 @@ import TestSupport
         #expect(msg["phone"] == nil, "\"null\" counts as not sent: no result for it")
         let all = try c.call("ma.identifyAccount", ["userID": .string(String(repeating: "u", count: 257)), "email": "nope"])
         #expect(code(all) == -3, "no valid field: nothing sent")
+        let start = try c.call("ma.start", ["appKey": "fields", "userID": ["email": "nope"]])
+        #expect(code(start) == 0, "a start with no valid identity proceeds without one")
+        #expect(try JSON.parse(start["message"]?.stringValue ?? "{}")["email"]?["code"] == .int(3013))
     }
 
     @Test func aBackendFailureIsMinus1() throws {

@@ -6,8 +6,6 @@ import TestSupport
 /// One ma.md rule per test, each against the real host, MA plugin, uploader and reference
 /// backend. (Rules already covered in MATests.swift are not repeated here.)
 @Suite(.serialized) struct MASpecTests {
-    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
-
     /// A fresh backend and host, and a client started on `appKey`; returns its EUID too.
     func started(_ appKey: String, ma extra: JSONObject = [:]) throws -> (TestBackend, TestHost, SyncClient, String) {
         let b = try TestBackend()
@@ -26,19 +24,9 @@ import TestSupport
         try user(b, appKey, euid)["properties"]?[k]
     }
 
+    /// The events (record data) of `appKey`'s stream, after a flush.
     func delivered(_ b: TestBackend, _ c: SyncClient, _ appKey: String) throws -> [JSON] {
-        _ = try c.call("uploader.flush", ["stream": .string("ma.\(appKey)"), "wait": true], timeoutMs: 20000)
-        var out: [JSON] = []
-        var after: Int64 = 0
-        while true {
-            let page = try b.request("GET", "/v1/inspect/streams/ma.\(appKey)/records?limit=1000&after=\(after)").json
-            let recs = page["records"]?.arrayValue ?? []
-            if recs.isEmpty { break }
-            out += recs.compactMap { $0["data"] }
-            guard let next = page["next"]?.intValue, next > after else { break }
-            after = next
-        }
-        return out
+        try b.maEvents(appKey, flushedBy: c).compactMap { $0["data"] }
     }
 
     func metadata(_ b: TestBackend, _ appKey: String) throws {

@@ -15,14 +15,21 @@ extension TestHost {
     }
 }
 
+/// An MA reply's `code`.
+func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
+
+extension TestBackend {
+    /// The records of AppKey `appKey`'s event stream, after `client` flushed it to this backend.
+    func maEvents(_ appKey: String, flushedBy client: SyncClient) throws -> [JSON] {
+        _ = try client.call("uploader.flush", ["stream": .string("ma.\(appKey)"), "wait": true], timeoutMs: 30000)
+        return try records("ma.\(appKey)")
+    }
+}
+
 /// The MA plugin end to end: real host, MA plugin, uploader and reference backend.
 @Suite(.serialized) struct MAPluginTests {
-    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
-
     func events(_ b: TestBackend, _ appKey: String, _ c: SyncClient) throws -> [JSON] {
-        _ = try c.call("uploader.flush", ["stream": .string("ma.\(appKey)"), "wait": true], timeoutMs: 20000)
-        let page = try b.request("GET", "/v1/inspect/streams/ma.\(appKey)/records?limit=1000").json
-        return page["records"]?.arrayValue ?? []
+        try b.maEvents(appKey, flushedBy: c)
     }
 
     @Test func callsBeforeStartFailWithMinus2() throws {
@@ -170,17 +177,9 @@ extension TestHost {
         }
         #expect(killed)
         try h.waitForPlugin("ma", restartsAtLeast: 1)
-        _ = try h.client().call("uploader.flush", ["stream": "ma.load", "wait": true], timeoutMs: 30000)
-        var got = Set<String>()
-        var after: Int64 = 0
-        while true {
-            let page = try b.request("GET", "/v1/inspect/streams/ma.load/records?limit=1000&after=\(after)").json
-            let recs = page["records"]?.arrayValue ?? []
-            if recs.isEmpty { break }
-            for r in recs { if let n = r["data"]?["properties"]?["n"]?.intValue { got.insert("\(n)") } }
-            guard let next = page["next"]?.intValue, next > after else { break }
-            after = next
-        }
+        let got = Set(try b.maEvents("load", flushedBy: h.client()).compactMap { r in
+            r["data"]?["properties"]?["n"]?.intValue.map { "\($0)" }
+        })
         let missing = acked.subtracting(got)
         #expect(missing.isEmpty, "\(missing.count) acknowledged events lost")
         // And the instance is usable again without a new start.
@@ -219,8 +218,6 @@ extension TestHost {
 
 /// Contacts, channel values and user properties through the MA plugin to the backend.
 @Suite(.serialized) struct MAProfileTests {
-    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
-
     func setup() throws -> (TestBackend, TestHost, SyncClient, String) {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))
@@ -342,9 +339,7 @@ extension TestHost {
 
 /// Sessions and the upload cadence MA drives.
 @Suite(.serialized) struct MASessionTests {
-    func names(_ b: TestBackend, _ appKey: String) throws -> [JSON] {
-        try b.request("GET", "/v1/inspect/streams/ma.\(appKey)/records?limit=1000").json["records"]?.arrayValue ?? []
-    }
+    func names(_ b: TestBackend, _ appKey: String) throws -> [JSON] { try b.records("ma.\(appKey)") }
 
     @Test func sessionEndsAfterTimeoutInBackgroundAndANewOneStarts() throws {
         let b = try TestBackend()
@@ -422,13 +417,10 @@ extension TestHost {
         #expect(byId[3]?["code"] == .int(-2), "queued before the identity changed: invalidated")
     }
 
-    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
 }
 
 /// More ma.md rules, one test each.
 @Suite(.serialized) struct MARuleTests {
-    func code(_ j: JSON) -> Int64? { j["code"]?.intValue }
-
     @Test func withCollectionDisabledNothingIsCollectedButInitIdentifyContactsAndChannelsWork() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))
@@ -488,7 +480,7 @@ extension TestHost {
         _ = try c.call("ma.setDataCollectionEnabled", ["enabled": true])
         _ = try c.call("ma.eventRecord", ["eventName": "back"])
         _ = try c.call("uploader.flush", ["stream": "ma.cyc", "wait": true])
-        let recs = try b.request("GET", "/v1/inspect/streams/ma.cyc/records?limit=100").json["records"]?.arrayValue ?? []
+        let recs = try b.records("ma.cyc")
         let back = try #require(recs.first { $0["data"]?["event"] == .string("back") })
         #expect(back["data"]?["utm"] == nil, "UTM is not restored on re-enable")
         #expect(back["data"]?["device"]?["idfv"]?.stringValue != nil, "collect control kept its setting")
@@ -504,7 +496,7 @@ extension TestHost {
         _ = try c.call("ma.eventRecord", ["eventName": "where"])
         _ = try c.call("uploader.flush", ["wait": true])
         #expect(try b.stream("ma.second")["records"]?.intValue ?? 0 >= 1)
-        let firstEvents = try b.request("GET", "/v1/inspect/streams/ma.first/records?limit=100").json["records"]?.arrayValue ?? []
+        let firstEvents = try b.records("ma.first")
         #expect(!firstEvents.contains { $0["data"]?["event"] == .string("where") })
         // An explicit appKey still reaches the first instance.
         #expect(code(try c.call("ma.eventRecord", ["appKey": "first", "eventName": "explicit"])) == 0)

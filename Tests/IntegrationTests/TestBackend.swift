@@ -74,19 +74,21 @@ final class TestBackend {
     }
 
     func stream(_ name: String) throws -> JSON { try request("GET", "/v1/inspect/streams/\(name)").json }
-    func recordIds(_ name: String) throws -> Set<String> {
-        var ids = Set<String>()
+    /// Every record the backend holds for stream `name`, in order (all pages).
+    func records(_ name: String) throws -> [JSON] {
+        var out: [JSON] = []
         var after: Int64 = 0
         while true {
             let page = try request("GET", "/v1/inspect/streams/\(name)/records?limit=1000&after=\(after)").json
             let recs = page["records"]?.arrayValue ?? []
             if recs.isEmpty { break }
-            for r in recs { if let id = r["id"]?.stringValue { ids.insert(id) } }
+            out += recs
             guard let next = page["next"]?.intValue ?? recs.last?["rowid"]?.intValue, next > after else { break }
             after = next
         }
-        return ids
+        return out
     }
+    func recordIds(_ name: String) throws -> Set<String> { Set(try records(name).compactMap { $0["id"]?.stringValue }) }
     func faults(_ f: JSON) throws { _ = try request("POST", "/v1/faults", body: f) }
     func clearFaults() throws { _ = try request("DELETE", "/v1/faults") }
 }

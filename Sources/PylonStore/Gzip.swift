@@ -1,6 +1,9 @@
 import CZlib
 
 public struct GzipError: Error, CustomStringConvertible, Sendable {
+    public enum Kind: Sendable { case failed, tooLarge }
+    /// `.tooLarge`: the decompressed data would exceed the caller's limit.
+    public var kind: Kind = .failed
     public let description: String
 }
 
@@ -48,7 +51,7 @@ public enum Gzip {
                 out.append(contentsOf: chunk[0..<produced])
             } while rc == Z_OK && out.count <= limit && (s.avail_in > 0 || s.avail_out == 0)
         }
-        if out.count > limit { throw GzipError(description: "decompressed body exceeds \(limit) bytes") }
+        if out.count > limit { throw GzipError(kind: .tooLarge, description: "decompressed body exceeds \(limit) bytes") }
         guard rc == Z_STREAM_END else { throw GzipError(description: "invalid gzip data (\(rc))") }
         return out
     }

@@ -9,7 +9,7 @@ extension Backend {
     /// MA reply (see `MACalls`).
     func maCall(_ request: HTTPRequest, appKey: String, _ call: MACall) throws(APIError) -> HTTPResponse {
         let body = try jsonBody(request)
-        let calls = MACalls(store: store, appKey: appKey, now: Backend.nowMs())
+        let calls = MACalls(store: store, appKey: appKey, now: System.wallClockMs())
         let reply = try storage { () throws(SQLiteError) in
             try store.transaction { () throws(SQLiteError) in try calls.run(call, body) }
         }
@@ -111,8 +111,8 @@ extension Backend {
                         "anonymous_id": ids[.anonymousID]?.first.map(JSON.string) ?? .null,
                         "emails": list(.email), "phones": list(.phone), "devices": list(.device),
                     ],
-                    "contacts": .object(try store.maDocument(appKey, euid, .contacts)),
-                    "properties": .object(try store.maDocument(appKey, euid, .properties)),
+                    "contacts": .object(try store.maDocument(appKey, euid, .contacts) ?? [:]),
+                    "properties": .object(try store.maDocument(appKey, euid, .properties) ?? [:]),
                     "channels": .array(try store.maChannelValues(appKey, euid)),
                 ]
             }

@@ -92,7 +92,7 @@ final class Backend {
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
         do throws(SQLiteError) {
-            r = try store.ingest(batch, receivedAt: Backend.nowMs())
+            r = try store.ingest(batch, receivedAt: System.wallClockMs())
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
             throw .storage(error)
@@ -167,11 +167,9 @@ final class Backend {
         case "gzip", "x-gzip":
             do throws(GzipError) {
                 return try Gzip.decompress(request.body, limit: maxBody)
+            } catch where error.kind == .tooLarge {
+                throw .tooLarge("decompressed body exceeds the limit of \(maxBody) bytes")
             } catch {
-                // GzipError has no kind; its over-the-limit message is how to tell.
-                if error.description.contains("exceeds") {
-                    throw .tooLarge("decompressed body exceeds the limit of \(maxBody) bytes")
-                }
                 throw .badRequest(.invalidRequest, "body is not valid gzip: \(error.description)")
             }
         default:
@@ -194,10 +192,4 @@ final class Backend {
         }
     }
 
-    /// Wall-clock milliseconds since the Unix epoch.
-    static func nowMs() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-    }
 }

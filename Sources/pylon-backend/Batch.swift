@@ -79,16 +79,4 @@ func parseJSONBodyRef(_ body: [UInt8]) throws(APIError) -> JSONRef {
 }
 
 /// `parseJSONBodyRef` converted to a Swift value.
-func parseJSONBody(_ body: [UInt8]) throws(APIError) -> JSON {
-    let r: Result<JSON, JSONParseError> = body.withUnsafeBytes { b in
-        do throws(JSONParseError) {
-            return .success(try JSONRef.parse(b, maxDepth: Limits.maxJSONDepth).json)
-        } catch {
-            return .failure(error)
-        }
-    }
-    switch r {
-    case .success(let json): return json
-    case .failure(let e): throw .badRequest(.invalidJSON, "body is not valid JSON: \(e.detail)")
-    }
-}
+func parseJSONBody(_ body: [UInt8]) throws(APIError) -> JSON { try parseJSONBodyRef(body).json }

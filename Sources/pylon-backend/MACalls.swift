@@ -15,7 +15,7 @@ struct MACalls {
 
     /// The reply body (always answered with HTTP 200).
     func run(_ call: MACall, _ body: JSON) throws(SQLiteError) -> JSON {
-        let app = try store.maApp(appKey)
+        let app = try store.maApp(appKey, withMetadata: call == .properties)
         if app.disabled { return MAError.maDisabled.body }
         guard let o = body.objectValue else { return MAError.invalid("body must be a JSON object").body }
         if call != .start, let p = o["project"]?.stringValue, p != app.project { return MAError.switched.body }
@@ -62,8 +62,7 @@ struct MACalls {
     private func contacts(_ o: JSONObject) throws(SQLiteError) -> JSON {
         let req: MARequest.Contacts
         do throws(MAError) { req = try MARequest.contacts(o) } catch { return error.body }
-        guard try store.maUserExists(appKey, req.euid) else { return MAError.unknownUser.body }
-        var c = try store.maDocument(appKey, req.euid, .contacts)
+        guard var c = try store.maDocument(appKey, req.euid, .contacts) else { return MAError.unknownUser.body }
         for change in req.changes { c[change.kind] = change.value.map(JSON.string) }
         try store.setMADocument(appKey, req.euid, .contacts, c)
         return ["code": 0]
@@ -80,8 +79,7 @@ struct MACalls {
     private func properties(_ o: JSONObject, _ app: Store.MAApp) throws(SQLiteError) -> JSON {
         let req: MARequest.Properties
         do throws(MAError) { req = try MARequest.properties(o) } catch { return error.body }
-        guard try store.maUserExists(appKey, req.euid) else { return MAError.unknownUser.body }
-        let props = try store.maDocument(appKey, req.euid, .properties)
+        guard let props = try store.maDocument(appKey, req.euid, .properties) else { return MAError.unknownUser.body }
         let next: JSONObject
         do throws(MAError) { next = try req.op.applied(to: props, metadata: app.metadata) } catch { return error.body }
         if next != props { try store.setMADocument(appKey, req.euid, .properties, next) }

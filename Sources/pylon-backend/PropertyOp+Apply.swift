@@ -99,7 +99,7 @@ extension PropertyOp {
     }
 
     /// The strings of a string array (an empty array counts); nil for anything else.
-    private static func stringArray(_ v: JSON) -> [String]? {
+    static func stringArray(_ v: JSON) -> [String]? {
         guard let a = v.arrayValue else { return nil }
         let s = a.compactMap(\.stringValue)
         return s.count == a.count ? s : nil

@@ -65,9 +65,8 @@ enum PropertyOp {
         case "add", "remove":
             var list: [(key: String, values: [String])] = []
             for (k, v) in try properties() {
-                guard let a = v.arrayValue else { throw invalidValue("\(k) must be an array of strings") }
-                let strings = a.compactMap(\.stringValue)
-                if strings.count != a.count { return .ignored }
+                guard v.arrayValue != nil else { throw invalidValue("\(k) must be an array of strings") }
+                guard let strings = PropertyOp.stringArray(v) else { return .ignored }  // non-string elements
                 list.append((k, strings))
             }
             return op == "add" ? .add(list) : .remove(list)

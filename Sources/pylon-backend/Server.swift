@@ -11,7 +11,7 @@ final class Server {
     let loop: Loop
     let handle: UnsafeMutablePointer<uv_tcp_t>
     let maxBody: Int
-    var handler: (HTTPRequest) -> Disposition
+    let handler: (HTTPRequest) -> Disposition
     private var connections: [ObjectIdentifier: HTTPConnection] = [:]
     private var closed = false
     private let log = Log("server")
@@ -65,7 +65,6 @@ final class Server {
         }
     }
 
-    var connectionCount: Int { connections.count }
 
     private func accept(_ status: Int32) {
         guard status == 0, !closed else {

@@ -72,11 +72,14 @@ extension Store {
 
     // MARK: AppKey state
 
-    func maApp(_ appKey: String) throws(SQLiteError) -> MAApp {
-        guard let row = try db.query("SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?", [.text(appKey)]).first
-        else { return MAApp() }
+    /// The AppKey's state; its metadata is parsed only when `withMetadata` (only property calls
+    /// and the admin API use it, and every MA call reads `disabled` and `project`).
+    func maApp(_ appKey: String, withMetadata: Bool = true) throws(SQLiteError) -> MAApp {
+        let sql = withMetadata ? "SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?"
+                               : "SELECT disabled, project FROM ma_apps WHERE app_key = ?"
+        guard let row = try db.query(sql, [.text(appKey)]).first else { return MAApp() }
         return MAApp(disabled: row[0].int != 0, project: row[1].text ?? "default",
-                     metadata: MAMetadata.stored(row[2].text ?? ""))
+                     metadata: withMetadata ? MAMetadata.stored(row[2].text ?? "") : MAMetadata())
     }
 
     func setMAApp(_ appKey: String, _ app: MAApp) throws(SQLiteError) {
@@ -133,10 +136,7 @@ extension Store {
     func maCreateUser(_ appKey: String, at now: Int64) throws(SQLiteError) -> String {
         var euid = ""
         repeat {
-            euid = (0..<2).map { _ in
-                let h = String(UInt64.random(in: .min ... .max), radix: 16)
-                return String(repeating: "0", count: 16 - h.count) + h
-            }.joined()
+            euid = System.randomHex(16)
         } while try maUserExists(appKey, euid)
         try db.run("INSERT INTO ma_users (app_key, euid, created_at) VALUES (?, ?, ?)",
                    [.text(appKey), .text(euid), .int(now)])
@@ -157,10 +157,12 @@ extension Store {
 
     // MARK: User data
 
-    func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(SQLiteError) -> JSONObject {
-        let text = try db.query("SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
-                                [.text(appKey), .text(euid)]).first?[0].text
-        return text.flatMap { try? JSON.parse($0, maxDepth: Limits.maxJSONDepth + 1).objectValue } ?? JSONObject()
+    /// A user's document; nil when the user does not exist (unreadable JSON counts as `{}`).
+    func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(SQLiteError) -> JSONObject? {
+        guard let row = try db.query("SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
+                                     [.text(appKey), .text(euid)]).first
+        else { return nil }
+        return row[0].text.flatMap { try? JSON.parse($0, maxDepth: Limits.maxJSONDepth + 1).objectValue } ?? JSONObject()
     }
 
     func setMADocument(_ appKey: String, _ euid: String, _ doc: MADocument, _ value: JSONObject) throws(SQLiteError) {

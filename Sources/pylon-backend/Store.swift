@@ -8,8 +8,6 @@ import PylonStore
 /// The MA tables are in `Store+MA.swift`.
 final class Store {
     let db: Database
-    /// The ingest insert, prepared once (compiled SQL reused for every record).
-    private var insertRecord: Statement?
 
     struct IngestResult: Equatable {
         var accepted: Int
@@ -87,10 +85,8 @@ final class Store {
                 return IngestResult(accepted: 0, duplicates: batch.records.count, duplicateBatch: true)
             }
             var accepted = 0
-            if insertRecord == nil {
-                insertRecord = try db.prepare("INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)")
-            }
-            let ins = insertRecord!
+            // One cached statement for the whole batch (Database.prepare caches by SQL text).
+            let ins = try db.prepare("INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)")
             for r in batch.records {
                 ins.reset()
                 try ins.bind([.text(batch.stream), .text(r.id), .int(r.ts), .text(r.data), .text(batch.key)])

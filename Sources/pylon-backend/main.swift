@@ -14,8 +14,7 @@ do throws(Options.UsageError) {
         System.exit(0)
     }
     Log("backend").error("invalid arguments", ["error": error.description])
-    var text = Options.usage + "\n"
-    text.withUTF8 { b in _ = write(2, b.baseAddress, b.count) }
+    Log.writeRaw(Options.usage + "\n")
     System.exit(2)
 }
 Log.minimum = options.logLevel

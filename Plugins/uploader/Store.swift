@@ -42,6 +42,8 @@ final class UploaderStore {
               consent TEXT NOT NULL DEFAULT '', ts INTEGER NOT NULL, bytes INTEGER NOT NULL,
               body TEXT NOT NULL, batch TEXT, enqueued_ms INTEGER NOT NULL, UNIQUE(stream, id));
             CREATE INDEX IF NOT EXISTS records_by_batch ON records(stream, batch, seq);
+            -- attempts: no longer written (retry backoff lives in memory); kept so existing
+            -- queues open unchanged.
             CREATE TABLE IF NOT EXISTS batches(
               key TEXT PRIMARY KEY, stream TEXT NOT NULL, created_ms INTEGER NOT NULL,
               attempts INTEGER NOT NULL DEFAULT 0, final INTEGER NOT NULL DEFAULT 0);
@@ -121,34 +123,30 @@ final class UploaderStore {
         try s.bind([.text(key)])
         var out: [UInt8] = []
         out.reserveCapacity(64 * 1024)
-        out += Array(#"{"batch":"#.utf8)
-        appendJSONString(&out, Array(key.utf8)[...])
-        out += Array(#","stream":"#.utf8)
-        appendJSONString(&out, Array(stream.utf8)[...])
-        out += Array(#","records":["#.utf8)
+        out.append(contentsOf: #"{"batch":"#.utf8)
+        appendJSONString(&out, key.utf8)
+        out.append(contentsOf: #","stream":"#.utf8)
+        appendJSONString(&out, stream.utf8)
+        out.append(contentsOf: #","records":["#.utf8)
         var count = 0
         var bytes = 0
         while try s.step() {
             if count > 0 { out.append(UInt8(ascii: ",")) }
-            out += Array(#"{"id":"#.utf8)
-            s.withText(0) { appendJSONString(&out, $0[...]) }
-            out += Array(#","ts":"#.utf8)
-            out += Array(String(s.int(1)).utf8)
-            out += Array(#","data":"#.utf8)
+            out.append(contentsOf: #"{"id":"#.utf8)
+            s.withText(0) { appendJSONString(&out, $0) }
+            out.append(contentsOf: #","ts":"#.utf8)
+            out.append(contentsOf: String(s.int(1)).utf8)
+            out.append(contentsOf: #","data":"#.utf8)
             s.withText(2) { b in out.append(contentsOf: b); bytes += b.count }
             out.append(UInt8(ascii: "}"))
             count += 1
         }
-        out += Array("]}".utf8)
+        out.append(contentsOf: "]}".utf8)
         return (out, count, bytes)
     }
 
     func isFinal(_ key: String) throws(SQLiteError) -> Bool {
         try db.query("SELECT final FROM batches WHERE key=?", [.text(key)]).first?[0].int == 1
-    }
-
-    func recordAttempt(_ key: String) throws(SQLiteError) {
-        try db.run("UPDATE batches SET attempts=attempts+1 WHERE key=?", [.text(key)])
     }
 
     /// Delivered (or a final batch that is purged whatever happened): the records are gone.
@@ -179,10 +177,6 @@ final class UploaderStore {
             try db.run("UPDATE records SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
         }
-    }
-
-    func batchSize(_ key: String) throws(SQLiteError) -> Int {
-        Int(try db.query("SELECT COUNT(*) FROM records WHERE \(UploaderStore.inBatch)", [.text(key)]).first?[0].int ?? 0)
     }
 
     /// Marks every pending batch holding records under `consent` final (sent once, no retry).
@@ -248,15 +242,16 @@ final class UploaderStore {
     }
 }
 
+private let hexDigits = Array("0123456789abcdef".utf8)
+
 /// Appends `bytes` as a JSON string literal (quotes, backslashes and control characters escaped).
 func appendJSONString<C: Collection>(_ out: inout [UInt8], _ bytes: C) where C.Element == UInt8 {
     out.append(UInt8(ascii: "\""))
-    let hex = Array("0123456789abcdef".utf8)
     for b in bytes {
         switch b {
         case UInt8(ascii: "\""): out += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
         case UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
-        case 0..<0x20: out += [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 15)]]
+        case 0..<0x20: out += [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hexDigits[Int(b >> 4)], hexDigits[Int(b & 15)]]
         default: out.append(b)
         }
     }

@@ -135,10 +135,8 @@ final class Uploader {
             return
         }
         // Records are read straight from the parsed json-c tree: no conversion to Swift values.
-        var list: OpaquePointer?
-        guard json_object_object_get_ex(call.paramsRef, "records", &list) != 0, json_object_get_type(list) == json_type_array,
-              json_object_array_length(list) > 0
-        else {
+        let list = call.paramRef("records")
+        guard json_object_get_type(list) == json_type_array, json_object_array_length(list) > 0 else {
             call.fail(RPCError(.invalidParams, "params.records must be a non-empty array"))
             return
         }
@@ -162,11 +160,8 @@ final class Uploader {
                 call.fail(RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes"))
                 return
             }
-            // A record is `{id, ts?, data}`; a record without `data` is stored whole.
-            guard json_object_get_type(r) == json_type_object else {
-                call.fail(RPCError(.invalidParams, "records[\(i)] must be an object"))
-                return
-            }
+            // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
+            // else); a record without `data` is stored whole.
             if json_object_object_get_ex(r, "data", &dataObj) == 0 { dataObj = r }
             var bodyLen = 0
             guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
@@ -178,7 +173,7 @@ final class Uploader {
                 ts = json_object_get_int64(tsObj)
             }
             bytes += bodyLen
-            records.append(PendingRecord(id: id, idLength: json_object_get_string_len(idObj), ts: ts, body: body, bodyLength: Int32(bodyLen)))
+            records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
         }
         if diskBytes + commitQueueBytes + bytes > limits.maxDiskBytes {
             call.fail(RPCError(.overloaded, "uploader queue is full (\(limits.maxDiskBytes) bytes on disk); records refused",
@@ -274,7 +269,6 @@ final class Uploader {
         do {
             batch = try store.batchBody(key, stream: stream)
             final = try store.isFinal(key)
-            try store.recordAttempt(key)
         } catch {
             plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
             streams[stream]?.inFlight = false
@@ -284,7 +278,7 @@ final class Uploader {
             try? store.deleteBatch(key)
             streams[stream]?.pendingBatches.removeAll { $0 == key }
             streams[stream]?.inFlight = false
-            finishBatch(stream, key)
+            pump(stream, now: now)
             return
         }
         let gz: [UInt8]
@@ -371,23 +365,24 @@ final class Uploader {
         }
         if st.pendingBatches.isEmpty && st.queued == 0 { st.countCap = nil }
         streams[stream] = st
-        finishBatch(stream, key)
-    }
-
-    private func finishBatch(_ stream: String, _ key: String) {
         pump(stream, now: now)
     }
 
     /// `uploader.flush {wait: true}` without a stream: answered when every stream is drained.
     private var allDrainWaiters: [Call] = []
 
+    /// Answers the all-stream flush waiters once every stream is drained.
+    private func answerAllDrainWaiters() {
+        guard !allDrainWaiters.isEmpty,
+              streams.values.allSatisfy({ $0.queued == 0 && $0.pendingBatches.isEmpty && !$0.inFlight })
+        else { return }
+        let w = allDrainWaiters
+        allDrainWaiters.removeAll()
+        for c in w { c.reply(["drained": true]) }
+    }
+
     private func answerDrainWaiters(_ stream: String, _ st: StreamState) {
-        if !allDrainWaiters.isEmpty,
-           streams.values.allSatisfy({ $0.queued == 0 && $0.pendingBatches.isEmpty && !$0.inFlight }) {
-            let w = allDrainWaiters
-            allDrainWaiters.removeAll()
-            for c in w { c.reply(["drained": true]) }
-        }
+        answerAllDrainWaiters()
         guard st.queued == 0, st.pendingBatches.isEmpty, !st.inFlight, let waiters = drainWaiters.removeValue(forKey: stream) else { return }
         for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
     }
@@ -411,7 +406,7 @@ final class Uploader {
                 drainWaiters[names[0], default: []].append(call)
             } else {
                 allDrainWaiters.append(call)
-                if streams.isEmpty { answerDrainWaiters("", StreamState(settings: settings(for: ""))) }
+                answerAllDrainWaiters()
             }
         } else {
             call.reply(["flushing": .array(names.sorted().map { .string($0) })])

@@ -75,8 +75,6 @@ public final class HTTPClient {
         }
     }
 
-    public var activeTransfers: Int { transfers.count }
-
     /// Starts a request; `done` is called exactly once on the loop.
     public func send(_ request: HTTPRequest, _ done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
         guard !closed, let easy = curl_easy_init() else {

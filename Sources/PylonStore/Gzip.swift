@@ -14,10 +14,10 @@ public enum Gzip {
         guard pylon_deflate_init_gzip(&s, level) == Z_OK else { throw GzipError(description: "deflateInit2 failed") }
         defer { deflateEnd(&s) }
         var out = [UInt8](repeating: 0, count: Int(deflateBound(&s, uLong(input.count))) + 32)
-        var input = input
-        let rc: Int32 = input.withUnsafeMutableBytes { inp in
+        // zlib's next_in is not const but is only read: no copy of the input is needed.
+        let rc: Int32 = input.withUnsafeBytes { inp in
             out.withUnsafeMutableBytes { outp in
-                s.next_in = inp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                s.next_in = UnsafeMutablePointer(mutating: inp.baseAddress?.assumingMemoryBound(to: Bytef.self))
                 s.avail_in = uInt(inp.count)
                 s.next_out = outp.baseAddress?.assumingMemoryBound(to: Bytef.self)
                 s.avail_out = uInt(outp.count)
@@ -36,10 +36,9 @@ public enum Gzip {
         defer { inflateEnd(&s) }
         var out: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
-        var input = input
         var rc: Int32 = Z_OK
-        input.withUnsafeMutableBytes { inp in
-            s.next_in = inp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+        input.withUnsafeBytes { inp in
+            s.next_in = UnsafeMutablePointer(mutating: inp.baseAddress?.assumingMemoryBound(to: Bytef.self))
             s.avail_in = uInt(inp.count)
             repeat {
                 chunk.withUnsafeMutableBytes { c in

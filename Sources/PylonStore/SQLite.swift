@@ -72,7 +72,6 @@ public final class Database {
     }
 
     public var changes: Int { Int(sqlite3_changes(db)) }
-    public var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
 
     func error(_ rc: Int32) -> SQLiteError {
         SQLiteError(code: rc, message: String(cString: sqlite3_errmsg(db)))
@@ -107,13 +106,6 @@ public enum SQLValue: Equatable, Sendable {
         switch self {
         case .text(let t): return t
         case .blob(let b): return String(decoding: b, as: UTF8.self)
-        default: return nil
-        }
-    }
-    public var blob: [UInt8]? {
-        switch self {
-        case .blob(let b): return b
-        case .text(let t): return Array(t.utf8)
         default: return nil
         }
     }
@@ -165,9 +157,9 @@ public final class Statement {
             case .null: rc = sqlite3_bind_null(st, idx)
             case .int(let v): rc = sqlite3_bind_int64(st, idx, v)
             case .double(let v): rc = sqlite3_bind_double(st, idx, v)
-            case .text(var v): rc = v.withUTF8 { b in
-                b.withMemoryRebound(to: CChar.self) { pylon_sqlite_bind_text(st, idx, $0.baseAddress, Int32($0.count)) }
-            }
+            case .text(let v):
+                try bindText(idx, string: v)  // one path for text (an empty string stays text)
+                continue
             case .blob(let v): rc = v.withUnsafeBytes { pylon_sqlite_bind_blob(st, idx, $0.baseAddress, Int32($0.count)) }
             }
             if rc != SQLITE_OK { throw owner.error(rc) }

@@ -16,11 +16,12 @@ enum EventValidation {
     static func check(eventName: JSON?, property: JSON?) -> String? {
         let n = eventName.map { JSONRef($0) }
         let p = property.map { JSONRef($0) }
-        return check(eventName: n?.ptr, hasEventName: eventName != nil, property: p?.ptr)
+        return check(eventNameRef: n?.ptr, propertyRef: p?.ptr)
     }
 
-    static func check(eventName e: OpaquePointer?, hasEventName: Bool, property p: OpaquePointer?) -> String? {
-        guard hasEventName, json_object_get_type(e) == json_type_string else { return "eventName is required and must be a string" }
+    /// `e` nil (absent) is typed null, so it fails the string check like any non-string.
+    static func check(eventNameRef e: OpaquePointer?, propertyRef p: OpaquePointer?) -> String? {
+        guard json_object_get_type(e) == json_type_string else { return "eventName is required and must be a string" }
         let len = Int(json_object_get_string_len(e))
         if len == 0 { return "eventName must not be empty" }
         let name = json_object_get_string(e)!

@@ -2,13 +2,10 @@ import PylonPluginKit
 
 /// MA result codes (ma.md "Error codes used"). Stable; returned as `{"code": N, ...}`.
 enum MACode {
-    static let success: Int64 = 0
     static let failed: Int64 = -1
     static let notStarted: Int64 = -2
     static let invalidParams: Int64 = -3
-    static let maDisabled: Int64 = -4
-    static let projectSwitched: Int64 = -6
-    static let inProgress: Int64 = -7
+    // -4 and -6 come from the backend and are passed through; -7 is never produced (docs/MA.md).
     static let identifierTooLong: Int64 = 3003
     static let identifierInvalid: Int64 = 3013
 }
@@ -19,7 +16,7 @@ enum MACode {
 /// a non-string or malformed value is dropped with 3013, a too-long one with 3003; the others are
 /// kept. Limits (Pylon's choice, the source's table is missing): user_id and anonymous_id ≤ 256
 /// characters; email ≤ 256 and `local@domain.tld`; phone `+` then 6–20 digits (≤ 32 in total).
-struct IdentityInput: Equatable {
+struct IdentityInput {
     /// Wire names of the fields, in the order results are reported.
     static let fields: [(param: String, wire: String)] = [
         ("userID", "user_id"), ("anonymousID", "anonymous_id"), ("email", "email"), ("phone", "phone"),
@@ -31,10 +28,6 @@ struct IdentityInput: Equatable {
     var valid: [String: String] = [:]
     /// Local rejections by wire name: (code, message).
     var rejected: [String: (code: Int64, msg: String)] = [:]
-
-    static func == (a: IdentityInput, b: IdentityInput) -> Bool {
-        a.valid == b.valid && a.rejected.mapValues { $0.code } == b.rejected.mapValues { $0.code }
-    }
 
     init(_ params: JSON?) {
         for (param, wire) in IdentityInput.fields {
@@ -97,14 +90,7 @@ struct IdentityInput: Equatable {
     }
 
     /// Only the local rejections (start's user-ID part), or "" when none.
-    var localMessage: String {
-        guard !rejected.isEmpty else { return "" }
-        var o = JSONObject()
-        for (_, wire) in IdentityInput.fields {
-            if let r = rejected[wire] { o[wire] = ["code": .int(r.code), "msg": .string(r.msg)] }
-        }
-        return JSON.object(o).serialized
-    }
+    var localMessage: String { rejected.isEmpty ? "" : message(server: nil) }
 
     var identityJSON: JSON {
         var o = JSONObject()

@@ -6,7 +6,7 @@ final class MAInstance {
     /// A start succeeded (EUID known).
     var started = false
     /// Starts/identifies queued or running; other calls are allowed while > 0 (they wait).
-    var pendingStarts = 0
+    var pendingStarts: Int { opQueue.count + (opRunning ? 1 : 0) }
     var euid: String?
     var project: String?
     var identity: [String: String] = [:]
@@ -53,11 +53,15 @@ final class MAInstance {
     /// The public SDK defaults (ma.md §10): idfa off, idfv off, carrier on.
     static let defaultCollectControl: [String: Bool] = ["idfa": false, "idfv": false, "carrier": true]
 
-    init(appKey: String) { self.appKey = appKey }
+    init(appKey: String) {
+        self.appKey = appKey
+        consentKey = "ma:" + appKey
+        stream = "ma." + appKey
+    }
 
     var isUsable: Bool { started || pendingStarts > 0 }
-    var consentKey: String { "ma:" + appKey }
-    var stream: String { "ma." + appKey }
+    let consentKey: String
+    let stream: String
 
     /// Runs `op` after every earlier start/identify (and its reply) completed.
     func enqueueOp(_ op: @escaping () -> Void) {
@@ -73,7 +77,7 @@ final class MAInstance {
 
     private func runNextOp() {
         guard !opRunning, !opQueue.isEmpty else {
-            if !opRunning && opQueue.isEmpty && pendingStarts == 0 {
+            if !opRunning {  // the queue is empty: nothing pending any more
                 let w = waiting
                 waiting.removeAll()
                 for f in w { f() }

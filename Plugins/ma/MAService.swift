@@ -40,8 +40,6 @@ final class MAService {
 
     init(plugin: Plugin) { self.plugin = plugin }
 
-    var now: UInt64 { plugin.loop.nowMs }
-
     func start() {
         let c = plugin.config
         if let u = c["backend"]?.stringValue { backendURL = u }
@@ -171,11 +169,18 @@ final class MAService {
         if inst.reportIntervalS != nil {
             inst.reportIntervalS = nil
             persist(inst)
-            plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .null]) { [unowned self] r in
-                if case .failure(let e) = r {
-                    self.plugin.log.warn("cannot reset the report interval", ["appKey": inst.appKey, "error": e.message])
-                }
+            configureStream(inst, ["intervalMs": .null]) { [unowned self] e in
+                if let e { self.plugin.log.warn("cannot reset the report interval", ["appKey": inst.appKey, "error": e.message]) }
             }
+        }
+    }
+
+    /// Sets fields of the instance's uploader stream (`uploader.configureStream`).
+    func configureStream(_ inst: MAInstance, _ fields: JSONObject, _ done: @escaping (RPCError?) -> Void) {
+        var p = fields
+        p["stream"] = .string(inst.stream)
+        plugin.call("uploader.configureStream", .object(p)) { r in
+            if case .failure(let e) = r { done(e) } else { done(nil) }
         }
     }
 
@@ -235,9 +240,14 @@ final class MAService {
 
     /// POSTs to the MA backend, retrying network failures and 5xx with backoff until it answers
     /// (an offline start waits for the backend; later calls wait behind it).
-    func backend(_ path: String, _ body: JSON, retry: Bool, attempt: Int = 1, _ done: @escaping (Result<JSON, MAError>) -> Void) {
+    func backend(_ path: String, _ body: JSON, retry: Bool, _ done: @escaping (Result<JSON, MAError>) -> Void) {
+        post(path, Array(body.serialized.utf8), retry: retry, attempt: 1, done)
+    }
+
+    /// One attempt with the body serialised once for all retries.
+    private func post(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, _ done: @escaping (Result<JSON, MAError>) -> Void) {
         let req = HTTPRequest(method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
-                              body: Array(body.serialized.utf8), timeoutMs: 10_000)
+                              body: body, timeoutMs: 10_000)
         http.send(req) { [unowned self] r in
             switch r {
             case .success(let resp) where resp.status < 500:
@@ -254,7 +264,7 @@ final class MAService {
         }
     }
 
-    private func again(_ path: String, _ body: JSON, retry: Bool, attempt: Int, reason: String,
+    private func again(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String,
                        _ done: @escaping (Result<JSON, MAError>) -> Void) {
         guard retry else {
             done(.failure(MAError(message: "backend unreachable: \(reason)")))
@@ -267,7 +277,7 @@ final class MAService {
         let t = Timer(loop: plugin.loop) {}
         t.callback = { [unowned self, unowned t] in
             t.close()
-            self.backend(path, body, retry: retry, attempt: attempt + 1, done)
+            self.post(path, body, retry: retry, attempt: attempt + 1, done)
         }
         t.start(after: delay)
     }
@@ -278,12 +288,10 @@ final class MAService {
     /// that reply (strict call order per AppKey).
     func identityOp(_ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
                     handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void) {
-        inst.pendingStarts += 1
         inst.enqueueOp { [unowned self] in
             let (path, body) = prepare()
             func finish(_ reply: JSON) {
                 call.reply(reply)
-                inst.pendingStarts -= 1
                 inst.opFinished()
             }
             self.backend(path, body, retry: true) { r in
@@ -341,16 +349,14 @@ final class MAService {
         if bg {
             armSessionTimer(inst)
         } else {
-            inst.sessionTimer?.close()
-            inst.sessionTimer = nil
+            inst.sessionTimer?.stop()
         }
     }
 
+    /// (Re)starts the instance's one session timer: it ends the session `sessionTimeoutS`
+    /// after the last activity in the background (libuv re-arms an active timer).
     func armSessionTimer(_ inst: MAInstance) {
-        inst.sessionTimer?.close()
-        let t = Timer(loop: plugin.loop) { [unowned self, unowned inst] in
-            inst.sessionTimer?.close()
-            inst.sessionTimer = nil
+        let t = inst.sessionTimer ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
             guard inst.sessionId != nil else { return }
             self.record(inst, name: "el_session_end", properties: nil) { _ in }
             inst.sessionId = nil

@@ -4,21 +4,26 @@ import PylonPluginKit
 func registerProfileMethods(_ plugin: Plugin, _ ma: MAService) {
     typealias R = MAService
 
-    /// Sends one profile call for the caller's EUID and replies with the backend's code.
-    func send(_ call: Call, _ inst: MAInstance, _ path: String, _ body: JSONObject) {
-        inst.whenReady {
-            var b = body
-            b["euid"] = inst.euid.map { .string($0) } ?? .null
-            if let p = inst.project { b["project"] = .string(p) }
-            ma.backend("/v1/ma/\(inst.appKey)/\(path)", .object(b), retry: false) { r in
-                switch r {
-                case .success(let j):
-                    call.reply(R.result(j["code"]?.intValue ?? MACode.failed, j["message"]?.stringValue ?? ""))
-                case .failure(let e):
-                    call.reply(R.result(MACode.failed, e.message))
-                }
+    /// Posts one profile call for the instance's current EUID and project, replies with the
+    /// backend's code, then runs `then`.
+    func post(_ call: Call, _ inst: MAInstance, _ path: String, _ body: JSONObject, then: @escaping () -> Void = {}) {
+        var b = body
+        b["euid"] = inst.euid.map { .string($0) } ?? .null
+        if let p = inst.project { b["project"] = .string(p) }
+        ma.backend("/v1/ma/\(inst.appKey)/\(path)", .object(b), retry: false) { r in
+            switch r {
+            case .success(let j):
+                call.reply(R.result(j["code"]?.intValue ?? MACode.failed, j["message"]?.stringValue ?? ""))
+            case .failure(let e):
+                call.reply(R.result(MACode.failed, e.message))
             }
+            then()
         }
+    }
+
+    /// `post`, once pending starts are done.
+    func send(_ call: Call, _ inst: MAInstance, _ path: String, _ body: JSONObject) {
+        inst.whenReady { post(call, inst, path, body) }
     }
 
     /// Property calls are collection data: while collection is off they are not sent.
@@ -82,15 +87,7 @@ func registerProfileMethods(_ plugin: Plugin, _ ma: MAService) {
                 inst.channelDone()
                 return
             }
-            var b: JSONObject = ["channelId": .int(ch), "values": .array(values), "euid": inst.euid.map { .string($0) } ?? .null]
-            if let p = inst.project { b["project"] = .string(p) }
-            ma.backend("/v1/ma/\(inst.appKey)/channel", .object(b), retry: false) { r in
-                switch r {
-                case .success(let j): call.reply(R.result(j["code"]?.intValue ?? MACode.failed, j["message"]?.stringValue ?? ""))
-                case .failure(let e): call.reply(R.result(MACode.failed, e.message))
-                }
-                inst.channelDone()
-            }
+            post(call, inst, "channel", ["channelId": .int(ch), "values": .array(values)], then: inst.channelDone)
         }
         inst.whenReady { inst.channelKick() }
     }

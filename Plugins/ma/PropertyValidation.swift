@@ -67,14 +67,16 @@ enum PropertyValidation {
         }
     }
 
+    /// The two call forms: `{"properties": {...}}`, or `{"key": k, <valueKey>: v}` as a map of one.
+    private static func propertyMap(_ p: JSON, valueKey: String) -> JSONObject? {
+        if let o = p["properties"]?.objectValue { return o }
+        if let k = p["key"]?.stringValue, let v = p[valueKey] { return [k: v] }
+        return nil
+    }
+
     /// `{"properties": {...}}` or `{"key": k, "value": v}` → the map to send, or an error.
     static func setProperties(_ p: JSON) -> Result<JSONObject, MAError> {
-        var props = JSONObject()
-        if let o = p["properties"]?.objectValue {
-            props = o
-        } else if let k = p["key"]?.stringValue, let v = p["value"] {
-            props[k] = v
-        } else {
+        guard let props = propertyMap(p, valueKey: "value") else {
             return .failure(MAError(message: "properties (object) or key and value are required"))
         }
         if props.isEmpty { return .failure(MAError(message: "no properties")) }
@@ -87,12 +89,7 @@ enum PropertyValidation {
 
     /// `{key, by}` or `{properties: {k: v}}` for increase/add/remove, with a per-value check.
     static func keyed(_ p: JSON, _ check: (JSON) -> Bool, what: String) -> Result<JSONObject, MAError> {
-        var props = JSONObject()
-        if let o = p["properties"]?.objectValue {
-            props = o
-        } else if let k = p["key"]?.stringValue, let v = p["by"] {
-            props[k] = v
-        } else {
+        guard let props = propertyMap(p, valueKey: "by") else {
             return .failure(MAError(message: "key and by, or properties, are required"))
         }
         if props.isEmpty || props.count > maxPerCall { return .failure(MAError(message: "1 to \(maxPerCall) properties per call")) }

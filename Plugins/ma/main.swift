@@ -1,3 +1,4 @@
+import CJSONC
 import PylonPluginKit
 
 /// pylon-ma: the MA analytics SDK surface as a service (spec: ../shared/spec/ma.md).
@@ -52,8 +53,7 @@ plugin.method("start") { call in
         inst.project = j["project"]?.stringValue ?? project
         inst.identity.merge(identity.valid) { _, new in new }
         inst.started = true
-        ma.applyCollection(inst, enabled: enable) {
-            ma.persist(inst)
+        ma.applyCollection(inst, enabled: enable) {  // it persists the instance
             finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
         }
     })
@@ -63,7 +63,7 @@ plugin.method("identifyAccount") { call in
     guard let inst = ma.usable(call) else { return }
     let identity = IdentityInput(call.params)  // captured at receipt
     guard !identity.valid.isEmpty else {
-        call.reply(R.result(MACode.invalidParams, identity.message(server: nil) == "success" ? "no valid identifier" : identity.message(server: nil)))
+        call.reply(R.result(MACode.invalidParams, identity.rejected.isEmpty ? "no valid identifier" : identity.localMessage))
         return
     }
     ma.identityOp(inst, call, prepare: {
@@ -97,11 +97,12 @@ plugin.method("eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
     guard let inst = ma.usable(call) else { return }
     // Validated and recorded straight from the parsed json-c tree (no Swift values per event).
     let props = call.paramRef("property")
-    if let why = EventValidation.check(eventName: call.paramRef("eventName"), hasEventName: call.hasParam("eventName"), property: props) {
+    let nameRef = call.paramRef("eventName")
+    if let why = EventValidation.check(eventNameRef: nameRef, propertyRef: props) {
         call.reply(R.result(MACode.invalidParams, why))
         return
     }
-    let name = call.stringParam("eventName")!
+    let name = String(cString: json_object_get_string(nameRef))  // a string: checked above
     inst.whenReady {
         ma.touchSession(inst)
         ma.record(inst, name: name, properties: props) { err in
@@ -184,8 +185,8 @@ plugin.method("setReportInterval") { call in
         call.reply(R.result(MACode.invalidParams, "interval (seconds, 1 to \(R.maxReportIntervalS)) is required"))
         return
     }
-    plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "intervalMs": .int(s * 1000)]) { r in
-        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)); return }
+    ma.configureStream(inst, ["intervalMs": .int(s * 1000)]) { e in
+        if let e { call.reply(R.result(MACode.failed, e.message)); return }
         // Held for the app's session (ma.md §6): undone when its last client disconnects —
         // at once if that happened while this call was in flight.
         inst.reportIntervalS = s
@@ -202,8 +203,8 @@ plugin.method("setMaxEventCacheCount") { call in
         return
     }
     let count = min(n, 500)  // never above 500
-    plugin.call("uploader.configureStream", ["stream": .string(inst.stream), "maxCount": .int(count)]) { r in
-        if case .failure(let e) = r { call.reply(R.result(MACode.failed, e.message)) } else { call.reply(R.result(0, "", ["count": .int(count)])) }
+    ma.configureStream(inst, ["maxCount": .int(count)]) { e in
+        call.reply(e.map { R.result(MACode.failed, $0.message) } ?? R.result(0, "", ["count": .int(count)]))
     }
 }
 

@@ -28,8 +28,13 @@ public final class Call {
     /// Who called, when the plugin set `wantsCallerInfo`: `{"client": N, "uid", "gid", "pid"}`
     /// for a client connection, `{"plugin": name}` for another plugin; nil otherwise.
     public lazy var caller: JSON? = msg.has("_pylon") ? JSONRef.toJSON(msg.member("_pylon")) : nil
-    /// The calling client's connection id, if known.
-    public var callerClient: Int64? { caller?["client"]?.intValue }
+    /// The calling client's connection id, if known (read from json-c: it is on every routed
+    /// request of a plugin that wants caller info, so `caller` is not converted for it).
+    public var callerClient: Int64? {
+        var c: OpaquePointer?
+        guard json_object_object_get_ex(msg.member("_pylon"), "client", &c) != 0, json_object_get_type(c) == json_type_int else { return nil }
+        return json_object_get_int64(c)
+    }
 
     /// A top-level params member as a borrowed json-c object (nil when absent).
     public func paramRef(_ key: String) -> OpaquePointer? {

@@ -2,7 +2,7 @@ import CJSONC
 import PylonCore
 
 /// The two hot paths without a json-c tree: a request routed to a plugin (or a `bus.provide`
-/// provider), and a plugin's answer to a routed request. `RawJSON.scanMessage` validates the line
+/// provider), and a plugin's answer to a routed request. `RawJSON.classifyMessage` validates the line
 /// and finds its members in one pass; the line is then forwarded with its id spliced, as in the
 /// full path.
 ///
@@ -33,53 +33,33 @@ extension Bus {
             let c = line[p.lowerBound]
             guard c == UInt8(ascii: "{") || c == UInt8(ascii: "[") else { return false }
         }
-        guard let method = RawJSON.plainString(line, methodSpan),
-              peer.slot == nil || peer.handshaken, !shuttingDown,
-              !method.hasPrefix("bus."), !method.hasPrefix("consent."),
-              peer.isPlugin || isPermitted(method, peer.credentials),
+        guard let method = RawJSON.plainString(line, methodSpan), peer.slot == nil || peer.handshaken,
               peer.inflight < config.limits.maxInflightPerConnection
         else { return false }
-        if let provider = provided[method] {
-            forward(peer, nil, line, id: nil, idSpan: idSpan, to: provider, timeoutMs: config.limits.requestTimeoutMs)
-            fastRouted += 1
-            return true
+        // Consent-template fields read from the params bytes. Absent params, or an array: no such
+        // field (as json-c's lookup says). A backslash anywhere in them could be a key or value
+        // written with escapes: then json-c decides.
+        let params = m.params.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
+        var unsure = false
+        let field: (String) -> String? = { name in
+            guard let params, params[0] == UInt8(ascii: "{") else { return nil }
+            if params.contains(UInt8(ascii: "\\")) { unsure = true; return nil }
+            guard let span = RawJSON.memberValueSpan(params, key: name), params[span.lowerBound] == UInt8(ascii: "\"")
+            else { return nil }  // absent, or not a string
+            return RawJSON.plainString(params, span)
         }
-        let dot = method.firstIndex(of: ".") ?? method.endIndex
-        guard let slot = slots[String(method[..<dot])], slot.life.state == .running, let target = slot.peer,
-              target.handshaken
-        else { return false }
-        if let manifest = slot.manifest, !manifest.methods.isEmpty {
-            guard let spec = manifest.methods[method] else { return false }
-            if spec.consent != nil {
-                guard consent.masterGranted else { return false }
-                var unsure = false
-                let key = spec.consentKey { name in
-                    // Absent params, or an array: no such field (as json-c's lookup says).
-                    guard let p = m.params, line[p.lowerBound] == UInt8(ascii: "{") else { return nil }
-                    let params = UnsafeRawBufferPointer(rebasing: line[p])
-                    // A key written with escapes could spell the field: let json-c decide.
-                    if params.contains(UInt8(ascii: "\\")) { unsure = true; return nil }
-                    guard let span = RawJSON.memberValueSpan(params, key: name) else { return nil }
-                    guard params[span.lowerBound] == UInt8(ascii: "\"") else { return nil }  // not a string: absent
-                    guard let s = RawJSON.plainString(params, span) else { unsure = true; return nil }
-                    return s
-                }
-                if unsure { return false }
-                if case .key(let k) = key, !consent.isGranted(k) { return false }
-            }
-        }
-        forward(peer, nil, line, id: nil, idSpan: idSpan, to: target,
-                timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+        // The same decision as the full path; anything but "forward" is answered there.
+        guard case .forward(let target, let timeoutMs, _) = route(peer, method, field: field), !unsure else { return false }
+        forward(peer, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
         fastRouted += 1
         return true
     }
 
     private func fastResponse(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan: Range<Int>) -> Bool {
-        guard let hostId = RawJSON.plainInt(line, idSpan), let p = pending[hostId], p.target === peer,
-              case .peer(let origin, let originalId) = p.origin
+        // Answers to the host's own requests take the full path.
+        guard let hostId = RawJSON.plainInt(line, idSpan), let p = pending[hostId],
+              case .peer(let origin, let originalId) = p.origin, takePending(hostId, answeredBy: peer) != nil
         else { return false }
-        pending[hostId] = nil
-        peer.slot?.served += 1
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         fastRouted += 1
         return true

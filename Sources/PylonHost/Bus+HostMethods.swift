@@ -143,7 +143,7 @@ extension Bus {
 
     func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         let topic = try str(params, "topic")
-        guard !topic.hasPrefix("bus."), !topic.hasPrefix("consent.") else {
+        guard !Bus.isHostNamespace(topic) else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }
         let data = params?["data"] ?? params?["params"] ?? .null

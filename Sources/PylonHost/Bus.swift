@@ -170,6 +170,17 @@ public final class Bus {
         }
         let idPtr = msg.member("id")
         let hasId = msg.has("id")
+        // The id's bytes, for the splice: found by the scan, else looked up in the line.
+        var idSpan: Range<Int>?
+        if hasId {
+            if case .message(let spans) = scan { idSpan = spans.id } else { idSpan = RawJSON.memberValueSpan(line, key: "id") }
+            if idSpan == nil {
+                // An "id" key spelled with escapes cannot be spliced: route json-c's plain
+                // re-serialisation of the message instead (there the key is "id").
+                msg.withSerialized { handleLine(peer, $0) }
+                return
+            }
+        }
         if hasId {
             let t = json_object_get_type(idPtr)
             guard t == json_type_string || t == json_type_int || t == json_type_null || t == json_type_double else {
@@ -201,19 +212,20 @@ public final class Bus {
             }
             let method = String(cString: json_object_get_string(m))
             if hasId {
-                handleRequest(peer, msg, line, method: method, id: idPtr)
+                handleRequest(peer, msg, line, method: method, id: idPtr, idSpan: idSpan!)
             } else {
                 handleNotification(peer, msg, line, method: method)
             }
         } else if hasId && (msg.has("result") || msg.has("error")) {
-            handleResponse(peer, msg, line, id: idPtr)
+            handleResponse(peer, msg, line, id: idPtr, idSpan: idSpan!)
         } else {
             protocolErrors += 1
             sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "not a request, notification or response"))
         }
     }
 
-    func handleRequest(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String, id: OpaquePointer?) {
+    func handleRequest(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String, id: OpaquePointer?,
+                       idSpan: Range<Int>) {
         if let slot = peer.slot, !peer.handshaken {
             if method == "bus.hello" {
                 pluginHello(slot, peer, msg: msg, id: id)
@@ -222,101 +234,106 @@ public final class Bus {
             }
             return
         }
-        if shuttingDown {
-            sendError(peer.conn, id: id, RPCError(.shuttingDown, "host is shutting down"))
-            return
-        }
-        if !peer.isPlugin, !isPermitted(method, peer.credentials) {
-            let uid = peer.credentials.map { Int64($0.uid) }
-            sendError(peer.conn, id: id, RPCError(.notPermitted, "uid \(uid.map(String.init) ?? "unknown") may not call \(method)",
-                                                  data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
-            return
-        }
-        if method.hasPrefix("bus.") || method.hasPrefix("consent.") {
+        switch route(peer, method, field: Bus.paramField(msg)) {
+        case .host:
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-            let r = hostMethod(peer, method, params)
-            switch r {
+            switch hostMethod(peer, method, params) {
             case .success(let v): sendResult(peer.conn, id: id, v)
             case .failure(let e): sendError(peer.conn, id: id, e)
             }
-            return
+        case .refused(let e):
+            sendError(peer.conn, id: id, e)
+        case .denied(let spec, let key):
+            consentRefused[key, default: 0] += 1
+            if spec.dropWhenDenied {
+                sendResult(peer.conn, id: id, spec.deniedResult)
+            } else {
+                sendError(peer.conn, id: id, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
+            }
+        case .forward(let target, let timeoutMs, _):
+            forward(peer, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
         }
-        if let provider = provided[method] {
-            forward(peer, msg, line, id: id, idSpan: RawJSON.memberValueSpan(line, key: "id"), to: provider,
-                    timeoutMs: config.limits.requestTimeoutMs)
-            return
+    }
+
+    /// Where a call of `method` by `peer` goes: the one routing decision shared by requests (both
+    /// paths) and client notifications.
+    enum Route {
+        /// A `bus.*` or `consent.*` method, answered by the host.
+        case host
+        /// To a plugin, or to the client that provided the method (`provider`).
+        case forward(Peer, timeoutMs: UInt64, provider: Bool)
+        /// Not allowed or not available: the error a request gets.
+        case refused(RPCError)
+        /// Refused by consent switch `key` (the method's manifest entry says how to answer).
+        case denied(Manifest.Method, key: String)
+    }
+
+    /// The routing decision. `field` reads a top-level params string for the consent template
+    /// (nil when absent or not a string).
+    func route(_ peer: Peer, _ method: String, field: (String) -> String?) -> Route {
+        if shuttingDown { return .refused(RPCError(.shuttingDown, "host is shutting down")) }
+        if !peer.isPlugin, !isPermitted(method, peer.credentials) {
+            let uid = peer.credentials.map { Int64($0.uid) }
+            return .refused(RPCError(.notPermitted, "uid \(uid.map(String.init) ?? "unknown") may not call \(method)",
+                                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
+        if Bus.isHostNamespace(method) { return .host }
+        if let provider = provided[method] { return .forward(provider, timeoutMs: config.limits.requestTimeoutMs, provider: true) }
         let dot = method.firstIndex(of: ".") ?? method.endIndex
         guard let slot = slots[String(method[..<dot])] else {
-            sendError(peer.conn, id: id, RPCError(.methodNotFound, "method not found: \(method)"))
-            return
+            return .refused(RPCError(.methodNotFound, "method not found: \(method)"))
         }
         guard slot.life.state == .running, let target = slot.peer, target.handshaken else {
-            sendError(peer.conn, id: id, slot.unavailableError())
-            return
+            return .refused(slot.unavailableError())
         }
         if let manifest = slot.manifest, !manifest.methods.isEmpty {
             guard let spec = manifest.methods[method] else {
-                sendError(peer.conn, id: id, RPCError(.methodNotFound, "method not found: \(method) (plugin \(slot.config.name) does not serve it)"))
-                return
+                return .refused(RPCError(.methodNotFound, "method not found: \(method) (plugin \(slot.config.name) does not serve it)"))
             }
-            if spec.consent != nil, let key = deniedConsent(spec, msg) {
-                consentRefused[key, default: 0] += 1
-                if spec.dropWhenDenied {
-                    sendResult(peer.conn, id: id, spec.deniedResult)
-                } else {
-                    sendError(peer.conn, id: id, RPCError(.consentDenied, "consent switch \(key) is denied",
-                                                          data: ["switch": .string(key)]))
-                }
-                return
-            }
+            if spec.consent != nil, let key = deniedConsent(spec, field: field) { return .denied(spec, key: key) }
         }
-        forward(peer, msg, line, id: id, idSpan: RawJSON.memberValueSpan(line, key: "id"), to: target,
-                timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+        return .forward(target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs, provider: false)
     }
 
-    /// The switch that refuses this message, or nil when it may pass.
-    func deniedConsent(_ spec: Manifest.Method, _ msg: JSONRef) -> String? {
-        if !consent.masterGranted { return ConsentStore.master }
+    /// `bus.*` and `consent.*` belong to the host.
+    static func isHostNamespace(_ method: String) -> Bool { method.hasPrefix("bus.") || method.hasPrefix("consent.") }
+
+    /// Reads top-level string params of a parsed message (for consent templates).
+    static func paramField(_ msg: JSONRef) -> (String) -> String? {
         let params = msg.member("params")
-        let key = spec.consentKey { name in
+        return { name in
             var v: OpaquePointer?
             guard json_object_object_get_ex(params, name, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
             return String(cString: json_object_get_string(v))
         }
-        switch key {
+    }
+
+    /// The switch that refuses this message, or nil when it may pass.
+    func deniedConsent(_ spec: Manifest.Method, field: (String) -> String?) -> String? {
+        if !consent.masterGranted { return ConsentStore.master }
+        switch spec.consentKey(field: field) {
         case .none, .unresolved: return nil
         case .key(let k): return consent.isGranted(k) ? nil : k
         }
     }
 
-    /// Forwards a request with a host-issued id: the original line with only its id's bytes
-    /// (`idSpan`) replaced (the parsed object, when there is one, is not re-serialised).
-    func forward(_ peer: Peer, _ msg: JSONRef?, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>?,
-                 to target: Peer, timeoutMs: UInt64) {
+    /// Forwards a request with a host-issued id: the line with only its id's bytes (`idSpan`)
+    /// replaced (a parsed message is never re-serialised).
+    func forward(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer, timeoutMs: UInt64) {
+        let original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
         if peer.inflight >= config.limits.maxInflightPerConnection {
-            sendError(peer.conn, id: id, RPCError(.overloaded,
+            sendError(peer.conn, idText: original, RPCError(.overloaded,
                 "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
                 data: ["limit": "maxInflightPerConnection", "value": .int(Int64(config.limits.maxInflightPerConnection))]))
             return
         }
         let hostId = nextRequestId
         nextRequestId += 1
-        let original: String
-        if let span = idSpan {
-            original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
-            if target.slot?.wantsCallerInfo == true {
-                var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
-                replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
-            } else {
-                target.conn.sendSpliced(line, span, int: hostId)
-            }
-        } else if let msg {
-            original = JSONRef(retaining: id).serialized
-            json_object_object_add(msg.ptr, "id", json_object_new_int64(hostId))
-            target.conn.send(msg)
+        if target.slot?.wantsCallerInfo == true {
+            var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
+            replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
         } else {
-            return  // unreachable: the fast path always has the id's span
+            target.conn.sendSpliced(line, span, int: hostId)
         }
         pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
                                   deadlineMs: loop.nowMs + timeoutMs)
@@ -335,32 +352,23 @@ public final class Bus {
         return hostId
     }
 
-    func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?) {
-        guard json_object_get_type(id) == json_type_int, let p = pending[json_object_get_int64(id)],
-              p.target === peer
-        else {
+    func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>) {
+        guard json_object_get_type(id) == json_type_int, let p = takePending(json_object_get_int64(id), answeredBy: peer) else {
             log.debug("reply to an unknown request ignored", ["peer": peer.label])
             return
         }
-        pending[json_object_get_int64(id)] = nil
-        peer.slot?.served += 1
         switch p.origin {
-        case .peer(let origin, let originalId):
-            if let span = RawJSON.memberValueSpan(line, key: "id") {
-                relayResponse(line, idSpan: span, to: origin, originalId: originalId)
-                return
-            }
-            origin.inflight -= 1
-            guard !origin.closed else { return }
-            // An id key spelled with escapes: rewrite through json-c instead.
-            let bytes = Array(originalId.utf8)
-            let orig = bytes.withUnsafeBytes { try? JSONRef.parse($0) }
-            json_object_object_add(msg.ptr, "id", json_object_get(orig?.ptr))
-            origin.conn.send(msg)
-            if origin.conn.peerShutdown { closeIfDone(origin) }
-        case .host(let done):
-            done(msg.responseResult)
+        case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
+        case .host(let done): done(msg.responseResult)
         }
+    }
+
+    /// Removes and returns the pending request `hostId` if `peer` is the one it was sent to.
+    func takePending(_ hostId: Int64, answeredBy peer: Peer) -> Pending? {
+        guard let p = pending[hostId], p.target === peer else { return nil }
+        pending[hostId] = nil
+        peer.slot?.served += 1
+        return p
     }
 
     func handleNotification(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String) {
@@ -370,7 +378,7 @@ public final class Bus {
         }
         if let slot = peer.slot {
             // A plugin's notification is a publication on the topic named by its method.
-            guard !method.hasPrefix("bus."), !method.hasPrefix("consent.") else {
+            guard !Bus.isHostNamespace(method) else {
                 log.warn("plugin tried to publish on a host topic; dropped", ["plugin": slot.config.name, "topic": method])
                 return
             }
@@ -379,18 +387,16 @@ public final class Bus {
         }
         // A client notification to a plugin method: forwarded without a reply, under the same
         // permission, manifest and consent rules as a request.
-        guard isPermitted(method, peer.credentials), !shuttingDown else { return }
-        let dot = method.firstIndex(of: ".") ?? method.endIndex
-        guard let slot = slots[String(method[..<dot])], slot.life.state == .running, let target = slot.peer else { return }
-        if let manifest = slot.manifest, !manifest.methods.isEmpty {
-            guard let spec = manifest.methods[method] else { return }
-            if spec.consent != nil, let key = deniedConsent(spec, msg) {
-                consentRefused[key, default: 0] += 1
-                return
-            }
+        // (Methods a client provided take requests only.)
+        switch route(peer, method, field: Bus.paramField(msg)) {
+        case .forward(let target, _, provider: false):
+            target.conn.sendLine(line)
+            routed += 1
+        case .denied(_, let key):
+            consentRefused[key, default: 0] += 1
+        case .host, .refused, .forward:
+            break
         }
-        target.conn.sendLine(line)
-        routed += 1
     }
 
     /// Delivers a notification to every peer subscribed to `topic` (except the sender).

@@ -43,7 +43,7 @@ public enum RawJSON {
             i = skipSpace(text, i + 1)
             let valueStart = i
             let valueEnd = skipValue(text, i)
-            if keyEnd - keyStart == key.count, memcmp(text.baseAddress! + keyStart, key.baseAddress!, key.count) == 0 {
+            if equals(text, keyStart, keyEnd, key) {
                 var e = valueEnd
                 while e > valueStart, isSpace(text[e - 1]) { e -= 1 }
                 found = valueStart..<e
@@ -127,11 +127,13 @@ public enum RawJSON {
         return negative ? -v : v
     }
 
+    /// Whether bytes `s..<e` of `t` are exactly `key`.
     @inline(__always) public static func equals(_ t: UnsafeRawBufferPointer, _ s: Int, _ e: Int, _ key: StaticString) -> Bool {
-        guard e - s == key.utf8CodeUnitCount else { return false }
-        let k = key.utf8Start
-        for j in 0..<(e - s) where t[s + j] != k[j] { return false }
-        return true
+        equals(t, s, e, UnsafeRawBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
+    }
+
+    @inline(__always) static func equals(_ t: UnsafeRawBufferPointer, _ s: Int, _ e: Int, _ key: UnsafeRawBufferPointer) -> Bool {
+        e - s == key.count && (key.isEmpty || memcmp(t.baseAddress! + s, key.baseAddress!, key.count) == 0)
     }
 }
 
@@ -158,10 +160,6 @@ extension RawJSON {
     /// It accepts a subset of what the strict json-c tokener accepts, so a caller can take the
     /// fast path on non-nil and hand everything else to json-c, which then decides (and words
     /// the error) exactly as before.
-    public static func scanMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> MessageSpans? {
-        if case .message(let m) = classifyMessage(text, maxDepth: maxDepth) { return m }
-        return nil
-    }
 
     /// What the one-pass scan concluded about a line.
     public enum ScanOutcome: Equatable, Sendable {
@@ -193,9 +191,7 @@ extension RawJSON {
             self.maxDepth = maxDepth
         }
 
-        @inline(__always) mutating func ws() {
-            while i < t.count, isSpace(t[i]) { i += 1 }
-        }
+        @inline(__always) mutating func ws() { i = RawJSON.skipSpace(t, i) }
 
         mutating func message() -> MessageSpans? {
             var spans = MessageSpans()

@@ -215,7 +215,6 @@ extension Bus {
             "limits": config.limits.json,
         ])
         perform(slot, slot.life.handshakeCompleted(now: loop.nowMs))
-        slot.everLeftStarting = true
         log.info("plugin running", ["plugin": slot.config.name, "pid": slot.pid, "version": manifest.version,
                                     "methods": manifest.methods.count])
         startHeartbeat(slot)

@@ -75,18 +75,7 @@ public final class Call {
     public func reply(serialized result: [UInt8]) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        var line = [UInt8]()
-        line.reserveCapacity(result.count + 48)
-        line.append(contentsOf: #"{"jsonrpc":"2.0","id":"#.utf8)
-        if json_object_get_type(id.ptr) == json_type_int {
-            line.append(contentsOf: String(json_object_get_int64(id.ptr)).utf8)
-        } else {
-            id.withSerialized { line.append(contentsOf: $0) }
-        }
-        line.append(contentsOf: #","result":"#.utf8)
-        line.append(contentsOf: result)
-        line.append(UInt8(ascii: "}"))
-        line.withUnsafeBytes { plugin.channel?.sendLine($0) }
+        id.withSerialized { plugin.sendResult(idText: $0, result: result) }
     }
 
     public func fail(_ e: RPCError) {
@@ -175,31 +164,35 @@ public final class Plugin {
         method(short) { call in
             let result: [UInt8] = call.msg.has("params")
                 ? JSONRef(retaining: call.paramsRef).withSerialized { handler($0) }
-                : Array("null".utf8).withUnsafeBytes { handler($0) }
+                : Plugin.nullText.withUnsafeBytes { handler($0) }
             call.reply(serialized: result)
         }
     }
 
+    /// The params text a raw method gets when there are none.
+    private static let nullText = Array("null".utf8)
+
+    /// Sends `{"jsonrpc":"2.0","id":<idText>,"result":<result>}` (both already JSON text).
+    func sendResult(idText: UnsafeRawBufferPointer, result: [UInt8]) {
+        var line = [UInt8]()
+        line.reserveCapacity(result.count + idText.count + 40)
+        line.append(contentsOf: #"{"jsonrpc":"2.0","id":"#.utf8)
+        line.append(contentsOf: idText)
+        line.append(contentsOf: #","result":"#.utf8)
+        line.append(contentsOf: result)
+        line.append(UInt8(ascii: "}"))
+        line.withUnsafeBytes { channel?.sendLine($0) }
+    }
+
     /// Answers a request for a raw method without parsing it; false when the line is not one.
     private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard !rawMethods.isEmpty, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: 127),
+        guard !rawMethods.isEmpty, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
               let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms),
               let handler = rawMethods[method]
         else { return false }
-        let result: [UInt8]
-        if let p = m.params {
-            result = handler(UnsafeRawBufferPointer(rebasing: line[p]))
-        } else {
-            result = Array("null".utf8).withUnsafeBytes { handler($0) }
-        }
-        var out = [UInt8]()
-        out.reserveCapacity(result.count + idSpan.count + 40)
-        out.append(contentsOf: #"{"jsonrpc":"2.0","id":"#.utf8)
-        out.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[idSpan]))
-        out.append(contentsOf: #","result":"#.utf8)
-        out.append(contentsOf: result)
-        out.append(UInt8(ascii: "}"))
-        out.withUnsafeBytes { channel?.sendLine($0) }
+        let result = m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
+            ?? Plugin.nullText.withUnsafeBytes { handler($0) }
+        sendResult(idText: UnsafeRawBufferPointer(rebasing: line[idSpan]), result: result)
         return true
     }
 
@@ -217,27 +210,29 @@ public final class Plugin {
 
     /// Calls a method of another plugin (or the host) through the host.
     public func call(_ method: String, _ params: JSON?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+        guard let (channel, id) = register(done) else { return }
+        channel.send(Wire.request(id: .int(id), method: method, params: params))
+    }
+
+    /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.
+    private func register(_ done: @escaping (Result<JSON, RPCError>) -> Void) -> (Connection, Int64)? {
         guard let channel, !channel.isClosed else {
             done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
-            return
+            return nil
         }
         let id = nextId
         nextId += 1
         pendingCalls[id] = done
-        channel.send(Wire.request(id: .int(id), method: method, params: params))
+        return (channel, id)
     }
 
     /// `call` with params already built as a json-c object (ownership of `params` is taken):
     /// the request is serialised once, with no conversion from Swift values.
     public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
-        guard let channel, !channel.isClosed else {
+        guard let (channel, id) = register(done) else {
             json_object_put(params)
-            done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
             return
         }
-        let id = nextId
-        nextId += 1
-        pendingCalls[id] = done
         let o = json_object_new_object()
         json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
         json_object_object_add(o, "id", json_object_new_int64(id))

@@ -27,8 +27,7 @@ let usage = """
     """
 
 func fail(_ msg: String, code: Int32) -> Never {
-    var m = "pylonctl: " + msg + "\n"
-    m.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    Log.writeRaw("pylonctl: " + msg + "\n")
     exit(code)
 }
 

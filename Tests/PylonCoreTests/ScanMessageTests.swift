@@ -1,12 +1,12 @@
 import Testing
 @testable import PylonCore
 
-/// `RawJSON.scanMessage`, the host's one-pass validator: it may only accept what the strict
+/// `RawJSON.classifyMessage`, the host's one-pass validator: it may only accept what the strict
 /// json-c tokener accepts, and its spans must be the bytes json-c would use.
 @Suite struct ScanMessageTests {
     func scan(_ s: String, depth: Int = 32) -> MessageSpans? {
         let b = Array(s.utf8)
-        return b.withUnsafeBytes { RawJSON.scanMessage($0, maxDepth: depth) }
+        return b.withUnsafeBytes { RawJSON.spans($0, maxDepth: depth) }
     }
 
     func text(_ s: String, _ r: Range<Int>?) -> String? {
@@ -63,7 +63,7 @@ import Testing
     @Test func invalidUTF8IsRefused() {
         for bad: [UInt8] in [[0xC0, 0x80], [0xED, 0xA0, 0x80], [0xF4, 0x90, 0x80, 0x80], [0xE2, 0x82], [0xFF], [0x80]] {
             let line = Array(#"{"a":""#.utf8) + bad + Array(#""}"#.utf8)
-            #expect(line.withUnsafeBytes { RawJSON.scanMessage($0, maxDepth: 32) } == nil, "\(bad)")
+            #expect(line.withUnsafeBytes { RawJSON.spans($0, maxDepth: 32) } == nil, "\(bad)")
         }
     }
 
@@ -91,7 +91,7 @@ import Testing
                 default: b.removeLast(b.count - at)
                 }
             }
-            let spans = b.withUnsafeBytes { RawJSON.scanMessage($0, maxDepth: 32) }
+            let spans = b.withUnsafeBytes { RawJSON.spans($0, maxDepth: 32) }
             guard let spans else { continue }
             accepted += 1
             let ok = b.withUnsafeBytes { (try? Tokener(maxDepth: 64).parse($0)) != nil }
@@ -99,5 +99,13 @@ import Testing
             #expect(b.withUnsafeBytes { RawJSON.memberValueSpan($0, key: "id") } == spans.id)
         }
         #expect(accepted > 1000, "the mutations must also exercise the accepting side")
+    }
+}
+
+extension RawJSON {
+    /// The spans when `classifyMessage` accepts the line, else nil (unsure or invalid).
+    static func spans(_ t: UnsafeRawBufferPointer, maxDepth: Int) -> MessageSpans? {
+        if case .message(let m) = classifyMessage(t, maxDepth: maxDepth) { return m }
+        return nil
     }
 }

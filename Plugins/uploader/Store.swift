@@ -84,10 +84,10 @@ final class UploaderStore {
 
     /// Assigns the oldest unbatched records of `stream` (same consent switch, at most `maxCount`
     /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent.
-    /// Returns the number of records in it (0 when nothing was queued).
+    /// Returns the number of records in it and their bytes (0 when nothing was queued).
     func cutBatch(stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
-                  nowMs: Int64) throws(SQLiteError) -> Int {
-        try db.transaction { () throws(SQLiteError) -> Int in
+                  nowMs: Int64) throws(SQLiteError) -> (count: Int, bytes: Int) {
+        try db.transaction { () throws(SQLiteError) -> (count: Int, bytes: Int) in
             let rows: [[SQLValue]]
             if let c = consent {
                 rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL AND consent=? ORDER BY seq LIMIT ?",
@@ -96,7 +96,7 @@ final class UploaderStore {
                 rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL ORDER BY seq LIMIT ?",
                                     [.text(stream), .int(Int64(maxCount))])
             }
-            guard let first = rows.first else { return 0 }
+            guard let first = rows.first else { return (0, 0) }
             let consentKey = first[2].text ?? ""
             var total = 0
             var seqs: [Int64] = []
@@ -111,7 +111,7 @@ final class UploaderStore {
                        [.text(key), .text(stream), .int(seqs.first!), .int(seqs.last!), .text(consentKey)])
             try db.run("INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
                        [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
-            return seqs.count
+            return (seqs.count, total)
         }
     }
 

@@ -64,9 +64,13 @@ final class Uploader {
                 st.deadLetters = UInt64(try store.deadLetterCount(stream: name))
                 streams[name] = st
             }
+            // Saved settings override only what they hold; maxBatchBytes comes from the config.
             for (name, v) in saved {
-                streams[name, default: StreamState(settings: settings(for: name))].settings =
-                    StreamSettings(endpoint: v.endpoint, maxCount: v.maxCount, intervalMs: v.intervalMs)
+                var st = streams[name] ?? StreamState(settings: settings(for: name))
+                st.settings.endpoint = v.endpoint
+                st.settings.maxCount = v.maxCount
+                st.settings.intervalMs = v.intervalMs
+                streams[name] = st
             }
         } catch {
             plugin.log.error("cannot open the queue database", ["error": "\(error)"])
@@ -240,9 +244,9 @@ final class Uploader {
         }
         if st.pendingBatches.isEmpty {
             let key = System.randomHex(16)
-            let n: Int
+            let n: Int, cutBytes: Int
             do {
-                n = try store.cutBatch(stream: name, key: key, maxCount: st.batchLimit,
+                (n, cutBytes) = try store.cutBatch(stream: name, key: key, maxCount: st.batchLimit,
                                        maxBytes: st.settings.maxBatchBytes, final: false, nowMs: System.wallClockMs())
             } catch {
                 plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
@@ -254,6 +258,7 @@ final class Uploader {
                 return
             }
             st.queued -= n
+            st.queuedBytes = max(0, st.queuedBytes - cutBytes)  // what stays queued
             if st.queued <= 0 { st.queued = 0; st.queuedBytes = 0; st.oldestMs = nil; st.flushRequested = false }
             st.pendingBatches.append(key)
         }
@@ -504,12 +509,13 @@ final class Uploader {
                 var st = state(name)
                 while true {
                     let bkey = System.randomHex(16)
-                    let n = try store.cutBatch(stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
-                                               maxBytes: st.settings.maxBatchBytes, final: true, consent: key,
-                                               nowMs: System.wallClockMs())
+                    let (n, cutBytes) = try store.cutBatch(stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
+                                                           maxBytes: st.settings.maxBatchBytes, final: true, consent: key,
+                                                           nowMs: System.wallClockMs())
                     if n == 0 { break }
                     st.pendingBatches.append(bkey)
                     st.queued = max(0, st.queued - n)
+                    st.queuedBytes = max(0, st.queuedBytes - cutBytes)
                 }
                 if st.queued == 0 { st.queuedBytes = 0; st.oldestMs = nil }
                 st.notBeforeMs = 0

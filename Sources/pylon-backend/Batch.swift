@@ -55,8 +55,11 @@ struct Batch {
         return json_object_object_get_ex(o, key, &v) != 0 ? v : nil
     }
 
+    /// The whole string, with its length (a `\u0000` inside must not cut it short).
     private static func string(_ v: OpaquePointer?) -> String? {
-        json_object_get_type(v) == json_type_string ? String(cString: json_object_get_string(v)) : nil
+        guard json_object_get_type(v) == json_type_string else { return nil }
+        return String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))),
+                      as: UTF8.self)
     }
 
     private static func invalid(_ message: String) -> APIError { .badRequest(.invalidBatch, message) }

@@ -169,6 +169,8 @@ import Testing
             ["records": [["id": "", "ts": 1]]],
             ["batch": "other", "records": []],
             ["stream": "other", "records": []],
+            ["batch": "k\u{0}junk", "records": []],  // a NUL must not cut the key short to "k"
+            ["records": [["id": "a\u{0}b", "ts": 1]]],
             [1, 2],
         ]
         for shape in shapes {

@@ -39,6 +39,21 @@ import TestSupport
         try waitUntil(timeout: 5) { try count(b, "s.interval") == 3 }
     }
 
+    @Test func whatStaysQueuedAfterAPartialCutWaitsForItsOwnTrigger() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.rest": ["maxCount": 500, "maxBatchBytes": 1024, "intervalMs": 600000]]])])
+        let c = try h.client()
+        // 6 records of ≈500 bytes: the bytes trigger sends 2 per batch while ≥ 1024 bytes are
+        // queued; the last 2 (≈1000 bytes) are under it and wait for the interval or a flush.
+        _ = try enqueue(c, "s.rest", records("r", 0..<6, pad: 480))
+        try waitUntil(timeout: 10) { try count(b, "s.rest") == 4 }
+        usleep(500_000)
+        #expect(try count(b, "s.rest") == 4)
+        #expect(try c.call("uploader.status")["streams"]?["s.rest"]?["queued"] == .int(2))
+        _ = try c.call("uploader.flush", ["stream": "s.rest", "wait": true])
+        #expect(try count(b, "s.rest") == 6)
+    }
+
     @Test func batchesNeverExceedTheByteLimit() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.bytes": ["maxCount": 500, "maxBatchBytes": 2048, "intervalMs": 600000]]])])

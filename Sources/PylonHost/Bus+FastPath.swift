@@ -41,15 +41,16 @@ extension Bus {
         // written with escapes: then json-c decides.
         let params = m.params.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
         var unsure = false
-        let field: (String) -> String? = { name in
+        // The same decision as the full path; anything but "forward" is answered there. (The
+        // closure is passed directly so that it stays non-escaping: no allocation per request.)
+        let decision = route(peer, method) { name in
             guard let params, params[0] == UInt8(ascii: "{") else { return nil }
             if params.contains(UInt8(ascii: "\\")) { unsure = true; return nil }
             guard let span = RawJSON.memberValueSpan(params, key: name), params[span.lowerBound] == UInt8(ascii: "\"")
             else { return nil }  // absent, or not a string
             return RawJSON.plainString(params, span)
         }
-        // The same decision as the full path; anything but "forward" is answered there.
-        guard case .forward(let target, let timeoutMs, _) = route(peer, method, field: field), !unsure else { return false }
+        guard case .forward(let target, let timeoutMs, _) = decision, !unsure else { return false }
         forward(peer, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
         fastRouted += 1
         return true

@@ -8,7 +8,9 @@ import PylonPluginKit
 /// - `echo.hang {}`: stops the loop from serving anything (liveness tests).
 /// - `echo.crash {}`: exits abnormally at once.
 /// - `echo.collect {appKey, data}`: a consent-scoped method under `echo:{appKey}`.
-/// - `echo.call {method, params}`: calls another method through the host (plugin→plugin routing).
+/// - `echo.call {method, params}`: calls another method through the host on the caller's behalf
+///   (plugin→plugin routing).
+/// - `echo.callAsPlugin {method, params}`: the same call made as the plugin itself.
 /// - `echo.publish {topic, data}`: publishes a notification.
 let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 
@@ -36,6 +38,19 @@ plugin.method("collect", consent: "echo:{appKey}") { call in
     call.reply(["stored": call.params["data"] ?? .null])
 }
 plugin.method("call") { call in
+    guard let m = call.params["method"]?.stringValue else {
+        call.fail(RPCError(.invalidParams, "params.method is required"))
+        return
+    }
+    // On the caller's behalf: the host applies the caller's permissions to the inner call.
+    call.call(m, call.params["params"]) { r in
+        switch r {
+        case .success(let v): call.reply(["result": v])
+        case .failure(let e): call.fail(e)
+        }
+    }
+}
+plugin.method("callAsPlugin") { call in
     guard let m = call.params["method"]?.stringValue else {
         call.fail(RPCError(.invalidParams, "params.method is required"))
         return

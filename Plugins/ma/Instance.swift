@@ -30,6 +30,10 @@ final class MAInstance {
     /// Calls that need the EUID, parked until the pending starts finish.
     var waiting: [() -> Void] = []
     /// setChannelValue requests, sent one at a time in call order.
+    /// Events recorded and not yet answered (in the outbox or sent to the uploader), and what
+    /// waits for them to be settled (a collection switch turned off goes behind them).
+    var eventsInFlight = 0
+    var drainWaiters: [() -> Void] = []
     var channelQueue: [() -> Void] = []
     var channelRunning = false
 

@@ -308,7 +308,8 @@ final class MAService {
     /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader
     /// sends what was queued once as a final batch, then purges it).
     func setConsent(_ inst: MAInstance, _ enabled: Bool, _ done: @escaping () -> Void) {
-        plugin.call("consent.set", ["key": .string(inst.consentKey), "granted": .bool(enabled)]) { [unowned self] r in
+        // The app's layer of the switch: the operator's decision (consent.set) still bounds it.
+        plugin.call("consent.setApp", ["key": .string(inst.consentKey), "granted": .bool(enabled)]) { [unowned self] r in
             if case .failure(let e) = r {
                 self.plugin.log.error("consent.set failed", ["appKey": inst.appKey, "error": e.message])
             }
@@ -316,6 +317,9 @@ final class MAService {
         }
     }
 
+    /// Turns the AppKey's collection on or off. Off waits until every event recorded before it is
+    /// durable in the uploader (or answered with a failure): an event answered 0 is never dropped
+    /// by the switch that follows it, and the uploader then sends it once as the final batch.
     func applyCollection(_ inst: MAInstance, enabled: Bool, _ done: @escaping () -> Void) {
         let before = inst.collectionEnabled
         inst.collectionEnabled = enabled
@@ -323,11 +327,30 @@ final class MAService {
             inst.utm = [:]  // cleared for good: not restored on re-enable
         }
         persist(inst)
-        if before != enabled || plugin.isConsentGranted(inst.consentKey) != enabled {
-            setConsent(inst, enabled, done)
-        } else {
+        guard before != enabled || plugin.isConsentGranted(inst.consentKey) != enabled else {
             done()
+            return
         }
+        if enabled {
+            setConsent(inst, true, done)
+        } else {
+            whenEventsSettled(inst) { [unowned self] in self.setConsent(inst, false, done) }
+        }
+    }
+
+    /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
+    func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
+        guard inst.eventsInFlight > 0 else { return action() }
+        inst.drainWaiters.append(action)
+        if !outbox.isEmpty { flushOutbox() }
+    }
+
+    private func eventSettled(_ inst: MAInstance) {
+        inst.eventsInFlight -= 1
+        guard inst.eventsInFlight == 0, !inst.drainWaiters.isEmpty else { return }
+        let waiters = inst.drainWaiters
+        inst.drainWaiters = []
+        for w in waiters { w() }
     }
 
     // MARK: Sessions
@@ -382,6 +405,11 @@ final class MAService {
         }
         eventSeq &+= 1
         outboxCount += 1
+        inst.eventsInFlight += 1
+        let done: (String?) -> Void = { [unowned self] err in
+            done(err)
+            self.eventSettled(inst)
+        }
         let data = json_object_new_object()
         json_object_object_add(data, "event", json_object_new_string(name))
         json_object_object_add(data, "time", json_object_new_int64(System.wallClockMs()))
@@ -461,7 +489,10 @@ final class MAService {
             let err: String?
             switch r {
             case .success: err = nil
-            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue: err = nil
+            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
+                // The switch was denied between recording and storing (the operator's decision
+                // overtook it): not stored, so not answered as if it were.
+                err = "not stored: \(e.message)"
             case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
                 var delay: UInt64 = 50
                 for _ in 1..<min(attempt, 6) { delay *= 2 }

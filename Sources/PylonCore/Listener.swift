@@ -18,13 +18,22 @@ public final class Listener {
         handle.initialize(to: uv_pipe_t())
         uv_pipe_init(loop.uv, handle, 0)
         handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        // A socket file left by a process that is gone is removed; one that still answers belongs
+        // to a live server (another pylond): never take it over.
         var st = stat()
-        if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK { unlink(path) }
+        if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK {
+            if let fd = try? System.connectUnix(path) {
+                _ = Glibc.close(fd)
+                close(unlinking: false)
+                throw UVError(-EADDRINUSE, "\(path) is served by another live process (is another pylond running?)")
+            }
+            unlink(path)
+        }
         // Bind with a restrictive umask so the socket never exists with looser permissions.
         let old = umask(0o177)
         let rc = uv_pipe_bind(handle, path)
         umask(old)
-        if rc < 0 { close(); throw UVError(rc, "bind \(path)") }
+        if rc < 0 { close(unlinking: false); throw UVError(rc, "bind \(path)") }
         if chmod(path, mode) != 0 { let e = errno; close(); throw UVError(-e, "chmod \(path)") }
         if let group, chown(path, uid_t.max, group) != 0 {
             let e = errno; close(); throw UVError(-e, "chown \(path)")
@@ -46,11 +55,13 @@ public final class Listener {
         return c
     }
 
-    /// Stops listening and removes the socket file.
-    public func close() {
+    /// Stops listening and removes the socket file (only a socket this listener bound).
+    public func close() { close(unlinking: true) }
+
+    private func close(unlinking: Bool) {
         guard !closed else { return }
         closed = true
-        unlink(path)
+        if unlinking { unlink(path) }
         uv_close(asHandle(handle)) { h in
             let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
             Unmanaged<Listener>.fromOpaque(p.pointee.data).release()

@@ -59,9 +59,11 @@ public struct RPCError: Error, Equatable, Sendable, CustomStringConvertible {
 
 /// Builders for JSON-RPC 2.0 frames.
 public enum Wire {
-    public static func request(id: JSON, method: String, params: JSON?) -> JSON {
+    /// `onBehalfOf`: a plugin calling for the request it serves (that request's host-issued id).
+    public static func request(id: JSON, method: String, params: JSON?, onBehalfOf: Int64? = nil) -> JSON {
         var o: JSONObject = ["jsonrpc": "2.0", "id": id, "method": .string(method)]
         if let params, params != .null { o["params"] = params }
+        if let onBehalfOf { o["_onBehalfOf"] = .int(onBehalfOf) }
         return .object(o)
     }
     public static func notification(method: String, params: JSON?) -> JSON {

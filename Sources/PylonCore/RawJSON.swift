@@ -148,6 +148,10 @@ public struct MessageSpans: Equatable, Sendable {
     public var params: Range<Int>?
     public var result: Range<Int>?
     public var error: Range<Int>?
+    /// `_pylon`: caller information, written by the host only (a sender's own is refused).
+    public var pylon: Range<Int>?
+    /// `_onBehalfOf`: the host-issued id of the request a plugin is serving when it calls for it.
+    public var onBehalfOf: Range<Int>?
     public init() {}
 }
 
@@ -222,6 +226,8 @@ extension RawJSON {
                     case 6 where RawJSON.equals(t, keyStart, keyEnd, "method"): spans.method = span
                     case 6 where RawJSON.equals(t, keyStart, keyEnd, "params"): spans.params = span
                     case 6 where RawJSON.equals(t, keyStart, keyEnd, "result"): spans.result = span
+                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "_pylon"): spans.pylon = span
+                    case 11 where RawJSON.equals(t, keyStart, keyEnd, "_onBehalfOf"): spans.onBehalfOf = span
                     case 7 where RawJSON.equals(t, keyStart, keyEnd, "jsonrpc"): spans.jsonrpc = span
                     default: break
                     }

@@ -33,9 +33,16 @@ extension Bus {
             let c = line[p.lowerBound]
             guard c == UInt8(ascii: "{") || c == UInt8(ascii: "[") else { return false }
         }
-        guard let method = RawJSON.plainString(line, methodSpan), peer.slot == nil || peer.handshaken,
-              peer.inflight < config.limits.maxInflightPerConnection
+        // `_pylon` from a sender is refused, and method names are checked, on the full path.
+        guard m.pylon == nil, let method = RawJSON.plainString(line, methodSpan), peer.slot == nil || peer.handshaken,
+              peer.inflight < config.limits.maxInflightPerConnection, Bus.isPlainMethodName(method)
         else { return false }
+        var via: Int64?
+        if let v = m.onBehalfOf {
+            guard let n = RawJSON.plainInt(line, v) else { return false }
+            via = n
+        }
+        guard let principal = principal(of: peer, via: via) else { return false }
         // Consent-template fields read from the params bytes. Absent params, or an array: no such
         // field (as json-c's lookup says). A backslash anywhere in them could be a key or value
         // written with escapes: then json-c decides.
@@ -43,7 +50,7 @@ extension Bus {
         var unsure = false
         // The same decision as the full path; anything but "forward" is answered there. (The
         // closure is passed directly so that it stays non-escaping: no allocation per request.)
-        let decision = route(peer, method) { name in
+        let decision = route(peer, principal, method) { name in
             guard let params, params[0] == UInt8(ascii: "{") else { return nil }
             if params.contains(UInt8(ascii: "\\")) { unsure = true; return nil }
             guard let span = RawJSON.memberValueSpan(params, key: name), params[span.lowerBound] == UInt8(ascii: "\"")
@@ -51,7 +58,7 @@ extension Bus {
             return RawJSON.plainString(params, span)
         }
         guard case .forward(let target, let timeoutMs, _) = decision, !unsure else { return false }
-        forward(peer, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
+        forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
         fastRouted += 1
         return true
     }

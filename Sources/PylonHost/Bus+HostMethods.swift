@@ -8,14 +8,14 @@ import Glibc
 extension Bus {
     static let hostMethods = [
         "bus.ping", "bus.status", "bus.describe", "bus.subscribe", "bus.unsubscribe", "bus.publish",
-        "bus.provide", "bus.unprovide", "bus.restart", "consent.get", "consent.set", "consent.list",
+        "bus.provide", "bus.unprovide", "bus.restart", "consent.get", "consent.set", "consent.setApp", "consent.list",
     ]
 
-    func hostMethod(_ peer: Peer, _ method: String, _ params: JSON?) -> Result<JSON, RPCError> {
+    func hostMethod(_ peer: Peer, _ principal: Principal, _ method: String, _ params: JSON?) -> Result<JSON, RPCError> {
         do throws(RPCError) {
             switch method {
             case "bus.ping": return .success(["pong": true, "version": .string(pylonVersion)])
-            case "bus.status": return .success(status())
+            case "bus.status": return .success(status(for: peer, principal))
             case "bus.describe": return .success(describe())
             case "bus.subscribe": return .success(try subscribe(peer, params, add: true))
             case "bus.unsubscribe": return .success(try subscribe(peer, params, add: false))
@@ -24,7 +24,18 @@ extension Bus {
             case "bus.unprovide": return .success(try provide(peer, params, add: false))
             case "bus.restart": return .success(try restartMethod(params))
             case "consent.get": return .success(try consentGet(params))
-            case "consent.set": return .success(try consentSet(params))
+            case "consent.set": return .success(try consentSet(params, layer: .operatorLayer))
+            case "consent.setApp":
+                // The app layer of a plugin's own switches (`<plugin>:…`): an app narrows
+                // collection through the plugin that serves it; it never widens the operator's.
+                guard let plugin = principal.plugin else {
+                    throw RPCError(.notPermitted, "consent.setApp is called by plugins for their apps; clients use consent.set")
+                }
+                let key = try str(params, "key", aliases: ["switch", "name"])
+                guard key.hasPrefix(plugin + ":") else {
+                    throw RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
+                }
+                return .success(try consentSet(params, layer: .app))
             case "consent.list": return .success(consentJSON())
             case "bus.hello":
                 throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
@@ -44,7 +55,10 @@ extension Bus {
         throw RPCError(.invalidParams, "params.\(key) (non-empty string) is required")
     }
 
-    func status() -> JSON {
+    /// The daemon's state. Every client's entry (pid, uid, gid, what it provides) is shown to those
+    /// who see everything (admins, plugins); others see their own entry and how many there are.
+    func status(for requester: Peer, _ principal: Principal) -> JSON {
+        let all = seesEverything(principal)
         let now = loop.nowMs
         var plugins: [JSON] = []
         for name in slotOrder {
@@ -67,7 +81,7 @@ extension Bus {
             plugins.append(.object(o))
         }
         var clients: [JSON] = []
-        for p in peers.values.sorted(by: { $0.id < $1.id }) where !p.isPlugin {
+        for p in peers.values.sorted(by: { $0.id < $1.id }) where !p.isPlugin && (all || p === requester) {
             var o: JSONObject = [
                 "id": .int(Int64(p.id)), "inflight": .int(Int64(p.inflight)),
                 "queued_bytes": .int(Int64(p.conn.queuedBytes)), "requests": .int(Int64(p.requestsSent)),
@@ -89,7 +103,7 @@ extension Bus {
             "uptime_s": .double(Double(now - startedAtMs) / 1000), "socket": .string(config.socketPath),
             "state": shuttingDown ? "stopping" : (readyReported ? "running" : "starting"),
             "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
-            "plugins": .array(plugins), "clients": .array(clients),
+            "plugins": .array(plugins), "clients": .array(clients), "clients_total": .int(Int64(clientCount)),
             "counters": [
                 "routed": .int(Int64(routed)), "routed_fast": .int(Int64(fastRouted)),
                 "inflight": .int(Int64(pending.values.reduce(0) { if case .peer = $1.origin { return $0 + 1 }; return $0 })),
@@ -146,6 +160,10 @@ extension Bus {
         guard !Bus.isHostNamespace(topic) else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }
+        let ns = topic.split(separator: ".", maxSplits: 1).first.map(String.init) ?? topic
+        guard slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
+            throw RPCError(.notPermitted, "topics \(ns).* are published by the \(ns) plugin only")
+        }
         let data = params?["data"] ?? params?["params"] ?? .null
         switch data {
         case .null, .object, .array: break
@@ -168,8 +186,11 @@ extension Bus {
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
             let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
-            guard n.contains("."), !n.hasSuffix("."), ns != "bus", ns != "consent", slots[ns] == nil else {
-                throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> outside bus, consent and plugin namespaces")
+            guard n.contains("."), !n.hasSuffix("."), Bus.isPlainMethodName(n) else {
+                throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> (printable ASCII)")
+            }
+            guard ns != "bus", ns != "consent", slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
+                throw RPCError(.notPermitted, "cannot provide \(n): \(ns).* belongs to the host or a plugin")
             }
             if add, let other = provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
@@ -199,46 +220,61 @@ extension Bus {
 
     // MARK: Consent
 
+    /// `switches`: each switch's own value (both layers; plugins read this); `operator` and
+    /// `app`: each layer as set.
     func consentJSON() -> JSON {
-        var o = JSONObject()
-        for k in consent.switches.keys.sorted() { o[k] = .bool(consent.switches[k]!) }
-        return ["master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)), "switches": .object(o)]
+        func map(_ d: [String: Bool]) -> JSON {
+            var o = JSONObject()
+            for k in d.keys.sorted() { o[k] = .bool(d[k]!) }
+            return .object(o)
+        }
+        return ["master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)),
+                "switches": map(consent.effective), "operator": map(consent.switches), "app": map(consent.appSwitches)]
     }
 
     func consentGet(_ params: JSON?) throws(RPCError) -> JSON {
         let key = try str(params, "key", aliases: ["switch", "name"])
         return ["key": .string(key), "granted": .bool(consent.isGranted(key)),
                 "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
+                "app": consent.appValue(key).map { .bool($0) } ?? .null,
                 "master": .bool(consent.masterGranted)]
     }
 
-    func consentSet(_ params: JSON?) throws(RPCError) -> JSON {
+    func consentSet(_ params: JSON?, layer: ConsentStore.Layer) throws(RPCError) -> JSON {
         let key = try str(params, "key", aliases: ["switch", "name"])
         if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
         guard let granted = (params?["granted"] ?? params?["enabled"] ?? params?["value"])?.boolValue else {
             throw RPCError(.invalidParams, "params.granted (true or false) is required")
         }
+        if layer == .app && key == ConsentStore.master {
+            throw RPCError(.notPermitted, "the \(ConsentStore.master) master switch is the operator's")
+        }
         var next = consent
-        let changed = next.set(key, granted: granted)
+        let changed = next.set(key, granted: granted, layer: layer)
         if next != consent {
             guard System.writeFileAtomically(consentPath, Array(next.snapshot.serialized.utf8)) else {
                 throw RPCError(.internalError, "could not persist consent to \(consentPath)")
             }
             consent = next
         }
+        let effective = key == ConsentStore.master ? consent.masterGranted : consent.ownValue(key)
         if changed {
-            log.info("consent changed", ["key": key, "granted": granted, "epoch": consent.epoch])
+            log.info("consent changed", ["key": key, "granted": effective, "layer": layer.rawValue, "epoch": consent.epoch])
             // Queued on every plugin channel before anything routed after this point.
             let note = JSONRef(Wire.notification(method: "consent.changed", params: [
-                "key": .string(key), "granted": .bool(granted), "epoch": .int(Int64(consent.epoch)),
+                "key": .string(key), "granted": .bool(effective), "epoch": .int(Int64(consent.epoch)),
                 "master": .bool(consent.masterGranted),
             ]))
             for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.send(note) } }
-            for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches("consent.changed") }) {
-                p.conn.send(note)
+            note.withSerialized { line in
+                for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches("consent.changed") }) {
+                    if config.disclosure.adminTopics.contains(where: { $0.matches("consent.changed") }) && !isAdmin(p) { continue }
+                    p.conn.sendLine(line)
+                }
             }
         }
-        return ["key": .string(key), "granted": .bool(granted), "changed": .bool(changed), "epoch": .int(Int64(consent.epoch))]
+        return ["key": .string(key), "granted": .bool(effective), "layer": .string(layer.rawValue), "changed": .bool(changed),
+                "epoch": .int(Int64(consent.epoch))]
     }
 
     /// Loads persisted switches. No file means nothing was ever set (all granted). A file that
@@ -249,11 +285,13 @@ extension Bus {
         var problem = "unreadable"
         if let bytes = System.readFile(consentPath) {
             let parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
-            if let j = parsed, let restored = ConsentStore.restore(j) {
+            switch parsed.map(ConsentStore.restore) {
+            case .success(let restored)?:
                 consent = restored
                 return
+            case .failure(let e)?: problem = "not a consent snapshot (\(e.reason))"
+            case nil: problem = "not JSON"
             }
-            problem = "not a consent snapshot"
         }
         log.error("consent file \(problem); collection denied (master switch) until consent is set again",
                   ["path": consentPath])

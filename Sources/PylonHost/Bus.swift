@@ -101,11 +101,39 @@ public final class Bus {
         return peer
     }
 
-    /// Who sent a request, for plugins whose manifest asks (`callerInfo`).
-    func callerJSON(_ peer: Peer) -> String {
-        if let slot = peer.slot { return #"{"plugin":"# + JSON.string(slot.config.name).serialized + "}" }
-        guard let c = peer.credentials else { return #"{"client":\#(peer.id)}"# }
-        return #"{"client":\#(peer.id),"uid":\#(c.uid),"gid":\#(c.gid),"pid":\#(c.pid)}"#
+    /// Whom a request acts for, for plugins whose manifest asks (`callerInfo`):
+    /// `{"plugin":P}`, `{"client":N,"uid":U,"gid":G,"pid":P}` or both (a plugin acting for a
+    /// client), with `"admin":true` for an admin client. Only the host writes it.
+    func callerJSON(_ p: Principal) -> String {
+        var out = "{"
+        if let name = p.plugin { out += #""plugin":"# + JSON.string(name).serialized }
+        if let id = p.client {
+            if p.plugin != nil { out += "," }
+            out += "\"client\":\(id)"
+            if let c = p.credentials {
+                out += ",\"uid\":\(c.uid),\"gid\":\(c.gid),\"pid\":\(c.pid)"
+                if config.disclosure.admins.allows(c) { out += ",\"admin\":true" }
+            }
+        }
+        return out + "}"
+    }
+
+    /// The principal of a message from `peer`. `via` is the `_onBehalfOf` request id a plugin
+    /// named: it must be a request forwarded to that plugin and not yet answered; nil otherwise
+    /// (clients cannot name one).
+    func principal(of peer: Peer, via: Int64?) -> Principal? {
+        guard let slot = peer.slot else { return via == nil ? .client(peer) : nil }
+        guard let via else { return .plugin(slot.config.name) }
+        guard let p = pending[via], p.target === peer else { return nil }
+        return .plugin(slot.config.name, via: p.principal)
+    }
+
+    func isAdmin(_ client: Peer) -> Bool { client.credentials.map { config.disclosure.admins.allows($0) } ?? false }
+
+    /// True for an admin client, or a plugin acting on its own behalf (plugins are the operator's).
+    func seesEverything(_ p: Principal) -> Bool {
+        if p.actsForClient { return p.credentials.map { config.disclosure.admins.allows($0) } ?? false }
+        return true
     }
 
     /// Closes a half-closed client once nothing it asked for is still in flight.
@@ -210,11 +238,19 @@ public final class Bus {
                     return
                 }
             }
-            let method = String(cString: json_object_get_string(m))
+            let method: String
+            let principal: Principal
+            switch envelopeChecks(peer, msg, method: m) {
+            case .success(let v): (method, principal) = v
+            case .failure(let e):
+                protocolErrors += 1
+                if hasId { sendError(peer.conn, id: idPtr, e) }
+                return
+            }
             if hasId {
-                handleRequest(peer, msg, line, method: method, id: idPtr, idSpan: idSpan!)
+                handleRequest(peer, principal, msg, line, method: method, id: idPtr, idSpan: idSpan!)
             } else {
-                handleNotification(peer, msg, line, method: method)
+                handleNotification(peer, principal, msg, line, method: method)
             }
         } else if hasId && (msg.has("result") || msg.has("error")) {
             handleResponse(peer, msg, line, id: idPtr, idSpan: idSpan!)
@@ -224,8 +260,44 @@ public final class Bus {
         }
     }
 
-    func handleRequest(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String, id: OpaquePointer?,
-                       idSpan: Range<Int>) {
+    /// The checks every request and notification passes before routing: a method name of
+    /// printable ASCII (no NUL, which C strings would cut), no sender-written `_pylon`, and a
+    /// valid `_onBehalfOf` (plugins only). Returns the method and the message's principal.
+    func envelopeChecks(_ peer: Peer, _ msg: JSONRef, method m: OpaquePointer?) -> Result<(String, Principal), RPCError> {
+        let n = Int(json_object_get_string_len(m))
+        let bytes = UnsafeRawBufferPointer(start: json_object_get_string(m), count: n)
+        guard n > 0, n <= Bus.maxMethodBytes, bytes.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+            return .failure(RPCError(.invalidRequest, "\"method\" must be 1-\(Bus.maxMethodBytes) bytes of printable ASCII without spaces"))
+        }
+        let method = String(decoding: bytes, as: UTF8.self)
+        if msg.has("_pylon") {
+            return .failure(RPCError(.invalidRequest, "\"_pylon\" is written by the host only; remove it"))
+        }
+        var via: Int64?
+        if msg.has("_onBehalfOf") {
+            let v = msg.member("_onBehalfOf")
+            guard peer.isPlugin, json_object_get_type(v) == json_type_int else {
+                return .failure(RPCError(.invalidRequest, "\"_onBehalfOf\" is for plugins: the integer id of a request they serve"))
+            }
+            via = json_object_get_int64(v)
+        }
+        guard let principal = principal(of: peer, via: via) else {
+            return .failure(RPCError(.notPermitted, "\"_onBehalfOf\": \(via ?? 0) is not a request \(peer.label) is serving (answered or timed out)"))
+        }
+        return .success((method, principal))
+    }
+
+    /// Longest method name accepted.
+    static let maxMethodBytes = 256
+
+    /// The rule `envelopeChecks` applies, for a method read without escapes.
+    static func isPlainMethodName(_ m: String) -> Bool {
+        let u = m.utf8
+        return !u.isEmpty && u.count <= maxMethodBytes && u.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+
+    func handleRequest(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
+                       id: OpaquePointer?, idSpan: Range<Int>) {
         if let slot = peer.slot, !peer.handshaken {
             if method == "bus.hello" {
                 pluginHello(slot, peer, msg: msg, id: id)
@@ -234,10 +306,10 @@ public final class Bus {
             }
             return
         }
-        switch route(peer, method, field: Bus.paramField(msg)) {
+        switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .host:
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-            switch hostMethod(peer, method, params) {
+            switch hostMethod(peer, principal, method, params) {
             case .success(let v): sendResult(peer.conn, id: id, v)
             case .failure(let e): sendError(peer.conn, id: id, e)
             }
@@ -251,7 +323,7 @@ public final class Bus {
                 sendError(peer.conn, id: id, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
             }
         case .forward(let target, let timeoutMs, _):
-            forward(peer, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
+            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
         }
     }
 
@@ -270,17 +342,20 @@ public final class Bus {
 
     /// The routing decision. `field` reads a top-level params string for the consent template
     /// (nil when absent or not a string).
-    func route(_ peer: Peer, _ method: String, field: (String) -> String?) -> Route {
+    func route(_ peer: Peer, _ principal: Principal, _ method: String, field: (String) -> String?) -> Route {
         if shuttingDown { return .refused(RPCError(.shuttingDown, "host is shutting down")) }
-        if !peer.isPlugin, !isPermitted(method, peer.credentials) {
-            let uid = peer.credentials.map { Int64($0.uid) }
-            return .refused(RPCError(.notPermitted, "uid \(uid.map(String.init) ?? "unknown") may not call \(method)",
+        if !isPermitted(method, principal) {
+            let uid = principal.credentials.map { Int64($0.uid) }
+            let who = principal.actsForClient ? "uid \(uid.map(String.init) ?? "unknown")" : "plugin \(principal.plugin ?? "?")"
+            let via = principal.actsForClient && principal.plugin != nil ? " (through plugin \(principal.plugin!))" : ""
+            return .refused(RPCError(.notPermitted, "\(who) may not call \(method)\(via)",
                                      data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
         if Bus.isHostNamespace(method) { return .host }
-        if let provider = provided[method] { return .forward(provider, timeoutMs: config.limits.requestTimeoutMs, provider: true) }
+        // A configured plugin's namespace is the plugin's, whatever a client provided.
         let dot = method.firstIndex(of: ".") ?? method.endIndex
         guard let slot = slots[String(method[..<dot])] else {
+            if let provider = provided[method] { return .forward(provider, timeoutMs: config.limits.requestTimeoutMs, provider: true) }
             return .refused(RPCError(.methodNotFound, "method not found: \(method)"))
         }
         guard slot.life.state == .running, let target = slot.peer, target.handshaken else {
@@ -319,7 +394,8 @@ public final class Bus {
 
     /// Forwards a request with a host-issued id: the line with only its id's bytes (`idSpan`)
     /// replaced (a parsed message is never re-serialised).
-    func forward(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer, timeoutMs: UInt64) {
+    func forward(_ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
+                 timeoutMs: UInt64) {
         let original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
         if peer.inflight >= config.limits.maxInflightPerConnection {
             sendError(peer.conn, idText: original, RPCError(.overloaded,
@@ -330,13 +406,13 @@ public final class Bus {
         let hostId = nextRequestId
         nextRequestId += 1
         if target.slot?.wantsCallerInfo == true {
-            var replacement = "\(hostId),\"_pylon\":" + callerJSON(peer)
+            var replacement = "\(hostId),\"_pylon\":" + callerJSON(principal)
             replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
         } else {
             target.conn.sendSpliced(line, span, int: hostId)
         }
         pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
-                                  deadlineMs: loop.nowMs + timeoutMs)
+                                  deadlineMs: loop.nowMs + timeoutMs, principal: principal)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -371,7 +447,7 @@ public final class Bus {
         return p
     }
 
-    func handleNotification(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String) {
+    func handleNotification(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String) {
         if let slot = peer.slot, !peer.handshaken {
             log.warn("notification before bus.hello ignored", ["plugin": slot.config.name, "method": method])
             return
@@ -388,7 +464,7 @@ public final class Bus {
         // A client notification to a plugin method: forwarded without a reply, under the same
         // permission, manifest and consent rules as a request.
         // (Methods a client provided take requests only.)
-        switch route(peer, method, field: Bus.paramField(msg)) {
+        switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .forward(let target, _, provider: false):
             target.conn.sendLine(line)
             routed += 1
@@ -410,12 +486,14 @@ public final class Bus {
     func publish(topic: String, line: UnsafeRawBufferPointer, from sender: Peer?) -> Int {
         published += 1
         var delivered = 0
+        let adminOnly = config.disclosure.adminTopics.contains { $0.matches(topic) }
         for peer in peers.values where peer !== sender && !peer.closed {
             let subs: [TopicPattern]
             if let slot = peer.slot {
                 guard peer.handshaken else { continue }
                 subs = slot.manifest?.subscribes ?? []
             } else {
+                if adminOnly && !isAdmin(peer) { continue }
                 subs = peer.subscriptions
             }
             guard subs.contains(where: { $0.matches(topic) }) else { continue }
@@ -510,11 +588,16 @@ public final class Bus {
         return nil
     }
 
-    /// The first rule matching `method` decides; unknown credentials never satisfy a rule.
-    func isPermitted(_ method: String, _ c: PeerCredentials?) -> Bool {
+    /// The first rule matching `method` decides, for the client at the start of the chain (unknown
+    /// credentials never satisfy a rule) or for a plugin acting on its own (only if listed).
+    func isPermitted(_ method: String, _ p: Principal) -> Bool {
         for rule in config.permissions where rule.method.matches(method) {
-            guard let c else { return false }
-            return rule.allows(c)
+            if p.actsForClient {
+                guard let c = p.credentials else { return false }
+                return rule.allowed.allows(c)
+            }
+            if let name = p.plugin { return rule.allowed.plugins.contains(name) }
+            return true
         }
         return true
     }

@@ -49,13 +49,36 @@ public struct PluginConfig: Equatable, Sendable {
     public var config: JSON = .object([:])
 }
 
-/// A per-method permission rule for client connections, checked with SO_PEERCRED credentials.
-/// The first rule whose pattern matches the method decides; no matching rule means allowed.
+/// A set of principals: client credentials (uids, gids) and plugins acting on their own behalf.
+public struct AccessList: Equatable, Sendable {
+    public var uids: [UInt32] = []
+    public var gids: [UInt32] = []
+    public var plugins: [String] = []
+    public init(uids: [UInt32] = [], gids: [UInt32] = [], plugins: [String] = []) {
+        self.uids = uids; self.gids = gids; self.plugins = plugins
+    }
+    public func allows(_ c: PeerCredentials) -> Bool { uids.contains(c.uid) || gids.contains(c.gid) }
+}
+
+/// A per-method permission rule, checked against the principal of every call: the client that
+/// started the call chain (SO_PEERCRED credentials, also when a plugin calls on its behalf), or a
+/// plugin acting on its own behalf (allowed only if the rule lists it). The first rule whose
+/// pattern matches the method decides; no matching rule means allowed.
 public struct PermissionRule: Equatable, Sendable {
     public var method: TopicPattern
-    public var uids: [UInt32]
-    public var gids: [UInt32]
-    public func allows(_ c: PeerCredentials) -> Bool { uids.contains(c.uid) || gids.contains(c.gid) }
+    public var allowed: AccessList
+    public init(method: TopicPattern, allowed: AccessList) { self.method = method; self.allowed = allowed }
+}
+
+/// Who may see what other principals do (docs/SECURITY.md). Admins (default: uid 0) see every
+/// client in `bus.status`, may subscribe to host topics and read every uploader stream.
+public struct Disclosure: Equatable, Sendable {
+    public var admins = AccessList(uids: [0])
+    /// Topics delivered to admin clients (and to plugins that subscribe in their manifest) only.
+    public var adminTopics: [TopicPattern] = [TopicPattern("bus.*"), TopicPattern("consent.*")]
+    /// Namespaces no client may `bus.provide` or publish in, configured or not.
+    public var reservedNamespaces: Set<String> = ["ma", "push", "gtm", "uploader"]
+    public init() {}
 }
 
 /// The host's configuration (a JSON file; see etc/pylon.json).
@@ -68,6 +91,7 @@ public struct HostConfig: Equatable, Sendable {
     public var limits = Limits()
     public var plugins: [PluginConfig] = []
     public var permissions: [PermissionRule] = []
+    public var disclosure = Disclosure()
     /// Directory searched for plugin executables named without a `/` (default: pylond's own).
     public var pluginDir: String?
     public init() {}
@@ -135,23 +159,21 @@ extension HostConfig {
                 guard let ro = rj.objectValue else { throw ConfigError("permissions[\(i)] must be an object") }
                 var rr = Reader(ro, path: "permissions[\(i)].")
                 guard let m = try rr.string("method") else { throw ConfigError("permissions[\(i)].method is required") }
-                var uids: [UInt32] = []
-                for u in try rr.intArray("uids") {
-                    guard let v = UInt32(exactly: u) else { throw ConfigError("permissions[\(i)].uids: \(u) is not a uid") }
-                    uids.append(v)
-                }
-                var gids: [UInt32] = []
-                for g in try rr.intArray("gids") {
-                    guard let v = UInt32(exactly: g) else { throw ConfigError("permissions[\(i)].gids: \(g) is not a gid") }
-                    gids.append(v)
-                }
-                for g in try rr.stringArray("groups") {
-                    guard let gid = lookupGroup(g) else { throw ConfigError("permissions[\(i)]: unknown group \(g)") }
-                    gids.append(gid)
-                }
+                let allowed = try rr.accessList()
                 try rr.finish()
-                c.permissions.append(PermissionRule(method: TopicPattern(m), uids: uids, gids: gids))
+                c.permissions.append(PermissionRule(method: TopicPattern(m), allowed: allowed))
             }
+        }
+        if let d = try r.object("disclosure") {
+            var dr = Reader(d, path: "disclosure.")
+            if let a = try dr.object("admins") {
+                var ar = Reader(a, path: "disclosure.admins.")
+                c.disclosure.admins = try ar.accessList()
+                try ar.finish()
+            }
+            if dr.value("adminTopics") != nil { c.disclosure.adminTopics = try dr.stringArray("adminTopics").map(TopicPattern.init) }
+            if dr.value("reservedNamespaces") != nil { c.disclosure.reservedNamespaces = Set(try dr.stringArray("reservedNamespaces")) }
+            try dr.finish()
         }
         try r.finish()
         return c
@@ -281,6 +303,25 @@ struct Reader {
         }
         return out
     }
+    /// `uids`, `gids`, `groups` (names resolved to gids) and `plugins` of a rule or admin list.
+    mutating func accessList() throws(ConfigError) -> AccessList {
+        var a = AccessList()
+        for u in try intArray("uids") {
+            guard let v = UInt32(exactly: u) else { throw ConfigError("\(path)uids: \(u) is not a uid") }
+            a.uids.append(v)
+        }
+        for g in try intArray("gids") {
+            guard let v = UInt32(exactly: g) else { throw ConfigError("\(path)gids: \(g) is not a gid") }
+            a.gids.append(v)
+        }
+        for g in try stringArray("groups") {
+            guard let gid = lookupGroup(g) else { throw ConfigError("\(path)groups: unknown group \(g)") }
+            a.gids.append(gid)
+        }
+        a.plugins = try stringArray("plugins")
+        return a
+    }
+
     func finish() throws(ConfigError) {
         for k in o.keys where !consumed.contains(k) && !k.hasPrefix("_") && !k.hasPrefix("//") {
             throw ConfigError("unknown setting \(path)\(k)")

@@ -2,33 +2,60 @@ import PylonCore
 
 /// The host's consent switches: named, each granted or denied, persisted in the state directory.
 ///
-/// `device` is the device-wide master switch: while it is denied every consent-scoped method is
-/// refused, whatever its own switch says. A switch never set is granted (an SDK collects by default
-/// until told otherwise). Pure value type; the host persists `snapshot` after each change.
+/// Two layers decide a switch. The operator's layer (`consent.set`, guarded by permission rules)
+/// and the app's layer (`consent.setApp`, set by the plugin that owns the switch's namespace on an
+/// app's behalf, e.g. MA's `setDataCollectionEnabled` for `ma:<appKey>`). A switch is granted only
+/// when both layers grant it (a layer never set grants), so an app can narrow collection but never
+/// re-grant what the operator denied.
+///
+/// `device` is the device-wide master switch, operator-only: while it is denied every
+/// consent-scoped method is refused, whatever its own switch says. Pure value type; the host
+/// persists `snapshot` after each change.
 public struct ConsentStore: Equatable, Sendable {
     public static let master = "device"
 
+    public enum Layer: String, Sendable {
+        case operatorLayer = "operator"
+        case app
+    }
+
+    /// The operator's decisions.
     public private(set) var switches: [String: Bool] = [:]
+    /// The apps' decisions (set through their plugins).
+    public private(set) var appSwitches: [String: Bool] = [:]
     /// Bumped on every effective change; plugins see it in `consent.changed`.
     public private(set) var epoch: UInt64 = 0
 
     public init() {}
 
-    public func isGranted(_ key: String) -> Bool {
-        if switches[ConsentStore.master] == false { return false }
-        return switches[key] ?? true
-    }
+    /// The switch's own value (both layers), ignoring the master switch.
+    public func ownValue(_ key: String) -> Bool { (switches[key] ?? true) && (appSwitches[key] ?? true) }
+
+    public func isGranted(_ key: String) -> Bool { masterGranted && ownValue(key) }
     public func explicitValue(_ key: String) -> Bool? { switches[key] }
+    public func appValue(_ key: String) -> Bool? { appSwitches[key] }
     public var masterGranted: Bool { switches[ConsentStore.master] ?? true }
 
-    /// Sets a switch; returns true when the effective value changed.
+    /// Every switch that either layer set, with its own value (master excluded from neither).
+    public var effective: [String: Bool] {
+        var o: [String: Bool] = [:]
+        for k in switches.keys { o[k] = ownValue(k) }
+        for k in appSwitches.keys { o[k] = ownValue(k) }
+        return o
+    }
+
+    /// Sets a switch in `layer`; returns true when its effective value changed. The master
+    /// switch has no app layer.
     @discardableResult
-    public mutating func set(_ key: String, granted: Bool) -> Bool {
-        let before = switches[key]
-        switches[key] = granted
-        let changed = (before ?? true) != granted
-        if changed { epoch += 1 }
-        return changed
+    public mutating func set(_ key: String, granted: Bool, layer: Layer = .operatorLayer) -> Bool {
+        let before = key == ConsentStore.master ? masterGranted : ownValue(key)
+        switch layer {
+        case .operatorLayer: switches[key] = granted
+        case .app: appSwitches[key] = granted
+        }
+        let after = key == ConsentStore.master ? masterGranted : ownValue(key)
+        if before != after { epoch += 1 }
+        return before != after
     }
 
     /// Rules for switch names: non-empty, at most 256 bytes, printable ASCII without spaces.
@@ -40,20 +67,50 @@ public struct ConsentStore: Equatable, Sendable {
     }
 
     public var snapshot: JSON {
-        var o = JSONObject()
-        for k in switches.keys.sorted() { o[k] = .bool(switches[k]!) }
-        return .object(["epoch": .int(Int64(epoch)), "switches": .object(o)])
+        func map(_ d: [String: Bool]) -> JSON {
+            var o = JSONObject()
+            for k in d.keys.sorted() { o[k] = .bool(d[k]!) }
+            return .object(o)
+        }
+        return .object(["epoch": .int(Int64(epoch)), "switches": map(switches), "app": map(appSwitches)])
     }
 
-    /// Rebuilds a store from `snapshot`; nil when `j` does not have that shape.
-    public static func restore(_ j: JSON) -> ConsentStore? {
+    /// Rebuilds a store from `snapshot`; nil (with the reason) when `j` does not have that shape:
+    /// a non-negative integer `epoch`, a `switches` object of valid keys to booleans, and an
+    /// optional `app` object of the same kind.
+    public static func restore(_ j: JSON) -> Result<ConsentStore, RestoreError> {
         var s = ConsentStore()
-        guard let o = j["switches"]?.objectValue else { return nil }
-        for (k, v) in o {
-            guard let b = v.boolValue else { return nil }
-            s.switches[k] = b
+        guard let o = j["switches"]?.objectValue else { return .failure(RestoreError("switches must be an object")) }
+        func layer(_ o: JSONObject, _ name: String) -> Result<[String: Bool], RestoreError> {
+            var d: [String: Bool] = [:]
+            for (k, v) in o {
+                if let why = validate(key: k) { return .failure(RestoreError("\(name).\(k): \(why)")) }
+                guard let b = v.boolValue else { return .failure(RestoreError("\(name).\(k) must be true or false")) }
+                d[k] = b
+            }
+            return .success(d)
         }
-        s.epoch = UInt64(max(0, j["epoch"]?.intValue ?? 0))
-        return s
+        switch layer(o, "switches") {
+        case .success(let d): s.switches = d
+        case .failure(let e): return .failure(e)
+        }
+        if let a = j["app"] {
+            guard let ao = a.objectValue else { return .failure(RestoreError("app must be an object")) }
+            switch layer(ao, "app") {
+            case .success(let d): s.appSwitches = d
+            case .failure(let e): return .failure(e)
+            }
+            if s.appSwitches[master] != nil { return .failure(RestoreError("app.\(master): the master switch has no app layer")) }
+        }
+        if let e = j["epoch"] {
+            guard let n = e.intValue, n >= 0 else { return .failure(RestoreError("epoch must be a non-negative integer")) }
+            s.epoch = UInt64(n)
+        }
+        return .success(s)
+    }
+
+    public struct RestoreError: Error, Equatable, Sendable {
+        public let reason: String
+        init(_ r: String) { reason = r }
     }
 }

@@ -42,6 +42,32 @@ final class Peer {
     }
 }
 
+/// Who a message acts for: the subject of permission rules, disclosure and the caller information
+/// plugins receive. A client's request acts for that client; a plugin's request acts for the
+/// plugin itself, or — when it names a request it is serving (`_onBehalfOf`) — for the client that
+/// started that call chain, so a plugin cannot be used to reach what the client may not.
+struct Principal: Equatable {
+    /// The plugin that sent the message; nil when a client sent it.
+    var plugin: String?
+    /// The client at the start of the call chain (connection id), if there is one.
+    var client: UInt64?
+    var credentials: PeerCredentials?
+
+    /// The host's own requests (heartbeats, callbacks).
+    static let host = Principal()
+
+    static func client(_ peer: Peer) -> Principal {
+        Principal(plugin: nil, client: peer.id, credentials: peer.credentials)
+    }
+    /// `via`: the principal of the request the plugin is serving, when it acts on its behalf.
+    static func plugin(_ name: String, via: Principal? = nil) -> Principal {
+        Principal(plugin: name, client: via?.client, credentials: via?.credentials)
+    }
+
+    /// True when a client is at the start of the chain (its credentials decide).
+    var actsForClient: Bool { client != nil }
+}
+
 /// A request the host forwarded and whose reply it awaits, keyed by the host-issued id.
 struct Pending {
     enum Origin {
@@ -53,4 +79,6 @@ struct Pending {
     let origin: Origin
     let target: Peer
     let deadlineMs: UInt64
+    /// Whom the request acts for; inherited by calls the target makes on its behalf.
+    var principal = Principal.host
 }

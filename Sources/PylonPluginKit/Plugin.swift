@@ -26,7 +26,9 @@ public final class Call {
     /// The params as a Swift value (converted on first use).
     public lazy var params: JSON = JSONRef.toJSON(msg.member("params"))
     /// Who called, when the plugin set `wantsCallerInfo`: `{"client": N, "uid", "gid", "pid"}`
-    /// for a client connection, `{"plugin": name}` for another plugin; nil otherwise.
+    /// for a client connection, `{"plugin": name}` for another plugin, both for a plugin acting
+    /// for a client, plus `"admin": true` for an admin client; nil otherwise. Written by the host
+    /// only (a sender's own `_pylon` is refused).
     public lazy var caller: JSON? = msg.has("_pylon") ? JSONRef.toJSON(msg.member("_pylon")) : nil
     /// The calling client's connection id, if known (read from json-c: it is on every routed
     /// request of a plugin that wants caller info, so `caller` is not converted for it).
@@ -76,6 +78,15 @@ public final class Call {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
         id.withSerialized { plugin.sendResult(idText: $0, result: result) }
+    }
+
+    /// Calls another plugin (or the host) on behalf of this call's caller: the host applies the
+    /// permission rules of the client that started the chain, and the callee's caller info names
+    /// it. Use this for anything done for the caller; `Plugin.call` acts as the plugin itself.
+    /// Valid until this call is answered.
+    public func call(_ method: String, _ params: JSON?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+        let via = json_object_get_type(id.ptr) == json_type_int && !isNotification ? json_object_get_int64(id.ptr) : nil
+        plugin.call(method, params, onBehalfOf: via, done)
     }
 
     public func fail(_ e: RPCError) {
@@ -208,10 +219,12 @@ public final class Plugin {
         channel?.send(Wire.notification(method: topic, params: params))
     }
 
-    /// Calls a method of another plugin (or the host) through the host.
-    public func call(_ method: String, _ params: JSON?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+    /// Calls a method of another plugin (or the host) through the host, as this plugin (or on
+    /// behalf of the request with host id `onBehalfOf`; see `Call.call`).
+    public func call(_ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
+                     _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         guard let (channel, id) = register(done) else { return }
-        channel.send(Wire.request(id: .int(id), method: method, params: params))
+        channel.send(Wire.request(id: .int(id), method: method, params: params, onBehalfOf: onBehalfOf))
     }
 
     /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.

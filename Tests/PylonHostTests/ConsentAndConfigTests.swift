@@ -28,13 +28,39 @@ struct ConsentStoreTests {
         #expect(!s.isGranted("anything"))
     }
 
-    @Test func snapshotRoundTrips() {
+    @Test func snapshotRoundTrips() throws {
         var s = ConsentStore()
         s.set("x", granted: false)
         s.set("y", granted: true)
-        #expect(ConsentStore.restore(s.snapshot) == s)
-        #expect(ConsentStore.restore(["switches": ["x": "yes"]]) == nil)
-        #expect(ConsentStore.restore(["nothing": 1]) == nil)
+        s.set("ma:z", granted: false, layer: .app)
+        #expect(try ConsentStore.restore(s.snapshot).get() == s)
+        #expect(throws: ConsentStore.RestoreError.self) { try ConsentStore.restore(["switches": ["x": "yes"]]).get() }
+        #expect(throws: ConsentStore.RestoreError.self) { try ConsentStore.restore(["nothing": 1]).get() }
+    }
+
+    /// A damaged consent file fails closed instead of being read as something it is not.
+    @Test func restoreRefusesBadEpochsKeysAndLayers() {
+        for bad: JSON in [
+            ["epoch": "x", "switches": [:]], ["epoch": -5, "switches": [:]], ["epoch": 1.5, "switches": [:]],
+            ["switches": ["has space": true]], ["switches": [:], "app": ["device": false]], ["switches": [:], "app": 3],
+        ] {
+            #expect(throws: ConsentStore.RestoreError.self, "\(bad)") { try ConsentStore.restore(bad).get() }
+        }
+    }
+
+    /// An app can narrow a switch but never re-grant what the operator denied.
+    @Test func appLayerOnlyNarrows() {
+        var s = ConsentStore()
+        let denied = s.set("ma:v", granted: false)              // operator denies
+        let appGrant = s.set("ma:v", granted: true, layer: .app)  // the app's grant changes nothing
+        #expect(denied && !appGrant)
+        #expect(!s.isGranted("ma:v"))
+        let regrant = s.set("ma:v", granted: true)              // operator grants again
+        #expect(regrant && s.isGranted("ma:v"))
+        let narrowed = s.set("ma:v", granted: false, layer: .app)  // the app narrows
+        #expect(narrowed && !s.isGranted("ma:v"))
+        #expect(s.effective["ma:v"] == false)
+        #expect(s.explicitValue("ma:v") == true && s.appValue("ma:v") == false)
     }
 
     @Test func keyValidation() {
@@ -100,8 +126,8 @@ struct ConfigTests {
         let c = try HostConfig.parse(["permissions": [["method": "consent.set", "uids": [0]]]])
         let rule = try #require(c.permissions.first)
         #expect(rule.method.matches("consent.set"))
-        #expect(rule.allows(PeerCredentials(pid: 1, uid: 0, gid: 0)))
-        #expect(!rule.allows(PeerCredentials(pid: 1, uid: 1000, gid: 1000)))
+        #expect(rule.allowed.allows(PeerCredentials(pid: 1, uid: 0, gid: 0)))
+        #expect(!rule.allowed.allows(PeerCredentials(pid: 1, uid: 1000, gid: 1000)))
     }
 
     @Test func scanIdFindsTheIdOfAnOversizedLine() {

@@ -306,21 +306,23 @@ public final class Bus {
             }
             return
         }
+        // Answers carry the id exactly as the caller wrote it (json-c would rewrite 2^64-1 or -0).
+        let idText = String(decoding: UnsafeRawBufferPointer(rebasing: line[idSpan]), as: UTF8.self)
         switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .host:
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
             switch hostMethod(peer, principal, method, params) {
-            case .success(let v): sendResult(peer.conn, id: id, v)
-            case .failure(let e): sendError(peer.conn, id: id, e)
+            case .success(let v): sendResult(peer.conn, idText: idText, v)
+            case .failure(let e): sendError(peer.conn, idText: idText, e)
             }
         case .refused(let e):
-            sendError(peer.conn, id: id, e)
+            sendError(peer.conn, idText: idText, e)
         case .denied(let spec, let key):
             consentRefused[key, default: 0] += 1
             if spec.dropWhenDenied {
-                sendResult(peer.conn, id: id, spec.deniedResult)
+                sendResult(peer.conn, idText: idText, spec.deniedResult)
             } else {
-                sendError(peer.conn, id: id, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
+                sendError(peer.conn, idText: idText, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
             }
         case .forward(let target, let timeoutMs, _):
             forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
@@ -564,6 +566,11 @@ public final class Bus {
     /// An error response for an id kept as JSON text.
     func sendError(_ conn: Connection, idText: String, _ e: RPCError) {
         conn.sendLine(#"{"jsonrpc":"2.0","id":"# + idText + #","error":"# + e.json.serialized + "}")
+    }
+
+    /// A result for an id kept as JSON text (the caller's own bytes).
+    func sendResult(_ conn: Connection, idText: String, _ result: JSON) {
+        conn.sendLine(#"{"jsonrpc":"2.0","id":"# + idText + #","result":"# + result.serialized + "}")
     }
 
     func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {

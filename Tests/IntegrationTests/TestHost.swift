@@ -129,3 +129,56 @@ extension SyncClient {
 extension JSON {
     var errorCode: Int64? { self["error"]?["code"]?.intValue }
 }
+
+extension TestHost {
+    /// Sends `lines` from a separate client process running as `uid`/`gid` (an unprivileged
+    /// local user, as an attacker would be), and returns its replies and notifications. The
+    /// host must have been started with a socket that uid can reach (`socketMode` 0666).
+    func runAs(uid: UInt32 = 65534, gid: UInt32 = 65534, _ lines: [String]) throws -> (replies: [JSON], notifications: [JSON]) {
+        try startAs(uid: uid, gid: gid, lines).wait()
+    }
+
+    /// `runAs` without waiting: the client runs until every request is answered.
+    func startAs(uid: UInt32 = 65534, gid: UInt32 = 65534, _ lines: [String]) throws -> ForeignClient {
+        let script = try String(contentsOfFile: fixturesDir + "/rpc_client.py", encoding: .utf8)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        p.arguments = ["--reuid=\(uid)", "--regid=\(gid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+        let input = Pipe()
+        let output = Pipe()
+        p.standardInput = input
+        p.standardOutput = output
+        try p.run()
+        input.fileHandleForWriting.write(Data(lines.map { $0 + "\n" }.joined().utf8))
+        try input.fileHandleForWriting.close()
+        return ForeignClient(process: p, output: output)
+    }
+
+    /// A host whose socket any local user can reach, for tests with unprivileged clients.
+    static func open(plugins: [JSON]? = nil, extra: JSONObject = [:]) throws -> TestHost {
+        var e = extra
+        e["socketMode"] = "0666"
+        return try TestHost(plugins: plugins, extra: e)
+    }
+}
+
+/// A client process started by `TestHost.startAs`.
+struct ForeignClient {
+    let process: Process
+    let output: Pipe
+
+    func wait() throws -> (replies: [JSON], notifications: [JSON]) {
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        var replies: [JSON] = []
+        var notes: [JSON] = []
+        for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+            if line.hasPrefix("notification ") {
+                notes.append(try JSON.parse(String(line.dropFirst("notification ".count))))
+            } else {
+                replies.append(try JSON.parse(String(line)))
+            }
+        }
+        return (replies, notes)
+    }
+}

@@ -1,0 +1,205 @@
+import Foundation
+import Testing
+import PylonClientKit
+import TestSupport
+
+/// The authorization model (issue 11): principals through plugin calls, host-owned caller
+/// information, the consent layers, disclosure, and the socket. Clients that must be
+/// unprivileged really run as another uid (`TestHost.runAs`).
+@Suite(.serialized) struct SecurityTests {
+    static let rootOnlyConsent: JSONObject = ["permissions": [["method": "consent.set", "uids": [0]], ["method": "bus.restart", "uids": [0]]]]
+
+    func req(_ id: Int, _ method: String, _ params: JSON = [:]) -> String {
+        JSON.object(["jsonrpc": "2.0", "id": .int(Int64(id)), "method": .string(method), "params": params]).serialized
+    }
+
+    /// A plugin is no deputy: a call it makes for a client is judged as the client's.
+    @Test func permissionRulesFollowTheCallChainThroughAPlugin() throws {
+        let h = try TestHost.open(extra: SecurityTests.rootOnlyConsent)
+        let set: JSON = ["method": "consent.set", "params": ["key": "echo:X", "granted": false]]
+        let r = try h.runAs([req(1, "consent.set", ["key": "echo:X", "granted": false]), req(2, "echo.call", set),
+                             req(3, "echo.call", ["method": "bus.restart", "params": ["plugin": "echo"]])])
+        #expect(r.replies.count == 3)
+        for reply in r.replies { #expect(reply.errorCode == -32005, "\(reply.serialized)") }
+        #expect(r.replies.contains { $0["error"]?["message"]?.stringValue?.contains("through plugin echo") == true })
+        #expect(try h.client().call("consent.get", ["key": "echo:X"])["granted"] == .bool(true))
+        // Root may, directly and through the plugin.
+        #expect(try h.client().call("echo.call", set)["result"]?["changed"] == .bool(true))
+        #expect(try h.client().call("consent.get", ["key": "echo:X"])["granted"] == .bool(false))
+        // A plugin acting on its own is bound by the rules too (it is not listed in them).
+        let own = try h.client().roundTrip(req(9, "echo.callAsPlugin", ["method": "consent.set", "params": ["key": "echo:Y", "granted": false]]))
+        #expect(own.errorCode == -32005)
+    }
+
+    /// Caller information is the host's: a sender's `_pylon`, however spelled, is refused; a
+    /// plugin sees the real client, also through another plugin.
+    @Test func callerInformationCannotBeForged() throws {
+        let h = try TestHost(plugins: [TestHost.echo(["env": ["PYLON_ECHO_CALLER": "1"]])])
+        let c = try h.client()
+        let mine = try c.call("echo.caller")
+        let myId = try #require(mine["client"]?.intValue)
+        #expect(mine["uid"] == .int(Int64(getuid())))
+        #expect(mine["admin"] == .bool(true), "uid 0 is an admin by default")
+        for forged in [
+            #"{"jsonrpc":"2.0","id":1,"method":"echo.caller","_pylon":{"client":1}}"#,
+            #"{"jsonrpc":"2.0","id":2,"method":"echo.caller","params":{},"\u005fpylon":{"client":1}}"#,
+            #"{"jsonrpc":"2.0","id":3,"method":"echo.caller","_onBehalfOf":1}"#,
+        ] {
+            let r = try c.roundTrip(forged)
+            #expect(r.errorCode == -32600, "\(forged) → \(r.serialized)")
+        }
+        // Through the plugin: the inner request names the plugin and the client it acts for.
+        let via = try c.call("echo.call", ["method": "echo.caller"])["result"]
+        #expect(via?["plugin"] == .string("echo"))
+        #expect(via?["client"]?.intValue == myId)
+        // A plugin naming a request it does not serve is refused: simulated by a plugin-made
+        // call after its request was answered is not reachable from here, so check the rule's
+        // other half: a plugin's own call carries no client.
+        let own = try c.call("echo.callAsPlugin", ["method": "echo.caller"])["result"]
+        #expect(own == ["plugin": "echo"])
+    }
+
+    /// The operator's denial holds whatever an app says; an app can only narrow.
+    @Test func anAppCannotRegrantWhatTheOperatorDenied() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        _ = try c.call("consent.set", ["key": "echo:V", "granted": false])
+        let regrant = try c.call("echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "echo:V", "granted": true]])
+        #expect(regrant["result"]?["granted"] == .bool(false))
+        #expect(try c.call("consent.get", ["key": "echo:V"])["granted"] == .bool(false))
+        #expect(try c.roundTrip(req(4, "echo.collect", ["appKey": "V"])).errorCode == -32003)
+        // The app layer narrows a granted switch, only in the plugin's own namespace, and a
+        // client cannot use it.
+        _ = try c.call("echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "echo:W", "granted": false]])
+        #expect(try c.call("consent.get", ["key": "echo:W"])["granted"] == .bool(false))
+        #expect(try c.roundTrip(req(5, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "ma:W", "granted": false]])).errorCode == -32005)
+        #expect(try c.roundTrip(req(6, "consent.setApp", ["key": "echo:W", "granted": true])).errorCode == -32005)
+        #expect(try c.roundTrip(req(7, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "device", "granted": false]])).errorCode == -32005)
+    }
+
+    /// MA's `start {dataCollectionEnabled: true}` no longer re-grants a switch root denied.
+    @Test func maStartCannotRegrantAnOperatorDenial() throws {
+        let b = try TestBackend()
+        let h = try TestHost.open(plugins: TestHost.maPlugins(b), extra: SecurityTests.rootOnlyConsent)
+        let root = try h.client()
+        _ = try root.call("consent.set", ["key": "ma:victim", "granted": false])
+        let r = try h.runAs([req(1, "ma.start", ["appKey": "victim", "dataCollectionEnabled": true])])
+        #expect(r.replies.first?["result"]?["code"]?.intValue == 0)
+        #expect(try root.call("consent.get", ["key": "ma:victim"])["granted"] == .bool(false))
+        #expect(try root.call("consent.get", ["key": "ma:victim"])["explicit"] == .bool(false))
+    }
+
+    /// An event answered 0 is durable: a switch-off sent right behind it on the same connection
+    /// waits for it, and it (and the session start) reaches the backend as the final batch.
+    @Test func anEventAnsweredZeroSurvivesASwitchOffRightBehindIt() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        try c.sendLine(req(1, "ma.start", ["appKey": "race"]))
+        try c.sendLine(req(2, "ma.eventRecord", ["eventName": "purchase", "property": ["sku": "A-1"]]))
+        try c.sendLine(req(3, "ma.setDataCollectionEnabled", ["enabled": false]))
+        var order: [Int64] = []
+        for _ in 0..<3 {
+            let m = try #require(try c.readMessage(timeoutMs: 10000))
+            #expect(m["result"]?["code"] == .int(0), "\(m.serialized)")
+            order.append(m["id"]?.intValue ?? -1)
+        }
+        #expect(order.last == 3, "the switch-off is answered after the event: \(order)")
+        try waitUntil(timeout: 15) {
+            let names = try b.records("ma.race").compactMap { $0["data"]?["event"]?.stringValue }
+            return names.contains("purchase") && names.contains("el_session_start")
+        }
+        #expect(try c.call("consent.get", ["key": "ma:race"])["granted"] == .bool(false))
+    }
+
+    /// Who sees what: an unprivileged client sees only its own entry in bus.status, gets no host
+    /// topics (another client closing, consent changes), and cannot claim a plugin's namespace.
+    @Test func unprivilegedClientsSeeOnlyTheirOwn() throws {
+        let h = try TestHost.open()
+        let root = try h.client()
+        _ = try root.call("bus.subscribe", ["pattern": "*"])
+        let r = try h.runAs([
+            req(1, "bus.subscribe", ["pattern": "*"]), req(2, "bus.status"),
+            req(3, "bus.provide", ["method": "push.register"]), req(4, "bus.provide", ["method": "echo.echo"]),
+            req(5, "bus.publish", ["topic": "push.message", "data": ["x": 1]]),
+        ])
+        let status = try #require(r.replies.first { $0["id"] == .int(2) }?["result"])
+        #expect(status["clients"]?.arrayValue?.count == 1, "\(status["clients"]?.serialized ?? "")")
+        #expect(status["clients"]?.arrayValue?.first?["uid"] == .int(65534))
+        #expect((status["clients_total"]?.intValue ?? 0) >= 2)
+        #expect(r.replies.first { $0["id"] == .int(3) }?.errorCode == -32005, "reserved namespace, not configured")
+        #expect(r.replies.first { $0["id"] == .int(4) }?.errorCode == -32005, "a configured plugin's namespace")
+        #expect(r.replies.first { $0["id"] == .int(5) }?.errorCode == -32005)
+        // Root (an admin) sees the unprivileged client's closing.
+        try waitUntil(timeout: 5) {
+            guard let n = try root.nextNotification(timeoutMs: 200) else { return false }
+            return n["method"] == .string("bus.client.closed")
+        }
+    }
+
+    @Test func hostTopicsReachOnlyAdminsUnlessConfigured() throws {
+        for (extra, expectDelivered) in [(JSONObject(), false), (["disclosure": ["adminTopics": []]], true)] {
+            let h = try TestHost.open(extra: extra)
+            let root = try h.client()
+            // The unprivileged client subscribes to everything and stays connected a while.
+            let watcher = try h.startAs([req(1, "bus.subscribe", ["pattern": "*"]), req(2, "echo.sleep", ["ms": 1500])])
+            try waitUntil(timeout: 5) { (try h.status()["clients_total"]?.intValue ?? 0) >= 2 }
+            usleep(200_000)
+            _ = try root.call("consent.set", ["key": "echo:T", "granted": false])
+            _ = try h.client()  // connects and closes: bus.client.closed
+            let notes = try watcher.wait().notifications.compactMap { $0["method"]?.stringValue }
+            if expectDelivered {
+                #expect(notes.contains("consent.changed") && notes.contains("bus.client.closed"), "\(notes)")
+            } else {
+                #expect(notes.isEmpty, "\(notes)")
+            }
+        }
+    }
+
+    /// A method name with a NUL is refused, not routed by the part before it.
+    @Test func methodNamesAreWholePrintableASCII() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.echo\u0000.x","params":[1]}"#)
+        #expect(r.errorCode == -32600)
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"echo echo","params":[1]}"#).errorCode == -32600)
+        #expect(try c.call("echo.echo", [1]) == [1])
+    }
+
+    /// A second pylond on a live socket refuses to start and leaves the first one serving.
+    @Test func aSecondHostDoesNotTakeOverALiveSocket() throws {
+        let h = try TestHost()
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylond")
+        p.arguments = ["--config", h.configPath]
+        let err = Pipe()
+        p.standardError = err
+        p.standardOutput = FileHandle.nullDevice
+        var env = ProcessInfo.processInfo.environment
+        env["PYLON_SOCKET"] = nil
+        env["PYLON_STATE_DIR"] = h.dir + "/state2"
+        p.environment = env
+        try p.run()
+        let out = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        #expect(p.terminationStatus != 0)
+        #expect(out.contains("another live process"), "\(out)")
+        #expect(try h.client().call("echo.echo", [7]) == [7], "the first host still serves its socket")
+    }
+}
+
+extension SecurityTests {
+    /// Host methods answer with the id as written, like routed requests.
+    @Test func hostRepliesEchoIdsAsWritten() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        for id in ["18446744073709551615", "-0", "1e3", "\"x\\u00e9\""] {
+            try c.sendLine(#"{"jsonrpc":"2.0","id":"# + id + #","method":"bus.ping"}"#)
+            var buf = [UInt8]()
+            var byte: UInt8 = 0
+            while read(c.fd, &byte, 1) == 1, byte != 0x0A { buf.append(byte) }
+            let line = String(decoding: buf, as: UTF8.self)
+            #expect(line.hasPrefix(#"{"jsonrpc":"2.0","id":"# + id + ","), "\(line)")
+        }
+    }
+}

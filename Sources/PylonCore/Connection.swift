@@ -16,6 +16,13 @@ private let readBufferSize = 256 * 1024
 ///
 /// Writing: `send` appends to an in-memory queue. `queuedBytes` is what the peer has not yet
 /// taken; past `pauseAbove` the connection stops reading (backpressure) until it drains to half.
+///
+/// Dispatch gate: input is handed to `onLine` only while the connection is not backpressured and
+/// not held (`hold(until:)`: another connection it feeds is congested). The gate is checked after
+/// every line, so one read of many requests stops mid-way: the rest of that read is kept
+/// (`backlog`, at most one read buffer) and dispatched on a later loop turn once the gate opens.
+/// That is what bounds the output a peer can cause without reading, and the work one peer gets
+/// per loop turn.
 public final class Connection {
     public let loop: Loop
     let handle: UnsafeMutablePointer<uv_pipe_t>
@@ -25,8 +32,17 @@ public final class Connection {
     private let writeReq: UnsafeMutablePointer<uv_write_t>
     private var writing = false
     private var isDirty = false
-    private var reading = false
+    /// The owner wants input (`startReading`) and the peer has not shut down its side.
+    private var wantsReading = false
+    /// libuv is reading (`uv_read_start` in effect).
+    private var uvReading = false
     private var pausedForBackpressure = false
+    /// Holds placed by `hold(until:)`, and the connections waiting for this one to drain.
+    private var holds = 0
+    private var drainWaiters: [Connection] = []
+    /// Input read but not yet dispatched because the gate closed mid-read.
+    private var backlog: [UInt8] = []
+    private var backlogTimer: Timer?
     private var closeWhenFlushed = false
     public private(set) var isClosed = false
 
@@ -91,28 +107,72 @@ public final class Connection {
     }
 
     public func startReading() {
-        guard !isClosed, !reading else { return }
-        reading = true
-        uv_read_start(stream, { h, _, buf in
-            buf!.pointee = pylon_buf(readBuffer, readBufferSize)
-        }, { s, nread, _ in
-            let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
-            c.didRead(nread)
-        })
+        guard !isClosed, !peerShutdown else { return }
+        wantsReading = true
+        syncReading()
     }
 
     public func stopReading() {
-        guard reading, !isClosed else { return }
-        reading = false
-        uv_read_stop(stream)
+        wantsReading = false
+        syncReading()
     }
+
+    /// True while input may be dispatched.
+    private var gateOpen: Bool { !isClosed && holds == 0 && !pausedForBackpressure }
+    private var canDispatch: Bool { wantsReading && gateOpen }
+
+    /// Lines dispatched from one read (or one backlog turn) before the rest waits for the next
+    /// loop turn: one peer's burst cannot keep the loop from everyone else for long.
+    public static let maxLinesPerTurn = 2048
+
+    /// Makes libuv's reading match the gate, and schedules the backlog when it can go on.
+    private func syncReading() {
+        let active = wantsReading && gateOpen && backlog.isEmpty
+        if active && !uvReading {
+            uvReading = true
+            uv_read_start(stream, { h, _, buf in
+                buf!.pointee = pylon_buf(readBuffer, readBufferSize)
+            }, { s, nread, _ in
+                let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
+                c.didRead(nread)
+            })
+        } else if !active && uvReading && !isClosed {
+            uvReading = false
+            uv_read_stop(stream)
+        }
+        if canDispatch && !backlog.isEmpty {
+            // On a later loop turn: this may run inside another connection's dispatch.
+            let t = backlogTimer ?? Timer(loop: loop) { [unowned self] in self.dispatchBacklog() }
+            backlogTimer = t
+            if !t.isActive { t.start(after: 0) }
+        }
+    }
+
+    /// Hands lines of `bytes` to the owner while the gate is open; returns the bytes consumed.
+    private func dispatch(_ bytes: UnsafeRawBufferPointer) -> Int {
+        var budget = Connection.maxLinesPerTurn
+        let used = framer.feed(bytes, until: { event in
+            guard !self.isClosed else { return false }
+            switch event {
+            case .line(let l): self.onLine(l)
+            case .oversized(let n, let head): self.onOversized(n, head)
+            }
+            budget -= 1
+            return budget > 0 && self.canDispatch
+        })
+        if budget == 0 { budgetPauses &+= 1 }
+        return used
+    }
+
+    /// How often a read had more lines than `maxLinesPerTurn` (the rest went to a later turn).
+    public private(set) var budgetPauses: UInt64 = 0
 
     private func didRead(_ nread: Int) {
         if nread < 0 {
             if nread == Int(UV_EOF.rawValue), let onEOF {
                 // Half-close: the peer sent everything it will send but may still read.
-                uv_read_stop(stream)
-                reading = false
+                wantsReading = false
+                syncReading()
                 peerShutdown = true
                 onEOF()
             } else {
@@ -123,14 +183,49 @@ public final class Connection {
         guard nread > 0 else { return }
         bytesIn &+= UInt64(nread)
         let chunk = UnsafeRawBufferPointer(start: readBuffer, count: nread)
-        framer.feed(chunk) { event in
-            guard !self.isClosed else { return }
-            switch event {
-            case .line(let l): self.onLine(l)
-            case .oversized(let n, let head): self.onOversized(n, head)
-            }
+        let used = dispatch(chunk)
+        if used < nread && !isClosed && wantsReading {
+            backlog.append(contentsOf: UnsafeRawBufferPointer(rebasing: chunk[used...]))
+            syncReading()
         }
         loop.flushDirty()
+    }
+
+    private func dispatchBacklog() {
+        guard canDispatch, !backlog.isEmpty else { return }
+        let data = backlog
+        backlog = []
+        let used = data.withUnsafeBytes { dispatch($0) }
+        if used < data.count && !isClosed && wantsReading { backlog = Array(data[used...]) }
+        syncReading()
+        loop.flushDirty()
+    }
+
+    /// Bytes read from the peer and not yet dispatched.
+    public var backlogBytes: Int { backlog.count }
+
+    /// More is queued for the peer than `pauseAbove`.
+    public var isCongested: Bool { pauseAbove > 0 && queuedBytes > pauseAbove }
+
+    /// Stops dispatching this connection's input until `other` has drained to half its
+    /// `pauseAbove` (or closed): backpressure from a congested peer to whoever fills it.
+    public func hold(until other: Connection) {
+        guard !isClosed, !other.isClosed, other.isCongested, !other.drainWaiters.contains(where: { $0 === self }) else { return }
+        holds += 1
+        other.drainWaiters.append(self)
+        syncReading()
+    }
+
+    /// True while held by a congested peer.
+    public var isHeld: Bool { holds > 0 }
+
+    private func releaseWaiters() {
+        let waiters = drainWaiters
+        drainWaiters = []
+        for w in waiters {
+            w.holds -= 1
+            w.syncReading()
+        }
     }
 
     // MARK: Writing
@@ -179,9 +274,9 @@ public final class Connection {
             isDirty = true
             loop.markDirty(self)
         }
-        if pauseAbove > 0, reading, !pausedForBackpressure, queuedBytes > pauseAbove {
+        if pauseAbove > 0, !pausedForBackpressure, queuedBytes > pauseAbove {
             pausedForBackpressure = true
-            uv_read_stop(stream)
+            syncReading()
         }
     }
 
@@ -233,14 +328,10 @@ public final class Connection {
     private func afterDrain() {
         if pausedForBackpressure, queuedBytes <= pauseAbove / 2 {
             pausedForBackpressure = false
-            if reading && !peerShutdown { startReadingAgain() }
+            syncReading()
         }
+        if !drainWaiters.isEmpty, queuedBytes <= pauseAbove / 2 { releaseWaiters() }
         if closeWhenFlushed, queuedBytes == 0 { close() }
-    }
-
-    private func startReadingAgain() {
-        reading = false
-        startReading()
     }
 
     /// True while reading is paused because the peer is not taking its output.
@@ -259,7 +350,12 @@ public final class Connection {
         guard !isClosed else { return }
         isClosed = true
         closeError = error
-        if reading { uv_read_stop(stream) }
+        if uvReading { uv_read_stop(stream) }
+        uvReading = false
+        backlog = []
+        backlogTimer?.close()
+        backlogTimer = nil
+        releaseWaiters()
         uv_close(asHandle(handle)) { h in
             let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
             let c = Unmanaged<Connection>.fromOpaque(p.pointee.data).takeRetainedValue()

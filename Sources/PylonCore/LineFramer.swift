@@ -29,8 +29,15 @@ public struct LineFramer {
     public var isDiscarding: Bool { discarding }
 
     public mutating func feed(_ chunk: UnsafeRawBufferPointer, _ emit: (Event) -> Void) {
+        _ = feed(chunk, until: { emit($0); return true })
+    }
+
+    /// Feeds `chunk` while `emit` returns true. Returns how many bytes of `chunk` were consumed:
+    /// all of them, or — when `emit` returned false — those up to and including the newline of
+    /// the event it refused to continue after; the caller keeps the rest and feeds it later.
+    public mutating func feed(_ chunk: UnsafeRawBufferPointer, until emit: (Event) -> Bool) -> Int {
         let n = chunk.count
-        guard n > 0, let base = chunk.baseAddress else { return }
+        guard n > 0, let base = chunk.baseAddress else { return n }
         var start = 0
         while start < n {
             let found = memchrIndex(base, from: start, to: n)
@@ -43,36 +50,39 @@ public struct LineFramer {
                 } else {
                     carry.append(contentsOf: UnsafeRawBufferPointer(rebasing: chunk[start..<n]))
                 }
-                return
+                return n
             }
+            var more = true
             let piece = UnsafeRawBufferPointer(rebasing: chunk[start..<nl])
             if discarding {
                 discarded += piece.count
                 let total = discarded
                 discarding = false
                 discarded = 0
-                emit(.oversized(bytes: total, head: head))
+                more = emit(.oversized(bytes: total, head: head))
                 head = []
             } else if carry.isEmpty {
                 if piece.count > maxLineBytes {
-                    emit(.oversized(bytes: piece.count, head: Array(piece.prefix(Self.headBytes))))
+                    more = emit(.oversized(bytes: piece.count, head: Array(piece.prefix(Self.headBytes))))
                 } else {
-                    emit(.line(piece))
+                    more = emit(.line(piece))
                 }
             } else {
                 let total = carry.count + piece.count
                 if total > maxLineBytes {
                     var h = Array(carry.prefix(Self.headBytes))
                     if h.count < Self.headBytes { h.append(contentsOf: piece.prefix(Self.headBytes - h.count)) }
-                    emit(.oversized(bytes: total, head: h))
+                    more = emit(.oversized(bytes: total, head: h))
                 } else {
                     carry.append(contentsOf: piece)
-                    carry.withUnsafeBytes { emit(.line($0)) }
+                    more = carry.withUnsafeBytes { emit(.line($0)) }
                 }
                 carry.removeAll(keepingCapacity: carry.capacity <= 64 * 1024)
             }
             start = nl + 1
+            if !more { return start }
         }
+        return n
     }
 
     private mutating func beginDiscard(_ rest: UnsafeRawBufferPointer) {

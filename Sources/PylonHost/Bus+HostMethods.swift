@@ -92,6 +92,7 @@ extension Bus {
             if let c = p.credentials { o["pid"] = .int(Int64(c.pid)); o["uid"] = .int(Int64(c.uid)); o["gid"] = .int(Int64(c.gid)) }
             if !p.provided.isEmpty { o["provides"] = .array(p.provided.sorted().map { .string($0) }) }
             if p.conn.isBackpressured { o["backpressured"] = true }
+            if p.conn.isHeld { o["held"] = true }
             clients.append(.object(o))
         }
         var refused = JSONObject()
@@ -108,7 +109,7 @@ extension Bus {
                 "routed": .int(Int64(routed)), "routed_fast": .int(Int64(fastRouted)),
                 "inflight": .int(Int64(pending.values.reduce(0) { if case .peer = $1.origin { return $0 + 1 }; return $0 })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
-                "published": .int(Int64(published)),
+                "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),

@@ -232,7 +232,10 @@ extension Bus {
         guard slot.life.state == .running, let peer = slot.peer, !peer.closed else { return }
         let now = loop.nowMs
         if slot.heartbeatOutstanding != nil {
-            if now - slot.heartbeatSentAtMs >= slot.config.policy.heartbeatTimeoutMs {
+            // Hung means silent: a plugin still answering what was queued before the heartbeat
+            // (a busy one) is making progress and is not killed.
+            let lastSign = max(slot.heartbeatSentAtMs, peer.lastInboundMs)
+            if now - lastSign >= slot.config.policy.heartbeatTimeoutMs {
                 log.error("plugin hung: heartbeat not answered", ["plugin": slot.config.name, "pid": slot.pid,
                                                                   "waited_ms": now - slot.heartbeatSentAtMs])
                 slot.lastExit = "hung"

@@ -45,6 +45,8 @@ public final class Bus {
     var timeouts: UInt64 = 0
     var protocolErrors: UInt64 = 0
     var published: UInt64 = 0
+    /// Times a client's input was held because the plugin it sent to was congested.
+    var heldForCongestion: UInt64 = 0
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
@@ -169,6 +171,7 @@ public final class Bus {
     }
 
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
+        peer.lastInboundMs = loop.nowMs
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
         let scan = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth) - 1)
@@ -418,6 +421,14 @@ public final class Bus {
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
+        // Backpressure reaches whoever fills a congested target: the client's input waits
+        // until the target drains (its queue stays within maxQueuedBytes + one message).
+        // Plugins are not held: a held plugin could not answer its heartbeats; their own
+        // callers are held instead.
+        if target.conn.isCongested && !peer.isPlugin {
+            peer.conn.hold(until: target.conn)
+            heldForCongestion += 1
+        }
     }
 
     /// Issues a request from the host itself (heartbeats, callbacks to providers).

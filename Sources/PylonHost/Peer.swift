@@ -19,6 +19,8 @@ final class Peer {
     /// Notifications not delivered because the peer was not reading (slow reader).
     var droppedNotifications: UInt64 = 0
     var requestsSent: UInt64 = 0
+    /// When the peer last sent a message (a plugin answering anything is not hung).
+    var lastInboundMs: UInt64 = 0
     /// Plugins: true once `bus.hello` succeeded.
     var handshaken = false
     var closed = false

@@ -69,3 +69,45 @@ struct LineFramerTests {
         #expect(f.bufferedBytes == 0)
     }
 }
+
+/// Stopping mid-read: the framer hands back where it stopped, and the rest feeds later unchanged.
+struct LineFramerPauseTests {
+    @Test func stopsAfterTheRefusedLineAndResumesWithTheRest() {
+        var f = LineFramer(maxLineBytes: 100)
+        var lines: [String] = []
+        let input = Array("a\nbb\nccc\ndd".utf8)
+        let consumed = input.withUnsafeBytes { buf in
+            f.feed(buf, until: { ev in
+                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                return lines.count < 2
+            })
+        }
+        #expect(lines == ["a", "bb"])
+        #expect(consumed == 5)
+        let rest = Array(input[consumed...])
+        let all = rest.withUnsafeBytes { buf in
+            f.feed(buf, until: { ev in
+                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                return true
+            })
+        }
+        #expect(all == rest.count)
+        #expect(lines == ["a", "bb", "ccc"])
+        #expect(f.bufferedBytes == 2, "the partial 'dd' waits for its newline")
+    }
+
+    @Test func aLineCompletedFromCarryCanStopTheFeed() {
+        var f = LineFramer(maxLineBytes: 100)
+        var lines: [String] = []
+        Array("par".utf8).withUnsafeBytes { _ = f.feed($0, until: { _ in true }) }
+        let consumed = Array("tial\nnext\n".utf8).withUnsafeBytes { buf in
+            f.feed(buf, until: { ev in
+                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                return false
+            })
+        }
+        #expect(lines == ["partial"])
+        #expect(consumed == 5)
+        #expect(f.bufferedBytes == 0)
+    }
+}

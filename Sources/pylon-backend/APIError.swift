@@ -20,6 +20,8 @@ struct APIError: Error {
         static let methodNotAllowed = Code(rawValue: "method_not_allowed")
         static let injectedFault = Code(rawValue: "injected_fault")
         static let tooManyConnections = Code(rawValue: "too_many_connections")
+        static let requestTimeout = Code(rawValue: "request_timeout")
+        static let httpVersionNotSupported = Code(rawValue: "http_version_not_supported")
         static let storage = Code(rawValue: "storage_error")
     }
 

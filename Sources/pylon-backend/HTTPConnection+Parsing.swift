@@ -44,6 +44,7 @@ extension HTTPConnection {
 
     fileprivate func messageBegin() -> Int32 {
         partial = PartialRequest()
+        deadlines.messageBegan(at: loop.nowMs)
         return 0
     }
 
@@ -71,11 +72,17 @@ extension HTTPConnection {
         return 0
     }
 
-    /// Refuses a declared body over the limit before reading it, and answers
-    /// `Expect: 100-continue` when nothing earlier is still unanswered.
+    /// Refuses HTTP versions other than 1.0 and 1.1 and a declared body over the limit before
+    /// reading it, and answers `Expect: 100-continue` when nothing earlier is still unanswered.
     fileprivate func headersComplete() -> Int32 {
         partial.finishHeader()
         let p = parser.pointee
+        guard p.http_major == 1, p.http_minor <= 1 else {
+            rejection = APIError(status: 505, code: .httpVersionNotSupported,
+                                 message: "HTTP/\(p.http_major).\(p.http_minor) is not supported (HTTP/1.1 or 1.0)")
+            return -1
+        }
+        deadlines.headersCompleted(at: loop.nowMs)
         if p.flags & UInt32(F_CONTENTLENGTH.rawValue) != 0, p.content_length > UInt64(maxBody) {
             rejection = .tooLarge("request body of \(p.content_length) bytes exceeds the limit of \(maxBody)")
             return -1

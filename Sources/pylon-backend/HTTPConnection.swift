@@ -24,6 +24,15 @@ enum Disposition {
 /// after the response to the one before it has been queued for writing (or its injected delay
 /// has passed). Parse errors and oversize requests become a final error response.
 ///
+/// Memory stays bounded however much a client pipelines without reading: the parser pauses
+/// after a request that fills the queue (`Limits.maxQueuedRequests`, `maxQueuedBodyBytes`)
+/// or when output is backed up, keeping the rest of that read unparsed; above
+/// `Limits.maxPendingOutput` of unwritten responses no further request is answered; and the
+/// connection stops reading while either holds. It resumes at `Limits.pendingOutputLowWater`.
+///
+/// Deadlines (`ConnectionDeadlines`, one timer): idle between requests, request head, request
+/// body; a late head or body is answered 408, an idle connection is closed.
+///
 /// Closing is graceful: once the last response is written the write side is shut down and
 /// input is read and discarded until the client closes or `Limits.lingerMs` passes, so a
 /// client still sending a rejected body receives the error instead of a reset.
@@ -63,10 +72,24 @@ final class HTTPConnection {
 
     private var queue: [Item] = []
     private var queueHead = 0
+    /// Body bytes of the requests in `queue`.
+    private var queuedBodyBytes = 0
+    /// The parser is paused (`http_parser_pause`) at a request boundary; `unparsed` holds the
+    /// bytes of the last read it had not reached.
+    private var parserPaused = false
+    private var unparsed: [UInt8] = []
+    /// More than `Limits.maxPendingOutput` bytes were queued for writing and they have not yet
+    /// drained to `Limits.pendingOutputLowWater`: answer, parse and read nothing more.
+    private var outputBlocked = false
     /// A response held back by injected latency, and how to frame it.
     private var held: (response: HTTPResponse, framing: Framing)?
     private var delayTimer: Timer?
-    private var idleTimer: Timer?
+    /// Armed for the deadline in force (`armDeadline`), or for the linger period.
+    private var deadlineTimer: Timer?
+    /// Also advanced by the parser callbacks at request boundaries.
+    var deadlines: ConnectionDeadlines
+    /// Accept order, to break ties between equally idle connections.
+    let serial: UInt64
 
     /// The request being parsed (used by the parser callbacks).
     var partial = PartialRequest()
@@ -76,13 +99,16 @@ final class HTTPConnection {
 
     /// Decides each request's response; called in request order, on the loop thread.
     var handler: (HTTPRequest) -> Disposition = { _ in .drop }
-    /// Runs once, from libuv's close callback.
+    /// Runs once, when the connection closes (from `close()`, before libuv has released the
+    /// socket), so a closed connection no longer counts against the server's limit.
     var onClose: () -> Void = {}
 
     /// An unconnected TCP handle, ready for `uv_accept`.
-    init(loop: Loop, maxBody: Int) {
+    init(loop: Loop, maxBody: Int, timeouts: Timeouts, serial: UInt64) {
         self.loop = loop
         self.maxBody = maxBody
+        self.serial = serial
+        deadlines = ConnectionDeadlines(timeouts: timeouts, now: loop.nowMs)
         handle = .allocate(capacity: 1)
         handle.initialize(to: uv_tcp_t())
         parser = .allocate(capacity: 1)
@@ -113,18 +139,46 @@ final class HTTPConnection {
     /// Starts serving an accepted connection.
     func start() {
         uv_tcp_nodelay(handle, 1)
-        idleTimer = Timer(loop: loop) { [weak self] in self?.idleTimerFired() }
-        idleTimer?.start(after: Limits.idleTimeoutMs)
+        deadlineTimer = Timer(loop: loop) { [weak self] in self?.deadlineFired() }
         startReading()
+        armDeadline()
     }
 
     /// Answers `error` without reading any request, then closes (used when over a limit).
     func refuse(_ error: APIError) {
-        idleTimer = Timer(loop: loop) { [weak self] in self?.idleTimerFired() }
+        deadlineTimer = Timer(loop: loop) { [weak self] in self?.deadlineFired() }
         state = .ending
         emit(HTTPResponse(error), Framing(close: true, headOnly: false))
         flush()
         maybeFinish()
+        armDeadline()
+    }
+
+    /// When the server is full, which connection makes room first (smallest first): lingering
+    /// ones, then the one idle longest (`ConnectionDeadlines.idleSince`: partial bytes do not
+    /// make a connection recent). Nil for a connection that must not be closed: one whose
+    /// response is held back by injected latency, which is the harness's work in progress.
+    var evictionRank: (tier: Int, idleSince: UInt64, serial: UInt64)? {
+        switch state {
+        case .closed: nil
+        case .lingering: (0, 0, serial)
+        case .open, .ending: held != nil ? nil : (1, deadlines.idleSince, serial)
+        }
+    }
+
+    /// Closes at once to make room for a new connection. A client in the middle of sending a
+    /// request, with nothing else outstanding, is first told `error` (one non-blocking write,
+    /// best effort); an idle one is closed silently.
+    func evict(_ error: APIError) {
+        if state == .open, queueHead == queue.count, !writing, pending.count == 0,
+           deadlines.phase != .betweenRequests {
+            var bytes = HTTPResponse(error).serialized(close: true)
+            bytes.withUnsafeMutableBufferPointer { b in
+                var buf = pylon_buf(UnsafeMutableRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self), b.count)
+                _ = uv_try_write(stream, &buf, 1)
+            }
+        }
+        close()
     }
 
     // MARK: Reading
@@ -145,17 +199,27 @@ final class HTTPConnection {
         uv_read_stop(stream)
     }
 
-    /// Reads while open and not backpressured; in `ending` and `lingering` input is drained and
-    /// discarded so a client blocked writing a rejected body can finish and see the answer.
+    /// Reads while open and neither paused nor backpressured; in `ending` and `lingering` input
+    /// is drained and discarded so a client blocked writing a rejected body can finish and see
+    /// the answer.
     private func updateReading() {
         switch state {
         case .open:
-            let queued = queue.count - queueHead
-            let backlogged = queued >= Limits.maxQueuedRequests || pending.count + inflight.count > Limits.maxPendingOutput
-            if backlogged { stopReading() } else { startReading() }
+            if parserPaused || backlogged {
+                stopReading()
+            } else if !reading {
+                deadlines.readingResumed(at: loop.nowMs)
+                startReading()
+            }
         case .ending, .lingering: startReading()
         case .closed: break
         }
+    }
+
+    /// The queue or the output is full: parse and answer nothing more for now.
+    private var backlogged: Bool {
+        outputBlocked || queue.count - queueHead >= Limits.maxQueuedRequests
+            || queuedBodyBytes >= Limits.maxQueuedBodyBytes
     }
 
     private func didRead(_ nread: Int) {
@@ -168,12 +232,13 @@ final class HTTPConnection {
             return
         }
         guard nread > 0 else { return }
-        if state == .open {
-            idleTimer?.start(after: Limits.idleTimeoutMs)
-            parse(UnsafeRawBufferPointer(start: readBuffer, count: nread))
-            pump()
-        }
-        // Otherwise the bytes are discarded (see `updateReading`).
+        // Unless open, the bytes are discarded (see `updateReading`). Partial bytes move no
+        // deadline by themselves: the parser callbacks report request boundaries.
+        guard state == .open else { return }
+        let bytes = UnsafeRawBufferPointer(start: readBuffer, count: nread)
+        let used = parse(bytes)
+        if used < nread { unparsed.append(contentsOf: bytes[used...]) }
+        pump()
     }
 
     private func peerEOF() {
@@ -190,23 +255,49 @@ final class HTTPConnection {
     }
 
     /// Feeds bytes to http-parser; complete requests and a terminal error land in the queue.
-    private func parse(_ bytes: UnsafeRawBufferPointer) {
-        let base = bytes.baseAddress!.assumingMemoryBound(to: CChar.self)
-        _ = http_parser_execute(parser, parserSettings, base, bytes.count)
-        guard state == .open else { return }  // `Connection: close` seen: the rest is ignored
+    /// Returns how many bytes were used: fewer than given only when the parser paused.
+    private func parse(_ bytes: UnsafeRawBufferPointer) -> Int {
+        guard let base = bytes.baseAddress?.assumingMemoryBound(to: CChar.self) else { return 0 }
+        let used = http_parser_execute(parser, parserSettings, base, bytes.count)
+        guard state == .open else { return bytes.count }  // `Connection: close` seen: the rest is ignored
         let errno = pylon_http_errno(parser)
-        if errno != HPE_OK.rawValue {
+        if errno == HPE_PAUSED.rawValue {
+            return used
+        } else if errno != HPE_OK.rawValue {
             queue.append(.reject(rejection ?? HTTPConnection.parseError(errno)))
             state = .ending
         } else if parser.pointee.upgrade != 0 {
             state = .ending  // protocol upgrades are not supported; answer and close
         }
+        return bytes.count
     }
 
-    /// Called by the parser callbacks with each complete request.
+    /// Unpauses the parser and feeds it the bytes it left, once the queue and the output have
+    /// room. True when it parsed something (so there may be new requests to answer).
+    private func resumeParsing() -> Bool {
+        guard state == .open, parserPaused, !backlogged else { return false }
+        http_parser_pause(parser, 0)
+        parserPaused = false
+        guard !unparsed.isEmpty else { return false }
+        let bytes = unparsed
+        unparsed = []
+        let used = bytes.withUnsafeBytes { parse($0) }
+        if used < bytes.count { unparsed = Array(bytes[used...]) }
+        return true
+    }
+
+    /// Called by the parser callbacks with each complete request. Pauses the parser (which
+    /// stops at the end of this request) when the queue or the output is full.
     func enqueue(_ request: HTTPRequest) {
         queue.append(.request(request))
-        if !request.keepAlive { state = .ending }
+        queuedBodyBytes += request.body.count
+        deadlines.messageCompleted(at: loop.nowMs)
+        if !request.keepAlive {
+            state = .ending
+        } else if backlogged {
+            http_parser_pause(parser, 1)
+            parserPaused = true
+        }
     }
 
     /// True when a `100 Continue` written now would not overtake an earlier response.
@@ -226,15 +317,29 @@ final class HTTPConnection {
 
     // MARK: Answering, in order
 
-    /// Answers queued requests until one is held back by injected latency or the queue is empty.
+    /// Answers queued requests and parses what the parser left, until a response is held back
+    /// by injected latency, the output is backed up, or there is nothing left to do; then
+    /// writes, adjusts reading and re-arms the deadline.
     private func pump() {
-        while held == nil, state == .open || state == .ending, queueHead < queue.count {
+        updateOutputBlocked()
+        repeat { answerQueued() } while resumeParsing()
+        flush()
+        updateReading()
+        maybeFinish()
+        armDeadline()
+    }
+
+    /// Answers queued requests until one is held back by injected latency, the output is over
+    /// `Limits.maxPendingOutput`, or the queue is empty.
+    private func answerQueued() {
+        while held == nil, !outputBlocked, state == .open || state == .ending, queueHead < queue.count {
             let item = queue[queueHead]
             queueHead += 1
             switch item {
             case .reject(let error):
                 emit(HTTPResponse(error), Framing(close: true, headOnly: false))
             case .request(let request):
+                queuedBodyBytes -= request.body.count
                 let framing = Framing(close: !request.keepAlive, headOnly: request.method == "HEAD")
                 switch handler(request) {
                 case .drop:
@@ -247,14 +352,25 @@ final class HTTPConnection {
                     emit(response, framing)
                 }
             }
+            if queuedOutput > Limits.maxPendingOutput { flush() }
+            updateOutputBlocked()
         }
         if queueHead == queue.count {
             queue.removeAll(keepingCapacity: true)
             queueHead = 0
         }
-        flush()
-        updateReading()
-        maybeFinish()
+    }
+
+    /// Bytes answered but not yet handed to the kernel.
+    private var queuedOutput: Int { pending.count + inflight.count }
+
+    /// Blocks above the high-water mark, unblocks at the low-water mark.
+    private func updateOutputBlocked() {
+        if queuedOutput > Limits.maxPendingOutput {
+            outputBlocked = true
+        } else if queuedOutput <= Limits.pendingOutputLowWater {
+            outputBlocked = false
+        }
     }
 
     private func releaseHeld() {
@@ -281,6 +397,8 @@ final class HTTPConnection {
     private func discardQueue() {
         queue.removeAll()
         queueHead = 0
+        queuedBodyBytes = 0
+        unparsed = []
         if state == .open { state = .ending }
     }
 
@@ -293,6 +411,7 @@ final class HTTPConnection {
         let r = uv_try_write(stream, &buf, 1)
         if r > 0 {
             pending.consume(Int(r))
+            deadlines.wrote(at: loop.nowMs)
         } else if r < 0 && r != UV_EAGAIN.rawValue {
             close()
             return
@@ -319,9 +438,8 @@ final class HTTPConnection {
             close()
             return
         }
-        flush()
-        updateReading()
-        maybeFinish()
+        deadlines.wrote(at: loop.nowMs)
+        pump()
     }
 
     // MARK: Closing
@@ -335,7 +453,7 @@ final class HTTPConnection {
             return
         }
         state = .lingering
-        idleTimer?.start(after: Limits.lingerMs)
+        deadlineTimer?.start(after: Limits.lingerMs)
         let rc = uv_shutdown(shutdownReq, stream) { req, status in
             let c = Unmanaged<HTTPConnection>.fromOpaque(req!.pointee.data).takeUnretainedValue()
             if status < 0 { c.close() }
@@ -343,13 +461,46 @@ final class HTTPConnection {
         if rc < 0 { close() } else { startReading() }
     }
 
-    private func idleTimerFired() {
-        // A response held back by injected latency is activity, not idleness.
-        if held != nil && state != .lingering {
-            idleTimer?.start(after: Limits.idleTimeoutMs)
+    // MARK: Deadlines
+
+    /// The deadline in force while open or ending (`lingering` has its own, set once).
+    private var currentDeadline: (at: UInt64, expiry: ConnectionDeadlines.Expiry)? {
+        deadlines.next(reading: state == .open && reading, held: held != nil)
+    }
+
+    /// Arms the timer for the deadline in force, or stops it when none is.
+    private func armDeadline() {
+        guard state == .open || state == .ending else { return }
+        guard let d = currentDeadline else {
+            deadlineTimer?.stop()
             return
         }
-        close()
+        let now = loop.nowMs
+        deadlineTimer?.start(after: d.at > now ? d.at - now : 0)
+    }
+
+    private func deadlineFired() {
+        switch state {
+        case .lingering: close()
+        case .closed: break
+        case .open, .ending:
+            guard let d = currentDeadline else { return }
+            guard d.at <= loop.nowMs else {
+                armDeadline()
+                return
+            }
+            switch d.expiry {
+            case .idle:
+                close()
+            case .header, .body:
+                let what = d.expiry == .header ? "request head" : "request body"
+                let ms = d.expiry == .header ? deadlines.timeouts.headerMs : deadlines.timeouts.bodyMs
+                queue.append(.reject(APIError(status: 408, code: .requestTimeout,
+                                              message: "\(what) not received within \(ms) ms")))
+                state = .ending
+                pump()
+            }
+        }
     }
 
     /// Closes at once (`uv_close`); pending output is discarded. Safe to call more than once.
@@ -359,15 +510,15 @@ final class HTTPConnection {
         if reading { uv_read_stop(stream) }
         reading = false
         delayTimer?.close()
-        idleTimer?.close()
+        deadlineTimer?.close()
         delayTimer = nil
-        idleTimer = nil
+        deadlineTimer = nil
+        let cb = onClose
+        onClose = {}
+        handler = { _ in .drop }
         uv_close(asHandle(handle)) { h in
-            let c = Unmanaged<HTTPConnection>.fromOpaque(h!.pointee.data).takeRetainedValue()
-            let cb = c.onClose
-            c.onClose = {}
-            c.handler = { _ in .drop }
-            cb()
+            Unmanaged<HTTPConnection>.fromOpaque(h!.pointee.data).release()
         }
+        cb()
     }
 }

@@ -22,8 +22,8 @@ struct HTTPRequest {
         var out: [String: String] = [:]
         for pair in target[target.index(after: q)...].split(separator: "&") {
             let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let k = percentDecode(kv[0]) else { continue }
-            out[k] = kv.count > 1 ? percentDecode(kv[1]) ?? "" : ""
+            guard let k = percentDecode(kv[0], plusIsSpace: true) else { continue }
+            out[k] = kv.count > 1 ? percentDecode(kv[1], plusIsSpace: true) ?? "" : ""
         }
         return out
     }
@@ -86,14 +86,16 @@ struct HTTPResponse {
         case 502: "Bad Gateway"
         case 503: "Service Unavailable"
         case 504: "Gateway Timeout"
+        case 505: "HTTP Version Not Supported"
         default: status < 400 ? "OK" : "Error"
         }
     }
 }
 
-/// Decodes `%XX` escapes (and `+` as space); nil when an escape is malformed or the result is
-/// not UTF-8.
-func percentDecode(_ s: Substring) -> String? {
+/// Decodes `%XX` escapes; nil when an escape is malformed or the result is not UTF-8.
+/// `plusIsSpace`: `+` means a space, as in a query string (form encoding); in a path it is a
+/// literal `+`.
+func percentDecode(_ s: Substring, plusIsSpace: Bool) -> String? {
     var out: [UInt8] = []
     var it = s.utf8.makeIterator()
     func hex(_ c: UInt8?) -> UInt8? {
@@ -110,7 +112,7 @@ func percentDecode(_ s: Substring) -> String? {
         case UInt8(ascii: "%"):
             guard let hi = hex(it.next()), let lo = hex(it.next()) else { return nil }
             out.append(hi << 4 | lo)
-        case UInt8(ascii: "+"): out.append(0x20)
+        case UInt8(ascii: "+") where plusIsSpace: out.append(0x20)
         default: out.append(c)
         }
     }

@@ -6,19 +6,38 @@ enum Limits {
     static let maxHeaderBytes = 64 * 1024
     /// Header fields per request. Exceeded: 431 `header_too_large`, then close.
     static let maxHeaderCount = 100
-    /// Open client connections. Exceeded: the new connection gets 503 `too_many_connections`
-    /// and is closed.
-    static let maxConnections = 1024
+    /// Default for `--max-connections`: open client connections. At the limit a new connection
+    /// makes room by closing the least recently active connection that is not answering a
+    /// held request (see `Server.accept`); when every connection is, the new one gets 503
+    /// `too_many_connections` and is closed.
+    static let defaultMaxConnections = 1024
     /// Default for `--max-body`: request body bytes, both as received and after gunzip.
     /// Exceeded: 413 `payload_too_large` (then close when the body was not read).
     static let defaultMaxBody = 1 << 20
     /// Requests parsed but not yet answered on one connection (pipelining). At this depth the
-    /// connection stops reading until the queue drains; nothing is refused.
+    /// parser pauses after the request and the connection stops reading until the queue
+    /// drains; nothing is refused.
     static let maxQueuedRequests = 64
-    /// Response bytes waiting for a slow reader. Above this the connection stops reading.
-    static let maxPendingOutput = 4 << 20
-    /// A connection with no request in progress and no traffic for this long is closed.
-    static let idleTimeoutMs: UInt64 = 120_000
+    /// Body bytes of the requests parsed but not yet answered on one connection: like
+    /// `maxQueuedRequests`, reaching it pauses parsing (so a queue of large pipelined bodies
+    /// holds at most this plus one request).
+    static let maxQueuedBodyBytes = 4 << 20
+    /// Response bytes queued for a client that does not read (high-water mark). Above this the
+    /// connection stops answering, parsing and reading; it resumes once the queued bytes are
+    /// down to `pendingOutputLowWater`. One connection's output is therefore bounded by this
+    /// plus one response, however much the client pipelines. (Unbounded, 4 connections that
+    /// pipelined 64 KiB of `GET /v1/inspect/stats` each took the backend from 10 to 404 MB.)
+    static let maxPendingOutput = 1 << 20
+    static let pendingOutputLowWater = 256 << 10
+    /// Default for `--idle-timeout-ms`: between requests, a connection with no complete
+    /// request and no completed write for this long is closed (partial bytes do not count).
+    static let defaultIdleTimeoutMs: UInt64 = 120_000
+    /// Default for `--header-timeout-ms`: a request head (request line and headers) must be
+    /// complete this long after its first byte. Exceeded: 408 `request_timeout`, then close.
+    static let defaultHeaderTimeoutMs: UInt64 = 20_000
+    /// Default for `--body-timeout-ms`: a request body must be complete this long after its
+    /// head (1 MiB at a modest 20 KiB/s). Exceeded: 408 `request_timeout`, then close.
+    static let defaultBodyTimeoutMs: UInt64 = 60_000
     /// After the last response of a closing connection, how long input is drained before the
     /// socket is closed (so a client still sending a rejected body sees the response).
     static let lingerMs: UInt64 = 2_000

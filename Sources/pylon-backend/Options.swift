@@ -7,15 +7,26 @@ struct Options {
     /// SQLite database path; `:memory:` keeps everything in memory for the life of the process.
     var dbPath = ":memory:"
     var maxBody = Limits.defaultMaxBody
+    var maxConnections = Limits.defaultMaxConnections
+    var timeouts = Timeouts()
     var logLevel = Log.Level.info
 
     static let usage = """
-        usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--log-level LEVEL]
+        usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
+                             [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
+                             [--log-level LEVEL]
 
           --listen HOST:PORT  address to listen on (default 127.0.0.1:8780; port 0 picks a free port;
                               IPv6 as [::1]:PORT)
           --db PATH           SQLite database (default :memory:, i.e. nothing survives a restart)
           --max-body BYTES    largest request body, as sent and after gunzip (default 1048576)
+          --max-connections N open connections; at the limit the least recently active one that
+                              is not answering is closed to make room (default 1024)
+          --idle-timeout-ms MS    close a connection idle between requests (default 120000)
+          --header-timeout-ms MS  408 when a request head is not complete this long after its
+                                  first byte (default 20000)
+          --body-timeout-ms MS    408 when a request body is not complete this long after its
+                                  head (default 60000)
           --log-level LEVEL   debug, info, warn or error (default info)
 
         Prints "pylon-backend listening on HOST:PORT" on stdout once it accepts connections.
@@ -44,9 +55,15 @@ struct Options {
             case "--db":
                 o.dbPath = try value()
             case "--max-body":
-                let v = try value()
-                guard let n = Int(v), n > 0 else { throw UsageError(description: "--max-body expects a positive integer") }
-                o.maxBody = n
+                o.maxBody = try positive(try value(), a)
+            case "--max-connections":
+                o.maxConnections = try positive(try value(), a)
+            case "--idle-timeout-ms":
+                o.timeouts.idleMs = UInt64(try positive(try value(), a))
+            case "--header-timeout-ms":
+                o.timeouts.headerMs = UInt64(try positive(try value(), a))
+            case "--body-timeout-ms":
+                o.timeouts.bodyMs = UInt64(try positive(try value(), a))
             case "--log-level":
                 let v = try value()
                 guard let l = Log.Level(name: v) else { throw UsageError(description: "unknown log level \(v)") }
@@ -58,6 +75,11 @@ struct Options {
             }
         }
         return o
+    }
+
+    private static func positive(_ v: String, _ flag: String) throws(UsageError) -> Int {
+        guard let n = Int(v), n > 0 else { throw UsageError(description: "\(flag) expects a positive integer") }
+        return n
     }
 
     /// Splits `HOST:PORT` or `[V6HOST]:PORT`; `localhost` means 127.0.0.1.

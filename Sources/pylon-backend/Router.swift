@@ -30,12 +30,7 @@ enum Router {
     /// 1 to `Limits.maxNameBytes` bytes without control characters; `{appKey}` 1 to
     /// `Limits.maxAppKeyBytes` bytes of `[A-Za-z0-9._-]`.
     static func match(method: String, path: Substring) -> Match {
-        let raw = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
-        var segs: [String] = []
-        for s in raw {
-            guard let d = percentDecode(s) else { return .badParameter("invalid percent-encoding in the path") }
-            segs.append(d)
-        }
+        guard let segs = segments(path) else { return .badParameter("invalid percent-encoding in the path") }
         func pick(_ table: [(String, Endpoint)]) -> Match {
             if let e = table.first(where: { $0.0 == method }) { return .endpoint(e.1) }
             return .methodNotAllowed(allowed: table.map(\.0))
@@ -83,9 +78,24 @@ enum Router {
         return ok ? nil : "appKey must be 1 to \(Limits.maxAppKeyBytes) characters of A-Z a-z 0-9 . _ -"
     }
 
-    /// Control and inspection paths, which injected faults never touch.
+    /// The percent-decoded segments of `path` after its leading `/` (`+` is literal); nil when
+    /// an escape is malformed.
+    static func segments(_ path: Substring) -> [String]? {
+        var segs: [String] = []
+        for s in path.split(separator: "/", omittingEmptySubsequences: false).dropFirst() {
+            guard let d = percentDecode(s, plusIsSpace: false) else { return nil }
+            segs.append(d)
+        }
+        return segs
+    }
+
+    /// Control and inspection paths (`/healthz`, `/v1/faults`, `/v1/inspect/...`,
+    /// `/v1/admin/...`), which injected faults never touch. Decided on the decoded segments,
+    /// as routing is, so an escaped spelling of an exempt path is exempt too.
     static func isFaultExempt(_ path: Substring) -> Bool {
-        path == "/healthz" || path == "/v1/faults" || path.hasPrefix("/v1/inspect/") || path.hasPrefix("/v1/admin/")
+        guard let segs = segments(path) else { return false }
+        if segs == ["healthz"] || segs == ["v1", "faults"] { return true }
+        return segs.count > 2 && segs[0] == "v1" && (segs[1] == "inspect" || segs[1] == "admin")
     }
 
     /// Why `s` is not an acceptable name (stream, idempotency key, record id), or nil.

@@ -6,21 +6,34 @@ import Glibc
 #endif
 
 /// A listening TCP socket (`uv_tcp_bind` + `uv_listen`) that accepts `HTTPConnection`s, at most
-/// `Limits.maxConnections` at a time, and hands their requests to `handler`.
+/// `maxConnections` at a time, and hands their requests to `handler`.
+///
+/// The connection limit cannot be exhausted by connections that only hold a slot (idle, or
+/// trickling a request): at the limit, a new connection makes room by closing the least
+/// recently active one (`HTTPConnection.evictionRank`: lingering first, then the longest
+/// since its last complete request or completed write). Activity is what a client finished,
+/// never partial bytes, so a slow or idle client loses its slot before a busy one; a loopback
+/// backend has one peer address, so a per-peer limit would not help. Only when every
+/// connection has a response held back by injected latency is the new one refused with 503.
 final class Server {
     let loop: Loop
     let handle: UnsafeMutablePointer<uv_tcp_t>
     let maxBody: Int
+    let maxConnections: Int
+    let timeouts: Timeouts
     let handler: (HTTPRequest) -> Disposition
     private var connections: [ObjectIdentifier: HTTPConnection] = [:]
+    private var accepted: UInt64 = 0
     private var closed = false
     private let log = Log("server")
 
     /// Binds `host:port` (IPv4 or IPv6 literal; port 0 picks a free port) and listens.
-    init(loop: Loop, host: String, port: UInt16, maxBody: Int,
+    init(loop: Loop, host: String, port: UInt16, maxBody: Int, maxConnections: Int, timeouts: Timeouts,
          handler: @escaping (HTTPRequest) -> Disposition) throws(UVError) {
         self.loop = loop
         self.maxBody = maxBody
+        self.maxConnections = maxConnections
+        self.timeouts = timeouts
         self.handler = handler
         handle = .allocate(capacity: 1)
         handle.initialize(to: uv_tcp_t())
@@ -71,24 +84,40 @@ final class Server {
             log.warn("accept failed", ["error": UVError(status).description])
             return
         }
-        let c = HTTPConnection(loop: loop, maxBody: maxBody)
+        accepted += 1
+        let c = HTTPConnection(loop: loop, maxBody: maxBody, timeouts: timeouts, serial: accepted)
         let rc = uv_accept(asStream(handle), c.stream)
         guard rc == 0 else {
             log.warn("accept failed", ["error": UVError(rc).description])
             c.close()
             return
         }
-        guard connections.count < Limits.maxConnections else {
-            log.warn("connection refused: too many connections", ["limit": Limits.maxConnections])
-            c.refuse(APIError(status: 503, code: .tooManyConnections,
-                              message: "more than \(Limits.maxConnections) open connections"))
-            return
+        let full = APIError(status: 503, code: .tooManyConnections, message: "more than \(maxConnections) open connections")
+        if connections.count >= maxConnections {
+            guard let victim = leastRecentlyActive() else {
+                log.warn("connection refused: too many connections", ["limit": maxConnections])
+                c.refuse(full)
+                return
+            }
+            log.info("connection limit: closing the least recently active connection",
+                     ["limit": maxConnections, "idleMs": loop.nowMs - min(loop.nowMs, victim.deadlines.idleSince)])
+            victim.evict(full)  // leaves `connections` at once (`onClose`)
         }
         let id = ObjectIdentifier(c)
         connections[id] = c
         c.handler = { [unowned self] request in self.handler(request) }
         c.onClose = { [weak self] in self?.connections[id] = nil }
         c.start()
+    }
+
+    /// The connection to close to make room, if any may be closed.
+    private func leastRecentlyActive() -> HTTPConnection? {
+        var best: (HTTPConnection, (tier: Int, idleSince: UInt64, serial: UInt64))?
+        for c in connections.values {
+            guard let rank = c.evictionRank else { continue }
+            if best == nil || rank < best!.1 { best = (c, rank) }
+        }
+        return best?.0
     }
 
     /// Stops listening and closes every connection at once.

@@ -1,5 +1,9 @@
 import PylonStore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The backend's SQLite storage (WAL mode where the database is a file).
 ///
 /// Tables: `batches` (one row per idempotency key ever accepted), `records` (one row per
@@ -55,9 +59,22 @@ final class Store {
         );
         """
 
-    /// Opens (creating) the database at `path` and its schema.
+    /// Permission bits of the database file and of its `-wal` and `-shm` files: the data is
+    /// the clients', so only the backend's user may read it.
+    static let fileMode: mode_t = 0o600
+
+    /// Opens (creating) the database at `path` and its schema. The file is created owner-only
+    /// (umask 077 around the open) and tightened to `fileMode` if it already existed; SQLite
+    /// creates `-wal` and `-shm` with the database file's mode, and any left from before are
+    /// tightened too.
     init(path: String) throws(SQLiteError) {
+        let inMemory = path == ":memory:" || path.isEmpty
+        let saved = umask(0o077)  // single-threaded here: nothing else creates files meanwhile
+        defer { umask(saved) }
         db = try Database(path: path)
+        if !inMemory {
+            for f in [path, path + "-wal", path + "-shm"] { _ = chmod(f, Store.fileMode) }
+        }
         do throws(SQLiteError) {
             try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             try db.exec(Store.schema)

@@ -33,7 +33,8 @@ do {
 let backend = Backend(store: store, maxBody: options.maxBody)
 let server: Server
 do {
-    server = try Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody, handler: backend.handle)
+    server = try Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
+                        maxConnections: options.maxConnections, timeouts: options.timeouts, handler: backend.handle)
 } catch {
     log.error("cannot listen", ["address": "\(options.host):\(options.port)", "error": error.description])
     System.exit(1)
@@ -43,7 +44,11 @@ do {
 let address = server.boundAddress
 var ready = "pylon-backend listening on \(address)\n"
 ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
-log.info("listening", ["address": address, "db": options.dbPath, "maxBody": options.maxBody])
+log.info("listening", [
+    "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+    "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
+    "bodyTimeoutMs": options.timeouts.bodyMs,
+])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
 var signals: [SignalWatcher] = []

@@ -40,6 +40,11 @@ import TestSupport
 
     /// Sends `calls` in order from a client running as `uid` and returns each whole response.
     func call(as uid: UInt32, _ h: TestHost, _ calls: [(String, JSON?)]) throws -> [JSON] {
+        try send(as: uid, h, calls.map { Wire.request(id: .int(0), method: $0.0, params: $0.1).serialized })
+    }
+
+    /// Sends request lines (their ids are replaced, in place) from a client running as `uid`.
+    func send(as uid: UInt32, _ h: TestHost, _ requests: [String]) throws -> [JSON] {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
         p.arguments = ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", Self.clientScript, h.socket]
@@ -47,14 +52,14 @@ import TestSupport
         p.standardInput = input
         p.standardOutput = output
         try p.run()
-        let lines = calls.map { Wire.request(id: .int(0), method: $0.0, params: $0.1).serialized + "\n" }.joined()
+        let lines = requests.map { $0 + "\n" }.joined()
         input.fileHandleForWriting.write(Data(lines.utf8))
         try input.fileHandleForWriting.close()
         let data = output.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
         let replies = String(decoding: data, as: UTF8.self).split(separator: "\n").compactMap { try? JSON.parse(String($0)) }
-        guard replies.count == calls.count else {
-            throw TestFailure(description: "client as uid \(uid) got \(replies.count) of \(calls.count) replies (status \(p.terminationStatus))")
+        guard replies.count == requests.count else {
+            throw TestFailure(description: "client as uid \(uid) got \(replies.count) of \(requests.count) replies (status \(p.terminationStatus))")
         }
         return replies
     }
@@ -143,6 +148,20 @@ import TestSupport
         }
         let o = try call(as: Self.stranger, h, "uploader.enqueue", ["stream": "other.s", "records": records("o", 0..<1, pad: 500)])
         #expect(o["result"]?["accepted"] == .int(1), "\(o.serialized)")
+    }
+
+    /// The uploader trusts `_pylon` because the host guarantees a client cannot forge it. Today's
+    /// host splices its `_pylon` right after the id, so a client's own `_pylon` later in the line
+    /// wins (json-c keeps the last duplicate) and a uid can pass as root.
+    @Test(.disabled("needs the host change: strip or reject a client's own _pylon (PylonHost Bus.forward)"))
+    func aClientCannotForgeItsCallerInfo() throws {
+        let b = try TestBackend()
+        let h = try host(b)
+        let r = try send(as: Self.nobody, h, [
+            #"{"jsonrpc":"2.0","id":0,"method":"uploader.status","_pylon":{"uid":0,"admin":true}}"#,
+            #"{"jsonrpc":"2.0","_pylon":{"plugin":"ma"},"id":0,"method":"uploader.status"}"#,
+        ])
+        for x in r { #expect(x["result"]?["owner"]?["owner"] == .string("uid:65534"), "\(x.serialized)") }
     }
 
     // MARK: (6) the consent switch is the stream's, not the caller's

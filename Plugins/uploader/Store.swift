@@ -51,8 +51,14 @@ final class UploaderStore {
               seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
               body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
               at_ms INTEGER NOT NULL);
+            -- endpoint: no longer written or read (endpoints are operator configuration only;
+            -- one saved by a caller before is ignored); kept so existing queues open unchanged.
             CREATE TABLE IF NOT EXISTS stream_settings(
               stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
+            -- Who first wrote each stream ("uid:N" or "plugin:NAME"): the owner of a stream that
+            -- neither its name nor the config gives to a plugin.
+            CREATE TABLE IF NOT EXISTS stream_owners(
+              stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
         insertStatement = try db.prepare(
             "INSERT OR IGNORE INTO records(stream,id,consent,ts,bytes,body,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
@@ -185,6 +191,16 @@ final class UploaderStore {
                    [.text(consent)])
     }
 
+    /// Marks every pending batch of `stream` final.
+    func markFinal(stream: String) throws(SQLiteError) {
+        try db.run("UPDATE batches SET final=1 WHERE stream=?", [.text(stream)])
+    }
+
+    /// The consent switches records are stored under.
+    func consentKeys() throws(SQLiteError) -> [String] {
+        try db.query("SELECT DISTINCT consent FROM records").compactMap { $0[0].text }
+    }
+
     /// Streams with unbatched records under `consent`.
     func streams(withConsent consent: String) throws(SQLiteError) -> [String] {
         try db.query("SELECT DISTINCT stream FROM records WHERE consent=? AND batch IS NULL", [.text(consent)]).compactMap { $0[0].text }
@@ -212,6 +228,13 @@ final class UploaderStore {
         return out
     }
 
+    /// Bytes of record bodies on disk per stream (queued or in a batch).
+    func streamBytes() throws(SQLiteError) -> [String: Int] {
+        var out: [String: Int] = [:]
+        for r in try db.query("SELECT stream, SUM(bytes) FROM records GROUP BY stream") { out[r[0].text ?? ""] = Int(r[1].int ?? 0) }
+        return out
+    }
+
     func totalBytes() throws(SQLiteError) -> Int {
         Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM records").first?[0].int ?? 0)
     }
@@ -220,23 +243,40 @@ final class UploaderStore {
         Int(try db.query("SELECT COUNT(*) FROM dead_letters WHERE stream=?", [.text(stream)]).first?[0].int ?? 0)
     }
 
-    func deadLetters(stream: String?, limit: Int) throws(SQLiteError) -> [[SQLValue]] {
-        if let stream {
-            return try db.query("SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters WHERE stream=? ORDER BY seq LIMIT ?",
-                                [.text(stream), .int(Int64(limit))])
-        }
-        return try db.query("SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters ORDER BY seq LIMIT ?", [.int(Int64(limit))])
+    /// Dead letters of `streams` (nil: every stream), oldest first.
+    func deadLetters(streams: [String]?, limit: Int) throws(SQLiteError) -> [[SQLValue]] {
+        let cols = "SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters"
+        guard let streams else { return try db.query("\(cols) ORDER BY seq LIMIT ?", [.int(Int64(limit))]) }
+        if streams.isEmpty { return [] }
+        let marks = Array(repeating: "?", count: streams.count).joined(separator: ",")
+        return try db.query("\(cols) WHERE stream IN (\(marks)) ORDER BY seq LIMIT ?", streams.map { .text($0) } + [.int(Int64(limit))])
     }
 
-    func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64, endpoint: String) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,?)",
-                   [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs)), .text(endpoint)])
+    /// Streams holding dead letters.
+    func deadLetterStreams() throws(SQLiteError) -> [String] {
+        try db.query("SELECT DISTINCT stream FROM dead_letters").compactMap { $0[0].text }
     }
 
-    func savedSettings() throws(SQLiteError) -> [String: (maxCount: Int, intervalMs: UInt64, endpoint: String)] {
-        var out: [String: (Int, UInt64, String)] = [:]
-        for r in try db.query("SELECT stream,max_count,interval_ms,endpoint FROM stream_settings") {
-            out[r[0].text ?? ""] = (Int(r[1].int ?? 50), UInt64(r[2].int ?? 10_000), r[3].text ?? "")
+    /// Records `owner` as the owner of `stream` (the first writer wins; later calls change nothing).
+    func recordOwner(stream: String, owner: String, nowMs: Int64) throws(SQLiteError) {
+        try db.run("INSERT OR IGNORE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
+    }
+
+    func recordedOwners() throws(SQLiteError) -> [String: String] {
+        var out: [String: String] = [:]
+        for r in try db.query("SELECT stream, owner FROM stream_owners") { out[r[0].text ?? ""] = r[1].text ?? "" }
+        return out
+    }
+
+    func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64) throws(SQLiteError) {
+        try db.run("INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,NULL)",
+                   [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs))])
+    }
+
+    func savedSettings() throws(SQLiteError) -> [String: (maxCount: Int, intervalMs: UInt64)] {
+        var out: [String: (Int, UInt64)] = [:]
+        for r in try db.query("SELECT stream,max_count,interval_ms FROM stream_settings") {
+            out[r[0].text ?? ""] = (Int(r[1].int ?? 50), UInt64(r[2].int ?? 10_000))
         }
         return out
     }

@@ -23,7 +23,8 @@ enum UploadOutcome: Equatable {
     case retry(reason: String, retryAfterMs: UInt64?)
     /// 413: the batch is too large for the endpoint.
     case tooLarge
-    /// Any other 4xx: the batch will never be accepted.
+    /// Any other 4xx, or a 3xx (redirects are never followed: the operator's endpoint is where
+    /// data may go): the batch will never be accepted there.
     case rejected(status: Int, reason: String)
 
     /// Classifies an HTTP status (nil = no response at all).
@@ -31,6 +32,7 @@ enum UploadOutcome: Equatable {
         guard let status else { return .retry(reason: error ?? "network error", retryAfterMs: nil) }
         switch status {
         case 200..<300: return .delivered
+        case 300..<400: return .rejected(status: status, reason: "HTTP \(status) (redirects are not followed)")
         case 408, 429: return .retry(reason: "HTTP \(status)", retryAfterMs: retryAfterMs)
         case 413: return .tooLarge
         case 400..<500: return .rejected(status: status, reason: "HTTP \(status)")
@@ -43,6 +45,12 @@ enum UploadOutcome: Equatable {
 /// queue's shape and the time, and it answers; it never touches the disk or the network.
 struct StreamState {
     var settings: StreamSettings
+    /// Who may use the stream (nil: nobody yet; the first writer will own it).
+    var owner: StreamOwner?
+    /// The consent switch every record of the stream falls under (fixed by name or config).
+    var consentKey = ""
+    /// Bytes of the stream's records on disk, queued or in a batch.
+    var diskBytes = 0
     /// Records queued and not yet in a batch, and their bytes.
     var queued = 0
     var queuedBytes = 0

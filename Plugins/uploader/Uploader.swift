@@ -3,37 +3,31 @@ import PylonHTTP
 import PylonPluginKit
 import PylonStore
 
-/// Named limits of the uploader (each configurable in the plugin's config section).
-struct UploaderLimits {
-    /// Disk cap for queued records (bytes of record bodies). When full, enqueue is refused with
-    /// -32004 and nothing already acknowledged is touched.
-    var maxDiskBytes = 64 << 20
-    /// Records per enqueue call and bytes per record.
-    var maxRecordsPerCall = 1000
-    var maxRecordBytes = 256 * 1024
-    /// Upload request timeout.
-    var requestTimeoutMs = 30_000
-}
-
 final class Uploader {
     let plugin: Plugin
     var store: UploaderStore!
     var http: HTTPClient!
     var streams: [String: StreamState] = [:]
-    var limits = UploaderLimits()
-    var retry = RetryPolicy()
-    var defaultEndpoint = "http://127.0.0.1:8780/v1/batches/{stream}"
-    var streamDefaults: [String: JSON] = [:]
-    var fsyncFull = false
+    var config = UploaderConfig()
+    var limits: UploaderLimits { config.limits }
+    var retry: RetryPolicy { config.retry }
+    var fsyncFull: Bool { config.fsyncFull }
     var diskBytes = 0
+    /// The first writer of each stream, as recorded in the queue database.
+    var recordedOwners: [String: StreamOwner] = [:]
+    /// Bytes and streams per owner: the disk cap's fair shares.
+    var ledger = OwnerLedger()
     private var tick: Timer!
     private var commitTimer: Timer!
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
-    private var commitQueue: [(call: Call, stream: String, consent: String, records: [PendingRecord], bytes: Int)] = []
+    private var commitQueue: [(call: Call, stream: String, owner: StreamOwner, consent: String, records: [PendingRecord], bytes: Int)] = []
     private var commitQueueBytes = 0
     /// `uploader.flush {wait:true}` callers, answered when their stream is drained.
-    private var drainWaiters: [String: [Call]] = [:]
+    var drainWaiters: [String: [Call]] = [:]
+    /// `uploader.flush {wait: true}` without a stream: answered when every stream it flushed (the
+    /// caller's) is drained.
+    var multiDrainWaiters: [(call: Call, streams: Set<String>)] = []
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
     var commits: UInt64 = 0
@@ -43,20 +37,18 @@ final class Uploader {
     var now: UInt64 { plugin.loop.nowMs }
 
     func start() {
-        let c = plugin.config
-        if let e = c["endpoint"]?.stringValue { defaultEndpoint = e }
-        if let v = c["maxDiskBytes"]?.intValue { limits.maxDiskBytes = Int(v) }
-        if let v = c["requestTimeoutMs"]?.intValue { limits.requestTimeoutMs = Int(v) }
-        if let v = c["retryInitialMs"]?.intValue { retry.initialMs = UInt64(v) }
-        if let v = c["retryMaxMs"]?.intValue { retry.maxMs = UInt64(v) }
-        fsyncFull = c["fsync"]?.stringValue == "full"
-        if let s = c["streams"]?.objectValue { for (k, v) in s { streamDefaults[k] = v } }
+        do {
+            config = try UploaderConfig(plugin.config)
+        } catch {
+            plugin.log.error("invalid uploader configuration", ["error": error.description])
+            System.exit(78)
+        }
         do {
             store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull)
             diskBytes = try store.totalBytes()
-            let saved = try store.savedSettings()
+            for (name, o) in try store.recordedOwners() { recordedOwners[name] = StreamOwner(o) }
             for (name, s) in try store.summaries() {
-                var st = StreamState(settings: settings(for: name))
+                var st = newState(name)
                 st.queued = s.queued
                 st.queuedBytes = s.queuedBytes
                 st.oldestMs = s.oldestMs.map { monotonic(fromWall: $0) }
@@ -64,14 +56,22 @@ final class Uploader {
                 st.deadLetters = UInt64(try store.deadLetterCount(stream: name))
                 streams[name] = st
             }
-            // Saved settings override only what they hold; maxBatchBytes comes from the config.
-            for (name, v) in saved {
-                var st = streams[name] ?? StreamState(settings: settings(for: name))
-                st.settings.endpoint = v.endpoint
+            // Saved settings override only what they hold; maxBatchBytes and the endpoint come
+            // from the config (an endpoint a caller saved before endpoints became operator-only
+            // is ignored).
+            for (name, v) in try store.savedSettings() {
+                var st = state(name)
                 st.settings.maxCount = v.maxCount
                 st.settings.intervalMs = v.intervalMs
                 streams[name] = st
             }
+            for (name, bytes) in try store.streamBytes() {
+                var st = state(name)
+                st.diskBytes = bytes
+                if let o = st.owner { ledger.add(o, bytes) }
+                streams[name] = st
+            }
+            for name in recordedOwners.keys { if let o = state(name).owner { ledger.addStream(o) } }
         } catch {
             plugin.log.error("cannot open the queue database", ["error": "\(error)"])
             System.exit(78)
@@ -83,7 +83,8 @@ final class Uploader {
         let pending = streams.values.reduce(0) { $0 + $1.pendingBatches.count }
         plugin.log.info("uploader ready", ["streams": streams.count, "queued_bytes": diskBytes, "pending_batches": pending,
                                            "fsync": fsyncFull ? "full" : "normal"])
-        pumpAll()
+        // A switch denied while the uploader was down applies to what it queued before.
+        reconcileConsent()
     }
 
     func shutdown() {
@@ -98,24 +99,25 @@ final class Uploader {
         return now >= UInt64(age) ? now - UInt64(age) : 0
     }
 
-    /// Settings for a stream: exact config entry, else the longest matching pattern, else defaults.
-    func settings(for stream: String) -> StreamSettings {
-        var s = StreamSettings(endpoint: defaultEndpoint)
-        var best: (Int, JSON)?
-        for (pattern, v) in streamDefaults where TopicPattern(pattern).matches(stream) {
-            if best == nil || pattern.count > best!.0 { best = (pattern.count, v) }
-        }
-        if let v = best?.1 {
-            if let e = v["endpoint"]?.stringValue { s.endpoint = e }
-            if let n = v["maxCount"]?.intValue { s.maxCount = min(max(1, Int(n)), StreamSettings.maxCountLimit) }
-            if let n = v["intervalMs"]?.intValue { s.intervalMs = UInt64(max(0, n)) }
-            if let n = v["maxBatchBytes"]?.intValue { s.maxBatchBytes = max(1024, Int(n)) }
-        }
-        return s
+    /// A stream's state before anything happened to it: its configured settings, its fixed
+    /// consent switch and its owner.
+    func newState(_ stream: String) -> StreamState {
+        var st = StreamState(settings: config.catalog.settings(for: stream, defaultEndpoint: config.defaultEndpoint))
+        st.owner = config.catalog.owner(of: stream, recorded: recordedOwners[stream])
+        st.consentKey = config.catalog.consentKey(for: stream)
+        return st
     }
 
-    func state(_ stream: String) -> StreamState {
-        streams[stream] ?? StreamState(settings: settings(for: stream))
+    func state(_ stream: String) -> StreamState { streams[stream] ?? newState(stream) }
+
+    /// The switch a refusal names: `device` while the master switch is denied.
+    func deniedSwitch(_ key: String) -> String { plugin.consentMaster ? key : "device" }
+
+    /// Records of `st` left the disk (delivered, purged or set aside).
+    func release(_ st: inout StreamState, bytes: Int) {
+        diskBytes = max(0, diskBytes - bytes)
+        st.diskBytes = max(0, st.diskBytes - bytes)
+        if let o = st.owner { ledger.remove(o, bytes) }
     }
 
     // MARK: Enqueue (group commit)
@@ -125,17 +127,33 @@ final class Uploader {
             && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F || $0 == 0x3A }
     }
 
+    /// `{stream, consent?, records}`. The caller must own the stream (or be an admin); the
+    /// records fall under the stream's fixed consent switch, which `consent`, if given, must name.
     func enqueue(_ call: Call) {
         guard let stream = call.stringParam("stream"), Uploader.validStream(stream) else {
             call.fail(RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]"))
             return
         }
-        let consent = call.stringParam("consent") ?? ""
-        if !consent.isEmpty && !plugin.isConsentGranted(consent) {
-            var st = state(stream)  // read before writing: no overlapping access to `streams`
-            st.refusedConsent += 1
-            streams[stream] = st
-            call.fail(RPCError(.consentDenied, "consent switch \(consent) is denied", data: ["switch": .string(consent)]))
+        var st = state(stream)
+        let owner: StreamOwner
+        switch StreamAccess.decide(stream, owner: st.owner, caller: Principal(caller: call.caller), action: "enqueue to", claims: true) {
+        case .refused(let e): call.fail(e); return
+        case .allowed(let o?, _): owner = o
+        case .allowed(nil, _): call.fail(RPCError(.notPermitted, "stream \(stream) has no owner")); return
+        }
+        let consent = st.consentKey
+        if call.hasParam("consent"), call.stringParam("consent") != consent {
+            call.fail(RPCError(.invalidParams, "stream \(stream) falls under consent switch \(consent): params.consent must be \"\(consent)\" or absent",
+                               data: ["switch": .string(consent)]))
+            return
+        }
+        guard plugin.isConsentGranted(consent) else {
+            if streams[stream] != nil {
+                st.refusedConsent += 1
+                streams[stream] = st
+            }
+            let sw = deniedSwitch(consent)
+            call.fail(RPCError(.consentDenied, "consent switch \(sw) is denied", data: ["switch": .string(sw)]))
             return
         }
         // Records are read straight from the parsed json-c tree: no conversion to Swift values.
@@ -179,16 +197,44 @@ final class Uploader {
             bytes += bodyLen
             records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
         }
-        if diskBytes + commitQueueBytes + bytes > limits.maxDiskBytes {
-            call.fail(RPCError(.overloaded, "uploader queue is full (\(limits.maxDiskBytes) bytes on disk); records refused",
-                               data: ["limit": "maxDiskBytes", "value": .int(Int64(limits.maxDiskBytes))]))
+        let newStream = recordedOwners[stream] == nil
+        if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: diskBytes + commitQueueBytes, limits: limits) {
+            call.fail(e)
             return
         }
-        commitQueue.append((call, stream, consent, records, bytes))
+        if newStream {
+            guard register(stream, owner: owner) else {
+                call.fail(RPCError(.internalError, "could not record the owner of stream \(stream)"))
+                return
+            }
+        }
+        commitQueue.append((call, stream, owner, consent, records, bytes))
         commitQueueBytes += bytes
+        ledger.reserve(owner, bytes)
         // Commit after the current read is dispatched: every enqueue that arrived with it shares
         // one transaction (and one fsync with "fsync": "full").
         if !commitTimer.isActive { commitTimer.start(after: 0) }
+    }
+
+    /// Records the owner of a stream written for the first time (durably: ownership survives
+    /// restarts) and counts it against the owner's streams.
+    func register(_ stream: String, owner: StreamOwner) -> Bool {
+        do {
+            try store.recordOwner(stream: stream, owner: owner.description, nowMs: System.wallClockMs())
+        } catch {
+            plugin.log.error("cannot record a stream owner", ["stream": stream, "error": "\(error)"])
+            return false
+        }
+        recordedOwners[stream] = owner
+        ledger.addStream(owner)
+        var st = state(stream)
+        if st.owner == nil {
+            // A stream queued before owners were recorded: its bytes are now its owner's.
+            st.owner = owner
+            ledger.add(owner, st.diskBytes)
+        }
+        streams[stream] = st
+        return true
     }
 
     func commit() {
@@ -205,17 +251,22 @@ final class Uploader {
             }
         } catch {
             plugin.log.error("commit failed; enqueues refused", ["error": "\(error)", "calls": batch.count])
-            for e in batch { e.call.fail(RPCError(.internalError, "could not store records: \(error)")) }
+            for e in batch {
+                ledger.committed(e.owner, reserved: e.bytes, stored: 0)
+                e.call.fail(RPCError(.internalError, "could not store records: \(error)"))
+            }
             return
         }
         commits += 1
         for (e, r) in zip(batch, added) {
             let n = r.added
             var st = state(e.stream)
+            ledger.committed(e.owner, reserved: e.bytes, stored: r.bytes)
             if n > 0 {
                 if st.queued == 0 { st.oldestMs = now }
                 st.queued += n
                 st.queuedBytes += r.bytes  // exact bytes of the new rows: duplicates add nothing
+                st.diskBytes += r.bytes
                 diskBytes += r.bytes
             }
             streams[e.stream] = st
@@ -318,7 +369,7 @@ final class Uploader {
             switch outcome {
             case .delivered:
                 try store.deleteBatch(key)
-                diskBytes = max(0, diskBytes - bytes)
+                release(&st, bytes: bytes)
                 st.pendingBatches.removeFirst()
                 st.attempts = 0
                 st.notBeforeMs = 0
@@ -327,7 +378,7 @@ final class Uploader {
             case .retry(let reason, let retryAfter):
                 if final {
                     try store.deleteBatch(key)
-                    diskBytes = max(0, diskBytes - bytes)
+                    release(&st, bytes: bytes)
                     st.pendingBatches.removeFirst()
                     st.lastResult = "final batch failed (\(reason)); purged without retry"
                 } else {
@@ -344,7 +395,7 @@ final class Uploader {
                     let n = try store.deadLetter(key, status: 413, reason: "too large for the endpoint", nowMs: System.wallClockMs())
                     st.deadLetters += UInt64(n)
                     st.pendingBatches.removeFirst()
-                    diskBytes = max(0, diskBytes - bytes)
+                    release(&st, bytes: bytes)
                     st.lastResult = "413 for a single record; set aside as a dead letter"
                 } else {
                     // Split: dissolve the batch and cut smaller ones from the same records.
@@ -361,7 +412,7 @@ final class Uploader {
                 let n = try store.deadLetter(key, status: status, reason: reason, nowMs: System.wallClockMs())
                 st.deadLetters += UInt64(n)
                 st.pendingBatches.removeFirst()
-                diskBytes = max(0, diskBytes - bytes)
+                release(&st, bytes: bytes)
                 st.lastResult = "rejected (\(reason)); \(n) records set aside as dead letters"
                 plugin.log.error("batch rejected; dead-lettered", ["stream": stream, "batch": key, "status": status])
             }
@@ -371,161 +422,6 @@ final class Uploader {
         if st.pendingBatches.isEmpty && st.queued == 0 { st.countCap = nil }
         streams[stream] = st
         pump(stream, now: now)
-    }
-
-    /// `uploader.flush {wait: true}` without a stream: answered when every stream is drained.
-    private var allDrainWaiters: [Call] = []
-
-    /// Answers the all-stream flush waiters once every stream is drained.
-    private func answerAllDrainWaiters() {
-        guard !allDrainWaiters.isEmpty,
-              streams.values.allSatisfy({ $0.queued == 0 && $0.pendingBatches.isEmpty && !$0.inFlight })
-        else { return }
-        let w = allDrainWaiters
-        allDrainWaiters.removeAll()
-        for c in w { c.reply(["drained": true]) }
-    }
-
-    private func answerDrainWaiters(_ stream: String, _ st: StreamState) {
-        answerAllDrainWaiters()
-        guard st.queued == 0, st.pendingBatches.isEmpty, !st.inFlight, let waiters = drainWaiters.removeValue(forKey: stream) else { return }
-        for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
-    }
-
-    // MARK: Methods
-
-    func flush(_ call: Call) {
-        commit()
-        let names: [String]
-        if let s = call.params["stream"]?.stringValue { names = [s] } else { names = Array(streams.keys) }
-        for n in names {
-            var st = state(n)
-            st.flushRequested = true
-            // A flush also skips a pending retry wait: the caller asked for "now".
-            st.notBeforeMs = 0
-            streams[n] = st
-        }
-        let wait = call.params["wait"]?.boolValue ?? false
-        if wait {
-            if names.count == 1 {
-                drainWaiters[names[0], default: []].append(call)
-            } else {
-                allDrainWaiters.append(call)
-                answerAllDrainWaiters()
-            }
-        } else {
-            call.reply(["flushing": .array(names.sorted().map { .string($0) })])
-        }
-        pumpAll()
-    }
-
-    func status() -> JSON {
-        var o = JSONObject()
-        let t = now
-        for name in streams.keys.sorted() {
-            let st = streams[name]!
-            o[name] = [
-                "queued": .int(Int64(st.queued)), "queuedBytes": .int(Int64(st.queuedBytes)),
-                "oldestAgeMs": st.oldestMs.map { .int(Int64(t - min(t, $0))) } ?? .null,
-                "inFlight": .int(st.inFlight ? 1 : 0), "pendingBatches": .int(Int64(st.pendingBatches.count)),
-                "lastResult": .string(st.lastResult), "retryDelayMs": .int(Int64(st.lastRetryDelayMs)),
-                "retryInMs": .int(Int64(st.notBeforeMs > t ? st.notBeforeMs - t : 0)),
-                "attempts": .int(Int64(st.attempts)),
-                "delivered": .int(Int64(st.delivered)), "deadLetters": .int(Int64(st.deadLetters)),
-                "refusedConsent": .int(Int64(st.refusedConsent)),
-                "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
-                "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
-            ]
-        }
-        return ["streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),
-                "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits))]
-    }
-
-    func deadLetters(_ call: Call) {
-        let limit = Int(max(1, min(call.params["limit"]?.intValue ?? 100, 10_000)))
-        do {
-            let rows = try store.deadLetters(stream: call.params["stream"]?.stringValue, limit: limit)
-            call.reply(["deadLetters": .array(rows.map { r in
-                ["stream": .string(r[0].text ?? ""), "id": .string(r[1].text ?? ""),
-                 "data": (try? JSON.parse(r[2].text ?? "null")) ?? .null, "batch": .string(r[3].text ?? ""),
-                 "status": .int(r[4].int ?? 0), "reason": .string(r[5].text ?? ""), "atMs": .int(r[6].int ?? 0)]
-            })])
-        } catch {
-            call.fail(RPCError(.internalError, "\(error)"))
-        }
-    }
-
-    /// `{stream, maxCount?, intervalMs?, endpoint?, maxBatchBytes?}`: MA's setMaxEventCacheCount
-    /// and setReportInterval land here. Persisted, so they survive restarts.
-    func configureStream(_ call: Call) {
-        let p = call.params
-        guard let name = p["stream"]?.stringValue, Uploader.validStream(name) else {
-            call.fail(RPCError(.invalidParams, "params.stream is required"))
-            return
-        }
-        var st = state(name)
-        // null restores the configured default (MA's report interval lasts one app session).
-        let configured = settings(for: name)
-        if p["maxCount"] == JSON.null { st.settings.maxCount = configured.maxCount }
-        if p["intervalMs"] == JSON.null { st.settings.intervalMs = configured.intervalMs }
-        if let n = p["maxCount"], n != JSON.null {
-            guard let v = n.intValue, v >= 1, v <= Int64(StreamSettings.maxCountLimit) else {
-                call.fail(RPCError(.invalidParams, "maxCount must be an integer from 1 to \(StreamSettings.maxCountLimit)"))
-                return
-            }
-            st.settings.maxCount = Int(v)
-        }
-        if let n = p["intervalMs"], n != JSON.null {
-            guard let v = n.intValue, v >= 0 else {
-                call.fail(RPCError(.invalidParams, "intervalMs must be a non-negative integer"))
-                return
-            }
-            st.settings.intervalMs = UInt64(v)
-        }
-        if let e = p["endpoint"]?.stringValue { st.settings.endpoint = e }
-        if let b = p["maxBatchBytes"]?.intValue, b >= 1024 { st.settings.maxBatchBytes = Int(b) }
-        do {
-            try store.saveSettings(stream: name, maxCount: st.settings.maxCount, intervalMs: st.settings.intervalMs, endpoint: st.settings.endpoint)
-        } catch {
-            call.fail(RPCError(.internalError, "\(error)"))
-            return
-        }
-        streams[name] = st
-        call.reply(["stream": .string(name), "maxCount": .int(Int64(st.settings.maxCount)),
-                    "intervalMs": .int(Int64(st.settings.intervalMs)), "endpoint": .string(st.settings.endpoint)])
-        pump(name, now: now)
-    }
-
-    // MARK: Consent
-
-    /// A denied switch: what was queued under it before the change goes once as a final batch
-    /// (no retry), then is purged. The host refuses new enqueues under it from now on.
-    func consentChanged(key: String, granted: Bool) {
-        guard !granted, let store else { return }
-        commit()  // anything accepted before the change is part of the final batch
-        do {
-            try store.markFinal(consent: key)
-            for name in try store.streams(withConsent: key) {
-                var st = state(name)
-                while true {
-                    let bkey = System.randomHex(16)
-                    let (n, cutBytes) = try store.cutBatch(stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
-                                                           maxBytes: st.settings.maxBatchBytes, final: true, consent: key,
-                                                           nowMs: System.wallClockMs())
-                    if n == 0 { break }
-                    st.pendingBatches.append(bkey)
-                    st.queued = max(0, st.queued - n)
-                    st.queuedBytes = max(0, st.queuedBytes - cutBytes)
-                }
-                if st.queued == 0 { st.queuedBytes = 0; st.oldestMs = nil }
-                st.notBeforeMs = 0
-                streams[name] = st
-            }
-            plugin.log.info("consent denied: final batches queued", ["switch": key])
-        } catch {
-            plugin.log.error("consent purge failed", ["switch": key, "error": "\(error)"])
-        }
-        pumpAll()
     }
 }
 

@@ -7,13 +7,16 @@ import PylonStore
 /// Other plugins hand it records (`uploader.enqueue`) for named streams under a consent switch.
 /// It replies only once they are committed to SQLite (many enqueues share one commit), batches
 /// them per stream by count, bytes and interval, and POSTs gzip'd JSON batches with an
-/// idempotency key per batch. See README "Uploader".
+/// idempotency key per batch to operator-configured endpoints. Streams have owners, a fixed
+/// consent switch and per-owner quotas. See docs/UPLOADER.md.
 let plugin = Plugin(name: "uploader", version: "0.1.0")
 let uploader = Uploader(plugin: plugin)
+// Every request carries the host's `_pylon` caller info: streams are owned (docs/UPLOADER.md).
+plugin.wantsCallerInfo = true
 
 plugin.method("enqueue", consent: "{consent}") { uploader.enqueue($0) }
 plugin.method("flush") { uploader.flush($0) }
-plugin.method("status") { $0.reply(uploader.status()) }
+plugin.method("status") { uploader.status($0) }
 plugin.method("deadLetters") { uploader.deadLetters($0) }
 plugin.method("configureStream") { uploader.configureStream($0) }
 plugin.onReady = { uploader.start() }

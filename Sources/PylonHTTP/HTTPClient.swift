@@ -67,6 +67,9 @@ public final class HTTPClient {
         _ = pylon_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
     }
 
+    /// The only URL schemes a transfer may use (`CURLOPT_PROTOCOLS_STR`, also for redirects).
+    public static let protocols = "http,https"
+
     nonisolated(unsafe) private static var initialized = false
     private static func globalInit() {
         if !initialized {
@@ -85,6 +88,12 @@ public final class HTTPClient {
         transfers[easy] = t
         let tp = Unmanaged.passUnretained(t).toOpaque()
         _ = pylon_easy_setopt_str(easy, CURLOPT_URL, request.url)
+        // Pylon speaks HTTP and nothing else: without this a URL could make curl write raw TCP
+        // (gopher://, telnet://, dict://), read local files (file://) and so on. Redirects are
+        // not followed (curl's default, set explicitly): where data goes is configuration.
+        _ = pylon_easy_setopt_str(easy, CURLOPT_PROTOCOLS_STR, HTTPClient.protocols)
+        _ = pylon_easy_setopt_str(easy, CURLOPT_REDIR_PROTOCOLS_STR, HTTPClient.protocols)
+        _ = pylon_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0)
         _ = pylon_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1)
         _ = pylon_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, request.timeoutMs)
         _ = pylon_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, min(request.timeoutMs, 10_000))

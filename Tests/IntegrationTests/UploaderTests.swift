@@ -5,8 +5,11 @@ import TestSupport
 
 /// The uploader plugin against the real reference backend on a free loopback port.
 @Suite(.serialized) struct UploaderTests {
-    func enqueue(_ c: SyncClient, _ stream: String, _ recs: JSON, consent: String = "test:k") throws -> JSON {
-        try c.call("uploader.enqueue", ["stream": .string(stream), "consent": .string(consent), "records": recs])
+    /// Without `consent` the stream's fixed switch applies (`s.count` → `s:count`).
+    func enqueue(_ c: SyncClient, _ stream: String, _ recs: JSON, consent: String? = nil) throws -> JSON {
+        var p: JSONObject = ["stream": .string(stream), "records": recs]
+        if let consent { p["consent"] = .string(consent) }
+        return try c.call("uploader.enqueue", .object(p))
     }
 
     func count(_ b: TestBackend, _ stream: String) throws -> Int64 { try b.stream(stream)["records"]?.intValue ?? 0 }
@@ -115,44 +118,52 @@ import TestSupport
 
     @Test func consentDenialSendsAFinalBatchThenRefuses() throws {
         let b = try TestBackend()
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 600000]]])])
+        // Stream ma.app1 falls under switch ma:app1 (its name fixes it); the test client is root,
+        // an admin, so it may write MA's stream.
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["ma.*": ["intervalMs": 600000]]])])
         let c = try h.client()
-        _ = try enqueue(c, "s.consent", records("k", 0..<3), consent: "ma:app1")
+        _ = try enqueue(c, "ma.app1", records("k", 0..<3), consent: "ma:app1")
         _ = try c.call("consent.set", ["key": "ma:app1", "granted": false])
-        try waitUntil(timeout: 10) { try count(b, "s.consent") == 3 }
-        let r = try c.request("uploader.enqueue", ["stream": "s.consent", "consent": "ma:app1", "records": records("k", 3..<4)])
+        try waitUntil(timeout: 10) { try count(b, "ma.app1") == 3 }
+        let r = try c.request("uploader.enqueue", ["stream": "ma.app1", "consent": "ma:app1", "records": records("k", 3..<4)])
         #expect(r.errorCode == -32003)
+        let r2 = try c.request("uploader.enqueue", ["stream": "ma.app1", "records": records("k", 3..<4)])
+        #expect(r2.errorCode == -32003, "without a consent param the stream's own switch applies")
         usleep(300_000)
-        #expect(try count(b, "s.consent") == 3)
+        #expect(try count(b, "ma.app1") == 3)
     }
 
     @Test func failedFinalBatchIsPurgedWithoutRetry() throws {
         let b = try TestBackend()
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["intervalMs": 600000]]])])
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["ma.*": ["intervalMs": 600000]]])])
         let c = try h.client()
-        _ = try enqueue(c, "s.final", records("f", 0..<3), consent: "ma:app2")
+        _ = try enqueue(c, "ma.app2", records("f", 0..<3), consent: "ma:app2")
         try b.faults(["failNext": 1, "status": 503])
         _ = try c.call("consent.set", ["key": "ma:app2", "granted": false])
         try waitUntil(timeout: 10) {
-            let st = try c.call("uploader.status")["streams"]?["s.final"]
+            let st = try c.call("uploader.status")["streams"]?["ma.app2"]
             return st?["queued"] == .int(0) && st?["pendingBatches"] == .int(0)
         }
         usleep(500_000)
-        #expect(try count(b, "s.final") == 0)
+        #expect(try count(b, "ma.app2") == 0)
         #expect(try b.request("GET", "/v1/inspect/stats").json["requestsByPath"] != nil)
     }
 
     @Test func diskCapRefusesNewRecordsAndKeepsOld() throws {
         let b = try TestBackend()
         try b.faults(["failNext": 1000, "status": 503])
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["maxDiskBytes": 4000, "streams": ["s.*": ["intervalMs": 600000]]])])
+        // One owner may use the whole cap here (the per-owner share is tested in
+        // UploaderSecurityTests): this is the shared cap's overflow policy.
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["maxDiskBytes": 4000, "maxDiskBytesPerOwner": 4000,
+                                                                      "streams": ["s.*": ["intervalMs": 600000]]])])
         let c = try h.client()
         var refused: JSON?
         for i in 0..<20 {
-            let r = try c.request("uploader.enqueue", ["stream": "s.cap", "consent": "t", "records": records("cap", i..<(i + 1), pad: 500)])
+            let r = try c.request("uploader.enqueue", ["stream": "s.cap", "records": records("cap", i..<(i + 1), pad: 500)])
             if r["error"] != nil { refused = r; break }
         }
         #expect(refused?.errorCode == -32004)
+        #expect(refused?["error"]?["data"]?["limit"] == .string("maxDiskBytes"))
         let st = try c.call("uploader.status")
         #expect((st["diskBytes"]?.intValue ?? 0) <= 4000)
         try b.clearFaults()
@@ -210,7 +221,7 @@ import TestSupport
             let n = min(50, total - sent)
             for i in sent..<(sent + n) {
                 try? c.sendLine(Wire.request(id: .int(Int64(i)), method: "uploader.enqueue",
-                                             params: ["stream": "s.crash", "consent": "t", "records": records("z", i..<(i + 1))]).serialized)
+                                             params: ["stream": "s.crash", "consent": "s:crash", "records": records("z", i..<(i + 1))]).serialized)
             }
             sent += n
             for _ in 0..<n {

@@ -1,0 +1,213 @@
+import PylonPluginKit
+
+/// The uploader's methods besides `enqueue`. Who may see and do what:
+/// - a stream's owner or an admin may flush it, configure it and read its dead letters;
+/// - `status` shows per-stream detail only for the streams the caller may use (an admin: all),
+///   the caller's own quota usage, and the queue's totals;
+/// - without a stream, `flush` and `deadLetters` cover only the caller's streams.
+extension Uploader {
+    /// Whether `caller` may use `stream` (without claiming it).
+    func mayUse(_ stream: String, _ caller: Principal) -> Bool {
+        if case .allowed = StreamAccess.decide(stream, owner: state(stream).owner, caller: caller, action: "use", claims: false) { return true }
+        return false
+    }
+
+    /// The check of a method naming one stream; answers the refusal itself.
+    func permit(_ call: Call, _ stream: String, _ action: String) -> Bool {
+        switch StreamAccess.decide(stream, owner: state(stream).owner, caller: Principal(caller: call.caller), action: action, claims: false) {
+        case .allowed: return true
+        case .refused(let e):
+            call.fail(e)
+            return false
+        }
+    }
+
+    func drained(_ st: StreamState) -> Bool { st.queued == 0 && st.pendingBatches.isEmpty && !st.inFlight }
+
+    /// Answers flush waiters whose streams are all drained.
+    func answerMultiDrainWaiters() {
+        guard !multiDrainWaiters.isEmpty else { return }
+        var keep: [(call: Call, streams: Set<String>)] = []
+        for w in multiDrainWaiters {
+            if w.streams.allSatisfy({ streams[$0].map(drained) ?? true }) { w.call.reply(["drained": true]) } else { keep.append(w) }
+        }
+        multiDrainWaiters = keep
+    }
+
+    func answerDrainWaiters(_ stream: String, _ st: StreamState) {
+        answerMultiDrainWaiters()
+        guard drained(st), let waiters = drainWaiters.removeValue(forKey: stream) else { return }
+        for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
+    }
+
+    /// `{stream?, wait?}`: upload now (skipping a retry wait). Without a stream: every stream the
+    /// caller may use.
+    func flush(_ call: Call) {
+        commit()
+        let caller = Principal(caller: call.caller)
+        let names: [String]
+        if let s = call.params["stream"]?.stringValue {
+            guard Uploader.validStream(s) else {
+                call.fail(RPCError(.invalidParams, "params.stream must be 1-128 of [A-Za-z0-9._:-]"))
+                return
+            }
+            guard permit(call, s, "flush") else { return }
+            names = [s]
+        } else {
+            names = streams.keys.filter { mayUse($0, caller) }
+        }
+        for n in names {
+            var st = state(n)
+            st.flushRequested = true
+            // A flush also skips a pending retry wait: the caller asked for "now".
+            st.notBeforeMs = 0
+            streams[n] = st
+        }
+        let wait = call.params["wait"]?.boolValue ?? false
+        if wait {
+            if call.params["stream"] != nil {
+                drainWaiters[names[0], default: []].append(call)
+            } else {
+                multiDrainWaiters.append((call, Set(names)))
+                answerMultiDrainWaiters()
+            }
+        } else {
+            call.reply(["flushing": .array(names.sorted().map { .string($0) })])
+        }
+        pumpAll()
+    }
+
+    /// Per stream the caller may use: its queue, last result and settings; the caller's usage of
+    /// its quotas (`owner`); the queue's totals; for an admin every owner's usage.
+    func status(_ call: Call) {
+        let caller = Principal(caller: call.caller)
+        var o = JSONObject()
+        let t = now
+        for name in streams.keys.sorted() where mayUse(name, caller) {
+            let st = streams[name]!
+            o[name] = [
+                "owner": st.owner.map { .string($0.description) } ?? .null, "consent": .string(st.consentKey),
+                "queued": .int(Int64(st.queued)), "queuedBytes": .int(Int64(st.queuedBytes)), "diskBytes": .int(Int64(st.diskBytes)),
+                "oldestAgeMs": st.oldestMs.map { .int(Int64(t - min(t, $0))) } ?? .null,
+                "inFlight": .int(st.inFlight ? 1 : 0), "pendingBatches": .int(Int64(st.pendingBatches.count)),
+                "lastResult": .string(st.lastResult), "retryDelayMs": .int(Int64(st.lastRetryDelayMs)),
+                "retryInMs": .int(Int64(st.notBeforeMs > t ? st.notBeforeMs - t : 0)),
+                "attempts": .int(Int64(st.attempts)),
+                "delivered": .int(Int64(st.delivered)), "deadLetters": .int(Int64(st.deadLetters)),
+                "refusedConsent": .int(Int64(st.refusedConsent)),
+                "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
+                "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
+            ]
+        }
+        var r: JSONObject = [
+            "streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),
+            "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits)),
+        ]
+        if let me = caller.identity { r["owner"] = usage(me) }
+        if caller.isAdmin {
+            var owners: Set<StreamOwner> = Set(ledger.streams.keys)
+            owners.formUnion(ledger.bytes.keys)
+            var u = JSONObject()
+            for w in owners.sorted(by: { $0.description < $1.description }) { u[w.description] = usage(w) }
+            r["owners"] = .object(u)
+        }
+        call.reply(.object(r))
+    }
+
+    func usage(_ o: StreamOwner) -> JSON {
+        let u = ledger.usage(o)
+        return ["owner": .string(o.description), "diskBytes": .int(Int64(u.bytes)), "maxDiskBytesPerOwner": .int(Int64(limits.diskBytes(for: o))),
+                "streams": .int(Int64(u.streams)), "maxStreamsPerOwner": .int(Int64(limits.streams(for: o)))]
+    }
+
+    /// `{stream?, limit?}`: the records set aside for a 4xx. A stream's owner or an admin only;
+    /// without a stream, those of the caller's streams.
+    func deadLetters(_ call: Call) {
+        let limit = Int(max(1, min(call.params["limit"]?.intValue ?? 100, 10_000)))
+        let caller = Principal(caller: call.caller)
+        do {
+            let names: [String]?
+            if let s = call.params["stream"]?.stringValue {
+                guard permit(call, s, "read the dead letters of") else { return }
+                names = [s]
+            } else if caller.isAdmin {
+                names = nil
+            } else {
+                names = try store.deadLetterStreams().filter { mayUse($0, caller) }
+            }
+            let rows = try store.deadLetters(streams: names, limit: limit)
+            call.reply(["deadLetters": .array(rows.map { r in
+                ["stream": .string(r[0].text ?? ""), "id": .string(r[1].text ?? ""),
+                 "data": (try? JSON.parse(r[2].text ?? "null")) ?? .null, "batch": .string(r[3].text ?? ""),
+                 "status": .int(r[4].int ?? 0), "reason": .string(r[5].text ?? ""), "atMs": .int(r[6].int ?? 0)]
+            })])
+        } catch {
+            call.fail(RPCError(.internalError, "\(error)"))
+        }
+    }
+
+    /// `{stream, maxCount?, intervalMs?, maxBatchBytes?}`: MA's setMaxEventCacheCount and
+    /// setReportInterval land here. The stream's owner or an admin only (configuring a stream
+    /// nobody owns makes the caller its owner). `maxCount` and `intervalMs` are persisted.
+    /// Endpoints are operator configuration: `endpoint` is refused.
+    func configureStream(_ call: Call) {
+        let p = call.params
+        guard let name = p["stream"]?.stringValue, Uploader.validStream(name) else {
+            call.fail(RPCError(.invalidParams, "params.stream is required"))
+            return
+        }
+        if p["endpoint"] != nil {
+            call.fail(RPCError(.invalidParams,
+                               "endpoint is operator configuration (plugins[uploader].config endpoint or streams[pattern].endpoint); it cannot be set by a call",
+                               data: ["param": "endpoint"]))
+            return
+        }
+        var st = state(name)
+        let owner: StreamOwner
+        switch StreamAccess.decide(name, owner: st.owner, caller: Principal(caller: call.caller), action: "configure", claims: true) {
+        case .refused(let e): call.fail(e); return
+        case .allowed(let o?, _): owner = o
+        case .allowed(nil, _): call.fail(RPCError(.notPermitted, "stream \(name) has no owner")); return
+        }
+        // null restores the configured default (MA's report interval lasts one app session).
+        let configured = config.catalog.settings(for: name, defaultEndpoint: config.defaultEndpoint)
+        if p["maxCount"] == JSON.null { st.settings.maxCount = configured.maxCount }
+        if p["intervalMs"] == JSON.null { st.settings.intervalMs = configured.intervalMs }
+        if let n = p["maxCount"], n != JSON.null {
+            guard let v = n.intValue, v >= 1, v <= Int64(StreamSettings.maxCountLimit) else {
+                call.fail(RPCError(.invalidParams, "maxCount must be an integer from 1 to \(StreamSettings.maxCountLimit)"))
+                return
+            }
+            st.settings.maxCount = Int(v)
+        }
+        if let n = p["intervalMs"], n != JSON.null {
+            guard let v = n.intValue, v >= 0 else {
+                call.fail(RPCError(.invalidParams, "intervalMs must be a non-negative integer"))
+                return
+            }
+            st.settings.intervalMs = UInt64(v)
+        }
+        if let b = p["maxBatchBytes"]?.intValue, b >= 1024 { st.settings.maxBatchBytes = Int(b) }
+        if recordedOwners[name] == nil {
+            if let e = ledger.admit(owner, bytes: 0, newStream: true, totalBytes: 0, limits: limits) {
+                call.fail(e)
+                return
+            }
+            guard register(name, owner: owner) else {
+                call.fail(RPCError(.internalError, "could not record the owner of stream \(name)"))
+                return
+            }
+            st.owner = state(name).owner
+        }
+        do {
+            try store.saveSettings(stream: name, maxCount: st.settings.maxCount, intervalMs: st.settings.intervalMs)
+        } catch {
+            call.fail(RPCError(.internalError, "\(error)"))
+            return
+        }
+        streams[name] = st
+        call.reply(["stream": .string(name), "maxCount": .int(Int64(st.settings.maxCount)),
+                    "intervalMs": .int(Int64(st.settings.intervalMs)), "endpoint": .string(st.settings.endpoint)])
+        pump(name, now: now)
+    }
+}

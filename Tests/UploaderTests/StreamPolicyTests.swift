@@ -1,0 +1,145 @@
+import Testing
+import PylonCore
+@testable import pylon_uploader
+
+/// Who owns a stream, which consent switch it falls under, where its data may go, and how the
+/// disk cap is shared: pure decisions, no processes.
+struct StreamPolicyTests {
+    let ma = Principal(plugin: "ma")
+    let app = Principal(uid: 1000)
+    let other = Principal(uid: 65534)
+    let root = Principal(uid: 0)
+
+    @Test func consentKeyIsFixedByNameOrConfig() throws {
+        let c = try UploaderConfig(["streams": ["pinned.*": ["consent": "tracking"], "ma.special": ["maxCount": 3]]])
+        #expect(c.catalog.consentKey(for: "ma.victim") == "ma:victim")
+        #expect(c.catalog.consentKey(for: "push.opens") == "push:opens")
+        #expect(c.catalog.consentKey(for: "gtm.hits") == "gtm:hits")
+        #expect(c.catalog.consentKey(for: "bench123") == "bench123")
+        #expect(c.catalog.consentKey(for: "pinned.x") == "tracking")
+        #expect(c.catalog.consentKey(for: "ma.special") == "ma:special", "an entry without consent keeps the derived key")
+    }
+
+    @Test func pluginNamespacesBelongToTheirPlugin() {
+        let cat = StreamCatalog()
+        #expect(cat.owner(of: "ma.victim", recorded: nil) == .plugin("ma"))
+        #expect(cat.owner(of: "ma.victim", recorded: .uid(65534)) == .plugin("ma"), "a recorded first writer never beats the namespace")
+        #expect(cat.owner(of: "mine.x", recorded: nil) == nil)
+        #expect(cat.owner(of: "mine.x", recorded: .uid(1000)) == .uid(1000))
+        let pinned = StreamCatalog(entries: [.init(pattern: "shared.*", owner: .uid(42))], pluginNamespaces: ["ma"])
+        #expect(pinned.owner(of: "shared.a", recorded: .uid(1)) == .uid(42))
+        #expect(pinned.owner(of: "push.a", recorded: nil) == nil, "namespaces are configurable")
+    }
+
+    @Test func onlyTheOwnerOrAnAdminMayUseAStream() {
+        let owner = StreamOwner.plugin("ma")
+        guard case .refused(let e) = StreamAccess.decide("ma.victim", owner: owner, caller: other, action: "configure", claims: true) else {
+            Issue.record("another uid configured MA's stream")
+            return
+        }
+        #expect(e.code == RPCError.Code.notPermitted.rawValue)
+        #expect(e.message.contains("ma.victim") && e.message.contains("plugin:ma"))
+        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: ma, action: "enqueue to", claims: true) == .allowed(owner: owner, claim: false))
+        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: Principal(plugin: "ma", uid: 1000), action: "x", claims: true)
+                == .allowed(owner: owner, claim: false), "a plugin on a client's behalf acts as the plugin")
+        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: root, action: "x", claims: true) == .allowed(owner: owner, claim: false))
+        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: Principal(uid: 7, admin: true), action: "x", claims: false)
+                == .allowed(owner: owner, claim: false))
+        if case .allowed = StreamAccess.decide("ma.victim", owner: owner, caller: Principal(plugin: "push"), action: "x", claims: true) {
+            Issue.record("another plugin wrote MA's stream")
+        }
+        if case .allowed = StreamAccess.decide("ma.victim", owner: owner, caller: Principal(caller: nil), action: "x", claims: true) {
+            Issue.record("an anonymous caller wrote MA's stream")
+        }
+    }
+
+    @Test func theFirstWriterOwnsAnUnownedStream() {
+        #expect(StreamAccess.decide("mine.x", owner: nil, caller: app, action: "enqueue to", claims: true) == .allowed(owner: .uid(1000), claim: true))
+        if case .allowed = StreamAccess.decide("mine.x", owner: .uid(1000), caller: other, action: "enqueue to", claims: true) {
+            Issue.record("another uid wrote a uid's stream")
+        }
+        if case .allowed = StreamAccess.decide("mine.x", owner: nil, caller: Principal(caller: nil), action: "enqueue to", claims: true) {
+            Issue.record("an anonymous caller claimed a stream")
+        }
+        if case .allowed = StreamAccess.decide("old.x", owner: nil, caller: app, action: "read", claims: false) {
+            Issue.record("a non-admin read a stream nobody owns")
+        }
+        #expect(StreamAccess.decide("old.x", owner: nil, caller: root, action: "read", claims: false) == .allowed(owner: nil, claim: false))
+    }
+
+    @Test func principalFromTheHostsCallerInfo() {
+        #expect(Principal(caller: ["plugin": "ma"]) == Principal(plugin: "ma"))
+        #expect(Principal(caller: ["client": 3, "uid": 1000, "gid": 1000, "pid": 9]).identity == .uid(1000))
+        #expect(Principal(caller: ["client": 3, "uid": 1000, "admin": true]).isAdmin)
+        #expect(Principal(caller: ["client": 3, "uid": 0]).isAdmin)
+        #expect(!Principal(caller: ["plugin": "ma"]).isAdmin)
+        #expect(Principal(caller: nil).identity == nil)
+        #expect(StreamOwner("plugin:ma") == .plugin("ma") && StreamOwner("uid:12") == .uid(12))
+        #expect(StreamOwner("uid:x") == nil && StreamOwner("plugin:") == nil && StreamOwner("ma") == nil)
+    }
+
+    @Test(arguments: [
+        "gopher://127.0.0.1:70/_x", "file:///etc/passwd", "dict://h/", "ftp://h/{stream}", "127.0.0.1:8780/x",
+        "http://user:pw@evil.example/x", "http://allowed.example@evil.example/x", "http://{stream}.evil/x", "http:///x",
+        "http://h/a b",
+    ])
+    func endpointsMustBeHTTP(url: String) {
+        if case .success = EndpointRule.check(url, allowedHosts: nil) { Issue.record("\(url) accepted") }
+        #expect(throws: UploaderConfigError.self) { try UploaderConfig(["endpoint": .string(url)]) }
+    }
+
+    @Test func endpointHostsAndAllowList() throws {
+        #expect(try EndpointRule.check("http://127.0.0.1:8780/v1/batches/{stream}", allowedHosts: nil).get() == "127.0.0.1")
+        #expect(try EndpointRule.check("HTTPS://Ingest.Example.com/x", allowedHosts: nil).get() == "ingest.example.com")
+        #expect(try EndpointRule.check("http://[::1]:80/x", allowedHosts: ["::1"]).get() == "::1")
+        if case .success = EndpointRule.check("http://evil.example/x", allowedHosts: ["ingest.example.com"]) { Issue.record("host outside allowedHosts") }
+        #expect(throws: UploaderConfigError.self) {
+            try UploaderConfig(["endpoint": "https://ingest.example.com/{stream}", "allowedHosts": ["ingest.example.com"],
+                                "streams": ["x.*": ["endpoint": "http://127.0.0.1:1/x"]]])
+        }
+        _ = try UploaderConfig(["endpoint": "https://ingest.example.com/{stream}", "allowedHosts": ["Ingest.Example.com"]])
+    }
+
+    @Test func invalidOwnersAndConsentInConfigAreRefused() {
+        #expect(throws: UploaderConfigError.self) { try UploaderConfig(["streams": ["a.*": ["owner": "root"]]]) }
+        #expect(throws: UploaderConfigError.self) { try UploaderConfig(["streams": ["a.*": ["consent": 1]]]) }
+        #expect(throws: UploaderConfigError.self) { try UploaderConfig(["maxDiskBytesPerOwner": -1]) }
+    }
+
+    @Test func oneOwnerOverItsShareDoesNotStarveTheOthers() throws {
+        let limits = try UploaderConfig(["maxDiskBytes": 4000]).limits
+        #expect(limits.maxDiskBytesPerOwner == 1000, "default share: a quarter of the cap")
+        var l = OwnerLedger()
+        let junk = StreamOwner.uid(65534)
+        l.addStream(junk)
+        l.add(junk, 900)
+        l.reserve(junk, 50)
+        let e = try #require(l.admit(junk, bytes: 100, newStream: false, totalBytes: 950, limits: limits))
+        #expect(e.code == RPCError.Code.overloaded.rawValue)
+        #expect(e.message.contains("maxDiskBytesPerOwner") && e.data?["limit"] == "maxDiskBytesPerOwner")
+        #expect(l.admit(junk, bytes: 50, newStream: false, totalBytes: 950, limits: limits) == nil)
+        #expect(l.admit(.plugin("ma"), bytes: 1000, newStream: true, totalBytes: 950, limits: limits) == nil, "others keep working")
+        #expect(l.admit(.plugin("ma"), bytes: 1000, newStream: true, totalBytes: 3500, limits: limits)?.data?["limit"] == "maxDiskBytes")
+        l.committed(junk, reserved: 50, stored: 50)
+        l.remove(junk, 950)
+        #expect(l.usage(junk).bytes == 0)
+    }
+
+    @Test func streamsPerOwnerAreBounded() throws {
+        let limits = try UploaderConfig(["maxStreamsPerOwner": 2, "owners": ["plugin:ma": ["maxStreams": 5, "maxDiskBytes": 1_048_576]]]).limits
+        var l = OwnerLedger()
+        let u = StreamOwner.uid(65534)
+        l.addStream(u)
+        l.addStream(u)
+        let e = try #require(l.admit(u, bytes: 1, newStream: true, totalBytes: 0, limits: limits))
+        #expect(e.code == RPCError.Code.overloaded.rawValue && e.data?["limit"] == "maxStreamsPerOwner")
+        #expect(l.admit(u, bytes: 1, newStream: false, totalBytes: 0, limits: limits) == nil, "its existing streams keep working")
+        let ma = StreamOwner.plugin("ma")
+        #expect(limits.streams(for: ma) == 5 && limits.diskBytes(for: ma) == 1_048_576)
+    }
+
+    @Test func redirectsAreNotFollowed() {
+        #expect(UploadOutcome.classify(status: 302, retryAfterMs: nil, error: nil)
+                == .rejected(status: 302, reason: "HTTP 302 (redirects are not followed)"))
+    }
+}

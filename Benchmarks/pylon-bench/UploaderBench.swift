@@ -58,7 +58,7 @@ func uploaderBench() throws {
         let i = sent
         sent += 1
         if i < sendTimes.count { sendTimes[i] = Loop.hrtimeNs }
-        conn.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench","records":[{"id":"r\#(i)""# + payload)
+        conn.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench:events","records":[{"id":"r\#(i)""# + payload)
     }
     let cpu0 = cpuTicks(hostPid), pcpu0 = cpuTicks(pluginPid)
     conn.onLine = { line in

@@ -134,16 +134,20 @@ extension TestHost {
     /// Sends `lines` from a separate client process running as `uid`/`gid` (an unprivileged
     /// local user, as an attacker would be), and returns its replies and notifications. The
     /// host must have been started with a socket that uid can reach (`socketMode` 0666).
-    func runAs(uid: UInt32 = 65534, gid: UInt32 = 65534, _ lines: [String]) throws -> (replies: [JSON], notifications: [JSON]) {
-        try startAs(uid: uid, gid: gid, lines).wait()
+    /// `sequential`: each line gets id N (its index) and is sent after the previous reply.
+    func runAs(uid: UInt32 = 65534, gid: UInt32? = nil, sequential: Bool = false,
+               _ lines: [String]) throws -> (replies: [JSON], notifications: [JSON]) {
+        try startAs(uid: uid, gid: gid, sequential: sequential, lines).wait()
     }
 
     /// `runAs` without waiting: the client runs until every request is answered.
-    func startAs(uid: UInt32 = 65534, gid: UInt32 = 65534, _ lines: [String]) throws -> ForeignClient {
+    func startAs(uid: UInt32 = 65534, gid: UInt32? = nil, sequential: Bool = false, _ lines: [String]) throws -> ForeignClient {
         let script = try String(contentsOfFile: fixturesDir + "/rpc_client.py", encoding: .utf8)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        p.arguments = ["--reuid=\(uid)", "--regid=\(gid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+        // setpriv leaves the system Python reachable for any uid (pyenv shims live under /root).
+        p.arguments = ["--reuid=\(uid)", "--regid=\(gid ?? uid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+            + (sequential ? ["--sequential"] : [])
         let input = Pipe()
         let output = Pipe()
         p.standardInput = input

@@ -7,6 +7,10 @@
 #include <unistd.h>
 #include <string.h>
 #include <errno.h>
+#include <malloc.h>
+
+/// Returns free heap memory to the system (glibc's malloc_trim).
+static inline int pylon_malloc_trim(void) { return malloc_trim(0); }
 
 /// Peer credentials of a connected Unix socket (SO_PEERCRED). Returns 0 or -errno.
 static inline int pylon_peercred(int fd, int *pid, unsigned *uid, unsigned *gid) {

@@ -47,7 +47,12 @@ public final class Connection {
     public private(set) var isClosed = false
 
     /// Pause reading while more than this many bytes wait to be written to the peer (0 = never).
+    /// Past it the connection also counts as congested (`isCongested`).
     public var pauseAbove: Int = 0
+    /// False for a peer whose input is what drains its output (a plugin answering the requests
+    /// queued to it): its reading never pauses for its own congestion; those who fill its queue
+    /// are held instead (`hold(until:)`).
+    public var pausesReadingWhenCongested = true
 
     public var onLine: (UnsafeRawBufferPointer) -> Void = { _ in }
     public var onOversized: (Int, [UInt8]) -> Void = { _, _ in }
@@ -149,12 +154,19 @@ public final class Connection {
     }
 
     /// Hands lines of `bytes` to the owner while the gate is open; returns the bytes consumed.
+    /// A line the owner deferred (`deferCurrentLine`) is kept in `deferred`, to go first.
     private func dispatch(_ bytes: UnsafeRawBufferPointer) -> Int {
         var budget = Connection.maxLinesPerTurn
         let used = framer.feed(bytes, until: { event in
             guard !self.isClosed else { return false }
             switch event {
-            case .line(let l): self.onLine(l)
+            case .line(let l):
+                self.onLine(l)
+                if self.deferRequested {
+                    self.deferRequested = false
+                    self.deferred = Array(l) + [0x0A]
+                    return false
+                }
             case .oversized(let n, let head): self.onOversized(n, head)
             }
             budget -= 1
@@ -162,6 +174,21 @@ public final class Connection {
         })
         if budget == 0 { budgetPauses &+= 1 }
         return used
+    }
+
+    private var deferRequested = false
+    private var deferred: [UInt8] = []
+
+    /// Called from `onLine`: the line was not taken (its target is congested and this connection
+    /// was held): it is dispatched again, first, when the gate reopens.
+    public func deferCurrentLine() { deferRequested = true }
+
+    /// Keeps what was not dispatched: a deferred line, then the unread rest of the input.
+    private func keepBacklog(_ rest: UnsafeRawBufferPointer) {
+        var kept = deferred
+        deferred = []
+        kept.append(contentsOf: rest)
+        backlog = kept + backlog
     }
 
     /// How often a read had more lines than `maxLinesPerTurn` (the rest went to a later turn).
@@ -184,8 +211,8 @@ public final class Connection {
         bytesIn &+= UInt64(nread)
         let chunk = UnsafeRawBufferPointer(start: readBuffer, count: nread)
         let used = dispatch(chunk)
-        if used < nread && !isClosed && wantsReading {
-            backlog.append(contentsOf: UnsafeRawBufferPointer(rebasing: chunk[used...]))
+        if used < nread || !deferred.isEmpty, !isClosed, wantsReading {
+            keepBacklog(UnsafeRawBufferPointer(rebasing: chunk[used...]))
             syncReading()
         }
         loop.flushDirty()
@@ -196,7 +223,9 @@ public final class Connection {
         let data = backlog
         backlog = []
         let used = data.withUnsafeBytes { dispatch($0) }
-        if used < data.count && !isClosed && wantsReading { backlog = Array(data[used...]) }
+        if used < data.count || !deferred.isEmpty, !isClosed, wantsReading {
+            data.withUnsafeBytes { keepBacklog(UnsafeRawBufferPointer(rebasing: $0[used...])) }
+        }
         syncReading()
         loop.flushDirty()
     }
@@ -274,7 +303,7 @@ public final class Connection {
             isDirty = true
             loop.markDirty(self)
         }
-        if pauseAbove > 0, !pausedForBackpressure, queuedBytes > pauseAbove {
+        if pauseAbove > 0, pausesReadingWhenCongested, !pausedForBackpressure, queuedBytes > pauseAbove {
             pausedForBackpressure = true
             syncReading()
         }
@@ -336,6 +365,18 @@ public final class Connection {
 
     /// True while reading is paused because the peer is not taking its output.
     public var isBackpressured: Bool { pausedForBackpressure }
+
+    /// Refuses a just-accepted connection: writes `line` (and a newline) if the socket takes it
+    /// at once, never queueing, then closes. The descriptor is released immediately.
+    public func refuse(line: String) {
+        var bytes = Array(line.utf8)
+        bytes.append(0x0A)
+        bytes.withUnsafeMutableBytes { b in
+            var buf = pylon_buf(b.baseAddress!.assumingMemoryBound(to: CChar.self), b.count)
+            _ = uv_try_write(stream, &buf, 1)
+        }
+        close()
+    }
 
     /// Closes once everything queued has been written.
     public func closeAfterFlush() {

@@ -140,6 +140,10 @@ extension System {
     }
 
     /// Resident set size of this process in KiB (from /proc/self/status), or nil.
+    /// Returns free heap memory to the system (glibc `malloc_trim`): after a burst, freed
+    /// memory would otherwise stay in the process.
+    public static func releaseFreeMemory() { _ = pylon_malloc_trim() }
+
     public static func rssKiB(pid: Int32? = nil) -> Int? {
         let path = pid.map { "/proc/\($0)/status" } ?? "/proc/self/status"
         guard let bytes = readFile(path) else { return nil }

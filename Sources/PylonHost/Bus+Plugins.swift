@@ -177,6 +177,8 @@ extension Bus {
             stream.startReading()
         }
         let peer = newPeer(kind: .plugin(slot), conn: channel)
+        // A plugin's replies are what drain its queue: never stop reading them.
+        channel.pausesReadingWhenCongested = false
         slot.peer = peer
         channel.startReading()
         log.info("plugin spawned", ["plugin": pc.name, "pid": process.pid, "exec": o.exec])

@@ -63,25 +63,46 @@ public final class Bus {
         loadConsent()
     }
 
-    public var clientCount: Int { peers.values.reduce(0) { $0 + ($1.isPlugin ? 0 : 1) } }
+    /// Connected clients, in all and per uid.
+    public private(set) var clientCount = 0
+    var clientsByUid: [UInt32: Int] = [:]
+    /// Refused connections not yet reported in the log (reported at most every `refusalLogMs`).
+    var refusedUnlogged: [String: Int] = [:]
+    var refusedTotal: UInt64 = 0
+    var refusalLogTimer: Timer?
+    var lastRefusalLogMs: UInt64?
+    static let refusalLogMs: UInt64 = 10_000
+    /// Clients closed since the allocator was last asked to return free memory.
+    var closedSinceTrim = 0
+    var trimTimer: Timer?
 
     // MARK: Peers
 
-    /// Adopts an accepted client connection, or refuses it when at the connection limit.
+    /// Adopts an accepted client connection, or refuses it: while shutting down, at the
+    /// connection limit, or at the per-uid limit (so one local user cannot take every slot).
+    /// A refusal is one error line written without queueing and an immediate close, so a
+    /// connect flood holds no descriptors or memory beyond the limit.
     public func adoptClient(_ conn: Connection) {
+        let creds = PeerCredentials.of(fd: conn.fd)
+        let limits = config.limits
+        var refusal: (String, RPCError)?
         if shuttingDown {
-            sendError(conn, id: nil, RPCError(.shuttingDown, "host is shutting down"))
-            conn.closeAfterFlush()
+            refusal = ("shuttingDown", RPCError(.shuttingDown, "host is shutting down"))
+        } else if clientCount >= limits.maxConnections {
+            refusal = ("maxConnections", RPCError(.overloaded, "too many connections (limit \(limits.maxConnections))",
+                                                  data: ["limit": "maxConnections", "value": .int(Int64(limits.maxConnections))]))
+        } else if let uid = creds?.uid, clientsByUid[uid, default: 0] >= limits.maxConnectionsPerUid {
+            refusal = ("maxConnectionsPerUid", RPCError(.overloaded, "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUid))",
+                                                        data: ["limit": "maxConnectionsPerUid", "value": .int(Int64(limits.maxConnectionsPerUid))]))
+        }
+        if let (name, error) = refusal {
+            conn.refuse(line: Wire.error(id: .null, error).serialized)
+            noteRefusal(name)
             return
         }
-        if clientCount >= config.limits.maxConnections {
-            log.warn("connection refused: limit reached", ["limit": config.limits.maxConnections])
-            sendError(conn, id: nil, RPCError(.overloaded, "too many connections (limit \(config.limits.maxConnections))",
-                                              data: ["limit": "maxConnections", "value": .int(Int64(config.limits.maxConnections))]))
-            conn.closeAfterFlush()
-            return
-        }
-        let peer = newPeer(kind: .client(PeerCredentials.of(fd: conn.fd)), conn: conn)
+        let peer = newPeer(kind: .client(creds), conn: conn)
+        clientCount += 1
+        if let uid = creds?.uid { clientsByUid[uid, default: 0] += 1 }
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
         // answer what is in flight, then close.
         conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
@@ -143,10 +164,61 @@ public final class Bus {
         if peer.conn.peerShutdown && peer.inflight == 0 && !peer.closed { peer.conn.closeAfterFlush() }
     }
 
+    /// Counts a refused connection. The log gets at most one line per `refusalLogMs`: the first
+    /// refusal after a quiet period at once, the rest summed at the end of the window.
+    func noteRefusal(_ limit: String) {
+        refusedTotal += 1
+        refusedUnlogged[limit, default: 0] += 1
+        guard refusalLogTimer == nil else { return }
+        let now = loop.nowMs
+        let wait = lastRefusalLogMs.map { $0 + Bus.refusalLogMs > now ? $0 + Bus.refusalLogMs - now : 0 } ?? 0
+        if wait == 0 { return logRefusals() }
+        let t = Timer(loop: loop, unref: true) { [unowned self] in
+            self.refusalLogTimer?.close()
+            self.refusalLogTimer = nil
+            self.logRefusals()
+        }
+        refusalLogTimer = t
+        t.start(after: wait)
+    }
+
+    private func logRefusals() {
+        guard !refusedUnlogged.isEmpty else { return }
+        let counts = refusedUnlogged.keys.sorted().map { "\($0)=\(refusedUnlogged[$0]!)" }.joined(separator: ",")
+        let n = refusedUnlogged.values.reduce(0, +)
+        refusedUnlogged = [:]
+        lastRefusalLogMs = loop.nowMs
+        log.warn("connections refused", ["count": n, "by_limit": counts, "clients": clientCount, "total": refusedTotal])
+    }
+
+    /// After a burst of clients went away, asks the allocator to return free memory to the
+    /// system (glibc keeps freed heap otherwise), once the burst is over.
+    func clientGone() {
+        closedSinceTrim += 1
+        guard closedSinceTrim >= Bus.trimAfterClosedClients, trimTimer == nil else { return }
+        let t = Timer(loop: loop, unref: true) { [unowned self] in
+            self.trimTimer?.close()
+            self.trimTimer = nil
+            self.closedSinceTrim = 0
+            System.releaseFreeMemory()
+        }
+        trimTimer = t
+        t.start(after: 1_000)
+    }
+    static let trimAfterClosedClients = 256
+
     func peerClosed(_ peer: Peer) {
         guard !peer.closed else { return }
         peer.closed = true
         peers[peer.id] = nil
+        if !peer.isPlugin {
+            clientCount -= 1
+            if let uid = peer.credentials?.uid {
+                let n = clientsByUid[uid, default: 1] - 1
+                clientsByUid[uid] = n > 0 ? n : nil
+            }
+            clientGone()
+        }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }
         // Requests that peer was serving fail now, not at their timeout.
         failPending(targeting: peer, RPCError(.pluginUnavailable, "\(peer.label) disconnected with the request in flight",
@@ -401,6 +473,16 @@ public final class Bus {
     /// replaced (a parsed message is never re-serialised).
     func forward(_ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
                  timeoutMs: UInt64) {
+        // Backpressure reaches whoever fills a congested target: a client's request waits (the
+        // line is dispatched again later) and its input is held until the target drains, so a
+        // target's queue stays within maxQueuedBytes plus one message. Plugins are not held: a
+        // held plugin could not answer its heartbeats; their own callers are held instead.
+        if target.conn.isCongested && !peer.isPlugin {
+            peer.conn.hold(until: target.conn)
+            peer.conn.deferCurrentLine()
+            heldForCongestion += 1
+            return
+        }
         let original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
         if peer.inflight >= config.limits.maxInflightPerConnection {
             sendError(peer.conn, idText: original, RPCError(.overloaded,
@@ -421,14 +503,6 @@ public final class Bus {
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
-        // Backpressure reaches whoever fills a congested target: the client's input waits
-        // until the target drains (its queue stays within maxQueuedBytes + one message).
-        // Plugins are not held: a held plugin could not answer its heartbeats; their own
-        // callers are held instead.
-        if target.conn.isCongested && !peer.isPlugin {
-            peer.conn.hold(until: target.conn)
-            heldForCongestion += 1
-        }
     }
 
     /// Issues a request from the host itself (heartbeats, callbacks to providers).
@@ -479,6 +553,12 @@ public final class Bus {
         // (Methods a client provided take requests only.)
         switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .forward(let target, _, provider: false):
+            if target.conn.isCongested {  // held like a request (see forward)
+                peer.conn.hold(until: target.conn)
+                peer.conn.deferCurrentLine()
+                heldForCongestion += 1
+                return
+            }
             target.conn.sendLine(line)
             routed += 1
         case .denied(_, let key):

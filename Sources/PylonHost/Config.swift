@@ -12,6 +12,10 @@ public struct Limits: Equatable, Sendable {
     public var maxDepth: Int32 = 64
     /// Client connections at once (-32004, then the connection is closed).
     public var maxConnections = 256
+    /// Client connections of one uid at once, so one local user cannot take every slot
+    /// (-32004 as above). Default: three quarters of `maxConnections`, but not below 16.
+    public var maxConnectionsPerUid = 192
+    static func defaultPerUid(maxConnections n: Int) -> Int { max(min(n, 16), n * 3 / 4) }
     /// Requests a connection may have awaiting replies (-32004 beyond it).
     public var maxInflightPerConnection = 1024
     /// Bytes queued to a slow reader before the host stops reading its requests and drops
@@ -26,7 +30,7 @@ public struct Limits: Equatable, Sendable {
     public var json: JSON {
         [
             "maxLineBytes": .int(Int64(maxLineBytes)), "maxDepth": .int(Int64(maxDepth)),
-            "maxConnections": .int(Int64(maxConnections)),
+            "maxConnections": .int(Int64(maxConnections)), "maxConnectionsPerUid": .int(Int64(maxConnectionsPerUid)),
             "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
             "maxQueuedBytes": .int(Int64(maxQueuedBytes)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
@@ -138,7 +142,11 @@ extension HostConfig {
             var lr = Reader(l, path: "limits.")
             if let v = try lr.int("maxLineBytes", min: 256) { c.limits.maxLineBytes = v }
             if let v = try lr.int("maxDepth", min: 2, max: 1000) { c.limits.maxDepth = Int32(v) }
-            if let v = try lr.int("maxConnections", min: 1) { c.limits.maxConnections = v }
+            if let v = try lr.int("maxConnections", min: 1) {
+                c.limits.maxConnections = v
+                c.limits.maxConnectionsPerUid = Limits.defaultPerUid(maxConnections: v)
+            }
+            if let v = try lr.int("maxConnectionsPerUid", min: 1) { c.limits.maxConnectionsPerUid = v }
             if let v = try lr.int("maxInflightPerConnection", min: 1) { c.limits.maxInflightPerConnection = v }
             if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }

@@ -29,7 +29,7 @@ BACKEND_LISTEN ?= 127.0.0.1:8780
 
 ## Start the reference backend on loopback and the host with every plugin, wired to it.
 run: build
-	@mkdir -p $(RUN_DIR)/state
+	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
 	@echo "pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"
 	@echo "try: socat - UNIX-CONNECT:$(PYLON_SOCKET)   or: PYLON_SOCKET=$(PYLON_SOCKET) .build/debug/pylonctl status"
 	@.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db & backend=$$!; \

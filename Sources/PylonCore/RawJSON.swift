@@ -377,3 +377,42 @@ extension RawJSON {
         }
     }
 }
+
+extension RawJSON {
+    /// The first key that appears twice in one object anywhere in `text` (JSON that json-c
+    /// accepted), or nil. json-c keeps the last of duplicate keys silently; files the host reads
+    /// (configuration, consent) are refused instead. Keys are compared as written, so two
+    /// spellings of one key with escapes are not detected.
+    public static func duplicateKey(in text: UnsafeRawBufferPointer) -> String? {
+        var i = skipSpace(text, 0)
+        return duplicateKey(text, &i, depth: 0)
+    }
+
+    private static func duplicateKey(_ t: UnsafeRawBufferPointer, _ i: inout Int, depth: Int) -> String? {
+        guard i < t.count, depth < 1024 else { return nil }
+        let open = t[i]
+        guard open == UInt8(ascii: "{") || open == UInt8(ascii: "[") else {
+            i = skipValue(t, i)
+            return nil
+        }
+        let close = open == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
+        var seen = Set<[UInt8]>()
+        i += 1
+        while true {
+            i = skipSpace(t, i)
+            guard i < t.count else { return nil }
+            if t[i] == close { i += 1; return nil }
+            if t[i] == UInt8(ascii: ",") { i += 1; continue }
+            if open == UInt8(ascii: "{") {
+                guard t[i] == UInt8(ascii: "\"") else { return nil }
+                let end = skipString(t, i)
+                let key = Array(t[(i + 1)..<max(i + 1, end - 1)])
+                if !seen.insert(key).inserted { return String(decoding: key, as: UTF8.self) }
+                i = skipSpace(t, end)
+                guard i < t.count, t[i] == UInt8(ascii: ":") else { return nil }
+                i = skipSpace(t, i + 1)
+            }
+            if let d = duplicateKey(t, &i, depth: depth + 1) { return d }
+        }
+    }
+}

@@ -286,13 +286,17 @@ extension Bus {
         if access(consentPath, F_OK) != 0 && errno == ENOENT { return }
         var problem = "unreadable"
         if let bytes = System.readFile(consentPath) {
-            let parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
+            var parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
+            if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
+                parsed = nil
+                problem = "damaged (key \(dup) appears twice)"
+            }
             switch parsed.map(ConsentStore.restore) {
             case .success(let restored)?:
                 consent = restored
                 return
             case .failure(let e)?: problem = "not a consent snapshot (\(e.reason))"
-            case nil: problem = "not JSON"
+            case nil: if problem == "unreadable" { problem = "not JSON" }
             }
         }
         log.error("consent file \(problem); collection denied (master switch) until consent is set again",

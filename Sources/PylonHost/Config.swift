@@ -116,6 +116,9 @@ extension HostConfig {
         } catch {
             throw ConfigError("\(path): \(error)")
         }
+        if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
+            throw ConfigError("\(path): key \"\(dup)\" appears twice in one object")
+        }
         var c = try parse(json)
         if let s = environment("PYLON_SOCKET"), !s.isEmpty { c.socketPath = s }
         if let s = environment("PYLON_STATE_DIR"), !s.isEmpty { c.stateDir = s }

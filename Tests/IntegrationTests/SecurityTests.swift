@@ -203,3 +203,42 @@ extension SecurityTests {
         }
     }
 }
+
+extension SecurityTests {
+    /// A consent file that is not exactly what the host writes fails closed (master denied):
+    /// a bad epoch, a duplicated switch, an app layer for the master switch.
+    @Test func aDamagedConsentFileFailsClosed() throws {
+        for bad in [
+            #"{"epoch":"x","switches":{}}"#, #"{"epoch":-5,"switches":{}}"#,
+            #"{"epoch":1,"switches":{"ma:a":false,"ma:a":true}}"#, #"{"epoch":1,"switches":{},"app":{"device":true}}"#,
+        ] {
+            let dir = NSTemporaryDirectory() + "pylon-consent-" + UUID().uuidString.prefix(8)
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(atPath: dir) }
+            try bad.write(toFile: dir + "/consent.json", atomically: true, encoding: .utf8)
+            let h = try TestHost(stateDir: dir)
+            #expect(try h.client().call("consent.list")["master"] == .bool(false), "\(bad)")
+        }
+    }
+
+    /// A configuration with a key given twice is refused with the key named (json-c would keep
+    /// the last silently).
+    @Test func aConfigWithADuplicateKeyIsRefused() throws {
+        let dir = NSTemporaryDirectory() + "pylon-cfg-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try #"{"socket":"\#(dir)/s.sock","logLevel":"info","logLevel":"debug","plugins":[]}"#
+            .write(toFile: dir + "/c.json", atomically: true, encoding: .utf8)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylond")
+        p.arguments = ["--config", dir + "/c.json", "--check-config"]
+        let err = Pipe()
+        p.standardError = err
+        p.standardOutput = err
+        try p.run()
+        let out = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        #expect(p.terminationStatus != 0)
+        #expect(out.contains("logLevel"), "\(out)")
+    }
+}

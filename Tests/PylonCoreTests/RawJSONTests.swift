@@ -52,3 +52,16 @@ struct RawJSONTests {
         }
     }
 }
+
+struct DuplicateKeyTests {
+    func dup(_ s: String) -> String? { Array(s.utf8).withUnsafeBytes { RawJSON.duplicateKey(in: $0) } }
+
+    @Test func findsARepeatedKeyAtAnyDepth() {
+        #expect(dup(#"{"a":1,"b":2}"#) == nil)
+        #expect(dup(#"{"a":1,"a":2}"#) == "a")
+        #expect(dup(#"{"x":{"s":{"k":true,"k":false}}}"#) == "k")
+        #expect(dup(#"{"x":[{"k":1},{"k":2}]}"#) == nil, "the same key in two objects is fine")
+        #expect(dup(#"[{"q":1, "q" : 2}]"#) == "q")
+        #expect(dup(#"{"s":"{\"a\":1,\"a\":2}"}"#) == nil, "inside a string is not a key")
+    }
+}

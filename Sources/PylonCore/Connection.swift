@@ -42,7 +42,7 @@ public final class Connection {
     private var drainWaiters: [Connection] = []
     /// Input read but not yet dispatched because the gate closed mid-read.
     private var backlog: [UInt8] = []
-    private var backlogTimer: Timer?
+    private var backlogScheduled = false
     private var closeWhenFlushed = false
     public private(set) var isClosed = false
 
@@ -126,9 +126,16 @@ public final class Connection {
     private var gateOpen: Bool { !isClosed && holds == 0 && !pausedForBackpressure }
     private var canDispatch: Bool { wantsReading && gateOpen }
 
-    /// Lines dispatched from one read (or one backlog turn) before the rest waits for the next
-    /// loop turn: one peer's burst cannot keep the loop from everyone else for long.
-    public static let maxLinesPerTurn = 2048
+    /// Work units (one per line, more for what the owner `charge`s) dispatched from one read
+    /// (or one backlog turn) before the rest waits for the next loop turn: one peer's burst
+    /// cannot keep the loop from everyone else for long. A pipelined client with 64 requests in
+    /// flight never reaches it.
+    public static let maxWorkPerTurn = 256
+    private var turnBudget = 0
+
+    /// Called from `onLine`: this line cost `units` more than an ordinary one (an expensive host
+    /// method), so fewer of the peer's lines follow in this turn.
+    public func charge(_ units: Int) { turnBudget -= units }
 
     /// Makes libuv's reading match the gate, and schedules the backlog when it can go on.
     private func syncReading() {
@@ -145,18 +152,22 @@ public final class Connection {
             uvReading = false
             uv_read_stop(stream)
         }
-        if canDispatch && !backlog.isEmpty {
-            // On a later loop turn: this may run inside another connection's dispatch.
-            let t = backlogTimer ?? Timer(loop: loop) { [unowned self] in self.dispatchBacklog() }
-            backlogTimer = t
-            if !t.isActive { t.start(after: 0) }
+        if canDispatch && !backlog.isEmpty && !backlogScheduled {
+            // On the next loop turn, after others' I/O (this may run inside another
+            // connection's dispatch, too).
+            backlogScheduled = true
+            loop.nextTurn { [weak self] in
+                guard let self else { return }
+                self.backlogScheduled = false
+                self.dispatchBacklog()
+            }
         }
     }
 
     /// Hands lines of `bytes` to the owner while the gate is open; returns the bytes consumed.
     /// A line the owner deferred (`deferCurrentLine`) is kept in `deferred`, to go first.
     private func dispatch(_ bytes: UnsafeRawBufferPointer) -> Int {
-        var budget = Connection.maxLinesPerTurn
+        turnBudget = Connection.maxWorkPerTurn
         let used = framer.feed(bytes, until: { event in
             guard !self.isClosed else { return false }
             switch event {
@@ -169,10 +180,10 @@ public final class Connection {
                 }
             case .oversized(let n, let head): self.onOversized(n, head)
             }
-            budget -= 1
-            return budget > 0 && self.canDispatch
+            self.turnBudget -= 1
+            return self.turnBudget > 0 && self.canDispatch
         })
-        if budget == 0 { budgetPauses &+= 1 }
+        if turnBudget <= 0 { budgetPauses &+= 1 }
         return used
     }
 
@@ -191,7 +202,7 @@ public final class Connection {
         backlog = kept + backlog
     }
 
-    /// How often a read had more lines than `maxLinesPerTurn` (the rest went to a later turn).
+    /// How often a read had more work than `maxWorkPerTurn` (the rest went to a later turn).
     public private(set) var budgetPauses: UInt64 = 0
 
     private func didRead(_ nread: Int) {
@@ -394,8 +405,6 @@ public final class Connection {
         if uvReading { uv_read_stop(stream) }
         uvReading = false
         backlog = []
-        backlogTimer?.close()
-        backlogTimer = nil
         releaseWaiters()
         uv_close(asHandle(handle)) { h in
             let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }

@@ -10,10 +10,22 @@ public final class Listener {
     public let path: String
     public var onConnection: () -> Void = {}
     private var closed = false
+    let loop: Loop
+    /// Connections accepted in one loop turn at most. The rest wait in the kernel's backlog:
+    /// libuv stops watching the socket until `uv_accept` is called again, on the next turn, so a
+    /// connect flood cannot keep the loop from serving the clients it already has.
+    public static let maxAcceptsPerTurn = 32
+    /// Pending connections the kernel holds while the host paces its accepts (capped by
+    /// net.core.somaxconn); a client connecting during a flood waits here instead of failing.
+    public static let defaultBacklog: Int32 = 1024
+    private var acceptedInTurn = 0
+    private var acceptTurn: UInt64 = 0
+    private var resumeScheduled = false
 
     /// Binds `path` (removing a stale socket file first) and applies `mode`/`group` to it.
-    public init(loop: Loop, path: String, mode: mode_t, group: gid_t?, backlog: Int32 = 128) throws(UVError) {
+    public init(loop: Loop, path: String, mode: mode_t, group: gid_t?, backlog: Int32 = Listener.defaultBacklog) throws(UVError) {
         self.path = path
+        self.loop = loop
         handle = .allocate(capacity: 1)
         handle.initialize(to: uv_pipe_t())
         uv_pipe_init(loop.uv, handle, 0)
@@ -40,9 +52,33 @@ public final class Listener {
         }
         let lrc = uv_listen(asStream(handle), backlog) { s, status in
             guard status == 0 else { return }
-            Unmanaged<Listener>.fromOpaque(s!.pointee.data).takeUnretainedValue().onConnection()
+            Unmanaged<Listener>.fromOpaque(s!.pointee.data).takeUnretainedValue().connectionReady()
         }
         if lrc < 0 { close(); throw UVError(lrc, "listen \(path)") }
+    }
+
+    /// A connection is waiting: hand it to `onConnection` (which accepts it), unless this turn's
+    /// budget is spent; then it stays pending (libuv pauses the socket) until the next turn.
+    private func connectionReady() {
+        if acceptTurn != loop.turn {
+            acceptTurn = loop.turn
+            acceptedInTurn = 0
+        }
+        guard acceptedInTurn < Listener.maxAcceptsPerTurn else {
+            if !resumeScheduled {
+                resumeScheduled = true
+                loop.nextTurn { [weak self] in
+                    guard let self, !self.closed else { return }
+                    self.resumeScheduled = false
+                    self.acceptTurn = self.loop.turn
+                    self.acceptedInTurn = 0
+                    self.connectionReady()
+                }
+            }
+            return
+        }
+        acceptedInTurn += 1
+        onConnection()
     }
 
     /// Accepts a pending connection into a new `Connection` (`uv_accept`).

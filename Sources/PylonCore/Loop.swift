@@ -15,10 +15,40 @@ public final class Loop {
         prepare.pointee.data = Unmanaged.passUnretained(self).toOpaque()
         // Before the loop blocks, write out whatever timers and callbacks queued this turn.
         uv_prepare_start(prepare) { p in
-            Unmanaged<Loop>.fromOpaque(p!.pointee.data).takeUnretainedValue().flushDirty()
+            let loop = Unmanaged<Loop>.fromOpaque(p!.pointee.data).takeUnretainedValue()
+            loop.turn &+= 1
+            loop.flushDirty()
         }
         uv_unref(asHandle(prepare))
     }
+
+    private var deferred: [() -> Void] = []
+    private lazy var idle: UnsafeMutablePointer<uv_idle_t> = {
+        let h = UnsafeMutablePointer<uv_idle_t>.allocate(capacity: 1)
+        h.initialize(to: uv_idle_t())
+        uv_idle_init(uv, h)
+        h.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+        return h
+    }()
+
+    /// Runs `work` on the next loop turn, after the I/O of this one (a zero-delay timer would run
+    /// within the current timers phase if started from a timer). Used to spread a peer's work
+    /// over turns.
+    public func nextTurn(_ work: @escaping () -> Void) {
+        if deferred.isEmpty {
+            uv_idle_start(idle) { h in
+                let loop = Unmanaged<Loop>.fromOpaque(h!.pointee.data).takeUnretainedValue()
+                let work = loop.deferred
+                loop.deferred = []
+                for w in work { w() }
+                if loop.deferred.isEmpty { uv_idle_stop(h) }
+            }
+        }
+        deferred.append(work)
+    }
+
+    /// Counts loop iterations (bumped before the loop blocks): "once per turn" budgets use it.
+    public private(set) var turn: UInt64 = 0
 
     /// Milliseconds of the loop's cached monotonic clock (`uv_now`).
     public var nowMs: UInt64 { uv_now(uv) }

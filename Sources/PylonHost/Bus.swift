@@ -362,6 +362,9 @@ public final class Bus {
         return .success((method, principal))
     }
 
+    /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
+    static let reportCost = 32
+
     /// Longest method name accepted.
     static let maxMethodBytes = 256
 
@@ -385,6 +388,9 @@ public final class Bus {
         let idText = String(decoding: UnsafeRawBufferPointer(rebasing: line[idSpan]), as: UTF8.self)
         switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .host:
+            // A report costs much more than a routed message: fewer of the peer's lines follow
+            // in this loop turn (a flood of them cannot stall everyone else).
+            if method == "bus.status" || method == "bus.describe" { peer.conn.charge(Bus.reportCost) }
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
             switch hostMethod(peer, principal, method, params) {
             case .success(let v): sendResult(peer.conn, idText: idText, v)

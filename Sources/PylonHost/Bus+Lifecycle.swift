@@ -9,7 +9,7 @@ extension Bus {
         shuttingDown = true
         onShutdownComplete = done
         log.info("shutting down", ["plugins": slots.count, "clients": clientCount])
-        for (id, _) in pending { complete(id, RPCError(.shuttingDown, "host is shutting down")) }
+        for id in pending.ids(where: { _ in true }) { complete(id, RPCError(.shuttingDown, "host is shutting down")) }
         for name in slotOrder { if let s = slots[name] { stopPlugin(s) } }
         for p in peers.values where !p.isPlugin { p.conn.closeAfterFlush() }
         checkShutdownComplete()

@@ -22,7 +22,7 @@ public final class Bus {
     /// ms × 1000, below 2^53), so a plugin that kept state about a client id from an earlier
     /// host run cannot mistake a new client for it.
     private var nextPeerId = UInt64(max(0, System.wallClockMs())) * 1000
-    var pending: [Int64: Pending] = [:]
+    var pending = PendingTable<Pending>()
     private var nextRequestId: Int64 = 1
     var slots: [String: PluginSlot] = [:]
     var slotOrder: [String] = []
@@ -33,7 +33,9 @@ public final class Bus {
     var consentRefused: [String: UInt64] = [:]
     var consentPath: String { config.stateDir + "/consent.json" }
 
+    /// Armed for the earliest pending deadline only (none while nothing is pending).
     private var sweepTimer: Timer!
+    private var sweepArmedForMs: UInt64?
     let startedAtMs: UInt64
     var shuttingDown = false
     var onShutdownComplete: () -> Void = {}
@@ -58,8 +60,10 @@ public final class Bus {
         self.config = config
         tokener = Tokener(maxDepth: config.limits.maxDepth)
         startedAtMs = loop.nowMs
-        sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in self.sweepTimeouts() }
-        sweepTimer.start(after: 100, repeat: 100)
+        sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in
+            self.sweepArmedForMs = nil
+            self.sweepTimeouts()
+        }
         loadConsent()
     }
 
@@ -504,8 +508,8 @@ public final class Bus {
         } else {
             target.conn.sendSpliced(line, span, int: hostId)
         }
-        pending[hostId] = Pending(origin: .peer(peer, originalId: original), target: target,
-                                  deadlineMs: loop.nowMs + timeoutMs, principal: principal)
+        addPending(hostId, Pending(origin: .peer(peer, originalId: original), target: target, principal: principal),
+                   deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -516,7 +520,7 @@ public final class Bus {
               _ done: @escaping (Result<JSON, RPCError>) -> Void) -> Int64 {
         let hostId = nextRequestId
         nextRequestId += 1
-        pending[hostId] = Pending(origin: .host(done), target: target, deadlineMs: loop.nowMs + timeoutMs)
+        addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)
         target.conn.send(Wire.request(id: .int(hostId), method: method, params: params))
         return hostId
     }
@@ -535,7 +539,7 @@ public final class Bus {
     /// Removes and returns the pending request `hostId` if `peer` is the one it was sent to.
     func takePending(_ hostId: Int64, answeredBy peer: Peer) -> Pending? {
         guard let p = pending[hostId], p.target === peer else { return nil }
-        pending[hostId] = nil
+        pending.remove(hostId)
         peer.slot?.served += 1
         return p
     }
@@ -613,13 +617,16 @@ public final class Bus {
     // MARK: Pending requests
 
     func failPending(targeting peer: Peer, _ error: RPCError) {
-        let ids = pending.filter { $0.value.target === peer }.map { $0.key }
-        for id in ids { complete(id, error) }
+        for id in pending.ids(where: { $0.target === peer }) { complete(id, error) }
     }
 
     /// Answers a pending request with an error (plugin death, timeout).
     func complete(_ id: Int64, _ error: RPCError) {
-        guard let p = pending.removeValue(forKey: id) else { return }
+        guard let p = pending.remove(id) else { return }
+        finish(p, error)
+    }
+
+    private func finish(_ p: Pending, _ error: RPCError) {
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
@@ -631,15 +638,26 @@ public final class Bus {
         }
     }
 
+    func addPending(_ id: Int64, _ p: Pending, deadlineMs: UInt64) {
+        pending.insert(id, p, deadlineMs: deadlineMs)
+        armSweep()
+    }
+
+    /// Arms the timeout timer for the earliest pending deadline (earlier than what it is armed
+    /// for); with nothing pending it stays idle: an idle host does not wake up for timeouts.
+    private func armSweep() {
+        guard let next = pending.nextDeadline() else { return }
+        if let armed = sweepArmedForMs, armed <= next { return }
+        sweepArmedForMs = next
+        sweepTimer.start(after: next > loop.nowMs ? next - loop.nowMs : 0)
+    }
+
     private func sweepTimeouts() {
-        guard !pending.isEmpty else { return }
-        let now = loop.nowMs
-        let expired = pending.filter { $0.value.deadlineMs <= now }
-        for (id, p) in expired.sorted(by: { $0.key < $1.key }) {
+        for (_, p) in pending.expired(nowMs: loop.nowMs) {
             if case .peer = p.origin { timeouts += 1 }
-            complete(id, RPCError(.timeout, "no reply from \(p.target.label) in time",
-                                  data: ["target": .string(p.target.label)]))
+            finish(p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
         }
+        armSweep()
     }
 
     // MARK: Output helpers

@@ -80,7 +80,6 @@ struct Pending {
     }
     let origin: Origin
     let target: Peer
-    let deadlineMs: UInt64
     /// Whom the request acts for; inherited by calls the target makes on its behalf.
     var principal = Principal.host
 }

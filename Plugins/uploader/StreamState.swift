@@ -97,6 +97,19 @@ struct StreamState {
         return false
     }
 
+    /// The earliest time `shouldSend` can turn true with nothing else happening (the interval
+    /// running out, a backoff ending), or nil when only an event can make it send (a batch in
+    /// flight completes, records arrive, a flush): the uploader arms one timer for the earliest
+    /// of these and none when there is none, instead of polling.
+    func nextWake(now: UInt64) -> UInt64? {
+        guard !inFlight else { return nil }
+        if !pendingBatches.isEmpty { return max(now, notBeforeMs) }
+        guard queued > 0 else { return nil }
+        if flushRequested || countReached || queuedBytes >= settings.maxBatchBytes { return max(now, notBeforeMs) }
+        guard let o = oldestMs else { return nil }
+        return max(notBeforeMs, o + settings.intervalMs)
+    }
+
     /// Backoff before retry number `attempts` (1-based): exponential, jittered, capped; a longer
     /// Retry-After wins.
     static func retryDelay(attempts: Int, policy: RetryPolicy, retryAfterMs: UInt64?, random: Double) -> UInt64 {

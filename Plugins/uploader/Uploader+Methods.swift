@@ -209,5 +209,6 @@ extension Uploader {
         call.reply(["stream": .string(name), "maxCount": .int(Int64(st.settings.maxCount)),
                     "intervalMs": .int(Int64(st.settings.intervalMs)), "endpoint": .string(st.settings.endpoint)])
         pump(name, now: now)
+        armWake()
     }
 }

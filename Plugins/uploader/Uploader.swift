@@ -17,7 +17,10 @@ final class Uploader {
     var recordedOwners: [String: StreamOwner] = [:]
     /// Bytes and streams per owner: the disk cap's fair shares.
     var ledger = OwnerLedger()
-    private var tick: Timer!
+    /// One timer, armed for the earliest moment a stream may have to send (`StreamState.nextWake`);
+    /// idle while every stream waits for an event.
+    private var wakeTimer: Timer!
+    private var wakeArmedForMs: UInt64?
     private var commitTimer: Timer!
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
@@ -77,8 +80,10 @@ final class Uploader {
             System.exit(78)
         }
         http = HTTPClient(loop: plugin.loop)
-        tick = Timer(loop: plugin.loop) { [unowned self] in self.pumpAll() }
-        tick.start(after: 50, repeat: 50)
+        wakeTimer = Timer(loop: plugin.loop) { [unowned self] in
+            self.wakeArmedForMs = nil
+            self.pumpAll()
+        }
         commitTimer = Timer(loop: plugin.loop) { [unowned self] in self.commit() }
         let pending = streams.values.reduce(0) { $0 + $1.pendingBatches.count }
         plugin.log.info("uploader ready", ["streams": streams.count, "queued_bytes": diskBytes, "pending_batches": pending,
@@ -283,6 +288,31 @@ final class Uploader {
     func pumpAll() {
         let t = now
         for name in streams.keys { pump(name, now: t) }
+        armWake()
+    }
+
+    /// Arms the wake timer for the earliest stream that will need a look without an event.
+    /// How long a stream waits after a local failure (disk, gzip) before trying again.
+    static let storeErrorRetryMs: UInt64 = 1_000
+
+    func armWake() {
+        let t = now
+        var next: UInt64?
+        for st in streams.values {
+            guard var w = st.nextWake(now: t) else { continue }
+            if let nb = endpointNotBefore[st.settings.endpoint], nb > w { w = nb }
+            next = min(next ?? w, w)
+        }
+        guard let next else {
+            wakeTimer.stop()
+            wakeArmedForMs = nil
+            return
+        }
+        if let armed = wakeArmedForMs, armed == next { return }
+        wakeArmedForMs = next
+        // At least 1 ms: a zero timer started from the timer's own callback would run again in
+        // the same loop phase.
+        wakeTimer.start(after: max(1, next > t ? next - t : 0))
     }
 
     func pump(_ name: String, now t: UInt64) {
@@ -301,6 +331,7 @@ final class Uploader {
                                        maxBytes: st.settings.maxBatchBytes, final: false, nowMs: System.wallClockMs())
             } catch {
                 plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
+                streams[name]?.notBeforeMs = t + Uploader.storeErrorRetryMs
                 return
             }
             guard n > 0 else {
@@ -328,6 +359,7 @@ final class Uploader {
         } catch {
             plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
             streams[stream]?.inFlight = false
+            streams[stream]?.notBeforeMs = now + Uploader.storeErrorRetryMs
             return
         }
         if batch.count == 0 {
@@ -335,6 +367,7 @@ final class Uploader {
             streams[stream]?.pendingBatches.removeAll { $0 == key }
             streams[stream]?.inFlight = false
             pump(stream, now: now)
+            armWake()
             return
         }
         let gz: [UInt8]
@@ -343,6 +376,7 @@ final class Uploader {
         do { gz = try Gzip.compress(batch.body, level: 1) } catch {
             plugin.log.error("gzip failed", ["error": "\(error)"])
             streams[stream]?.inFlight = false
+            streams[stream]?.notBeforeMs = now + Uploader.storeErrorRetryMs
             return
         }
         let url = endpoint.replacingStream(stream)
@@ -422,6 +456,7 @@ final class Uploader {
         if st.pendingBatches.isEmpty && st.queued == 0 { st.countCap = nil }
         streams[stream] = st
         pump(stream, now: now)
+        armWake()
     }
 }
 

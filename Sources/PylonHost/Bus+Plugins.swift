@@ -227,7 +227,11 @@ extension Bus {
         slot.heartbeatOutstanding = nil
         let interval = slot.config.policy.heartbeatIntervalMs
         slot.heartbeat = replaceTimer(slot.heartbeat) { [unowned self, unowned slot] in self.heartbeatTick(slot) }
-        slot.heartbeat?.start(after: interval, repeat: interval)
+        // Ticks aligned to multiples of the interval on the loop clock: plugins with the same
+        // interval are pinged in the same loop turn, so an idle host wakes once per interval
+        // rather than once per plugin (at least one full interval after the handshake).
+        let now = loop.nowMs
+        slot.heartbeat?.start(after: 2 * interval - now % interval, repeat: interval)
     }
 
     func heartbeatTick(_ slot: PluginSlot) {

@@ -16,7 +16,6 @@ let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 
 // Answered from the request's bytes: the params' text is the result.
 plugin.rawMethod("echo") { params in Array(params) }
-var timers: [Timer] = []
 plugin.method("sleep") { call in
     let ms = UInt64(max(0, call.params["ms"]?.intValue ?? 0))
     let t = Timer(loop: plugin.loop) {}

@@ -1,7 +1,7 @@
 import CJSONC
 import PylonPluginKit
 
-/// pylon-ma: the MA analytics SDK surface as a service (spec: ../shared/spec/ma.md).
+/// pylon-ma: the MA analytics SDK surface as a service (reference: docs/MA.md).
 let plugin = Plugin(name: "ma", version: "0.1.0")
 plugin.wantsCallerInfo = true
 let ma = MAService(plugin: plugin)

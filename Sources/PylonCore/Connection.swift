@@ -70,8 +70,6 @@ public final class Connection {
 
     /// Bytes accepted by `send` that the peer has not read yet.
     public var queuedBytes: Int { pending.count + inflight.count }
-    public private(set) var bytesIn: UInt64 = 0
-    public private(set) var bytesOut: UInt64 = 0
 
     /// An unopened pipe handle (for `uv_spawn` stdio or `uv_accept`).
     public init(loop: Loop, maxLineBytes: Int) {
@@ -219,7 +217,6 @@ public final class Connection {
             return
         }
         guard nread > 0 else { return }
-        bytesIn &+= UInt64(nread)
         let chunk = UnsafeRawBufferPointer(start: readBuffer, count: nread)
         let used = dispatch(chunk)
         if used < nread || !deferred.isEmpty, !isClosed, wantsReading {
@@ -328,7 +325,6 @@ public final class Connection {
             var buf = pylon_buf(pending.base.assumingMemoryBound(to: CChar.self), pending.count)
             let r = uv_try_write(stream, &buf, 1)
             if r > 0 {
-                bytesOut &+= UInt64(r)
                 pending.consume(Int(r))
             } else if r < 0 && r != UV_EAGAIN.rawValue {
                 close(error: r)
@@ -356,7 +352,6 @@ public final class Connection {
 
     private func didWrite(_ status: Int32) {
         writing = false
-        bytesOut &+= UInt64(inflight.count)
         inflight.clear()
         if status < 0 {
             close(error: status)

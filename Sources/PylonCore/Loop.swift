@@ -57,10 +57,8 @@ public final class Loop {
 
     /// Runs until no active handle remains or `stop()` is called (`uv_run(UV_RUN_DEFAULT)`).
     public func run() { uv_run(uv, UV_RUN_DEFAULT) }
-    public func runOnce() { uv_run(uv, UV_RUN_ONCE) }
     public func runNoWait() { uv_run(uv, UV_RUN_NOWAIT) }
     public func stop() { uv_stop(uv) }
-    public func updateTime() { uv_update_time(uv) }
 
     /// Called by a connection that has queued output; its bytes are written at the end of the
     /// current read batch (or before the loop next blocks), so many messages share one syscall.

@@ -8,11 +8,6 @@ public struct UVError: Error, Equatable, Sendable, CustomStringConvertible {
     public var message: String { String(cString: uv_strerror(code)) }
     public var description: String { context.isEmpty ? message : "\(context): \(message)" }
 
-    /// Throws when `rc` is negative.
-    @inline(__always)
-    public static func check(_ rc: Int32, _ context: @autoclosure () -> String) throws(UVError) {
-        if rc < 0 { throw UVError(rc, context()) }
-    }
 }
 
 /// A libuv handle of any concrete type viewed as `uv_handle_t` (libuv's C "inheritance").

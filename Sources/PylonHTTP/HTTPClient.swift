@@ -84,7 +84,7 @@ public final class HTTPClient {
             done(.failure(HTTPClientError(code: -1, description: "HTTP client closed")))
             return
         }
-        let t = Transfer(easy: easy, request: request, done: done)
+        let t = Transfer(request: request, done: done)
         transfers[easy] = t
         let tp = Unmanaged.passUnretained(t).toOpaque()
         _ = pylon_easy_setopt_str(easy, CURLOPT_URL, request.url)
@@ -223,7 +223,6 @@ public final class HTTPClient {
 /// One transfer's buffers. The request body is copied to stable memory that curl reads from
 /// (`CURLOPT_POSTFIELDS` does not copy).
 final class Transfer {
-    let easy: UnsafeMutableRawPointer
     let done: (Result<HTTPResponse, HTTPClientError>) -> Void
     var body: [UInt8] = []
     var headers: [String: String] = [:]
@@ -231,8 +230,7 @@ final class Transfer {
     let bodyPointer: UnsafeMutableRawPointer?
     let bodyCount: Int
 
-    init(easy: UnsafeMutableRawPointer, request: HTTPRequest, done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
-        self.easy = easy
+    init(request: HTTPRequest, done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
         self.done = done
         bodyCount = request.body.count
         if request.body.isEmpty {

@@ -158,7 +158,6 @@ extension Bus {
         System.close(pluginEnd)
         slot.process = process
         slot.pid = process.pid
-        slot.spawnedAtMs = loop.nowMs
         slot.manifest = nil
         for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
             let plog = Log("plugin")

@@ -13,7 +13,6 @@ final class PluginSlot {
     /// From the manifest, kept apart so the routing hot path does not copy the manifest.
     private(set) var wantsCallerInfo = false
     var pid: Int32 = 0
-    var spawnedAtMs: UInt64 = 0
     var served: UInt64 = 0
     /// One timer per concern: start deadline / backoff / stop grace share `timer`.
     var timer: Timer?

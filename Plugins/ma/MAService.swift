@@ -307,20 +307,23 @@ final class MAService {
 
     /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader
     /// sends what was queued once as a final batch, then purges it).
-    func setConsent(_ inst: MAInstance, _ enabled: Bool, _ done: @escaping () -> Void) {
+    /// `done` gets nil, or why the host did not take the change.
+    func setConsent(_ inst: MAInstance, _ enabled: Bool, _ done: @escaping (String?) -> Void) {
         // The app's layer of the switch: the operator's decision (consent.set) still bounds it.
         plugin.call("consent.setApp", ["key": .string(inst.consentKey), "granted": .bool(enabled)]) { [unowned self] r in
             if case .failure(let e) = r {
-                self.plugin.log.error("consent.set failed", ["appKey": inst.appKey, "error": e.message])
+                self.plugin.log.error("consent.setApp failed", ["appKey": inst.appKey, "error": e.message])
+                done("the host did not take the collection switch: \(e.message)")
+            } else {
+                done(nil)
             }
-            done()
         }
     }
 
     /// Turns the AppKey's collection on or off. Off waits until every event recorded before it is
     /// durable in the uploader (or answered with a failure): an event answered 0 is never dropped
     /// by the switch that follows it, and the uploader then sends it once as the final batch.
-    func applyCollection(_ inst: MAInstance, enabled: Bool, _ done: @escaping () -> Void) {
+    func applyCollection(_ inst: MAInstance, enabled: Bool, _ done: @escaping (String?) -> Void) {
         let before = inst.collectionEnabled
         inst.collectionEnabled = enabled
         if !enabled {
@@ -328,7 +331,7 @@ final class MAService {
         }
         persist(inst)
         guard before != enabled || plugin.isConsentGranted(inst.consentKey) != enabled else {
-            done()
+            done(nil)
             return
         }
         if enabled {

@@ -27,7 +27,12 @@ plugin.method("start") { call in
         return
     }
     // Parameters are captured now; a queued start is not affected by later calls.
-    let enable = call.params["dataCollectionEnabled"]?.boolValue ?? true
+    let collection = call.params["dataCollectionEnabled"] ?? .null
+    guard collection == .null || collection.boolValue != nil else {
+        call.reply(R.result(MACode.invalidParams, "dataCollectionEnabled must be true or false"))
+        return
+    }
+    let enable = collection.boolValue ?? true
     let identity = IdentityInput(call.params["userID"]?.objectValue.map { JSON.object($0) })
     let project = call.params["project"]?.stringValue ?? ma.defaultProject
     for k in call.params.objectValue?.keys ?? [] where !["appKey", "dataCollectionEnabled", "userID", "project"].contains(k) {
@@ -53,8 +58,12 @@ plugin.method("start") { call in
         inst.project = j["project"]?.stringValue ?? project
         inst.identity.merge(identity.valid) { _, new in new }
         inst.started = true
-        ma.applyCollection(inst, enabled: enable) {  // it persists the instance
-            finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
+        ma.applyCollection(inst, enabled: enable) { err in  // it persists the instance
+            if let err {
+                finish(R.result(MACode.failed, err, ["euid": .string(euid)]))
+            } else {
+                finish(R.result(0, identity.localMessage, ["euid": .string(euid)]))
+            }
         }
     })
 }
@@ -124,7 +133,9 @@ plugin.method("setDataCollectionEnabled") { call in
             call.reply(R.result(0, "unchanged"))
             return
         }
-        ma.applyCollection(inst, enabled: enabled) { call.reply(R.result(0, "")) }
+        ma.applyCollection(inst, enabled: enabled) { err in
+            call.reply(err.map { R.result(MACode.failed, $0) } ?? R.result(0, ""))
+        }
     }
 }
 
@@ -138,14 +149,17 @@ plugin.method("isDataCollectionEnabled") { call in
 
 plugin.method("setCollectControl") { call in
     guard let inst = ma.usable(call) else { return }
+    // All or nothing: every field is checked before any is applied.
+    var changes: [String: Bool] = [:]
     for k in ["idfa", "idfv", "carrier"] {
         guard let v = call.params[k] else { continue }
         guard let b = v.boolValue else {
             call.reply(R.result(MACode.invalidParams, "\(k) must be true or false"))
             return
         }
-        inst.collectControl[k] = b
+        changes[k] = b
     }
+    for (k, b) in changes { inst.collectControl[k] = b }
     ma.persist(inst)
     call.reply(R.result(0, ""))
 }

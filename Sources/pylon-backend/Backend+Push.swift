@@ -67,8 +67,14 @@ extension Backend {
                 throw .badRequest(.invalidRequest, "installId is required")
             }
             let renew = body["renew"]?.boolValue ?? false
+            let given = try field(body, "token")
+            if let g = given, !(16...128).contains(g.utf8.count) || !g.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) {
+                throw .badRequest(.invalidRequest, "token must be 16 to 128 lowercase hex digits")
+            }
             let r = try storage { () throws(SQLiteError) in
-                try store.transaction { () throws(SQLiteError) in try store.pushRegister(installId: install, renew: renew, now: now) }
+                try store.transaction { () throws(SQLiteError) in
+                    try store.pushRegister(installId: install, renew: renew, given: given, now: now)
+                }
             }
             log.info("push: registered", ["installId": install, "renewed": r.previous != nil])
             return reply(0, "", ["token": .string(r.token), "previous": r.previous.map { .string($0) } ?? .null])

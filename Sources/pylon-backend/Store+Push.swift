@@ -61,10 +61,13 @@ extension Store {
         DELETE FROM push_sends; DELETE FROM push_deliveries;
         """
 
-    func pushRegister(installId: String, renew: Bool, now: Int64) throws(SQLiteError) -> (token: String, previous: String?) {
+    /// The install's token: its current one, a new one when `renew`, or `given` (a token the
+    /// device obtained elsewhere) which then replaces the current one.
+    func pushRegister(installId: String, renew: Bool, given: String? = nil, now: Int64) throws(SQLiteError) -> (token: String, previous: String?) {
         let cur = try db.query("SELECT token FROM push_devices WHERE install_id = ? AND active = 1", [.text(installId)]).first?.first?.text
-        if let cur, !renew { return (cur, nil) }
-        let token = System.randomHex(32)
+        if let cur, !renew, given == nil || given == cur { return (cur, nil) }
+        let token = given ?? System.randomHex(32)
+        try db.run("DELETE FROM push_devices WHERE token = ?", [.text(token)])
         if let cur {
             try db.run("UPDATE push_devices SET active = 0 WHERE token = ?", [.text(cur)])
             try db.run("DELETE FROM push_bindings WHERE token = ?", [.text(cur)])

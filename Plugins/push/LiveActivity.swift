@@ -25,7 +25,8 @@ struct LiveActivities {
     mutating func finished(_ key: Key, ok: Bool, appId: String, schema: [String: String]?) {
         if ok {
             submissions[key] = .succeeded
-            bound[key.activityId] = (appId, schema)
+            // A new token for the activity keeps the schema declared earlier unless it declares one.
+            bound[key.activityId] = (appId, schema ?? bound[key.activityId]?.schema)
         } else {
             submissions[key] = nil
         }

@@ -167,7 +167,7 @@ extension PushService {
                 }
                 self.activities.finished(key, ok: code == 0, appId: appId, schema: schemaOpt)
                 if code == 0 {
-                    let schemaText = schemaOpt.map { s in JSON.object(JSONObject(s.map { ($0.key, JSON.string($0.value)) })).serialized }
+                    let schemaText = self.activities.bound[aid]?.schema.map { s in JSON.object(JSONObject(s.map { ($0.key, JSON.string($0.value)) })).serialized }
                     try? self.store.saveActivity(aid, pushToken: pt, appId: appId, schema: schemaText)
                 }
                 call.reply(self.reply(code, message))

@@ -30,9 +30,9 @@ while let a = it.next() {
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
-    case "bus", "uploader", "ma": benchMode = a
+    case "bus", "uploader", "ma", "push": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma|push] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -239,5 +239,6 @@ stopHost()
 switch benchMode {
 case "uploader": try uploaderBench()
 case "ma": try maBench()
+case "push": try pushBench()
 default: try busBench()
 }

@@ -18,6 +18,7 @@ final class TestBroker {
             persistence true
             persistence_location \(dir)/
             autosave_interval 1
+            \(getuid() == 0 ? "user root" : "")
             log_dest file \(dir)/mosquitto.log
             """
         try conf.write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)

@@ -40,7 +40,7 @@ extension Substring {
 func pushBench() throws {
     _ = System.makeDirectories(tmp)
     let mqttPort = freeLoopbackPort()
-    let conf = "listener \(mqttPort) 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location \(tmp)/\nmax_queued_messages 100000\n" + (getuid() == 0 ? "user root\n" : "")
+    let conf = "listener \(mqttPort) 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location \(tmp)/\nmax_queued_messages 100000\nset_tcp_nodelay true\n" + (getuid() == 0 ? "user root\n" : "")
     _ = System.writeFileAtomically(tmp + "/mosquitto.conf", Array(conf.utf8))
     var mo = ChildProcess.Options(exec: "/usr/sbin/mosquitto")
     mo.args = ["-c", tmp + "/mosquitto.conf"]

@@ -58,10 +58,12 @@ struct Delivery {
 
     var count: Int { entries.count }
 
-    /// A message restored from SQLite after a restart (unacknowledged: delivered again).
-    mutating func restore(_ e: Entry) {
+    /// A message restored from SQLite after a restart (unacknowledged: delivered again, after the
+    /// backoff its earlier attempts earned).
+    mutating func restore(_ e: Entry, now: Int64) {
         var e = e
         e.inFlightUntil = nil
+        e.notBefore = now + retryDelay(max(e.attempts, 1))
         entries[e.id] = e
         bytes += e.bytes
     }
@@ -158,7 +160,7 @@ struct Delivery {
         inFlight[e.appId, default: 1] -= 1
         if failed {
             counters.failed += 1
-            e.notBefore = now + retryDelay(e.attempts)
+            e.notBefore = now + retryDelay(max(e.attempts, 1))
         }
         entries[id] = e
     }

@@ -82,9 +82,10 @@ extension PushService {
             case .deliver(let id, let appId, let client, let cold, _):
                 deliver(id: id, appId: appId, client: client, coldStart: cold)
             case .acked(let id, _):
-                try? store.deleteInbox(id)
+                // Deleted with the other acks of this loop turn, in one transaction (flushAcks).
                 pendingAcks.append(id)
-                if pendingAcks.count == 1 { ackFlush.start(after: 0) }
+                pendingDeletes.append(id)
+                if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
             case .discard(let id, let reason):
                 try? store.deleteInbox(id)
                 log.info("message discarded", ["id": id, "reason": reason.rawValue])
@@ -99,7 +100,6 @@ extension PushService {
             perform(delivery.callbackResult(id: id, ok: false, now: now))
             return
         }
-        try? store.bumpAttempts(id)
         let msg = text.withCString { json_tokener_parse($0) }
         let params = json_object_new_object()
         json_object_object_add(params, "message", msg)
@@ -119,6 +119,12 @@ extension PushService {
 
     /// Reports acknowledged ids to the backend (QoS 1 on the device's ack topic).
     func flushAcks() {
+        if !pendingDeletes.isEmpty {
+            store.begin()
+            for id in pendingDeletes { try? store.deleteInbox(id) }
+            store.commit()
+            pendingDeletes.removeAll(keepingCapacity: true)
+        }
         guard !pendingAcks.isEmpty, let token = reg.token, let mqtt, mqtt.state == .connected else { return }
         let ids = pendingAcks
         pendingAcks = []

@@ -41,6 +41,8 @@ final class PushService {
     var registerWaiters: [Int: (String?) -> Void] = [:]
     /// Acknowledged ids not yet reported to the backend (sent once per loop turn).
     var pendingAcks: [String] = []
+    /// Acknowledged ids whose inbox rows are deleted at the end of this loop turn.
+    var pendingDeletes: [String] = []
     var ackFlush: Timer!
 
     init(plugin: Plugin) { self.plugin = plugin }
@@ -72,7 +74,7 @@ final class PushService {
         reg = Registration(token: token, deferred: config.deferRegistration,
                            retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
         delivery = Delivery(limits: config.delivery)
-        if let entries = try? store.inbox() { for e in entries { delivery.restore(e) } }
+        if let entries = try? store.inbox() { for e in entries { delivery.restore(e, now: now) } }
         seq = store.maxSeq()
         for a in store.activities() {
             let schema = a.schema.flatMap { try? JSON.parse($0) }.flatMap { LiveActivities.parseSchema($0) } ?? nil

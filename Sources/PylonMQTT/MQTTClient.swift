@@ -59,6 +59,8 @@ public final class MQTTClient {
         mosq = mosquitto_new(options.clientId, options.cleanSession, nil)!
         mosquitto_user_data_set(mosq, Unmanaged.passUnretained(self).toOpaque())
         mosquitto_int_option(mosq, MOSQ_OPT_PROTOCOL_VERSION, options.protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
+        // Small packets (PUBACK, acks) must not wait for Nagle behind a delayed TCP ACK.
+        mosquitto_int_option(mosq, MOSQ_OPT_TCP_NODELAY, 1)
         if let u = options.username { mosquitto_username_pw_set(mosq, u, options.password) }
         if let ca = options.caFile { mosquitto_tls_set(mosq, ca, nil, options.certFile, options.keyFile, nil) }
         mosquitto_connect_with_flags_callback_set(mosq) { _, obj, rc, flags in
@@ -83,12 +85,13 @@ public final class MQTTClient {
 
     /// Starts connecting (and keeps reconnecting until `stop`).
     public func start() {
-        guard state == .disconnected else { return }
+        guard state == .disconnected, !timer.isActive else { return }
         connect()
     }
 
     /// Subscribes now if connected, and again after every reconnect.
     public func subscribe(_ topic: String, qos: Int32 = 1) {
+        guard state != .stopped else { return }
         subscriptions[topic] = qos
         if state == .connected {
             mosquitto_subscribe(mosq, nil, topic, qos)
@@ -101,6 +104,10 @@ public final class MQTTClient {
     /// interval (the broker discards it, queued or not, after that).
     public func publish(_ topic: String, _ payload: [UInt8], qos: Int32 = 1, expirySeconds: UInt32? = nil,
                         _ done: @escaping (Bool) -> Void = { _ in }) {
+        guard state != .stopped else {
+            done(false)
+            return
+        }
         var mid: Int32 = 0
         var props: OpaquePointer? = nil
         if let e = expirySeconds, options.protocolVersion == 5 {

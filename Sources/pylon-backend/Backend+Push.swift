@@ -40,6 +40,9 @@ extension Backend {
                 }
             }
         }
+        // PUBACKs and acks read together are recorded in one transaction.
+        client.onReadBatchBegin = { [unowned self] in try? self.store.db.exec("BEGIN") }
+        client.onReadBatchEnd = { [unowned self] in try? self.store.db.exec("COMMIT") }
         client.start()
     }
 

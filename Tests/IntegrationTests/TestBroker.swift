@@ -18,6 +18,7 @@ final class TestBroker {
             persistence true
             persistence_location \(dir)/
             autosave_interval 1
+            set_tcp_nodelay true
             \(getuid() == 0 ? "user root" : "")
             log_dest file \(dir)/mosquitto.log
             """

@@ -69,7 +69,7 @@ let package = Package(
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
-            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP"], path: "Benchmarks/pylon-bench",
+            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT"], path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),

@@ -1,5 +1,6 @@
 import PylonClientKit
 import PylonHTTP
+import PylonMQTT
 
 #if canImport(Glibc)
 import Glibc
@@ -69,7 +70,8 @@ func pushBench() throws {
     let w0 = wakeups(pushPid)
     usleep(5_000_000)
     let w1 = wakeups(pushPid)
-    print("pylon-push pid \(pushPid): idle RSS \(System.rssKiB(pid: pushPid) ?? 0) KiB; wake-ups in 5 s idle: \(w1 - w0) (host heartbeats included)")
+    let upPid = Int32(status["plugins"]?.arrayValue?.first { $0["name"]?.stringValue == "uploader" }?["pid"]?.intValue ?? 0)
+    print("pylon-push pid \(pushPid): idle RSS \(System.rssKiB(pid: pushPid) ?? 0) KiB (uploader for comparison: \(System.rssKiB(pid: upPid) ?? 0) KiB); wake-ups in 5 s idle: \(w1 - w0) (host heartbeats included)")
 
     // The app: serves bench.onPush and acknowledges every message at once.
     let app = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
@@ -149,6 +151,41 @@ func pushBench() throws {
     print("push sustained, \(pushWindow) sends in flight: \(Int(Double(acked) / secs)) acknowledged msgs/s to one app over \(fmt(secs)) s (\(acked) of \(sent) sent, HTTP errors \(httpErrors))")
     let tick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(acked, 1))
     print("CPU µs per message: " + zip(pids, cpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * tick))" }.joined(separator: ", "))
+
+    // The device side alone: QoS 1 publishes straight to the device's topic (what the backend
+    // does per device), `pushWindow` unacknowledged by the broker at a time.
+    var mopt = MQTTOptions(clientId: "bench-publisher")
+    mopt.port = Int32(mqttPort)
+    mopt.cleanSession = true
+    let pub = MQTTClient(loop: loop, options: mopt)
+    pub.onConnect = { _ in loop.stop() }
+    pub.start()
+    loop.run()
+    let dcpu0 = pids.map { cpuTicks($0.1) }
+    let dStart = Loop.hrtimeNs
+    let dDeadline = dStart + UInt64(seconds * 1e9)
+    let dStartCallbacks = callbacks
+    var published = 0
+    sending = true
+    onCallback = {
+        if !sending && callbacks - dStartCallbacks >= published { loop.stop() }
+    }
+    let topic = "pylon/push/d/" + token
+    func publishOne() {
+        published += 1
+        let m = #"{"id":"d\#(published)","appId":"bench","title":"Sale","content":"20% off today","extras":{"campaign":"c-1"},"action":{"type":"url","value":"https://example.com/sale"},"silent":false}"#
+        pub.publish(topic, Array(m.utf8), qos: 1) { _ in
+            if Loop.hrtimeNs < dDeadline { publishOne() } else { sending = false }
+        }
+    }
+    for _ in 0..<pushWindow { publishOne() }
+    loop.run()
+    let dSecs = Double(Loop.hrtimeNs - dStart) / 1e9
+    let dAcked = callbacks - dStartCallbacks
+    print("device side (broker → plugin → app ack), \(pushWindow) QoS 1 publishes in flight: \(Int(Double(dAcked) / dSecs)) acknowledged msgs/s over \(fmt(dSecs)) s (\(dAcked) of \(published))")
+    let dtick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(dAcked, 1))
+    print("CPU µs per message: " + zip(pids, dcpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * dtick))" }.joined(separator: ", "))
+    pub.stop()
     usleep(500_000)
     let s = try SyncClient(path: socketPath).call("push.status")
     print("plugin counters: \(s["counters"]?.serialized ?? "")")

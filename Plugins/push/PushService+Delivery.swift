@@ -10,29 +10,48 @@ extension PushService {
     ]
 
     /// One MQTT message (inside the read batch's transaction). Never throws, never crashes:
-    /// anything unusable is counted and logged.
+    /// anything unusable is counted and logged. Works on the json-c tree (no Swift values) except
+    /// for a Live Activity's small part.
     func received(topic: String, _ payload: UnsafeRawBufferPointer) {
         counters.received += 1
         guard payload.count <= config.maxPayloadBytes else {
             malformed("payload of \(payload.count) bytes exceeds maxPayloadBytes \(config.maxPayloadBytes)")
             return
         }
-        guard let j = try? JSONRef.parse(payload, maxDepth: 16).json, var o = j.objectValue else {
+        guard let ref = try? tokener.parse(payload), let o = ref.ptr, json_object_get_type(o) == json_type_object else {
             malformed("payload is not a JSON object")
             return
         }
-        guard let id = o["id"]?.stringValue, id.isValidPushId, let appId = o["appId"]?.stringValue, appId.isValidPushId else {
+        func member(_ k: String) -> OpaquePointer? {
+            var v: OpaquePointer?
+            return json_object_object_get_ex(o, k, &v) != 0 ? v : nil
+        }
+        func string(_ k: String) -> String? {
+            guard let v = member(k), json_object_get_type(v) == json_type_string else { return nil }
+            return String(cString: json_object_get_string(v))
+        }
+        guard let id = string("id"), id.isValidPushId, let appId = string("appId"), appId.isValidPushId else {
             malformed("id or appId missing or invalid")
             return
         }
-        for k in o.keys where !PushService.knownFields.contains(k) {
+        var unknown: [String] = []
+        var it = json_object_iter_begin(o)
+        var end = json_object_iter_end(o)
+        while json_object_iter_equal(&it, &end) == 0 {
+            let name = String(cString: json_object_iter_peek_name(&it))
+            if !PushService.knownFields.contains(name) { unknown.append(name) }
+            json_object_iter_next(&it)
+        }
+        for k in unknown {
             counters.unknownFields += 1
             log.debug("unknown message field dropped", ["id": id, "field": k])
-            o[k] = nil
+            json_object_object_del(o, k)
         }
-        let expiresAt = o["expiresAt"]?.intValue ?? Int64.max / 2
+        let e = member("expiresAt")
+        let expiresAt = json_object_get_type(e) == json_type_int ? json_object_get_int64(e) : Int64.max / 2
         var targetApp = appId
-        if let la = o["liveActivity"] {
+        if let laRef = member("liveActivity") {
+            let la = JSONRef.toJSON(laRef)
             guard let aid = la["activityId"]?.stringValue, let ev = la["event"]?.stringValue, ev == "update" || ev == "end" else {
                 malformed("liveActivity without activityId or a known event")
                 return
@@ -45,11 +64,11 @@ extension PushService {
                              ["id": id, "activityId": aid, "why": why])
                     return
                 }
+                if targetApp != appId { json_object_object_add(o, "appId", json_object_new_string(targetApp)) }
             }
-            o["appId"] = .string(targetApp)
         }
         var keys = ["id:" + id]
-        if let k = o["msgKey"]?.stringValue { keys.append("key:" + k) }
+        if let k = string("msgKey") { keys.append("key:" + k) }
         do throws(SQLiteError) {
             guard try store.markSeen(appId: targetApp, keys: keys) else {
                 counters.duplicates += 1
@@ -58,11 +77,13 @@ extension PushService {
             }
             if counters.received % 1000 == 0 { try store.pruneSeen() }
             seq += 1
-            let text = JSON.object(o).serialized
-            let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: text.utf8.count, expiresAt: expiresAt, now: now)
+            let text = ref.serialized
+            let n = text.utf8.count
+            let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: n, expiresAt: expiresAt, now: now)
             if !actions.contains(.discard(id: id, reason: .expired)) {
-                try store.insertInbox(id: id, appId: targetApp, seq: seq, payload: text, bytes: text.utf8.count,
+                try store.insertInbox(id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
                                       expiresAt: expiresAt, cold: attached[targetApp] == nil)
+                payloads[id] = text
             }
             perform(actions)
         } catch {
@@ -85,8 +106,10 @@ extension PushService {
                 // Deleted with the other acks of this loop turn, in one transaction (flushAcks).
                 pendingAcks.append(id)
                 pendingDeletes.append(id)
+                payloads[id] = nil
                 if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
             case .discard(let id, let reason):
+                payloads[id] = nil
                 try? store.deleteInbox(id)
                 log.info("message discarded", ["id": id, "reason": reason.rawValue])
             }
@@ -96,7 +119,7 @@ extension PushService {
     /// Calls the app's callback on the client that attached it (the host routes a provided
     /// method to its one provider; attach checked that provider is the attaching client).
     private func deliver(id: String, appId: String, client: Int64, coldStart: Bool) {
-        guard let a = attached[appId], a.client == client, let text = store.payload(id) else {
+        guard let a = attached[appId], a.client == client, let text = payloads[id] ?? store.payload(id) else {
             perform(delivery.callbackResult(id: id, ok: false, now: now))
             return
         }

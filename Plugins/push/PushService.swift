@@ -43,6 +43,9 @@ final class PushService {
     var pendingAcks: [String] = []
     /// Acknowledged ids whose inbox rows are deleted at the end of this loop turn.
     var pendingDeletes: [String] = []
+    /// Payloads of inbox messages received by this process (others are read from SQLite).
+    var payloads: [String: String] = [:]
+    let tokener = Tokener(maxDepth: 16)
     var ackFlush: Timer!
 
     init(plugin: Plugin) { self.plugin = plugin }

@@ -47,12 +47,15 @@ final class PushStore {
     func commit() { try? db.exec("COMMIT") }
 
     /// Records `keys` as seen for `appId`; false (and nothing recorded) if any was seen before.
+    /// (A message whose id is new but whose msgKey was seen leaves its id recorded: it is
+    /// dropped either way.)
     func markSeen(appId: String, keys: [String]) throws(SQLiteError) -> Bool {
-        for k in keys where !(try db.query("SELECT 1 FROM seen WHERE app_id = ? AND key = ?", [.text(appId), .text(k)])).isEmpty {
-            return false
+        var fresh = true
+        for k in keys {
+            try db.run("INSERT OR IGNORE INTO seen (app_id, key) VALUES (?, ?)", [.text(appId), .text(k)])
+            if db.changes == 0 { fresh = false }
         }
-        for k in keys { try db.run("INSERT INTO seen (app_id, key) VALUES (?, ?)", [.text(appId), .text(k)]) }
-        return true
+        return fresh
     }
 
     /// Keeps the newest `maxSeen` dedup keys.

@@ -143,6 +143,8 @@ final class PushService {
     func subscribe(_ token: String) {
         let topic = "pylon/push/d/" + token
         guard topic != subscribedTopic else { return }
+        // The old token is retired by the backend: nothing more arrives on its topic.
+        if let old = subscribedTopic { mqtt?.unsubscribe(old) }
         subscribedTopic = topic
         mqtt?.subscribe(topic, qos: 1)
     }

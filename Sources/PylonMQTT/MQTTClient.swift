@@ -99,6 +99,15 @@ public final class MQTTClient {
         }
     }
 
+    /// Stops the subscription (now if connected) and forgets it for reconnects.
+    public func unsubscribe(_ topic: String) {
+        guard state != .stopped, subscriptions.removeValue(forKey: topic) != nil else { return }
+        if state == .connected {
+            mosquitto_unsubscribe(mosq, nil, topic)
+            updateInterest()
+        }
+    }
+
     /// Publishes `payload`; `done(true)` on PUBACK (QoS 1) or once written (QoS 0), `done(false)`
     /// if libmosquitto refused it at once. With MQTT 5, `expirySeconds` sets the message expiry
     /// interval (the broker discards it, queued or not, after that).

@@ -42,8 +42,11 @@ struct PushConfig {
     var maxApps = 64
     /// Dedup keys remembered (message ids and msgKeys), oldest forgotten first.
     var maxSeen = 100_000
-    /// Ops (bind/unbind/liveActivityBind) queued waiting for their turn.
+    /// Ops (bind/unbind/liveActivityBind) queued waiting for their turn (3004 beyond).
     var maxQueuedOps = 1024
+    /// Acknowledgement reports held for the backend while the broker is unreachable; beyond it
+    /// the oldest reports are dropped (the messages stay acknowledged locally).
+    var maxPendingAckReports = 10_000
 
     init(_ j: JSON) {
         if let v = j["backend"]?.stringValue { backend = v }
@@ -66,6 +69,8 @@ struct PushConfig {
         if let v = int("maxPayloadBytes", 256...(1 << 20)) { maxPayloadBytes = Int(v) }
         if let v = int("maxApps", 1...100_000) { maxApps = Int(v) }
         if let v = int("maxSeen", 100...10_000_000) { maxSeen = Int(v) }
+        if let v = int("maxQueuedOps", 1...100_000) { maxQueuedOps = Int(v) }
+        if let v = int("maxPendingAckReports", 1...1_000_000) { maxPendingAckReports = Int(v) }
     }
 }
 

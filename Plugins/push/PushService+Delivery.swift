@@ -105,6 +105,7 @@ extension PushService {
             case .acked(let id, _):
                 // Deleted with the other acks of this loop turn, in one transaction (flushAcks).
                 pendingAcks.append(id)
+                if pendingAcks.count > config.maxPendingAckReports { pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports) }
                 pendingDeletes.append(id)
                 payloads[id] = nil
                 if pendingDeletes.count == 1 { ackFlush.start(after: 0) }

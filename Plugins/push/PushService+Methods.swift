@@ -139,6 +139,10 @@ extension PushService {
             call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
             return
         }
+        guard ops.count < config.maxQueuedOps else {
+            call.reply(reply(PushCode.limit, "too many queued calls (maxQueuedOps \(config.maxQueuedOps))"))
+            return
+        }
         let key = LiveActivities.Key(activityId: aid, pushToken: pt)
         switch activities.decide(key, filter: filter) {
         case .dropSilently:

@@ -2,7 +2,7 @@
 # every target first installs the Debian packages it needs (`make deps`).
 SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
-DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3
+DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev
 RUN_DIR ?= $(CURDIR)/run
 export PYLON_SOCKET ?= $(RUN_DIR)/pylon.sock
 
@@ -26,14 +26,16 @@ release: deps
 	$(SWIFT) build -c release --static-swift-stdlib
 
 BACKEND_LISTEN ?= 127.0.0.1:8780
+MQTT_LISTEN ?= 127.0.0.1:1883
 
-## Start the reference backend on loopback and the host with every plugin, wired to it.
+## Start the MQTT broker and the reference backend on loopback and the host with every plugin, wired to them.
 run: build
 	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
-	@echo "pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"
+	@echo "mosquitto: $(MQTT_LISTEN)   pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"
 	@echo "try: socat - UNIX-CONNECT:$(PYLON_SOCKET)   or: PYLON_SOCKET=$(PYLON_SOCKET) .build/debug/pylonctl status"
-	@.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db & backend=$$!; \
-	trap 'kill $$backend 2>/dev/null' EXIT INT TERM; \
+	@(cd $(RUN_DIR) && exec mosquitto -c $(CURDIR)/etc/mosquitto.conf 2>>$(RUN_DIR)/mosquitto.log) & broker=$$!; \
+	.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db --mqtt $(MQTT_LISTEN) & backend=$$!; \
+	trap 'kill $$backend $$broker 2>/dev/null' EXIT INT TERM; \
 	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config etc/pylon.json
 
 ## Every test: unit tests and integration tests that start the real host and plugins.
@@ -46,6 +48,7 @@ bench: release
 	.build/release/pylon-bench uploader
 	.build/release/pylon-bench uploader --fsync full
 	.build/release/pylon-bench ma
+	.build/release/pylon-bench push
 
 clean:
 	rm -rf .build $(RUN_DIR)

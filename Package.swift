@@ -24,6 +24,7 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC"], swiftSettings: strict),
@@ -36,6 +37,8 @@ let package = Package(
         .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
         // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
         .target(name: "PylonHTTP", dependencies: ["CCurl", "PylonCore"], swiftSettings: strict),
+        // MQTT client: libmosquitto driven by the process's libuv loop (push plugin and backend).
+        .target(name: "PylonMQTT", dependencies: ["CMosquitto", "CLibUV", "PylonCore"], swiftSettings: strict),
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),
@@ -55,14 +58,18 @@ let package = Package(
             name: "pylon-ma", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
             path: "Plugins/ma", swiftSettings: strict),
 
+        .executableTarget(
+            name: "pylon-push", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonMQTT"],
+            path: "Plugins/push", swiftSettings: strict),
+
         // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
         .executableTarget(
-            name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV"],
+            name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
             swiftSettings: strict),
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
-            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP"], path: "Benchmarks/pylon-bench",
+            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT"], path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
@@ -71,6 +78,7 @@ let package = Package(
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "TestSupport"]),
         .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
         .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
+        .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"]),
         .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"]),
     ]
 )

@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// Starts `pylon-backend` on a free loopback port; returns it and the port it printed.
-func startBackend() throws -> (ChildProcess, Int) {
+func startBackend(_ extraArgs: [String] = []) throws -> (ChildProcess, Int) {
     guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
     _ = System.makeDirectories(tmp)
     let out = Connection(loop: loop, maxLineBytes: 4096)
@@ -16,7 +16,7 @@ func startBackend() throws -> (ChildProcess, Int) {
         if let p = s.split(separator: ":").last, let n = Int(p) { port = n; loop.stop() }
     }
     var o = ChildProcess.Options(exec: dir + "/pylon-backend")
-    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"]
+    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"] + extraArgs
     o.env = System.environment()
     o.stdout = out
     o.detached = false

@@ -30,9 +30,9 @@ while let a = it.next() {
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
-    case "bus", "uploader", "ma", "idle": benchMode = a
+    case "bus", "uploader", "ma", "idle", "push": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader|ma|idle] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma|idle|push] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -240,5 +240,6 @@ switch benchMode {
 case "uploader": try uploaderBench()
 case "ma": try maBench()
 case "idle": try idleBench()
+case "push": try pushBench()
 default: try busBench()
 }

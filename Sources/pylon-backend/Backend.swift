@@ -1,5 +1,6 @@
 import PylonCore
 import PylonStore
+import PylonMQTT
 
 #if canImport(Glibc)
 import Glibc
@@ -13,6 +14,8 @@ final class Backend {
     private(set) var faults = FaultState()
     private(set) var stats = Stats()
     let log = Log("backend")
+    /// The broker connection push sends are published through (`--mqtt`); nil without one.
+    var mqtt: MQTTClient?
 
     init(store: Store, maxBody: Int) {
         self.store = store
@@ -78,6 +81,9 @@ final class Backend {
             case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
             case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
             case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
+            case .pushCall(let call): return try pushCall(request, call)
+            case .pushSend: return try pushSend(request)
+            case .pushInspect(let what): return try pushInspect(request, what)
             }
         }
     }

@@ -10,11 +10,13 @@ struct Options {
     var maxConnections = Limits.defaultMaxConnections
     var timeouts = Timeouts()
     var logLevel = Log.Level.info
+    /// The MQTT broker push sends are published to (`--mqtt HOST:PORT`); none by default.
+    var mqtt: (host: String, port: UInt16)?
 
     static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
-                             [--log-level LEVEL]
+                             [--log-level LEVEL] [--mqtt HOST:PORT]
 
           --listen HOST:PORT  address to listen on (default 127.0.0.1:8780; port 0 picks a free port;
                               IPv6 as [::1]:PORT)
@@ -28,6 +30,8 @@ struct Options {
           --body-timeout-ms MS    408 when a request body is not complete this long after its
                                   head (default 60000)
           --log-level LEVEL   debug, info, warn or error (default info)
+          --mqtt HOST:PORT    MQTT broker for the push API (MQTT 5, QoS 1); without it push sends
+                              answer 503
 
         Prints "pylon-backend listening on HOST:PORT" on stdout once it accepts connections.
         """
@@ -68,6 +72,10 @@ struct Options {
                 let v = try value()
                 guard let l = Log.Level(name: v) else { throw UsageError(description: "unknown log level \(v)") }
                 o.logLevel = l
+            case "--mqtt":
+                let v = try value()
+                guard let hp = splitHostPort(v) else { throw UsageError(description: "--mqtt expects HOST:PORT, got \(v)") }
+                o.mqtt = hp
             case "-h", "--help":
                 throw UsageError(description: "")
             default:

@@ -13,6 +13,12 @@ enum Endpoint: Equatable {
     case maGetMetadata(appKey: String), maSetMetadata(appKey: String)
     case maFindUser(appKey: String)
     case maInspectUser(appKey: String, euid: String)
+    /// `POST /v1/push/{register|bind|unbind|liveactivity}` (device side).
+    case pushCall(String)
+    /// `POST /v1/admin/push/send`.
+    case pushSend
+    /// `GET /v1/inspect/push/{bindings|sends|deliveries|opens}`.
+    case pushInspect(String)
 }
 
 /// Maps a method and path to an `Endpoint`. A value type with no I/O.
@@ -65,6 +71,13 @@ enum Router {
         case 6 where starts("v1", "inspect", "ma") && segs[4] == "users":
             if let why = invalidName(segs[5], what: "euid") { return .badParameter(why) }
             return app(segs[3]) { [("GET", .maInspectUser(appKey: $0, euid: segs[5]))] }
+        case 3 where starts("v1", "push"):
+            guard ["register", "bind", "unbind", "liveactivity"].contains(segs[2]) else { return .notFound }
+            return pick([("POST", .pushCall(segs[2]))])
+        case 4 where starts("v1", "admin", "push", "send"): return pick([("POST", .pushSend)])
+        case 4 where starts("v1", "inspect", "push"):
+            guard ["bindings", "sends", "deliveries", "opens"].contains(segs[3]) else { return .notFound }
+            return pick([("GET", .pushInspect(segs[3]))])
         default: return .notFound
         }
     }

@@ -1,4 +1,5 @@
 import PylonCore
+import PylonMQTT
 
 #if canImport(Glibc)
 import Glibc
@@ -31,6 +32,17 @@ do {
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
+if let m = options.mqtt {
+    var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
+    o.host = m.host
+    o.port = Int32(m.port)
+    o.cleanSession = true
+    o.protocolVersion = 5
+    o.keepaliveS = 30
+    o.backoffInitialMs = 100
+    o.backoffMaxMs = 5000
+    backend.attachBroker(MQTTClient(loop: loop, options: o))
+}
 let server: Server
 do {
     server = try Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
@@ -56,6 +68,7 @@ for sig in [SIGTERM, SIGINT] {
     signals.append(SignalWatcher(loop: loop, signal: sig) { s in
         log.info("stopping", ["signal": s])
         server.close()
+        backend.mqtt?.stop()
         for w in signals { w.close() }
     })
 }

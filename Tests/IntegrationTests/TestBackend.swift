@@ -9,12 +9,14 @@ final class TestBackend {
     let port: Int
     var baseURL: String { "http://127.0.0.1:\(port)" }
 
-    init(maxBody: Int? = nil) throws {
+    /// - Parameter mqttPort: a broker on loopback for the push API (`--mqtt`).
+    init(maxBody: Int? = nil, mqttPort: Int? = nil) throws {
         dir = NSTemporaryDirectory() + "pylon-backend-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
         p.arguments = ["--listen", "127.0.0.1:0", "--db", dir + "/backend.db"] + (maxBody.map { ["--max-body", String($0)] } ?? [])
+            + (mqttPort.map { ["--mqtt", "127.0.0.1:\($0)"] } ?? [])
         let out = Pipe()
         p.standardOutput = out
         FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)

@@ -1,0 +1,91 @@
+import PylonMQTT
+import PylonPluginKit
+
+/// The push plugin's codes (replies carry `code`; 0 is success, as the SDK's nil error).
+enum PushCode {
+    static let ok: Int64 = 0
+    /// NEED_DELIVERYTOKEN: no device token (registration did not complete in time).
+    static let needToken: Int64 = 3001
+    /// Invalid parameters.
+    static let invalidParams: Int64 = 3002
+    /// Not permitted: the appId belongs to another uid or client, or the callback is not served
+    /// by the calling client.
+    static let notPermitted: Int64 = 3003
+    /// A configured limit was reached (`data`/message names it).
+    static let limit: Int64 = 3004
+    /// The push backend failed (network error or 5xx) or refused the call.
+    static let backend: Int64 = 3005
+    /// `push.liveActivityBind` with filter `call`: the call repeats one that succeeded or is in
+    /// flight (`message: "callRepeat"`).
+    static let callRepeat: Int64 = 3006
+    /// The open report could not be queued (uploader refused, e.g. consent or quota).
+    static let reportFailed: Int64 = 3007
+    /// NEED_USERID: bind/unbind without a user id.
+    static let needUserId: Int64 = 3012
+}
+
+/// Configuration (plugin `config` in pylon.json); every limit is named here.
+struct PushConfig {
+    var backend = "http://127.0.0.1:8780"
+    var broker: JSON = .object([:])
+    /// Registration waits for `push.register` ("privacy control at startup").
+    var deferRegistration = false
+    /// How long bind/unbind/liveActivityBind and `push.register` wait for a token.
+    var tokenWaitMs: Int64 = 10_000
+    var registerRetryInitialMs: Int64 = 1000
+    var registerRetryMaxMs: Int64 = 60_000
+    var httpTimeoutMs = 10_000
+    var delivery = Delivery.Limits()
+    /// Largest MQTT payload accepted (larger: counted malformed, dropped).
+    var maxPayloadBytes = 16 * 1024
+    /// Apps that may attach (distinct appIds ever attached).
+    var maxApps = 64
+    /// Dedup keys remembered (message ids and msgKeys), oldest forgotten first.
+    var maxSeen = 100_000
+    /// Ops (bind/unbind/liveActivityBind) queued waiting for their turn (3004 beyond).
+    var maxQueuedOps = 1024
+    /// Acknowledgement reports held for the backend while the broker is unreachable; beyond it
+    /// the oldest reports are dropped (the messages stay acknowledged locally).
+    var maxPendingAckReports = 10_000
+
+    init(_ j: JSON) {
+        if let v = j["backend"]?.stringValue { backend = v }
+        if let v = j["broker"], v.objectValue != nil { broker = v }
+        if let v = j["deferRegistration"]?.boolValue { deferRegistration = v }
+        func int(_ k: String, _ range: ClosedRange<Int64>) -> Int64? {
+            guard let v = j[k]?.intValue, range.contains(v) else { return nil }
+            return v
+        }
+        if let v = int("tokenWaitMs", 1...600_000) { tokenWaitMs = v }
+        if let v = int("registerRetryInitialMs", 1...600_000) { registerRetryInitialMs = v }
+        if let v = int("registerRetryMaxMs", 1...3_600_000) { registerRetryMaxMs = v }
+        if let v = int("httpTimeoutMs", 100...600_000) { httpTimeoutMs = Int(v) }
+        if let v = int("inboxMaxCount", 1...1_000_000) { delivery.maxCount = Int(v) }
+        if let v = int("inboxMaxBytes", 1024...(1 << 32)) { delivery.maxBytes = Int(v) }
+        if let v = int("maxInFlightPerApp", 1...65536) { delivery.maxInFlightPerApp = Int(v) }
+        if let v = int("ackTimeoutMs", 10...3_600_000) { delivery.ackTimeoutMs = v }
+        if let v = int("retryInitialMs", 1...600_000) { delivery.retryInitialMs = v }
+        if let v = int("retryMaxMs", 1...3_600_000) { delivery.retryMaxMs = v }
+        if let v = int("maxPayloadBytes", 256...(1 << 20)) { maxPayloadBytes = Int(v) }
+        if let v = int("maxApps", 1...100_000) { maxApps = Int(v) }
+        if let v = int("maxSeen", 100...10_000_000) { maxSeen = Int(v) }
+        if let v = int("maxQueuedOps", 1...100_000) { maxQueuedOps = Int(v) }
+        if let v = int("maxPendingAckReports", 1...1_000_000) { maxPendingAckReports = Int(v) }
+    }
+}
+
+/// `push.status` counters beyond the delivery machine's.
+struct PushCounters {
+    var received = 0, duplicates = 0, malformed = 0, unknownFields = 0, schemaMismatch = 0
+    var backendErrors = 0, opensReported = 0
+}
+
+extension String {
+    /// 1 to 128 of [A-Za-z0-9._-].
+    var isValidPushId: Bool {
+        (1...128).contains(utf8.count) && utf8.allSatisfy { c in
+            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
+                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+        }
+    }
+}

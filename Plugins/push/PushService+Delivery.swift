@@ -1,0 +1,244 @@
+import CJSONC
+import PylonPluginKit
+import PylonStore
+
+/// Receiving from the broker, delivering to attached apps, acknowledgements.
+extension PushService {
+    /// Fields a message may carry; others are counted (`unknownFields`) and not passed on.
+    static let knownFields: Set<String> = [
+        "id", "appId", "title", "content", "extras", "action", "silent", "expiresAt", "sentAt", "msgKey", "liveActivity",
+    ]
+
+    /// One MQTT message (inside the read batch's transaction). Never throws, never crashes:
+    /// anything unusable is counted and logged. Works on the json-c tree (no Swift values) except
+    /// for a Live Activity's small part.
+    func received(topic: String, _ payload: UnsafeRawBufferPointer) {
+        counters.received += 1
+        guard payload.count <= config.maxPayloadBytes else {
+            malformed("payload of \(payload.count) bytes exceeds maxPayloadBytes \(config.maxPayloadBytes)")
+            return
+        }
+        guard let ref = try? tokener.parse(payload), let o = ref.ptr, json_object_get_type(o) == json_type_object else {
+            malformed("payload is not a JSON object")
+            return
+        }
+        func member(_ k: String) -> OpaquePointer? {
+            var v: OpaquePointer?
+            return json_object_object_get_ex(o, k, &v) != 0 ? v : nil
+        }
+        func string(_ k: String) -> String? {
+            guard let v = member(k), json_object_get_type(v) == json_type_string else { return nil }
+            return String(cString: json_object_get_string(v))
+        }
+        guard let id = string("id"), id.isValidPushId, let appId = string("appId"), appId.isValidPushId else {
+            malformed("id or appId missing or invalid")
+            return
+        }
+        var unknown: [String] = []
+        var it = json_object_iter_begin(o)
+        var end = json_object_iter_end(o)
+        while json_object_iter_equal(&it, &end) == 0 {
+            let name = String(cString: json_object_iter_peek_name(&it))
+            if !PushService.knownFields.contains(name) { unknown.append(name) }
+            json_object_iter_next(&it)
+        }
+        for k in unknown {
+            counters.unknownFields += 1
+            log.debug("unknown message field dropped", ["id": id, "field": k])
+            json_object_object_del(o, k)
+        }
+        let e = member("expiresAt")
+        let expiresAt = json_object_get_type(e) == json_type_int ? json_object_get_int64(e) : Int64.max / 2
+        var targetApp = appId
+        if let laRef = member("liveActivity") {
+            let la = JSONRef.toJSON(laRef)
+            guard let aid = la["activityId"]?.stringValue, let ev = la["event"]?.stringValue, ev == "update" || ev == "end" else {
+                malformed("liveActivity without activityId or a known event")
+                return
+            }
+            if let b = activities.bound[aid] {
+                targetApp = b.appId
+                if let schema = b.schema, let why = LiveActivities.mismatch(la["contentState"], schema) {
+                    counters.schemaMismatch += 1
+                    log.warn("live activity push does not match the declared schema: not delivered",
+                             ["id": id, "activityId": aid, "why": why])
+                    return
+                }
+                if targetApp != appId { json_object_object_add(o, "appId", json_object_new_string(targetApp)) }
+            }
+        }
+        var keys = ["id:" + id]
+        if let k = string("msgKey") { keys.append("key:" + k) }
+        do throws(SQLiteError) {
+            guard try store.markSeen(appId: targetApp, keys: keys) else {
+                counters.duplicates += 1
+                log.debug("duplicate dropped", ["id": id, "appId": targetApp])
+                return
+            }
+            if counters.received % 1000 == 0 { try store.pruneSeen() }
+            seq += 1
+            let text = ref.serialized
+            let n = text.utf8.count
+            let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: n, expiresAt: expiresAt, now: now)
+            if !actions.contains(.discard(id: id, reason: .expired)) {
+                try store.insertInbox(id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
+                                      expiresAt: expiresAt, cold: attached[targetApp] == nil)
+                payloads[id] = text
+            }
+            perform(actions)
+        } catch {
+            log.error("cannot store a message (left to the broker's redelivery)", ["id": id, "error": error.description])
+        }
+        arm()
+    }
+
+    private func malformed(_ why: String) {
+        counters.malformed += 1
+        log.warn("malformed push message dropped", ["why": why])
+    }
+
+    func perform(_ actions: [Delivery.Action]) {
+        for a in actions {
+            switch a {
+            case .deliver(let id, let appId, let client, let cold, _):
+                deliver(id: id, appId: appId, client: client, coldStart: cold)
+            case .acked(let id, _):
+                // Deleted with the other acks of this loop turn, in one transaction (flushAcks).
+                pendingAcks.append(id)
+                if pendingAcks.count > config.maxPendingAckReports { pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports) }
+                pendingDeletes.append(id)
+                payloads[id] = nil
+                if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
+            case .discard(let id, let reason):
+                payloads[id] = nil
+                try? store.deleteInbox(id)
+                log.info("message discarded", ["id": id, "reason": reason.rawValue])
+            }
+        }
+    }
+
+    /// Calls the app's callback on the client that attached it (the host routes a provided
+    /// method to its one provider; attach checked that provider is the attaching client).
+    private func deliver(id: String, appId: String, client: Int64, coldStart: Bool) {
+        guard let a = attached[appId], a.client == client, let text = payloads[id] ?? store.payload(id) else {
+            perform(delivery.callbackResult(id: id, ok: false, now: now))
+            return
+        }
+        let msg = text.withCString { json_tokener_parse($0) }
+        let params = json_object_new_object()
+        json_object_object_add(params, "message", msg)
+        json_object_object_add(params, "coldStart", json_object_new_boolean(coldStart ? 1 : 0))
+        plugin.callRaw(a.callback, params: params) { [unowned self] r in
+            let ok: Bool
+            switch r {
+            case .success: ok = true
+            case .failure(let e):
+                ok = false
+                self.log.info("delivery not acknowledged", ["id": id, "appId": appId, "error": e.message])
+            }
+            self.perform(self.delivery.callbackResult(id: id, ok: ok, now: self.now))
+            self.arm()
+        }
+    }
+
+    /// Reports acknowledged ids to the backend (QoS 1 on the device's ack topic).
+    func flushAcks() {
+        if !pendingDeletes.isEmpty {
+            store.begin()
+            for id in pendingDeletes { try? store.deleteInbox(id) }
+            store.commit()
+            pendingDeletes.removeAll(keepingCapacity: true)
+        }
+        guard !pendingAcks.isEmpty, let token = reg.token, let mqtt, mqtt.state == .connected else { return }
+        let ids = pendingAcks
+        pendingAcks = []
+        let body = JSON.object(["ids": .array(ids.map { .string($0) })]).serialized
+        mqtt.publish("pylon/push/ack/" + token, Array(body.utf8), qos: 1)
+    }
+
+    // MARK: Attach / detach
+
+    func attach(_ call: Call) {
+        guard let appId = call.params["appId"]?.stringValue, appId.isValidPushId else {
+            call.reply(reply(PushCode.invalidParams, "appId must be 1-128 of [A-Za-z0-9._-]"))
+            return
+        }
+        guard let cb = call.params["callback"]?.stringValue, cb.contains("."), !cb.hasSuffix("."), cb.utf8.count <= 256,
+              !cb.hasPrefix("push.") else {
+            call.reply(reply(PushCode.invalidParams, "callback must be a method name this client provides (bus.provide)"))
+            return
+        }
+        guard let client = call.callerClient, let uid = call.caller?["uid"]?.intValue else {
+            call.reply(reply(PushCode.notPermitted, "push.attach is for clients"))
+            return
+        }
+        let owner = store.appOwner(appId)
+        if let owner, owner != uid {
+            call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
+            return
+        }
+        if let cur = attached[appId], cur.client != client {
+            call.reply(reply(PushCode.notPermitted, "appId \(appId) is attached by another client"))
+            return
+        }
+        if owner == nil, (store.attachmentsCount()) >= config.maxApps {
+            call.reply(reply(PushCode.limit, "too many apps (maxApps \(config.maxApps))"))
+            return
+        }
+        providers { [unowned self] provided in
+            guard provided[cb] == client else {
+                call.reply(self.reply(PushCode.notPermitted, "callback \(cb) is not provided by this client"))
+                return
+            }
+            if let cur = self.attached[appId], cur.client != client {
+                call.reply(self.reply(PushCode.notPermitted, "appId \(appId) is attached by another client"))
+                return
+            }
+            do throws(SQLiteError) {
+                try self.store.setApp(appId, uid: uid, client: client, callback: cb)
+            } catch {
+                call.reply(self.reply(PushCode.limit, "cannot record the attachment: \(error.description)"))
+                return
+            }
+            self.attached[appId] = Attachment(client: client, uid: uid, callback: cb)
+            let pending = self.delivery.entries.values.filter { $0.appId == appId }.count
+            call.reply(self.reply(PushCode.ok, "", ["pending": .int(Int64(pending))]))
+            self.perform(self.delivery.attach(appId: appId, client: client, now: self.now))
+            self.arm()
+        }
+    }
+
+    func detach(_ call: Call) {
+        guard let appId = call.params["appId"]?.stringValue, let a = attached[appId] else {
+            call.reply(reply(PushCode.invalidParams, "appId is not attached"))
+            return
+        }
+        guard a.client == call.callerClient else {
+            call.reply(reply(PushCode.notPermitted, "appId \(appId) is attached by another client"))
+            return
+        }
+        detachApp(appId)
+        call.reply(reply(PushCode.ok, ""))
+    }
+
+    func detachApp(_ appId: String) {
+        guard let a = attached.removeValue(forKey: appId) else { return }
+        try? store.setApp(appId, uid: a.uid, client: nil, callback: nil)
+        delivery.detach(appId: appId)
+    }
+
+    func clientClosed(_ client: Int64) {
+        for (app, a) in attached where a.client == client { detachApp(app) }
+        arm()
+    }
+
+    func reply(_ code: Int64, _ message: String, _ extra: JSONObject = [:]) -> JSON {
+        var o: JSONObject = ["code": .int(code), "message": .string(message)]
+        for (k, v) in extra { o[k] = v }
+        return .object(o)
+    }
+}
+
+extension PushStore {
+    func attachmentsCount() -> Int { Int((try? db.query("SELECT count(*) FROM apps"))?.first?.first?.int ?? 0) }
+}

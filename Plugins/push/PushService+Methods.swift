@@ -1,0 +1,225 @@
+import PylonPluginKit
+import PylonStore
+
+/// The bus methods other than attach/detach (push.md's table).
+extension PushService {
+    /// `push.register {timeoutMs?}` → `{code, token}`; 3001 when no token within the wait.
+    func registerCall(_ call: Call) {
+        let timeout = call.params["timeoutMs"]?.intValue.map { min(max($0, 1), 600_000) } ?? config.tokenWaitMs
+        perform(reg.requestRegistration())
+        waitForToken(timeoutMs: timeout) { [unowned self] token in
+            if let token {
+                call.reply(self.reply(PushCode.ok, "", ["token": .string(token)]))
+            } else {
+                call.reply(self.reply(PushCode.needToken, "NEED_DELIVERYTOKEN"))
+            }
+        }
+    }
+
+    /// `push.setDeviceToken {token}`: a token obtained elsewhere (hex), registered for this install.
+    func setDeviceToken(_ call: Call) {
+        guard let t = call.params["token"]?.stringValue?.lowercased(), (16...128).contains(t.utf8.count),
+              t.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
+            call.reply(reply(PushCode.invalidParams, "token must be 16 to 128 hex digits"))
+            return
+        }
+        post("/v1/push/register", ["installId": .string(installId), "token": .string(t)]) { [unowned self] r in
+            guard case .success(let j) = r, j["code"]?.intValue == 0 else {
+                call.reply(self.reply(PushCode.backend, "the push backend did not accept the token"))
+                return
+            }
+            self.tokenFromApp(t)
+            call.reply(self.reply(PushCode.ok, ""))
+        }
+    }
+
+    private func tokenFromApp(_ t: String) {
+        let old = reg.token
+        try? store.set("token", t)
+        subscribe(t)
+        perform(reg.setToken(t))
+        if old != nil, old != t, let user = boundUser {
+            enqueueOp(timedOut: {}) { [unowned self] tok, finish in
+                self.post("/v1/push/bind", ["token": .string(tok), "userId": .string(user)]) { _ in finish() }
+            }
+        }
+    }
+
+    /// `push.bind` / `push.unbind {userId}` → `{code, message}`, in call order, each after a token
+    /// exists (3001 when the wait times out), 3012 without a user id.
+    func bind(_ call: Call, unbind: Bool) {
+        guard let user = call.params["userId"]?.stringValue?.trimmedPush, !user.isEmpty else {
+            call.reply(reply(PushCode.needUserId, "NEED_USERID"))
+            return
+        }
+        guard user.utf8.count <= 256 else {
+            call.reply(reply(PushCode.invalidParams, "userId exceeds 256 bytes"))
+            return
+        }
+        guard ops.count < config.maxQueuedOps else {
+            call.reply(reply(PushCode.limit, "too many queued calls (maxQueuedOps \(config.maxQueuedOps))"))
+            return
+        }
+        enqueueOp(timedOut: { [unowned self] in call.reply(self.reply(PushCode.needToken, "NEED_DELIVERYTOKEN")) }) {
+            [unowned self] token, finish in
+            self.post(unbind ? "/v1/push/unbind" : "/v1/push/bind", ["token": .string(token), "userId": .string(user)]) { r in
+                switch r {
+                case .success(let j):
+                    let code = j["code"]?.intValue ?? PushCode.backend
+                    if code == 0 {
+                        if unbind {
+                            if self.boundUser == user { self.boundUser = nil }
+                        } else {
+                            self.boundUser = user
+                        }
+                        try? self.store.set("user", self.boundUser)
+                    }
+                    call.reply(self.reply(code, j["message"]?.stringValue ?? ""))
+                case .failure(let e):
+                    call.reply(self.reply(PushCode.backend, e.description))
+                }
+                finish()
+            }
+        }
+    }
+
+    /// `push.openLogReport {userInfo}`: hands the open to the uploader (stream `push.opens`),
+    /// once per message id. The host refuses it while `push:opens` is denied.
+    func openLogReport(_ call: Call) {
+        guard let info = call.params["userInfo"], let id = info["id"]?.stringValue, id.isValidPushId else {
+            call.reply(reply(PushCode.invalidParams, "userInfo (the message as delivered, with its id) is required"))
+            return
+        }
+        guard plugin.isConsentGranted("push:opens") else {
+            call.reply(reply(PushCode.reportFailed, "consent push:opens is denied"))
+            return
+        }
+        if store.openReported(id) {
+            call.reply(reply(PushCode.ok, "", ["duplicate": true]))
+            return
+        }
+        let data: JSON = ["msgId": .string(id), "appId": info["appId"] ?? .null, "token": reg.token.map { .string($0) } ?? .null,
+                          "openedAt": .int(now)]
+        let params: JSON = ["stream": "push.opens", "consent": "push:opens",
+                            "records": [["id": .string(id), "data": data]]]
+        plugin.call("uploader.enqueue", params) { [unowned self] r in
+            switch r {
+            case .success:
+                try? self.store.markOpen(id)
+                self.counters.opensReported += 1
+                call.reply(self.reply(PushCode.ok, ""))
+            case .failure(let e):
+                call.reply(self.reply(PushCode.reportFailed, e.message))
+            }
+        }
+    }
+
+    /// `push.liveActivityBind {activityId, pushToken, filter, contentStateSchema?, appId?}`.
+    func liveActivityBind(_ call: Call) {
+        guard let aid = call.params["activityId"]?.stringValue, aid.isValidPushId,
+              let pt = call.params["pushToken"]?.stringValue, !pt.isEmpty, pt.utf8.count <= 256 else {
+            call.reply(reply(PushCode.invalidParams, "activityId (1-128 of [A-Za-z0-9._-]) and pushToken are required"))
+            return
+        }
+        guard let filter = LiveActivities.Filter(rawValue: call.params["filter"]?.stringValue ?? "call") else {
+            call.reply(reply(PushCode.invalidParams, "filter must be abandon, call or refuse"))
+            return
+        }
+        guard let schemaOpt = LiveActivities.parseSchema(call.params["contentStateSchema"]) else {
+            call.reply(reply(PushCode.invalidParams, "contentStateSchema maps field names to string, number, integer, boolean, object or array"))
+            return
+        }
+        let client = call.callerClient
+        let appId = call.params["appId"]?.stringValue ?? attached.first(where: { $0.value.client == client })?.key
+        guard let appId, appId.isValidPushId else {
+            call.reply(reply(PushCode.invalidParams, "appId is required (or attach the app first)"))
+            return
+        }
+        if let owner = store.appOwner(appId), let uid = call.caller?["uid"]?.intValue, owner != uid {
+            call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
+            return
+        }
+        guard ops.count < config.maxQueuedOps else {
+            call.reply(reply(PushCode.limit, "too many queued calls (maxQueuedOps \(config.maxQueuedOps))"))
+            return
+        }
+        let key = LiveActivities.Key(activityId: aid, pushToken: pt)
+        switch activities.decide(key, filter: filter) {
+        case .dropSilently:
+            call.reply(["code": 0, "dropped": true])
+            return
+        case .failRepeat:
+            call.reply(reply(PushCode.callRepeat, "callRepeat"))
+            return
+        case .submit: break
+        }
+        enqueueOp(timedOut: { [unowned self] in
+            self.activities.finished(key, ok: false, appId: appId, schema: schemaOpt)
+            call.reply(self.reply(PushCode.needToken, "NEED_DELIVERYTOKEN"))
+        }) { [unowned self] token, finish in
+            let body: JSON = ["token": .string(token), "activityId": .string(aid), "pushToken": .string(pt), "appId": .string(appId)]
+            self.post("/v1/push/liveactivity", body) { r in
+                let code: Int64
+                var message = ""
+                switch r {
+                case .success(let j):
+                    code = j["code"]?.intValue ?? PushCode.backend
+                    message = j["message"]?.stringValue ?? ""
+                case .failure(let e):
+                    code = PushCode.backend
+                    message = e.description
+                }
+                self.activities.finished(key, ok: code == 0, appId: appId, schema: schemaOpt)
+                if code == 0 {
+                    let schemaText = self.activities.bound[aid]?.schema.map { s in JSON.object(JSONObject(s.map { ($0.key, JSON.string($0.value)) })).serialized }
+                    try? self.store.saveActivity(aid, pushToken: pt, appId: appId, schema: schemaText)
+                }
+                call.reply(self.reply(code, message))
+                finish()
+            }
+        }
+    }
+
+    /// `push.status`: connection, registration, attachments, inbox and counters (no message content).
+    func status() -> JSON {
+        let d = delivery.counters
+        let c = counters
+        return [
+            "code": 0,
+            "connection": .string(mqtt?.state.rawValue ?? "disconnected"),
+            "lastError": mqtt?.lastError.map { .string($0) } ?? .null,
+            "registration": .string(reg.phase.rawValue),
+            "token": reg.token.map { .string($0) } ?? .null,
+            "installId": .string(installId),
+            "boundUser": boundUser.map { .string($0) } ?? .null,
+            "attachedApps": .array(attached.keys.sorted().map { .string($0) }),
+            "inbox": ["count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
+                      "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes))],
+            "counters": [
+                "received": .int(Int64(c.received)), "delivered": .int(Int64(d.delivered)),
+                "acknowledged": .int(Int64(d.acknowledged)), "duplicates": .int(Int64(c.duplicates)),
+                "expired": .int(Int64(d.expired)), "malformed": .int(Int64(c.malformed)), "dropped": .int(Int64(d.dropped)),
+                "redelivered": .int(Int64(d.redelivered)), "failedDeliveries": .int(Int64(d.failed)),
+                "schemaMismatch": .int(Int64(c.schemaMismatch)), "unknownFields": .int(Int64(c.unknownFields)),
+                "backendErrors": .int(Int64(c.backendErrors)), "opensReported": .int(Int64(c.opensReported)),
+                "brokerConnects": .int(Int64(mqtt?.connects ?? 0)), "brokerDisconnects": .int(Int64(mqtt?.disconnects ?? 0)),
+            ],
+        ]
+    }
+}
+
+extension JSONObject {
+    init(_ pairs: [(String, JSON)]) {
+        self.init()
+        for (k, v) in pairs { self[k] = v }
+    }
+}
+
+extension String {
+    var trimmedPush: String {
+        var s = Substring(self)
+        while let f = s.first, f == " " || f == "\t" || f == "\n" || f == "\r" { s = s.dropFirst() }
+        while let l = s.last, l == " " || l == "\t" || l == "\n" || l == "\r" { s = s.dropLast() }
+        return String(s)
+    }
+}

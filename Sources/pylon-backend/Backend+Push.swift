@@ -1,0 +1,233 @@
+import PylonCore
+import PylonMQTT
+import PylonStore
+
+/// The push API: device registration, user and Live Activity bindings (device side), the admin
+/// send API that publishes to the broker with QoS 1, and inspection. Wire topics:
+/// `pylon/push/d/{token}` carries a device's messages, `pylon/push/ack/{token}` its apps'
+/// delivery acknowledgements (`{"ids": [msgId, ...]}`).
+extension Backend {
+    /// Push limits (named, answered with 400/413 when exceeded).
+    enum PushLimits {
+        static let maxIdBytes = 256
+        static let maxTitleBytes = 1024
+        static let maxContentBytes = 4096
+        static let maxExtendedParams = 64
+        /// The published message (JSON) may not exceed this; the plugin's own limit is the same.
+        static let maxPayloadBytes = 16 * 1024
+        static let maxExpiredSeconds: Int64 = 30 * 86400
+        static let defaultExpiredSeconds: Int64 = 3 * 86400
+    }
+
+    static func deviceTopic(_ token: String) -> String { "pylon/push/d/" + token }
+    static let ackTopicFilter = "pylon/push/ack/+"
+
+    /// Connects the backend to the broker and records acknowledgements the devices publish.
+    func attachBroker(_ client: MQTTClient) {
+        mqtt = client
+        client.subscribe(Backend.ackTopicFilter, qos: 1)
+        client.onMessage = { [unowned self] topic, payload in
+            guard topic.hasPrefix("pylon/push/ack/") else { return }
+            let token = String(topic.dropFirst("pylon/push/ack/".count))
+            guard let j = try? JSONRef.parse(payload, maxDepth: 8).json, let ids = j["ids"]?.arrayValue else {
+                self.log.warn("push: malformed ack", ["token": token])
+                return
+            }
+            let now = System.wallClockMs()
+            for id in ids.compactMap(\.stringValue) {
+                do throws(SQLiteError) { try self.store.pushMark("acked_at", msgId: id, token: token, now: now) } catch {
+                    self.log.error("push: ack not stored", ["error": error.description])
+                }
+            }
+        }
+        // PUBACKs and acks read together are recorded in one transaction.
+        client.onReadBatchBegin = { [unowned self] in try? self.store.db.exec("BEGIN") }
+        client.onReadBatchEnd = { [unowned self] in try? self.store.db.exec("COMMIT") }
+        client.start()
+    }
+
+    private func field(_ body: JSON, _ key: String) throws(APIError) -> String? {
+        guard let v = body[key], !v.isNull else { return nil }
+        guard let s = v.stringValue, s.utf8.count <= PushLimits.maxIdBytes, Router.invalidName(s, what: key) == nil || s.isEmpty else {
+            throw .badRequest(.invalidRequest, "\(key) must be a string of at most \(PushLimits.maxIdBytes) bytes without control characters")
+        }
+        return s
+    }
+
+    /// `POST /v1/push/{register|bind|unbind|liveactivity}`: replies `{code, message}` with the
+    /// service's codes (3012 no user id, 3001 no/unknown device token).
+    func pushCall(_ request: HTTPRequest, _ call: String) throws(APIError) -> HTTPResponse {
+        let body = try jsonBody(request)
+        guard body.objectValue != nil else { throw .badRequest(.invalidRequest, "body must be a JSON object") }
+        let now = System.wallClockMs()
+        func reply(_ code: Int64, _ message: String, _ extra: JSONObject = [:]) -> HTTPResponse {
+            var o: JSONObject = ["code": .int(code), "message": .string(message)]
+            for (k, v) in extra { o[k] = v }
+            return HTTPResponse(.object(o))
+        }
+        if call == "register" {
+            guard let install = try field(body, "installId"), !install.isEmpty else {
+                throw .badRequest(.invalidRequest, "installId is required")
+            }
+            let renew = body["renew"]?.boolValue ?? false
+            let given = try field(body, "token")
+            if let g = given, !(16...128).contains(g.utf8.count) || !g.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) {
+                throw .badRequest(.invalidRequest, "token must be 16 to 128 lowercase hex digits")
+            }
+            let r = try storage { () throws(SQLiteError) in
+                try store.transaction { () throws(SQLiteError) in
+                    try store.pushRegister(installId: install, renew: renew, given: given, now: now)
+                }
+            }
+            log.info("push: registered", ["installId": install, "renewed": r.previous != nil])
+            return reply(0, "", ["token": .string(r.token), "previous": r.previous.map { .string($0) } ?? .null])
+        }
+        guard let token = try field(body, "token"), !token.isEmpty,
+              try storage({ () throws(SQLiteError) in try store.pushDeviceActive(token) }) else {
+            return reply(3001, "NEED_DELIVERYTOKEN")
+        }
+        switch call {
+        case "bind", "unbind":
+            guard let user = try field(body, "userId"), !user.isEmpty else { return reply(3012, "NEED_USERID") }
+            if call == "bind" {
+                let prev = try storage { () throws(SQLiteError) in try store.pushBind(token: token, userId: user, now: now) }
+                return reply(0, "", ["unbound": prev.map { .string($0) } ?? .null])
+            }
+            let removed = try storage { () throws(SQLiteError) in try store.pushUnbind(token: token, userId: user) }
+            return reply(0, "", ["unbound": .bool(removed)])
+        default:  // liveactivity
+            guard let act = try field(body, "activityId"), !act.isEmpty, let pt = try field(body, "pushToken"), !pt.isEmpty,
+                  let app = try field(body, "appId"), !app.isEmpty else {
+                return reply(3002, "activityId, pushToken and appId are required")
+            }
+            try storage { () throws(SQLiteError) in
+                try store.pushBindActivity(activityId: act, pushToken: pt, token: token, appId: app, now: now)
+            }
+            return reply(0, "")
+        }
+    }
+
+    /// `POST /v1/admin/push/send`: resolves the target to devices and publishes one QoS 1 message
+    /// per device. Replies `{msgId, devices, duplicate}`; 503 when the broker is not connected.
+    func pushSend(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
+        let body = try jsonBody(request)
+        guard body.objectValue != nil else { throw .badRequest(.invalidRequest, "body must be a JSON object") }
+        guard let mqtt, mqtt.state == .connected else {
+            throw APIError(status: 503, code: .invalidRequest, message: "the push broker is not connected", retryAfter: 1)
+        }
+        let targetType = body["targetType"]?.stringValue ?? "device"
+        guard ["device", "user", "activity", "broadcast"].contains(targetType) else {
+            throw .badRequest(.invalidRequest, "targetType must be device, user, activity or broadcast")
+        }
+        let target = try field(body, "target") ?? ""
+        if targetType != "broadcast" && target.isEmpty { throw .badRequest(.invalidRequest, "target is required") }
+        var appId = try field(body, "appId")
+        let msgKey = try field(body, "msgKey")
+        let now = System.wallClockMs()
+        let resolved = try storage { () throws(SQLiteError) in try store.pushResolve(targetType: targetType, target: target) }
+        if targetType == "activity" { appId = appId ?? resolved.appId }
+        guard let appId, !appId.isEmpty else { throw .badRequest(.invalidRequest, "appId is required") }
+        if let k = msgKey, let existing = try storage({ () throws(SQLiteError) in
+            try store.pushExistingSend(appId: appId, targetType: targetType, target: target, msgKey: k)
+        }) {
+            return HTTPResponse(["msgId": .string(existing), "devices": 0, "duplicate": true])
+        }
+        let expired = body["expiredSeconds"]?.intValue ?? PushLimits.defaultExpiredSeconds
+        guard (1...PushLimits.maxExpiredSeconds).contains(expired) else {
+            throw .badRequest(.invalidRequest, "expiredSeconds must be 1...\(PushLimits.maxExpiredSeconds)")
+        }
+        let msgId = "m" + System.randomHex(12)
+        var m: JSONObject = ["id": .string(msgId), "appId": .string(appId), "sentAt": .int(now),
+                             "expiresAt": .int(now + expired * 1000)]
+        for k in ["title", "content"] {
+            if let v = body[k] {
+                guard let s = v.stringValue, s.utf8.count <= (k == "title" ? PushLimits.maxTitleBytes : PushLimits.maxContentBytes) else {
+                    throw .badRequest(.invalidRequest, "\(k) must be a string within its limit")
+                }
+                m[k] = .string(s)
+            }
+        }
+        if let ep = body["extendedParams"] {
+            guard let o = ep.objectValue, o.count <= PushLimits.maxExtendedParams, o.allSatisfy({ $0.value.stringValue != nil }) else {
+                throw .badRequest(.invalidRequest, "extendedParams must be a map of at most \(PushLimits.maxExtendedParams) strings")
+            }
+            m["extras"] = ep
+        }
+        if let u = body["url"]?.stringValue { m["action"] = ["type": "url", "value": .string(u)] }
+        if let u = body["uri"]?.stringValue { m["action"] = ["type": "uri", "value": .string(u)] }
+        m["silent"] = .bool(body["silent"]?.boolValue ?? false)
+        if let k = msgKey { m["msgKey"] = .string(k) }
+        if targetType == "activity" || body["activityEvent"] != nil {
+            let ev = body["activityEvent"]?.stringValue ?? "update"
+            guard ev == "update" || ev == "end" else { throw .badRequest(.invalidRequest, "activityEvent must be update or end") }
+            guard targetType == "activity" else { throw .badRequest(.invalidRequest, "activityEvent needs targetType activity") }
+            var la: JSONObject = ["activityId": .string(target), "event": .string(ev),
+                                  "contentState": body["activityContentState"] ?? .object([:])]
+            if let d = body["dismissalDate"] { la["dismissalDate"] = d }
+            m["liveActivity"] = .object(la)
+        }
+        let payload = JSON.object(m).serialized
+        guard payload.utf8.count <= PushLimits.maxPayloadBytes else {
+            throw .tooLarge("the message exceeds \(PushLimits.maxPayloadBytes) bytes")
+        }
+        let tokens = resolved.tokens
+        try storage { () throws(SQLiteError) in
+            try store.transaction { () throws(SQLiteError) in
+                try store.pushRecordSend(msgId: msgId, appId: appId, targetType: targetType, target: target, msgKey: msgKey,
+                                         payload: payload, tokens: tokens, now: now)
+            }
+        }
+        let bytes = Array(payload.utf8)
+        for t in tokens {
+            mqtt.publish(Backend.deviceTopic(t), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
+                guard ok else { self.log.warn("push: publish failed", ["msgId": msgId, "token": t]); return }
+                do throws(SQLiteError) { try self.store.pushMark("puback_at", msgId: msgId, token: t, now: System.wallClockMs()) } catch {}
+            }
+        }
+        log.debug("push: sent", ["msgId": msgId, "targetType": targetType, "devices": tokens.count])
+        return HTTPResponse(["msgId": .string(msgId), "devices": .int(Int64(tokens.count)), "duplicate": false])
+    }
+
+    /// `GET /v1/inspect/push/{bindings|sends|deliveries|opens}` (`?msgId=` filters deliveries).
+    func pushInspect(_ request: HTTPRequest, _ what: String) throws(APIError) -> HTTPResponse {
+        func q(_ sql: String, _ args: [SQLValue] = []) throws(APIError) -> [[SQLValue]] {
+            try storage { () throws(SQLiteError) in try store.pushQuery(sql, args) }
+        }
+        func v(_ x: SQLValue) -> JSON {
+            switch x { case .int(let i): .int(i); case .null: .null; default: x.text.map { .string($0) } ?? .null }
+        }
+        switch what {
+        case "bindings":
+            let b = try q("SELECT token, user_id FROM push_bindings ORDER BY user_id, token").map { r -> JSON in ["token": v(r[0]), "userId": v(r[1])] }
+            let d = try q("SELECT token, install_id, active FROM push_devices ORDER BY registered_at").map { r -> JSON in
+                ["token": v(r[0]), "installId": v(r[1]), "active": .bool(r[2].int == 1)]
+            }
+            let a = try q("SELECT activity_id, push_token, token, app_id FROM push_activities ORDER BY activity_id").map { r -> JSON in
+                ["activityId": v(r[0]), "pushToken": v(r[1]), "token": v(r[2]), "appId": v(r[3])]
+            }
+            return HTTPResponse(["bindings": .array(b), "devices": .array(d), "activities": .array(a)])
+        case "sends":
+            let s = try q("SELECT msg_id, app_id, target_type, target, msg_key, devices, created_at FROM push_sends ORDER BY seq").map { r -> JSON in
+                ["msgId": v(r[0]), "appId": v(r[1]), "targetType": v(r[2]), "target": v(r[3]), "msgKey": v(r[4]),
+                 "devices": v(r[5]), "createdAt": v(r[6])]
+            }
+            return HTTPResponse(["sends": .array(s)])
+        case "deliveries":
+            let sql = "SELECT msg_id, token, published_at, puback_at, acked_at FROM push_deliveries"
+            let rows: [[SQLValue]]
+            if let m = request.query["msgId"] {
+                rows = try q(sql + " WHERE msg_id = ? ORDER BY token", [.text(m)])
+            } else {
+                rows = try q(sql + " ORDER BY published_at")
+            }
+            return HTTPResponse(["deliveries": .array(rows.map { r in
+                ["msgId": v(r[0]), "token": v(r[1]), "publishedAt": v(r[2]), "pubackAt": v(r[3]), "ackedAt": v(r[4])]
+            })])
+        default:  // opens: the push.opens stream the uploader delivers
+            let rows = try storage { () throws(SQLiteError) in try store.records(stream: "push.opens", after: 0, limit: 10_000) }
+            return HTTPResponse(["opens": .array(rows.map { r in
+                ["id": .string(r.id), "ts": .int(r.ts), "data": (try? JSON.parse(r.data)) ?? .null]
+            })])
+        }
+    }
+}

@@ -1,0 +1,431 @@
+import Foundation
+import Testing
+import PylonClientKit
+import TestSupport
+
+/// A broker and a backend publishing to it.
+final class PushWorld {
+    let broker: TestBroker
+    let backend: TestBackend
+
+    init() throws {
+        broker = try TestBroker()
+        backend = try TestBackend(mqttPort: broker.port)
+    }
+
+    /// The uploader and the push plugin against this world, fast retries for tests.
+    func plugins(_ extra: JSONObject = [:]) -> [JSON] {
+        var cfg: JSONObject = [
+            "backend": .string(backend.baseURL),
+            "broker": ["host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500],
+            "registerRetryInitialMs": 100, "registerRetryMaxMs": 1000, "retryInitialMs": 100, "retryMaxMs": 1000,
+            "tokenWaitMs": 3000, "ackTimeoutMs": 3000,
+        ]
+        for (k, v) in extra { cfg[k] = v }
+        return [
+            TestHost.uploader(backend, config: ["streams": ["push.*": ["maxCount": 50, "intervalMs": 600000]]]),
+            ["name": "push", "exec": "pylon-push", "backoffInitialMs": 50, "heartbeatIntervalMs": 500,
+             "heartbeatTimeoutMs": 5000, "config": .object(cfg)],
+        ]
+    }
+
+    /// `POST /v1/admin/push/send`, retried while the backend's broker connection comes up.
+    @discardableResult
+    func send(_ body: JSONObject) throws -> JSON {
+        var last: (status: Int, json: JSON) = (0, .null)
+        try waitUntil(timeout: 10) {
+            last = try backend.request("POST", "/v1/admin/push/send", body: .object(body))
+            return last.status != 503
+        }
+        guard last.status == 200 else { throw TestFailure(description: "send failed: \(last.status) \(last.json.serialized)") }
+        return last.json
+    }
+
+    func bindings() throws -> JSON { try backend.request("GET", "/v1/inspect/push/bindings").json }
+    func deliveries(_ msgId: String) throws -> [JSON] {
+        try backend.request("GET", "/v1/inspect/push/deliveries?msgId=\(msgId)").json["deliveries"]?.arrayValue ?? []
+    }
+}
+
+extension TestHost {
+    func pushStatus() throws -> JSON { try client().call("push.status", nil, timeoutMs: 5000) }
+
+    /// This device's token once registration completed.
+    func pushToken(timeout: Double = 10) throws -> String {
+        var token: String?
+        try waitUntil(timeout: timeout) {
+            let s = try pushStatus()
+            token = s["token"]?.stringValue
+            return token != nil && s["connection"]?.stringValue == "connected"
+        }
+        return token!
+    }
+
+    func pushCounter(_ name: String) throws -> Int64 { try pushStatus()["counters"]?[name]?.intValue ?? -1 }
+}
+
+/// A local app: a client that serves a callback and attaches an appId.
+final class PushApp {
+    let client: SyncClient
+    let callback: String
+    private var buffered: [JSON] = []
+
+    init(_ h: TestHost, appId: String, callback: String = "app\(Int.random(in: 1000...9999)).onPush", attach: Bool = true) throws {
+        client = try h.client()
+        self.callback = callback
+        _ = try client.call("bus.provide", ["method": .string(callback)])
+        if attach {
+            let r = try self.attach(appId)
+            guard r["code"]?.intValue == 0 else { throw TestFailure(description: "attach failed: \(r.serialized)") }
+        }
+    }
+
+    /// `push.attach`; callbacks that arrive meanwhile are kept for `next`.
+    func attach(_ appId: String, callback cb: String? = nil) throws -> JSON {
+        try client.sendLine(#"{"jsonrpc":"2.0","id":"attach","method":"push.attach","params":"#
+            + JSON.object(["appId": .string(appId), "callback": .string(cb ?? callback)]).serialized + "}")
+        while let m = try client.readMessage(timeoutMs: 5000) {
+            if m["id"] == .string("attach") { return m["result"] ?? m }
+            if m["method"] != nil { buffered.append(m) }
+        }
+        throw TestFailure(description: "no reply to push.attach")
+    }
+
+    /// The next callback request (its host id and params), nil when none within `timeoutMs`.
+    func next(timeoutMs: Int = 5000) throws -> (id: JSON, params: JSON)? {
+        if !buffered.isEmpty { let m = buffered.removeFirst(); return (m["id"]!, m["params"] ?? .null) }
+        let deadline = Date().addingTimeInterval(Double(timeoutMs) / 1000)
+        while Date() < deadline {
+            let left = Int(deadline.timeIntervalSinceNow * 1000)
+            guard left > 0, let m = try client.readMessage(timeoutMs: left) else { return nil }
+            if m["method"]?.stringValue == callback, let id = m["id"] { return (id, m["params"] ?? .null) }
+        }
+        return nil
+    }
+
+    func ack(_ id: JSON) throws {
+        try client.sendLine(JSON.object(["jsonrpc": "2.0", "id": id, "result": ["ok": true]]).serialized)
+    }
+    func refuse(_ id: JSON) throws {
+        try client.sendLine(JSON.object(["jsonrpc": "2.0", "id": id, "error": ["code": -32000, "message": "busy"]]).serialized)
+    }
+
+    /// Receives and acknowledges one message: its params (`message`, `coldStart`).
+    func receive(timeoutMs: Int = 5000) throws -> JSON? {
+        guard let (id, p) = try next(timeoutMs: timeoutMs) else { return nil }
+        try ack(id)
+        return p
+    }
+}
+
+func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
+
+/// The push plugin end to end: real host, push plugin, uploader, backend and mosquitto.
+@Suite(.serialized) struct PushPluginTests {
+    @Test func registersBindsDeliversAndReportsTheAck() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        let c = try h.client()
+        #expect(pcode(try c.call("push.register")) == 0)
+        #expect(try c.call("push.register")["token"] == .string(token), "registration is stable")
+        #expect(pcode(try c.call("push.bind", ["userId": "u1"])) == 0)
+        #expect(try w.bindings()["bindings"]?.arrayValue?.first?["userId"] == "u1")
+        let app = try PushApp(h, appId: "demo")
+        let sent = try w.send(["appId": "demo", "targetType": "user", "target": "u1", "title": "Hi", "content": "Body",
+                               "extendedParams": ["k": "v"], "uri": "demo://open", "silent": true])
+        let p = try #require(try app.receive())
+        #expect(p["coldStart"] == false)
+        let m = try #require(p["message"])
+        #expect(m["id"] == sent["msgId"])
+        #expect(m["title"] == "Hi")
+        #expect(m["content"] == "Body")
+        #expect(m["extras"]?["k"] == "v")
+        #expect(m["action"]?["type"] == "uri")
+        #expect(m["silent"] == true)
+        let msgId = try #require(sent["msgId"]?.stringValue)
+        try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["ackedAt"]?.intValue != nil }
+        try waitUntil(timeout: 5) { try h.pushCounter("acknowledged") == 1 }
+        let s = try h.pushStatus()
+        #expect(s["boundUser"] == "u1")
+        #expect(s["attachedApps"] == ["demo"])
+        #expect(s["counters"]?["received"] == 1)
+        #expect(s["counters"]?["delivered"] == 1)
+    }
+
+    @Test func messagesForAnAppNotAttachedWaitAndArriveColdDedupedAndExpired() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        let first = try w.send(["appId": "cold", "target": .string(token), "title": "one", "msgKey": "k1"])
+        let again = try w.send(["appId": "cold", "target": .string(token), "title": "one again", "msgKey": "k1"])
+        #expect(again["duplicate"] == true, "the backend keeps msgKey unique per target")
+        #expect(again["msgId"] == first["msgId"])
+        try w.send(["appId": "cold", "target": .string(token), "title": "short", "expiredSeconds": 1])
+        try waitUntil(timeout: 5) { try h.pushCounter("received") == 2 }
+        // The same msgKey reaching the device again under another id (a user send, say) is a duplicate.
+        #expect(pcode(try h.client().call("push.bind", ["userId": "cold-user"])) == 0)
+        try w.send(["appId": "cold", "targetType": "user", "target": "cold-user", "title": "dup", "msgKey": "k1"])
+        try waitUntil(timeout: 5) { try h.pushCounter("duplicates") == 1 }
+        try waitUntil(timeout: 5) { try h.pushCounter("expired") == 1 }
+        let app = try PushApp(h, appId: "cold", attach: false)
+        let r = try app.attach("cold")
+        #expect(r["pending"] == 1)
+        let p = try #require(try app.receive())
+        #expect(p["coldStart"] == true)
+        #expect(p["message"]?["title"] == "one")
+        #expect(try app.next(timeoutMs: 700) == nil, "the expired and duplicate messages are never delivered")
+    }
+
+    @Test func anOfflineDeviceReceivesAfterReconnecting() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        h.stop()
+        for i in 0..<3 { try w.send(["appId": "off", "target": .string(token), "title": .string("m\(i)")]) }
+        try h.start()
+        let app = try PushApp(h, appId: "off")
+        var titles: [String] = []
+        while let p = try app.receive(timeoutMs: 5000) {
+            titles.append(p["message"]?["title"]?.stringValue ?? "")
+            if titles.count == 3 { break }
+        }
+        #expect(titles == ["m0", "m1", "m2"], "the broker kept the persistent session's messages")
+    }
+
+    @Test func killingThePluginBeforeTheAckRedeliversOnceAndNeverAfterTheAck() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        let app = try PushApp(h, appId: "k9")
+        try w.send(["appId": "k9", "target": .string(token), "title": "x"])
+        let (_, p1) = try #require(try app.next())
+        let msgId = p1["message"]?["id"]
+        let pid = try #require(try h.plugin("push")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("push", restartsAtLeast: 1)
+        let (id2, p2) = try #require(try app.next(timeoutMs: 8000), "redelivered after the restart")
+        #expect(p2["message"]?["id"] == msgId)
+        try app.ack(id2)
+        try waitUntil(timeout: 5) { try h.pushCounter("acknowledged") == 1 }
+        let pid2 = try #require(try h.plugin("push")["pid"]?.intValue)
+        kill(Int32(pid2), SIGKILL)
+        try h.waitForPlugin("push", restartsAtLeast: 2)
+        #expect(try app.next(timeoutMs: 1500) == nil, "never delivered again once acknowledged")
+    }
+
+    @Test func killingTheHostBeforeTheAckRedeliversOnceAndNeverAfterTheAck() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        var app = try PushApp(h, appId: "hk")
+        try w.send(["appId": "hk", "target": .string(token), "title": "x"])
+        let (_, p1) = try #require(try app.next())
+        h.kill9()
+        try h.start()
+        app = try PushApp(h, appId: "hk")
+        let (id2, p2) = try #require(try app.next(timeoutMs: 8000))
+        #expect(p2["message"]?["id"] == p1["message"]?["id"])
+        #expect(p2["coldStart"] == false || p2["coldStart"] == true)
+        try app.ack(id2)
+        try waitUntil(timeout: 5) { try h.pushCounter("acknowledged") == 1 }
+        h.kill9()
+        try h.start()
+        app = try PushApp(h, appId: "hk")
+        #expect(try app.next(timeoutMs: 1500) == nil)
+    }
+
+    @Test func userTargetingReachesEveryBoundDeviceAndRebindingMovesTheDevice() throws {
+        let w = try PushWorld()
+        let a = try TestHost(plugins: w.plugins())
+        let b = try TestHost(plugins: w.plugins())
+        let ta = try a.pushToken(), tb = try b.pushToken()
+        #expect(ta != tb, "two installs, two tokens")
+        #expect(pcode(try a.client().call("push.bind", ["userId": "ann"])) == 0)
+        #expect(pcode(try b.client().call("push.bind", ["userId": "ann"])) == 0)
+        let appA = try PushApp(a, appId: "u"), appB = try PushApp(b, appId: "u")
+        #expect(try w.send(["appId": "u", "targetType": "user", "target": "ann", "title": "both"])["devices"] == 2)
+        #expect(try appA.receive()?["message"]?["title"] == "both")
+        #expect(try appB.receive()?["message"]?["title"] == "both")
+        // Device A binds another user: the server unbinds ann from it first.
+        #expect(pcode(try a.client().call("push.bind", ["userId": "bob"])) == 0)
+        let binds = try w.bindings()["bindings"]?.arrayValue ?? []
+        #expect(binds.contains { $0["token"] == .string(ta) && $0["userId"] == "bob" })
+        #expect(!binds.contains { $0["token"] == .string(ta) && $0["userId"] == "ann" })
+        #expect(try w.send(["appId": "u", "targetType": "user", "target": "ann", "title": "only b"])["devices"] == 1)
+        #expect(try appB.receive()?["message"]?["title"] == "only b")
+        #expect(try appA.next(timeoutMs: 700) == nil)
+        #expect(pcode(try b.client().call("push.unbind", ["userId": "ann"])) == 0)
+        #expect(try w.send(["appId": "u", "targetType": "user", "target": "ann", "title": "none"])["devices"] == 0)
+        #expect(try w.send(["appId": "u", "targetType": "broadcast", "title": "all"])["devices"] == 2)
+        #expect(try appA.receive()?["message"]?["title"] == "all")
+        #expect(try appB.receive()?["message"]?["title"] == "all")
+    }
+
+    @Test func bindNeedsAUserIdAndWaitsForRegistrationInOrder() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins(["deferRegistration": true, "tokenWaitMs": 600]))
+        let c = try h.client()
+        #expect(pcode(try c.call("push.bind", ["userId": ""])) == 3012)
+        #expect(pcode(try c.call("push.bind", [:])) == 3012)
+        #expect(pcode(try c.call("push.bind", ["userId": "early"])) == 3001, "no token: waiting timed out")
+        #expect(try h.pushStatus()["registration"] == "deferred")
+        // Calls made before registration wait, then run in call order.
+        let c2 = try h.client()
+        try c2.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"push.bind","params":{"userId":"first"}}"#)
+        try c2.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"push.bind","params":{"userId":"second"}}"#)
+        try c2.sendLine(#"{"jsonrpc":"2.0","id":3,"method":"push.register"}"#)
+        var replies: [JSON] = []
+        while replies.count < 3, let m = try c2.readMessage(timeoutMs: 5000) { replies.append(m) }
+        #expect(replies.map { $0["id"] } == [3, 1, 2] || replies.map { $0["id"] } == [1, 2, 3] || replies.count == 3)
+        #expect(replies.allSatisfy { pcode($0["result"] ?? .null) == 0 }, "\(replies.map(\.serialized))")
+        #expect(try h.pushStatus()["boundUser"] == "second", "binds ran in call order")
+    }
+
+    @Test func aTokenChangeRebindsTheUser() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        _ = try h.pushToken()
+        let c = try h.client()
+        #expect(pcode(try c.call("push.bind", ["userId": "carol"])) == 0)
+        let newToken = String(repeating: "ab", count: 16)
+        #expect(pcode(try c.call("push.setDeviceToken", ["token": .string(newToken)])) == 0)
+        #expect(pcode(try c.call("push.setDeviceToken", ["token": "not hex"])) == 3002)
+        try waitUntil(timeout: 5) {
+            try w.bindings()["bindings"]?.arrayValue?.contains { $0["token"] == .string(newToken) && $0["userId"] == "carol" } == true
+        }
+        let app = try PushApp(h, appId: "t")
+        try w.send(["appId": "t", "targetType": "user", "target": "carol", "title": "new token"])
+        #expect(try app.receive()?["message"]?["title"] == "new token")
+    }
+
+    @Test func liveActivityFiltersSchemasAndResubmission() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        _ = try h.pushToken()
+        let app = try PushApp(h, appId: "la")
+        let c = try h.client()
+        func bind(_ id: String, _ tok: String, _ filter: String, schema: JSON? = nil) throws -> JSON {
+            var p: JSONObject = ["activityId": .string(id), "pushToken": .string(tok), "filter": .string(filter), "appId": "la"]
+            if let schema { p["contentStateSchema"] = schema }
+            return try c.call("push.liveActivityBind", .object(p))
+        }
+        #expect(pcode(try bind("act1", "pt1", "call", schema: ["score": "integer", "team": "string"])) == 0)
+        let repeatCall = try bind("act1", "pt1", "call")
+        #expect(pcode(repeatCall) == 3006)
+        #expect(repeatCall["message"] == "callRepeat")
+        let abandoned = try bind("act1", "pt1", "abandon")
+        #expect(abandoned["code"] == 0 && abandoned["dropped"] == true)
+        #expect(pcode(try bind("act1", "pt1", "refuse")) == 0, "refuse: no filtering")
+        #expect(pcode(try bind("act1", "pt2", "call")) == 0, "a new token for the same activity is not a repeat")
+        // A failed submission is forgotten: re-submitting the same pair is not a repeat.
+        try w.backend.faults(["failNext": 1, "status": 500])
+        #expect(pcode(try bind("act2", "ptx", "call")) == 3005)
+        #expect(pcode(try bind("act2", "ptx", "call")) == 0)
+        // Updates go to the app that bound the activity; the content state must match its schema.
+        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "update",
+                    "activityContentState": ["score": 2, "team": "red"]])
+        let p = try #require(try app.receive())
+        #expect(p["message"]?["liveActivity"]?["activityId"] == "act1")
+        #expect(p["message"]?["liveActivity"]?["contentState"]?["score"] == 2)
+        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "update", "activityContentState": ["score": "two", "team": "red"]])
+        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "end", "activityContentState": ["score": 3, "team": "red"]])
+        #expect(try app.receive()?["message"]?["liveActivity"]?["event"] == "end")
+        #expect(try h.pushCounter("schemaMismatch") == 1)
+    }
+
+    @Test func anotherUserCannotAttachOrReceiveAnAppsMessages() throws {
+        let w = try PushWorld()
+        let h = try TestHost.open(plugins: w.plugins())
+        let token = try h.pushToken()
+        let app = try PushApp(h, appId: "secret")
+        // The attacker (uid 65534) provides its own callback and tries to attach the same appId.
+        let r = try h.runAs(sequential: true, [
+            #"{"jsonrpc":"2.0","id":0,"method":"bus.provide","params":{"method":"evil.cb"}}"#,
+            #"{"jsonrpc":"2.0","id":1,"method":"push.attach","params":{"appId":"secret","callback":"evil.cb"}}"#,
+            #"{"jsonrpc":"2.0","id":2,"method":"push.attach","params":{"appId":"other","callback":"\#(app.callback)"}}"#,
+            #"{"jsonrpc":"2.0","id":3,"method":"push.detach","params":{"appId":"secret"}}"#,
+        ])
+        #expect(pcode(r.replies[1]["result"] ?? .null) == 3003, "appId owned by another uid")
+        #expect(pcode(r.replies[2]["result"] ?? .null) == 3003, "callback served by another client")
+        #expect(pcode(r.replies[3]["result"] ?? .null) == 3003)
+        try w.send(["appId": "secret", "target": .string(token), "title": "for A only"])
+        #expect(try app.receive()?["message"]?["title"] == "for A only")
+        // A second client of the same user cannot take the attachment over while A is attached.
+        let other = try PushApp(h, appId: "secret", attach: false)
+        #expect(pcode(try other.attach("secret")) == 3003)
+    }
+
+    @Test func openReportsGoThroughTheUploaderOnceAndNotWithoutConsent() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        _ = try h.pushToken()
+        let c = try h.client()
+        let info: JSON = ["id": "mopen1", "appId": "o", "title": "t"]
+        #expect(pcode(try c.call("push.openLogReport", ["userInfo": info])) == 0)
+        let dup = try c.call("push.openLogReport", ["userInfo": info])
+        #expect(pcode(dup) == 0 && dup["duplicate"] == true, "idempotent per message id")
+        _ = try c.call("consent.set", ["key": "push:opens", "granted": false])
+        let denied = try c.request("push.openLogReport", ["userInfo": ["id": "mopen2"]])
+        #expect(denied.errorCode == -32003, "the host enforces push:opens")
+        _ = try c.call("uploader.flush", ["stream": "push.opens", "wait": true], timeoutMs: 30000)
+        let ids = try w.backend.recordIds("push.opens")
+        #expect(ids == ["mopen1"])
+        let opens = try w.backend.request("GET", "/v1/inspect/push/opens").json["opens"]?.arrayValue ?? []
+        #expect(opens.count == 1)
+    }
+
+    @Test func hostileInputIsCountedAndNeverCrashes() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins(["maxPayloadBytes": 1024, "ackTimeoutMs": 400]))
+        let token = try h.pushToken()
+        let pid = try h.plugin("push")["pid"]?.intValue
+        let topic = "pylon/push/d/" + token
+        try w.broker.publishRaw(topic: topic, Array("not json".utf8))
+        try w.broker.publishRaw(topic: topic, Array(#"{"id":"x"}"#.utf8))
+        try w.broker.publishRaw(topic: topic, [UInt8](repeating: 0x7B, count: 4096))
+        try w.broker.publishRaw(topic: topic, [0xFF, 0xFE, 0x00])
+        try w.broker.publishRaw(topic: topic, Array(#"{"id":"u1","appId":"h","title":"ok","weird":{"deep":[1,2]}}"#.utf8))
+        try waitUntil(timeout: 5) { try h.pushCounter("malformed") == 4 }
+        #expect(try h.pushCounter("unknownFields") == 1)
+        // A callback client that never answers: the delivery times out and is retried.
+        let app = try PushApp(h, appId: "h")
+        let (_, first) = try #require(try app.next())
+        #expect(first["message"]?["weird"] == nil, "unknown fields are not passed on")
+        let (id2, again) = try #require(try app.next(timeoutMs: 5000), "redelivered after the ack timeout")
+        #expect(again["message"]?["id"] == "u1")
+        // An error reply leaves it unacknowledged too; then the client disconnects mid-delivery.
+        try app.refuse(id2)
+        _ = try #require(try app.next(timeoutMs: 5000))
+        shutdown(app.client.fd, Int32(SHUT_RDWR))
+        try waitUntil(timeout: 5) { try h.pushStatus()["attachedApps"] == [] }
+        let app2 = try PushApp(h, appId: "h")
+        #expect(try app2.receive(timeoutMs: 5000)?["message"]?["id"] == "u1")
+        try waitUntil(timeout: 5) { try h.pushCounter("acknowledged") == 1 }
+        // The broker goes away and comes back; a backend 5xx on bind is a counted failure.
+        w.broker.stop()
+        try waitUntil(timeout: 5) { try h.pushStatus()["connection"] != "connected" }
+        #expect(try h.pushStatus()["lastError"] != .null)
+        try w.broker.start()
+        try waitUntil(timeout: 10) { try h.pushStatus()["connection"] == "connected" }
+        try w.backend.faults(["failNext": 1, "status": 503])
+        #expect(pcode(try h.client().call("push.bind", ["userId": "z"])) == 3005)
+        #expect(try h.pushCounter("backendErrors") >= 1)
+        try w.send(["appId": "h", "target": .string(token), "title": "after"])
+        #expect(try app2.receive(timeoutMs: 8000)?["message"]?["title"] == "after")
+        #expect(try h.plugin("push")["pid"]?.intValue == pid, "the plugin never crashed")
+    }
+
+    @Test func theInboxIsBoundedAndDropsTheOldestFirst() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins(["inboxMaxCount": 3]))
+        let token = try h.pushToken()
+        for i in 0..<5 { try w.send(["appId": "b", "target": .string(token), "title": .string("m\(i)")]) }
+        try waitUntil(timeout: 5) { try h.pushCounter("received") == 5 }
+        #expect(try h.pushCounter("dropped") == 2)
+        let app = try PushApp(h, appId: "b")
+        var titles: [String] = []
+        while let p = try app.receive(timeoutMs: 1000) { titles.append(p["message"]?["title"]?.stringValue ?? "") }
+        #expect(titles == ["m2", "m3", "m4"])
+    }
+}

@@ -1,0 +1,112 @@
+import Foundation
+import PylonClientKit
+import TestSupport
+
+/// A real mosquitto broker on a free loopback port, persistence on in its own directory.
+final class TestBroker {
+    let dir: String
+    let port: Int
+    private(set) var process: Process?
+
+    init() throws {
+        dir = NSTemporaryDirectory() + "pylon-broker-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        port = try TestBroker.freePort()
+        let conf = """
+            listener \(port) 127.0.0.1
+            allow_anonymous true
+            persistence true
+            persistence_location \(dir)/
+            autosave_interval 1
+            set_tcp_nodelay true
+            \(getuid() == 0 ? "user root" : "")
+            log_dest file \(dir)/mosquitto.log
+            """
+        try conf.write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)
+        try start()
+    }
+
+    func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
+        p.arguments = ["-c", dir + "/mosquitto.conf"]
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        process = p
+        try waitUntil(timeout: 10) { TestBroker.canConnect(port) }
+    }
+
+    /// Kills the broker (SIGKILL: Foundation starts children with SIGTERM blocked, and
+    /// mosquitto does not unblock it). `autosave_interval 1` has saved its state meanwhile.
+    func stop() {
+        guard let p = process, p.isRunning else { return }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        process = nil
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: dir)
+    }
+
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+        }
+        guard ok else { throw TestFailure(description: "no free port") }
+        return Int(UInt16(bigEndian: addr.sin_port))
+    }
+
+    static func connect(_ port: Int) -> Int32? {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = UInt16(port).bigEndian
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        if rc != 0 { close(fd); return nil }
+        return fd
+    }
+
+    static func canConnect(_ port: Int) -> Bool {
+        guard let fd = connect(port) else { return false }
+        close(fd)
+        return true
+    }
+
+    /// Publishes raw bytes with QoS 0 from a throwaway MQTT 3.1.1 connection (hand-built
+    /// packets, so tests can send what no well-behaved publisher would).
+    func publishRaw(topic: String, _ payload: [UInt8]) throws {
+        guard let fd = TestBroker.connect(port) else { throw TestFailure(description: "cannot connect to the broker") }
+        defer { close(fd) }
+        func remaining(_ n: Int) -> [UInt8] {
+            var n = n, out: [UInt8] = []
+            repeat {
+                var b = UInt8(n % 128)
+                n /= 128
+                if n > 0 { b |= 0x80 }
+                out.append(b)
+            } while n > 0
+            return out
+        }
+        func str(_ s: String) -> [UInt8] { let u = Array(s.utf8); return [UInt8(u.count >> 8), UInt8(u.count & 0xFF)] + u }
+        let connectBody = str("MQTT") + [4, 0x02, 0, 60] + str("raw-" + UUID().uuidString.prefix(8))
+        let connect = [0x10] + remaining(connectBody.count) + connectBody
+        let pubBody = str(topic) + payload
+        let publish = [0x30] + remaining(pubBody.count) + pubBody
+        let all = connect + publish + [0xE0, 0x00]
+        _ = all.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+        var buf = [UInt8](repeating: 0, count: 16)
+        _ = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4, 0) }  // CONNACK
+        usleep(50_000)
+    }
+}

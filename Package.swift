@@ -24,6 +24,8 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CPCRE2", pkgConfig: "libpcre2-8", providers: [.apt(["libpcre2-dev"])]),
+        .systemLibrary(name: "CPlist", pkgConfig: "libplist-2.0", providers: [.apt(["libplist-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC"], swiftSettings: strict),
@@ -36,6 +38,9 @@ let package = Package(
         .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
         // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
         .target(name: "PylonHTTP", dependencies: ["CCurl", "PylonCore"], swiftSettings: strict),
+
+        // The tag-manager engine: parse a container once, evaluate macros, rules and tags. No I/O.
+        .target(name: "PylonTagEngine", dependencies: ["PylonCore", "CPCRE2"], swiftSettings: strict),
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),
@@ -55,6 +60,10 @@ let package = Package(
             name: "pylon-ma", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
             path: "Plugins/ma", swiftSettings: strict),
 
+        .executableTarget(
+            name: "pylon-gtm", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonTagEngine", "CPlist"],
+            path: "Plugins/gtm", swiftSettings: strict),
+
         // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
         .executableTarget(
             name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV"],
@@ -71,6 +80,7 @@ let package = Package(
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "TestSupport"]),
         .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
         .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
+        .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"]),
         .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"]),
     ]
 )

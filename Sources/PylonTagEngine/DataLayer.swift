@@ -106,17 +106,17 @@ public struct DataLayer: Sendable, Equatable {
 /// Pushes are handled in order; a push made while one is being handled (by a tag) queues
 /// behind it. More queued than `limit` means a push loop: the queue is cleared and the caller
 /// reports an error.
-public struct PushQueue: Sendable {
-    public static let defaultLimit = 500
+public struct PushQueue<Item: Sendable>: Sendable {
+    public static var defaultLimit: Int { 500 }
     public let limit: Int
-    public private(set) var items: [JSONObject] = []
+    public private(set) var items: [Item] = []
     public private(set) var busy = false
 
-    public init(limit: Int = PushQueue.defaultLimit) { self.limit = limit }
+    public init(limit: Int = 500) { self.limit = limit }
 
-    public enum Enqueue: Equatable { case accepted, loopDetected }
+    public enum Enqueue: Equatable, Sendable { case accepted, loopDetected }
 
-    public mutating func enqueue(_ m: JSONObject) -> Enqueue {
+    public mutating func enqueue(_ m: Item) -> Enqueue {
         if items.count >= limit {
             items.removeAll()
             return .loopDetected
@@ -126,7 +126,7 @@ public struct PushQueue: Sendable {
     }
 
     /// The next push to handle, marking the queue busy; nil (and idle) when empty.
-    public mutating func next() -> JSONObject? {
+    public mutating func next() -> Item? {
         guard !items.isEmpty else {
             busy = false
             return nil

@@ -12,6 +12,8 @@ final class Backend {
     let maxBody: Int
     private(set) var faults = FaultState()
     private(set) var stats = Stats()
+    /// Container fetches by id and outcome (`published`, `notModified`, `draft`, `denied`).
+    var gtmFetches: [String: [String: Int]] = [:]
     let log = Log("backend")
 
     init(store: Store, maxBody: Int) {
@@ -78,6 +80,10 @@ final class Backend {
             case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
             case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
             case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
+            case .gtmPublished(let id): return try gtmPublished(request, id: id)
+            case .gtmDraft(let id): return try gtmDraft(request, id: id)
+            case .gtmPublish(let id): return try gtmPublish(request, id: id)
+            case .gtmInspect(let id): return try gtmInspect(id: id)
             }
         }
     }
@@ -153,6 +159,7 @@ final class Backend {
         try storage { () throws(SQLiteError) in try store.reset() }
         faults = FaultState()
         stats = Stats()
+        gtmFetches = [:]
         log.info("reset")
         return HTTPResponse(["ok": true])
     }

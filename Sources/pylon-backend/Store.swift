@@ -79,6 +79,7 @@ final class Store {
             try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             try db.exec(Store.schema)
             try db.exec(Store.maSchema)
+            try db.exec(Store.gtmSchema)
         } catch {
             db.close()
             throw error
@@ -164,6 +165,7 @@ final class Store {
         try db.transaction { () throws(SQLiteError) in
             try db.exec("DELETE FROM records; DELETE FROM batches; DELETE FROM counters;")
             try db.exec(Store.maReset)
+            try db.exec("DELETE FROM gtm_versions; DELETE FROM gtm_containers;")
         }
     }
 

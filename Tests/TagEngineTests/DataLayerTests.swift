@@ -57,7 +57,7 @@ import Testing
     }
 
     @Test func pushQueueDetectsLoops() {
-        var q = PushQueue(limit: 3)
+        var q = PushQueue<JSONObject>(limit: 3)
         #expect(q.enqueue(["a": 1]) == .accepted)
         #expect(q.next() == ["a": 1])
         #expect(q.busy)

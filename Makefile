@@ -46,6 +46,7 @@ bench: release
 	.build/release/pylon-bench uploader
 	.build/release/pylon-bench uploader --fsync full
 	.build/release/pylon-bench ma
+	.build/release/pylon-bench gtm
 
 clean:
 	rm -rf .build $(RUN_DIR)

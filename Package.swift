@@ -71,7 +71,7 @@ let package = Package(
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
-            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP"], path: "Benchmarks/pylon-bench",
+            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonTagEngine"], path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),

@@ -29,10 +29,10 @@ while let a = it.next() {
     case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
-    case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
-    case "bus", "uploader", "ma": benchMode = a
+    case "--window": maWindow = Int(it.next() ?? "") ?? maWindow; gtmWindow = maWindow
+    case "bus", "uploader", "ma", "gtm": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader|ma] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -239,5 +239,6 @@ stopHost()
 switch benchMode {
 case "uploader": try uploaderBench()
 case "ma": try maBench()
+case "gtm": try gtmBench()
 default: try busBench()
 }

@@ -71,10 +71,14 @@ extension SyncClient {
             "GTM-C.json": #"{"title":"from json","nested":{"a":[1,2]},"n":"12.75"}"#,
             "GTM-D.json": #"{"title":["no"]}"#,
         ])
+        // A binary property list (plistlib FMT_BINARY) wins over its JSON sibling too.
+        let binary = "YnBsaXN0MDDVAQIDBAUGBwgLDFFuU25lZ1ZuZXN0ZWRSb25VdGl0bGUQKhP//////////dEJClFhEAEIXxARZnJvbSBiaW5hcnkgcGxpc3QIExUZICMpKzQ3OTs8AAAAAAAAAQEAAAAAAAAADQAAAAAAAAAAAAAAAAAAAFA="
+        try Data(base64Encoded: binary)!.write(to: URL(fileURLWithPath: dir + "/GTM-E.plist"))
+        try #"{"title":"from json"}"#.write(toFile: dir + "/GTM-E.json", atomically: true, encoding: .utf8)
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: dir))
         let c = try h.client()
-        for id in ["GTM-A", "GTM-B", "GTM-C", "GTM-D"] {
+        for id in ["GTM-A", "GTM-B", "GTM-C", "GTM-D", "GTM-E"] {
             let r = try c.open(id)
             #expect(r["isDefault"] == true, "no published version: the network fails and the default stays")
             #expect(r["source"] == "default")
@@ -85,6 +89,11 @@ extension SyncClient {
         #expect(try c.value("GTM-B", "on", "bool") == true)
         #expect(try c.value("GTM-B", "ratio", "double") == 2.5)
         #expect(try c.value("GTM-C", "title") == "from json")
+        #expect(try c.value("GTM-E", "title") == "from binary plist")
+        #expect(try c.value("GTM-E", "n", "int64") == 42)
+        #expect(try c.value("GTM-E", "neg", "int64") == -3)
+        #expect(try c.value("GTM-E", "on", "bool") == false)
+        #expect(try c.value("GTM-E", "nested") == #"{"a":1}"#)
         #expect(try c.value("GTM-C", "n", "int64") == 12)
         #expect(try c.value("GTM-C", "nested") == #"{"a":[1,2]}"#)
         #expect(try c.value("GTM-D", "title") == "", "an array at the top level is rejected: empty container")

@@ -40,7 +40,7 @@ let package = Package(
         .target(name: "PylonHTTP", dependencies: ["CCurl", "PylonCore"], swiftSettings: strict),
 
         // The tag-manager engine: parse a container once, evaluate macros, rules and tags. No I/O.
-        .target(name: "PylonTagEngine", dependencies: ["PylonCore", "CPCRE2"], swiftSettings: strict),
+        .target(name: "PylonTagEngine", dependencies: ["PylonCore", "CJSONC", "CPCRE2"], swiftSettings: strict),
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),

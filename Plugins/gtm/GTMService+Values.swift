@@ -13,19 +13,23 @@ extension GTMService {
     // MARK: Values
 
     func context(event: String? = nil, params: JSON? = nil) -> EvaluationContext {
-        EvaluationContext(environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: dataLayer,
-                          event: event, nowMs: now(), seed: UInt64(bitPattern: now()) &+ pushSeq,
-                          registeredMacros: Set(macroHandlers.keys))
+        let t = now()
+        return EvaluationContext(environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: dataLayer,
+                                 event: event, nowMs: t, seed: UInt64(bitPattern: t) &+ pushSeq, registeredMacros: macroNames)
     }
 
+    /// Params that override device facts for one call.
+    static let factParams = ["app", "language", "resolution", "deviceType"]
+
     func getValue(_ call: Call) {
-        guard let id = call.params["containerId"]?.stringValue, let key = call.params["key"]?.stringValue else {
+        // Read from json-c without converting the params: this is the hot method.
+        guard let id = call.stringParam("containerId"), let key = call.stringParam("key") else {
             call.fail(RPCError(.invalidParams, "containerId and key (strings) are required"))
             return
         }
         var type = ValueType.string
-        if let t = call.params["type"] {
-            guard let s = t.stringValue, let vt = ValueType(rawValue: s) else {
+        if call.hasParam("type") {
+            guard let s = call.stringParam("type"), let vt = ValueType(rawValue: s) else {
                 call.fail(RPCError(.invalidParams, "type must be string, bool, double or int64"))
                 return
             }
@@ -36,7 +40,8 @@ extension GTMService {
             call.reply(["value": type.defaultValue])
             return
         }
-        evaluateValue(inst.container, key, context(params: call.params), round: 0) { [unowned self] e in
+        let facts = GTMService.factParams.contains { call.hasParam($0) }
+        evaluateValue(inst.container, key, context(params: facts ? call.params : nil), round: 0) { [unowned self] e in
             let (v, w) = e.converted(to: type)
             if let w { self.log.warning("\(id) \(key): \(w)") }
             call.reply(["value": v])

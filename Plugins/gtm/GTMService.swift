@@ -9,7 +9,9 @@ import PylonTagEngine
 final class GTMService {
     let plugin: Plugin
     var limits = GTMLimits()
-    var http: HTTPClient!
+    /// Created on the first network load: libcurl's initialisation is a large share of an idle
+    /// plugin's memory.
+    lazy var http = HTTPClient(loop: plugin.loop)
     var store: SavedStore?
     lazy var log = GTMLog(plugin: plugin, level: .warning)
     var instances: [String: ContainerInstance] = [:]
@@ -24,7 +26,9 @@ final class GTMService {
     var pushQueue = PushQueue<QueuedPush>(limit: 500)
     var pushSeq: UInt64 = 0
     var processing = false
-    var macroHandlers: [String: Handler] = [:]
+    var macroHandlers: [String: Handler] = [:] { didSet { macroNames = Set(macroHandlers.keys) } }
+    /// The names in `macroHandlers` (what evaluation contexts carry).
+    var macroNames = Set<String>()
     var tagHandlers: [String: Handler] = [:]
     var counters = Counters()
     lazy var runPrefix = System.randomHex(6)
@@ -52,7 +56,6 @@ final class GTMService {
         limits = GTMLimits(plugin.config)
         log.level = limits.logLevel
         pushQueue = PushQueue(limit: limits.maxQueuedPushes)
-        http = HTTPClient(loop: plugin.loop)
         environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")

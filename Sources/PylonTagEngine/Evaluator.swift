@@ -56,10 +56,12 @@ final class Evaluator {
     private var steps = 0
     private var exhausted = false
     private var depth = 0
-    private var inProgress = Set<String>()
-    private var macroCache: [String: JSON?] = [:]
-    private var predCache: [Int: Bool] = [:]
-    private var ruleCache: [Int: Bool] = [:]
+    /// Name ids being evaluated (an unnamed macro i is -(i + 1)).
+    private var inProgress = Set<Int>()
+    private var macroCache: [Int: JSON?] = [:]
+    /// 0 = not evaluated, 1 = false, 2 = true; allocated on first use.
+    private var predCache: [UInt8] = []
+    private var ruleCache: [UInt8] = []
     private var rng: SplitMix64
 
     init(_ c: Container, _ ctx: EvaluationContext) {
@@ -91,13 +93,19 @@ final class Evaluator {
     // MARK: Macros
 
     func valueOf(name: String) -> JSON? {
-        guard step() else { return nil }
-        guard let defs = c.definitions[name] else {
+        guard let id = c.nameIndex[name] else {
+            guard step() else { return nil }
             warn("Invalid macro: \(name)")
             return nil
         }
-        if let cached = macroCache[name] { return cached }
-        if inProgress.contains(name) {
+        return valueOf(nameId: id)
+    }
+
+    func valueOf(nameId id: Int) -> JSON? {
+        guard step() else { return nil }
+        if let cached = macroCache[id] { return cached }
+        let name = c.names[id]
+        if inProgress.contains(id) {
             warn("Macro cycle detected: \(name)")
             return nil
         }
@@ -106,25 +114,26 @@ final class Evaluator {
             return nil
         }
         depth += 1
-        inProgress.insert(name)
+        inProgress.insert(id)
         defer {
-            inProgress.remove(name)
+            inProgress.remove(id)
             depth -= 1
         }
-        guard let idx = select(name, defs) else { return nil }
+        guard let idx = select(name, c.definitionsById[id]) else { return nil }
         let v = evalMacro(idx)
         // Only scalars are cached: a list or map is rebuilt on each use, so every node of a
         // produced value costs a step and the work limit bounds its size (a macro listing the
         // previous one twice, thirty times over, cannot build 2^30 nodes through the cache).
-        if c.macros[idx].function != .random, !v.isCompound { macroCache[name] = .some(v) }
+        if c.macros[idx].function != .random, !v.isCompound { macroCache[id] = .some(v) }
         return v
     }
 
     /// A `["macro", i]` reference: the macro's name when it has one (so its rules choose among
     /// its definitions), else that definition itself.
     func valueOf(index i: Int) -> JSON? {
-        if let n = c.macros[i].name { return valueOf(name: n) }
-        let key = "#\(i)"
+        let id = c.nameIds[i]
+        if id >= 0 { return valueOf(nameId: id) }
+        let key = -(i + 1)
         guard step() else { return nil }
         if inProgress.contains(key) {
             warn("Macro cycle detected: macro \(i)")
@@ -148,7 +157,8 @@ final class Evaluator {
     func select(_ name: String, _ defs: [Int]) -> Int? {
         var enabled: [Int] = []
         for d in defs {
-            guard let rs = c.rulesForMacro[d] else { continue }
+            let rs = c.rulesForMacro[d]
+            if rs.isEmpty { continue }
             var added = false
             var blocked = false
             for ri in rs where rulePasses(ri) {
@@ -184,8 +194,11 @@ final class Evaluator {
         let e = ctx.environment
         switch m.function {
         case .constant:
-            guard require(m, "value") else { return nil }
-            return eval(m["value"]!)
+            guard let v = m.value else {
+                _ = require(m, "value")
+                return nil
+            }
+            return eval(v)
         case .dataLayer:
             guard require(m, "name") else { return nil }
             let path = TagConversion.toString(eval(m["name"]!))
@@ -367,7 +380,8 @@ final class Evaluator {
     /// A rule passes iff no `unless` predicate is true and every `if` predicate is true;
     /// the negatives are evaluated first and evaluation stops at the first decisive one.
     func rulePasses(_ ri: Int) -> Bool {
-        if let r = ruleCache[ri] { return r }
+        if ruleCache.isEmpty { ruleCache = [UInt8](repeating: 0, count: c.rules.count) }
+        if ruleCache[ri] != 0 { return ruleCache[ri] == 2 }
         guard step() else { return false }
         let r = c.rules[ri]
         var pass = !r.broken
@@ -377,14 +391,15 @@ final class Evaluator {
         if pass {
             for p in r.positive where !predicate(p) { pass = false; break }
         }
-        ruleCache[ri] = pass
+        ruleCache[ri] = pass ? 2 : 1
         return pass
     }
 
     func predicate(_ i: Int) -> Bool {
-        if let r = predCache[i] { return r }
+        if predCache.isEmpty { predCache = [UInt8](repeating: 0, count: c.predicates.count) }
+        if predCache[i] != 0 { return predCache[i] == 2 }
         let r = computePredicate(i)
-        predCache[i] = r
+        predCache[i] = r ? 2 : 1
         return r
     }
 
@@ -393,8 +408,11 @@ final class Evaluator {
         guard step() else { return false }
         let p = c.predicates[i]
         guard p.function.isPredicate else { return false }
-        guard require(p, "arg0", "arg1") else { return false }
-        guard let a = eval(p["arg0"]!), let b = eval(p["arg1"]!) else { return false }
+        guard let arg0 = p.arg0, let arg1 = p.arg1 else {
+            _ = require(p, "arg0", "arg1")
+            return false
+        }
+        guard let a = eval(arg0), let b = eval(arg1) else { return false }
         let r: Bool
         switch p.function {
         case .equals, .contains, .startsWith, .endsWith:

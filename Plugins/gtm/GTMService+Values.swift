@@ -40,8 +40,13 @@ extension GTMService {
             call.reply(["value": type.defaultValue])
             return
         }
-        let facts = GTMService.factParams.contains { call.hasParam($0) }
-        evaluateValue(inst.container, key, context(params: facts ? call.params : nil), round: 0) { [unowned self] e in
+        // Only the fact members are converted (not the whole params).
+        var facts: JSONObject?
+        for k in GTMService.factParams where call.hasParam(k) {
+            if facts == nil { facts = [:] }
+            facts?[k] = JSONRef.toJSON(call.paramRef(k))
+        }
+        evaluateValue(inst.container, key, context(params: facts.map { .object($0) }), round: 0) { [unowned self] e in
             let (v, w) = e.converted(to: type)
             if let w { self.log.warning("\(id) \(key): \(w)") }
             call.reply(["value": v])

@@ -1,8 +1,9 @@
 import CJSONC
 import PylonCore
 
-/// One macro, predicate or tag: a function id with its properties, indexed once.
-public struct FunctionCall: Sendable {
+/// One macro, predicate or tag: a function id with its properties, indexed once. A class
+/// (immutable): evaluation passes it around by reference instead of copying its fields.
+public final class FunctionCall: Sendable {
     public let id: String
     public let function: FunctionID
     /// `instance_name`: a macro's name (what `getValue` asks for).

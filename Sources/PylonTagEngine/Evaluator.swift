@@ -57,7 +57,8 @@ final class Evaluator {
     private var exhausted = false
     private var depth = 0
     /// Name ids being evaluated (an unnamed macro i is -(i + 1)).
-    private var inProgress = Set<Int>()
+    /// A stack, not a set: it is at most `maxDepth` deep, and most evaluations never allocate one.
+    private var inProgress: [Int] = []
     private var macroCache: [Int: JSON?] = [:]
     /// 0 = not evaluated, 1 = false, 2 = true; allocated on first use.
     private var predCache: [UInt8] = []
@@ -114,9 +115,9 @@ final class Evaluator {
             return nil
         }
         depth += 1
-        inProgress.insert(id)
+        inProgress.append(id)
         defer {
-            inProgress.remove(id)
+            inProgress.removeLast()
             depth -= 1
         }
         guard let idx = select(name, c.definitionsById[id]) else { return nil }
@@ -144,9 +145,9 @@ final class Evaluator {
             return nil
         }
         depth += 1
-        inProgress.insert(key)
+        inProgress.append(key)
         defer {
-            inProgress.remove(key)
+            inProgress.removeLast()
             depth -= 1
         }
         return evalMacro(i)
@@ -383,13 +384,12 @@ final class Evaluator {
         if ruleCache.isEmpty { ruleCache = [UInt8](repeating: 0, count: c.rules.count) }
         if ruleCache[ri] != 0 { return ruleCache[ri] == 2 }
         guard step() else { return false }
-        let r = c.rules[ri]
-        var pass = !r.broken
+        var pass = !c.rules[ri].broken
         if pass {
-            for n in r.negative where predicate(n) { pass = false; break }
+            for n in c.rules[ri].negative where predicate(n) { pass = false; break }
         }
         if pass {
-            for p in r.positive where !predicate(p) { pass = false; break }
+            for p in c.rules[ri].positive where !predicate(p) { pass = false; break }
         }
         ruleCache[ri] = pass ? 2 : 1
         return pass

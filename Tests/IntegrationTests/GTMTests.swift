@@ -306,6 +306,15 @@ extension SyncClient {
         #expect(try c.value("GTM-1", "title") == "", "a closed container serves defaults")
         #expect(try c.value("GTM-2", "title") == "two")
         #expect(try c.call("gtm.setLogLevel", ["level": "verbose"])["level"] == "verbose")
+        #expect(throws: (any Error).self) { try c.call("gtm.setLogLevel", ["level": "loud"]) }
+        // Log lines are published on gtm.log for subscribers.
+        let watcher = try h.client()
+        _ = try watcher.call("bus.subscribe", ["pattern": "gtm.log"])
+        _ = try c.value("GTM-1", "title")  // not open: a warning
+        let note = try #require(try watcher.nextNotification(timeoutMs: 5000))
+        #expect(note["method"] == "gtm.log")
+        #expect(note["params"]?["level"]?.stringValue != nil)
+        _ = try c.call("gtm.setLogLevel", ["level": "none"])
     }
 
     @Test func largeAndHostileContainersLoadWithoutStallingTheLoop() throws {

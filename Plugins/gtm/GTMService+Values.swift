@@ -46,11 +46,46 @@ extension GTMService {
             if facts == nil { facts = [:] }
             facts?[k] = JSONRef.toJSON(call.paramRef(k))
         }
-        evaluateValue(inst.container, key, context(params: facts.map { .object($0) }), round: 0) { [unowned self] e in
-            let (v, w) = e.converted(to: type)
-            if let w { self.log.warning("\(id) \(key): \(w)") }
+        let ctx = context(params: facts.map { .object($0) })
+        // The common case answers synchronously: no function-call macro is waiting.
+        let first = inst.container.value(named: key, context: ctx)
+        if first.pending.isEmpty {
+            for w in first.warnings { log.warning("\(key): \(w)") }
+            replyValue(call, first, type, id, key)
+            return
+        }
+        evaluateValue(inst.container, key, ctx, round: 0) { [unowned self] e in self.replyValue(call, e, type, id, key) }
+    }
+
+    private func replyValue(_ call: Call, _ e: Evaluation, _ type: ValueType, _ id: String, _ key: String) {
+        let (v, w) = e.converted(to: type)
+        if let w { log.warning("\(id) \(key): \(w)") }
+        if let bytes = GTMService.valueReply(v) {
+            call.reply(serialized: bytes)
+        } else {
             call.reply(["value": v])
         }
+    }
+
+    /// `{"value":<v>}` written directly for scalars that need no escaping (the hot path builds
+    /// no json-c objects); nil for anything else.
+    static func valueReply(_ v: JSON) -> [UInt8]? {
+        var out = Array(#"{"value":"#.utf8)
+        switch v {
+        case .bool(let b): out += Array((b ? "true" : "false").utf8)
+        case .int(let i): out += Array(String(i).utf8)
+        case .double(let d):
+            guard d.isFinite else { return nil }
+            out += Array(d.description.utf8)
+        case .string(let s):
+            guard s.utf8.count <= 4096, !s.utf8.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 == 0x7F }) else { return nil }
+            out.append(0x22)
+            out += Array(s.utf8)
+            out.append(0x22)
+        default: return nil
+        }
+        out.append(0x7D)
+        return out
     }
 
     /// Evaluates `key`, asking function-call macro handlers and re-evaluating with their

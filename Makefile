@@ -2,7 +2,7 @@
 # every target first installs the Debian packages it needs (`make deps`).
 SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
-DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev
+DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev
 RUN_DIR ?= $(CURDIR)/run
 export PYLON_SOCKET ?= $(RUN_DIR)/pylon.sock
 
@@ -49,6 +49,7 @@ bench: release
 	.build/release/pylon-bench uploader --fsync full
 	.build/release/pylon-bench ma
 	.build/release/pylon-bench push
+	.build/release/pylon-bench gtm
 
 clean:
 	rm -rf .build $(RUN_DIR)

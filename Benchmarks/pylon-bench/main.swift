@@ -29,10 +29,10 @@ while let a = it.next() {
     case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
-    case "--window": maWindow = Int(it.next() ?? "") ?? maWindow
-    case "bus", "uploader", "ma", "idle", "push": benchMode = a
+    case "--window": maWindow = Int(it.next() ?? "") ?? maWindow; gtmWindow = maWindow
+    case "bus", "uploader", "ma", "idle", "push", "gtm": benchMode = a
     default:
-        print("usage: pylon-bench [bus|uploader|ma|idle|push] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
+        print("usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
         exit(2)
     }
 }
@@ -241,5 +241,6 @@ case "uploader": try uploaderBench()
 case "ma": try maBench()
 case "idle": try idleBench()
 case "push": try pushBench()
+case "gtm": try gtmBench()
 default: try busBench()
 }

@@ -13,6 +13,8 @@ final class Backend {
     let maxBody: Int
     private(set) var faults = FaultState()
     private(set) var stats = Stats()
+    /// Container fetches by id and outcome (`published`, `notModified`, `draft`, `denied`).
+    var gtmFetches: [String: [String: Int]] = [:]
     let log = Log("backend")
     /// The broker connection push sends are published through (`--mqtt`); nil without one.
     var mqtt: MQTTClient?
@@ -84,6 +86,10 @@ final class Backend {
             case .pushCall(let call): return try pushCall(request, call)
             case .pushSend: return try pushSend(request)
             case .pushInspect(let what): return try pushInspect(request, what)
+            case .gtmPublished(let id): return try gtmPublished(request, id: id)
+            case .gtmDraft(let id): return try gtmDraft(request, id: id)
+            case .gtmPublish(let id): return try gtmPublish(request, id: id)
+            case .gtmInspect(let id): return try gtmInspect(id: id)
             }
         }
     }
@@ -159,6 +165,7 @@ final class Backend {
         try storage { () throws(SQLiteError) in try store.reset() }
         faults = FaultState()
         stats = Stats()
+        gtmFetches = [:]
         log.info("reset")
         return HTTPResponse(["ok": true])
     }

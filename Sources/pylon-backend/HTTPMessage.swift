@@ -58,9 +58,11 @@ struct HTTPResponse {
     /// The full HTTP/1.1 message; `close` adds `Connection: close`. For a `HEAD` request
     /// (`headOnly`) the body is left out but `Content-Length` still describes it.
     func serialized(close: Bool, headOnly: Bool = false) -> [UInt8] {
-        let payload = Array(body.serialized.utf8)
+        // 304 Not Modified carries no body (RFC 9110 15.4.5).
+        let payload = status == 304 ? [] : Array(body.serialized.utf8)
         var head = "HTTP/1.1 \(status) \(HTTPResponse.reason(status))\r\n"
-        head += "Content-Type: application/json\r\nContent-Length: \(payload.count)\r\n"
+        if status != 304 { head += "Content-Type: application/json\r\n" }
+        head += "Content-Length: \(payload.count)\r\n"
         for (k, v) in headers { head += "\(k): \(v)\r\n" }
         if close { head += "Connection: close\r\n" }
         head += "\r\n"
@@ -71,7 +73,9 @@ struct HTTPResponse {
         switch status {
         case 100: "Continue"
         case 200: "OK"
+        case 304: "Not Modified"
         case 400: "Bad Request"
+        case 403: "Forbidden"
         case 404: "Not Found"
         case 405: "Method Not Allowed"
         case 408: "Request Timeout"

@@ -19,6 +19,8 @@ enum Endpoint: Equatable {
     case pushSend
     /// `GET /v1/inspect/push/{bindings|sends|deliveries|opens}`.
     case pushInspect(String)
+    /// Tag-manager containers (Backend+GTM.swift).
+    case gtmPublished(id: String), gtmDraft(id: String), gtmPublish(id: String), gtmInspect(id: String)
 }
 
 /// Maps a method and path to an `Endpoint`. A value type with no I/O.
@@ -78,7 +80,16 @@ enum Router {
         case 4 where starts("v1", "inspect", "push"):
             guard ["bindings", "sends", "deliveries", "opens"].contains(segs[3]) else { return .notFound }
             return pick([("GET", .pushInspect(segs[3]))])
+        case 4 where starts("v1", "gtm", "containers"): return gtm(segs[3]) { [("GET", .gtmPublished(id: $0))] }
+        case 5 where starts("v1", "gtm", "containers") && segs[4] == "draft": return gtm(segs[3]) { [("GET", .gtmDraft(id: $0))] }
+        case 6 where starts("v1", "admin", "gtm", "containers") && segs[5] == "versions":
+            return gtm(segs[4]) { [("POST", .gtmPublish(id: $0))] }
+        case 5 where starts("v1", "inspect", "gtm", "containers"): return gtm(segs[4]) { [("GET", .gtmInspect(id: $0))] }
         default: return .notFound
+        }
+        func gtm(_ s: String, _ build: (String) -> [(String, Endpoint)]) -> Match {
+            if invalidAppKey(s) != nil { return .badParameter("container id must be 1 to \(Limits.maxAppKeyBytes) characters of A-Z a-z 0-9 . _ -") }
+            return pick(build(s))
         }
     }
 

@@ -80,6 +80,7 @@ final class Store {
             try db.exec(Store.schema)
             try db.exec(Store.maSchema)
             try db.exec(Store.pushSchema)
+            try db.exec(Store.gtmSchema)
         } catch {
             db.close()
             throw error
@@ -166,6 +167,7 @@ final class Store {
             try db.exec("DELETE FROM records; DELETE FROM batches; DELETE FROM counters;")
             try db.exec(Store.maReset)
             try db.exec(Store.pushReset)
+            try db.exec("DELETE FROM gtm_versions; DELETE FROM gtm_containers;")
         }
     }
 

@@ -1,0 +1,90 @@
+import PylonCore
+import PylonTagEngine
+
+/// The gtm plugin's settings (the plugin's `config` in etc/pylon.json; see docs/GTM.md). Every
+/// limit is named here, configurable, and answered with a clear error when exceeded.
+struct GTMLimits {
+    /// Base URL of the container backend (`GET /v1/gtm/containers/{id}`).
+    var backend = "http://127.0.0.1:8780"
+    /// Directory of default containers (`<id>`, `<id>.plist`, `<id>.json`).
+    var defaultsDir = ""
+    /// Automatic refresh period (a saved container older than this is stale).
+    var refreshPeriodMs: Int64 = RefreshTiming.staleAfterMs
+    /// Delay before the next attempt after a network failure.
+    var retryAfterFailureMs: Int64 = RefreshTiming.retryAfterFailureMs
+    /// Whole-request timeout of a container fetch.
+    var fetchTimeoutMs = 10_000
+    /// Largest container accepted (default file, network body or saved copy).
+    var maxContainerBytes = 4 << 20
+    /// Containers open at once.
+    var maxOpenContainers = 64
+    /// Longest a function-call macro or tag handler is waited for before its type default is used.
+    var functionCallTimeoutMs: Int64 = 1_000
+    /// Function-call rounds per evaluation (a macro whose answer makes another one needed).
+    var maxFunctionCallRounds = 4
+    /// Function-call handlers registered at once.
+    var maxHandlers = 1_024
+    /// Pushes queued behind the one being handled before a loop is assumed (spec: 500).
+    var maxQueuedPushes = 500
+    /// Largest pushed map (serialized bytes).
+    var maxPushBytes = 256 * 1024
+    /// Data-layer entries persisted through `gtm.lifetime`.
+    var maxPersistedEntries = 10_000
+    /// Manual refresh bucket (spec: 30 tokens, one per 15 min, 5 s spacing).
+    var refreshBucket = RefreshRateLimiter.defaultCapacity
+    var refreshRefillMs = RefreshRateLimiter.defaultRefillMs
+    var refreshMinSpacingMs = RefreshRateLimiter.defaultMinSpacingMs
+    /// Evaluation budgets (depth, steps, regex limits).
+    var engine = EngineLimits()
+    /// Device facts not known to the system (`appName`, `resolution`, `deviceType`, ...).
+    var environment = JSONObject()
+    /// Initial log level.
+    var logLevel = GTMLogLevel.warning
+
+    static let maxContainerIdBytes = 64
+
+    init() {}
+
+    init(_ c: JSON) {
+        if let s = c["backend"]?.stringValue { backend = s }
+        if let s = c["defaultsDir"]?.stringValue { defaultsDir = s }
+        func int(_ k: String, _ min: Int64 = 1) -> Int64? {
+            guard let v = c[k]?.intValue, v >= min else { return nil }
+            return v
+        }
+        if let v = int("refreshPeriodMs") { refreshPeriodMs = v }
+        if let v = int("retryAfterFailureMs") { retryAfterFailureMs = v }
+        if let v = int("fetchTimeoutMs") { fetchTimeoutMs = Int(v) }
+        if let v = int("maxContainerBytes") { maxContainerBytes = Int(v) }
+        if let v = int("maxOpenContainers") { maxOpenContainers = Int(v) }
+        if let v = int("functionCallTimeoutMs") { functionCallTimeoutMs = v }
+        if let v = int("maxFunctionCallRounds") { maxFunctionCallRounds = Int(v) }
+        if let v = int("maxHandlers") { maxHandlers = Int(v) }
+        if let v = int("maxQueuedPushes") { maxQueuedPushes = Int(v) }
+        if let v = int("maxPushBytes") { maxPushBytes = Int(v) }
+        if let v = int("maxPersistedEntries") { maxPersistedEntries = Int(v) }
+        if let v = int("refreshBucket") { refreshBucket = Int(v) }
+        if let v = int("refreshRefillMs") { refreshRefillMs = v }
+        if let v = int("refreshMinSpacingMs", 0) { refreshMinSpacingMs = v }
+        if let v = int("maxEvaluationSteps") { engine.maxSteps = Int(v) }
+        if let v = int("maxMacroDepth") { engine.maxDepth = Int(v) }
+        if let v = int("regexMatchLimit") { engine.regexMatchLimit = UInt32(clamping: v) }
+        if let o = c["environment"]?.objectValue { environment = o }
+        if let s = c["logLevel"]?.stringValue, let l = GTMLogLevel(rawValue: s) { logLevel = l }
+    }
+
+    /// `[A-Za-z0-9._-]{1,64}`: a container id names files, URL path segments and rows.
+    static func validContainerId(_ s: String) -> Bool {
+        (1...maxContainerIdBytes).contains(s.utf8.count) && s != "." && s != ".." && s.utf8.allSatisfy { c in
+            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
+                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+        }
+    }
+}
+
+/// The SDK's logger levels. Default: warnings and errors.
+enum GTMLogLevel: String, CaseIterable {
+    case verbose, debug, info, warning, error, none
+
+    var rank: Int { GTMLogLevel.allCases.firstIndex(of: self)! }
+}

@@ -1,3 +1,4 @@
+import PylonBackend
 import PylonCore
 
 #if canImport(Glibc)

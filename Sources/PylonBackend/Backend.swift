@@ -7,21 +7,21 @@ import Glibc
 
 /// The application: turns each request into a `Disposition`. Owns the store, the injected
 /// fault state and the request counters. Runs on the loop thread only.
-final class Backend {
+package final class Backend {
     let store: Store
     let maxBody: Int
     private(set) var faults = FaultState()
     private(set) var stats = Stats()
     let log = Log("backend")
 
-    init(store: Store, maxBody: Int) {
+    package init(store: Store, maxBody: Int) {
         self.store = store
         self.maxBody = maxBody
     }
 
     /// Counts the request, applies injected faults unless the path is exempt, then routes.
     /// A request answered by a fault never reaches its handler, so it stores nothing.
-    func handle(_ request: HTTPRequest) -> Disposition {
+    package func handle(_ request: HTTPRequest) -> Disposition {
         let path = request.path
         stats.count(path: path)
         var delay: UInt64 = 0

@@ -50,7 +50,7 @@ bench: release
 ## Hardening (docs/HARDENING.md). None of these take /tmp/pylon-build.lock themselves: on a
 ## shared machine run them as `flock /tmp/pylon-build.lock make fuzz` (and so on).
 
-FUZZ_TARGETS ?= message manifest backend-http
+FUZZ_TARGETS ?= message manifest backend-http ma uploader
 FUZZ_SECONDS ?= 60
 
 ## libFuzzer targets (Fuzz/): built with -sanitize=fuzzer,address in .build-fuzz, then each runs
@@ -64,14 +64,15 @@ fuzz-build: deps
 fuzz: fuzz-build
 	FUZZ_TARGETS="$(FUZZ_TARGETS)" FUZZ_SECONDS=$(FUZZ_SECONDS) tools/fuzz.sh
 
-## Unit and integration tests under AddressSanitizer + UndefinedBehaviorSanitizer, in their own
-## build directory; the integration tests run the sanitized pylond, plugins and backend.
+## Unit and integration tests under AddressSanitizer, in their own build directory; the
+## integration tests run the sanitized pylond, plugins and backend. (swiftc 6.3 refuses
+## -sanitize=undefined for x86_64 Linux; Swift's own checks trap on overflow and bounds.)
 ASAN_BUILD ?= .build-asan
-ASAN_FLAGS := --scratch-path $(ASAN_BUILD) --sanitize=address --sanitize=undefined
+ASAN_FLAGS := --scratch-path $(ASAN_BUILD) --sanitize=address
 test-asan: deps
 	$(SWIFT) build --build-tests $(ASAN_FLAGS)
 	PYLON_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/debug SWIFT_BACKTRACE=enable=no \
-	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	ASAN_OPTIONS=detect_leaks=0 \
 	  $(SWIFT) test --skip-build $(ASAN_FLAGS) --no-parallel
 
 ## Chaos soak (loopback only, bounded): release build, backend + pylond with uploader and MA,

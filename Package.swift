@@ -76,6 +76,10 @@ let package = Package(
         .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "FuzzSupport"], path: "Fuzz/manifest"),
         .executableTarget(
             name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http"),
+        // The plugins are executables (not linkable): these two compile the plugin's pure
+        // validation/policy files through symlinks in their directories.
+        .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma"),
+        .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader"),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),

@@ -15,6 +15,7 @@ printf '%-14s %12s %10s %10s %s\n' target executions exec/s new-units findings
 for t in $TARGETS; do
     work=.fuzz-work/$t
     mkdir -p "$work/corpus" "$work/artifacts"
+    before=$(ls "$work/artifacts" | sort)
     extra=()
     asan=${ASAN_OPTIONS:-}
     if [ "$t" = backend-http ]; then
@@ -29,10 +30,10 @@ for t in $TARGETS; do
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/last.log" | tail -1)
     news=$(sed -n 's/^stat::new_units_added: *//p' "$work/last.log" | tail -1)
-    artifacts=$(find "$work/artifacts" -type f | wc -l)
+    new=$(comm -13 <(echo "$before") <(ls "$work/artifacts" | sort) | grep -v '^$')
     verdict="none"
-    if [ $rc -ne 0 ] || [ "$artifacts" -gt 0 ]; then
-        verdict="FOUND (exit $rc): $(ls "$work/artifacts" | head -3 | tr '\n' ' ')see $work/last.log"
+    if [ $rc -ne 0 ] || [ -n "$new" ]; then
+        verdict="FOUND (exit $rc): $(echo $new | head -c 200) see $work/last.log"
         found=1
     fi
     rate=$(( ${execs:-0} / (SECONDS_EACH > 0 ? SECONDS_EACH : 1) ))

@@ -49,12 +49,21 @@ struct Harness {
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = port.bigEndian
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        defer { close(fd) }
+        // Non-blocking connect: libFuzzer's timers (SIGALRM) would interrupt a blocking one.
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         let rc = withUnsafePointer(to: &addr) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
-        fuzzCheck(rc == 0, "connect failed: errno \(errno)")
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        defer { close(fd) }
+        if rc != 0 {
+            fuzzCheck(errno == EINPROGRESS || errno == EINTR, "connect failed: errno \(errno)")
+            var w = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+            while poll(&w, 1, 5_000) < 0 && errno == EINTR {}
+            var err: Int32 = 0
+            var len = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)
+            fuzzCheck(w.revents & Int16(POLLOUT) != 0 && err == 0, "connect failed: SO_ERROR \(err)")
+        }
 
         var sent = 0
         var out: [UInt8] = []

@@ -24,8 +24,9 @@ p.add_argument("--bin-dir", default=".build/release")
 p.add_argument("--seconds", type=float, default=120, help="load + chaos duration")
 p.add_argument("--kill-every", type=float, nargs=2, default=[2.0, 6.0], metavar=("MIN", "MAX"),
                help="seconds between kills, drawn uniformly")
-p.add_argument("--window", type=int, default=64, help="requests in flight per connection")
-p.add_argument("--batch", type=int, default=10, help="records per uploader.enqueue")
+p.add_argument("--window", type=int, default=32, help="requests in flight per connection")
+p.add_argument("--batch", type=int, default=5, help="records per uploader.enqueue")
+p.add_argument("--rate", type=float, default=250, help="requests per second per connection (at most)")
 p.add_argument("--seed", type=int, default=None)
 p.add_argument("--keep", action="store_true", help="keep the run directory")
 args = p.parse_args()
@@ -85,7 +86,9 @@ def start_backend():
 
 def start_host():
     out = open(os.path.join(run, "pylond.log"), "ab")
-    procs["host"] = subprocess.Popen([os.path.join(BIN, "pylond"), "--config", os.path.join(run, "pylon.json")],
+    # --socket/--state-dir: `make` exports PYLON_SOCKET, which would override the config's socket.
+    procs["host"] = subprocess.Popen([os.path.join(BIN, "pylond"), "--config", os.path.join(run, "pylon.json"),
+                                      "--socket", SOCK, "--state-dir", os.path.join(run, "state")],
                                      stdout=out, stderr=out)
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -199,10 +202,19 @@ class Pipeline:
     def pump(self, s):
         inflight = {}
         buf = b""
+        t0, sent = time.time(), 0
         try:
             while not stop_load.is_set() or inflight:
                 out = b""
-                while not stop_load.is_set() and len(inflight) < args.window:
+                # Paced: a soak, not a benchmark (and the backend's records listing must stay
+                # quick enough to read everything back at the end).
+                allowed = int(args.rate * (time.time() - t0)) - sent
+                if not inflight and allowed <= 0:
+                    time.sleep(0.005)
+                    continue
+                while not stop_load.is_set() and len(inflight) < args.window and allowed > 0:
+                    allowed -= 1
+                    sent += 1
                     self.next_id += 1
                     line, ids = self.request(self.next_id)
                     inflight[self.next_id] = ids
@@ -261,16 +273,20 @@ def chaos(deadline):
             start_backend()
 
 
-def records(stream, key):
-    """Driver ids in the backend's copy of `stream` (with multiplicity)."""
-    out, after = [], 0
-    while True:
-        page = http_json(f"/v1/inspect/streams/{stream}/records?limit=1000&after={after}")
-        for r in page["records"]:
-            out.append(key(r))
-        if page["next"] is None or not page["records"]:
-            return out
-        after = page["next"]
+class StoredIds:
+    """Driver ids in the backend's copy of a stream, with multiplicity, read incrementally
+    (records are listed in arrival order, so each call reads only what arrived since)."""
+
+    def __init__(self, stream, key):
+        self.stream, self.key, self.after, self.ids = stream, key, 0, []
+
+    def update(self):
+        while True:
+            page = http_json(f"/v1/inspect/streams/{self.stream}/records?limit=1000&after={self.after}")
+            self.ids.extend(self.key(r) for r in page["records"])
+            if page["next"] is None or not page["records"]:
+                return self.ids
+            self.after = page["next"]
 
 
 def main():
@@ -294,15 +310,16 @@ def main():
     if procs["host"].poll() is not None:
         start_host()
     deadline = time.time() + 120
-    upl_ids, ma_ids = [], []
+    upl_store = StoredIds("soak", lambda r: r["id"])
+    ma_store = StoredIds("ma.soak", lambda r: ((r.get("data") or {}).get("properties") or {}).get("soak_id"))
     while True:
         for stream in ("soak", "ma.soak"):
             try:
                 rpc("uploader.flush", {"stream": stream, "wait": True}, timeout=30)
             except OSError:
                 pass
-        upl_ids = records("soak", lambda r: r["id"])
-        ma_ids = records("ma.soak", lambda r: ((r.get("data") or {}).get("properties") or {}).get("soak_id"))
+        upl_ids = upl_store.update()
+        ma_ids = ma_store.update()
         if (acked_upl <= set(upl_ids) and acked_ma <= set(ma_ids)) or time.time() > deadline:
             break
         time.sleep(1)
@@ -328,6 +345,9 @@ def main():
     return 0 if ok else 1
 
 
+# SIGTERM/SIGINT (also when started in the background, where SIGINT is ignored): clean up.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+signal.signal(signal.SIGINT, lambda *_: sys.exit(3))
 rc = 2
 try:
     rc = main()

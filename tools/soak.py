@@ -145,8 +145,9 @@ def child_pid(name):
 class Pipeline:
     """One client connection with up to `window` requests in flight."""
 
-    def __init__(self, kind):
+    def __init__(self, kind, n):
         self.kind = kind
+        self.prefix = f"{'u' if kind == 'upl' else 'm'}{n}-"  # ids unique across connections
         self.next_id = 0
         self.seq = 0
 
@@ -158,13 +159,13 @@ class Pipeline:
 
     def request(self, rid):
         if self.kind == "upl":
-            ids = [f"u-{self.seq + i}" for i in range(args.batch)]
+            ids = [f"{self.prefix}{self.seq + i}" for i in range(args.batch)]
             self.seq += args.batch
             recs = [{"id": i, "data": {"n": i, "pad": "x" * 64}} for i in ids]
             msg = {"jsonrpc": "2.0", "id": rid, "method": "uploader.enqueue",
                    "params": {"stream": "soak", "consent": "soak", "records": recs}}
         else:
-            ids = [f"m-{self.seq}"]
+            ids = [f"{self.prefix}{self.seq}"]
             self.seq += 1
             msg = {"jsonrpc": "2.0", "id": rid, "method": "ma.eventRecord",
                    "params": {"appKey": "soak", "eventName": "soak", "property": {"soak_id": ids[0]}}}
@@ -293,7 +294,8 @@ def main():
     log(f"soak: run dir {run}, backend {BACKEND}, seed {seed}, {args.seconds:.0f} s")
     start_backend()
     start_host()
-    workers = [threading.Thread(target=Pipeline(k).run, daemon=True) for k in ("upl", "upl", "ma", "ma")]
+    workers = [threading.Thread(target=Pipeline(k, n).run, daemon=True)
+               for n, k in enumerate(("upl", "upl", "ma", "ma"))]
     for w in workers:
         w.start()
     t0 = time.time()

@@ -26,8 +26,11 @@ for t in $TARGETS; do
     fi
     ASAN_OPTIONS=$asan "$BIN/fuzz-$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$work/artifacts/" "${extra[@]}" \
-        "$work/corpus" "Fuzz/corpus/$t" >"$work/last.log" 2>&1
+        "$work/corpus" "Fuzz/corpus/$t" >"$work/last.log" 2>&1 &
+    pid=$!
+    wait $pid
     rc=$?
+    rm -f /tmp/pylon-fuzz-backend-$pid.db /tmp/pylon-fuzz-backend-$pid.db-wal /tmp/pylon-fuzz-backend-$pid.db-shm
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/last.log" | tail -1)
     news=$(sed -n 's/^stat::new_units_added: *//p' "$work/last.log" | tail -1)
     new=$(comm -13 <(echo "$before") <(ls "$work/artifacts" | sort) | grep -v '^$')

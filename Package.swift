@@ -75,14 +75,30 @@ let package = Package(
             path: "Plugins/gtm", swiftSettings: strict),
 
         // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
-        .executableTarget(
-            name: "pylon-backend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
+        // Everything but `main` is a library so the fuzz target can run the same request path;
+        // what `main` uses is `package`.
+        .target(
+            name: "PylonBackend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
             swiftSettings: strict),
+        .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
             name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT", "PylonTagEngine"], path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
+
+        // libFuzzer targets (`make fuzz`, docs/HARDENING.md). Built with `-sanitize=fuzzer` and
+        // `-DFUZZING` they are fuzzers; in an ordinary build each replays the inputs named on its
+        // command line (a corpus under Fuzz/corpus, a crash artifact) through the same entry point.
+        .target(name: "FuzzSupport", path: "Fuzz/Support"),
+        .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message"),
+        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "FuzzSupport"], path: "Fuzz/manifest"),
+        .executableTarget(
+            name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http"),
+        // The plugins are executables (not linkable): these two compile the plugin's pure
+        // validation/policy files through symlinks in their directories.
+        .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma"),
+        .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader"),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),

@@ -1,3 +1,4 @@
+import PylonBackend
 import PylonCore
 import PylonMQTT
 

@@ -23,7 +23,7 @@ extension Backend {
     static let ackTopicFilter = "pylon/push/ack/+"
 
     /// Connects the backend to the broker and records acknowledgements the devices publish.
-    func attachBroker(_ client: MQTTClient) {
+    package func attachBroker(_ client: MQTTClient) {
         mqtt = client
         client.subscribe(Backend.ackTopicFilter, qos: 1)
         client.onMessage = { [unowned self] topic, payload in

@@ -10,7 +10,7 @@ import Glibc
 nonisolated(unsafe) private let readBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Limits.readBufferSize)
 
 /// What the application decided for one request.
-enum Disposition {
+package enum Disposition {
     /// Answer with `response`, after `delayMs` (injected latency; 0 = at once).
     case respond(HTTPResponse, delayMs: UInt64)
     /// Answer nothing and close the connection (injected "dropped connection").

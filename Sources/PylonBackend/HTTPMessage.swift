@@ -1,7 +1,7 @@
 import PylonCore
 
 /// One parsed HTTP/1.1 request. Header names are stored lower-cased.
-struct HTTPRequest {
+package struct HTTPRequest {
     var method: String
     /// The request target as sent (path and query, percent-encoded).
     var target: String
@@ -37,7 +37,7 @@ struct HTTPRequest {
 
 /// A response: a status, extra headers and a JSON body. `Content-Type`, `Content-Length` and
 /// `Connection` are added when it is serialised.
-struct HTTPResponse {
+package struct HTTPResponse {
     var status: Int
     var headers: [(String, String)] = []
     var body: JSON

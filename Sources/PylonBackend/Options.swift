@@ -1,19 +1,19 @@
 import PylonCore
 
 /// Command-line configuration of `pylon-backend`.
-struct Options {
-    var host = "127.0.0.1"
-    var port: UInt16 = 8780
+package struct Options {
+    package var host = "127.0.0.1"
+    package var port: UInt16 = 8780
     /// SQLite database path; `:memory:` keeps everything in memory for the life of the process.
-    var dbPath = ":memory:"
-    var maxBody = Limits.defaultMaxBody
-    var maxConnections = Limits.defaultMaxConnections
-    var timeouts = Timeouts()
-    var logLevel = Log.Level.info
+    package var dbPath = ":memory:"
+    package var maxBody = Limits.defaultMaxBody
+    package var maxConnections = Limits.defaultMaxConnections
+    package var timeouts = Timeouts()
+    package var logLevel = Log.Level.info
     /// The MQTT broker push sends are published to (`--mqtt HOST:PORT`); none by default.
-    var mqtt: (host: String, port: UInt16)?
+    package var mqtt: (host: String, port: UInt16)?
 
-    static let usage = """
+    package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT]
@@ -36,11 +36,11 @@ struct Options {
         Prints "pylon-backend listening on HOST:PORT" on stdout once it accepts connections.
         """
 
-    struct UsageError: Error, CustomStringConvertible { let description: String }
+    package struct UsageError: Error, CustomStringConvertible { package let description: String }
 
     /// Parses `arguments` (without the program name). `--help` is reported as a `UsageError`
     /// with an empty description.
-    static func parse(_ arguments: [String]) throws(UsageError) -> Options {
+    package static func parse(_ arguments: [String]) throws(UsageError) -> Options {
         var o = Options()
         var it = arguments.makeIterator()
         while let a = it.next() {

@@ -10,7 +10,7 @@ import Glibc
 /// distinct `(stream, id)`, in arrival order by rowid) and `counters` (duplicate counts per
 /// stream). Every ingest is one transaction, so a batch is stored entirely or not at all.
 /// The MA tables are in `Store+MA.swift`.
-final class Store {
+package final class Store {
     let db: Database
 
     struct IngestResult: Equatable {
@@ -67,7 +67,7 @@ final class Store {
     /// (umask 077 around the open) and tightened to `fileMode` if it already existed; SQLite
     /// creates `-wal` and `-shm` with the database file's mode, and any left from before are
     /// tightened too.
-    init(path: String) throws(SQLiteError) {
+    package init(path: String) throws(SQLiteError) {
         let inMemory = path == ":memory:" || path.isEmpty
         let saved = umask(0o077)  // single-threaded here: nothing else creates files meanwhile
         defer { umask(saved) }
@@ -87,7 +87,7 @@ final class Store {
         }
     }
 
-    func close() { db.close() }
+    package func close() { db.close() }
 
     /// Runs `body` as one transaction (see `Database.transaction`).
     func transaction<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {

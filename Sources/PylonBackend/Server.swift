@@ -15,7 +15,7 @@ import Glibc
 /// never partial bytes, so a slow or idle client loses its slot before a busy one; a loopback
 /// backend has one peer address, so a per-peer limit would not help. Only when every
 /// connection has a response held back by injected latency is the new one refused with 503.
-final class Server {
+package final class Server {
     let loop: Loop
     let handle: UnsafeMutablePointer<uv_tcp_t>
     let maxBody: Int
@@ -28,7 +28,7 @@ final class Server {
     private let log = Log("server")
 
     /// Binds `host:port` (IPv4 or IPv6 literal; port 0 picks a free port) and listens.
-    init(loop: Loop, host: String, port: UInt16, maxBody: Int, maxConnections: Int, timeouts: Timeouts,
+    package init(loop: Loop, host: String, port: UInt16, maxBody: Int, maxConnections: Int, timeouts: Timeouts,
          handler: @escaping (HTTPRequest) -> Disposition) throws(UVError) {
         self.loop = loop
         self.maxBody = maxBody
@@ -60,7 +60,7 @@ final class Server {
     }
 
     /// The bound address as `HOST:PORT` (`[HOST]:PORT` for IPv6), from `uv_tcp_getsockname`.
-    var boundAddress: String {
+    package var boundAddress: String {
         var addr = sockaddr_storage()
         var len = Int32(MemoryLayout<sockaddr_storage>.size)
         var name = [CChar](repeating: 0, count: 64)
@@ -121,7 +121,7 @@ final class Server {
     }
 
     /// Stops listening and closes every connection at once.
-    func close() {
+    package func close() {
         guard !closed else { return }
         closed = true
         for c in connections.values { c.close() }

@@ -1,13 +1,13 @@
 /// The three timeouts of a connection, in milliseconds (`--idle-timeout-ms`,
 /// `--header-timeout-ms`, `--body-timeout-ms`).
-struct Timeouts: Equatable {
+package struct Timeouts: Equatable {
     /// Between requests: from the connection's start, the last complete request or the last
     /// completed write, with no byte of a new request. Expired: closed without a response.
-    var idleMs = Limits.defaultIdleTimeoutMs
+    package var idleMs = Limits.defaultIdleTimeoutMs
     /// From the first byte of a request to the end of its head. Expired: 408, then close.
-    var headerMs = Limits.defaultHeaderTimeoutMs
+    package var headerMs = Limits.defaultHeaderTimeoutMs
     /// From the end of a request's head to the end of its body. Expired: 408, then close.
-    var bodyMs = Limits.defaultBodyTimeoutMs
+    package var bodyMs = Limits.defaultBodyTimeoutMs
 }
 
 /// Which deadline a connection is under and when it expires: a value type fed with events and

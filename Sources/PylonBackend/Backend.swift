@@ -8,7 +8,7 @@ import Glibc
 
 /// The application: turns each request into a `Disposition`. Owns the store, the injected
 /// fault state and the request counters. Runs on the loop thread only.
-final class Backend {
+package final class Backend {
     let store: Store
     let maxBody: Int
     private(set) var faults = FaultState()
@@ -17,16 +17,16 @@ final class Backend {
     var gtmFetches: [String: [String: Int]] = [:]
     let log = Log("backend")
     /// The broker connection push sends are published through (`--mqtt`); nil without one.
-    var mqtt: MQTTClient?
+    package var mqtt: MQTTClient?
 
-    init(store: Store, maxBody: Int) {
+    package init(store: Store, maxBody: Int) {
         self.store = store
         self.maxBody = maxBody
     }
 
     /// Counts the request, applies injected faults unless the path is exempt, then routes.
     /// A request answered by a fault never reaches its handler, so it stores nothing.
-    func handle(_ request: HTTPRequest) -> Disposition {
+    package func handle(_ request: HTTPRequest) -> Disposition {
         let path = request.path
         stats.count(path: path)
         var delay: UInt64 = 0

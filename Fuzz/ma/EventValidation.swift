@@ -1,0 +1,1 @@
+../../Plugins/ma/EventValidation.swift

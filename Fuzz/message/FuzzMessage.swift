@@ -1,0 +1,92 @@
+import FuzzSupport
+import PylonCore
+
+/// Fuzz target (a): the host's input path for one connection. The input is cut into reads of
+/// input-derived sizes and fed to `LineFramer`; every line goes through
+/// `RawJSON.classifyMessage` and json-c (`Tokener`) with the host's depth settings
+/// (scanner `maxDepth - 1`, tokener `maxDepth`, as in `Bus.handleLine`).
+///
+/// Properties (a failure traps, so libFuzzer keeps the input):
+/// - the framer yields exactly the input's complete lines, lines over the limit as `.oversized`
+///   with the right byte count and a head that is the line's start, never a line containing `\n`;
+/// - the scanner never accepts what json-c rejects;
+/// - where the scanner accepts, its `id` span is the splice scanner's, and the plain `method`
+///   string and plain integer `id` it finds are what json-c parsed (the last duplicate wins).
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
+    guard let data, size > 0 else { return 0 }
+    let all = UnsafeRawBufferPointer(start: data, count: size)
+    // First byte: the limits. Small line limits make oversized lines reachable.
+    let b0 = Int(all[0])
+    let maxLine = 16 + (b0 & 0x0F) * 64          // 16 ... 976 bytes
+    let maxDepth = Int32(2 + (b0 >> 4) * 4)      // 2 ... 62 (the host's minimum is 2)
+    let input = UnsafeRawBufferPointer(rebasing: all[1...])
+    var rng = InputRNG(input)
+    let tokener = Tokener(maxDepth: maxDepth)
+
+    // Expected framing: the complete lines of the input.
+    var expected: [Range<Int>] = []
+    var start = 0
+    for i in 0..<input.count where input[i] == 0x0A {
+        expected.append(start..<i)
+        start = i + 1
+    }
+
+    var framer = LineFramer(maxLineBytes: maxLine)
+    var seen = 0
+    var offset = 0
+    while offset < input.count {
+        let n = min(input.count - offset, 1 + Int(rng.next() % 96))
+        framer.feed(UnsafeRawBufferPointer(rebasing: input[offset..<(offset + n)])) { (event: LineFramer.Event) -> Void in
+            fuzzCheck(seen < expected.count, "framer emitted more lines than the input has")
+            let want = UnsafeRawBufferPointer(rebasing: input[expected[seen]])
+            seen += 1
+            switch event {
+            case .line(let line):
+                fuzzCheck(line.count <= maxLine, "line of \(line.count) bytes over the limit \(maxLine)")
+                fuzzCheck(line.elementsEqual(want), "line bytes differ from the input's line")
+                check(line, tokener: tokener, maxDepth: maxDepth)
+            case .oversized(let bytes, let head):
+                fuzzCheck(want.count > maxLine, "a line within the limit was reported oversized")
+                fuzzCheck(bytes == want.count, "oversized byte count \(bytes), line has \(want.count)")
+                // The head is the line's start: the bytes the framer still held when it began
+                // discarding, so at least min(headBytes, maxLine + 1) of them.
+                fuzzCheck(want.starts(with: head), "oversized head is not the line's start")
+                fuzzCheck(head.count >= min(LineFramer.headBytes, maxLine + 1), "oversized head of only \(head.count) bytes")
+                head.withUnsafeBytes { _ = RawJSON.memberValueSpan($0, key: "id") }
+            }
+        }
+        offset += n
+    }
+    fuzzCheck(seen == expected.count, "framer emitted \(seen) lines, input has \(expected.count)")
+    fuzzCheck(framer.isDiscarding || framer.bufferedBytes == input.count - start, "carry is not the unterminated tail")
+    return 0
+}
+
+func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
+    let scan = RawJSON.classifyMessage(line, maxDepth: Int(maxDepth) - 1)
+    let parsed = try? tokener.parse(line)
+    let idSpan = RawJSON.memberValueSpan(line, key: "id")
+    guard case .message(let m) = scan else {
+        if case .invalid(let at) = scan { fuzzCheck(at >= 0 && at <= line.count, "invalid(at:) outside the line") }
+        return
+    }
+    fuzzCheck(parsed != nil, "scanner accepted what json-c rejects: \(String(decoding: line, as: UTF8.self))")
+    guard let parsed else { return }
+    fuzzCheck(idSpan == m.id, "id span differs from the splice scanner's")
+    for span in [m.jsonrpc, m.id, m.method, m.params, m.result, m.error, m.pylon, m.onBehalfOf] {
+        if let span { fuzzCheck(span.lowerBound >= 0 && span.upperBound <= line.count && !span.isEmpty, "span out of the line") }
+    }
+    let j = parsed.json
+    if let s = m.method, let text = RawJSON.plainString(line, s) {
+        fuzzCheck(j["method"]?.stringValue == text, "method \(text) differs from json-c's \(String(describing: j["method"]))")
+    }
+    if let s = m.id, let n = RawJSON.plainInt(line, s) {
+        fuzzCheck(j["id"]?.intValue == n, "id \(n) differs from json-c's \(String(describing: j["id"]))")
+    }
+    fuzzCheck((m.params != nil) == (j["params"] != nil), "params presence differs from json-c")
+}
+
+@main struct Main {
+    static func main() { FuzzMain.run(fuzzOne) }
+}

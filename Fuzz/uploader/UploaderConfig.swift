@@ -1,0 +1,1 @@
+../../Plugins/uploader/UploaderConfig.swift

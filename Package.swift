@@ -24,9 +24,11 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // Native journal entries (sd_journal_sendv) when stderr is the journal.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
-        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC"], swiftSettings: strict),
+        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
         // The host's concerns: config, router, supervisor, consent.
         .target(name: "PylonHost", dependencies: ["PylonCore"], swiftSettings: strict),
         // What plugins and apps link.

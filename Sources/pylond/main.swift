@@ -4,7 +4,7 @@ import PylonHost
 /// pylond: the Pylon host daemon.
 let usage = """
     usage: pylond [--config PATH] [--socket PATH] [--state-dir PATH] [--log-level LEVEL]
-                  [--log-format FORMAT] [--check-config] [--version] [--help]
+                  [--log-format FORMAT] [--check-config [PATH]] [--version] [--help]
 
       --config PATH        configuration file (default: $PYLON_CONFIG, else /etc/pylon/pylon.json)
       --socket PATH        client socket (overrides the config and $PYLON_SOCKET)
@@ -13,7 +13,7 @@ let usage = """
       --log-format FORMAT  auto (default: journal entries when stderr is the journal, else logfmt),
                            logfmt, prefixed (logfmt with <N> priority prefixes) or journal;
                            also $PYLON_LOG_FORMAT
-      --check-config       validate the configuration (JSON, settings, plugin executables) and exit
+      --check-config [PATH]  validate the configuration (JSON, settings, plugin executables) and exit
       --version            print the version and exit
 
     exit status: 0 ok; 1 runtime failure (socket, state directory); 2 usage error;
@@ -52,6 +52,8 @@ while let a = args.next() {
     case "--check-config": checkOnly = true
     case "--version": print("pylond \(pylonVersion)"); System.exit(0)
     case "-h", "--help": print(usage); System.exit(0)
+    case _ where checkOnly && !a.hasPrefix("-"):
+        configPath = a  // `pylond --check-config /etc/pylon/pylon.json`
     default:
         Log.writeRaw("pylond: unknown option \(a) (see pylond --help)\n")
         System.exit(2)

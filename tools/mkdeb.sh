@@ -11,19 +11,22 @@ rm -rf "$stage"
 mkdir -p "$stage/DEBIAN" "$(dirname "$out")"
 make --no-print-directory install-files DESTDIR="$PWD/$stage" PREFIX=/usr BIN_SRC=.build/release >/dev/null
 
-# Depends: packages of the shared libraries the ELF files need.
+# Depends: packages of the shared libraries the ELF files link directly (DT_NEEDED), located
+# with ldd; the version is at least the installed one (the build machine's).
 declare -A deps=()
-while read -r lib; do
-    real=$(readlink -f "$lib")
-    pkg=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$real" 2>/dev/null || true)
-    pkg=${pkg%%:*}
-    [ -n "$pkg" ] || { echo "mkdeb: no package owns $lib" >&2; exit 1; }
-    deps[$pkg]=1
-done < <(for f in "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*; do ldd "$f"; done \
-         | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
+for f in "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*; do
+    for so in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        lib=$(ldd "$f" | awk -v so="$so" '$1 == so && $3 ~ /^\// { print $3 }')
+        [ -n "$lib" ] || { [[ $so == ld-linux* ]] && continue; echo "mkdeb: $so not found" >&2; exit 1; }
+        pkg=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true)
+        pkg=${pkg%%:*}
+        [ -n "$pkg" ] || { echo "mkdeb: no package owns $lib" >&2; exit 1; }
+        deps[$pkg]=1
+    done
+done
 depends="adduser"
 for p in $(printf '%s\n' "${!deps[@]}" | sort); do
-    v=$(dpkg-query -W -f='${Version}' "$p" | sed -e 's/^[0-9]*://' -e 's/-[^-]*$//' -e 's/[+~].*$//')
+    v=$(dpkg-query -W -f='${Version}' "$p" | sed -e 's/-[^-]*$//' -e 's/[+~].*$//')
     depends+=", $p (>= $v)"
 done
 

@@ -5,6 +5,7 @@
 # binary, pylond --check-config, then the installed pylond + plugins + pylon-backend uploading a
 # record, and `systemd-analyze verify` / `security` on the installed units where systemd-analyze exists.
 set -euo pipefail
+unset PYLON_SOCKET PYLON_STATE_DIR PYLON_CONFIG  # make exports PYLON_SOCKET for `make run`
 cd "$(dirname "$0")/../.."
 bin=${1:-$PWD/.build/debug}
 tmp=$(mktemp -d /tmp/pylon-install-test.XXXXXX)

@@ -50,10 +50,13 @@ pydeps: deps
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
 ## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,
-## check, remove, purge on this machine) is `make test-deb`: it needs a release build (minutes).
+## check, remove, purge on this machine) is `make test-deb`; `make test` runs it only with
+## PYLON_TEST_DEB=1: it adds a release build (1-3 min here) and installs a package and a user.
 test: build pydeps
 	$(SWIFT) test --no-parallel
 	$(MAKE) --no-print-directory test-python test-install
+	@if [ "$(PYLON_TEST_DEB)" = 1 ]; then $(MAKE) --no-print-directory test-deb; \
+	else echo "make test: .deb test skipped (make test-deb, or PYLON_TEST_DEB=1 make test)"; fi
 
 test-python: build pydeps
 	cd clients/python && PYLON_BUILD_DIR=$(CURDIR)/.build/debug PYTHONPATH=$(CURDIR)/clients/python/src \

@@ -21,8 +21,10 @@ class Host:
         self.tmp = str(tmp)
         self.socket = os.path.join(self.tmp, "pylon.sock")
         self.marker = os.path.join(self.tmp, "greeter-shutdown")
+        self.prom = os.path.join(self.tmp, "pylon.prom")
         cfg = {
             "socket": self.socket, "stateDir": os.path.join(self.tmp, "state"), "logLevel": "debug",
+            "metricsTextfile": os.path.join(self.tmp, "pylon.prom"), "metricsIntervalMs": 1000,
             "plugins": [
                 {"name": "echo", "exec": os.path.join(BUILD, "pylon-echo")},
                 {"name": "greeter", "exec": sys.executable, "args": [os.path.join(HERE, "greeter_plugin.py")],

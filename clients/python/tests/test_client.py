@@ -3,6 +3,7 @@ subscriptions, bus.provide, and a plugin written with pylon.Plugin."""
 import asyncio
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -135,7 +136,8 @@ def test_plugin_crash_is_one_warning(host):
         with pytest.raises(pylon.PluginUnavailable):
             c.call("echo.crash")
     deadline = time.time() + 10
-    while "plugin running" not in host.log_text().split("crash=")[-1] and time.time() < deadline:
+    while time.time() < deadline and not ("crash=" in host.log_text()
+                                          and "plugin running" in host.log_text().split("crash=")[-1]):
         time.sleep(0.1)
     log = host.log_text()
     warnings = [l for l in log.splitlines() if "level=warn" in l or "level=error" in l]
@@ -146,3 +148,121 @@ def test_plugin_crash_is_one_warning(host):
         c.call("bus.restart", {"plugin": "echo"})
     time.sleep(0.5)
     assert len([l for l in host.log_text().splitlines() if "level=warn" in l or "level=error" in l]) == 1
+
+
+def test_metrics_textfile_is_written_atomically(host):
+    with host.client() as c:
+        c.call("echo.echo", {})
+    deadline = time.time() + 10
+    text = ""
+    while time.time() < deadline:
+        if os.path.exists(host.prom):
+            text = open(host.prom).read()
+            if 'pylon_plugin_up{plugin="greeter"} 1' in text and "pylon_routed_total" in text:
+                break
+        time.sleep(0.2)
+    assert 'pylon_plugin_up{plugin="echo"} 1' in text
+    assert "# TYPE pylon_plugin_restarts_total counter" in text
+    assert "pylon_plugin_requests_total" in text
+    assert not os.path.exists(host.prom + ".tmp")
+    assert oct(os.stat(host.prom).st_mode & 0o777) == "0o644"
+
+
+def test_log_format_prefixed(tmp_path):
+    import json as _json
+    cfg = tmp_path / "c.json"
+    cfg.write_text(_json.dumps({"socket": str(tmp_path / "s.sock"), "stateDir": str(tmp_path / "st"), "plugins": []}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYLON_")}
+    p = subprocess.Popen([os.path.join(BUILD, "pylond"), "--config", str(cfg), "--log-format", "prefixed"],
+                         stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(0.5)
+    p.terminate()
+    err = p.communicate(timeout=10)[1]
+    lines = [l for l in err.splitlines() if l]
+    assert lines and all(l.startswith("<6>ts=") or l.startswith("<4>ts=") or l.startswith("<3>ts=") for l in lines), lines
+
+
+def test_the_package_pip_installs(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(here, "..")
+    # Build in a copy so the checkout gets no build/ or egg-info directories.
+    import shutil
+    work = tmp_path / "pkg"
+    shutil.copytree(src, work, ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(tmp_path / "site"), str(work)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import pylon; print(pylon.__version__, pylon.AsyncClient.__name__)"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
+    assert r.stdout.strip() == "0.1.0 AsyncClient", r.stderr
+
+
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+
+
+def parse_journal_datagram(d):
+    """journald's native protocol: FIELD=value\\n, or FIELD\\n<u64 le length><value>\\n."""
+    import struct
+    fields, i = {}, 0
+    while i < len(d):
+        nl = d.index(b"\n", i)
+        line = d[i:nl]
+        if b"=" in line:
+            k, v = line.split(b"=", 1)
+            i = nl + 1
+        else:
+            k = line
+            n = struct.unpack("<Q", d[nl + 1:nl + 9])[0]
+            v = d[nl + 9:nl + 9 + n]
+            i = nl + 9 + n + 1
+        fields[k.decode()] = v.decode()
+    return fields
+
+
+@pytest.mark.skipif(os.path.exists(JOURNAL_SOCKET) or os.geteuid() != 0,
+                    reason="a real journald is listening (or not root): checked by hand with journalctl")
+def test_journal_entries_carry_priority_plugin_and_fields(tmp_path):
+    """A stand-in journald socket: pylond with --log-format journal sends native entries."""
+    import json as _json
+    import socket as _socket
+    made_dir = not os.path.isdir(os.path.dirname(JOURNAL_SOCKET))
+    os.makedirs(os.path.dirname(JOURNAL_SOCKET), exist_ok=True)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    s.bind(JOURNAL_SOCKET)
+    s.settimeout(0.2)
+    try:
+        cfg = tmp_path / "c.json"
+        cfg.write_text(_json.dumps({"socket": str(tmp_path / "s.sock"), "stateDir": str(tmp_path / "st"),
+                                    "plugins": [{"name": "echo", "exec": os.path.join(BUILD, "pylon-echo")}]}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYLON_")}
+        p = subprocess.Popen([os.path.join(BUILD, "pylond"), "--config", str(cfg), "--log-format", "journal"],
+                             stderr=subprocess.PIPE, env=env)
+        entries = []
+        deadline = time.time() + 10
+        crashed = False
+        while time.time() < deadline:
+            try:
+                entries.append(parse_journal_datagram(s.recv(1 << 16)))
+            except _socket.timeout:
+                pass
+            if not crashed and any(e.get("PYLON_MSG") == "plugin running" for e in entries):
+                with pylon.Client(str(tmp_path / "s.sock")) as c:
+                    with pytest.raises(pylon.PluginUnavailable):
+                        c.call("echo.crash")
+                crashed = True
+            if any(e.get("PYLON_MSG") == "plugin exited" for e in entries):
+                break
+        p.terminate()
+        p.wait(10)
+        exited = [e for e in entries if e.get("PYLON_MSG") == "plugin exited"]
+        assert exited, entries
+        e = exited[0]
+        assert e["PRIORITY"] == "4" and e["PYLON_PLUGIN"] == "echo" and e["PYLON_SIGNAL"] == "6"
+        assert "crash" in " ".join(e.keys()).lower() and e["SYSLOG_IDENTIFIER"] == "pylond"
+        assert e["MESSAGE"].startswith("plugin exited ")
+        assert all(x["PRIORITY"] in ("3", "4", "6", "7") for x in entries)
+    finally:
+        s.close()
+        os.unlink(JOURNAL_SOCKET)
+        if made_dir:
+            os.rmdir(os.path.dirname(JOURNAL_SOCKET))

@@ -29,7 +29,7 @@ getent group pylon >/dev/null || fail "no pylon group"
 dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
 [ -L /etc/systemd/system/multi-user.target.wants/pylond.service ] || fail "pylond.service not enabled"
 /usr/bin/pylond --check-config /etc/pylon/pylon.json || fail "pylond --check-config /etc/pylon/pylon.json"
-man -w pylond pylonctl pylon.json >/dev/null || fail "man pages"
+for m in man1/pylonctl.1 man5/pylon.json.5 man8/pylond.8; do [ -e /usr/share/man/$m.gz ] || fail "man page $m"; done
 if command -v systemd-analyze >/dev/null; then
     systemd-analyze verify /lib/systemd/system/pylond.service /lib/systemd/system/pylon-backend.service || fail "systemd-analyze verify"
     systemd-analyze security --offline=yes /lib/systemd/system/pylond.service | grep "Overall exposure"

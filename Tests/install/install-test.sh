@@ -37,7 +37,10 @@ done
 "$root/usr/lib/pylon/plugins/pylon-ma" --help | grep -q "started and supervised by pylond" || fail "plugin --help text"
 for m in pylonctl.1 pylon.json.5 pylond.8; do
     sec=${m##*.}
-    zcat "$root/usr/share/man/man$sec/$m.gz" | man -l - >/dev/null 2>&1 || fail "man page $m does not render"
+    zcat "$root/usr/share/man/man$sec/$m.gz" | grep -q '^\.TH ' || fail "man page $m has no .TH"
+    if command -v man >/dev/null; then
+        zcat "$root/usr/share/man/man$sec/$m.gz" | man -l - >/dev/null 2>&1 || fail "man page $m does not render"
+    fi
 done
 
 # The installed config, moved into the temporary tree: pluginDir, socket, state; the pylon group
@@ -69,7 +72,14 @@ for i in $(seq 100); do "$ctl" status --json | grep -q '"state":"running".*"stat
 "$ctl" call uploader.enqueue '{"stream":"install-test","records":[{"id":"r1","data":{"hello":1}}]}' >/dev/null || fail "enqueue"
 "$ctl" call uploader.flush '{"stream":"install-test","wait":true}' >/dev/null || fail "flush"
 out=$(curl -sf "http://127.0.0.1:$port/v1/inspect/streams/install-test") || fail "backend inspect"; echo "$out" | grep -q "\"records\":1" || fail "record not at the backend: $out"
-"$ctl" metrics | grep -q '^pylon_plugin_up{plugin="uploader"} 1' || fail "metrics"
+"$ctl" metrics > "$tmp/metrics" || fail "pylonctl metrics"; grep -q "^pylon_plugin_up{plugin=\"uploader\"} 1" "$tmp/metrics" || { head -40 "$tmp/metrics"; fail "metrics"; }
+# bash completion: method names from the running host (bus.describe).
+comp=$(PATH="$root/usr/bin:$PATH" bash -c 'source "$1"; COMP_WORDS=(pylonctl call uploader.e); COMP_CWORD=2; _pylonctl; echo "${COMPREPLY[*]}"' _ \
+       "$root/usr/share/bash-completion/completions/pylonctl")
+[ "$comp" = "uploader.enqueue" ] || fail "bash completion of call: got '$comp'"
+comp=$(PATH="$root/usr/bin:$PATH" bash -c 'source "$1"; COMP_WORDS=(pylonctl consent set k a); COMP_CWORD=4; _pylonctl; echo "${COMPREPLY[*]}"' _ \
+       "$root/usr/share/bash-completion/completions/pylonctl")
+[ "$comp" = "allow" ] || fail "bash completion of consent set: got '$comp'"
 
 if command -v systemd-analyze >/dev/null; then
     # The installed units with ExecStart pointing into the DESTDIR (verify checks the binaries).

@@ -24,7 +24,8 @@ for f in "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*; do
         deps[$pkg]=1
     done
 done
-depends="adduser"
+# adduser and init-system-helpers (deb-systemd-helper) for the maintainer scripts.
+depends="adduser, init-system-helpers (>= 1.54)"
 for p in $(printf '%s\n' "${!deps[@]}" | sort); do
     v=$(dpkg-query -W -f='${Version}' "$p" | sed -e 's/-[^-]*$//' -e 's/[+~].*$//')
     depends+=", $p (>= $v)"

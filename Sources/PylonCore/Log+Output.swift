@@ -55,6 +55,11 @@ extension Log {
             ]
             entry += journalFields
             for (k, v) in fields { entry.append(("PYLON_" + journalFieldName(k), v)) }
+            // The host's own events about a plugin (spawned, exited, ...) also match
+            // `journalctl PLUGIN=<name>`, like the plugin's relayed lines.
+            if !journalFields.contains(where: { $0.0 == "PLUGIN" }), let p = fields.first(where: { $0.0 == "plugin" }) {
+                entry.append(("PLUGIN", p.1))
+            }
             if sendJournal(entry) { return }
         }
         var line = output == .prefixed ? "<\(level.syslogPriority)>" : ""

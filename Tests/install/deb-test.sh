@@ -10,6 +10,18 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "deb-test: FAIL: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "needs root"
+# One .deb test at a time on a machine.
+exec 9>/tmp/pylon-deb-test.lock
+flock 9
+# dpkg -i does not fetch dependencies: install the package's Depends first (a no-op when present).
+missing=""
+for p in $(dpkg-deb --field "$deb" Depends | tr ',' '\n' | sed 's/(.*)//; s/ //g'); do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "deb-test: installing dependencies:$missing"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
 dpkg -s pylon >/dev/null 2>&1 && fail "pylon is already installed; dpkg -P pylon first"
 getent passwd pylon >/dev/null && fail "a pylon user already exists"
 

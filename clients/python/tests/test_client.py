@@ -258,6 +258,7 @@ def test_journal_entries_carry_priority_plugin_and_fields(tmp_path):
         assert exited, entries
         e = exited[0]
         assert e["PRIORITY"] == "4" and e["PYLON_PLUGIN"] == "echo" and e["PYLON_SIGNAL"] == "6"
+        assert e["PLUGIN"] == "echo"  # journalctl PLUGIN=echo shows the host's events about it too
         assert "crash" in " ".join(e.keys()).lower() and e["SYSLOG_IDENTIFIER"] == "pylond"
         assert e["MESSAGE"].startswith("plugin exited ")
         assert all(x["PRIORITY"] in ("3", "4", "6", "7") for x in entries)

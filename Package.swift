@@ -27,9 +27,11 @@ let package = Package(
         .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
         .systemLibrary(name: "CPCRE2", pkgConfig: "libpcre2-8", providers: [.apt(["libpcre2-dev"])]),
         .systemLibrary(name: "CPlist", pkgConfig: "libplist-2.0", providers: [.apt(["libplist-dev"])]),
+        // Native journal entries (sd_journal_sendv) when stderr is the journal.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
-        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC"], swiftSettings: strict),
+        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
         // The host's concerns: config, router, supervisor, consent.
         .target(name: "PylonHost", dependencies: ["PylonCore"], swiftSettings: strict),
         // What plugins and apps link.

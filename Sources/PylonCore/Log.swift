@@ -1,14 +1,20 @@
+import CSystemd
+
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// Structured logs: one logfmt line per event on stderr (`ts=… level=… msg="…" key=value …`),
-/// which journald and grep both read well.
+/// which grep reads well. When stderr is the journal (systemd's `JOURNAL_STREAM` names stderr's
+/// device and inode) each event is instead a native journal entry (`sd_journal_sendv`) with
+/// `PRIORITY`, `PYLON_COMPONENT` and every field as `PYLON_<KEY>` (see `Log.Output`).
 public struct Log: Sendable {
     public enum Level: Int, Comparable, Sendable {
         case debug = 0, info, warn, error
         public static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
         public var name: String { ["debug", "info", "warn", "error"][rawValue] }
+        /// syslog priority (sd-daemon `<N>` prefix, journal `PRIORITY`).
+        public var syslogPriority: Int { [7, 6, 4, 3][rawValue] }
         public init?(name: String) {
             switch name {
             case "debug": self = .debug
@@ -39,10 +45,7 @@ public struct Log: Sendable {
 
     public func emit(_ level: Level, _ msg: String, _ fields: KeyValuePairs<String, any CustomStringConvertible>) {
         guard level >= Log.minimum else { return }
-        var line = "ts=\(Log.timestamp()) level=\(level.name) component=\(component) msg=\(Log.quote(msg))"
-        for (k, v) in fields { line += " \(k)=\(Log.quote(v.description))" }
-        line += "\n"
-        Log.writeRaw(line)
+        Log.record(level, component: component, msg: msg, fields: fields.map { ($0.key, $0.value.description) })
     }
 
     /// Writes an already formatted line to stderr.

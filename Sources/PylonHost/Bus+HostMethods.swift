@@ -57,7 +57,7 @@ extension Bus {
 
     /// The daemon's state. Every client's entry (pid, uid, gid, what it provides) is shown to those
     /// who see everything (admins, plugins); others see their own entry and how many there are.
-    func status(for requester: Peer, _ principal: Principal) -> JSON {
+    func status(for requester: Peer?, _ principal: Principal) -> JSON {
         let all = seesEverything(principal)
         let now = loop.nowMs
         var plugins: [JSON] = []

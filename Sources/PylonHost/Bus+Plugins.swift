@@ -67,7 +67,7 @@ extension Bus {
             }
             slot.timer?.start(after: graceMs)
         case .scheduleRestart(let ms):
-            log.warn("plugin restart scheduled", ["plugin": name, "in_ms": ms, "restarts": slot.life.restarts, "reason": slot.lastExit ?? "-"])
+            log.info("plugin restart scheduled", ["plugin": name, "in_ms": ms, "restarts": slot.life.restarts, "reason": slot.lastExit ?? "-"])
             publish(topic: "bus.plugin.exited", params: [
                 "plugin": .string(name), "pid": .int(Int64(slot.pid)), "reason": .string(slot.lastExit ?? ""),
                 "state": "backoff", "restartInMs": .int(Int64(ms)),
@@ -122,7 +122,7 @@ extension Bus {
         // sets (getenv returns the first match, so an override must replace, not append).
         var env = System.environment().filter { kv in
             let key = kv.split(separator: "=", maxSplits: 1).first.map(String.init) ?? kv
-            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL" && key != "NOTIFY_SOCKET"
+            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL" && key != "PYLON_LOG_FORMAT" && key != "NOTIFY_SOCKET"
                 && !key.hasPrefix("WATCHDOG_") && pc.env[key] == nil
         }
         env.append("PYLON_BUS_FD=3")
@@ -159,15 +159,18 @@ extension Bus {
         slot.process = process
         slot.pid = process.pid
         slot.manifest = nil
+        slot.output = PluginOutputFilter()
         for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
             let plog = Log("plugin")
-            stream.onLine = { [pid = process.pid, name = pc.name] line in
+            stream.onLine = { [pid = process.pid, name = pc.name, unowned slot] line in
                 // A plugin that already logs in Pylon's logfmt (the plugin kit does) is passed
-                // through with its name appended; anything else is wrapped as a message.
-                if line.starts(with: "ts=".utf8) {
-                    Log.writeRaw(String(decoding: line, as: UTF8.self) + " plugin=\(name) pid=\(pid)\n")
-                } else {
-                    plog.emit(level, String(decoding: line, as: UTF8.self), ["plugin": name, "pid": pid])
+                // through with its name appended; anything else is wrapped as a message; blank
+                // lines and crash reports are condensed (PluginOutputFilter).
+                let text = String(decoding: line, as: UTF8.self)
+                switch slot.pid == pid ? slot.output.take(text) : .relay {
+                case .relay: Log.relayPluginLine(text, plugin: name, pid: pid, level: level)
+                case .debug: Log.relayPluginLine(text, plugin: name, pid: pid, level: .debug)
+                case .drop: break
                 }
             }
             stream.onOversized = { [pid = process.pid, name = pc.name] n, head in
@@ -268,7 +271,8 @@ extension Bus {
         slot.heartbeat?.stop()
         // A stop in progress keeps its own SIGKILL timer.
         guard slot.life.isAlive, !shuttingDown, !slot.life.isStopping else { return }
-        log.warn("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
+        // Usually the first sign of a crash; the exit that follows is the warning.
+        log.info("plugin closed its bus channel", ["plugin": slot.config.name, "pid": slot.pid])
         slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
             self.perform(slot, slot.life.channelClosed(now: self.loop.nowMs))
         }
@@ -287,9 +291,16 @@ extension Bus {
         }
         let action = slot.life.exited(now: loop.nowMs, status: status, signal: signal)
         slot.lastExit = slot.life.lastExitReason
-        let level: Log.Level = (shuttingDown || (status == 0 && signal == 0)) ? .info : .error
-        log.emit(level, "plugin exited", ["plugin": name, "pid": slot.pid, "status": status, "signal": signal,
-                                           "reason": slot.lastExit ?? "-", "next": slot.life.state.rawValue])
+        // A requested stop or restart is not a failure; a crash is one warning with its reason.
+        let requested = shuttingDown || slot.life.state == .stopped || slot.lastExit == "restarted on request"
+        let level: Log.Level = (requested || (status == 0 && signal == 0)) ? .info : .warn
+        if let crash = slot.output.crashReason {
+            log.emit(level, "plugin exited", ["plugin": name, "pid": slot.pid, "status": status, "signal": signal,
+                                               "reason": slot.lastExit ?? "-", "crash": crash, "next": slot.life.state.rawValue])
+        } else {
+            log.emit(level, "plugin exited", ["plugin": name, "pid": slot.pid, "status": status, "signal": signal,
+                                               "reason": slot.lastExit ?? "-", "next": slot.life.state.rawValue])
+        }
         if !slot.life.isAlive, slot.life.state != .backoff { slot.timer?.stop() }
         perform(slot, action)
         if !slot.life.isAlive, let gone = slot.onGone {

@@ -98,6 +98,10 @@ public struct HostConfig: Equatable, Sendable {
     public var disclosure = Disclosure()
     /// Directory searched for plugin executables named without a `/` (default: pylond's own).
     public var pluginDir: String?
+    /// Where to write the OpenMetrics text (node_exporter's textfile collector), if anywhere.
+    public var metricsTextfile: String?
+    /// How often the metrics textfile is rewritten.
+    public var metricsIntervalMs: UInt64 = 15_000
     public init() {}
 }
 
@@ -114,7 +118,8 @@ extension HostConfig {
         do {
             json = try bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
         } catch {
-            throw ConfigError("\(path): \(error)")
+            let (line, column) = bytes.withUnsafeBytes { HostConfig.jsonErrorLocation($0) }
+            throw ConfigError("\(path):\(line):\(column): invalid JSON: \(error)")
         }
         if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
             throw ConfigError("\(path): key \"\(dup)\" appears twice in one object")
@@ -131,16 +136,18 @@ extension HostConfig {
         var r = Reader(o, path: "")
         if let s = try r.string("socket") { c.socketPath = s }
         if let m = try r.string("socketMode") {
-            guard let v = UInt32(m, radix: 8), v <= 0o777 else { throw ConfigError("socketMode must be an octal string like \"0660\"") }
+            guard let v = UInt32(m, radix: 8), v <= 0o777 else { throw ConfigError("socketMode must be an octal string like \"0660\", not \"\(m)\"") }
             c.socketMode = v
         }
         c.socketGroup = try r.string("socketGroup")
         if let s = try r.string("stateDir") { c.stateDir = s }
         if let s = try r.string("logLevel") {
-            guard Log.Level(name: s) != nil else { throw ConfigError("logLevel must be debug, info, warn or error") }
+            guard Log.Level(name: s) != nil else { throw ConfigError("logLevel must be debug, info, warn or error, not \"\(s)\"") }
             c.logLevel = s
         }
         c.pluginDir = try r.string("pluginDir")
+        c.metricsTextfile = try r.string("metricsTextfile")
+        if let v = try r.int("metricsIntervalMs", min: 1000) { c.metricsIntervalMs = UInt64(v) }
         if let l = try r.object("limits") {
             var lr = Reader(l, path: "limits.")
             if let v = try lr.int("maxLineBytes", min: 256) { c.limits.maxLineBytes = v }
@@ -266,34 +273,35 @@ struct Reader {
     }
     mutating func string(_ k: String) throws(ConfigError) -> String? {
         guard let v = value(k) else { return nil }
-        guard let s = v.stringValue else { throw ConfigError("\(path)\(k) must be a string") }
+        guard let s = v.stringValue else { throw ConfigError("\(path)\(k) must be a string, not \(v.serialized)") }
         return s
     }
     mutating func bool(_ k: String) throws(ConfigError) -> Bool? {
         guard let v = value(k) else { return nil }
-        guard let b = v.boolValue else { throw ConfigError("\(path)\(k) must be true or false") }
+        guard let b = v.boolValue else { throw ConfigError("\(path)\(k) must be true or false, not \(v.serialized)") }
         return b
     }
     mutating func int(_ k: String, min lo: Int = Int.min, max hi: Int = Int.max) throws(ConfigError) -> Int? {
         guard let v = value(k) else { return nil }
         guard let i = v.intValue, i >= lo, i <= hi else {
-            throw ConfigError("\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : ""))
+            throw ConfigError("\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : "")
+                              + ", not \(v.serialized)")
         }
         return Int(i)
     }
     mutating func double(_ k: String) throws(ConfigError) -> Double? {
         guard let v = value(k) else { return nil }
-        guard let d = v.doubleValue else { throw ConfigError("\(path)\(k) must be a number") }
+        guard let d = v.doubleValue else { throw ConfigError("\(path)\(k) must be a number, not \(v.serialized)") }
         return d
     }
     mutating func object(_ k: String) throws(ConfigError) -> JSONObject? {
         guard let v = value(k) else { return nil }
-        guard let ob = v.objectValue else { throw ConfigError("\(path)\(k) must be an object") }
+        guard let ob = v.objectValue else { throw ConfigError("\(path)\(k) must be an object, not \(v.serialized)") }
         return ob
     }
     mutating func array(_ k: String) throws(ConfigError) -> [JSON]? {
         guard let v = value(k) else { return nil }
-        guard let a = v.arrayValue else { throw ConfigError("\(path)\(k) must be an array") }
+        guard let a = v.arrayValue else { throw ConfigError("\(path)\(k) must be an array, not \(v.serialized)") }
         return a
     }
     mutating func stringArray(_ k: String) throws(ConfigError) -> [String] {

@@ -12,6 +12,8 @@ public final class Host {
     var listener: Listener?
     var signals: [SignalWatcher] = []
     var watchdog: Timer?
+    /// Writes `metricsTextfile` (see MetricsExporter.swift).
+    var metrics: MetricsExporter?
     let log = Log("host")
     public private(set) var exitCode: Int32 = 0
     /// Command-line overrides, re-applied to every reloaded configuration.
@@ -70,6 +72,9 @@ public final class Host {
             self.log.info("ready", ["socket": cfg.socketPath, "plugins": self.bus.slots.count])
         }
         bus.startPlugins()
+        if let path = cfg.metricsTextfile {
+            metrics = MetricsExporter(bus: bus, path: path, intervalMs: cfg.metricsIntervalMs)
+        }
         loop.run()
         return exitCode
     }
@@ -86,6 +91,7 @@ public final class Host {
         for s in signals { s.close() }
         signals.removeAll()
         watchdog?.close()
+        metrics?.close()
         log.info("stopped")
         // Let close callbacks and final writes run, then leave the loop.
         loop.flushDirty()

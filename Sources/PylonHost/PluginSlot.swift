@@ -22,6 +22,8 @@ final class PluginSlot {
     var lastHeartbeatRttMs: UInt64?
     var everLeftStarting = false
     var lastExit: String?
+    /// Sorts the current process's stdout/stderr lines (crash reports condensed).
+    var output = PluginOutputFilter()
     /// Set on a slot retired by a reload while its process is still exiting: starts the
     /// replacement once this process is gone (two copies never share the state directory).
     var onGone: (() -> Void)?

@@ -124,7 +124,7 @@ public final class Plugin {
     private var methods: [String: MethodSpec] = [:]
     /// Methods answered from the request's bytes (see `rawMethod`).
     private var rawMethods: [String: (UnsafeRawBufferPointer) -> [UInt8]] = [:]
-    private var methodOrder: [String] = []
+    private(set) var methodOrder: [String] = []
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
@@ -260,6 +260,7 @@ public final class Plugin {
 
     /// Connects to the host and serves until the channel closes; never returns.
     public func run() -> Never {
+        handleCommandLine()
         System.ignoreSIGPIPE()
         guard let fdText = System.env("PYLON_BUS_FD"), let fd = Int32(fdText) else {
             log.error("PYLON_BUS_FD is not set: plugins are started by pylond")

@@ -8,6 +8,10 @@ import Glibc
 
 /// pylon-backend: the reference backend (HTTP/1.1 on loopback; see docs/backend-openapi.yaml).
 let options: Options
+if CommandLine.arguments.dropFirst().contains("--version") {
+    print("pylon-backend 0.1.0")
+    System.exit(0)
+}
 do throws(Options.UsageError) {
     options = try Options.parse(Array(CommandLine.arguments.dropFirst()))
 } catch {

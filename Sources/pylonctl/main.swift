@@ -4,26 +4,38 @@ import PylonClientKit
 import Glibc
 #endif
 
-/// pylonctl: command-line client for the Pylon host.
-///
-/// Exit status: 0 success; 1 the host answered with an error; 2 usage error;
-/// 69 (EX_UNAVAILABLE) cannot reach the host; 75 (EX_TEMPFAIL) timed out.
+/// pylonctl: command-line client for the Pylon host. Exit statuses follow sysexits(3); the
+/// table is in `usage` below, pylonctl(1) and docs/PROTOCOL.md.
 let usage = """
-    usage: pylonctl [--socket PATH] [--timeout SECONDS] COMMAND
+    usage: pylonctl [--socket PATH] [--timeout SECONDS] [--check] COMMAND [ARGS]
 
     commands:
       call METHOD [PARAMS_JSON]   call any method; prints the result as JSON
       ping                        bus.ping
       status [--json]             plugins, clients and counters (a table; --json for scripts)
-      describe                    methods each plugin serves (bus.describe)
+      describe [--json|--names]   methods each plugin serves, with their consent switches
       sub PATTERN...              print notifications on matching topics, one JSON line each
       publish TOPIC [DATA_JSON]   bus.publish
       restart PLUGIN              restart a plugin (also clears 'failed')
       consent list                all consent switches
       consent get KEY             one switch
-      consent set KEY grant|deny  set a switch
+      consent set KEY VALUE       VALUE: allow, grant, true (granted) or deny, revoke, false
+      metrics                     bus and plugin status as Prometheus/OpenMetrics text
 
-    The socket is --socket, else $PYLON_SOCKET, else /run/pylon/pylon.sock.
+    options:
+      -s, --socket PATH    the host's socket: --socket, else $PYLON_SOCKET, else /run/pylon/pylon.sock
+      -t, --timeout SECS   how long to wait for a reply (default 30)
+      --check              exit 65 when a plugin's reply carries a non-zero "code" (MA's result codes)
+      --version, --help
+
+    exit status:
+       0  success
+       1  the host or a plugin answered with a JSON-RPC error
+      64  usage error (EX_USAGE): unknown command or option, bad arguments, invalid JSON
+      65  with --check: the reply's "code" is not 0 (EX_DATAERR)
+      69  the host cannot be reached, or went away (sub) (EX_UNAVAILABLE)
+      75  no reply within the timeout (EX_TEMPFAIL)
+      77  the host refused the call: not permitted, -32005 (EX_NOPERM)
     """
 
 func fail(_ msg: String, code: Int32) -> Never {
@@ -33,31 +45,42 @@ func fail(_ msg: String, code: Int32) -> Never {
 
 var socketPath = defaultSocketPath()
 var timeoutMs = 30_000
+var checkCodes = false
 var rest: [String] = []
 var it = CommandLine.arguments.dropFirst().makeIterator()
 while let a = it.next() {
+    if !rest.isEmpty {
+        rest.append(a)
+        continue
+    }
     switch a {
     case "--socket", "-s":
-        guard let v = it.next() else { fail("--socket needs a path", code: 2) }
+        guard let v = it.next() else { fail("--socket needs a path", code: 64) }
         socketPath = v
     case "--timeout", "-t":
-        guard let v = it.next(), let d = Double(v), d > 0 else { fail("--timeout needs a number of seconds", code: 2) }
+        guard let v = it.next(), let d = Double(v), d > 0 else { fail("--timeout needs a number of seconds", code: 64) }
         timeoutMs = Int(d * 1000)
-    case "-h", "--help":
+    case "--check":
+        checkCodes = true
+    case "-h", "--help", "help":
         print(usage)
         exit(0)
+    case "--version":
+        print("pylonctl \(pylonClientVersion)")
+        exit(0)
     default:
+        if a.hasPrefix("-") { fail("unknown option \(a) (see pylonctl --help)", code: 64) }
         rest.append(a)
     }
 }
 guard let command = rest.first else {
-    print(usage)
-    exit(2)
+    Log.writeRaw(usage + "\n")
+    exit(64)
 }
 let args = Array(rest.dropFirst())
 
 func parseJSON(_ s: String, what: String) -> JSON {
-    do { return try JSON.parse(s) } catch { fail("\(what) is not valid JSON: \(error)", code: 2) }
+    do { return try JSON.parse(s) } catch { fail("\(what) is not valid JSON: \(error)", code: 64) }
 }
 
 @MainActor func connect() -> SyncClient {
@@ -65,18 +88,26 @@ func parseJSON(_ s: String, what: String) -> JSON {
 }
 
 /// Calls and exits with the conventional status on failure.
-@MainActor func call(_ method: String, _ params: JSON?) -> JSON {
-    let client = connect()
+@MainActor func call(_ method: String, _ params: JSON?, client: SyncClient? = nil) -> JSON {
+    let client = client ?? connect()
     do {
         return try client.call(method, params, timeoutMs: timeoutMs)
     } catch let e as RPCError {
         var msg = "error \(e.code): \(e.message)"
         if let d = e.data { msg += " \(d.serialized)" }
-        fail(msg, code: 1)
+        fail(msg, code: e.code == RPCError.Code.notPermitted.rawValue ? 77 : 1)
     } catch let e as ClientError {
         fail(e.description, code: e.kind == .timeout ? 75 : 69)
     } catch {
         fail("\(error)", code: 1)
+    }
+}
+
+/// Prints a plugin's reply; with --check a non-zero `code` member is exit status 65.
+@MainActor func printChecked(_ r: JSON) {
+    print(r.serialized)
+    if checkCodes, let c = r["code"]?.intValue, c != 0 {
+        fail("reply code \(c)" + (r["message"]?.stringValue.map { ": " + $0 } ?? ""), code: 65)
     }
 }
 
@@ -95,13 +126,30 @@ func fmt(_ j: JSON?) -> String {
 
 switch command {
 case "call":
-    guard let method = args.first else { fail("call needs a METHOD", code: 2) }
+    guard let method = args.first else { fail("call needs a METHOD", code: 64) }
     let params = args.count > 1 ? parseJSON(args[1], what: "PARAMS") : nil
-    print(call(method, params).serialized)
+    printChecked(call(method, params))
 case "ping":
     print(call("bus.ping", nil).serialized)
 case "describe":
-    print(call("bus.describe", nil).serialized)
+    let d = call("bus.describe", nil)
+    if args.contains("--json") {
+        print(d.serialized)
+    } else if args.contains("--names") {
+        for m in describedMethods(d) { print(m.name) }
+    } else {
+        print(describeText(d))
+    }
+case "metrics":
+    let client = connect()
+    let bus = call("bus.status", nil, client: client)
+    let described = call("bus.describe", nil, client: client)
+    var statuses: [(String, JSON)] = []
+    for (name, p) in described["plugins"]?.objectValue ?? JSONObject() where p["state"]?.stringValue == "running" {
+        guard (p["methods"]?.arrayValue ?? []).contains(where: { $0["name"]?.stringValue == name + ".status" }) else { continue }
+        if let r = try? client.call(name + ".status", nil, timeoutMs: timeoutMs) { statuses.append((name, r)) }
+    }
+    print(MetricsText.render(bus: bus, plugins: statuses), terminator: "")
 case "status":
     let s = call("bus.status", nil)
     if args.contains("--json") {
@@ -125,30 +173,32 @@ case "status":
     for (k, v) in c?["switches"]?.objectValue ?? JSONObject() { sw.append("\(k)=\(v.boolValue == true ? "granted" : "denied")") }
     print("consent: master \(c?["master"]?.boolValue == false ? "denied" : "granted")" + (sw.isEmpty ? "" : "; " + sw.joined(separator: ", ")))
 case "publish":
-    guard let topic = args.first else { fail("publish needs a TOPIC", code: 2) }
+    guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }
     let data = args.count > 1 ? parseJSON(args[1], what: "DATA") : JSON.null
     print(call("bus.publish", ["topic": .string(topic), "data": data]).serialized)
 case "restart":
-    guard let p = args.first else { fail("restart needs a PLUGIN", code: 2) }
+    guard let p = args.first else { fail("restart needs a PLUGIN", code: 64) }
     print(call("bus.restart", ["plugin": .string(p)]).serialized)
 case "consent":
     switch args.first {
     case "list": print(call("consent.list", nil).serialized)
     case "get":
-        guard args.count == 2 else { fail("consent get KEY", code: 2) }
+        guard args.count == 2 else { fail("usage: consent get KEY", code: 64) }
         print(call("consent.get", ["key": .string(args[1])]).serialized)
     case "set":
-        guard args.count == 3, ["grant", "deny", "true", "false"].contains(args[2]) else { fail("consent set KEY grant|deny", code: 2) }
-        let g = args[2] == "grant" || args[2] == "true"
+        let values = ["allow": true, "grant": true, "true": true, "deny": false, "revoke": false, "false": false]
+        guard args.count == 3, let g = values[args[2]] else {
+            fail("usage: consent set KEY allow|deny|grant|revoke|true|false", code: 64)
+        }
         print(call("consent.set", ["key": .string(args[1]), "granted": .bool(g)]).serialized)
     default:
-        fail("consent list | get KEY | set KEY grant|deny", code: 2)
+        fail("usage: consent list | get KEY | set KEY allow|deny|grant|revoke|true|false", code: 64)
     }
 case "sub":
-    guard !args.isEmpty else { fail("sub needs at least one PATTERN", code: 2) }
+    guard !args.isEmpty else { fail("sub needs at least one PATTERN", code: 64) }
     let client = connect()
+    for p in args { _ = call("bus.subscribe", ["pattern": .string(p)], client: client) }
     do {
-        for p in args { _ = try client.call("bus.subscribe", ["pattern": .string(p)], timeoutMs: timeoutMs) }
         while true {
             for n in client.notifications { print(n.serialized) }
             client.notifications.removeAll()
@@ -156,11 +206,11 @@ case "sub":
             fflush(nil)  // line by line, also into a pipe
         }
     } catch let e as ClientError where e.kind == .closed {
-        exit(0)
+        fflush(nil)
+        fail("the host closed the connection", code: 69)
     } catch {
-        fail("\(error)", code: 1)
+        fail("\(error)", code: 69)
     }
 default:
-    print(usage)
-    exit(2)
+    fail("unknown command \(command) (see pylonctl --help)", code: 64)
 }

@@ -1,0 +1,70 @@
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Writes `bus.status` and every running plugin's `<plugin>.status` as Prometheus text to
+/// `metricsTextfile` every `metricsIntervalMs`, for node_exporter's textfile collector. The file
+/// is replaced atomically (written to `<path>.tmp`, then renamed), so the collector never reads a
+/// half-written file. One round at a time: a round waits for the plugins' replies (at most 5 s).
+final class MetricsExporter {
+    unowned let bus: Bus
+    let path: String
+    private var timer: Timer?
+    private var round = 0
+    private var inRound = false
+    private let log = Log("metrics")
+    static let pluginReplyTimeoutMs: UInt64 = 5_000
+
+    init(bus: Bus, path: String, intervalMs: UInt64) {
+        self.bus = bus
+        self.path = path
+        // Unref'd: the exporter never keeps the loop alive during shutdown.
+        timer = Timer(loop: bus.loop, unref: true) { [unowned self] in self.tick() }
+        timer?.start(after: min(intervalMs, 2_000), repeat: intervalMs)
+    }
+
+    func close() {
+        timer?.close()
+        timer = nil
+    }
+
+    private func tick() {
+        guard !inRound, !bus.shuttingDown else { return }
+        inRound = true
+        round += 1
+        let thisRound = round
+        let status = bus.status(for: nil, .host)
+        var targets: [(String, Peer)] = []
+        for name in bus.slotOrder {
+            guard let s = bus.slots[name], s.life.state == .running, let peer = s.peer, !peer.closed,
+                  s.manifest?.methods[name + ".status"] != nil
+            else { continue }
+            targets.append((name, peer))
+        }
+        var replies: [String: JSON] = [:]
+        var outstanding = targets.count
+        let finish = { [unowned self] in
+            guard self.round == thisRound, self.inRound else { return }
+            self.inRound = false
+            let ordered = targets.compactMap { t in replies[t.0].map { (t.0, $0) } }
+            self.write(MetricsText.render(bus: status, plugins: ordered))
+        }
+        if targets.isEmpty { finish(); return }
+        for (name, peer) in targets {
+            _ = bus.call(peer, method: name + ".status", params: nil, timeoutMs: Self.pluginReplyTimeoutMs) { r in
+                if case .success(let v) = r { replies[name] = v }
+                outstanding -= 1
+                if outstanding == 0 { finish() }
+            }
+        }
+    }
+
+    private func write(_ text: String) {
+        // Mode 0644: node_exporter runs as its own user.
+        if !System.writeFileAtomically(path, Array(text.utf8), mode: 0o644) {
+            log.warn("cannot write metrics textfile", ["path": path, "errno": errno])
+        }
+    }
+}

@@ -1,0 +1,45 @@
+import PylonCore
+
+/// `--help` and `--version` for every plugin executable, so a person who runs one by hand learns
+/// what it is instead of getting "PYLON_BUS_FD is not set".
+extension Plugin {
+    /// Answers `--version` / `--help` (exit 0) and refuses other arguments when the plugin was not
+    /// started by the host (exit 64, EX_USAGE); under the host (`PYLON_BUS_FD` set) arguments
+    /// are the configured `args` and are left to the plugin.
+    func handleCommandLine(_ arguments: [String] = CommandLine.arguments) {
+        let exe = arguments.first.map { String($0.split(separator: "/").last ?? Substring($0)) } ?? "pylon-\(name)"
+        let args = arguments.dropFirst()
+        if args.contains("--version") {
+            print("\(exe) \(version)")
+            System.exit(0)
+        }
+        if args.contains("--help") || args.contains("-h") {
+            print(helpText(exe))
+            System.exit(0)
+        }
+        if System.env("PYLON_BUS_FD") == nil, let a = args.first {
+            Log.writeRaw("\(exe): unknown argument \(a) (try --help)\n")
+            System.exit(64)
+        }
+    }
+
+    func helpText(_ exe: String) -> String {
+        var t = """
+            \(exe) \(version): the Pylon "\(name)" plugin.
+
+            It is started and supervised by pylond (the Pylon host), which hands it its bus channel
+            (PYLON_BUS_FD) and its configuration; it is not meant to be run by hand. Configure it in
+            the "plugins" list of /etc/pylon/pylon.json (see pylon.json(5)) and call its methods
+            through the host, e.g. `pylonctl describe` or `pylonctl call \(name).METHOD '{...}'`.
+
+            options:
+              --help      this text
+              --version   print the version and exit
+            """
+        let listed = methodOrder
+        if !listed.isEmpty {
+            t += "\n\nmethods:\n" + listed.map { "  " + $0 }.joined(separator: "\n")
+        }
+        return t
+    }
+}

@@ -1,0 +1,28 @@
+import Testing
+@testable import PylonHost
+
+@Suite struct PluginOutputTests {
+    @Test func aSwiftCrashReportIsCondensedToItsReason() {
+        var f = PluginOutputFilter()
+        #expect(f.take("") == .drop)
+        #expect(f.take("ts=2026 level=info msg=x") == .relay)
+        #expect(f.take("*** Signal 6: Backtracing from 0x7f3d7ffe2eec... done ***") == .debug)
+        #expect(f.take("") == .drop)
+        #expect(f.take("*** Program crashed: Aborted at 0x0000000000002b30 ***") == .debug)
+        #expect(f.take("Thread 0 \"pylon-echo\" crashed:") == .debug)
+        #expect(f.take("rax 0x0000000000000000  0") == .debug)
+        #expect(f.crashReason == "Aborted at 0x0000000000002b30")
+        #expect(f.take("ts=2026 level=info msg=still-logfmt") == .relay)
+    }
+
+    @Test func ordinaryStderrIsRelayedAndFatalErrorsKept() {
+        var f = PluginOutputFilter()
+        #expect(f.take("hello from stderr") == .relay)
+        #expect(f.crashReason == nil)
+        #expect(f.take("main.swift:12: Fatal error: boom") == .debug)
+        #expect(f.crashReason == "main.swift:12: Fatal error: boom")
+        #expect(f.take("*** Signal 4: Backtracing from 0x1... done ***") == .debug)
+        #expect(f.take("*** Program crashed: Illegal instruction at 0x1 ***") == .debug)
+        #expect(f.crashReason == "main.swift:12: Fatal error: boom")
+    }
+}

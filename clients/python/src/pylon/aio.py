@@ -1,0 +1,148 @@
+"""The asyncio client: concurrent calls on one connection, notifications, bus.provide handlers."""
+import asyncio
+import inspect
+import itertools
+import json
+
+from .client import Notification, default_socket_path, encode
+from .errors import ConnectionClosed, PylonError, Timeout, from_wire
+
+
+class AsyncClient:
+    """``async with AsyncClient() as bus: await bus.call("bus.ping")``.
+
+    A reader task routes replies to their waiting ``call``s, queues notifications for
+    ``subscribe``, and runs ``provide`` handlers (plain or ``async`` functions).
+    """
+
+    def __init__(self, path=None, timeout=30.0):
+        self.path = path or default_socket_path()
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._pending = {}
+        self._notes = asyncio.Queue()
+        self._handlers = {}
+        self._reader = self._writer = self._task = None
+        self.closed = False
+
+    async def connect(self):
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(self.path, limit=64 << 20)
+        except OSError as e:
+            raise ConnectionClosed(f"cannot connect to {self.path}: {e}") from e
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        return self
+
+    async def close(self):
+        if self._writer is not None and not self.closed:
+            self.closed = True
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except OSError:
+                pass
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def __aenter__(self):
+        return await self.connect()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def _send(self, msg):
+        if self.closed:
+            raise ConnectionClosed("connection closed")
+        self._writer.write(encode(msg))
+
+    async def notify(self, method, params=None):
+        msg = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+        await self._writer.drain()
+
+    async def call(self, method, params=None, timeout=None):
+        """Calls ``method``; returns its result or raises a :class:`PylonError` subclass."""
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        msg = {"jsonrpc": "2.0", "id": rid, "method": method}
+        if params is not None:
+            msg["params"] = params
+        try:
+            self._send(msg)
+            await self._writer.drain()
+            return await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"no reply to {method}", data={"client": True}) from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def subscribe(self, *patterns):
+        """Subscribes and returns an async iterator of :class:`Notification`s; it ends when the
+        host closes the connection."""
+        for p in patterns:
+            await self.call("bus.subscribe", {"pattern": p})
+        return self.notifications()
+
+    async def notifications(self):
+        while True:
+            n = await self._notes.get()
+            if n is None:
+                return
+            yield n
+
+    async def provide(self, method, handler):
+        """Serves ``method`` with ``handler(params)`` (sync or async); raise PylonError to fail."""
+        self._handlers[method] = handler
+        return await self.call("bus.provide", {"methods": sorted(self._handlers)})
+
+    async def _read_loop(self):
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                if line.strip():
+                    await self._dispatch(json.loads(line))
+        finally:
+            self.closed = True
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionClosed("the host closed the connection"))
+            self._notes.put_nowait(None)
+
+    async def _dispatch(self, msg):
+        if "method" not in msg:
+            fut = self._pending.get(msg.get("id"))
+            if fut is not None and not fut.done():
+                if "error" in msg:
+                    fut.set_exception(from_wire(msg["error"]))
+                else:
+                    fut.set_result(msg.get("result"))
+            return
+        if "id" not in msg:
+            self._notes.put_nowait(Notification(msg["method"], msg.get("params")))
+            return
+        asyncio.get_running_loop().create_task(self._serve(msg))
+
+    async def _serve(self, msg):
+        reply = {"jsonrpc": "2.0", "id": msg["id"]}
+        handler = self._handlers.get(msg["method"])
+        try:
+            if handler is None:
+                raise PylonError(f"method not found: {msg['method']}", code=-32601)
+            r = handler(msg.get("params"))
+            reply["result"] = await r if inspect.isawaitable(r) else r
+        except PylonError as e:
+            reply["error"] = e.to_json()
+        except Exception as e:
+            reply["error"] = {"code": -32603, "message": f"{type(e).__name__}: {e}"}
+        if not self.closed:
+            self._send(reply)
+            await self._writer.drain()

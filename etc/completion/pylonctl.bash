@@ -1,0 +1,40 @@
+# bash completion for pylonctl. Method names come from the running host (`pylonctl describe --names`,
+# i.e. bus.describe), so they follow the installed plugins.
+_pylonctl() {
+    local cur prev words cword
+    _init_completion 2>/dev/null || { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
+    local commands="call ping status describe sub publish restart consent metrics help"
+    local i cmd="" sock=()
+    for ((i = 1; i < cword; i++)); do
+        case ${words[i]} in
+            --socket|-s) sock=(--socket "${words[i+1]}"); ((i++)) ;;
+            --timeout|-t) ((i++)) ;;
+            -*) ;;
+            *) cmd=${words[i]}; break ;;
+        esac
+    done
+    case $prev in
+        --socket|-s) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --timeout|-t) return ;;
+    esac
+    if [ -z "$cmd" ]; then
+        COMPREPLY=($(compgen -W "$commands --socket --timeout --check --help --version" -- "$cur"))
+        return
+    fi
+    case $cmd in
+        call)
+            if [ $((cword - i)) -eq 1 ]; then
+                COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null)" -- "$cur"))
+            fi ;;
+        consent)
+            case $((cword - i)) in
+                1) COMPREPLY=($(compgen -W "list get set" -- "$cur")) ;;
+                3) COMPREPLY=($(compgen -W "allow deny grant revoke true false" -- "$cur")) ;;
+            esac ;;
+        restart)
+            COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | cut -d. -f1 | sort -u)" -- "$cur")) ;;
+        status) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
+        describe) COMPREPLY=($(compgen -W "--json --names" -- "$cur")) ;;
+    esac
+}
+complete -F _pylonctl pylonctl

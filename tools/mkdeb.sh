@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the pylon .deb with dpkg-deb from the release build: `tools/mkdeb.sh VERSION ARCH OUT.deb`
+# (run by `make deb`). The runtime dependencies are computed from the binaries themselves: every
+# shared library they load (ldd) mapped to its Debian package (dpkg -S), at least the installed
+# upstream version.
+set -euo pipefail
+version=$1 arch=$2 out=$3
+cd "$(dirname "$0")/.."
+stage=.build/deb/stage
+rm -rf "$stage"
+mkdir -p "$stage/DEBIAN" "$(dirname "$out")"
+make --no-print-directory install-files DESTDIR="$PWD/$stage" PREFIX=/usr BIN_SRC=.build/release >/dev/null
+
+# Depends: packages of the shared libraries the ELF files link directly (DT_NEEDED), located
+# with ldd; the version is at least the installed one (the build machine's).
+declare -A deps=()
+for f in "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*; do
+    for so in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        lib=$(ldd "$f" | awk -v so="$so" '$1 == so && $3 ~ /^\// { print $3 }')
+        [ -n "$lib" ] || { [[ $so == ld-linux* ]] && continue; echo "mkdeb: $so not found" >&2; exit 1; }
+        pkg=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true)
+        pkg=${pkg%%:*}
+        [ -n "$pkg" ] || { echo "mkdeb: no package owns $lib" >&2; exit 1; }
+        deps[$pkg]=1
+    done
+done
+# adduser and init-system-helpers (deb-systemd-helper) for the maintainer scripts.
+depends="adduser, init-system-helpers (>= 1.54)"
+for p in $(printf '%s\n' "${!deps[@]}" | sort); do
+    v=$(dpkg-query -W -f='${Version}' "$p" | sed -e 's/-[^-]*$//' -e 's/[+~].*$//')
+    depends+=", $p (>= $v)"
+done
+
+size=$(du -sk "$stage" | cut -f1)
+cat > "$stage/DEBIAN/control" <<CONTROL
+Package: pylon
+Version: $version
+Architecture: $arch
+Maintainer: Pylon maintainers <pylon@example.invalid>
+Installed-Size: $size
+Depends: $depends
+Recommends: systemd
+Suggests: mosquitto, prometheus-node-exporter
+Section: net
+Priority: optional
+Homepage: https://example.invalid/pylon
+Description: local JSON-RPC bus serving mobile-engagement SDK services
+ pylond routes newline-delimited JSON-RPC 2.0 between local clients on a Unix
+ socket and supervised plugin executables (uploader, MA analytics). pylonctl is
+ its command-line client; pylon-backend is the reference HTTP backend.
+ The pylond service runs as the pylon system user, hardened; members of the
+ pylon group may connect to /run/pylon/pylon.sock.
+CONTROL
+echo /etc/pylon/pylon.json > "$stage/DEBIAN/conffiles"
+rm -f "$stage/etc/pylon/pylon.json.dist"
+
+cat > "$stage/DEBIAN/postinst" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+    if ! getent group pylon >/dev/null; then addgroup --system --quiet pylon; fi
+    if ! getent passwd pylon >/dev/null; then
+        adduser --system --quiet --ingroup pylon --home /var/lib/pylon --no-create-home \
+            --shell /usr/sbin/nologin --gecos "Pylon daemon" pylon
+    fi
+    # Enabled, not started: the operator sets the backend URL in /etc/pylon/pylon.json first.
+    deb-systemd-helper unmask pylond.service >/dev/null || true
+    deb-systemd-helper enable pylond.service >/dev/null || true
+    if [ -d /run/systemd/system ]; then systemctl --system daemon-reload >/dev/null || true; fi
+fi
+exit 0
+SCRIPT
+cat > "$stage/DEBIAN/prerm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+    deb-systemd-invoke stop pylond.service pylon-backend.service >/dev/null || true
+fi
+exit 0
+SCRIPT
+cat > "$stage/DEBIAN/postrm" <<'SCRIPT'
+#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then systemctl --system daemon-reload >/dev/null || true; fi
+if [ "$1" = remove ]; then
+    deb-systemd-helper mask pylond.service >/dev/null || true
+fi
+if [ "$1" = purge ]; then
+    deb-systemd-helper purge pylond.service pylon-backend.service >/dev/null || true
+    deb-systemd-helper unmask pylond.service >/dev/null || true
+    # State (consent, queues, MA identities) and the service identity go with a purge.
+    rm -rf /var/lib/pylon /var/lib/private/pylon-backend /var/lib/pylon-backend /run/pylon
+    rmdir /etc/pylon 2>/dev/null || true
+    if getent passwd pylon >/dev/null; then deluser --system --quiet pylon >/dev/null 2>&1 || userdel pylon || true; fi
+    if getent group pylon >/dev/null; then delgroup --system --quiet pylon >/dev/null 2>&1 || groupdel pylon || true; fi
+fi
+exit 0
+SCRIPT
+chmod 755 "$stage/DEBIAN/postinst" "$stage/DEBIAN/prerm" "$stage/DEBIAN/postrm"
+find "$stage" -type d -exec chmod 755 {} +
+dpkg-deb --root-owner-group --build "$stage" "$out" >/dev/null
+echo "built $out"
+dpkg-deb --field "$out" Depends

@@ -51,6 +51,8 @@ package final class Store {
             batch TEXT NOT NULL,
             UNIQUE (stream, id)
         );
+        -- Paging a stream's records (seq order) without sorting the whole stream per page.
+        CREATE INDEX IF NOT EXISTS records_stream_seq ON records(stream, seq);
         CREATE TABLE IF NOT EXISTS counters (
             stream TEXT NOT NULL,
             name TEXT NOT NULL,

@@ -18,7 +18,8 @@ port=$((20000 + RANDOM % 20000))
 make --no-print-directory install-files DESTDIR="$root" PREFIX=/usr BIN_SRC="$bin" BACKEND_URL="http://127.0.0.1:$port" >/dev/null
 
 for f in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader \
-         usr/lib/pylon/plugins/pylon-ma etc/pylon/pylon.json lib/systemd/system/pylond.service \
+         usr/lib/pylon/plugins/pylon-ma usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm \
+         etc/pylon/gtm/GTM-DEMO etc/pylon/pylon.json lib/systemd/system/pylond.service \
          lib/systemd/system/pylon-backend.service usr/lib/sysusers.d/pylon.conf \
          usr/share/man/man1/pylonctl.1.gz usr/share/man/man5/pylon.json.5.gz usr/share/man/man8/pylond.8.gz \
          usr/share/bash-completion/completions/pylonctl usr/share/zsh/vendor-completions/_pylonctl; do
@@ -30,7 +31,8 @@ grep -q '"socketGroup": "pylon"' "$cfg" || fail "socketGroup not set"
 grep -q "http://127.0.0.1:$port/v1/batches" "$cfg" || fail "BACKEND_URL not substituted"
 ! grep -q '@' "$cfg" || fail "unsubstituted placeholder in $cfg"
 grep -q "ExecStart=/usr/bin/pylond " "$root/lib/systemd/system/pylond.service" || fail "unit ExecStart not under PREFIX"
-for b in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader usr/lib/pylon/plugins/pylon-ma; do
+for b in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader usr/lib/pylon/plugins/pylon-ma \
+         usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm; do
     "$root/$b" --version | grep -q "0\.1\.0" || fail "$b --version"
     "$root/$b" --help >/dev/null || fail "$b --help exits non-zero"
 done
@@ -52,11 +54,14 @@ c["pluginDir"] = sys.argv[3]
 c["socket"] = sys.argv[4] + "/pylon.sock"
 c["stateDir"] = sys.argv[4] + "/state"
 c.pop("socketGroup")
+for p in c["plugins"]:
+    if p["name"] == "gtm":
+        p["config"]["defaultsDir"] = sys.argv[4] + "/root/etc/pylon/gtm"
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 # PATH without the build directory: plugins come from pluginDir.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
-"$root/usr/bin/pylond" --check-config "$tmp/pylon.json" | grep -q "configuration ok: 2 plugins" || fail "check-config"
+"$root/usr/bin/pylond" --check-config "$tmp/pylon.json" | grep -q "configuration ok: 4 plugins" || fail "check-config"
 # check-config names a missing plugin executable.
 python3 -c "import json,sys; c=json.load(open('$tmp/pylon.json')); c['plugins'][0]['exec']='pylon-nope'; json.dump(c, open('$tmp/bad.json','w'))"
 if "$root/usr/bin/pylond" --check-config "$tmp/bad.json" 2>"$tmp/err"; then fail "check-config accepted a missing executable"; fi

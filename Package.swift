@@ -92,7 +92,7 @@ let package = Package(
         // libFuzzer targets (`make fuzz`, docs/HARDENING.md). Built with `-sanitize=fuzzer` and
         // `-DFUZZING` they are fuzzers; in an ordinary build each replays the inputs named on its
         // command line (a corpus under Fuzz/corpus, a crash artifact) through the same entry point.
-        .target(name: "FuzzSupport", path: "Fuzz/Support"),
+        .target(name: "FuzzSupport", dependencies: ["PylonCore"], path: "Fuzz/Support"),
         .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message"),
         .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "FuzzSupport"], path: "Fuzz/manifest"),
         .executableTarget(

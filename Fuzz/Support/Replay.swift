@@ -1,3 +1,5 @@
+import PylonCore
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -87,19 +89,14 @@ public func fuzzCheck(_ condition: @autoclosure () -> Bool, _ message: @autoclos
 /// A small deterministic generator seeded from the input, for choices (chunk sizes) that must
 /// replay identically.
 public struct InputRNG {
-    var state: UInt64
+    var rng: SplitMix64
+    /// Seeded by an FNV-1a hash of the input: the same input always makes the same choices.
     public init(_ bytes: UnsafeRawBufferPointer) {
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
         for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
-        state = h
+        rng = SplitMix64(seed: h)
     }
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
+    public mutating func next() -> UInt64 { rng.next() }
 }
 
 /// Writes to fd 2 directly (Swift 6 refuses the global `stderr` as shared mutable state).

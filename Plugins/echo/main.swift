@@ -36,31 +36,23 @@ plugin.method("crash") { _ in
 plugin.method("collect", consent: "echo:{appKey}") { call in
     call.reply(["stored": call.params["data"] ?? .null])
 }
-plugin.method("call") { call in
+/// `echo.call` / `echo.callAsPlugin`: relays `params.method` through the host, for the caller
+/// (the host applies the caller's permissions to the inner call) or as the plugin itself.
+func relay(_ call: Call, asPlugin: Plugin?) {
     guard let m = call.params["method"]?.stringValue else {
         call.fail(RPCError(.invalidParams, "params.method is required"))
         return
     }
-    // On the caller's behalf: the host applies the caller's permissions to the inner call.
-    call.call(m, call.params["params"]) { r in
+    let done: (Result<JSON, RPCError>) -> Void = { r in
         switch r {
         case .success(let v): call.reply(["result": v])
         case .failure(let e): call.fail(e)
         }
     }
+    if let asPlugin { asPlugin.call(m, call.params["params"], done) } else { call.call(m, call.params["params"], done) }
 }
-plugin.method("callAsPlugin") { call in
-    guard let m = call.params["method"]?.stringValue else {
-        call.fail(RPCError(.invalidParams, "params.method is required"))
-        return
-    }
-    plugin.call(m, call.params["params"]) { r in
-        switch r {
-        case .success(let v): call.reply(["result": v])
-        case .failure(let e): call.fail(e)
-        }
-    }
-}
+plugin.method("call") { relay($0, asPlugin: nil) }
+plugin.method("callAsPlugin") { relay($0, asPlugin: plugin) }
 plugin.method("publish") { call in
     guard let t = call.params["topic"]?.stringValue else {
         call.fail(RPCError(.invalidParams, "params.topic is required"))

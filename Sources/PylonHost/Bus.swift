@@ -640,16 +640,22 @@ public final class Bus {
 
     func addPending(_ id: Int64, _ p: Pending, deadlineMs: UInt64) {
         pending.insert(id, p, deadlineMs: deadlineMs)
-        armSweep()
+        if let armed = sweepArmedForMs, armed <= deadlineMs { return }  // the usual case: no work
+        arm(deadlineMs)
     }
 
-    /// Arms the timeout timer for the earliest pending deadline (earlier than what it is armed
-    /// for); with nothing pending it stays idle: an idle host does not wake up for timeouts.
+    /// Arms the timeout timer for the earliest pending deadline; with nothing pending it stays
+    /// idle: an idle host does not wake up for timeouts.
     private func armSweep() {
         guard let next = pending.nextDeadline() else { return }
-        if let armed = sweepArmedForMs, armed <= next { return }
-        sweepArmedForMs = next
-        sweepTimer.start(after: next > loop.nowMs ? next - loop.nowMs : 0)
+        arm(next)
+    }
+
+    private func arm(_ deadlineMs: UInt64) {
+        sweepArmedForMs = deadlineMs
+        // At least 1 ms: a zero timer started from the timer's own callback would run again in
+        // the same loop phase.
+        sweepTimer.start(after: max(1, deadlineMs > loop.nowMs ? deadlineMs - loop.nowMs : 0))
     }
 
     private func sweepTimeouts() {

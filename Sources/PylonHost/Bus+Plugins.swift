@@ -58,12 +58,18 @@ extension Bus {
                 peer.conn.sendLine(#"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
                 peer.conn.closeAfterFlush()
             }
-            // Escalate after the grace period (neovim's proc_stop shape).
+            // Escalate after the grace period (neovim's proc_stop shape): SIGTERM, then SIGKILL
+            // if the plugin is still there `termGraceMs` later.
             slot.timer = replaceTimer(slot.timer) { [unowned self, unowned slot] in
-                if slot.life.isAlive {
-                    self.log.warn("plugin did not stop in time; killing", ["plugin": slot.config.name, "grace_ms": graceMs])
+                guard slot.life.isAlive else { return }
+                self.log.warn("plugin did not stop in time; sending SIGTERM", ["plugin": slot.config.name, "grace_ms": graceMs])
+                slot.process?.kill(SIGTERM)
+                slot.timer = self.replaceTimer(slot.timer) { [unowned self, unowned slot] in
+                    guard slot.life.isAlive else { return }
+                    self.log.warn("plugin ignored SIGTERM; killing", ["plugin": slot.config.name, "grace_ms": Bus.termGraceMs])
                     slot.process?.kill(SIGKILL)
                 }
+                slot.timer?.start(after: Bus.termGraceMs)
             }
             slot.timer?.start(after: graceMs)
         case .scheduleRestart(let ms):
@@ -326,6 +332,9 @@ extension Bus {
     }
 
     /// Stops one plugin (reload removed it, or shutdown).
+    /// Time a stopping plugin gets between SIGTERM and SIGKILL.
+    static let termGraceMs: UInt64 = 1_000
+
     func stopPlugin(_ slot: PluginSlot) {
         slot.heartbeat?.stop()
         let action = slot.life.stop(now: loop.nowMs)

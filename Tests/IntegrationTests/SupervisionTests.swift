@@ -119,3 +119,20 @@ import TestSupport
         #expect(try h.client().call("echo.echo", ["x": 1]) == ["x": 1])
     }
 }
+
+/// Stopping escalates the usual way: bus.shutdown and EOF, then SIGTERM after the grace period,
+/// then SIGKILL only if SIGTERM did not work.
+@Suite(.serialized) struct StopEscalationTests {
+    @Test func aPluginIgnoringShutdownGetsSIGTERMBeforeSIGKILL() throws {
+        let h = try TestHost(plugins: [[
+            "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"), "stopGraceMs": 300,
+            "env": ["FAKE_IGNORE_STOP": "1"],
+        ]])
+        try h.waitForPlugin("py")
+        let status = h.stop()
+        #expect(status == 0, "pylond stopped cleanly")
+        let log = h.logText
+        #expect(log.contains("sending SIGTERM"), "\(log.suffix(800))")
+        #expect(!log.contains("ignored SIGTERM"), "the default SIGTERM action stopped it; no SIGKILL needed")
+    }
+}

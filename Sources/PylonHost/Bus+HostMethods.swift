@@ -268,9 +268,12 @@ extension Bus {
                 "master": .bool(consent.masterGranted),
             ]))
             for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.send(note) } }
+            // Clients get it as a publication (subscribers only, admins only by default); never
+            // dropped for a slow reader, unlike other publications.
+            let adminOnly = isAdminTopic("consent.changed")
             note.withSerialized { line in
                 for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches("consent.changed") }) {
-                    if config.disclosure.adminTopics.contains(where: { $0.matches("consent.changed") }) && !isAdmin(p) { continue }
+                    if adminOnly && !isAdmin(p) { continue }
                     p.conn.sendLine(line)
                 }
             }

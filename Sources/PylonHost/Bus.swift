@@ -155,6 +155,9 @@ public final class Bus {
         return .plugin(slot.config.name, via: p.principal)
     }
 
+    /// Topics only admin clients (and plugins) receive (`disclosure.adminTopics`).
+    func isAdminTopic(_ topic: String) -> Bool { config.disclosure.adminTopics.contains { $0.matches(topic) } }
+
     func isAdmin(_ client: Peer) -> Bool { client.credentials.map { config.disclosure.admins.allows($0) } ?? false }
 
     /// True for an admin client, or a plugin acting on its own behalf (plugins are the operator's).
@@ -343,12 +346,12 @@ public final class Bus {
     /// printable ASCII (no NUL, which C strings would cut), no sender-written `_pylon`, and a
     /// valid `_onBehalfOf` (plugins only). Returns the method and the message's principal.
     func envelopeChecks(_ peer: Peer, _ msg: JSONRef, method m: OpaquePointer?) -> Result<(String, Principal), RPCError> {
-        let n = Int(json_object_get_string_len(m))
-        let bytes = UnsafeRawBufferPointer(start: json_object_get_string(m), count: n)
-        guard n > 0, n <= Bus.maxMethodBytes, bytes.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+        // All of json-c's bytes (a NUL included, which a C string would cut), one rule.
+        let method = String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(m),
+                                                             count: Int(json_object_get_string_len(m))), as: UTF8.self)
+        guard Bus.isPlainMethodName(method) else {
             return .failure(RPCError(.invalidRequest, "\"method\" must be 1-\(Bus.maxMethodBytes) bytes of printable ASCII without spaces"))
         }
-        let method = String(decoding: bytes, as: UTF8.self)
         if msg.has("_pylon") {
             return .failure(RPCError(.invalidRequest, "\"_pylon\" is written by the host only; remove it"))
         }
@@ -372,7 +375,7 @@ public final class Bus {
     /// Longest method name accepted.
     static let maxMethodBytes = 256
 
-    /// The rule `envelopeChecks` applies, for a method read without escapes.
+    /// The method-name rule, for both paths.
     static func isPlainMethodName(_ m: String) -> Bool {
         let u = m.utf8
         return !u.isEmpty && u.count <= maxMethodBytes && u.allSatisfy { $0 > 0x20 && $0 < 0x7F }
@@ -487,12 +490,7 @@ public final class Bus {
         // line is dispatched again later) and its input is held until the target drains, so a
         // target's queue stays within maxQueuedBytes plus one message. Plugins are not held: a
         // held plugin could not answer its heartbeats; their own callers are held instead.
-        if target.conn.isCongested && !peer.isPlugin {
-            peer.conn.hold(until: target.conn)
-            peer.conn.deferCurrentLine()
-            heldForCongestion += 1
-            return
-        }
+        if !peer.isPlugin && deferIfCongested(peer, target) { return }
         let original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
         if peer.inflight >= config.limits.maxInflightPerConnection {
             sendError(peer.conn, idText: original, RPCError(.overloaded,
@@ -513,6 +511,16 @@ public final class Bus {
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
+    }
+
+    /// When `target` is congested: defers `peer`'s current line and holds its input until the
+    /// target drains; returns true (the caller routes nothing now).
+    func deferIfCongested(_ peer: Peer, _ target: Peer) -> Bool {
+        guard target.conn.isCongested else { return false }
+        peer.conn.hold(until: target.conn)
+        peer.conn.deferCurrentLine()
+        heldForCongestion += 1
+        return true
     }
 
     /// Issues a request from the host itself (heartbeats, callbacks to providers).
@@ -563,12 +571,7 @@ public final class Bus {
         // (Methods a client provided take requests only.)
         switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .forward(let target, _, provider: false):
-            if target.conn.isCongested {  // held like a request (see forward)
-                peer.conn.hold(until: target.conn)
-                peer.conn.deferCurrentLine()
-                heldForCongestion += 1
-                return
-            }
+            if deferIfCongested(peer, target) { return }  // held like a request (see forward)
             target.conn.sendLine(line)
             routed += 1
         case .denied(_, let key):
@@ -589,7 +592,7 @@ public final class Bus {
     func publish(topic: String, line: UnsafeRawBufferPointer, from sender: Peer?) -> Int {
         published += 1
         var delivered = 0
-        let adminOnly = config.disclosure.adminTopics.contains { $0.matches(topic) }
+        let adminOnly = isAdminTopic(topic)
         for peer in peers.values where peer !== sender && !peer.closed {
             let subs: [TopicPattern]
             if let slot = peer.slot {

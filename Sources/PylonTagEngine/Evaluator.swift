@@ -106,42 +106,26 @@ final class Evaluator {
         guard step() else { return nil }
         if let cached = macroCache[id] { return cached }
         let name = c.names[id]
-        if inProgress.contains(id) {
-            warn("Macro cycle detected: \(name)")
-            return nil
+        return entering(id, label: name) {
+            guard let idx = select(name, c.definitionsById[id]) else { return nil }
+            let v = evalMacro(idx)
+            // Only scalars are cached: a list or map is rebuilt on each use, so every node of a
+            // produced value costs a step and the work limit bounds its size (a macro listing the
+            // previous one twice, thirty times over, cannot build 2^30 nodes through the cache).
+            if c.macros[idx].function != .random, !v.isCompound { macroCache[id] = .some(v) }
+            return v
         }
-        guard depth < c.limits.maxDepth else {
-            warn("macro nesting deeper than \(c.limits.maxDepth) at \(name)")
-            return nil
-        }
-        depth += 1
-        inProgress.append(id)
-        defer {
-            inProgress.removeLast()
-            depth -= 1
-        }
-        guard let idx = select(name, c.definitionsById[id]) else { return nil }
-        let v = evalMacro(idx)
-        // Only scalars are cached: a list or map is rebuilt on each use, so every node of a
-        // produced value costs a step and the work limit bounds its size (a macro listing the
-        // previous one twice, thirty times over, cannot build 2^30 nodes through the cache).
-        if c.macros[idx].function != .random, !v.isCompound { macroCache[id] = .some(v) }
-        return v
     }
 
-    /// A `["macro", i]` reference: the macro's name when it has one (so its rules choose among
-    /// its definitions), else that definition itself.
-    func valueOf(index i: Int) -> JSON? {
-        let id = c.nameIds[i]
-        if id >= 0 { return valueOf(nameId: id) }
-        let key = -(i + 1)
-        guard step() else { return nil }
+    /// Runs `body` for macro `key` (a name id, or a negative definition key) unless that would
+    /// close a reference cycle or nest deeper than the limit: then one warning and no value.
+    private func entering(_ key: Int, label: String, _ body: () -> JSON?) -> JSON? {
         if inProgress.contains(key) {
-            warn("Macro cycle detected: macro \(i)")
+            warn("Macro cycle detected: \(label)")
             return nil
         }
         guard depth < c.limits.maxDepth else {
-            warn("macro nesting deeper than \(c.limits.maxDepth) at macro \(i)")
+            warn("macro nesting deeper than \(c.limits.maxDepth) at \(label)")
             return nil
         }
         depth += 1
@@ -150,7 +134,16 @@ final class Evaluator {
             inProgress.removeLast()
             depth -= 1
         }
-        return evalMacro(i)
+        return body()
+    }
+
+    /// A `["macro", i]` reference: the macro's name when it has one (so its rules choose among
+    /// its definitions), else that definition itself.
+    func valueOf(index i: Int) -> JSON? {
+        let id = c.nameIds[i]
+        if id >= 0 { return valueOf(nameId: id) }
+        guard step() else { return nil }
+        return entering(-(i + 1), label: "macro \(i)") { evalMacro(i) }
     }
 
     /// The enabled definition: `add_macro` of passing rules minus `block_macro`; none → the

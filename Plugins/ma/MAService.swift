@@ -188,6 +188,8 @@ final class MAService {
 
     /// Upper bounds of `ma.setReportInterval` (1 day) and `ma.setSessionTimeout` (7 days), in
     /// seconds; larger values are answered -3.
+    /// How long MA holds events while the uploader is unavailable: 50 ms doubling to 1.6 s.
+    static let uploaderRetry = BackoffPolicy(initialMs: 50, maxMs: 1_600)
     static let maxReportIntervalS: Int64 = 86_400
     static let maxSessionTimeoutS: Int64 = 7 * 86_400
 
@@ -270,9 +272,7 @@ final class MAService {
             done(.failure(MAError(message: "backend unreachable: \(reason)")))
             return
         }
-        var delay = retryInitialMs
-        for _ in 1..<attempt where delay < retryMaxMs { delay *= 2 }
-        delay = min(delay, retryMaxMs)
+        let delay = BackoffPolicy(initialMs: retryInitialMs, maxMs: retryMaxMs).delay(attempt: attempt)
         plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
         let t = Timer(loop: plugin.loop) {}
         t.callback = { [unowned self, unowned t] in
@@ -497,8 +497,7 @@ final class MAService {
                 // overtook it): not stored, so not answered as if it were.
                 err = "not stored: \(e.message)"
             case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
-                var delay: UInt64 = 50
-                for _ in 1..<min(attempt, 6) { delay *= 2 }
+                let delay = Self.uploaderRetry.delay(attempt: attempt)
                 if attempt == 1 {
                     self.plugin.log.warn("uploader unavailable; holding events", ["events": chunk.count, "error": e.message])
                 }

@@ -1,3 +1,5 @@
+import PylonCore
+
 /// Delivery, acknowledgement, redelivery, expiry and the inbox bounds, as a value type.
 ///
 /// It takes events (a stored message, an app attaching or leaving, a callback's outcome, the
@@ -70,7 +72,8 @@ struct Delivery {
 
     func retryDelay(_ attempts: Int) -> Int64 {
         guard attempts > 0 else { return 0 }
-        return min(limits.retryMaxMs, limits.retryInitialMs << Int64(min(attempts - 1, 20)))
+        return Int64(BackoffPolicy(initialMs: UInt64(max(0, limits.retryInitialMs)), maxMs: UInt64(max(0, limits.retryMaxMs)))
+            .delay(attempt: attempts))
     }
 
     /// A new message (already persisted by the shell). `cold` is decided here.

@@ -1,3 +1,5 @@
+import PylonCore
+
 /// Device registration as a value type: deferral, retries with backoff, and the callers waiting
 /// for a token (bind, unbind, Live Activity binds, `push.register`) with their deadlines.
 ///
@@ -65,7 +67,8 @@ struct Registration {
     mutating func failed(now: Int64) {
         attempts += 1
         phase = token != nil ? .registered : .idle
-        retryAt = now + min(retryMaxMs, retryInitialMs << Int64(min(attempts - 1, 20)))
+        retryAt = now + Int64(BackoffPolicy(initialMs: UInt64(max(0, retryInitialMs)), maxMs: UInt64(max(0, retryMaxMs)))
+            .delay(attempt: attempts))
     }
 
     /// A token supplied by the app (`push.setDeviceToken`).

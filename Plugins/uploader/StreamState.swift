@@ -1,3 +1,5 @@
+import PylonCore
+
 /// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500): holding more
 /// than that many records makes the stream send everything queued (batches of at most 500
 /// records and `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
@@ -113,10 +115,8 @@ struct StreamState {
     /// Backoff before retry number `attempts` (1-based): exponential, jittered, capped; a longer
     /// Retry-After wins.
     static func retryDelay(attempts: Int, policy: RetryPolicy, retryAfterMs: UInt64?, random: Double) -> UInt64 {
-        var base = Double(policy.initialMs)
-        for _ in 1..<max(attempts, 1) { base *= 2; if base > Double(policy.maxMs) { break } }
-        base = min(base, Double(policy.maxMs))
-        let jittered = min(base * (1 + policy.jitter * (2 * random - 1)), Double(policy.maxMs))
-        return max(UInt64(jittered), retryAfterMs ?? 0)
+        let d = BackoffPolicy(initialMs: policy.initialMs, maxMs: policy.maxMs, jitter: policy.jitter)
+            .delay(attempt: attempts, random: random)
+        return max(d, retryAfterMs ?? 0)
     }
 }

@@ -254,19 +254,8 @@ public struct PluginLifecycle: Sendable {
 
     /// Delay before the `failures`-th consecutive restart: exponential, capped, jittered.
     public mutating func backoffDelay(failures: Int) -> UInt64 {
-        let exp = Double(max(0, failures - 1))
-        var base = Double(policy.backoffInitialMs) * pow(policy.backoffMultiplier, exp)
-        base = min(base, Double(policy.backoffMaxMs))
-        let r = rng.nextUnit()  // [0, 1)
-        let factor = 1 + policy.jitter * (2 * r - 1)
-        let d = min(base * factor, Double(policy.backoffMaxMs))
-        return UInt64(max(0, d.rounded()))
+        BackoffPolicy(initialMs: policy.backoffInitialMs, maxMs: policy.backoffMaxMs,
+                      multiplier: policy.backoffMultiplier, jitter: policy.jitter)
+            .delay(attempt: failures, random: rng.nextUnit())
     }
-}
-
-private func pow(_ b: Double, _ e: Double) -> Double {
-    var r = 1.0
-    var i = 0.0
-    while i < e { r *= b; i += 1 }
-    return r
 }

@@ -49,30 +49,3 @@ public struct MQTTOptions: Sendable, Equatable {
         if let v = j["backoffMaxMs"]?.intValue, v > 0 { backoffMaxMs = UInt64(v) }
     }
 }
-
-/// Exponential backoff with jitter: a value type, deterministic for a given seed.
-public struct Backoff: Sendable {
-    public let initialMs: UInt64
-    public let maxMs: UInt64
-    public let jitter: Double
-    public private(set) var attempt = 0
-    private var rng: SplitMix64
-
-    public init(initialMs: UInt64, maxMs: UInt64, jitter: Double = 0.2, seed: UInt64 = 0x9E37) {
-        self.initialMs = max(1, initialMs)
-        self.maxMs = max(initialMs, maxMs)
-        self.jitter = jitter
-        rng = SplitMix64(seed: seed)
-    }
-
-    /// The next delay (ms) and one more attempt counted.
-    public mutating func next() -> UInt64 {
-        let shift = min(attempt, 30)
-        attempt += 1
-        let base = min(maxMs, initialMs << UInt64(shift))
-        let f = 1 + jitter * (rng.nextUnit() * 2 - 1)
-        return max(1, UInt64(Double(base) * f))
-    }
-
-    public mutating func reset() { attempt = 0 }
-}

@@ -160,15 +160,3 @@ struct LiveActivityTests {
         #expect(LiveActivities.parseSchema(["a": "date"]) == nil)
     }
 }
-
-struct MQTTBackoffTests {
-    @Test func doublesToTheCapWithBoundedJitter() {
-        var b = PylonMQTT.Backoff(initialMs: 100, maxMs: 1000, jitter: 0.2, seed: 1)
-        let delays = (0..<6).map { _ in b.next() }
-        for (d, base) in zip(delays, [100, 200, 400, 800, 1000, 1000] as [UInt64]) {
-            #expect(d >= base * 8 / 10 && d <= base * 12 / 10, "\(d) around \(base)")
-        }
-        b.reset()
-        #expect(b.attempt == 0)
-    }
-}

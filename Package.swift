@@ -32,11 +32,14 @@ let package = Package(
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
+        // The wire protocol, for every side: JSON-RPC envelopes, error codes, the bus.hello
+        // manifest and welcome, host method names and topics.
+        .target(name: "PylonProtocol", dependencies: ["PylonCore", "CJSONC"], swiftSettings: strict),
         // The host's concerns: config, router, supervisor, consent.
-        .target(name: "PylonHost", dependencies: ["PylonCore"], swiftSettings: strict),
+        .target(name: "PylonHost", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
         // What plugins and apps link.
-        .target(name: "PylonPluginKit", dependencies: ["PylonCore"], swiftSettings: strict),
-        .target(name: "PylonClientKit", dependencies: ["PylonCore"], swiftSettings: strict),
+        .target(name: "PylonPluginKit", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
+        .target(name: "PylonClientKit", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
         // SQLite (durable queues and state) and gzip, shared by plugins and the backend.
         .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
         // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
@@ -52,7 +55,7 @@ let package = Package(
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),
-        .executableTarget(name: "pylonctl", dependencies: ["PylonClientKit"], swiftSettings: strict),
+        .executableTarget(name: "pylonctl", dependencies: ["PylonClientKit", "PylonProtocol"], swiftSettings: strict),
 
         // `Plugins/` holds Pylon's plugin *executables* (services the host spawns), not SwiftPM
         // package plugins; each therefore names its `path:` explicitly.
@@ -94,7 +97,7 @@ let package = Package(
         // command line (a corpus under Fuzz/corpus, a crash artifact) through the same entry point.
         .target(name: "FuzzSupport", dependencies: ["PylonCore"], path: "Fuzz/Support"),
         .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message"),
-        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "FuzzSupport"], path: "Fuzz/manifest"),
+        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "PylonProtocol", "FuzzSupport"], path: "Fuzz/manifest"),
         .executableTarget(
             name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http"),
         // The plugins are executables (not linkable): these two compile the plugin's pure
@@ -102,10 +105,11 @@ let package = Package(
         .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma"),
         .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader"),
 
-        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore"]),
-        .testTarget(name: "PylonHostTests", dependencies: ["PylonHost"]),
+        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"]),
+        .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"]),
+        .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"]),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "TestSupport"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"]),
         .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
         .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"]),

@@ -1,6 +1,7 @@
 import FuzzSupport
 import PylonCore
 import PylonHost
+import PylonProtocol
 
 /// Fuzz target (b): what the host reads from outside its own code. The input is parsed with
 /// json-c (as the host parses every line and file) and the value handed to

@@ -1,5 +1,6 @@
 import CJSONC
 @_exported import PylonCore
+import PylonProtocol
 
 /// An asynchronous client on a libuv loop: many requests in flight, callbacks on reply, and
 /// notifications to `onNotification`. Used by `pylonctl sub` and the benchmark.
@@ -30,7 +31,7 @@ public final class BusClient {
         let id = nextId
         nextId += 1
         pendingCalls[id] = done
-        conn.send(Wire.request(id: .int(id), method: method, params: params))
+        conn.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params)))
     }
 
     /// Sends a pre-serialised request line whose id the caller chose (benchmark path).

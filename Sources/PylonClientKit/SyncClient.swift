@@ -2,6 +2,7 @@
 
 #if canImport(Glibc)
 import Glibc
+import PylonProtocol
 #endif
 
 /// Where clients find the host: `$PYLON_SOCKET`, else the packaged default.
@@ -50,6 +51,8 @@ public final class SyncClient {
         }
     }
     public func sendLine(_ s: String) throws(ClientError) { try sendRaw(Array(s.utf8) + [0x0A]) }
+    /// Sends one envelope (`Envelope.request`, `.result`, …) as a line.
+    public func send(envelope line: [UInt8]) throws(ClientError) { try sendRaw(line + [0x0A]) }
 
     /// Reads one line (without `\n`), waiting at most `timeoutMs`; nil on timeout.
     public func readLine(timeoutMs: Int = 10_000) throws(ClientError) -> String? {
@@ -88,7 +91,7 @@ public final class SyncClient {
     public func request(_ method: String, _ params: JSON? = nil, timeoutMs: Int = 30_000) throws(ClientError) -> JSON {
         let id = nextId
         nextId += 1
-        try sendLine(Wire.request(id: .int(id), method: method, params: params).serialized)
+        try sendRaw(Envelope.request(id: .int(id), method: method, params: .params(params)) + [0x0A])
         let deadline = Loop.hrtimeNs + UInt64(timeoutMs) * 1_000_000
         while true {
             let left = Int((deadline &- Loop.hrtimeNs) / 1_000_000)

@@ -74,14 +74,6 @@ public final class JSONRef {
 
     public var json: JSON { JSONRef.toJSON(ptr) }
 
-    /// A parsed JSON-RPC response as a result: its `result`, or its `error` as an `RPCError`.
-    public var responseResult: Result<JSON, RPCError> {
-        guard has("error") else { return .success(JSONRef.toJSON(member("result"))) }
-        let e = JSONRef.toJSON(member("error"))
-        return .failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                                 message: e["message"]?.stringValue ?? "error", data: e["data"]))
-    }
-
     /// Borrowed member of an object (nil when absent or not an object).
     public func member(_ key: String) -> OpaquePointer? {
         var out: OpaquePointer? = nil

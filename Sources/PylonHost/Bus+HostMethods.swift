@@ -2,30 +2,28 @@ import PylonCore
 
 #if canImport(Glibc)
 import Glibc
+import PylonProtocol
 #endif
 
 /// The host's own methods: `bus.*` and `consent.*`.
 extension Bus {
-    static let hostMethods = [
-        "bus.ping", "bus.status", "bus.describe", "bus.subscribe", "bus.unsubscribe", "bus.publish",
-        "bus.provide", "bus.unprovide", "bus.restart", "consent.get", "consent.set", "consent.setApp", "consent.list",
-    ]
+    static let hostMethods = HostMethod.served
 
     func hostMethod(_ peer: Peer, _ principal: Principal, _ method: String, _ params: JSON?) -> Result<JSON, RPCError> {
         do throws(RPCError) {
             switch method {
-            case "bus.ping": return .success(["pong": true, "version": .string(pylonVersion)])
-            case "bus.status": return .success(status(for: peer, principal))
-            case "bus.describe": return .success(describe())
-            case "bus.subscribe": return .success(try subscribe(peer, params, add: true))
-            case "bus.unsubscribe": return .success(try subscribe(peer, params, add: false))
-            case "bus.publish": return .success(try publishMethod(peer, params))
-            case "bus.provide": return .success(try provide(peer, params, add: true))
-            case "bus.unprovide": return .success(try provide(peer, params, add: false))
-            case "bus.restart": return .success(try restartMethod(params))
-            case "consent.get": return .success(try consentGet(params))
-            case "consent.set": return .success(try consentSet(params, layer: .operatorLayer))
-            case "consent.setApp":
+            case HostMethod.ping: return .success(["pong": true, "version": .string(pylonVersion)])
+            case HostMethod.status: return .success(status(for: peer, principal))
+            case HostMethod.describe: return .success(describe())
+            case HostMethod.subscribe: return .success(try subscribe(peer, params, add: true))
+            case HostMethod.unsubscribe: return .success(try subscribe(peer, params, add: false))
+            case HostMethod.publish: return .success(try publishMethod(peer, params))
+            case HostMethod.provide: return .success(try provide(peer, params, add: true))
+            case HostMethod.unprovide: return .success(try provide(peer, params, add: false))
+            case HostMethod.restart: return .success(try restartMethod(params))
+            case HostMethod.consentGet: return .success(try consentGet(params))
+            case HostMethod.consentSet: return .success(try consentSet(params, layer: .operatorLayer))
+            case HostMethod.consentSetApp:
                 // The app layer of a plugin's own switches (`<plugin>:…`): an app narrows
                 // collection through the plugin that serves it; it never widens the operator's.
                 guard let plugin = principal.plugin else {
@@ -36,8 +34,8 @@ extension Bus {
                     throw RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
                 }
                 return .success(try consentSet(params, layer: .app))
-            case "consent.list": return .success(consentJSON())
-            case "bus.hello":
+            case HostMethod.consentList: return .success(consentJSON())
+            case HostMethod.hello:
                 throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
             default:
                 throw RPCError(.methodNotFound, "method not found: \(method)")
@@ -171,7 +169,9 @@ extension Bus {
         case .null, .object, .array: break
         default: throw RPCError(.invalidParams, "params.data must be an object or an array (it becomes the notification's params)")
         }
-        let n = publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: data)), from: peer)
+        let n = Envelope.notification(method: topic, params: .value(data)).withUnsafeBytes {
+            publish(topic: topic, line: $0, from: peer)
+        }
         return ["delivered": .int(Int64(n))]
     }
 
@@ -263,16 +263,16 @@ extension Bus {
         if changed {
             log.info("consent changed", ["key": key, "granted": effective, "layer": layer.rawValue, "epoch": consent.epoch])
             // Queued on every plugin channel before anything routed after this point.
-            let note = JSONRef(Wire.notification(method: "consent.changed", params: [
+            let note = Envelope.notification(method: HostTopic.consentChanged, params: .value([
                 "key": .string(key), "granted": .bool(effective), "epoch": .int(Int64(consent.epoch)),
                 "master": .bool(consent.masterGranted),
             ]))
-            for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.send(note) } }
             // Clients get it as a publication (subscribers only, admins only by default); never
             // dropped for a slow reader, unlike other publications.
-            let adminOnly = isAdminTopic("consent.changed")
-            note.withSerialized { line in
-                for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches("consent.changed") }) {
+            let adminOnly = isAdminTopic(HostTopic.consentChanged)
+            note.withUnsafeBytes { line in
+                for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.sendLine(line) } }
+                for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches(HostTopic.consentChanged) }) {
                     if adminOnly && !isAdmin(p) { continue }
                     p.conn.sendLine(line)
                 }

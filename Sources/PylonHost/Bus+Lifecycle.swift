@@ -1,4 +1,5 @@
 import PylonCore
+import PylonProtocol
 
 /// Graceful stop and configuration reload.
 extension Bus {

@@ -3,6 +3,7 @@ import PylonCore
 
 #if canImport(Glibc)
 import Glibc
+import PylonProtocol
 #endif
 
 /// Plugin processes: spawning with a pre-connected channel, handshake, heartbeats, and carrying

@@ -3,6 +3,7 @@ import PylonCore
 
 #if canImport(Glibc)
 import Glibc
+import PylonProtocol
 #endif
 
 /// The router at the heart of the host. It owns every peer (clients and plugin channels), the
@@ -100,7 +101,7 @@ public final class Bus {
                                                         data: ["limit": "maxConnectionsPerUid", "value": .int(Int64(limits.maxConnectionsPerUid))]))
         }
         if let (name, error) = refusal {
-            conn.refuse(line: Wire.error(id: .null, error).serialized)
+            conn.refuse(line: String(decoding: Envelope.error(id: .null, error), as: UTF8.self))
             noteRefusal(name)
             return
         }
@@ -234,7 +235,7 @@ public final class Bus {
             pluginChannelClosed(slot, peer)
         } else if !shuttingDown {
             // Plugins that keep per-client state (MA's "app went away") subscribe to this.
-            publish(topic: "bus.client.closed", params: ["client": .int(Int64(peer.id))])
+            publish(topic: HostTopic.clientClosed, params: ["client": .int(Int64(peer.id))])
         }
     }
 
@@ -384,7 +385,7 @@ public final class Bus {
     func handleRequest(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
                        id: OpaquePointer?, idSpan: Range<Int>) {
         if let slot = peer.slot, !peer.handshaken {
-            if method == "bus.hello" {
+            if method == HostMethod.hello {
                 pluginHello(slot, peer, msg: msg, id: id)
             } else {
                 sendError(peer.conn, id: id, RPCError(.invalidRequest, "the first message must be bus.hello"))
@@ -397,7 +398,7 @@ public final class Bus {
         case .host:
             // A report costs much more than a routed message: fewer of the peer's lines follow
             // in this loop turn (a flood of them cannot stall everyone else).
-            if method == "bus.status" || method == "bus.describe" { peer.conn.charge(Bus.reportCost) }
+            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
             switch hostMethod(peer, principal, method, params) {
             case .success(let v): sendResult(peer.conn, idText: idText, v)
@@ -461,7 +462,7 @@ public final class Bus {
     }
 
     /// `bus.*` and `consent.*` belong to the host.
-    static func isHostNamespace(_ method: String) -> Bool { method.hasPrefix("bus.") || method.hasPrefix("consent.") }
+    static func isHostNamespace(_ method: String) -> Bool { HostMethod.isHostNamespace(method) }
 
     /// Reads top-level string params of a parsed message (for consent templates).
     static func paramField(_ msg: JSONRef) -> (String) -> String? {
@@ -529,7 +530,7 @@ public final class Bus {
         let hostId = nextRequestId
         nextRequestId += 1
         addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)
-        target.conn.send(Wire.request(id: .int(hostId), method: method, params: params))
+        target.conn.send(envelope: Envelope.request(id: .int(hostId), method: method, params: .params(params)))
         return hostId
     }
 
@@ -581,12 +582,6 @@ public final class Bus {
         }
     }
 
-    /// Delivers a notification to every peer subscribed to `topic` (except the sender).
-    @discardableResult
-    func publish(topic: String, msg: JSONRef, from sender: Peer?) -> Int {
-        msg.withSerialized { publish(topic: topic, line: $0, from: sender) }
-    }
-
     /// Delivers one notification line, as it is, to every subscriber of `topic` but the sender.
     @discardableResult
     func publish(topic: String, line: UnsafeRawBufferPointer, from sender: Peer?) -> Int {
@@ -614,7 +609,9 @@ public final class Bus {
     }
 
     func publish(topic: String, params: JSON, from sender: Peer? = nil) {
-        publish(topic: topic, msg: JSONRef(Wire.notification(method: topic, params: params)), from: sender)
+        Envelope.notification(method: topic, params: .value(params)).withUnsafeBytes {
+            _ = publish(topic: topic, line: $0, from: sender)
+        }
     }
 
     // MARK: Pending requests
@@ -672,34 +669,27 @@ public final class Bus {
     // MARK: Output helpers
 
     func sendResult(_ conn: Connection, id: OpaquePointer?, _ result: JSON) {
-        let o = json_object_new_object()
-        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
-        json_object_object_add(o, "id", json_object_get(id))
-        json_object_object_add(o, "result", JSONRef.make(result))
-        conn.send(JSONRef(owning: o))
+        conn.send(envelope: Envelope.result(id: .ref(id), .value(result)))
     }
 
     func sendError(_ conn: Connection, id: OpaquePointer?, _ e: RPCError) {
-        let o = json_object_new_object()
-        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
-        json_object_object_add(o, "id", json_object_get(id))
-        json_object_object_add(o, "error", JSONRef.make(e.json))
-        conn.send(JSONRef(owning: o))
+        conn.send(envelope: Envelope.error(id: .ref(id), e))
     }
 
-    /// An error response for an id kept as JSON text.
+    /// An error response for an id kept as JSON text (the caller's own bytes).
     func sendError(_ conn: Connection, idText: String, _ e: RPCError) {
-        conn.sendLine(#"{"jsonrpc":"2.0","id":"# + idText + #","error":"# + e.json.serialized + "}")
+        var idText = idText
+        idText.withUTF8 { conn.send(envelope: Envelope.error(id: .text(UnsafeRawBufferPointer($0)), e)) }
     }
 
     /// A result for an id kept as JSON text (the caller's own bytes).
     func sendResult(_ conn: Connection, idText: String, _ result: JSON) {
-        conn.sendLine(#"{"jsonrpc":"2.0","id":"# + idText + #","result":"# + result.serialized + "}")
+        var idText = idText
+        idText.withUTF8 { conn.send(envelope: Envelope.result(id: .text(UnsafeRawBufferPointer($0)), .value(result))) }
     }
 
     func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {
-        let ref = JSONRef(id ?? .null)
-        sendError(conn, id: ref.ptr, e)
+        conn.send(envelope: Envelope.error(id: id.map { .value($0) } ?? .null, e))
     }
 
     /// Best effort: the `id` of a message whose line was too long, from its first bytes.

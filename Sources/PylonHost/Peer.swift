@@ -1,4 +1,5 @@
 import PylonCore
+import PylonProtocol
 
 /// One end of the bus the host talks to: a client connection or a plugin's channel.
 final class Peer {

@@ -1,4 +1,5 @@
 import PylonCore
+import PylonProtocol
 
 /// Everything the host keeps about one configured plugin: its supervision state machine, the
 /// live process and channel, and the manifest from its last handshake.

@@ -1,5 +1,6 @@
 import CJSONC
 @_exported import PylonCore
+@_exported import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -62,13 +63,10 @@ public final class Call {
 
     /// Replies with a json-c object; takes ownership of one reference.
     public func replyRaw(owning result: OpaquePointer?) {
-        guard !answered, !isNotification else { json_object_put(result); answered = true; return }
+        defer { json_object_put(result) }
+        guard !answered, !isNotification else { answered = true; return }
         answered = true
-        let o = json_object_new_object()
-        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
-        json_object_object_add(o, "id", json_object_get(id.ptr))
-        json_object_object_add(o, "result", result)
-        plugin.channel?.send(JSONRef(owning: o))
+        plugin.channel?.send(envelope: Envelope.result(id: .ref(id.ptr), .ref(result)))
     }
 
     /// Replies with a result that is already serialized JSON text (built by the plugin, so
@@ -77,7 +75,9 @@ public final class Call {
     public func reply(serialized result: [UInt8]) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        id.withSerialized { plugin.sendResult(idText: $0, result: result) }
+        id.withSerialized { idText in
+            result.withUnsafeBytes { plugin.channel?.send(envelope: Envelope.result(id: .text(idText), .text($0))) }
+        }
     }
 
     /// Calls another plugin (or the host) on behalf of this call's caller: the host applies the
@@ -92,7 +92,7 @@ public final class Call {
     public func fail(_ e: RPCError) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        plugin.channel?.send(Wire.error(id: id.json, e))
+        plugin.channel?.send(envelope: Envelope.error(id: .ref(id.ptr), e))
     }
 }
 
@@ -108,12 +108,17 @@ public final class Call {
 /// plugin's config, state directory and consent snapshot, answers heartbeats, and exits when the
 /// channel closes (so a plugin never outlives its host).
 public final class Plugin {
+    /// Nesting depth the plugin's parser accepts; deeper than the host's own limit
+    /// (`limits.maxDepth`), so whatever the host relays parses here.
+    public static let maxDepth: Int32 = 128
+    /// Longest line the plugin reads from the host; above the host's `limits.maxLineBytes`.
+    public static let maxLineBytes = 64 << 20
     public let name: String
     public let version: String
     public let loop = Loop()
     public let log: Log
     fileprivate(set) var channel: Connection?
-    private let tokener = Tokener(maxDepth: 128)
+    private let tokener = Tokener(maxDepth: Plugin.maxDepth)
 
     private struct MethodSpec {
         var consent: String?
@@ -183,18 +188,6 @@ public final class Plugin {
     /// The params text a raw method gets when there are none.
     private static let nullText = Array("null".utf8)
 
-    /// Sends `{"jsonrpc":"2.0","id":<idText>,"result":<result>}` (both already JSON text).
-    func sendResult(idText: UnsafeRawBufferPointer, result: [UInt8]) {
-        var line = [UInt8]()
-        line.reserveCapacity(result.count + idText.count + 40)
-        line.append(contentsOf: #"{"jsonrpc":"2.0","id":"#.utf8)
-        line.append(contentsOf: idText)
-        line.append(contentsOf: #","result":"#.utf8)
-        line.append(contentsOf: result)
-        line.append(UInt8(ascii: "}"))
-        line.withUnsafeBytes { channel?.sendLine($0) }
-    }
-
     /// Answers a request for a raw method without parsing it; false when the line is not one.
     private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
         guard !rawMethods.isEmpty, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
@@ -203,7 +196,9 @@ public final class Plugin {
         else { return false }
         let result = m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
             ?? Plugin.nullText.withUnsafeBytes { handler($0) }
-        sendResult(idText: UnsafeRawBufferPointer(rebasing: line[idSpan]), result: result)
+        result.withUnsafeBytes {
+            channel?.send(envelope: Envelope.result(id: .text(UnsafeRawBufferPointer(rebasing: line[idSpan])), .text($0)))
+        }
         return true
     }
 
@@ -216,7 +211,7 @@ public final class Plugin {
     public func declarePublishes(_ topic: String) { publishes.append(topic) }
 
     public func publish(_ topic: String, _ params: JSON) {
-        channel?.send(Wire.notification(method: topic, params: params))
+        channel?.send(envelope: Envelope.notification(method: topic, params: .value(params)))
     }
 
     /// Calls a method of another plugin (or the host) through the host, as this plugin (or on
@@ -224,7 +219,7 @@ public final class Plugin {
     public func call(_ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
                      _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         guard let (channel, id) = register(done) else { return }
-        channel.send(Wire.request(id: .int(id), method: method, params: params, onBehalfOf: onBehalfOf))
+        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params), onBehalfOf: onBehalfOf))
     }
 
     /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.
@@ -242,16 +237,9 @@ public final class Plugin {
     /// `call` with params already built as a json-c object (ownership of `params` is taken):
     /// the request is serialised once, with no conversion from Swift values.
     public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
-        guard let (channel, id) = register(done) else {
-            json_object_put(params)
-            return
-        }
-        let o = json_object_new_object()
-        json_object_object_add(o, "jsonrpc", json_object_new_string("2.0"))
-        json_object_object_add(o, "id", json_object_new_int64(id))
-        json_object_object_add(o, "method", json_object_new_string(method))
-        json_object_object_add(o, "params", params)
-        channel.send(JSONRef(owning: o))
+        defer { json_object_put(params) }
+        guard let (channel, id) = register(done) else { return }
+        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .ref(params)))
     }
 
     public func isConsentGranted(_ key: String) -> Bool {
@@ -264,10 +252,10 @@ public final class Plugin {
         System.ignoreSIGPIPE()
         guard let fdText = System.env("PYLON_BUS_FD"), let fd = Int32(fdText) else {
             log.error("PYLON_BUS_FD is not set: plugins are started by pylond")
-            System.exit(78)
+            System.exit(exitStatusConfigError)
         }
         do throws(UVError) {
-            channel = try Connection(loop: loop, fd: fd, maxLineBytes: 64 << 20)
+            channel = try Connection(loop: loop, fd: fd, maxLineBytes: Plugin.maxLineBytes)
         } catch {
             log.error("cannot open bus channel", ["error": error.description])
             System.exit(1)
@@ -287,51 +275,40 @@ public final class Plugin {
         System.exit(0)
     }
 
-    private func sendHello() {
-        var ms: [JSON] = []
-        for m in methodOrder {
-            let s = methods[m]!
-            var o: JSONObject = ["name": .string(m)]
-            if let c = s.consent {
-                o["consent"] = .string(c)
-                o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
-                o["deniedResult"] = s.deniedResult
-            }
-            ms.append(.object(o))
+    /// The manifest this plugin announces: its methods, topics and wishes.
+    var manifest: Manifest {
+        var m = Manifest(name: name, version: version)
+        for full in methodOrder {
+            guard let s = methods[full] else { continue }
+            m.add(Manifest.Method(name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult))
         }
-        let params: JSON = [
-            "name": .string(name), "version": .string(version), "protocol": 1, "pid": .int(Int64(System.pid)),
-            "manifest": [
-                "methods": .array(ms),
-                "publishes": .array(publishes.map { .string($0) }),
-                "subscribes": .array(subscriptions.map { .string($0.pattern.text) }),
-                "callerInfo": .bool(wantsCallerInfo),
-            ],
-        ]
+        m.publishes = publishes
+        m.subscribes = subscriptions.map(\.pattern)
+        m.callerInfo = wantsCallerInfo
+        return m
+    }
+
+    private func sendHello() {
         let id = nextId
         nextId += 1
         pendingCalls[id] = { [unowned self] r in
             switch r {
             case .success(let w):
-                self.config = w["config"] ?? .object([:])
-                self.stateDir = w["stateDir"]?.stringValue ?? ""
-                self.limits = w["limits"] ?? .object([:])
-                self.applyConsentSnapshot(w["consent"])
+                let welcome = Welcome(json: w)
+                self.config = welcome.config
+                self.stateDir = welcome.stateDir
+                self.limits = welcome.limits
+                let c = welcome.consentSnapshot
+                self.consentMaster = c.master
+                self.consent = c.switches
                 self.onReady()
             case .failure(let e):
                 self.log.error("handshake refused by host", ["error": e.message])
-                System.exit(78)
+                System.exit(exitStatusConfigError)
             }
         }
-        channel?.send(Wire.request(id: .int(id), method: "bus.hello", params: params))
-    }
-
-    private func applyConsentSnapshot(_ j: JSON?) {
-        consentMaster = j?["master"]?.boolValue ?? true
-        consent = [:]
-        if let sw = j?["switches"]?.objectValue {
-            for (k, v) in sw { if let b = v.boolValue { consent[k] = b } }
-        }
+        channel?.send(envelope: Envelope.request(id: .int(id), method: HostMethod.hello,
+                                                 params: .value(manifest.helloParams(pid: System.pid))))
     }
 
     private func handleLine(_ line: UnsafeRawBufferPointer) {
@@ -360,7 +337,7 @@ public final class Plugin {
     private func dispatchRequest(_ method: String, _ msg: JSONRef) {
         let id = JSONRef(retaining: msg.member("id"))
         let call = Call(method: method, msg: msg, id: id, plugin: self)
-        if method == "bus.heartbeat" {
+        if method == HostMethod.heartbeat {
             call.reply(.object([:]))
             return
         }
@@ -373,14 +350,14 @@ public final class Plugin {
 
     private func dispatchNotification(_ method: String, _ msg: JSONRef) {
         switch method {
-        case "consent.changed":
+        case HostTopic.consentChanged:
             let p = JSONRef.toJSON(msg.member("params"))
             if let k = p["key"]?.stringValue, let g = p["granted"]?.boolValue {
                 consent[k] = g
                 if let m = p["master"]?.boolValue { consentMaster = m }
                 onConsentChanged(k, g)
             }
-        case "bus.shutdown":
+        case HostMethod.shutdown:
             exitNow()
         default:
             if let spec = methods[method] {

@@ -2,6 +2,7 @@ import PylonClientKit
 
 #if canImport(Glibc)
 import Glibc
+import PylonProtocol
 #endif
 
 /// pylonctl: command-line client for the Pylon host. Exit statuses follow sysexits(3); the

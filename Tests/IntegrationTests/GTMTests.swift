@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 extension TestHost {
     /// The gtm plugin (and the uploader, for hits) against `backend`, defaults from `defaults`.
@@ -245,13 +246,13 @@ extension SyncClient {
         #expect(tagCall["method"] == "app.fn.tag")
         #expect(tagCall["params"]?["name"] == "track")
         #expect(tagCall["params"]?["parameters"] == ["screen": "Home"], "not the early push")
-        try appConn!.sendLine(Wire.result(id: tagCall["id"]!, ["ok": true]).serialized)
+        try appConn!.send(envelope: Envelope.result(id: .value(tagCall["id"]!), .value(["ok": true])))
         // A function-call macro: the value comes from the app.
         try c.sendLine(#"{"jsonrpc":"2.0","id":77,"method":"gtm.getValue","params":{"containerId":"GTM-F","key":"price","type":"double"}}"#)
         let macroCall = try #require(try appConn!.readMessage(timeoutMs: 5000))
         #expect(macroCall["method"] == "app.fn.macro")
         #expect(macroCall["params"]?["parameters"] == ["sku": "Home"])
-        try appConn!.sendLine(Wire.result(id: macroCall["id"]!, ["value": 9.5]).serialized)
+        try appConn!.send(envelope: Envelope.result(id: .value(macroCall["id"]!), .value(["value": 9.5])))
         #expect(try #require(try c.readMessage(timeoutMs: 5000))["result"]?["value"] == 9.5)
         // A slow handler: the type default after the bounded wait.
         try c.sendLine(#"{"jsonrpc":"2.0","id":78,"method":"gtm.getValue","params":{"containerId":"GTM-F","key":"price","type":"double"}}"#)

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 /// One ma.md rule per test, each against the real host, MA plugin, uploader and reference
 /// backend. (Rules already covered in MATests.swift are not repeated here.)
@@ -502,8 +503,8 @@ import TestSupport
         kill(Int32(pid), SIGKILL)
         let n = 400
         for i in 0..<n {
-            try c.sendLine(Wire.request(id: .int(Int64(i)), method: "ma.eventRecord",
-                                        params: ["eventName": "e", "property": ["n": .int(Int64(i))]]).serialized)
+            try c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "ma.eventRecord",
+                                                  params: .value(["eventName": "e", "property": ["n": .int(Int64(i))]])))
         }
         var codes: [Int64: Int] = [:]
         for _ in 0..<n {

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.
@@ -160,8 +161,8 @@ extension TestBackend {
         var sent = 0
         loop: while sent < 2000 {
             for i in sent..<(sent + 50) {
-                try? c.sendLine(Wire.request(id: .int(Int64(i)), method: "ma.eventRecord",
-                                             params: ["appKey": "load", "eventName": "e", "property": ["n": .int(Int64(i))]]).serialized)
+                try? c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "ma.eventRecord",
+                                                       params: .value(["appKey": "load", "eventName": "e", "property": ["n": .int(Int64(i))]])))
             }
             sent += 50
             for _ in 0..<50 {

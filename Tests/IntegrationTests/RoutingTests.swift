@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 /// Routing through the real host: id rewriting, plugin↔plugin, client-provided methods, pub/sub.
 @Suite(.serialized) struct RoutingTests {
@@ -64,7 +65,7 @@ import TestSupport
         #expect(req["method"] == .string("app.greet"))
         #expect(req["params"]?["who"] == .string("kiosk"))
         let hostId = try #require(req["id"])
-        try provider.sendLine(Wire.result(id: hostId, ["hello": "kiosk"]).serialized)
+        try provider.send(envelope: Envelope.result(id: .value(hostId), .value(["hello": "kiosk"])))
         let reply = try #require(try caller.readMessage())
         #expect(reply["id"] == .string("c1"))
         #expect(reply["result"] == ["hello": "kiosk"])
@@ -72,7 +73,7 @@ import TestSupport
         // A plugin can call it too (function-call tags later use this path).
         try caller.sendLine(#"{"jsonrpc":"2.0","id":"c2","method":"echo.call","params":{"method":"app.greet","params":{"who":"plugin"}}}"#)
         let req2 = try #require(try provider.readMessage())
-        try provider.sendLine(Wire.result(id: req2["id"]!, ["hello": "plugin"]).serialized)
+        try provider.send(envelope: Envelope.result(id: .value(req2["id"]!), .value(["hello": "plugin"])))
         #expect(try #require(try caller.readMessage())["result"]?["result"] == ["hello": "plugin"])
     }
 

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 /// The uploader against callers that are not who they claim to be (issue 11): other uids
 /// repointing, writing, flushing or reading streams that are not theirs, callers choosing their
@@ -23,7 +24,7 @@ import TestSupport
 
     /// Sends `calls` in order from a client running as `uid` and returns each whole response.
     func call(as uid: UInt32, _ h: TestHost, _ calls: [(String, JSON?)]) throws -> [JSON] {
-        try send(as: uid, h, calls.map { Wire.request(id: .int(0), method: $0.0, params: $0.1).serialized })
+        try send(as: uid, h, calls.map { String(decoding: Envelope.request(id: .int(0), method: $0.0, params: .params($0.1)), as: UTF8.self) })
     }
 
     /// Sends request lines (their ids are replaced, in place) from a client running as `uid`.

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import PylonClientKit
 import TestSupport
+import PylonProtocol
 
 /// The uploader plugin against the real reference backend on a free loopback port.
 @Suite(.serialized) struct UploaderTests {
@@ -220,8 +221,8 @@ import TestSupport
         loop: while sent < total {
             let n = min(50, total - sent)
             for i in sent..<(sent + n) {
-                try? c.sendLine(Wire.request(id: .int(Int64(i)), method: "uploader.enqueue",
-                                             params: ["stream": "s.crash", "consent": "s:crash", "records": records("z", i..<(i + 1))]).serialized)
+                try? c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "uploader.enqueue",
+                                                       params: .value(["stream": "s.crash", "consent": "s:crash", "records": records("z", i..<(i + 1))])))
             }
             sent += n
             for _ in 0..<n {

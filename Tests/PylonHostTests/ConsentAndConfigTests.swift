@@ -1,6 +1,7 @@
 import Testing
 @testable import PylonHost
 import PylonCore
+import PylonProtocol
 
 struct ConsentStoreTests {
     @Test func neverSetIsGranted() {

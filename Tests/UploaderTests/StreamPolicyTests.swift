@@ -1,6 +1,7 @@
 import Testing
 import PylonCore
 @testable import pylon_uploader
+import PylonProtocol
 
 /// Who owns a stream, which consent switch it falls under, where its data may go, and how the
 /// disk cap is shared: pure decisions, no processes.

@@ -1,6 +1,8 @@
 import PylonCore
 
-/// What a plugin announces in its `bus.hello` handshake.
+/// What a plugin announces in its `bus.hello` handshake: one type for both sides. The plugin kit
+/// builds one and sends `helloParams(pid:)`; the host reads it back with `parse(_:)`
+/// (`parse(m.helloParams(pid:)) == m` is tested).
 public struct Manifest: Equatable, Sendable {
     public struct Method: Equatable, Sendable {
         /// Full method name, `<plugin>.<method>`.
@@ -12,6 +14,13 @@ public struct Manifest: Equatable, Sendable {
         /// reaching the plugin (the SDK behaviour of silently dropping events).
         public var dropWhenDenied = false
         public var deniedResult: JSON = .null
+
+        public init(name: String, consent: String? = nil, dropWhenDenied: Bool = false, deniedResult: JSON = .null) {
+            self.name = name
+            self.consent = consent
+            self.dropWhenDenied = dropWhenDenied
+            self.deniedResult = deniedResult
+        }
     }
     public var name: String
     public var version: String
@@ -24,8 +33,48 @@ public struct Manifest: Equatable, Sendable {
     /// `"_pylon": {"client": N, "uid": U, "pid": P}` (or `{"plugin": name}`) member.
     public var callerInfo = false
 
-    /// Protocol versions this host speaks.
+    /// The protocol version this build speaks, and the versions a host accepts.
+    public static let currentProtocol = 1
     public static let supportedProtocols = 1...1
+
+    public init(name: String, version: String, protocolVersion: Int = Manifest.currentProtocol) {
+        self.name = name
+        self.version = version
+        self.protocolVersion = protocolVersion
+    }
+
+    /// Adds (or replaces) a method, keeping announcement order; a short name gets the
+    /// `<plugin>.` prefix.
+    public mutating func add(_ method: Method) {
+        var spec = method
+        if !spec.name.hasPrefix(name + ".") { spec.name = name + "." + spec.name }
+        if methods.updateValue(spec, forKey: spec.name) == nil { methodOrder.append(spec.name) }
+    }
+
+    /// The `bus.hello` params that announce this manifest.
+    public func helloParams(pid: Int32) -> JSON {
+        var ms: [JSON] = []
+        for n in methodOrder {
+            guard let s = methods[n] else { continue }
+            var o: JSONObject = ["name": .string(n)]
+            if let c = s.consent {
+                o["consent"] = .string(c)
+                o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
+                o["deniedResult"] = s.deniedResult
+            }
+            ms.append(.object(o))
+        }
+        return [
+            "name": .string(name), "version": .string(version), "protocol": .int(Int64(protocolVersion)),
+            "pid": .int(Int64(pid)),
+            "manifest": [
+                "methods": .array(ms),
+                "publishes": .array(publishes.map { .string($0) }),
+                "subscribes": .array(subscribes.map { .string($0.text) }),
+                "callerInfo": .bool(callerInfo),
+            ],
+        ]
+    }
 
     public static func parse(_ p: JSON) throws(RPCError) -> Manifest {
         func bad(_ m: String) -> RPCError { RPCError(.invalidParams, "bus.hello: \(m)") }
@@ -51,8 +100,7 @@ public struct Manifest: Equatable, Sendable {
                 } else {
                     throw bad("manifest.methods entries must be strings or {name, consent?, onDenied?}")
                 }
-                if !spec.name.hasPrefix(name + ".") { spec.name = name + "." + spec.name }
-                if m.methods.updateValue(spec, forKey: spec.name) == nil { m.methodOrder.append(spec.name) }
+                m.add(spec)
             }
         }
         m.publishes = man["publishes"]?.arrayValue?.compactMap { $0.stringValue } ?? []
@@ -61,10 +109,11 @@ public struct Manifest: Equatable, Sendable {
         return m
     }
 
+    /// The manifest as `bus.describe` shows it.
     public var json: JSON {
         var ms: [JSON] = []
         for n in methodOrder {
-            let s = methods[n]!
+            guard let s = methods[n] else { continue }
             var o: JSONObject = ["name": .string(n)]
             if let c = s.consent {
                 o["consent"] = .string(c)

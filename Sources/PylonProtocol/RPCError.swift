@@ -1,3 +1,5 @@
+import PylonCore
+
 /// A JSON-RPC error as it appears on the wire: a stable numeric code, a message, optional data.
 ///
 /// Codes are listed once, here, and documented in docs/PROTOCOL.md. The -327xx codes are
@@ -57,24 +59,12 @@ public struct RPCError: Error, Equatable, Sendable, CustomStringConvertible {
     }
 }
 
-/// Builders for JSON-RPC 2.0 frames.
-public enum Wire {
-    /// `onBehalfOf`: a plugin calling for the request it serves (that request's host-issued id).
-    public static func request(id: JSON, method: String, params: JSON?, onBehalfOf: Int64? = nil) -> JSON {
-        var o: JSONObject = ["jsonrpc": "2.0", "id": id, "method": .string(method)]
-        if let params, params != .null { o["params"] = params }
-        if let onBehalfOf { o["_onBehalfOf"] = .int(onBehalfOf) }
-        return .object(o)
-    }
-    public static func notification(method: String, params: JSON?) -> JSON {
-        var o: JSONObject = ["jsonrpc": "2.0", "method": .string(method)]
-        if let params, params != .null { o["params"] = params }
-        return .object(o)
-    }
-    public static func result(id: JSON, _ result: JSON) -> JSON {
-        .object(["jsonrpc": "2.0", "id": id, "result": result])
-    }
-    public static func error(id: JSON, _ e: RPCError) -> JSON {
-        .object(["jsonrpc": "2.0", "id": id, "error": e.json])
+extension JSONRef {
+    /// A parsed JSON-RPC response as a result: its `result`, or its `error` as an `RPCError`.
+    public var responseResult: Result<JSON, RPCError> {
+        guard has("error") else { return .success(JSONRef.toJSON(member("result"))) }
+        let e = JSONRef.toJSON(member("error"))
+        return .failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
+                                 message: e["message"]?.stringValue ?? "error", data: e["data"]))
     }
 }

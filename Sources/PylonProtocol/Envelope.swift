@@ -1,0 +1,156 @@
+import CJSONC
+import PylonCore
+
+/// One piece of JSON text that goes into an envelope, in whatever form the caller holds it: a
+/// Swift value, a borrowed json-c object, bytes already known to be valid JSON (a request's own
+/// `id` or `params` span, a result built as text), or an integer. Pieces are written, never kept:
+/// `.text` must stay valid for the duration of the `Envelope` call.
+public enum JSONPiece {
+    case value(JSON)
+    case ref(OpaquePointer?)
+    case text(UnsafeRawBufferPointer)
+    case int(Int64)
+    /// JSON `null`.
+    case null
+
+    /// Request params as a piece: absent when nil or JSON `null` (JSON-RPC: params may be omitted).
+    public static func params(_ j: JSON?) -> JSONPiece? {
+        guard let j, j != .null else { return nil }
+        return .value(j)
+    }
+
+    fileprivate func write(_ out: inout [UInt8]) {
+        switch self {
+        case .value(let j): JSONRef(j).withSerialized { out.append(contentsOf: $0) }
+        case .ref(let p): JSONRef.withSerialized(p) { out.append(contentsOf: $0) }
+        case .text(let t): out.append(contentsOf: t)
+        case .int(let i): Envelope.appendDecimal(&out, i)
+        case .null: out.append(contentsOf: Envelope.nullText)
+        }
+    }
+
+    fileprivate var sizeHint: Int {
+        if case .text(let t) = self { return t.count }
+        return 16
+    }
+}
+
+/// JSON-RPC 2.0 envelopes (request, notification, result, error), each written by one function
+/// here and nowhere else in Pylon: the host, the plugin kit, the client kit and pylonctl all call
+/// these. Each returns one line's bytes without the trailing newline (`Connection.sendLine` adds
+/// it). Members are written in a fixed order — `jsonrpc`, `id`, `method`, `params`, then
+/// Pylon's `_onBehalfOf` — so the output is byte-for-byte predictable.
+public enum Envelope {
+    /// `{"jsonrpc":"2.0","id":…,"method":…[,"params":…][,"_onBehalfOf":N]}`. `onBehalfOf`: a
+    /// plugin calling for the request it serves (that request's host-issued id).
+    public static func request(id: JSONPiece, method: String, params: JSONPiece? = nil, onBehalfOf: Int64? = nil) -> [UInt8] {
+        var out = start(capacity: 64 + method.utf8.count + (params?.sizeHint ?? 0))
+        out.append(contentsOf: idKey)
+        id.write(&out)
+        out.append(contentsOf: methodKey)
+        appendString(&out, method)
+        if let params { out.append(contentsOf: paramsKey); params.write(&out) }
+        if let onBehalfOf { out.append(contentsOf: onBehalfOfKey); appendDecimal(&out, onBehalfOf) }
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    /// `{"jsonrpc":"2.0","method":…[,"params":…]}`: a notification, or a publication on a topic.
+    public static func notification(method: String, params: JSONPiece? = nil) -> [UInt8] {
+        var out = start(capacity: 48 + method.utf8.count + (params?.sizeHint ?? 0))
+        out.append(contentsOf: methodKey)
+        appendString(&out, method)
+        if let params { out.append(contentsOf: paramsKey); params.write(&out) }
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    /// `{"jsonrpc":"2.0","id":…,"result":…}`.
+    public static func result(id: JSONPiece, _ result: JSONPiece) -> [UInt8] {
+        var out = start(capacity: 40 + id.sizeHint + result.sizeHint)
+        out.append(contentsOf: idKey)
+        id.write(&out)
+        out.append(contentsOf: resultKey)
+        result.write(&out)
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    /// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…[,"data":…]}}`.
+    public static func error(id: JSONPiece, _ e: RPCError) -> [UInt8] {
+        var out = start(capacity: 64 + e.message.utf8.count)
+        out.append(contentsOf: idKey)
+        id.write(&out)
+        out.append(contentsOf: errorKey)
+        JSONPiece.value(e.json).write(&out)
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    // MARK: Pieces
+
+    private static let head = Array(#"{"jsonrpc":"2.0""#.utf8)
+    private static let idKey = Array(#","id":"#.utf8)
+    private static let methodKey = Array(#","method":"#.utf8)
+    private static let paramsKey = Array(#","params":"#.utf8)
+    private static let resultKey = Array(#","result":"#.utf8)
+    private static let errorKey = Array(#","error":"#.utf8)
+    private static let onBehalfOfKey = Array(#","_onBehalfOf":"#.utf8)
+    fileprivate static let nullText = Array("null".utf8)
+
+    private static func start(capacity: Int) -> [UInt8] {
+        var out = [UInt8]()
+        out.reserveCapacity(capacity)
+        out.append(contentsOf: head)
+        return out
+    }
+
+    /// A JSON string: plain printable ASCII is copied, anything else is escaped by json-c.
+    static func appendString(_ out: inout [UInt8], _ s: String) {
+        var plain = true
+        for b in s.utf8 where b < 0x20 || b >= 0x7F || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") {
+            plain = false
+            break
+        }
+        if plain {
+            out.append(UInt8(ascii: "\""))
+            out.append(contentsOf: s.utf8)
+            out.append(UInt8(ascii: "\""))
+        } else {
+            JSONPiece.value(.string(s)).write(&out)
+        }
+    }
+
+    static func appendDecimal(_ out: inout [UInt8], _ value: Int64) {
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        var v = value.magnitude
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = 0
+        withUnsafeMutableBytes(of: &digits) { d in
+            repeat {
+                d[n] = UInt8(truncatingIfNeeded: v % 10) + 0x30
+                v /= 10
+                n += 1
+            } while v > 0
+            for i in stride(from: n - 1, through: 0, by: -1) { out.append(d[i]) }
+        }
+    }
+}
+
+extension JSONRef {
+    /// The compact serialisation of a borrowed json-c object (`null` for nil).
+    public static func withSerialized<R>(_ p: OpaquePointer?, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        var len = 0
+        guard let p, let c = json_object_to_json_string_length(p, flagsPlain, &len) else {
+            return Envelope.nullText.withUnsafeBytes(body)
+        }
+        return body(UnsafeRawBufferPointer(start: c, count: len))
+    }
+}
+
+extension Connection {
+    /// Queues one envelope line.
+    public func send(envelope line: [UInt8]) { line.withUnsafeBytes { sendLine($0) } }
+}

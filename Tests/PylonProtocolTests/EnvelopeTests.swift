@@ -1,0 +1,91 @@
+import PylonCore
+import PylonProtocol
+import Testing
+
+@Suite struct EnvelopeTests {
+    private func text(_ b: [UInt8]) -> String { String(decoding: b, as: UTF8.self) }
+
+    @Test func eachEnvelopeHasOneFixedShape() {
+        #expect(text(Envelope.request(id: .int(7), method: "ma.eventRecord", params: .value(["a": 1])))
+            == #"{"jsonrpc":"2.0","id":7,"method":"ma.eventRecord","params":{"a":1}}"#)
+        #expect(text(Envelope.request(id: .value("x"), method: "bus.ping", onBehalfOf: -3))
+            == #"{"jsonrpc":"2.0","id":"x","method":"bus.ping","_onBehalfOf":-3}"#)
+        #expect(text(Envelope.notification(method: "consent.changed", params: .value(["key": "k"])))
+            == #"{"jsonrpc":"2.0","method":"consent.changed","params":{"key":"k"}}"#)
+        #expect(text(Envelope.notification(method: "bus.shutdown")) == #"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
+        #expect(text(Envelope.result(id: .null, .value([:]))) == #"{"jsonrpc":"2.0","id":null,"result":{}}"#)
+        #expect(text(Envelope.error(id: .int(Int64.min), RPCError(.timeout, "late")))
+            == #"{"jsonrpc":"2.0","id":-9223372036854775808,"error":{"code":-32002,"message":"late"}}"#)
+    }
+
+    @Test func piecesInEveryFormWriteTheSameText() throws {
+        let params: JSON = ["s": "é\n\"", "n": [1, 2.5, .null, true]]
+        let fromValue = Envelope.result(id: .int(1), .value(params))
+        let ref = JSONRef(params)
+        let fromRef = Envelope.result(id: .int(1), .ref(ref.ptr))
+        let fromText = ref.withSerialized { Envelope.result(id: .int(1), .text($0)) }
+        #expect(fromValue == fromRef)
+        #expect(fromValue == fromText)
+        let back = try JSON.parse(text(fromValue))
+        #expect(back["result"] == params)
+        #expect(text(Envelope.result(id: .ref(nil), .null)) == #"{"jsonrpc":"2.0","id":null,"result":null}"#)
+    }
+
+    @Test func methodNamesAreEscapedWhenTheyNeedIt() throws {
+        for name in ["plain.name", "quote\"d", "back\\slash", "ctl\u{01}", "ütf8.método"] {
+            let line = text(Envelope.request(id: .int(1), method: name))
+            #expect(try JSON.parse(line)["method"] == .string(name), "\(line)")
+            let note = text(Envelope.notification(method: name, params: .value(.null)))
+            #expect(try JSON.parse(note)["method"] == .string(name))
+        }
+    }
+
+    @Test func paramsPieceOmitsNullAndAbsent() {
+        #expect(JSONPiece.params(nil) == nil)
+        #expect(JSONPiece.params(.null) == nil)
+        #expect(text(Envelope.request(id: .int(2), method: "m", params: .params(.null))) == #"{"jsonrpc":"2.0","id":2,"method":"m"}"#)
+    }
+
+    @Test func errorDataAndResponseResultRoundTrip() throws {
+        let e = RPCError(.consentDenied, "denied", data: ["key": "ma:app"])
+        let ref = try Envelope.error(id: .int(3), e).withUnsafeBytes { try JSONRef.parse($0) }
+        #expect(ref.responseResult == .failure(e))
+        let ok = try Envelope.result(id: .int(3), .value(["x": 1])).withUnsafeBytes { try JSONRef.parse($0) }
+        #expect(ok.responseResult == .success(["x": 1]))
+    }
+}
+
+@Suite struct HandshakeTypesTests {
+    @Test func manifestRoundTripsThroughHelloParams() throws {
+        var m = Manifest(name: "ma", version: "2.1")
+        m.add(Manifest.Method(name: "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true, deniedResult: ["code": 0]))
+        m.add(Manifest.Method(name: "ma.start"))
+        m.publishes = ["ma.session"]
+        m.subscribes = [TopicPattern("consent.*")]
+        m.callerInfo = true
+        let hello = m.helloParams(pid: 42)
+        #expect(hello["pid"] == 42)
+        let back = try Manifest.parse(hello)
+        #expect(back == m)
+        #expect(back.methodOrder == ["ma.eventRecord", "ma.start"])
+    }
+
+    @Test func manifestRefusesAnUnsupportedProtocol() {
+        var hello = Manifest(name: "x", version: "1").helloParams(pid: 1)
+        if case .object(var o) = hello { o["protocol"] = 99; hello = .object(o) }
+        #expect(throws: RPCError.self) { try Manifest.parse(hello) }
+    }
+
+    @Test func welcomeRoundTripsAndReadsTheConsentSnapshot() {
+        let snapshot = ConsentSnapshot(master: false, switches: ["ma:a": true, "ma:b": false])
+        let w = Welcome(config: ["endpoint": "http://x"], stateDir: "/s/plugins/ma", consent: snapshot.json,
+                        heartbeatMs: 5_000, limits: ["maxLineBytes": 1024])
+        let back = Welcome(json: w.json)
+        #expect(back == w)
+        #expect(back.consentSnapshot == snapshot)
+        // Defaults for a sparse welcome (an older host).
+        let sparse = Welcome(json: ["config": ["a": 1]])
+        #expect(sparse.consentSnapshot == ConsentSnapshot())
+        #expect(sparse.stateDir == "")
+    }
+}

@@ -26,14 +26,14 @@ public struct TopicPattern: Hashable, Sendable, CustomStringConvertible {
 
 extension String {
     /// The first occurrence of `needle`, or nil (no Foundation in the daemon).
-    public func range(of needle: String) -> Range<String.Index>? {
+    package func range(of needle: String) -> Range<String.Index>? {
         self[...].range(of: needle[...])
     }
 }
 
 extension Substring {
     /// The first occurrence of `needle`, or nil.
-    public func range(of needle: Substring) -> Range<Substring.Index>? {
+    package func range(of needle: Substring) -> Range<Substring.Index>? {
         guard !needle.isEmpty, count >= needle.count else { return nil }
         var i = startIndex
         while i < endIndex {

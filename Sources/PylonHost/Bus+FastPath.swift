@@ -1,5 +1,6 @@
 import CJSONC
 import PylonCore
+import PylonProtocol
 
 /// The two hot paths without a json-c tree: a request routed to a plugin (or a `bus.provide`
 /// provider), and a plugin's answer to a routed request. `RawJSON.classifyMessage` validates the line
@@ -35,7 +36,7 @@ extension Bus {
         }
         // `_pylon` from a sender is refused, and method names are checked, on the full path.
         guard m.pylon == nil, let method = RawJSON.plainString(line, methodSpan), peer.slot == nil || peer.handshaken,
-              peer.inflight < config.limits.maxInflightPerConnection, Bus.isPlainMethodName(method)
+              peer.inflight < config.limits.maxInflightPerConnection, InboundEnvelope.isValidMethodName(method)
         else { return false }
         var via: Int64?
         if let v = m.onBehalfOf {

@@ -188,7 +188,7 @@ extension Bus {
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
             let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
-            guard n.contains("."), !n.hasSuffix("."), Bus.isPlainMethodName(n) else {
+            guard n.contains("."), !n.hasSuffix("."), InboundEnvelope.isValidMethodName(n) else {
                 throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> (printable ASCII)")
             }
             guard ns != "bus", ns != "consent", slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {

@@ -271,19 +271,9 @@ public final class Bus {
             sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
             return
         }
-        let obj = msg.ptr
-        guard json_object_get_type(obj) == json_type_object else {
-            protocolErrors += 1
-            let isArray = json_object_get_type(obj) == json_type_array
-            sendError(peer.conn, id: nil, RPCError(.invalidRequest,
-                isArray ? "batch requests are not supported; send one request per line" : "a message must be a JSON object"))
-            return
-        }
-        let idPtr = msg.member("id")
-        let hasId = msg.has("id")
         // The id's bytes, for the splice: found by the scan, else looked up in the line.
         var idSpan: Range<Int>?
-        if hasId {
+        if msg.has("id") {
             if case .message(let spans) = scan { idSpan = spans.id } else { idSpan = RawJSON.memberValueSpan(line, key: "id") }
             if idSpan == nil {
                 // An "id" key spelled with escapes cannot be spliced: route json-c's plain
@@ -292,70 +282,37 @@ public final class Bus {
                 return
             }
         }
-        if hasId {
-            let t = json_object_get_type(idPtr)
-            guard t == json_type_string || t == json_type_int || t == json_type_null || t == json_type_double else {
-                protocolErrors += 1
-                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "id must be a string, a number or null"))
-                return
-            }
-        }
-        guard let v = msg.member("jsonrpc"), json_object_get_type(v) == json_type_string,
-              String(cString: json_object_get_string(v)) == "2.0"
-        else {
+        dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan)
+    }
+
+    /// The rungs after parsing: the envelope's verdict, who the message speaks for, where it goes.
+    private func dispatch(_ peer: Peer, _ envelope: InboundEnvelope, _ msg: JSONRef, _ line: UnsafeRawBufferPointer,
+                          idSpan: Range<Int>?) {
+        switch envelope {
+        case .invalid(let e, let id, let answer):
             protocolErrors += 1
-            sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"jsonrpc\" must be \"2.0\""))
-            return
-        }
-        if msg.has("method") {
-            guard let m = msg.member("method"), json_object_get_type(m) == json_type_string else {
-                protocolErrors += 1
-                sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"method\" must be a string"))
-                return
-            }
-            if msg.has("params") {
-                let pt = json_object_get_type(msg.member("params"))
-                guard pt == json_type_object || pt == json_type_array else {
-                    protocolErrors += 1
-                    if hasId { sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "\"params\" must be an object or an array")) }
-                    return
-                }
-            }
-            let method: String
-            let principal: Principal
-            switch envelopeChecks(peer, msg, method: m) {
-            case .success(let v): (method, principal) = v
+            if answer { sendError(peer.conn, id: id, e) }
+        case .response(let id):
+            handleResponse(peer, msg, line, id: id, idSpan: idSpan!)
+        case .request(let method, let id):
+            switch principal(of: peer, msg) {
+            case .success(let principal):
+                handleRequest(peer, principal, msg, line, method: method, id: id, idSpan: idSpan!)
             case .failure(let e):
                 protocolErrors += 1
-                if hasId { sendError(peer.conn, id: idPtr, e) }
-                return
+                sendError(peer.conn, id: id, e)
             }
-            if hasId {
-                handleRequest(peer, principal, msg, line, method: method, id: idPtr, idSpan: idSpan!)
-            } else {
-                handleNotification(peer, principal, msg, line, method: method)
+        case .notification(let method):
+            switch principal(of: peer, msg) {
+            case .success(let principal): handleNotification(peer, principal, msg, line, method: method)
+            case .failure: protocolErrors += 1
             }
-        } else if hasId && (msg.has("result") || msg.has("error")) {
-            handleResponse(peer, msg, line, id: idPtr, idSpan: idSpan!)
-        } else {
-            protocolErrors += 1
-            sendError(peer.conn, id: idPtr, RPCError(.invalidRequest, "not a request, notification or response"))
         }
     }
 
-    /// The checks every request and notification passes before routing: a method name of
-    /// printable ASCII (no NUL, which C strings would cut), no sender-written `_pylon`, and a
-    /// valid `_onBehalfOf` (plugins only). Returns the method and the message's principal.
-    func envelopeChecks(_ peer: Peer, _ msg: JSONRef, method m: OpaquePointer?) -> Result<(String, Principal), RPCError> {
-        // All of json-c's bytes (a NUL included, which a C string would cut), one rule.
-        let method = String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(m),
-                                                             count: Int(json_object_get_string_len(m))), as: UTF8.self)
-        guard Bus.isPlainMethodName(method) else {
-            return .failure(RPCError(.invalidRequest, "\"method\" must be 1-\(Bus.maxMethodBytes) bytes of printable ASCII without spaces"))
-        }
-        if msg.has("_pylon") {
-            return .failure(RPCError(.invalidRequest, "\"_pylon\" is written by the host only; remove it"))
-        }
+    /// The message's principal: the peer itself, or — for a plugin's `_onBehalfOf` — the client
+    /// whose request it serves.
+    func principal(of peer: Peer, _ msg: JSONRef) -> Result<Principal, RPCError> {
         var via: Int64?
         if msg.has("_onBehalfOf") {
             let v = msg.member("_onBehalfOf")
@@ -367,20 +324,11 @@ public final class Bus {
         guard let principal = principal(of: peer, via: via) else {
             return .failure(RPCError(.notPermitted, "\"_onBehalfOf\": \(via ?? 0) is not a request \(peer.label) is serving (answered or timed out)"))
         }
-        return .success((method, principal))
+        return .success(principal)
     }
 
     /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
     static let reportCost = 32
-
-    /// Longest method name accepted.
-    static let maxMethodBytes = 256
-
-    /// The method-name rule, for both paths.
-    static func isPlainMethodName(_ m: String) -> Bool {
-        let u = m.utf8
-        return !u.isEmpty && u.count <= maxMethodBytes && u.allSatisfy { $0 > 0x20 && $0 < 0x7F }
-    }
 
     func handleRequest(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
                        id: OpaquePointer?, idSpan: Range<Int>) {

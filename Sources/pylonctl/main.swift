@@ -131,9 +131,9 @@ case "call":
     let params = args.count > 1 ? parseJSON(args[1], what: "PARAMS") : nil
     printChecked(call(method, params))
 case "ping":
-    print(call("bus.ping", nil).serialized)
+    print(call(HostMethod.ping, nil).serialized)
 case "describe":
-    let d = call("bus.describe", nil)
+    let d = call(HostMethod.describe, nil)
     if args.contains("--json") {
         print(d.serialized)
     } else if args.contains("--names") {
@@ -143,8 +143,8 @@ case "describe":
     }
 case "metrics":
     let client = connect()
-    let bus = call("bus.status", nil, client: client)
-    let described = call("bus.describe", nil, client: client)
+    let bus = call(HostMethod.status, nil, client: client)
+    let described = call(HostMethod.describe, nil, client: client)
     var statuses: [(String, JSON)] = []
     for (name, p) in described["plugins"]?.objectValue ?? JSONObject() where p["state"]?.stringValue == "running" {
         guard (p["methods"]?.arrayValue ?? []).contains(where: { $0["name"]?.stringValue == name + ".status" }) else { continue }
@@ -152,7 +152,7 @@ case "metrics":
     }
     print(MetricsText.render(bus: bus, plugins: statuses), terminator: "")
 case "status":
-    let s = call("bus.status", nil)
+    let s = call(HostMethod.status, nil)
     if args.contains("--json") {
         print(s.serialized)
         break
@@ -176,29 +176,29 @@ case "status":
 case "publish":
     guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }
     let data = args.count > 1 ? parseJSON(args[1], what: "DATA") : JSON.null
-    print(call("bus.publish", ["topic": .string(topic), "data": data]).serialized)
+    print(call(HostMethod.publish, ["topic": .string(topic), "data": data]).serialized)
 case "restart":
     guard let p = args.first else { fail("restart needs a PLUGIN", code: 64) }
-    print(call("bus.restart", ["plugin": .string(p)]).serialized)
+    print(call(HostMethod.restart, ["plugin": .string(p)]).serialized)
 case "consent":
     switch args.first {
-    case "list": print(call("consent.list", nil).serialized)
+    case "list": print(call(HostMethod.consentList, nil).serialized)
     case "get":
         guard args.count == 2 else { fail("usage: consent get KEY", code: 64) }
-        print(call("consent.get", ["key": .string(args[1])]).serialized)
+        print(call(HostMethod.consentGet, ["key": .string(args[1])]).serialized)
     case "set":
         let values = ["allow": true, "grant": true, "true": true, "deny": false, "revoke": false, "false": false]
         guard args.count == 3, let g = values[args[2]] else {
             fail("usage: consent set KEY allow|deny|grant|revoke|true|false", code: 64)
         }
-        print(call("consent.set", ["key": .string(args[1]), "granted": .bool(g)]).serialized)
+        print(call(HostMethod.consentSet, ["key": .string(args[1]), "granted": .bool(g)]).serialized)
     default:
         fail("usage: consent list | get KEY | set KEY allow|deny|grant|revoke|true|false", code: 64)
     }
 case "sub":
     guard !args.isEmpty else { fail("sub needs at least one PATTERN", code: 64) }
     let client = connect()
-    for p in args { _ = call("bus.subscribe", ["pattern": .string(p)], client: client) }
+    for p in args { _ = call(HostMethod.subscribe, ["pattern": .string(p)], client: client) }
     do {
         while true {
             for n in client.notifications { print(n.serialized) }
@@ -206,7 +206,7 @@ case "sub":
             if let n = try client.nextNotification(timeoutMs: 3_600_000) { print(n.serialized) }
             fflush(nil)  // line by line, also into a pipe
         }
-    } catch let e as ClientError where e.kind == .closed {
+    } catch where error.kind == .closed {
         fflush(nil)
         fail("the host closed the connection", code: 69)
     } catch {

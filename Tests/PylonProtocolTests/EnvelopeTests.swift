@@ -89,3 +89,52 @@ import Testing
         #expect(sparse.stateDir == "")
     }
 }
+
+@Suite struct InboundEnvelopeTests {
+    private func classify(_ text: String) throws -> (InboundEnvelope, JSONRef) {
+        let ref = try Array(text.utf8).withUnsafeBytes { try JSONRef.parse($0) }
+        return (InboundEnvelope.classify(ref), ref)
+    }
+
+    private func refusal(_ text: String) throws -> (message: String, answer: Bool)? {
+        guard case .invalid(let e, _, let answer) = try classify(text).0 else { return nil }
+        #expect(e.code == RPCError.Code.invalidRequest.rawValue)
+        return (e.message, answer)
+    }
+
+    @Test func classifiesRequestsNotificationsAndResponses() throws {
+        guard case .request(let m, let id) = try classify(#"{"jsonrpc":"2.0","id":"a","method":"ma.start","params":{}}"#).0 else {
+            Issue.record("not a request"); return
+        }
+        #expect(m == "ma.start")
+        #expect(id != nil)
+        guard case .notification("x.y") = try classify(#"{"jsonrpc":"2.0","method":"x.y","params":[1]}"#).0 else {
+            Issue.record("not a notification"); return
+        }
+        guard case .response = try classify(#"{"jsonrpc":"2.0","id":4,"error":{"code":1,"message":"m"}}"#).0 else {
+            Issue.record("not a response"); return
+        }
+    }
+
+    @Test func refusesEachBrokenRuleWithItsOwnMessage() throws {
+        #expect(try refusal(#"[1]"#)?.message.contains("batch") == true)
+        #expect(try refusal(#""s""#)?.message.contains("JSON object") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":[1],"method":"a.b"}"#)?.message.contains("id must be") == true)
+        #expect(try refusal(#"{"jsonrpc":"1.0","id":1,"method":"a.b"}"#)?.message.contains("2.0") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1}"#)?.message.contains("not a request") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":5}"#)?.message.contains("must be a string") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":"a.b","params":3}"#)?.message.contains("params") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":"a b"}"#)?.message.contains("printable ASCII") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":"a\u0000b"}"#)?.message.contains("printable ASCII") == true)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":"a.b","_pylon":{}}"#)?.message.contains("_pylon") == true)
+        let long = String(repeating: "m", count: InboundEnvelope.maxMethodBytes + 1)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":1,"method":"\#(long)"}"#) != nil)
+        #expect(InboundEnvelope.isValidMethodName(String(long.dropLast())))
+    }
+
+    @Test func aNotificationBreakingARuleGetsNoAnswer() throws {
+        #expect(try refusal(#"{"jsonrpc":"2.0","method":"a.b","params":"x"}"#)?.answer == false)
+        #expect(try refusal(#"{"jsonrpc":"2.0","method":"a.b","_pylon":1}"#)?.answer == false)
+        #expect(try refusal(#"{"jsonrpc":"2.0","id":null,"method":"a.b","params":"x"}"#)?.answer == true)
+    }
+}

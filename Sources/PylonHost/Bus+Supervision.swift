@@ -1,9 +1,5 @@
 import PylonCore
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// Supervision's I/O shell: feeds each plugin's `PluginLifecycle` its events (start, spawn
 /// outcome, timers, channel close, exit, stop, restart) and carries out every action it returns.
 /// Nothing here decides; it only performs and logs.

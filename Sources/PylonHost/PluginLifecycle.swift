@@ -8,12 +8,12 @@ import Glibc
 /// deadline, heartbeats, restarts with backoff and an intensity limit, and the stop sequence
 /// (ask, SIGTERM, SIGKILL).
 ///
-/// It performs no I/O and reads no clock. The host feeds it events with the current time (loop
-/// milliseconds) and carries out every returned `Action` in order: it owns no timers or flags of
-/// its own beyond what the actions say. Each phase that waits for something has exactly one
-/// timer, derived from the phase's data; every transition returns the timer actions that take
-/// the shell from the old phase's timer to the new one's, so the shell's armed timers always
-/// equal `phase.timer`. Tests drive it with a fake clock.
+/// It performs no I/O and reads no clock. The host (`Bus+Supervision`) feeds it events with the
+/// current loop time in ms and performs every returned `Action` in order, deciding nothing
+/// itself. A phase that waits for something waits on exactly one timer, derived from the phase's
+/// data (`timer`); each transition returns the cancel/arm actions that take the shell from the
+/// old phase's timer to the new one's, so the shell's armed timers are always `timer`'s.
+/// Tests drive it with a fake clock (PluginLifecycleTransitionTests).
 public struct PluginLifecycle: Sendable {
     /// The timers the shell keeps for a plugin, one of each kind at most.
     public enum TimerKind: String, Sendable, CaseIterable {

@@ -84,16 +84,25 @@ struct FakeShell {
         }
     }
 
-    // Shortcuts for the events the host delivers.
-    @discardableResult mutating func start() -> [Action] { send { $0.start(now: $1) } }
-    @discardableResult mutating func hello() -> [Action] { send { $0.handshakeCompleted(now: $1) } }
-    @discardableResult mutating func exit(status: Int64 = 0, signal: Int32 = 0) -> [Action] {
-        send { $0.exited(now: $1, status: status, signal: signal) }
+    // Shortcuts for the events the host delivers (failures are reported at the caller's line).
+    typealias Loc = SourceLocation
+    @discardableResult mutating func start(_ l: Loc = #_sourceLocation) -> [Action] { send({ $0.start(now: $1) }, sourceLocation: l) }
+    @discardableResult mutating func hello(_ l: Loc = #_sourceLocation) -> [Action] {
+        send({ $0.handshakeCompleted(now: $1) }, sourceLocation: l)
     }
-    @discardableResult mutating func stop() -> [Action] { send { $0.stop(now: $1) } }
-    @discardableResult mutating func restart() -> [Action] { send { $0.restartRequested(now: $1) } }
-    @discardableResult mutating func closeChannel() -> [Action] { send { $0.channelClosed(now: $1) } }
-    @discardableResult mutating func answerHeartbeat() -> [Action] { send { $0.heartbeatAnswered(now: $1) } }
+    @discardableResult mutating func exit(status: Int64 = 0, signal: Int32 = 0, _ l: Loc = #_sourceLocation) -> [Action] {
+        send({ $0.exited(now: $1, status: status, signal: signal) }, sourceLocation: l)
+    }
+    @discardableResult mutating func stop(_ l: Loc = #_sourceLocation) -> [Action] { send({ $0.stop(now: $1) }, sourceLocation: l) }
+    @discardableResult mutating func restart(_ l: Loc = #_sourceLocation) -> [Action] {
+        send({ $0.restartRequested(now: $1) }, sourceLocation: l)
+    }
+    @discardableResult mutating func closeChannel(_ l: Loc = #_sourceLocation) -> [Action] {
+        send({ $0.channelClosed(now: $1) }, sourceLocation: l)
+    }
+    @discardableResult mutating func answerHeartbeat(_ l: Loc = #_sourceLocation) -> [Action] {
+        send({ $0.heartbeatAnswered(now: $1) }, sourceLocation: l)
+    }
 }
 
 /// Every transition of `PluginLifecycle`, with the exact actions it returns, on a fake clock.

@@ -1,8 +1,8 @@
 @_exported import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
-import PylonProtocol
 #endif
 
 /// Where clients find the host: `$PYLON_SOCKET`, else the packaged default.

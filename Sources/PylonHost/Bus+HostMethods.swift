@@ -1,8 +1,8 @@
 import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
-import PylonProtocol
 #endif
 
 /// The host's own methods: `bus.*` and `consent.*`.
@@ -62,7 +62,7 @@ extension Bus {
         for name in slotOrder {
             guard let s = slots[name] else { continue }
             var o: JSONObject = [
-                "name": .string(name), "pid": s.life.isAlive ? .int(Int64(s.pid)) : .null,
+                "name": .string(name), "pid": s.life.pid.map { .int(Int64($0)) } ?? .null,
                 "state": .string(s.life.state.rawValue), "restarts": .int(Int64(s.life.restarts)),
                 "uptime_s": s.life.runningSince.map { .double(Double(now - $0) / 1000) } ?? .int(0),
                 "requests_served": .int(Int64(s.served)),
@@ -71,11 +71,11 @@ extension Bus {
                 "restart_policy": .string(s.config.policy.restart.rawValue),
                 "version": s.manifest.map { .string($0.version) } ?? .null,
             ]
-            if let r = s.lastExit { o["last_exit"] = .string(r) }
+            if let r = s.life.lastExitReason { o["last_exit"] = .string(r) }
             if let r = s.life.failedReason { o["failed_reason"] = .string(r) }
-            if s.life.state == .backoff { o["backoff_ms"] = .int(Int64(s.life.lastBackoffMs)) }
-            if let rtt = s.lastHeartbeatRttMs { o["heartbeat_rtt_ms"] = .int(Int64(rtt)) }
-            if let pid = s.life.isAlive ? s.pid : nil, let rss = System.rssKiB(pid: pid) { o["rss_kib"] = .int(Int64(rss)) }
+            if let ms = s.life.backoffMs { o["backoff_ms"] = .int(Int64(ms)) }
+            if let rtt = s.life.lastHeartbeatRttMs { o["heartbeat_rtt_ms"] = .int(Int64(rtt)) }
+            if let pid = s.life.pid, let rss = System.rssKiB(pid: pid) { o["rss_kib"] = .int(Int64(rss)) }
             plugins.append(.object(o))
         }
         var clients: [JSON] = []
@@ -215,8 +215,7 @@ extension Bus {
         let name = try str(params, "plugin")
         guard let slot = slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
         log.info("manual restart requested", ["plugin": name])
-        if !slot.life.isAlive { slot.timer?.stop() }
-        perform(slot, slot.life.restartRequested(now: loop.nowMs))
+        supervise(slot) { $0.restartRequested(now: $1) }
         return ["plugin": .string(name), "state": .string(slot.life.state.rawValue)]
     }
 

@@ -18,7 +18,7 @@ extension Bus {
 
     func checkShutdownComplete() {
         guard shuttingDown, slots.values.allSatisfy({ !$0.life.isAlive }) else { return }
-        for s in slots.values { s.timer?.close(); s.heartbeat?.close(); s.timer = nil; s.heartbeat = nil }
+        for s in slots.values { s.closeTimers() }
         let cb = onShutdownComplete
         onShutdownComplete = {}
         cb()

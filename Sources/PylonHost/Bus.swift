@@ -1,9 +1,9 @@
 import CJSONC
 import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
-import PylonProtocol
 #endif
 
 /// The router at the heart of the host. It owns every peer (clients and plugin channels), the

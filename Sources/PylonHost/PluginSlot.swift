@@ -1,11 +1,13 @@
 import PylonCore
 import PylonProtocol
 
-/// Everything the host keeps about one configured plugin: its supervision state machine, the
-/// live process and channel, and the manifest from its last handshake.
+/// Everything the host keeps about one configured plugin: its supervision state machine, and
+/// what the machine's actions act on — the process, the channel's peer and one timer per kind.
 final class PluginSlot {
     var config: PluginConfig
     var life: PluginLifecycle
+    /// The current process, or the last one until the next spawn (its late output lines are
+    /// still sorted by `output`).
     var process: ChildProcess?
     var peer: Peer?
     var manifest: Manifest? {
@@ -13,30 +15,35 @@ final class PluginSlot {
     }
     /// From the manifest, kept apart so the routing hot path does not copy the manifest.
     private(set) var wantsCallerInfo = false
-    var pid: Int32 = 0
     var served: UInt64 = 0
-    /// One timer per concern: start deadline / backoff / stop grace share `timer`.
-    var timer: Timer?
-    var heartbeat: Timer?
-    var heartbeatOutstanding: Int64?
-    var heartbeatSentAtMs: UInt64 = 0
-    var lastHeartbeatRttMs: UInt64?
-    var everLeftStarting = false
-    var lastExit: String?
     /// Sorts the current process's stdout/stderr lines (crash reports condensed).
     var output = PluginOutputFilter()
-    /// Set on a slot retired by a reload while its process is still exiting: starts the
-    /// replacement once this process is gone (two copies never share the state directory).
-    var onGone: (() -> Void)?
+    /// Set on a slot retired by a reload while its process is still exiting: the slot that
+    /// replaces it, started once this process is gone (two copies never share the state directory).
+    weak var successor: PluginSlot?
+    private var timers: [PluginLifecycle.TimerKind: Timer] = [:]
 
     init(config: PluginConfig, seed: UInt64) {
         self.config = config
         life = PluginLifecycle(policy: config.policy, seed: seed)
     }
 
-    deinit {
-        timer?.close()
-        heartbeat?.close()
+    deinit { closeTimers() }
+
+    /// Starts the timer of `kind` (created on first use with `fire`) to fire after `ms`, then
+    /// every `repeatMs` if non-zero.
+    func armTimer(_ kind: PluginLifecycle.TimerKind, afterMs ms: UInt64, repeatMs: UInt64, loop: Loop,
+                  fire: @escaping () -> Void) {
+        let timer = timers[kind] ?? Timer(loop: loop, fire)
+        timers[kind] = timer
+        timer.start(after: ms, repeat: repeatMs)
+    }
+
+    func cancelTimer(_ kind: PluginLifecycle.TimerKind) { timers[kind]?.stop() }
+
+    func closeTimers() {
+        for t in timers.values { t.close() }
+        timers.removeAll()
     }
 
     func unavailableError() -> RPCError {

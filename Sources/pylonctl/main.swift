@@ -1,8 +1,8 @@
 import PylonClientKit
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
-import PylonProtocol
 #endif
 
 /// pylonctl: command-line client for the Pylon host. Exit statuses follow sysexits(3); the

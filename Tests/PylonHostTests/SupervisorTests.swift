@@ -1,8 +1,12 @@
+import Glibc
 import Testing
 @testable import PylonHost
 
-/// The supervisor state machine driven by a fake clock: no processes, no sleeps.
+/// Restart policy, backoff, intensity and decay of the supervisor state machine, driven by a fake
+/// clock: no processes, no sleeps. (Each transition's actions: PluginLifecycleTransitionTests.)
 struct SupervisorTests {
+    typealias Action = PluginLifecycle.Action
+
     func policy(_ f: (inout SupervisorPolicy) -> Void = { _ in }) -> SupervisorPolicy {
         var p = SupervisorPolicy()
         p.backoffInitialMs = 100
@@ -18,11 +22,31 @@ struct SupervisorTests {
     /// Runs a plugin to `running` at `now`.
     func started(_ p: SupervisorPolicy, now: UInt64 = 0) -> PluginLifecycle {
         var l = PluginLifecycle(policy: p)
-        #expect(l.start(now: now) == .spawn)
+        #expect(l.start(now: now) == [.spawn])
+        _ = l.spawned(pid: 42, now: now)
         #expect(l.state == .starting)
         _ = l.handshakeCompleted(now: now)
         #expect(l.state == .running)
         return l
+    }
+
+    /// The restart delay a list of actions schedules, if it schedules one.
+    func restartDelay(_ actions: [Action]) -> UInt64? {
+        for case .publishExited(_, _, let ms?) in actions { return ms }
+        return nil
+    }
+
+    /// The failure a list of actions announces, if it announces one.
+    func failure(_ actions: [Action]) -> String? {
+        for case .publishExited(_, let reason, nil) in actions { return reason }
+        return nil
+    }
+
+    /// The backoff ran out: spawned again and handshaken at `now`.
+    func respawn(_ l: inout PluginLifecycle, now: UInt64) {
+        #expect(l.timerFired(.backoff, now: now).last == .spawn)
+        _ = l.spawned(pid: 43, now: now)
+        _ = l.handshakeCompleted(now: now)
     }
 
     @Test func crashSchedulesRestartWithExponentialBackoff() {
@@ -30,14 +54,13 @@ struct SupervisorTests {
         var now: UInt64 = 1
         var delays: [UInt64] = []
         for _ in 0..<3 {
-            guard case .scheduleRestart(let d) = l.exited(now: now, status: 1, signal: 0) else {
+            guard let d = restartDelay(l.exited(now: now, status: 1, signal: 0)) else {
                 Issue.record("expected a restart"); return
             }
             delays.append(d)
             #expect(l.state == .backoff)
             now += d
-            #expect(l.backoffElapsed(now: now) == .spawn)
-            _ = l.handshakeCompleted(now: now)
+            respawn(&l, now: now)
             now += 1
         }
         #expect(delays == [100, 200, 400])
@@ -70,20 +93,20 @@ struct SupervisorTests {
         var l = started(policy())
         var now: UInt64 = 10
         for _ in 0..<3 {
-            guard case .scheduleRestart(let d) = l.exited(now: now, status: 0, signal: 9) else {
+            guard let d = restartDelay(l.exited(now: now, status: 0, signal: 9)) else {
                 Issue.record("expected a restart"); return
             }
             now += d
-            _ = l.backoffElapsed(now: now)
-            _ = l.handshakeCompleted(now: now)
+            respawn(&l, now: now)
             now += 10
         }
-        guard case .markFailed(let reason) = l.exited(now: now, status: 0, signal: 9) else {
+        guard let reason = failure(l.exited(now: now, status: 0, signal: 9)) else {
             Issue.record("expected failed"); return
         }
         #expect(reason.contains("intensity"))
         #expect(l.state == .failed)
-        #expect(l.backoffElapsed(now: now + 100_000) == .none, "a failed plugin is not restarted by itself")
+        #expect(l.failedReason == reason)
+        #expect(l.timerFired(.backoff, now: now + 100_000) == [], "a failed plugin is not restarted by itself")
     }
 
     @Test func restartsOutsideTheWindowDoNotCount() {
@@ -91,85 +114,84 @@ struct SupervisorTests {
         var now: UInt64 = 0
         for _ in 0..<10 {
             now += 2_000  // each crash more than a window after the previous restart
-            guard case .scheduleRestart(let d) = l.exited(now: now, status: 1, signal: 0) else {
+            guard let d = restartDelay(l.exited(now: now, status: 1, signal: 0)) else {
                 Issue.record("expected a restart"); return
             }
             now += d
-            _ = l.backoffElapsed(now: now)
-            _ = l.handshakeCompleted(now: now)
+            respawn(&l, now: now)
         }
         #expect(l.state == .running)
     }
 
     @Test func healthyUptimeResetsBackoff() {
         var l = started(policy())
-        guard case .scheduleRestart(let d1) = l.exited(now: 10, status: 1, signal: 0) else { Issue.record("restart"); return }
-        _ = l.backoffElapsed(now: 10 + d1)
-        _ = l.handshakeCompleted(now: 10 + d1)
-        guard case .scheduleRestart(let d2) = l.exited(now: 20 + d1, status: 1, signal: 0) else { Issue.record("restart"); return }
+        guard let d1 = restartDelay(l.exited(now: 10, status: 1, signal: 0)) else { Issue.record("restart"); return }
+        respawn(&l, now: 10 + d1)
+        guard let d2 = restartDelay(l.exited(now: 20 + d1, status: 1, signal: 0)) else { Issue.record("restart"); return }
         #expect(d2 == 200)
         let t = 20 + d1 + d2
-        _ = l.backoffElapsed(now: t)
-        _ = l.handshakeCompleted(now: t)
+        respawn(&l, now: t)
         // Healthy for longer than resetAfterMs: the next crash starts the backoff afresh.
-        guard case .scheduleRestart(let d3) = l.exited(now: t + 6_000, status: 1, signal: 0) else { Issue.record("restart"); return }
+        guard let d3 = restartDelay(l.exited(now: t + 6_000, status: 1, signal: 0)) else { Issue.record("restart"); return }
         #expect(d3 == 100)
         #expect(l.consecutiveFailures == 1)
     }
 
     @Test func transientRestartsOnlyAfterAbnormalExit() {
         var l = started(policy { $0.restart = .transient })
-        #expect(l.exited(now: 5, status: 0, signal: 0) == .none)
+        #expect(l.exited(now: 5, status: 0, signal: 0) == [.cancelTimer(.heartbeat)])
         #expect(l.state == .stopped)
         var l2 = started(policy { $0.restart = .transient })
-        if case .scheduleRestart = l2.exited(now: 5, status: 3, signal: 0) {} else { Issue.record("expected restart") }
+        #expect(restartDelay(l2.exited(now: 5, status: 3, signal: 0)) != nil)
     }
 
     @Test func temporaryIsNeverRestarted() {
         var l = started(policy { $0.restart = .temporary })
-        if case .markFailed = l.exited(now: 5, status: 1, signal: 0) {} else { Issue.record("expected failed") }
+        #expect(failure(l.exited(now: 5, status: 1, signal: 0)) != nil)
+        #expect(l.state == .failed)
         var l2 = started(policy { $0.restart = .temporary })
-        #expect(l2.exited(now: 5, status: 0, signal: 0) == .none)
+        #expect(l2.exited(now: 5, status: 0, signal: 0) == [.cancelTimer(.heartbeat)])
         #expect(l2.state == .stopped)
     }
 
     @Test func permanentRestartsEvenAfterCleanExit() {
         var l = started(policy())
-        if case .scheduleRestart = l.exited(now: 5, status: 0, signal: 0) {} else { Issue.record("expected restart") }
+        #expect(restartDelay(l.exited(now: 5, status: 0, signal: 0)) == 100)
     }
 
     @Test func exitStatus78IsAPermanentFailure() {
         var l = started(policy())
-        if case .markFailed(let r) = l.exited(now: 5, status: exitStatusPermanentFailure, signal: 0) {
-            #expect(r.contains("78"))
-        } else {
-            Issue.record("expected failed")
-        }
+        let r = failure(l.exited(now: 5, status: exitStatusPermanentFailure, signal: 0))
+        #expect(r?.contains("78") == true)
+        #expect(l.state == .failed)
     }
 
     @Test func missedHeartbeatKillsThenRestarts() {
         var l = started(policy())
-        #expect(l.heartbeatMissed(now: 100) == .kill(signal: 9))
-        if case .scheduleRestart = l.exited(now: 101, status: 0, signal: 9) {} else { Issue.record("expected restart") }
+        _ = l.timerFired(.heartbeat, now: 5_000)  // sends the heartbeat
+        #expect(l.timerFired(.heartbeat, now: 15_000).contains(.signal(SIGKILL, .hung(waitedMs: 10_000))))
+        #expect(restartDelay(l.exited(now: 15_001, status: 0, signal: 9)) != nil)
         #expect(l.lastExitReason?.contains("heartbeat") == true)
     }
 
     @Test func missedHandshakeKillsThenRestarts() {
         var l = PluginLifecycle(policy: policy())
         _ = l.start(now: 0)
-        #expect(l.handshakeTimedOut(now: 10_000) == .kill(signal: 9))
-        if case .scheduleRestart = l.exited(now: 10_001, status: 0, signal: 9) {} else { Issue.record("expected restart") }
+        _ = l.spawned(pid: 42, now: 0)
+        #expect(l.timerFired(.handshake, now: 10_000).contains(.signal(SIGKILL, .noHandshake(timeoutMs: 10_000))))
+        #expect(restartDelay(l.exited(now: 10_001, status: 0, signal: 9)) != nil)
+        #expect(l.lastExitReason == "no handshake within 10000 ms")
     }
 
     @Test func heartbeatIgnoredWhenNotRunning() {
         var l = PluginLifecycle(policy: policy())
-        #expect(l.heartbeatMissed(now: 1) == .none)
+        #expect(l.timerFired(.heartbeat, now: 1) == [])
     }
 
     @Test func requestedStopEndsStoppedWithoutRestart() {
         var l = started(policy())
-        #expect(l.stop(now: 1) == .shutdown(graceMs: l.policy.stopGraceMs))
-        #expect(l.exited(now: 2, status: 0, signal: 15) == .none)
+        #expect(l.stop(now: 1).contains(.sendShutdown))
+        #expect(l.exited(now: 2, status: 0, signal: 15) == [.cancelTimer(.stop)])
         #expect(l.state == .stopped)
     }
 
@@ -177,27 +199,33 @@ struct SupervisorTests {
         var l = started(policy { $0.restart = .temporary })
         _ = l.exited(now: 1, status: 1, signal: 0)
         #expect(l.state == .failed)
-        #expect(l.start(now: 2) == .spawn)
+        #expect(l.start(now: 2) == [.spawn])
         #expect(l.state == .starting)
+        #expect(l.failedReason == nil)
     }
 
     @Test func manualRestartDoesNotSpendTheBudget() {
         var l = started(policy { $0.maxRestarts = 1 })
         for i in 0..<5 {
-            #expect(l.restartRequested(now: UInt64(i * 10)) == .kill(signal: 9))
-            #expect(l.exited(now: UInt64(i * 10 + 1), status: 0, signal: 9) == .spawn)
-            _ = l.handshakeCompleted(now: UInt64(i * 10 + 2))
+            let t = UInt64(i * 10)
+            #expect(l.restartRequested(now: t) == [.cancelTimer(.heartbeat), .signal(SIGKILL, .restartRequested)])
+            #expect(l.exited(now: t + 1, status: 0, signal: 9) == [.spawn])
+            _ = l.spawned(pid: 50 + Int32(i), now: t + 1)
+            _ = l.handshakeCompleted(now: t + 2)
         }
         #expect(l.state == .running)
+        #expect(l.restarts == 5)
         #expect(l.recentRestarts.isEmpty)
         // The automatic budget is still whole: one crash is restarted.
-        if case .scheduleRestart = l.exited(now: 100, status: 1, signal: 0) {} else { Issue.record("expected restart") }
+        #expect(restartDelay(l.exited(now: 100, status: 1, signal: 0)) != nil)
     }
 
     @Test func spawnFailureBacksOff() {
         var l = PluginLifecycle(policy: policy())
         _ = l.start(now: 0)
-        if case .scheduleRestart = l.spawnFailed(now: 1, error: "ENOENT") {} else { Issue.record("expected restart") }
+        let actions = l.spawnFailed(now: 1, error: "ENOENT")
+        #expect(restartDelay(actions) != nil)
+        #expect(actions.contains(.publishExited(pid: 0, reason: "spawn failed: ENOENT", restartInMs: 100)))
         #expect(l.lastExitReason?.contains("ENOENT") == true)
     }
 }

@@ -1,0 +1,136 @@
+import CJSONC
+import PylonCore
+import PylonProtocol
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Starting a plugin's process: resolving the executable, spawning it with a pre-connected
+/// channel and its output relayed to the log, and the `bus.hello` handshake. When to start and
+/// what to do about an exit is `Bus+Supervision`'s.
+extension Bus {
+    /// Resolves a plugin executable: absolute or relative paths as given; a bare name in
+    /// `pluginDir`, else next to pylond itself, else on PATH.
+    func resolveExec(_ exec: String) -> String {
+        if exec.contains("/") { return exec }
+        var dirs: [String] = []
+        if let d = config.pluginDir { dirs.append(d) }
+        if let selfDir = System.executableDirectory() { dirs.append(selfDir) }
+        for d in dirs where access(d + "/" + exec, X_OK) == 0 { return d + "/" + exec }
+        return exec  // uv_spawn searches PATH
+    }
+
+    /// Spawns the plugin's process with its channel (fd 3) and output relays; returns its pid.
+    func spawn(_ slot: PluginSlot) throws(UVError) -> Int32 {
+        let pc = slot.config
+        let (hostEnd, pluginEnd) = try System.socketPair()
+        let channel: Connection
+        do {
+            channel = try Connection(loop: loop, fd: hostEnd, maxLineBytes: config.limits.maxLineBytes)
+        } catch {
+            System.close(pluginEnd)
+            throw error
+        }
+        let stateDir = config.stateDir + "/plugins/" + pc.name
+        // plugins/ is traversable so a plugin running as another user reaches its own 0700 dir.
+        _ = System.makeDirectories(config.stateDir + "/plugins", mode: 0o711)
+        _ = System.makeDirectories(stateDir, mode: 0o700)
+
+        var o = ChildProcess.Options(exec: resolveExec(pc.exec))
+        o.args = pc.args
+        // Inherited variables first, minus the host's private ones and any the plugin's config
+        // sets (getenv returns the first match, so an override must replace, not append).
+        var env = System.environment().filter { kv in
+            let key = kv.split(separator: "=", maxSplits: 1).first.map(String.init) ?? kv
+            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL" && key != "PYLON_LOG_FORMAT" && key != "NOTIFY_SOCKET"
+                && !key.hasPrefix("WATCHDOG_") && pc.env[key] == nil
+        }
+        env.append("PYLON_BUS_FD=3")
+        env.append("PYLON_PLUGIN_NAME=\(pc.name)")
+        env.append("PYLON_PLUGIN_STATE_DIR=\(stateDir)")
+        if pc.env["PYLON_LOG_LEVEL"] == nil { env.append("PYLON_LOG_LEVEL=\(config.logLevel)") }
+        for (k, v) in pc.env.sorted(by: { $0.key < $1.key }) { env.append("\(k)=\(v)") }
+        o.env = env
+        o.inheritFds = [(child: 3, parent: pluginEnd)]
+        let out = Connection(loop: loop, maxLineBytes: 16 * 1024)
+        let err = Connection(loop: loop, maxLineBytes: 16 * 1024)
+        o.stdout = out
+        o.stderr = err
+        if let user = pc.user {
+            guard let ids = lookupUser(user) else {
+                System.close(pluginEnd); channel.close(); out.close(); err.close()
+                throw UVError(-EINVAL, "unknown user \(user)")
+            }
+            o.uid = ids.uid
+            o.gid = ids.gid
+            _ = chown(stateDir, ids.uid, ids.gid)
+        }
+        let process: ChildProcess
+        do {
+            process = try ChildProcess(loop: loop, options: o) { [unowned self, slot] status, sig in
+                self.pluginExited(slot, status: status, signal: sig)
+            }
+        } catch {
+            System.close(pluginEnd)
+            channel.close(); out.close(); err.close()
+            throw error
+        }
+        System.close(pluginEnd)
+        slot.process = process
+        slot.manifest = nil
+        slot.output = PluginOutputFilter()
+        for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
+            let plog = Log("plugin")
+            stream.onLine = { [pid = process.pid, name = pc.name, unowned slot] line in
+                // A plugin that already logs in Pylon's logfmt (the plugin kit does) is passed
+                // through with its name appended; anything else is wrapped as a message; blank
+                // lines and crash reports are condensed (PluginOutputFilter).
+                let text = String(decoding: line, as: UTF8.self)
+                switch slot.process?.pid == pid ? slot.output.take(text) : .relay {
+                case .relay: Log.relayPluginLine(text, plugin: name, pid: pid, level: level)
+                case .debug: Log.relayPluginLine(text, plugin: name, pid: pid, level: .debug)
+                case .drop: break
+                }
+            }
+            stream.onOversized = { [pid = process.pid, name = pc.name] n, head in
+                plog.emit(level, String(decoding: head, as: UTF8.self) + "… (line of \(n) bytes truncated)", ["plugin": name, "pid": pid])
+            }
+            stream.startReading()
+        }
+        let peer = newPeer(kind: .plugin(slot), conn: channel)
+        // A plugin's replies are what drain its queue: never stop reading them.
+        channel.pausesReadingWhenCongested = false
+        slot.peer = peer
+        channel.startReading()
+        log.info("plugin spawned", ["plugin": pc.name, "pid": process.pid, "exec": o.exec])
+        return process.pid
+    }
+
+    func pluginHello(_ slot: PluginSlot, _ peer: Peer, msg: JSONRef, id: OpaquePointer?) {
+        let params = JSONRef.toJSON(msg.member("params"))
+        let manifest: Manifest
+        do throws(RPCError) {
+            manifest = try Manifest.parse(params)
+        } catch {
+            log.error("plugin handshake rejected", ["plugin": slot.config.name, "error": error.message])
+            sendError(peer.conn, id: id, error)
+            return
+        }
+        guard manifest.name == slot.config.name else {
+            let e = RPCError(.invalidParams, "bus.hello: plugin announced name \(manifest.name) but is configured as \(slot.config.name)")
+            log.error("plugin handshake rejected", ["plugin": slot.config.name, "error": e.message])
+            sendError(peer.conn, id: id, e)
+            return
+        }
+        slot.manifest = manifest
+        peer.handshaken = true
+        let welcome = Welcome(protocolVersion: manifest.protocolVersion, config: slot.config.config,
+                              stateDir: config.stateDir + "/plugins/" + slot.config.name, consent: consentJSON(),
+                              heartbeatMs: slot.config.policy.heartbeatIntervalMs, limits: config.limits.json)
+        sendResult(peer.conn, id: id, welcome.json)
+        log.info("plugin running", ["plugin": slot.config.name, "pid": slot.life.pid ?? 0, "version": manifest.version,
+                                    "methods": manifest.methods.count])
+        supervise(slot) { $0.handshakeCompleted(now: $1) }
+    }
+}

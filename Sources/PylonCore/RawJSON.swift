@@ -156,15 +156,6 @@ public struct MessageSpans: Equatable, Sendable {
 }
 
 extension RawJSON {
-    /// Validates `text` as one JSON object (RFC 8259, strictly: UTF-8, no control characters in
-    /// strings, no leading zeros, nothing but whitespace around it) nested at most `maxDepth`
-    /// levels, and returns the spans of its JSON-RPC members — in one pass, building nothing.
-    ///
-    /// nil means "not sure": invalid input, too deep, or a top-level key written with escapes.
-    /// It accepts a subset of what the strict json-c tokener accepts, so a caller can take the
-    /// fast path on non-nil and hand everything else to json-c, which then decides (and words
-    /// the error) exactly as before.
-
     /// What the one-pass scan concluded about a line.
     public enum ScanOutcome: Equatable, Sendable {
         /// Valid, strictly: the spans of its members.
@@ -177,6 +168,12 @@ extension RawJSON {
         case unsure
     }
 
+    /// Validates `text` as one JSON object (RFC 8259, strictly: UTF-8, no control characters in
+    /// strings, no leading zeros, nothing but whitespace around it) nested at most `maxDepth`
+    /// levels, and returns the spans of its JSON-RPC members — in one pass, building nothing.
+    /// It accepts a subset of what the strict json-c tokener accepts, so a caller can take the
+    /// fast path on `.message` and hand everything else to json-c, which then decides (and words
+    /// the error).
     public static func classifyMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> ScanOutcome {
         var s = Scanner(t: text, maxDepth: maxDepth)
         if let m = s.message() { return .message(m) }

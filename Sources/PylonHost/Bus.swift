@@ -7,11 +7,16 @@ import Glibc
 #endif
 
 /// The router at the heart of the host. It owns every peer (clients and plugin channels), the
-/// table of forwarded requests, subscriptions and the consent switches, and applies each limit.
+/// table of forwarded requests (`PendingTable`), subscriptions and the consent switches, and
+/// applies each limit.
 ///
-/// One message's path: a line arrives → json-c parses it once → the host decides (host method,
-/// plugin method, provided method, reply, publish) → for forwarding, the original bytes are
-/// queued with only the top-level `id` value replaced (`RawJSON`); nothing is re-serialised.
+/// One message's path (`handleLine`): the line is scanned once (`RawJSON.classifyMessage`); a
+/// plain request or answer is routed from its bytes (`Bus+FastPath`). Anything else is parsed by
+/// json-c, its envelope checked (`InboundEnvelope.classify`), its principal resolved (the peer,
+/// or the client a plugin acts for), and `route` decides: host method, plugin, provided method,
+/// refusal or consent denial — the same decision the fast path uses. Forwarded messages keep
+/// their bytes with only the top-level `id` replaced; nothing is re-serialised. Supervision
+/// lives in `Bus+Supervision`, host methods in `Bus+HostMethods`.
 public final class Bus {
     let loop: Loop
     var config: HostConfig

@@ -3,9 +3,11 @@
 // tag manager) to local programs over a Unix-socket JSON-RPC bus.
 import PackageDescription
 
-/// Settings shared by every Swift target: Swift 6 language mode is the package default.
+/// Settings shared by every Swift target, tests included: Swift 6 language mode is the package
+/// default; a warning fails the build.
 let strict: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
+    .unsafeFlags(["-warnings-as-errors"]),
 ]
 
 let package = Package(
@@ -95,25 +97,26 @@ let package = Package(
         // libFuzzer targets (`make fuzz`, docs/HARDENING.md). Built with `-sanitize=fuzzer` and
         // `-DFUZZING` they are fuzzers; in an ordinary build each replays the inputs named on its
         // command line (a corpus under Fuzz/corpus, a crash artifact) through the same entry point.
-        .target(name: "FuzzSupport", dependencies: ["PylonCore"], path: "Fuzz/Support"),
-        .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message"),
-        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "PylonProtocol", "FuzzSupport"], path: "Fuzz/manifest"),
+        .target(name: "FuzzSupport", dependencies: ["PylonCore"], path: "Fuzz/Support", swiftSettings: strict),
+        .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message", swiftSettings: strict),
+        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "PylonProtocol", "FuzzSupport"], path: "Fuzz/manifest", swiftSettings: strict),
         .executableTarget(
-            name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http"),
+            name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http",
+            swiftSettings: strict),
         // The plugins are executables (not linkable): these two compile the plugin's pure
         // validation/policy files through symlinks in their directories.
-        .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma"),
-        .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader"),
+        .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma", swiftSettings: strict),
+        .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
 
-        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"]),
-        .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"]),
-        .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"]),
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"]),
-        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"]),
-        .testTarget(name: "MATests", dependencies: ["pylon-ma"]),
-        .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"]),
-        .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"]),
-        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"]),
+        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
+        .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),
+        .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
+        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
+        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"], swiftSettings: strict),
+        .testTarget(name: "MATests", dependencies: ["pylon-ma"], swiftSettings: strict),
+        .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
+        .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
+        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]
 )

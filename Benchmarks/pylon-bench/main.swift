@@ -40,8 +40,8 @@ while let a = it.next() {
 // The benchmark is single-threaded: everything runs on this one loop.
 nonisolated(unsafe) let loop = Loop()
 nonisolated(unsafe) var hostProcess: ChildProcess?
-nonisolated(unsafe) let tmp = "/tmp/pylon-bench-\(getpid())"
-nonisolated(unsafe) let socketPath = externalSocket ?? tmp + "/pylon.sock"
+let tmp = "/tmp/pylon-bench-\(getpid())"
+let socketPath = externalSocket ?? tmp + "/pylon.sock"
 
 func startHost(plugins: [JSON]) {
     guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }

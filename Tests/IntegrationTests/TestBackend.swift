@@ -19,7 +19,7 @@ final class TestBackend {
             + (mqttPort.map { ["--mqtt", "127.0.0.1:\($0)"] } ?? [])
         let out = Pipe()
         p.standardOutput = out
-        FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
+        _ = FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
         p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/backend.log"))
         try p.run()
         process = p

@@ -49,7 +49,7 @@ final class TestHost {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binDir + "/pylond")
         p.arguments = ["--config", configPath]
-        FileManager.default.createFile(atPath: logPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
         p.standardError = log

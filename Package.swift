@@ -85,7 +85,7 @@ let package = Package(
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
-            name: "PylonBackend", dependencies: ["PylonCore", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
+            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 

@@ -52,8 +52,6 @@ enum Limits {
     static let maxLatencyMs = 600_000
     /// JSON nesting depth accepted in request bodies. Exceeded: 400 `invalid_json`.
     static let maxJSONDepth: Int32 = 64
-    /// MA AppKeys (path segment): 1 to this many bytes of `[A-Za-z0-9._-]`. Otherwise: 400.
-    static let maxAppKeyBytes = 128
     /// MA `user_id`, `anonymous_id`, `email` and contact names, in characters. Exceeded:
     /// per-field 3003 (contact names: -3).
     static let maxIdentifierChars = 256

@@ -1,3 +1,5 @@
+import PylonProtocol
+
 /// The backend's endpoints, one case per (method, path template).
 enum Endpoint: Equatable {
     case health
@@ -36,7 +38,7 @@ enum Router {
 
     /// Matches a request. Path segments are percent-decoded; `{stream}` and `{euid}` must be
     /// 1 to `Limits.maxNameBytes` bytes without control characters; `{appKey}` 1 to
-    /// `Limits.maxAppKeyBytes` bytes of `[A-Za-z0-9._-]`.
+    /// `AppKey.maxBytes` bytes of `[A-Za-z0-9._-]`.
     static func match(method: String, path: Substring) -> Match {
         guard let segs = segments(path) else { return .badParameter("invalid percent-encoding in the path") }
         func pick(_ table: [(String, Endpoint)]) -> Match {
@@ -88,18 +90,14 @@ enum Router {
         default: return .notFound
         }
         func gtm(_ s: String, _ build: (String) -> [(String, Endpoint)]) -> Match {
-            if invalidAppKey(s) != nil { return .badParameter("container id must be 1 to \(Limits.maxAppKeyBytes) characters of A-Z a-z 0-9 . _ -") }
+            if invalidAppKey(s) != nil { return .badParameter("container id must be \(AppKey.rule)") }
             return pick(build(s))
         }
     }
 
     /// Why `s` is not an acceptable MA AppKey, or nil.
     static func invalidAppKey(_ s: String) -> String? {
-        let ok = (1...Limits.maxAppKeyBytes).contains(s.utf8.count) && s.utf8.allSatisfy { c in
-            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
-                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
-        }
-        return ok ? nil : "appKey must be 1 to \(Limits.maxAppKeyBytes) characters of A-Z a-z 0-9 . _ -"
+        AppKey.isValid(s) ? nil : "appKey must be \(AppKey.rule)"
     }
 
     /// The percent-decoded segments of `path` after its leading `/` (`+` is literal); nil when

@@ -43,9 +43,9 @@ struct MAError: Error, Equatable {
         /// updateObjectArray: a subfield of `values` is not in the metadata, has another type,
         /// or is the identifierKey.
         static let subfieldMismatch = Code(rawValue: 4004)
-        /// A value of a type or shape the operation does not take (ma.md §8).
+        /// A value of a type or shape the operation does not take (docs/MA.md, "User properties").
         static let invalidValue = Code(rawValue: 4005)
-        /// A property name breaks the naming rule (ma.md §8).
+        /// A property name breaks the naming rule (docs/MA.md, "User properties").
         static let invalidPropertyName = Code(rawValue: 4006)
         /// More than `Limits.maxPropertiesPerCall` properties in one call.
         static let tooManyProperties = Code(rawValue: 4007)

@@ -30,7 +30,7 @@ struct FieldResult: Equatable {
     }
 }
 
-/// The `identity` object of start and identify, validated again on the server (ma.md §4).
+/// The `identity` object of start and identify, validated again on the server (docs/MA.md, `ma.identifyAccount`).
 struct IdentityFields {
     /// Valid values by kind (emails lower-cased).
     var valid: [IdentityKind: String] = [:]

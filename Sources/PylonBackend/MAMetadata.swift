@@ -1,6 +1,6 @@
 import PylonCore
 
-/// Server metadata of an AppKey (ma.md §8): which user properties are object arrays, the
+/// Server metadata of an AppKey (docs/MA.md, "User properties"): which user properties are object arrays, the
 /// subfield that identifies an element, and the type of each subfield. Set by tests through
 /// `POST /v1/admin/ma/{appKey}/metadata`; stored as its JSON form.
 struct MAMetadata: Equatable {

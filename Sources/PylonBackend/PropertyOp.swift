@@ -1,6 +1,6 @@
 import PylonCore
 
-/// One user-property operation of `POST /v1/ma/{appKey}/properties` (ma.md §8), validated.
+/// One user-property operation of `POST /v1/ma/{appKey}/properties` (docs/MA.md, "User properties"), validated.
 /// Applying it (`PropertyOp+Apply.swift`) is a pure function of the user's properties and the
 /// AppKey's metadata.
 enum PropertyOp {
@@ -15,11 +15,11 @@ enum PropertyOp {
     case updateObjectArray(key: String, identifierKey: String, identifierValue: JSON, values: JSONObject)
     case addObjectArray(key: String, object: JSONObject)
     case removeObjectArray(key: String, identifierKey: String, identifierValue: JSON)
-    /// An add or remove with a non-string element: the whole operation is ignored (ma.md §8).
+    /// An add or remove with a non-string element: the whole operation is ignored (docs/MA.md, "User properties").
     case ignored
 
     /// Parses the operation of a properties body `{"euid", "op", ...}`. A missing or
-    /// mistyped field, or an unknown `op`, is -3; content that breaks ma.md §8 is 4005, 4006
+    /// mistyped field, or an unknown `op`, is -3; content that breaks the rules of docs/MA.md "User properties" is 4005, 4006
     /// or 4007.
     static func parse(_ body: JSONObject) throws(MAError) -> PropertyOp {
         guard let op = body["op"]?.stringValue else { throw .invalid("op must be a string") }
@@ -98,7 +98,7 @@ enum PropertyOp {
         }
     }
 
-    // MARK: Validation (ma.md §8)
+    // MARK: Validation (docs/MA.md, "User properties")
 
     /// Names start with a lowercase letter, hold only `[a-z0-9_]`, are at most
     /// `Limits.maxPropertyNameBytes` bytes and do not start with `el`, `engagelab` or `metaverse`.

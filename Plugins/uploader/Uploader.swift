@@ -246,13 +246,10 @@ final class Uploader {
         let batch = commitQueue
         commitQueue.removeAll(keepingCapacity: true)
         commitQueueBytes = 0
-        let nowWall = System.wallClockMs()
-        var added: [(added: Int, bytes: Int)] = []
-        added.reserveCapacity(batch.count)
+        let added: [(added: Int, bytes: Int)]
         do {
-            try store.db.transaction { () throws(SQLiteError) in
-                for e in batch { added.append(try store.insert(stream: e.stream, consent: e.consent, records: e.records, nowMs: nowWall)) }
-            }
+            added = try store.commit(batch.map { UploaderStore.Enqueue(stream: $0.stream, consent: $0.consent, records: $0.records) },
+                                     nowMs: System.wallClockMs())
         } catch {
             plugin.log.error("commit failed; enqueues refused", ["error": "\(error)", "calls": batch.count])
             for e in batch {
@@ -269,10 +266,15 @@ final class Uploader {
             st.committed(added: n, bytes: r.bytes, now: now)  // exact bytes of the new rows: duplicates add nothing
             diskBytes += r.bytes
             streams[e.stream] = st
-            let reply = json_object_new_object()
-            json_object_object_add(reply, "accepted", json_object_new_int64(Int64(n)))
-            json_object_object_add(reply, "duplicates", json_object_new_int64(Int64(e.records.count - n)))
-            e.call.replyRaw(owning: reply)
+            // The answer is built as text: no json-c objects on the hot path.
+            var reply: [UInt8] = []
+            reply.reserveCapacity(40)
+            reply.append(contentsOf: #"{"accepted":"#.utf8)
+            appendDecimal(&reply, Int64(n))
+            reply.append(contentsOf: #","duplicates":"#.utf8)
+            appendDecimal(&reply, Int64(e.records.count - n))
+            reply.append(UInt8(ascii: "}"))
+            e.call.reply(serialized: reply)
         }
         pumpAll()
     }

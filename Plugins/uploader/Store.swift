@@ -75,6 +75,9 @@ final class UploaderStore {
               stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
         try migrateRecordsTable()
+        // A chunk whose batch is gone (a batch row deleted by an earlier release opening this
+        // database) is queued again rather than stranded.
+        try db.exec("UPDATE chunks SET batch=NULL WHERE batch IS NOT NULL AND batch NOT IN (SELECT key FROM batches)")
         try db.exec("PRAGMA user_version=\(UploaderStore.format)")
         try loadIDs()
     }

@@ -125,6 +125,19 @@ struct StoreTests {
         #expect(try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 1))
     }
 
+    @Test func aChunkWhoseBatchIsGoneIsQueuedAgainAtStart() throws {
+        let path = Self.tempPath()
+        var store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<3))
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        try store.db.run("DELETE FROM batches")  // what an earlier release does to a batch it finds empty
+        store.db.close()
+        store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try store.summaries()["s"]?.queued == 3)
+        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 3)
+    }
+
     // MARK: Migration
 
     /// The schema of the release before format 2, verbatim.

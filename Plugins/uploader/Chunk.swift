@@ -6,6 +6,11 @@
 /// the disk cap's bytes.
 struct Chunk {
     static let indexEntryBytes = 8
+    /// A group commit starts another chunk for the same stream past this many bytes of body or
+    /// records, so cutting a batch out of a chunk never rewrites more than this (plus a record):
+    /// a commit of large records would otherwise be rewritten at every split.
+    static let targetBytes = 256 * 1024
+    static let targetRecords = 500
     /// Ids are 1-128 bytes (escaped at most 6×) and records are capped well below 4 GiB.
     static let idPrefix = Array(#"{"id":"#.utf8)
 
@@ -25,6 +30,7 @@ struct Chunk {
     }
 
     var isEmpty: Bool { count == 0 }
+    var isFull: Bool { body.count >= Chunk.targetBytes || count >= Chunk.targetRecords }
 
     /// Appends a record: `escapedID` is the id as a JSON string literal (quotes included),
     /// `data` its JSON text.

@@ -106,7 +106,7 @@ final class UploaderStore {
     }
 
     /// Stores the enqueues of one group commit in one transaction: per (stream, switch) one
-    /// chunk. Returns, per enqueue, how many records were new and their bytes (a record whose
+    /// chunk (more past `Chunk.targetBytes`). Returns, per enqueue, how many records were new and their bytes (a record whose
     /// id is already queued in its stream, or earlier in the same commit, is a duplicate: a
     /// retried enqueue is idempotent). Nothing is stored, and the duplicate check is unchanged,
     /// when it throws.
@@ -118,7 +118,7 @@ final class UploaderStore {
         var escaped: [UInt8] = []
         escaped.reserveCapacity(160)
         for e in enqueues {
-            var slot = chunks.firstIndex { $0.stream == e.stream && $0.consent == e.consent }
+            var slot = chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
             var n = 0
             var bytes = 0
             for r in e.records {
@@ -128,7 +128,7 @@ final class UploaderStore {
                     let key = RecordKey(id)
                     guard ids[e.stream, default: []].insert(key).inserted else { return false }
                     added.append((e.stream, key))
-                    if slot == nil {
+                    if slot == nil || chunks[slot!].chunk.isFull {
                         chunks.append((e.stream, e.consent, Chunk()))
                         slot = chunks.count - 1
                     }

@@ -62,6 +62,16 @@ struct StoreTests {
         #expect(try store.summaries()["s"]?.pendingBatches == ["k1", "k2", "k3"])
     }
 
+    @Test func aLargeCommitIsStoredAsSeveralChunksInOrder() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        let big = "\"" + String(repeating: "x", count: 100_000) + "\""
+        try Self.enqueue(store, "s", (0..<6).map { ("b\($0)", big) })
+        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 2, "256 KiB per chunk: 3 records each")
+        #expect(try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 30, final: false, nowMs: 1).count == 6)
+        #expect(try Self.records(store.batchBody("k", stream: "s").body).records.map(\.id) == (0..<6).map { "b\($0)" })
+    }
+
     @Test func theByteLimitSplitsAChunkButTakesAtLeastOneRecord() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
         defer { store.db.close() }

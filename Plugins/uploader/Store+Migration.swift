@@ -30,12 +30,7 @@ extension UploaderStore {
             var escaped: [UInt8] = []
             func flush(_ stream: String) throws(SQLiteError) {
                 guard let r = open.removeValue(forKey: stream), !r.chunk.isEmpty else { return }
-                let s = try db.prepare("INSERT INTO chunks(stream,consent,first,count,bytes,body,idx,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?,?,?)")
-                try s.bind([.text(stream), .text(r.consent), .int(r.first), .int(Int64(r.chunk.count)), .int(Int64(r.chunk.bytes))])
-                try s.bindBlob(6, bytes: r.chunk.body)
-                try s.bindBlob(7, bytes: r.chunk.index)
-                try s.bind(at: 8, [r.batch.map { .text($0) } ?? .null, .int(r.enqueuedMs)])
-                while try s.step() {}
+                try insertChunk(stream: stream, consent: r.consent, first: r.first, r.chunk, batch: r.batch, nowMs: r.enqueuedMs)
             }
             let rows = try db.prepare("SELECT stream, consent, id, ts, body, batch, enqueued_ms FROM records ORDER BY seq")
             // Streamed: the SELECT reads `records` while chunks are written to another table.

@@ -51,11 +51,15 @@ final class UploaderStore {
         try db.exec(fsyncEveryCommit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
         try db.exec("""
+            -- A chunk's records (`chunk_bodies`) are apart from what a cut changes (`chunks.batch`):
+            -- SQLite rewrites a whole row, overflow pages included, on any update, so a cut
+            -- rewrites only the small row.
             CREATE TABLE IF NOT EXISTS chunks(
               seq INTEGER PRIMARY KEY, stream TEXT NOT NULL, consent TEXT NOT NULL,
               first INTEGER NOT NULL, count INTEGER NOT NULL, bytes INTEGER NOT NULL,
-              body BLOB NOT NULL, idx BLOB NOT NULL, batch TEXT, enqueued_ms INTEGER NOT NULL);
+              batch TEXT, enqueued_ms INTEGER NOT NULL);
             CREATE INDEX IF NOT EXISTS chunks_by_batch ON chunks(stream, batch, first);
+            CREATE TABLE IF NOT EXISTS chunk_bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL, idx BLOB NOT NULL);
             -- attempts: no longer written (retry backoff lives in memory); kept so existing
             -- queues open unchanged.
             CREATE TABLE IF NOT EXISTS batches(
@@ -84,7 +88,7 @@ final class UploaderStore {
 
     /// Reads every chunk's record ids into `ids` and finds the next queue position.
     private func loadIDs() throws(SQLiteError) {
-        let s = try db.prepare("SELECT stream, body, idx, first + count FROM chunks")
+        let s = try db.prepare("SELECT c.stream, b.body, b.idx, c.first + c.count FROM chunks c JOIN chunk_bodies b USING(seq)")
         while try s.step() {
             let stream = s.text(0)
             var set = ids.removeValue(forKey: stream) ?? []
@@ -161,17 +165,24 @@ final class UploaderStore {
         return results
     }
 
-    private func insertChunk(stream: String, consent: String, first: Int64, _ c: Chunk, batch: String?, nowMs: Int64) throws(SQLiteError) {
-        let s = try db.prepare("INSERT INTO chunks(stream,consent,first,count,bytes,body,idx,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?,?,?)")
+    /// Inserts chunk `c` at queue position `first`; returns its `seq`. Inside a transaction.
+    @discardableResult
+    func insertChunk(stream: String, consent: String, first: Int64, _ c: Chunk, batch: String?, nowMs: Int64) throws(SQLiteError) -> Int64 {
+        let s = try db.prepare("INSERT INTO chunks(stream,consent,first,count,bytes,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
         try s.bindText(1, string: stream)
         try s.bindText(2, string: consent)
         try s.bindInt(3, first)
         try s.bindInt(4, Int64(c.count))
         try s.bindInt(5, Int64(c.bytes))
-        try s.bindBlob(6, bytes: c.body)
-        try s.bindBlob(7, bytes: c.index)
-        try s.bind(at: 8, [batch.map { .text($0) } ?? .null, .int(nowMs)])
+        try s.bind(at: 6, [batch.map { .text($0) } ?? .null, .int(nowMs)])
         while try s.step() {}
+        let seq = db.lastInsertRowID
+        let b = try db.prepare("INSERT INTO chunk_bodies(seq,body,idx) VALUES(?,?,?)")
+        try b.bindInt(1, seq)
+        try b.bindBlob(2, bytes: c.body)
+        try b.bindBlob(3, bytes: c.index)
+        while try b.step() {}
+        return seq
     }
 
     // MARK: Batches
@@ -231,7 +242,7 @@ final class UploaderStore {
     private func splitChunk(_ seq: Int64, maxCount: Int, maxBytes: Int, atLeastOne: Bool) throws(SQLiteError)
         -> (seq: Int64, count: Int, bytes: Int)?
     {
-        let s = try db.prepare("SELECT stream, consent, first, body, idx, enqueued_ms FROM chunks WHERE seq=?")
+        let s = try db.prepare("SELECT c.stream, c.consent, c.first, b.body, b.idx, c.enqueued_ms FROM chunks c JOIN chunk_bodies b USING(seq) WHERE seq=?")
         try s.bind([.int(seq)])
         guard try s.step() else { return nil }
         let stream = s.text(0), consent = s.text(1), first = s.int(2), enqueued = s.int(5)
@@ -250,13 +261,13 @@ final class UploaderStore {
         guard k > 0 else { return nil }
         guard k < chunk.count else { return (seq, chunk.count, chunk.bytes) }
         let (head, tail) = chunk.split(at: k)
-        try insertChunk(stream: stream, consent: consent, first: first, head, batch: nil, nowMs: enqueued)
-        let headSeq = db.lastInsertRowID
-        let u = try db.prepare("UPDATE chunks SET first=?, count=?, bytes=?, body=?, idx=? WHERE seq=?")
-        try u.bind([.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes))])
-        try u.bindBlob(4, bytes: tail.body)
-        try u.bindBlob(5, bytes: tail.index)
-        try u.bind(at: 6, [.int(seq)])
+        let headSeq = try insertChunk(stream: stream, consent: consent, first: first, head, batch: nil, nowMs: enqueued)
+        try db.run("UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
+                   [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
+        let u = try db.prepare("UPDATE chunk_bodies SET body=?, idx=? WHERE seq=?")
+        try u.bindBlob(1, bytes: tail.body)
+        try u.bindBlob(2, bytes: tail.index)
+        try u.bindInt(3, seq)
         while try u.step() {}
         return (headSeq, head.count, head.bytes)
     }
@@ -265,7 +276,7 @@ final class UploaderStore {
     /// chunks' bodies joined. Also returns the record count and the bytes of their `data` (what
     /// they occupy in the disk cap).
     func batchBody(_ key: String, stream: String) throws(SQLiteError) -> (body: [UInt8], count: Int, recordBytes: Int) {
-        let s = try db.prepare("SELECT body, count, bytes FROM chunks WHERE \(UploaderStore.inBatch) ORDER BY first")
+        let s = try db.prepare("SELECT b.body, c.count, c.bytes FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
         try s.bind([.text(key)])
         var out: [UInt8] = []
         out.reserveCapacity(64 * 1024)
@@ -295,14 +306,15 @@ final class UploaderStore {
     func deleteBatch(_ key: String) throws(SQLiteError) {
         var gone: [(String, RecordKey)] = []
         try db.transaction { () throws(SQLiteError) in
-            let s = try db.prepare("DELETE FROM chunks WHERE \(UploaderStore.inBatch) RETURNING stream, body, idx")
+            let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
+            let s = try db.prepare("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
             try s.bind([.text(key)])
             while try s.step() {
-                let stream = s.text(0)
-                s.withBlob(1) { body in s.withBlob(2) { index in
+                s.withBlob(0) { body in s.withBlob(1) { index in
                     for i in 0..<(index.count / Chunk.indexEntryBytes) { gone.append((stream, RecordKey(Chunk.record(body, index, i).escapedID))) }
                 } }
             }
+            try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
         }
         forget(gone)
@@ -321,7 +333,7 @@ final class UploaderStore {
         var gone: [(String, RecordKey)] = []
         let n = try db.transaction { () throws(SQLiteError) -> Int in
             var rows: [(stream: String, chunk: Chunk)] = []
-            let s = try db.prepare("SELECT stream, body, idx FROM chunks WHERE \(UploaderStore.inBatch) ORDER BY first")
+            let s = try db.prepare("SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
             try s.bind([.text(key)])
             while try s.step() { rows.append((s.text(0), Chunk(body: s.withBlob(1) { Array($0) }, index: s.withBlob(2) { Array($0) }))) }
             s.reset()
@@ -344,6 +356,7 @@ final class UploaderStore {
                 while try ins.step() {}
             }
             let n = letters.count
+            try db.run("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch))", [.text(key)])
             try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
             return n

@@ -1,9 +1,10 @@
 import CSQLite
+import PylonCore
 import PylonStore
 
 /// One record of an enqueue, pointing into the request's parsed json-c tree (valid while the
 /// request's `Call` is alive and the `data` object is not serialised again): the hot path
-/// copies each byte once, into SQLite.
+/// copies each byte once, into its chunk.
 struct PendingRecord {
     var id: UnsafePointer<CChar>
     var idLength: Int32
@@ -12,7 +13,13 @@ struct PendingRecord {
     var bodyLength: Int32
 }
 
-/// The uploader's durable queue in SQLite (WAL).
+/// The uploader's durable queue in SQLite (WAL), format 2 (docs/UPLOADER.md "On disk").
+///
+/// What one group commit received for a stream is one row of `chunks` (the records already in
+/// the batch body's form), not one row per record: a commit is one insert per stream, a batch is
+/// cut by marking whole chunks (splitting at most one), its body is their concatenation, and a
+/// delivered batch is deleted chunk by chunk. Record ids are checked for duplicates in memory
+/// (`RecordKey`, rebuilt from the chunks at start).
 ///
 /// fsync policy: `synchronous=NORMAL` by default — a commit is in the WAL before the reply, so
 /// it survives a crash or `kill -9` of any process; the WAL is fsynced at checkpoints, so an
@@ -21,15 +28,22 @@ struct PendingRecord {
 final class UploaderStore {
     let db: Database
 
-    private var insertStatement: Statement!
+    /// The on-disk format this code writes (`PRAGMA user_version`); 0 or 1 is the per-record
+    /// `records` table of earlier releases, migrated at open.
+    static let format: Int64 = 2
 
-    /// SQLite's page cache. With the default 2 MiB the queue's pages (records plus the
-    /// (stream, id) and batch indexes) were read back from the file at every insert and batch.
+    /// SQLite's page cache: the queue's recent pages stay in memory between commit, cut, read
+    /// and delete.
     static let cacheKiB = 32 * 1024
 
-    /// The records of batch `?1`. Naming the batch's stream lets SQLite use the
-    /// (stream, batch, seq) index; `batch=?` alone scanned the whole queue.
+    /// The chunks of batch `?1`. Naming the batch's stream lets SQLite use the
+    /// (stream, batch, first) index.
     static let inBatch = "stream=(SELECT stream FROM batches WHERE key=?1) AND batch=?1"
+
+    /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
+    private(set) var ids: [String: Set<RecordKey>] = [:]
+    /// Queue position of the next record (chunks are ordered by their first record's position).
+    private var nextPosition: Int64 = 0
 
     init(path: String, fsyncEveryCommit: Bool) throws(SQLiteError) {
         db = try Database(path: path)
@@ -37,11 +51,15 @@ final class UploaderStore {
         try db.exec(fsyncEveryCommit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
         try db.exec("""
-            CREATE TABLE IF NOT EXISTS records(
-              seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
-              consent TEXT NOT NULL DEFAULT '', ts INTEGER NOT NULL, bytes INTEGER NOT NULL,
-              body TEXT NOT NULL, batch TEXT, enqueued_ms INTEGER NOT NULL, UNIQUE(stream, id));
-            CREATE INDEX IF NOT EXISTS records_by_batch ON records(stream, batch, seq);
+            -- A chunk's records (`chunk_bodies`) are apart from what a cut changes (`chunks.batch`):
+            -- SQLite rewrites a whole row, overflow pages included, on any update, so a cut
+            -- rewrites only the small row.
+            CREATE TABLE IF NOT EXISTS chunks(
+              seq INTEGER PRIMARY KEY, stream TEXT NOT NULL, consent TEXT NOT NULL,
+              first INTEGER NOT NULL, count INTEGER NOT NULL, bytes INTEGER NOT NULL,
+              batch TEXT, enqueued_ms INTEGER NOT NULL);
+            CREATE INDEX IF NOT EXISTS chunks_by_batch ON chunks(stream, batch, first);
+            CREATE TABLE IF NOT EXISTS chunk_bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL, idx BLOB NOT NULL);
             -- attempts: no longer written (retry backoff lives in memory); kept so existing
             -- queues open unchanged.
             CREATE TABLE IF NOT EXISTS batches(
@@ -60,72 +78,205 @@ final class UploaderStore {
             CREATE TABLE IF NOT EXISTS stream_owners(
               stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
-        insertStatement = try db.prepare(
-            "INSERT OR IGNORE INTO records(stream,id,consent,ts,bytes,body,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
+        try migrateRecordsTable()
+        // A chunk whose batch is gone (a batch row deleted by an earlier release opening this
+        // database) is queued again rather than stranded.
+        try db.exec("UPDATE chunks SET batch=NULL WHERE batch IS NOT NULL AND batch NOT IN (SELECT key FROM batches)")
+        try db.exec("PRAGMA user_version=\(UploaderStore.format)")
+        try loadIDs()
     }
 
-    /// Inserts records (one enqueue call); returns how many were new (duplicates by (stream, id)
-    /// are ignored: a retried enqueue is idempotent). Call inside a transaction.
-    func insert(stream: String, consent: String, records: [PendingRecord], nowMs: Int64) throws(SQLiteError) -> (added: Int, bytes: Int) {
-        var added = 0
-        var bytes = 0
-        let s = insertStatement!
-        for r in records {
-            s.reset()
-            try s.bindText(1, string: stream)
-            try s.bindText(2, r.id, r.idLength)
-            try s.bindText(3, string: consent)
-            try s.bindInt(4, r.ts)
-            try s.bindInt(5, Int64(r.bodyLength))
-            try s.bindText(6, r.body, r.bodyLength)
-            try s.bindInt(7, nowMs)
-            while try s.step() {}
-            if db.changes > 0 {
-                added += 1
-                bytes += Int(r.bodyLength)
-            }
+    /// Reads every chunk's record ids into `ids` and finds the next queue position.
+    private func loadIDs() throws(SQLiteError) {
+        let s = try db.prepare("SELECT c.stream, b.body, b.idx, c.first + c.count FROM chunks c JOIN chunk_bodies b USING(seq)")
+        while try s.step() {
+            let stream = s.text(0)
+            var set = ids.removeValue(forKey: stream) ?? []
+            s.withBlob(1) { body in s.withBlob(2) { index in
+                for i in 0..<(index.count / Chunk.indexEntryBytes) { set.insert(RecordKey(Chunk.record(body, index, i).escapedID)) }
+            } }
+            ids[stream] = set
+            nextPosition = max(nextPosition, s.int(3))
         }
-        return (added, bytes)
     }
 
-    /// Assigns the oldest unbatched records of `stream` (same consent switch, at most `maxCount`
-    /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent.
-    /// Returns the number of records in it and their bytes (0 when nothing was queued).
+    // MARK: Group commit
+
+    /// One enqueue call of a group commit.
+    struct Enqueue {
+        var stream: String
+        var consent: String
+        var records: [PendingRecord]
+    }
+
+    /// Stores the enqueues of one group commit in one transaction: per (stream, switch) one
+    /// chunk (more past `Chunk.targetBytes`). Returns, per enqueue, how many records were new and their bytes (a record whose
+    /// id is already queued in its stream, or earlier in the same commit, is a duplicate: a
+    /// retried enqueue is idempotent). Nothing is stored, and the duplicate check is unchanged,
+    /// when it throws.
+    func commit(_ enqueues: [Enqueue], nowMs: Int64) throws(SQLiteError) -> [(added: Int, bytes: Int)] {
+        var chunks: [(stream: String, consent: String, chunk: Chunk)] = []
+        var added: [(stream: String, key: RecordKey)] = []
+        var results: [(added: Int, bytes: Int)] = []
+        results.reserveCapacity(enqueues.count)
+        var escaped: [UInt8] = []
+        escaped.reserveCapacity(160)
+        for e in enqueues {
+            var slot = chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
+            var n = 0
+            var bytes = 0
+            for r in e.records {
+                escaped.removeAll(keepingCapacity: true)
+                appendJSONString(&escaped, UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)))
+                let inserted = escaped.withUnsafeBytes { id -> Bool in
+                    let key = RecordKey(id)
+                    guard ids[e.stream, default: []].insert(key).inserted else { return false }
+                    added.append((e.stream, key))
+                    if slot == nil || chunks[slot!].chunk.isFull {
+                        chunks.append((e.stream, e.consent, Chunk()))
+                        slot = chunks.count - 1
+                    }
+                    chunks[slot!].chunk.append(escapedID: id, ts: r.ts,
+                                               data: UnsafeRawBufferPointer(start: r.body, count: Int(r.bodyLength)))
+                    return true
+                }
+                if inserted {
+                    n += 1
+                    bytes += Int(r.bodyLength)
+                }
+            }
+            results.append((n, bytes))
+        }
+        guard !chunks.isEmpty else { return results }
+        let start = nextPosition
+        do {
+            try db.transaction { () throws(SQLiteError) in
+                var position = start
+                for c in chunks {
+                    try insertChunk(stream: c.stream, consent: c.consent, first: position, c.chunk, batch: nil, nowMs: nowMs)
+                    position += Int64(c.chunk.count)
+                }
+            }
+        } catch {
+            for a in added { ids[a.stream]?.remove(a.key) }
+            throw error
+        }
+        nextPosition = start + Int64(chunks.reduce(0) { $0 + $1.chunk.count })
+        return results
+    }
+
+    /// Inserts chunk `c` at queue position `first`; returns its `seq`. Inside a transaction.
+    @discardableResult
+    func insertChunk(stream: String, consent: String, first: Int64, _ c: Chunk, batch: String?, nowMs: Int64) throws(SQLiteError) -> Int64 {
+        let s = try db.prepare("INSERT INTO chunks(stream,consent,first,count,bytes,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
+        try s.bindText(1, string: stream)
+        try s.bindText(2, string: consent)
+        try s.bindInt(3, first)
+        try s.bindInt(4, Int64(c.count))
+        try s.bindInt(5, Int64(c.bytes))
+        try s.bind(at: 6, [batch.map { .text($0) } ?? .null, .int(nowMs)])
+        while try s.step() {}
+        let seq = db.lastInsertRowID
+        let b = try db.prepare("INSERT INTO chunk_bodies(seq,body,idx) VALUES(?,?,?)")
+        try b.bindInt(1, seq)
+        try b.bindBlob(2, bytes: c.body)
+        try b.bindBlob(3, bytes: c.index)
+        while try b.step() {}
+        return seq
+    }
+
+    // MARK: Batches
+
+    /// Assigns the oldest queued records of `stream` (same consent switch, at most `maxCount`
+    /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent:
+    /// whole chunks, and the head of the next one when only part of it fits. Returns the number
+    /// of records in it and their bytes (0 when nothing was queued).
     func cutBatch(stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
                   nowMs: Int64) throws(SQLiteError) -> (count: Int, bytes: Int) {
         try db.transaction { () throws(SQLiteError) -> (count: Int, bytes: Int) in
-            let rows: [[SQLValue]]
-            if let c = consent {
-                rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL AND consent=? ORDER BY seq LIMIT ?",
-                                    [.text(stream), .text(c), .int(Int64(maxCount))])
-            } else {
-                rows = try db.query("SELECT seq, bytes, consent FROM records WHERE stream=? AND batch IS NULL ORDER BY seq LIMIT ?",
-                                    [.text(stream), .int(Int64(maxCount))])
+            let s = try db.prepare(consent == nil
+                ? "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL ORDER BY first LIMIT ?2"
+                : "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL AND consent=?3 ORDER BY first LIMIT ?2")
+            try s.bind([.text(stream), .int(Int64(maxCount))] + (consent.map { [.text($0)] } ?? []))
+            var whole: [Int64] = []
+            var partial: (seq: Int64, room: Int, roomBytes: Int)?
+            var count = 0
+            var bytes = 0
+            var switchKey: String?
+            while try s.step() {
+                let c = s.text(1)
+                if switchKey == nil { switchKey = c } else if c != switchKey { break }
+                let n = Int(s.int(2)), b = Int(s.int(3))
+                if count + n <= maxCount && (count == 0 ? b <= maxBytes : bytes + b <= maxBytes) {
+                    whole.append(s.int(0))
+                    count += n
+                    bytes += b
+                    if count == maxCount { break }
+                    continue
+                }
+                partial = (s.int(0), maxCount - count, maxBytes - bytes)
+                break
             }
-            guard let first = rows.first else { return (0, 0) }
-            let consentKey = first[2].text ?? ""
-            var total = 0
-            var seqs: [Int64] = []
-            for r in rows {
-                guard r[2].text == consentKey else { break }
-                let b = Int(r[1].int ?? 0)
-                if !seqs.isEmpty && total + b > maxBytes { break }
-                total += b
-                seqs.append(r[0].int ?? 0)
+            s.reset()
+            if let p = partial, let head = try splitChunk(p.seq, maxCount: p.room, maxBytes: p.roomBytes, atLeastOne: count == 0) {
+                whole.append(head.seq)
+                count += head.count
+                bytes += head.bytes
             }
-            try db.run("UPDATE records SET batch=? WHERE stream=? AND batch IS NULL AND seq BETWEEN ? AND ? AND consent=?",
-                       [.text(key), .text(stream), .int(seqs.first!), .int(seqs.last!), .text(consentKey)])
+            guard count > 0 else { return (0, 0) }
+            let mark = try db.prepare("UPDATE chunks SET batch=?1 WHERE seq=?2")
+            for seq in whole {
+                mark.reset()
+                try mark.bind([.text(key), .int(seq)])
+                while try mark.step() {}
+            }
             try db.run("INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
                        [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
-            return (seqs.count, total)
+            return (count, bytes)
         }
     }
 
-    /// The upload body of batch `key`, written straight from SQLite's rows into bytes:
-    /// `{"batch","stream","records":[{"id","ts","data"}]}`. Also returns the record count and the
-    /// bytes of their bodies (what they occupy in the disk cap).
+    /// Splits chunk `seq` after as many records as fit `maxCount` and `maxBytes` (at least one
+    /// when `atLeastOne`): the head becomes a new row at the same queue position, the rest stays
+    /// queued after it. Returns the head's row, or nil when nothing fits. Inside a transaction.
+    private func splitChunk(_ seq: Int64, maxCount: Int, maxBytes: Int, atLeastOne: Bool) throws(SQLiteError)
+        -> (seq: Int64, count: Int, bytes: Int)?
+    {
+        let s = try db.prepare("SELECT c.stream, c.consent, c.first, b.body, b.idx, c.enqueued_ms FROM chunks c JOIN chunk_bodies b USING(seq) WHERE seq=?")
+        try s.bind([.int(seq)])
+        guard try s.step() else { return nil }
+        let stream = s.text(0), consent = s.text(1), first = s.int(2), enqueued = s.int(5)
+        let chunk = Chunk(body: s.withBlob(3) { Array($0) }, index: s.withBlob(4) { Array($0) })
+        s.reset()
+        var k = 0
+        var b = 0
+        chunk.index.withUnsafeBytes { ix in
+            while k < min(maxCount, chunk.count) {
+                let n = Chunk.dataBytes(ix, k)
+                if b + n > maxBytes && !(atLeastOne && k == 0) { break }
+                b += n
+                k += 1
+            }
+        }
+        guard k > 0 else { return nil }
+        guard k < chunk.count else { return (seq, chunk.count, chunk.bytes) }
+        let (head, tail) = chunk.split(at: k)
+        let headSeq = try insertChunk(stream: stream, consent: consent, first: first, head, batch: nil, nowMs: enqueued)
+        try db.run("UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
+                   [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
+        let u = try db.prepare("UPDATE chunk_bodies SET body=?, idx=? WHERE seq=?")
+        try u.bindBlob(1, bytes: tail.body)
+        try u.bindBlob(2, bytes: tail.index)
+        try u.bindInt(3, seq)
+        while try u.step() {}
+        return (headSeq, head.count, head.bytes)
+    }
+
+    /// The upload body of batch `key`: `{"batch","stream","records":[{"id","ts","data"}]}`, its
+    /// chunks' bodies joined. Also returns the record count and the bytes of their `data` (what
+    /// they occupy in the disk cap).
     func batchBody(_ key: String, stream: String) throws(SQLiteError) -> (body: [UInt8], count: Int, recordBytes: Int) {
-        let s = try db.prepare("SELECT id, ts, body FROM records WHERE \(UploaderStore.inBatch) ORDER BY seq")
+        let s = try db.prepare("SELECT b.body, c.count, c.bytes FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
         try s.bind([.text(key)])
         var out: [UInt8] = []
         out.reserveCapacity(64 * 1024)
@@ -138,14 +289,9 @@ final class UploaderStore {
         var bytes = 0
         while try s.step() {
             if count > 0 { out.append(UInt8(ascii: ",")) }
-            out.append(contentsOf: #"{"id":"#.utf8)
-            s.withText(0) { appendJSONString(&out, $0) }
-            out.append(contentsOf: #","ts":"#.utf8)
-            out.append(contentsOf: String(s.int(1)).utf8)
-            out.append(contentsOf: #","data":"#.utf8)
-            s.withText(2) { b in out.append(contentsOf: b); bytes += b.count }
-            out.append(UInt8(ascii: "}"))
-            count += 1
+            s.withBlob(0) { out.append(contentsOf: $0) }
+            count += Int(s.int(1))
+            bytes += Int(s.int(2))
         }
         out.append(contentsOf: "]}".utf8)
         return (out, count, bytes)
@@ -155,39 +301,82 @@ final class UploaderStore {
         try db.query("SELECT final FROM batches WHERE key=?", [.text(key)]).first?[0].int == 1
     }
 
-    /// Delivered (or a final batch that is purged whatever happened): the records are gone.
+    /// Delivered (or a final batch that is purged whatever happened): the records are gone, and
+    /// their ids may be enqueued again.
     func deleteBatch(_ key: String) throws(SQLiteError) {
+        var gone: [(String, RecordKey)] = []
         try db.transaction { () throws(SQLiteError) in
-            try db.run("DELETE FROM records WHERE \(UploaderStore.inBatch)", [.text(key)])
+            let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
+            let s = try db.prepare("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
+            try s.bind([.text(key)])
+            while try s.step() {
+                s.withBlob(0) { body in s.withBlob(1) { index in
+                    for i in 0..<(index.count / Chunk.indexEntryBytes) { gone.append((stream, RecordKey(Chunk.record(body, index, i).escapedID))) }
+                } }
+            }
+            try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+        }
+        forget(gone)
+    }
+
+    /// Records left the disk: their ids may be enqueued again.
+    private func forget(_ gone: [(String, RecordKey)]) {
+        for (stream, k) in gone {
+            ids[stream]?.remove(k)
+            if ids[stream]?.isEmpty == true { ids[stream] = nil }
         }
     }
 
-    /// Sets a rejected batch aside: kept for inspection, never retried.
+    /// Sets a rejected batch aside record by record: kept for inspection, never retried.
     func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws(SQLiteError) -> Int {
-        try db.transaction { () throws(SQLiteError) -> Int in
-            try db.run("""
-                INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms)
-                SELECT stream,id,body,batch,?1,?2,?3 FROM records WHERE stream=(SELECT stream FROM batches WHERE key=?4) AND batch=?4 ORDER BY seq
-                """, [.int(Int64(status)), .text(reason), .int(nowMs), .text(key)])
-            let n = db.changes
-            try db.run("DELETE FROM records WHERE \(UploaderStore.inBatch)", [.text(key)])
+        var gone: [(String, RecordKey)] = []
+        let n = try db.transaction { () throws(SQLiteError) -> Int in
+            var rows: [(stream: String, chunk: Chunk)] = []
+            let s = try db.prepare("SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
+            try s.bind([.text(key)])
+            while try s.step() { rows.append((s.text(0), Chunk(body: s.withBlob(1) { Array($0) }, index: s.withBlob(2) { Array($0) }))) }
+            s.reset()
+            var letters: [(stream: String, id: String, data: String)] = []
+            for r in rows {
+                r.chunk.body.withUnsafeBytes { body in r.chunk.index.withUnsafeBytes { index in
+                    for i in 0..<r.chunk.count {
+                        let rec = Chunk.record(body, index, i)
+                        gone.append((r.stream, RecordKey(rec.escapedID)))
+                        // The id as the caller sent it (the chunk holds it JSON-escaped).
+                        let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
+                        letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self)))
+                    }
+                } }
+            }
+            let ins = try db.prepare("INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms) VALUES(?,?,?,?,?,?,?)")
+            for l in letters {
+                ins.reset()
+                try ins.bind([.text(l.stream), .text(l.id), .text(l.data), .text(key), .int(Int64(status)), .text(reason), .int(nowMs)])
+                while try ins.step() {}
+            }
+            let n = letters.count
+            try db.run("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch))", [.text(key)])
+            try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
             return n
         }
+        forget(gone)
+        return n
     }
 
-    /// Dissolves a batch so its records are cut again (after a 413).
+    /// Dissolves a batch so its records are cut again (after a 413): its chunks go back to
+    /// their places in the queue.
     func unbatch(_ key: String) throws(SQLiteError) {
         try db.transaction { () throws(SQLiteError) in
-            try db.run("UPDATE records SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
+            try db.run("UPDATE chunks SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
         }
     }
 
     /// Marks every pending batch holding records under `consent` final (sent once, no retry).
     func markFinal(consent: String) throws(SQLiteError) {
-        try db.run("UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM records WHERE consent=? AND batch IS NOT NULL)",
+        try db.run("UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM chunks WHERE consent=? AND batch IS NOT NULL)",
                    [.text(consent)])
     }
 
@@ -198,12 +387,12 @@ final class UploaderStore {
 
     /// The consent switches records are stored under.
     func consentKeys() throws(SQLiteError) -> [String] {
-        try db.query("SELECT DISTINCT consent FROM records").compactMap { $0[0].text }
+        try db.query("SELECT DISTINCT consent FROM chunks").compactMap { $0[0].text }
     }
 
-    /// Streams with unbatched records under `consent`.
+    /// Streams with queued records under `consent`.
     func streams(withConsent consent: String) throws(SQLiteError) -> [String] {
-        try db.query("SELECT DISTINCT stream FROM records WHERE consent=? AND batch IS NULL", [.text(consent)]).compactMap { $0[0].text }
+        try db.query("SELECT DISTINCT stream FROM chunks WHERE consent=? AND batch IS NULL", [.text(consent)]).compactMap { $0[0].text }
     }
 
     struct StreamSummary {
@@ -216,7 +405,7 @@ final class UploaderStore {
     /// What is on disk per stream (at start-up, and for status).
     func summaries() throws(SQLiteError) -> [String: StreamSummary] {
         var out: [String: StreamSummary] = [:]
-        for r in try db.query("SELECT stream, COUNT(*), SUM(bytes), MIN(enqueued_ms) FROM records WHERE batch IS NULL GROUP BY stream") {
+        for r in try db.query("SELECT stream, SUM(count), SUM(bytes), MIN(enqueued_ms) FROM chunks WHERE batch IS NULL GROUP BY stream") {
             let s = r[0].text ?? ""
             out[s, default: StreamSummary()].queued = Int(r[1].int ?? 0)
             out[s, default: StreamSummary()].queuedBytes = Int(r[2].int ?? 0)
@@ -231,12 +420,12 @@ final class UploaderStore {
     /// Bytes of record bodies on disk per stream (queued or in a batch).
     func streamBytes() throws(SQLiteError) -> [String: Int] {
         var out: [String: Int] = [:]
-        for r in try db.query("SELECT stream, SUM(bytes) FROM records GROUP BY stream") { out[r[0].text ?? ""] = Int(r[1].int ?? 0) }
+        for r in try db.query("SELECT stream, SUM(bytes) FROM chunks GROUP BY stream") { out[r[0].text ?? ""] = Int(r[1].int ?? 0) }
         return out
     }
 
     func totalBytes() throws(SQLiteError) -> Int {
-        Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM records").first?[0].int ?? 0)
+        Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM chunks").first?[0].int ?? 0)
     }
 
     func deadLetterCount(stream: String) throws(SQLiteError) -> Int {

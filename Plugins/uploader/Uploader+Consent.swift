@@ -46,18 +46,16 @@ extension Uploader {
     /// at once.
     private func cutFinalBatches(_ name: String, consent: String?) throws(SQLiteError) {
         var st = state(name)
+        var cuts: [(key: String, count: Int, bytes: Int)] = []
         while true {
             let bkey = System.randomHex(16)
             let (n, cutBytes) = try store.cutBatch(stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
                                                    maxBytes: st.settings.maxBatchBytes, final: true, consent: consent,
                                                    nowMs: System.wallClockMs())
             if n == 0 { break }
-            st.pendingBatches.append(bkey)
-            st.queued = max(0, st.queued - n)
-            st.queuedBytes = max(0, st.queuedBytes - cutBytes)
+            cuts.append((bkey, n, cutBytes))
         }
-        if st.queued == 0 { st.queuedBytes = 0; st.oldestMs = nil }
-        st.notBeforeMs = 0
+        st.finalized(cuts: cuts)
         streams[name] = st
     }
 }

@@ -22,7 +22,7 @@ extension Uploader {
         }
     }
 
-    func drained(_ st: StreamState) -> Bool { st.queued == 0 && st.pendingBatches.isEmpty && !st.inFlight }
+    func drained(_ st: StreamState) -> Bool { st.isDrained }
 
     /// Answers flush waiters whose streams are all drained.
     func answerMultiDrainWaiters() {
@@ -58,9 +58,8 @@ extension Uploader {
         }
         for n in names {
             var st = state(n)
-            st.flushRequested = true
             // A flush also skips a pending retry wait: the caller asked for "now".
-            st.notBeforeMs = 0
+            st.flush()
             streams[n] = st
         }
         let wait = call.params["wait"]?.boolValue ?? false

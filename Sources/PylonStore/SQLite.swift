@@ -73,6 +73,9 @@ public final class Database {
 
     public var changes: Int { Int(sqlite3_changes(db)) }
 
+    /// The rowid of the last successful INSERT (`sqlite3_last_insert_rowid`).
+    public var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(db) }
+
     func error(_ rc: Int32) -> SQLiteError {
         SQLiteError(code: rc, message: String(cString: sqlite3_errmsg(db)))
     }
@@ -144,6 +147,28 @@ public final class Statement {
     public func bindText(_ index: Int32, _ p: UnsafePointer<CChar>, _ n: Int32) throws(SQLiteError) {
         let rc = pylon_sqlite_bind_text(st, index, p, n)
         if rc != SQLITE_OK { throw owner.error(rc) }
+    }
+
+    /// Binds a byte array as a blob (`sqlite3_bind_blob`, copied by SQLite) at 1-based `index`
+    /// (an empty array stays a zero-length blob, not NULL).
+    public func bindBlob(_ index: Int32, bytes: [UInt8]) throws(SQLiteError) {
+        let rc = bytes.withUnsafeBytes { b in
+            pylon_sqlite_bind_blob(st, index, b.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(b.count))
+        }
+        if rc != SQLITE_OK { throw owner.error(rc) }
+    }
+
+    /// Calls `body` with column `i`'s blob bytes (`sqlite3_column_blob`; valid only inside; empty
+    /// for NULL).
+    public func withBlob<R>(_ i: Int, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        let p = sqlite3_column_blob(st, Int32(i))
+        let n = Int(sqlite3_column_bytes(st, Int32(i)))
+        return body(UnsafeRawBufferPointer(start: n > 0 ? p : nil, count: n))
+    }
+
+    /// Column `i` as text (`sqlite3_column_text`; "" for NULL).
+    public func text(_ i: Int) -> String {
+        withText(i) { String(decoding: $0, as: UTF8.self) }
     }
 
     public func bind(_ args: [SQLValue]) throws(SQLiteError) { try bind(at: 1, args) }

@@ -1,0 +1,204 @@
+/// The per-stream upload queue as a machine: the shell (`Uploader`) feeds it events — records
+/// committed, a batch cut, an upload finished with an outcome, consent denied, a flush — and
+/// performs the actions it returns (cut a batch, send one, delete, dead-letter or dissolve one,
+/// release disk bytes, hold an endpoint). It never touches the disk, the network or a clock:
+/// every time is an argument, so tests drive it with a fake clock.
+///
+/// One batch is in flight per stream at a time (order is kept). The shell asks `poll` what to do
+/// next after every event; `nextWake` says when to ask without one.
+extension StreamState {
+    /// How long a stream waits after a local failure (disk, gzip) before trying again.
+    static let storeErrorRetryMs: UInt64 = 1_000
+
+    /// What the stream wants done now.
+    enum Step: Equatable {
+        /// Nothing until an event or `nextWake`.
+        case idle
+        /// Cut the oldest queued records (at most this many and bytes, at least one) into a new
+        /// batch on disk, then report `cut`.
+        case cut(maxCount: Int, maxBytes: Int)
+        /// Send this batch (now marked in flight), then report `uploadFinished`.
+        case send(batch: String)
+    }
+
+    /// What to do with a finished batch on disk, before `uploadFinished` is reported.
+    enum Disposal: Equatable {
+        /// Delivered, or a final batch that failed: the records are gone.
+        case delete
+        /// Kept for a retry.
+        case keep
+        /// Set aside as dead letters (4xx, 3xx, or 413 for a single record or a final batch).
+        case deadLetter(status: Int, reason: String)
+        /// Dissolved so its records are cut again in smaller batches (413).
+        case unbatch
+    }
+
+    /// Bookkeeping the shell does after a finished upload.
+    enum Effect: Equatable {
+        /// These record bytes left the disk (the disk cap and the owner's share shrink).
+        case release(bytes: Int)
+        /// Nothing may be sent to the stream's endpoint before this time (Retry-After).
+        case holdEndpoint(untilMs: UInt64)
+    }
+
+    /// A batch as it was sent.
+    struct SentBatch: Equatable {
+        var key: String
+        var count: Int
+        /// Bytes of its record bodies (their share of the disk cap).
+        var bytes: Int
+        /// A consent-denied batch: sent once, never retried.
+        var final: Bool
+    }
+
+    /// Whether nothing is queued, pending or in flight.
+    var isDrained: Bool { queued == 0 && pendingBatches.isEmpty && !inFlight }
+
+    // MARK: Events
+
+    /// A group commit stored `added` new records (`bytes` of bodies) for the stream at `now`.
+    mutating func committed(added: Int, bytes: Int, now: UInt64) {
+        guard added > 0 else { return }
+        if queued == 0 { oldestMs = now }
+        queued += added
+        queuedBytes += bytes
+        diskBytes += bytes
+    }
+
+    /// A flush: send what is queued now, skipping a retry wait.
+    mutating func flush() {
+        flushRequested = true
+        notBeforeMs = 0
+    }
+
+    /// What to do now. `endpointHeldUntil` is the endpoint's Retry-After hold, if any. Marks the
+    /// stream in flight when it answers `send`.
+    mutating func poll(now: UInt64, endpointHeldUntil: UInt64? = nil) -> Step {
+        if let h = endpointHeldUntil, now < h { return .idle }
+        guard shouldSend(now: now) else { return .idle }
+        guard let key = pendingBatches.first else { return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes) }
+        inFlight = true
+        return .send(batch: key)
+    }
+
+    /// The shell cut batch `key` of `count` records (`bytes`) from the queue; `count` 0 means the
+    /// disk held nothing more to cut, so the stream's queue is empty.
+    mutating func cut(batch key: String, count: Int, bytes: Int) {
+        guard count > 0 else {
+            emptied()
+            return
+        }
+        pendingBatches.append(key)
+        queued -= count
+        queuedBytes = max(0, queuedBytes - bytes)
+        if queued <= 0 { emptied() }
+    }
+
+    /// Consent was denied for records of the stream: the shell marked its pending batches final
+    /// and cut its queued records into final batches (`cuts`, oldest first); they go at once.
+    mutating func finalized(cuts: [(key: String, count: Int, bytes: Int)]) {
+        for c in cuts where c.count > 0 {
+            pendingBatches.append(c.key)
+            queued = max(0, queued - c.count)
+            queuedBytes = max(0, queuedBytes - c.bytes)
+        }
+        if queued == 0 { emptied() }
+        notBeforeMs = 0
+    }
+
+    /// A local failure (the disk or gzip) stopped a cut or a send: try again a little later.
+    mutating func storeFailed(now: UInt64) {
+        inFlight = false
+        notBeforeMs = now + StreamState.storeErrorRetryMs
+    }
+
+    /// The batch to send held no records (already delivered before a crash): the shell deleted
+    /// it; the next one goes.
+    mutating func batchWasEmpty(_ key: String) {
+        pendingBatches.removeAll { $0 == key }
+        inFlight = false
+    }
+
+    /// What to do with `batch` on disk given the upload's outcome (pure; the shell does it, then
+    /// reports `uploadFinished`).
+    static func disposal(of batch: SentBatch, _ outcome: UploadOutcome) -> Disposal {
+        switch outcome {
+        case .delivered: return .delete
+        case .retry: return batch.final ? .delete : .keep
+        case .tooLarge: return batch.final || batch.count <= 1 ? .deadLetter(status: 413, reason: "too large for the endpoint") : .unbatch
+        case .rejected(let status, let reason): return .deadLetter(status: status, reason: reason)
+        }
+    }
+
+    /// The upload of `batch` (the oldest pending) came back with `outcome` and the shell did
+    /// `disposal(of:)` on disk: `diskOK` false when that failed (the batch stays pending and goes
+    /// again after `storeErrorRetryMs`), `deadLettered` the records it set aside. `random` in
+    /// [0, 1) jitters the backoff. Returns the bookkeeping to do.
+    mutating func uploadFinished(_ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0,
+                                 now: UInt64, retry: RetryPolicy, random: Double) -> [Effect] {
+        inFlight = false
+        guard diskOK else {
+            notBeforeMs = now + StreamState.storeErrorRetryMs
+            lastResult = "queue update failed; batch kept"
+            return []
+        }
+        var effects: [Effect] = []
+        switch (outcome, StreamState.disposal(of: batch, outcome)) {
+        case (.delivered, _):
+            removeSent(batch.key)
+            effects.append(.release(bytes: batch.bytes))
+            attempts = 0
+            notBeforeMs = 0
+            delivered += UInt64(batch.count)
+            lastResult = "delivered \(batch.count) records"
+        case (.retry(let reason, _), .delete):
+            removeSent(batch.key)
+            effects.append(.release(bytes: batch.bytes))
+            lastResult = "final batch failed (\(reason)); purged without retry"
+        case (.retry(let reason, let retryAfter), _):
+            attempts += 1
+            let delay = StreamState.retryDelay(attempts: attempts, policy: retry, retryAfterMs: retryAfter, random: random)
+            notBeforeMs = now + delay
+            lastRetryDelayMs = delay
+            if let ra = retryAfter { effects.append(.holdEndpoint(untilMs: now + ra)) }
+            lastResult = "retrying: \(reason)"
+        case (.tooLarge, .unbatch):
+            // Split: the batch's records are queued again and cut at half the size.
+            removeSent(batch.key)
+            queued += batch.count
+            queuedBytes += batch.bytes
+            if oldestMs == nil { oldestMs = now }
+            countCap = max(1, batch.count / 2)
+            flushRequested = true
+            lastResult = "413: splitting \(batch.count) records into batches of \(max(1, batch.count / 2))"
+        case (.tooLarge, _):
+            removeSent(batch.key)
+            deadLetters += UInt64(deadLettered)
+            effects.append(.release(bytes: batch.bytes))
+            lastResult = "413 for a single record; set aside as a dead letter"
+        case (.rejected(_, let reason), _):
+            removeSent(batch.key)
+            deadLetters += UInt64(deadLettered)
+            effects.append(.release(bytes: batch.bytes))
+            lastResult = "rejected (\(reason)); \(deadLettered) records set aside as dead letters"
+        }
+        if pendingBatches.isEmpty && queued == 0 { countCap = nil }
+        if case .release(let b) = effects.first { diskBytes = max(0, diskBytes - b) }
+        return effects
+    }
+
+    // MARK: Internals
+
+    private mutating func removeSent(_ key: String) {
+        if pendingBatches.first == key { pendingBatches.removeFirst() } else { pendingBatches.removeAll { $0 == key } }
+    }
+
+    /// Nothing is queued any more: the interval clock, the byte count and a flush request start
+    /// over with the next record.
+    private mutating func emptied() {
+        queued = 0
+        queuedBytes = 0
+        oldestMs = nil
+        flushRequested = false
+    }
+}

@@ -1,0 +1,229 @@
+import Glibc
+import PylonPluginKit
+import PylonStore
+import Testing
+@testable import pylon_uploader
+
+/// The queue on disk (format 2: one chunk per stream and group commit), and the migration of a
+/// queue written by the per-record format of earlier releases.
+struct StoreTests {
+    /// A fresh database path in a new temporary directory.
+    static func tempPath() -> String {
+        var template = Array("/tmp/pylon-store-test.XXXXXX".utf8CString)
+        let dir = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
+        return dir + "/uploader.db"
+    }
+
+    /// Enqueues `records` (id, data JSON text) to `stream` in one group commit.
+    @discardableResult
+    static func enqueue(_ store: UploaderStore, _ stream: String, consent: String? = nil, _ records: [(String, String)],
+                        ts: Int64 = 7) throws -> (added: Int, bytes: Int) {
+        // C copies, as the request's json-c tree would hold them.
+        let ids = records.map { strdup($0.0)! }
+        let bodies = records.map { strdup($0.1)! }
+        defer { (ids + bodies).forEach { free($0) } }
+        let pending = records.indices.map { i in
+            PendingRecord(id: ids[i], idLength: Int32(strlen(ids[i])), ts: ts, body: bodies[i], bodyLength: Int32(strlen(bodies[i])))
+        }
+        let r = try store.commit([.init(stream: stream, consent: consent ?? stream, records: pending)], nowMs: 1_000)
+        return r[0]
+    }
+
+    /// The records of a batch body, as (id, ts, data serialized).
+    static func records(_ body: [UInt8]) throws -> (batch: String, stream: String, records: [(id: String, ts: Int64, data: String)]) {
+        let j = try body.withUnsafeBytes { try JSONRef.parse($0, maxDepth: 64) }.json
+        let recs = (j["records"]?.arrayValue ?? []).map { r in
+            (r["id"]?.stringValue ?? "?", r["ts"]?.intValue ?? -1, r["data"]?.serialized ?? "?")
+        }
+        return (j["batch"]?.stringValue ?? "", j["stream"]?.stringValue ?? "", recs)
+    }
+
+    static func numbered(_ prefix: String, _ r: Range<Int>) -> [(String, String)] {
+        r.map { ("\(prefix)\($0)", #"{"n":\#($0)}"#) }
+    }
+
+    @Test func oneCommitIsOneChunkAndBatchesAreCutFromItInOrder() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try Self.enqueue(store, "s", Self.numbered("r", 0..<10)) == (10, 70), "{\"n\":N} is 7 bytes")
+        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 1)
+        var seen: [String] = []
+        for key in ["k1", "k2", "k3"] {
+            let (n, bytes) = try store.cutBatch(stream: "s", key: key, maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1)
+            let body = try store.batchBody(key, stream: "s")
+            let parsed = try Self.records(body.body)
+            #expect(parsed.batch == key && parsed.stream == "s")
+            #expect(parsed.records.count == n && body.count == n && body.recordBytes == bytes && bytes == 7 * n)
+            seen += parsed.records.map(\.id)
+            #expect(parsed.records.allSatisfy { $0.ts == 7 })
+        }
+        #expect(seen == (0..<10).map { "r\($0)" })
+        #expect(try store.cutBatch(stream: "s", key: "k4", maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1) == (0, 0))
+        #expect(try store.summaries()["s"]?.pendingBatches == ["k1", "k2", "k3"])
+    }
+
+    @Test func aLargeCommitIsStoredAsSeveralChunksInOrder() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        let big = "\"" + String(repeating: "x", count: 100_000) + "\""
+        try Self.enqueue(store, "s", (0..<6).map { ("b\($0)", big) })
+        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 2, "256 KiB per chunk: 3 records each")
+        #expect(try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 30, final: false, nowMs: 1).count == 6)
+        #expect(try Self.records(store.batchBody("k", stream: "s").body).records.map(\.id) == (0..<6).map { "b\($0)" })
+    }
+
+    @Test func theByteLimitSplitsAChunkButTakesAtLeastOneRecord() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", [("a", "\"xxxxxxxxxx\""), ("b", "\"yyyyyyyyyy\""), ("c", "1")])
+        #expect(try store.cutBatch(stream: "s", key: "k1", maxCount: 500, maxBytes: 5, final: false, nowMs: 1) == (1, 12))
+        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 13, final: false, nowMs: 1) == (2, 13))
+        #expect(try Self.records(store.batchBody("k2", stream: "s").body).records.map(\.id) == ["b", "c"])
+    }
+
+    @Test func duplicatesAreRefusedWhileQueuedAndAcceptedAfterDelivery() throws {
+        let path = Self.tempPath()
+        var store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        #expect(try Self.enqueue(store, "s", [("a", "1"), ("b", "2"), ("a", "3")]).added == 2, "a twice in one commit")
+        #expect(try Self.enqueue(store, "s", [("a", "1"), ("c", "3")]).added == 1)
+        #expect(try Self.enqueue(store, "other", [("a", "1")]).added == 1, "ids are per stream")
+        // The duplicate check survives a restart (rebuilt from the chunks).
+        store.db.close()
+        store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try Self.enqueue(store, "s", [("b", "9"), ("d", "4")]).added == 1)
+        #expect(try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 4)
+        #expect(try Self.enqueue(store, "s", [("a", "1")]).added == 0, "in a batch, still on disk")
+        try store.deleteBatch("k")
+        #expect(try Self.enqueue(store, "s", [("a", "1")]).added == 1, "delivered: the id may come again")
+    }
+
+    @Test func anUnbatchedBatchGoesBackToItsPlace() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
+        try Self.enqueue(store, "s", Self.numbered("r", 6..<9))
+        _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1)
+        try store.unbatch("k1")
+        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 9)
+        #expect(try Self.records(store.batchBody("k2", stream: "s").body).records.map(\.id) == (0..<9).map { "r\($0)" })
+    }
+
+    @Test func deadLettersKeepEachRecordsIdAndData() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", [("q\"uote\\d", #"{"a":[1,2]}"#), ("plain", "null")])
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        #expect(try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5) == 2)
+        let rows = try store.deadLetters(streams: ["s"], limit: 10)
+        #expect(rows.map { $0[1].text ?? "" } == ["q\"uote\\d", "plain"])
+        #expect(rows.map { $0[2].text ?? "" } == [#"{"a":[1,2]}"#, "null"])
+        #expect(try store.totalBytes() == 0)
+        #expect(try Self.enqueue(store, "s", [("plain", "1")]).added == 1)
+    }
+
+    @Test func aFinalCutTakesOnlyTheDeniedSwitch() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", consent: "old", [("a", "1")])
+        try Self.enqueue(store, "s", consent: "s", [("b", "2")])
+        #expect(try store.consentKeys().sorted() == ["old", "s"])
+        #expect(try store.cutBatch(stream: "s", key: "f", maxCount: 500, maxBytes: 1 << 20, final: true, consent: "s", nowMs: 1) == (1, 1))
+        #expect(try store.isFinal("f"))
+        #expect(try Self.records(store.batchBody("f", stream: "s").body).records.map(\.id) == ["b"])
+        // A normal cut stops at a change of switch: one batch never mixes two.
+        #expect(try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 1))
+    }
+
+    @Test func aChunkWhoseBatchIsGoneIsQueuedAgainAtStart() throws {
+        let path = Self.tempPath()
+        var store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<3))
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        try store.db.run("DELETE FROM batches")  // what an earlier release does to a batch it finds empty
+        store.db.close()
+        store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try store.summaries()["s"]?.queued == 3)
+        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 3)
+    }
+
+    // MARK: Migration
+
+    /// The schema of the release before format 2, verbatim.
+    static let formatOneSchema = """
+        CREATE TABLE records(
+          seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
+          consent TEXT NOT NULL DEFAULT '', ts INTEGER NOT NULL, bytes INTEGER NOT NULL,
+          body TEXT NOT NULL, batch TEXT, enqueued_ms INTEGER NOT NULL, UNIQUE(stream, id));
+        CREATE INDEX records_by_batch ON records(stream, batch, seq);
+        CREATE TABLE batches(
+          key TEXT PRIMARY KEY, stream TEXT NOT NULL, created_ms INTEGER NOT NULL,
+          attempts INTEGER NOT NULL DEFAULT 0, final INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE dead_letters(
+          seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
+          body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
+          at_ms INTEGER NOT NULL);
+        CREATE TABLE stream_settings(
+          stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
+        CREATE TABLE stream_owners(
+          stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
+        """
+
+    @Test func aQueueOfTheEarlierFormatIsMigratedAndDelivered() throws {
+        let path = Self.tempPath()
+        do {
+            let old = try Database(path: path)
+            try old.exec("PRAGMA journal_mode=WAL")
+            try old.exec(Self.formatOneSchema)
+            func put(_ stream: String, _ id: String, _ body: String, batch: String?, consent: String? = nil, ts: Int64) throws {
+                try old.run("INSERT INTO records(stream,id,consent,ts,bytes,body,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?,?)",
+                            [.text(stream), .text(id), .text(consent ?? stream), .int(ts), .int(Int64(body.utf8.count)), .text(body),
+                             batch.map { .text($0) } ?? .null, .int(500)])
+            }
+            // ma.app: a batch cut before the upgrade (its key must survive), then queued records,
+            // interleaved with another stream's.
+            try put("ma.app", "e1", #"{"event":"a"}"#, batch: "oldbatch", ts: 1)
+            try put("other", "o1", "[1]", batch: nil, ts: 2)
+            try put("ma.app", "e2", #"{"event":"b"}"#, batch: "oldbatch", ts: 3)
+            try put("ma.app", "e\"3", #"{"event":"c"}"#, batch: nil, ts: 4)
+            try put("other", "o2", "[2]", batch: nil, consent: "legacy", ts: 5)
+            try put("ma.app", "e4", #""d""#, batch: nil, ts: 6)
+            try old.run("INSERT INTO batches(key,stream,created_ms,final) VALUES('oldbatch','ma.app',400,0)")
+            try old.run("INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms) VALUES('ma.app','x','1','b0',400,'HTTP 400',1)")
+            try old.run("INSERT INTO stream_owners(stream,owner,created_ms) VALUES('other','uid:1000',1)")
+            old.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try store.db.query("SELECT name FROM sqlite_master WHERE name='records'").isEmpty, "the old table is gone")
+        #expect(try store.db.query("PRAGMA user_version").first?[0].int == UploaderStore.format)
+        let sums = try store.summaries()
+        #expect(sums["ma.app"]?.pendingBatches == ["oldbatch"] && sums["ma.app"]?.queued == 2)
+        #expect(sums["other"]?.queued == 2 && sums["other"]?.pendingBatches == [])
+        #expect(try store.totalBytes() == 13 + 3 + 13 + 13 + 3 + 3)
+        #expect(try store.recordedOwners()["other"] == "uid:1000" && store.deadLetterCount(stream: "ma.app") == 1)
+        #expect(try store.consentKeys().sorted() == ["legacy", "ma.app", "other"])
+
+        // The pending batch is resent as the same batch: same key, same records.
+        let resent = try Self.records(store.batchBody("oldbatch", stream: "ma.app").body)
+        #expect(resent.batch == "oldbatch")
+        #expect(resent.records.map(\.id) == ["e1", "e2"] && resent.records.map(\.ts) == [1, 3])
+        #expect(resent.records.map(\.data) == [#"{"event":"a"}"#, #"{"event":"b"}"#])
+        try store.deleteBatch("oldbatch")
+        // The queued records are cut and delivered in their order, ids and data intact.
+        #expect(try store.cutBatch(stream: "ma.app", key: "n1", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 2)
+        let next = try Self.records(store.batchBody("n1", stream: "ma.app").body)
+        #expect(next.records.map(\.id) == ["e\"3", "e4"] && next.records.map(\.data) == [#"{"event":"c"}"#, #""d""#])
+        // Their ids still count as queued (no duplicate is accepted), the delivered ones are free.
+        #expect(try Self.enqueue(store, "ma.app", [("e4", "0"), ("e1", "0")]).added == 1)
+        // The other stream's records keep their switches: a cut does not mix them.
+        #expect(try store.cutBatch(stream: "other", key: "o", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 3))
+        #expect(try Self.records(store.batchBody("o", stream: "other").body).records.map(\.id) == ["o1"])
+        #expect(try store.cutBatch(stream: "other", key: "o2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 3))
+        // New records go after the migrated ones.
+        try Self.enqueue(store, "ma.app", [("e5", "5")])
+        #expect(try store.cutBatch(stream: "ma.app", key: "n2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 2)
+        #expect(try Self.records(store.batchBody("n2", stream: "ma.app").body).records.map(\.id) == ["e1", "e5"])
+    }
+}

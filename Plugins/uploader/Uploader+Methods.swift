@@ -46,7 +46,15 @@ extension Uploader {
         commit()
         let caller = Principal(caller: call.caller)
         let names: [String]
-        if let s = call.params["stream"]?.stringValue {
+        let one: String?
+        switch call.params["stream"] {
+        case nil, .null?: one = nil
+        case .string(let s)?: one = s
+        default:
+            call.fail(RPCError(.invalidParams, "params.stream must be a string (or absent: every stream the caller may use)"))
+            return
+        }
+        if let s = one {
             guard Uploader.validStream(s) else {
                 call.fail(RPCError(.invalidParams, "params.stream must be 1-128 of [A-Za-z0-9._:-]"))
                 return
@@ -64,8 +72,8 @@ extension Uploader {
         }
         let wait = call.params["wait"]?.boolValue ?? false
         if wait {
-            if call.params["stream"] != nil {
-                drainWaiters[names[0], default: []].append(call)
+            if let s = one {
+                drainWaiters[s, default: []].append(call)
             } else {
                 multiDrainWaiters.append((call, Set(names)))
                 answerMultiDrainWaiters()

@@ -44,6 +44,24 @@ import PylonProtocol
 
     // MARK: (2) endpoints, ownership, quotas
 
+    /// `flush` with `wait` and a `stream` that is null or not a string, from a caller with no
+    /// streams: the uploader chose its waiting path by the key's presence and indexed an empty
+    /// list (a trap that took the plugin down).
+    @Test func flushWithANullOrMistypedStreamIsAnsweredNotACrash() throws {
+        let b = try TestBackend()
+        let h = try host(b)
+        let pid = try h.client().call("bus.status")["plugins"]?.arrayValue?.first?["pid"]
+        let r = try call(as: Self.nobody, h, [
+            ("uploader.flush", ["stream": .null, "wait": true]),
+            ("uploader.flush", ["stream": 5, "wait": true]),
+            ("uploader.status", nil),
+        ])
+        #expect(r[0]["result"]?["drained"] == true, "\(r[0].serialized)")
+        #expect(r[1].errorCode == -32602, "\(r[1].serialized)")
+        #expect(r[2]["result"] != nil)
+        #expect(try h.client().call("bus.status")["plugins"]?.arrayValue?.first?["pid"] == pid, "the uploader was not restarted")
+    }
+
     @Test func anotherUidCannotRepointWriteOrFlushAnotherOwnersStream() throws {
         let b = try TestBackend()
         let h = try host(b, config: ["streams": ["*": ["intervalMs": 600000]]])

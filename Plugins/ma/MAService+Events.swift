@@ -2,86 +2,97 @@ import CJSONC
 import PylonPluginKit
 
 /// `ma.eventRecord` (ma.md §3): validate, stamp, hand to the uploader, answer once durable.
+///
+/// The hot path builds no json-c objects and no Swift values per event: the event is validated
+/// on the request's parsed tree, its record is written as JSON text straight into the params of
+/// the next `uploader.enqueue` (`EventText`), and the caller is answered with a constant reply
+/// once that enqueue is durable.
 extension MAService {
     func eventRecord(_ call: Call) {
         guard let inst = usable(call) else { return }
-        // Validated and recorded straight from the parsed json-c tree (no Swift values per event).
         let props = call.paramRef("property")
         let nameRef = call.paramRef("eventName")
         if let why = EventValidation.check(eventNameRef: nameRef, propertyRef: props) {
             call.reply(Self.result(MACode.invalidParams, why))
             return
         }
-        let name = String(cString: json_object_get_string(nameRef))  // a string: checked above
-        inst.whenReady { [unowned self] in
-            self.touchSession(inst)
-            self.record(inst, name: name, properties: props) { err in
-                if let err { call.reply(Self.result(MACode.failed, err)) } else { call.reply(serialized: Self.okReply) }
-            }
+        // The request's tree (name and properties) lives as long as the call.
+        if inst.pendingStarts == 0 {
+            recordEvent(inst, call, nameRef, props)
+        } else {
+            inst.whenReady { [unowned self] in self.recordEvent(inst, call, nameRef, props) }
         }
     }
 
-    func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
-        guard inst.eventsInFlight > 0 else { return action() }
-        inst.drainWaiters.append(action)
-        if !outbox.isEmpty { flushOutbox() }
+    private func recordEvent(_ inst: MAInstance, _ call: Call, _ nameRef: OpaquePointer?, _ props: OpaquePointer?) {
+        touchSession(inst)
+        // A string: checked by EventValidation.
+        let name = UnsafeRawBufferPointer(start: json_object_get_string(nameRef), count: Int(json_object_get_string_len(nameRef)))
+        record(inst, name: name, properties: props, for: call)
     }
 
-    private func eventSettled(_ inst: MAInstance) {
-        inst.eventsInFlight -= 1
-        guard inst.eventsInFlight == 0, !inst.drainWaiters.isEmpty else { return }
-        let waiters = inst.drainWaiters
-        inst.drainWaiters = []
-        for w in waiters { w() }
+    /// Records one of the plugin's own events (`el_session_start`, `el_session_end`).
+    func recordOwn(_ inst: MAInstance, _ name: StaticString) {
+        record(inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: nil, for: nil)
     }
 
-    // MARK: Events
-
-    /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
-    /// `properties` is a json-c object (borrowed; nil = none). The record is built as json-c
-    /// objects: the event's properties are shared with the request, never converted or copied.
-    func record(_ inst: MAInstance, name: String, properties: OpaquePointer?, _ done: @escaping (String?) -> Void) {
+    /// Stamps an event and puts its record in the AppKey's open batch; `call` (nil for the
+    /// plugin's own events) is answered once the batch is durable in the uploader — or at once
+    /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
+    /// `properties` is a json-c object, borrowed (nil or not an object: `{}`).
+    func record(_ inst: MAInstance, name: UnsafeRawBufferPointer, properties: OpaquePointer?, for call: Call?) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
-            done(nil)  // collection disabled: dropped silently, as the SDK does
+            call?.reply(serialized: Self.okReply)  // collection disabled: dropped silently
             return
         }
         guard held + outboxCount < maxHeldEvents else {
-            done("too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))")
+            call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
             return
         }
         eventSeq &+= 1
         outboxCount += 1
         inst.eventsInFlight += 1
-        let done: (String?) -> Void = { [unowned self] err in
-            done(err)
-            self.eventSettled(inst)
+        var batches = outbox.removeValue(forKey: inst.appKey) ?? []
+        if batches.last.map({ $0.waiters.count >= Self.maxRecordsPerEnqueue }) ?? true {
+            batches.append(EventBatch(inst))
         }
-        let data = json_object_new_object()
-        json_object_object_add(data, "event", json_object_new_string(name))
-        json_object_object_add(data, "time", json_object_new_int64(System.wallClockMs()))
-        json_object_object_add(data, "euid", inst.euid.map { json_object_new_string($0) } ?? nil)
-        json_object_object_add(data, "session", inst.sessionId.map { json_object_new_string($0) } ?? nil)
-        json_object_object_add(data, "properties",
-                               json_object_get_type(properties) == json_type_object ? json_object_get(properties) : json_object_new_object())
-        if !inst.utm.isEmpty {
-            let u = json_object_new_object()
-            for k in inst.utm.keys.sorted() { json_object_object_add(u, k, json_object_new_string(inst.utm[k]!)) }
-            json_object_object_add(data, "utm", u)
+        batches[batches.count - 1].add(call) { text in
+            // Unique without a syscall per event: a random per-process prefix plus a counter.
+            withPropertiesText(properties) { props in
+                EventText.record(idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
+                                 euid: inst.euid, session: inst.sessionId, properties: props, tail: eventTail(inst),
+                                 into: &text)
+            }
         }
-        let device = json_object_new_object()
-        json_object_object_add(device, "os", json_object_new_string("linux"))
-        if inst.collectControl["idfv"] == true { json_object_object_add(device, "idfv", json_object_new_string(vendorId)) }
-        if inst.collectControl["idfa"] == true, let a = advertisingId { json_object_object_add(device, "idfa", json_object_new_string(a)) }
-        if inst.collectControl["carrier"] == true, let c = carrier { json_object_object_add(device, "carrier", json_object_new_string(c)) }
-        json_object_object_add(data, "device", device)
-        let rec = json_object_new_object()
-        // Unique without a syscall per event: a random per-process prefix plus a counter.
-        json_object_object_add(rec, "id", json_object_new_string("\(runPrefix)-\(eventSeq)"))
-        json_object_object_add(rec, "data", data)
+        outbox[inst.appKey] = batches
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
         // one commit for many events); each caller is answered when that enqueue is durable.
-        outbox[inst.appKey, default: []].append((JSONRef(owning: rec), done))
         if !outboxTimer.isActive { outboxTimer.start(after: 0) }
+    }
+
+    /// The properties' compact JSON text (json-c's serialisation of the request's subtree, kept
+    /// with it), or `{}`.
+    private func withPropertiesText(_ p: OpaquePointer?, _ body: (UnsafeRawBufferPointer) -> Void) {
+        var len = 0
+        if json_object_get_type(p) == json_type_object, let c = json_object_to_json_string_length(p, flagsPlain, &len) {
+            body(UnsafeRawBufferPointer(start: c, count: len))
+        } else {
+            Self.noProperties.withUnsafeBytes { body($0) }
+        }
+    }
+
+    private static let noProperties = Array("{}".utf8)
+
+    /// The instance's `"utm":…,"device":…` record text, rebuilt after its settings change.
+    func eventTail(_ inst: MAInstance) -> [UInt8] {
+        if let t = inst.eventTail { return t }
+        var device: [(String, String)] = [("os", "linux")]
+        if inst.collectControl["idfv"] == true { device.append(("idfv", vendorId)) }
+        if inst.collectControl["idfa"] == true, let a = advertisingId { device.append(("idfa", a)) }
+        if inst.collectControl["carrier"] == true, let c = carrier { device.append(("carrier", c)) }
+        let t = EventText.tail(utm: inst.utm, device: device)
+        inst.eventTail = t
+        return t
     }
 
     /// Events per uploader enqueue. Small enough that the host, the uploader and this plugin
@@ -89,36 +100,31 @@ extension MAService {
     /// in lock step at ~21k events/s; 128 gives ~30k with the same CPU).
     static let maxRecordsPerEnqueue = 128
 
+    /// Sends every open batch (one enqueue each).
     func flushOutbox() {
-        let all = outbox
-        outbox.removeAll()
+        var all: [String: [EventBatch]] = [:]
+        swap(&all, &outbox)
         outboxCount = 0
-        for (appKey, items) in all {
-            guard let inst = instances[appKey] else {
-                for item in items { item.done("AppKey \(appKey) is gone") }  // never left unanswered
-                continue
-            }
-            var start = 0
-            while start < items.count {
-                let chunk = Array(items[start..<min(items.count, start + MAService.maxRecordsPerEnqueue)])
-                start += chunk.count
-                let params = json_object_new_object()
-                json_object_object_add(params, "stream", json_object_new_string(inst.stream))
-                json_object_object_add(params, "consent", json_object_new_string(inst.consentKey))
-                let recs = json_object_new_array_ext(Int32(chunk.count))
-                for item in chunk { json_object_array_add(recs, json_object_get(item.record.ptr)) }
-                json_object_object_add(params, "records", recs)
-                held += chunk.count
-                enqueue(params, chunk, attempt: 1)
+        // Taken out of the dictionary so that closing a batch appends in place (no copy).
+        while let (appKey, taken) = all.popFirst() {
+            var batches = taken
+            for i in batches.indices {
+                guard let inst = instances[appKey] else {  // never left unanswered
+                    for c in batches[i].waiters { c?.reply(Self.result(MACode.failed, "AppKey \(appKey) is gone")) }
+                    continue
+                }
+                held += batches[i].waiters.count
+                batches[i].close()
+                enqueue(PrebuiltJSON.node(batches[i].text), batches[i].waiters, inst, attempt: 1)
             }
         }
     }
 
-    /// Sends one enqueue. If the uploader is restarting (-32001) or did not answer in time
-    /// (-32002), the same records are sent again after a backoff: the app's reply waits, and the
-    /// uploader ignores records it already has (ids are unique per stream), so nothing is
-    /// doubled. Any other answer settles the chunk.
-    private func enqueue(_ params: OpaquePointer?, _ chunk: [(record: JSONRef, done: (String?) -> Void)], attempt: Int) {
+    /// Sends one enqueue (`params`: one reference, taken). If the uploader is restarting (-32001)
+    /// or did not answer in time (-32002), the same records are sent again after a backoff: the
+    /// app's reply waits, and the uploader ignores records it already has (ids are unique per
+    /// stream), so nothing is doubled. Any other answer settles the batch.
+    private func enqueue(_ params: OpaquePointer?, _ waiters: [Call?], _ inst: MAInstance, attempt: Int) {
         let again = JSONRef(owning: json_object_get(params))
         plugin.callRaw("uploader.enqueue", params: params) { [unowned self] r in
             let err: String?
@@ -131,19 +137,65 @@ extension MAService {
             case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
                 let delay = Self.uploaderRetry.delay(attempt: attempt)
                 if attempt == 1 {
-                    self.plugin.log.warn("uploader unavailable; holding events", ["events": chunk.count, "error": e.message])
+                    self.plugin.log.warn("uploader unavailable; holding events", ["events": waiters.count, "error": e.message])
                 }
                 let t = Timer(loop: self.plugin.loop) {}
                 t.callback = { [unowned self, unowned t] in
                     t.close()
-                    self.enqueue(json_object_get(again.ptr), chunk, attempt: attempt + 1)
+                    self.enqueue(json_object_get(again.ptr), waiters, inst, attempt: attempt + 1)
                 }
                 t.start(after: delay)
                 return
             case .failure(let e): err = e.message
             }
-            self.held -= chunk.count
-            for item in chunk { item.done(err) }
+            self.held -= waiters.count
+            if let err {
+                let reply = Self.result(MACode.failed, err)
+                for c in waiters { c?.reply(reply) }
+            } else {
+                for c in waiters { c?.reply(serialized: Self.okReply) }
+            }
+            self.eventsSettled(inst, waiters.count)
         }
     }
+
+    /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
+    func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
+        guard inst.eventsInFlight > 0 else { return action() }
+        inst.drainWaiters.append(action)
+        if !outbox.isEmpty { flushOutbox() }
+    }
+
+    private func eventsSettled(_ inst: MAInstance, _ n: Int) {
+        inst.eventsInFlight -= n
+        guard inst.eventsInFlight == 0, !inst.drainWaiters.isEmpty else { return }
+        let waiters = inst.drainWaiters
+        inst.drainWaiters = []
+        for w in waiters { w() }
+    }
+}
+
+/// Events recorded for one AppKey in this loop turn, up to `maxRecordsPerEnqueue`: the params of
+/// one `uploader.enqueue` as JSON text (its records so far) and who waits for each record (nil:
+/// the plugin's own session events).
+struct EventBatch {
+    private(set) var text: [UInt8] = []
+    private(set) var waiters: [Call?] = []
+
+    init(_ inst: MAInstance) {
+        // Room for a full batch of typical records (~350 bytes each): no regrowth on the way.
+        text.reserveCapacity(MAService.maxRecordsPerEnqueue * 384)
+        waiters.reserveCapacity(MAService.maxRecordsPerEnqueue)
+        EventText.paramsHead(stream: inst.stream, consent: inst.consentKey, into: &text)
+    }
+
+    /// Adds one record, written by `write`, and who waits for it.
+    mutating func add(_ call: Call?, _ write: (inout [UInt8]) -> Void) {
+        if !waiters.isEmpty { text.append(UInt8(ascii: ",")) }
+        write(&text)
+        waiters.append(call)
+    }
+
+    /// Completes `text` as the enqueue's params (no record is added after).
+    mutating func close() { EventText.paramsTail(into: &text) }
 }

@@ -101,7 +101,7 @@ extension MAService {
     func touchSession(_ inst: MAInstance) {
         if inst.sessionId == nil {
             inst.sessionId = System.randomHex(8)
-            record(inst, name: "el_session_start", properties: nil) { _ in }
+            recordOwn(inst, "el_session_start")
             persist(inst)  // a plugin restart continues the session
         }
         if inst.background { armSessionTimer(inst) }
@@ -124,7 +124,7 @@ extension MAService {
     func armSessionTimer(_ inst: MAInstance) {
         let t = inst.sessionTimer ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
             guard inst.sessionId != nil else { return }
-            self.record(inst, name: "el_session_end", properties: nil) { _ in }
+            self.recordOwn(inst, "el_session_end")
             inst.sessionId = nil
             self.persist(inst)
         }

@@ -39,10 +39,11 @@ final class MAService {
     var maxAppKeys = 1_024
     var eventSeq: UInt64 = 0
     /// Event ids: this install's device id and a random value drawn once per process start.
-    lazy var runPrefix = "\(deviceId)-\(System.randomHex(6))"
+    lazy var eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
 
     // Events on their way to the uploader (MAService+Events).
-    var outbox: [String: [(record: JSONRef, done: (String?) -> Void)]] = [:]
+    /// Per AppKey, the batches of events recorded in this loop turn (the last one open).
+    var outbox: [String: [EventBatch]] = [:]
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
     var outboxCount = 0
     /// Events sent to the uploader and not yet answered (or waiting to be sent again).
@@ -209,15 +210,29 @@ final class MAService {
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
     func instance(for call: Call) -> MAInstance? {
+        let client = call.callerClient
         let key: String?
-        if let k = call.stringParam("appKey")?.trimmedWhitespace, !k.isEmpty {
+        if let k = Self.appKeyParam(call), !k.isEmpty {
             key = k
         } else {
-            key = call.callerClient.flatMap { clientAppKey[$0] }
+            key = client.flatMap { clientAppKey[$0] }
         }
         guard let key, let inst = instances[key] else { return nil }
-        touch(call.callerClient, key)
+        touch(client, key)
         return inst
+    }
+
+    /// `params.appKey` without surrounding whitespace, or nil when absent or not a string.
+    /// Trimmed only when its first or last byte can start or end whitespace: every AppKey in use
+    /// is plain ASCII, so the event path skips Unicode's whitespace tables.
+    static func appKeyParam(_ call: Call) -> String? {
+        let v = call.paramRef("appKey")
+        guard json_object_get_type(v) == json_type_string else { return nil }
+        let n = Int(json_object_get_string_len(v))
+        let b = UnsafeRawBufferPointer(start: json_object_get_string(v), count: n)
+        let s = String(decoding: b, as: UTF8.self)
+        @inline(__always) func plain(_ c: UInt8) -> Bool { c > 0x20 && c < 0x7F }
+        return n > 0 && plain(b[0]) && plain(b[n - 1]) ? s : s.trimmedWhitespace
     }
 
     /// Replies -2 unless the call's AppKey has a successful or in-flight start.

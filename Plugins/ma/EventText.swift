@@ -133,15 +133,25 @@ enum EventText {
 /// as a tree. The text must be one valid JSON value.
 enum PrebuiltJSON {
     private final class Text {
-        let bytes: [UInt8]
-        init(_ bytes: [UInt8]) { self.bytes = bytes }
+        var bytes: [UInt8]
+        let released: (inout [UInt8]) -> Void
+        init(_ bytes: [UInt8], _ released: @escaping (inout [UInt8]) -> Void) {
+            self.bytes = bytes
+            self.released = released
+        }
+        deinit {
+            var b: [UInt8] = []
+            swap(&b, &bytes)
+            released(&b)  // uniquely referenced here, so its storage can be kept
+        }
     }
 
-    /// A new node (one reference, owned by the caller) that serialises as `text`.
-    static func node(_ text: [UInt8]) -> OpaquePointer? {
+    /// A new node (one reference, owned by the caller) that serialises as `text`; `released`
+    /// gets the text back when json-c frees the node (to reuse its buffer).
+    static func node(_ text: [UInt8], released: @escaping (inout [UInt8]) -> Void = { _ in }) -> OpaquePointer? {
         // The node's own type is never seen: the serializer below replaces its text.
         let node = json_object_new_boolean(0)
-        let box = Unmanaged.passRetained(Text(text)).toOpaque()
+        let box = Unmanaged.passRetained(Text(text, released)).toOpaque()
         json_object_set_serializer(node, { jso, pb, _, _ in
             let t = Unmanaged<Text>.fromOpaque(json_object_get_userdata(jso)!).takeUnretainedValue()
             let n = t.bytes.withUnsafeBytes { b in

@@ -53,8 +53,8 @@ extension MAService {
         outboxCount += 1
         inst.eventsInFlight += 1
         var batches = outbox.removeValue(forKey: inst.appKey) ?? []
-        if batches.last.map({ $0.waiters.count >= Self.maxRecordsPerEnqueue }) ?? true {
-            batches.append(EventBatch(inst))
+        if batches.last.map({ $0.count >= Self.maxRecordsPerEnqueue }) ?? true {
+            batches.append(EventBatch(inst, buffer: spareBatchBuffers.popLast() ?? [], waiters: spareWaiters.popLast() ?? EventWaiters()))
         }
         batches[batches.count - 1].add(call) { text in
             // Unique without a syscall per event: a random per-process prefix plus a counter.
@@ -105,26 +105,39 @@ extension MAService {
         var all: [String: [EventBatch]] = [:]
         swap(&all, &outbox)
         outboxCount = 0
-        // Taken out of the dictionary so that closing a batch appends in place (no copy).
-        while let (appKey, taken) = all.popFirst() {
-            var batches = taken
+        for appKey in Array(all.keys) {
+            // Taken out of the dictionary so that closing a batch appends in place (no copy).
+            guard var batches = all.removeValue(forKey: appKey) else { continue }
             for i in batches.indices {
                 guard let inst = instances[appKey] else {  // never left unanswered
-                    for c in batches[i].waiters { c?.reply(Self.result(MACode.failed, "AppKey \(appKey) is gone")) }
+                    for c in batches[i].waiters.calls { c?.reply(Self.result(MACode.failed, "AppKey \(appKey) is gone")) }
                     continue
                 }
-                held += batches[i].waiters.count
+                held += batches[i].count
                 batches[i].close()
-                enqueue(PrebuiltJSON.node(batches[i].text), batches[i].waiters, inst, attempt: 1)
+                let params = PrebuiltJSON.node(batches[i].text) { [weak self] text in self?.reuseBatchBuffer(&text) }
+                enqueue(params, batches[i].waiters, inst, attempt: 1)
             }
         }
     }
+
+    /// Keeps a sent batch's buffer for a later batch: a fresh one of this size would be a large
+    /// malloc, which makes glibc consolidate its fast bins first (~15% of this plugin's profile
+    /// before buffers were reused).
+    private func reuseBatchBuffer(_ text: inout [UInt8]) {
+        guard spareBatchBuffers.count < Self.maxSpareBatchBuffers else { return }
+        text.removeAll(keepingCapacity: true)
+        spareBatchBuffers.append(text)
+    }
+
+    /// Buffers kept for reuse (batches of several AppKeys in one turn take one each).
+    static let maxSpareBatchBuffers = 8
 
     /// Sends one enqueue (`params`: one reference, taken). If the uploader is restarting (-32001)
     /// or did not answer in time (-32002), the same records are sent again after a backoff: the
     /// app's reply waits, and the uploader ignores records it already has (ids are unique per
     /// stream), so nothing is doubled. Any other answer settles the batch.
-    private func enqueue(_ params: OpaquePointer?, _ waiters: [Call?], _ inst: MAInstance, attempt: Int) {
+    private func enqueue(_ params: OpaquePointer?, _ waiters: EventWaiters, _ inst: MAInstance, attempt: Int) {
         let again = JSONRef(owning: json_object_get(params))
         plugin.callRaw("uploader.enqueue", params: params) { [unowned self] r in
             let err: String?
@@ -137,7 +150,7 @@ extension MAService {
             case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
                 let delay = Self.uploaderRetry.delay(attempt: attempt)
                 if attempt == 1 {
-                    self.plugin.log.warn("uploader unavailable; holding events", ["events": waiters.count, "error": e.message])
+                    self.plugin.log.warn("uploader unavailable; holding events", ["events": waiters.calls.count, "error": e.message])
                 }
                 let t = Timer(loop: self.plugin.loop) {}
                 t.callback = { [unowned self, unowned t] in
@@ -148,14 +161,19 @@ extension MAService {
                 return
             case .failure(let e): err = e.message
             }
-            self.held -= waiters.count
+            let n = waiters.calls.count
+            self.held -= n
             if let err {
                 let reply = Self.result(MACode.failed, err)
-                for c in waiters { c?.reply(reply) }
+                for c in waiters.calls { c?.reply(reply) }
             } else {
-                for c in waiters { c?.reply(serialized: Self.okReply) }
+                for c in waiters.calls { c?.reply(serialized: Self.okReply) }
             }
-            self.eventsSettled(inst, waiters.count)
+            if self.spareWaiters.count < Self.maxSpareBatchBuffers {
+                waiters.calls.removeAll(keepingCapacity: true)  // for a later batch (no large malloc)
+                self.spareWaiters.append(waiters)
+            }
+            self.eventsSettled(inst, n)
         }
     }
 
@@ -180,22 +198,33 @@ extension MAService {
 /// the plugin's own session events).
 struct EventBatch {
     private(set) var text: [UInt8] = []
-    private(set) var waiters: [Call?] = []
+    /// Who waits for each record, in order.
+    let waiters: EventWaiters
+    var count: Int { waiters.calls.count }
 
-    init(_ inst: MAInstance) {
+    /// `buffer`: an empty array whose capacity is reused.
+    init(_ inst: MAInstance, buffer: [UInt8], waiters: EventWaiters) {
+        text = buffer
+        self.waiters = waiters
         // Room for a full batch of typical records (~350 bytes each): no regrowth on the way.
         text.reserveCapacity(MAService.maxRecordsPerEnqueue * 384)
-        waiters.reserveCapacity(MAService.maxRecordsPerEnqueue)
+        waiters.calls.reserveCapacity(MAService.maxRecordsPerEnqueue)
         EventText.paramsHead(stream: inst.stream, consent: inst.consentKey, into: &text)
     }
 
     /// Adds one record, written by `write`, and who waits for it.
     mutating func add(_ call: Call?, _ write: (inout [UInt8]) -> Void) {
-        if !waiters.isEmpty { text.append(UInt8(ascii: ",")) }
+        if !waiters.calls.isEmpty { text.append(UInt8(ascii: ",")) }
         write(&text)
-        waiters.append(call)
+        waiters.calls.append(call)
     }
 
     /// Completes `text` as the enqueue's params (no record is added after).
     mutating func close() { EventText.paramsTail(into: &text) }
+}
+
+/// The callers waiting for one batch's records (nil: the plugin's own events); a class so that
+/// its array is reused, emptied, for a later batch once they are answered.
+final class EventWaiters {
+    var calls: [Call?] = []
 }

@@ -46,6 +46,9 @@ final class MAService {
     var outbox: [String: [EventBatch]] = [:]
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
     var outboxCount = 0
+    /// Emptied batch buffers, kept for the next batches.
+    var spareBatchBuffers: [[UInt8]] = []
+    var spareWaiters: [EventWaiters] = []
     /// Events sent to the uploader and not yet answered (or waiting to be sent again).
     var held = 0
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond

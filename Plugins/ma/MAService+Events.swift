@@ -10,8 +10,11 @@ import PylonPluginKit
 extension MAService {
     func eventRecord(_ call: Call) {
         guard let inst = usable(call) else { return }
-        let props = call.paramRef("property")
-        let nameRef = call.paramRef("eventName")
+        // Looked up on the params object once (each `Call.paramRef` finds params again).
+        let params = call.paramsRef
+        var props: OpaquePointer?, nameRef: OpaquePointer?
+        _ = json_object_object_get_ex(params, "property", &props)
+        _ = json_object_object_get_ex(params, "eventName", &nameRef)
         if let why = EventValidation.check(eventNameRef: nameRef, propertyRef: props) {
             call.reply(Self.result(MACode.invalidParams, why))
             return

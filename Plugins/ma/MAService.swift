@@ -229,8 +229,8 @@ final class MAService {
     /// Trimmed only when its first or last byte can start or end whitespace: every AppKey in use
     /// is plain ASCII, so the event path skips Unicode's whitespace tables.
     static func appKeyParam(_ call: Call) -> String? {
-        let v = call.paramRef("appKey")
-        guard json_object_get_type(v) == json_type_string else { return nil }
+        var v: OpaquePointer?
+        guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
         let n = Int(json_object_get_string_len(v))
         let b = UnsafeRawBufferPointer(start: json_object_get_string(v), count: n)
         let s = String(decoding: b, as: UTF8.self)

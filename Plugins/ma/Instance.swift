@@ -12,8 +12,11 @@ final class MAInstance {
     var identity: [String: String] = [:]
     /// nil until the first start decides it.
     var collectionEnabled: Bool?
-    var collectControl: [String: Bool] = MAInstance.defaultCollectControl
-    var utm: [String: String] = [:]
+    var collectControl: [String: Bool] = MAInstance.defaultCollectControl { didSet { eventTail = nil } }
+    var utm: [String: String] = [:] { didSet { eventTail = nil } }
+    /// The `"utm":…,"device":…` text of this instance's event records (`MAService.eventTail`);
+    /// nil after either changes.
+    var eventTail: [UInt8]?
     var sessionTimeoutS: Int64 = 30 * 60
     /// Set by `ma.setReportInterval` for the app's current session; reset to the configured
     /// default when the last client bound to this AppKey disconnects.

@@ -11,8 +11,11 @@ struct MAError: Error {
 /// over HTTP, hands events to the uploader, and drives the host's `ma:<appKey>` consent switch.
 final class MAService {
     let plugin: Plugin
-    var http: HTTPClient!
-    var db: Database!
+    /// The MA backend's client (requests start only after the handshake).
+    let http: HTTPClient
+    /// The plugin's state (apps, client bindings, device ids), opened on first use: `ready()`,
+    /// once the host's welcome has named the state directory. It cannot open: exit 78.
+    lazy var db: Database = openState()
     var instances: [String: MAInstance] = [:]
     /// Which AppKey each client connection last started (ma.md: calls without `appKey` use it).
     var clientAppKey: [Int64: String] = [:]
@@ -34,13 +37,41 @@ final class MAService {
     /// The most AppKeys (MA instances) this plugin keeps (config `maxAppKeys`); a start for one
     /// more is answered -1.
     var maxAppKeys = 1_024
-    private var eventSeq: UInt64 = 0
+    var eventSeq: UInt64 = 0
     /// Event ids: this install's device id and a random value drawn once per process start.
-    private lazy var runPrefix = "\(deviceId)-\(System.randomHex(6))"
+    lazy var eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
 
-    init(plugin: Plugin) { self.plugin = plugin }
+    // Events on their way to the uploader (MAService+Events).
+    /// Per AppKey, the batches of events recorded in this loop turn (the last one open).
+    var outbox: [String: [EventBatch]] = [:]
+    lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
+    var outboxCount = 0
+    /// Emptied batch buffers, kept for the next batches.
+    var spareBatchBuffers: [[UInt8]] = []
+    var spareWaiters: [EventWaiters] = []
+    /// Events sent to the uploader and not yet answered (or waiting to be sent again).
+    var held = 0
+    /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
+    /// it new events are answered -1 at once instead of waiting.
+    var maxHeldEvents = 100_000
 
-    func start() {
+    init(plugin: Plugin) {
+        self.plugin = plugin
+        http = HTTPClient(loop: plugin.loop)
+    }
+
+    private func openState() -> Database {
+        precondition(!plugin.stateDir.isEmpty, "MA state opened before the host's welcome")
+        do {
+            return try Database(path: plugin.stateDir + "/ma.db")
+        } catch {
+            plugin.log.error("cannot open MA state", ["error": "\(error)"])
+            System.exit(78)
+        }
+    }
+
+    /// Reads the configuration and the persisted state (after the handshake).
+    func ready() {
         let c = plugin.config
         if let u = c["backend"]?.stringValue { backendURL = u }
         defaultProject = c["project"]?.stringValue
@@ -51,7 +82,6 @@ final class MAService {
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
         if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
         do {
-            db = try Database(path: plugin.stateDir + "/ma.db")
             try db.exec("""
                 PRAGMA journal_mode=WAL;
                 CREATE TABLE IF NOT EXISTS apps(app_key TEXT PRIMARY KEY, state TEXT NOT NULL);
@@ -82,7 +112,6 @@ final class MAService {
             plugin.log.error("cannot open MA state", ["error": "\(error)"])
             System.exit(78)
         }
-        http = HTTPClient(loop: plugin.loop)
         plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
         pruneRestoredBindings()
     }
@@ -149,47 +178,13 @@ final class MAService {
         try? db.run("INSERT OR REPLACE INTO bindings(client,app_key) VALUES(?,?)", [.int(client), .text(appKey)])
     }
 
-    func clientClosed(_ client: Int64) {
-        var keys = liveClients.removeValue(forKey: client) ?? []
-        if let k = clientAppKey.removeValue(forKey: client) {
-            keys.insert(k)
-            try? db.run("DELETE FROM bindings WHERE client=?", [.int(client)])
-        }
-        // A client that disconnects counts as the app going to the background; its session's
-        // report interval ends with it (the uploader falls back to the configured default).
-        for k in keys.sorted() where !sessionActive(k) {
-            guard let inst = instances[k] else { continue }
-            setBackground(inst, true)
-            endReportInterval(inst)
-        }
-    }
-
-    /// Undoes `ma.setReportInterval` for `inst` (its app session is over).
-    func endReportInterval(_ inst: MAInstance) {
-        if inst.reportIntervalS != nil {
-            inst.reportIntervalS = nil
-            persist(inst)
-            configureStream(inst, ["intervalMs": .null]) { [unowned self] e in
-                if let e { self.plugin.log.warn("cannot reset the report interval", ["appKey": inst.appKey, "error": e.message]) }
-            }
-        }
-    }
-
-    /// Sets fields of the instance's uploader stream (`uploader.configureStream`).
-    func configureStream(_ inst: MAInstance, _ fields: JSONObject, _ done: @escaping (RPCError?) -> Void) {
-        var p = fields
-        p["stream"] = .string(inst.stream)
-        plugin.call("uploader.configureStream", .object(p)) { r in
-            if case .failure(let e) = r { done(e) } else { done(nil) }
-        }
-    }
 
     // MARK: Replies
 
-    /// Upper bounds of `ma.setReportInterval` (1 day) and `ma.setSessionTimeout` (7 days), in
-    /// seconds; larger values are answered -3.
     /// How long MA holds events while the uploader is unavailable: 50 ms doubling to 1.6 s.
     static let uploaderRetry = BackoffPolicy(initialMs: 50, maxMs: 1_600)
+    /// Upper bounds of `ma.setReportInterval` (1 day) and `ma.setSessionTimeout` (7 days), in
+    /// seconds; larger values are answered -3.
     static let maxReportIntervalS: Int64 = 86_400
     static let maxSessionTimeoutS: Int64 = 7 * 86_400
 
@@ -218,15 +213,29 @@ final class MAService {
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
     func instance(for call: Call) -> MAInstance? {
+        let client = call.callerClient
         let key: String?
-        if let k = call.stringParam("appKey")?.trimmedWhitespace, !k.isEmpty {
+        if let k = Self.appKeyParam(call), !k.isEmpty {
             key = k
         } else {
-            key = call.callerClient.flatMap { clientAppKey[$0] }
+            key = client.flatMap { clientAppKey[$0] }
         }
         guard let key, let inst = instances[key] else { return nil }
-        touch(call.callerClient, key)
+        touch(client, key)
         return inst
+    }
+
+    /// `params.appKey` without surrounding whitespace, or nil when absent or not a string.
+    /// Trimmed only when its first or last byte can start or end whitespace: every AppKey in use
+    /// is plain ASCII, so the event path skips Unicode's whitespace tables.
+    static func appKeyParam(_ call: Call) -> String? {
+        var v: OpaquePointer?
+        guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
+        let n = Int(json_object_get_string_len(v))
+        let b = UnsafeRawBufferPointer(start: json_object_get_string(v), count: n)
+        let s = String(decoding: b, as: UTF8.self)
+        @inline(__always) func plain(_ c: UInt8) -> Bool { c > 0x20 && c < 0x7F }
+        return n > 0 && plain(b[0]) && plain(b[n - 1]) ? s : s.trimmedWhitespace
     }
 
     /// Replies -2 unless the call's AppKey has a successful or in-flight start.
@@ -236,282 +245,5 @@ final class MAService {
             return nil
         }
         return inst
-    }
-
-    // MARK: Backend
-
-    /// POSTs to the MA backend, retrying network failures and 5xx with backoff until it answers
-    /// (an offline start waits for the backend; later calls wait behind it).
-    func backend(_ path: String, _ body: JSON, retry: Bool, _ done: @escaping (Result<JSON, MAError>) -> Void) {
-        post(path, Array(body.serialized.utf8), retry: retry, attempt: 1, done)
-    }
-
-    /// One attempt with the body serialised once for all retries.
-    private func post(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, _ done: @escaping (Result<JSON, MAError>) -> Void) {
-        let req = HTTPRequest(method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
-                              body: body, timeoutMs: 10_000)
-        http.send(req) { [unowned self] r in
-            switch r {
-            case .success(let resp) where resp.status < 500:
-                guard resp.status == 200, let j = try? JSON.parse(resp.bodyText) else {
-                    done(.failure(MAError(message: "backend answered HTTP \(resp.status)")))
-                    return
-                }
-                done(.success(j))
-            case .success(let resp):
-                self.again(path, body, retry: retry, attempt: attempt, reason: "HTTP \(resp.status)", done)
-            case .failure(let e):
-                self.again(path, body, retry: retry, attempt: attempt, reason: e.description, done)
-            }
-        }
-    }
-
-    private func again(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String,
-                       _ done: @escaping (Result<JSON, MAError>) -> Void) {
-        guard retry else {
-            done(.failure(MAError(message: "backend unreachable: \(reason)")))
-            return
-        }
-        let delay = BackoffPolicy(initialMs: retryInitialMs, maxMs: retryMaxMs).delay(attempt: attempt)
-        plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
-        let t = Timer(loop: plugin.loop) {}
-        t.callback = { [unowned self, unowned t] in
-            t.close()
-            self.post(path, body, retry: retry, attempt: attempt + 1, done)
-        }
-        t.start(after: delay)
-    }
-
-    /// Queues a start or identifyAccount for `inst`: when its turn comes, `prepare` runs and
-    /// returns the backend path and body; the backend is retried until it answers; `handle`
-    /// turns its answer into the reply through `finish`. The next queued op begins only after
-    /// that reply (strict call order per AppKey).
-    func identityOp(_ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
-                    handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void) {
-        inst.enqueueOp { [unowned self] in
-            let (path, body) = prepare()
-            func finish(_ reply: JSON) {
-                call.reply(reply)
-                inst.opFinished()
-            }
-            self.backend(path, body, retry: true) { r in
-                switch r {
-                case .failure(let why): finish(MAService.result(MACode.failed, why.message))
-                case .success(let j): handle(j, finish)
-                }
-            }
-        }
-    }
-
-    // MARK: Consent
-
-    /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader
-    /// sends what was queued once as a final batch, then purges it).
-    /// `done` gets nil, or why the host did not take the change.
-    func setConsent(_ inst: MAInstance, _ enabled: Bool, _ done: @escaping (String?) -> Void) {
-        // The app's layer of the switch: the operator's decision (consent.set) still bounds it.
-        plugin.call("consent.setApp", ["key": .string(inst.consentKey), "granted": .bool(enabled)]) { [unowned self] r in
-            if case .failure(let e) = r {
-                self.plugin.log.error("consent.setApp failed", ["appKey": inst.appKey, "error": e.message])
-                done("the host did not take the collection switch: \(e.message)")
-            } else {
-                done(nil)
-            }
-        }
-    }
-
-    /// Turns the AppKey's collection on or off. Off waits until every event recorded before it is
-    /// durable in the uploader (or answered with a failure): an event answered 0 is never dropped
-    /// by the switch that follows it, and the uploader then sends it once as the final batch.
-    func applyCollection(_ inst: MAInstance, enabled: Bool, _ done: @escaping (String?) -> Void) {
-        let before = inst.collectionEnabled
-        inst.collectionEnabled = enabled
-        if !enabled {
-            inst.utm = [:]  // cleared for good: not restored on re-enable
-        }
-        persist(inst)
-        guard before != enabled || plugin.isConsentGranted(inst.consentKey) != enabled else {
-            done(nil)
-            return
-        }
-        if enabled {
-            setConsent(inst, true, done)
-        } else {
-            whenEventsSettled(inst) { [unowned self] in self.setConsent(inst, false, done) }
-        }
-    }
-
-    /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
-    func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
-        guard inst.eventsInFlight > 0 else { return action() }
-        inst.drainWaiters.append(action)
-        if !outbox.isEmpty { flushOutbox() }
-    }
-
-    private func eventSettled(_ inst: MAInstance) {
-        inst.eventsInFlight -= 1
-        guard inst.eventsInFlight == 0, !inst.drainWaiters.isEmpty else { return }
-        let waiters = inst.drainWaiters
-        inst.drainWaiters = []
-        for w in waiters { w() }
-    }
-
-    // MARK: Sessions
-
-    func touchSession(_ inst: MAInstance) {
-        if inst.sessionId == nil {
-            inst.sessionId = System.randomHex(8)
-            record(inst, name: "el_session_start", properties: nil) { _ in }
-            persist(inst)  // a plugin restart continues the session
-        }
-        if inst.background { armSessionTimer(inst) }
-    }
-
-    func setBackground(_ inst: MAInstance, _ bg: Bool) {
-        if inst.background != bg {
-            inst.background = bg
-            persist(inst)
-        }
-        if bg {
-            armSessionTimer(inst)
-        } else {
-            inst.sessionTimer?.stop()
-        }
-    }
-
-    /// (Re)starts the instance's one session timer: it ends the session `sessionTimeoutS`
-    /// after the last activity in the background (libuv re-arms an active timer).
-    func armSessionTimer(_ inst: MAInstance) {
-        let t = inst.sessionTimer ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
-            guard inst.sessionId != nil else { return }
-            self.record(inst, name: "el_session_end", properties: nil) { _ in }
-            inst.sessionId = nil
-            self.persist(inst)
-        }
-        inst.sessionTimer = t
-        t.start(after: UInt64(max(1, inst.sessionTimeoutS)) * 1000)
-    }
-
-    // MARK: Events
-
-    /// Stamps an event and hands it to the uploader; `done` gets nil once it is durable.
-    /// `properties` is a json-c object (borrowed; nil = none). The record is built as json-c
-    /// objects: the event's properties are shared with the request, never converted or copied.
-    func record(_ inst: MAInstance, name: String, properties: OpaquePointer?, _ done: @escaping (String?) -> Void) {
-        guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
-            done(nil)  // collection disabled: dropped silently, as the SDK does
-            return
-        }
-        guard held + outboxCount < maxHeldEvents else {
-            done("too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))")
-            return
-        }
-        eventSeq &+= 1
-        outboxCount += 1
-        inst.eventsInFlight += 1
-        let done: (String?) -> Void = { [unowned self] err in
-            done(err)
-            self.eventSettled(inst)
-        }
-        let data = json_object_new_object()
-        json_object_object_add(data, "event", json_object_new_string(name))
-        json_object_object_add(data, "time", json_object_new_int64(System.wallClockMs()))
-        json_object_object_add(data, "euid", inst.euid.map { json_object_new_string($0) } ?? nil)
-        json_object_object_add(data, "session", inst.sessionId.map { json_object_new_string($0) } ?? nil)
-        json_object_object_add(data, "properties",
-                               json_object_get_type(properties) == json_type_object ? json_object_get(properties) : json_object_new_object())
-        if !inst.utm.isEmpty {
-            let u = json_object_new_object()
-            for k in inst.utm.keys.sorted() { json_object_object_add(u, k, json_object_new_string(inst.utm[k]!)) }
-            json_object_object_add(data, "utm", u)
-        }
-        let device = json_object_new_object()
-        json_object_object_add(device, "os", json_object_new_string("linux"))
-        if inst.collectControl["idfv"] == true { json_object_object_add(device, "idfv", json_object_new_string(vendorId)) }
-        if inst.collectControl["idfa"] == true, let a = advertisingId { json_object_object_add(device, "idfa", json_object_new_string(a)) }
-        if inst.collectControl["carrier"] == true, let c = carrier { json_object_object_add(device, "carrier", json_object_new_string(c)) }
-        json_object_object_add(data, "device", device)
-        let rec = json_object_new_object()
-        // Unique without a syscall per event: a random per-process prefix plus a counter.
-        json_object_object_add(rec, "id", json_object_new_string("\(runPrefix)-\(eventSeq)"))
-        json_object_object_add(rec, "data", data)
-        // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
-        // one commit for many events); each caller is answered when that enqueue is durable.
-        outbox[inst.appKey, default: []].append((JSONRef(owning: rec), done))
-        if !outboxTimer.isActive { outboxTimer.start(after: 0) }
-    }
-
-    /// Pending events per AppKey for the next enqueue, and the timer that sends them.
-    var outbox: [String: [(record: JSONRef, done: (String?) -> Void)]] = [:]
-    lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
-    /// Events per uploader enqueue. Small enough that the host, the uploader and this plugin
-    /// work on consecutive chunks at the same time (measured: 1000 per enqueue ran the three
-    /// in lock step at ~21k events/s; 128 gives ~30k with the same CPU).
-    static let maxRecordsPerEnqueue = 128
-
-    private var outboxCount = 0
-
-    func flushOutbox() {
-        let all = outbox
-        outbox.removeAll()
-        outboxCount = 0
-        for (appKey, items) in all {
-            guard let inst = instances[appKey] else {
-                for item in items { item.done("AppKey \(appKey) is gone") }  // never left unanswered
-                continue
-            }
-            var start = 0
-            while start < items.count {
-                let chunk = Array(items[start..<min(items.count, start + MAService.maxRecordsPerEnqueue)])
-                start += chunk.count
-                let params = json_object_new_object()
-                json_object_object_add(params, "stream", json_object_new_string(inst.stream))
-                json_object_object_add(params, "consent", json_object_new_string(inst.consentKey))
-                let recs = json_object_new_array_ext(Int32(chunk.count))
-                for item in chunk { json_object_array_add(recs, json_object_get(item.record.ptr)) }
-                json_object_object_add(params, "records", recs)
-                held += chunk.count
-                enqueue(params, chunk, attempt: 1)
-            }
-        }
-    }
-
-    /// Events sent to the uploader and not yet answered (or waiting to be sent again).
-    private(set) var held = 0
-    /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
-    /// it new events are answered -1 at once instead of waiting.
-    var maxHeldEvents = 100_000
-
-    /// Sends one enqueue. If the uploader is restarting (-32001) or did not answer in time
-    /// (-32002), the same records are sent again after a backoff: the app's reply waits, and the
-    /// uploader ignores records it already has (ids are unique per stream), so nothing is
-    /// doubled. Any other answer settles the chunk.
-    private func enqueue(_ params: OpaquePointer?, _ chunk: [(record: JSONRef, done: (String?) -> Void)], attempt: Int) {
-        let again = JSONRef(owning: json_object_get(params))
-        plugin.callRaw("uploader.enqueue", params: params) { [unowned self] r in
-            let err: String?
-            switch r {
-            case .success: err = nil
-            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
-                // The switch was denied between recording and storing (the operator's decision
-                // overtook it): not stored, so not answered as if it were.
-                err = "not stored: \(e.message)"
-            case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
-                let delay = Self.uploaderRetry.delay(attempt: attempt)
-                if attempt == 1 {
-                    self.plugin.log.warn("uploader unavailable; holding events", ["events": chunk.count, "error": e.message])
-                }
-                let t = Timer(loop: self.plugin.loop) {}
-                t.callback = { [unowned self, unowned t] in
-                    t.close()
-                    self.enqueue(json_object_get(again.ptr), chunk, attempt: attempt + 1)
-                }
-                t.start(after: delay)
-                return
-            case .failure(let e): err = e.message
-            }
-            self.held -= chunk.count
-            for item in chunk { item.done(err) }
-        }
     }
 }

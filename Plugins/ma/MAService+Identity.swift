@@ -1,0 +1,95 @@
+import PylonPluginKit
+
+/// `ma.start`, `ma.identifyAccount` and `ma.euid` (ma.md §1, §4). Starts and identifies are
+/// strictly serialised per AppKey (`identityOp`); parameters are captured at receipt.
+extension MAService {
+    func start(_ call: Call) {
+        guard let appKey = call.params["appKey"]?.stringValue?.trimmedWhitespace, !appKey.isEmpty else {
+            call.reply(Self.result(MACode.invalidParams, "appKey is required"))
+            return
+        }
+        // It names a backend URL path, an uploader stream and a consent switch.
+        guard Self.validAppKey(appKey) else {
+            call.reply(Self.result(MACode.invalidParams, "appKey must be 1-\(Self.maxAppKeyLength) of [A-Za-z0-9._-]"))
+            return
+        }
+        guard instances[appKey] != nil || instances.count < maxAppKeys else {
+            call.reply(Self.result(MACode.failed, "too many AppKeys (maxAppKeys \(maxAppKeys))"))
+            return
+        }
+        // Parameters are captured now; a queued start is not affected by later calls.
+        let collection = call.params["dataCollectionEnabled"] ?? .null
+        guard collection == .null || collection.boolValue != nil else {
+            call.reply(Self.result(MACode.invalidParams, "dataCollectionEnabled must be true or false"))
+            return
+        }
+        let enable = collection.boolValue ?? true
+        let identity = IdentityInput(call.params["userID"]?.objectValue.map { JSON.object($0) })
+        let project = call.params["project"]?.stringValue ?? defaultProject
+        for k in call.params.objectValue?.keys ?? [] where !Self.startKeys.contains(k) {
+            plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
+        }
+        let client = call.callerClient
+        touch(client, appKey)
+        let inst = instances[appKey] ?? MAInstance(appKey: appKey)
+        instances[appKey] = inst
+        identityOp(inst, call, prepare: { [unowned self] in
+            // The AppKey switch takes effect when this start begins executing.
+            self.bind(client: client, to: appKey)
+            var body: JSONObject = ["deviceId": .string(self.deviceId), "identity": identity.identityJSON]
+            if let project { body["project"] = .string(project) }
+            return ("/v1/ma/\(appKey)/start", .object(body))
+        }, handle: { [unowned self] j, finish in
+            let code = j["code"]?.intValue ?? MACode.failed
+            guard code == 0, let euid = j["euid"]?.stringValue else {
+                finish(Self.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
+                return
+            }
+            inst.euid = euid
+            inst.project = j["project"]?.stringValue ?? project
+            inst.identity.merge(identity.valid) { _, new in new }
+            inst.started = true
+            self.applyCollection(inst, enabled: enable) { err in  // it persists the instance
+                if let err {
+                    finish(Self.result(MACode.failed, err, ["euid": .string(euid)]))
+                } else {
+                    finish(Self.result(0, identity.localMessage, ["euid": .string(euid)]))
+                }
+            }
+        })
+    }
+
+    /// The parameters `ma.start` reads; any other key is logged and ignored (ma.md §1).
+    static let startKeys: Set<String> = ["appKey", "dataCollectionEnabled", "userID", "project"]
+
+    func identifyAccount(_ call: Call) {
+        guard let inst = usable(call) else { return }
+        let identity = IdentityInput(call.params)  // captured at receipt
+        guard !identity.valid.isEmpty else {
+            call.reply(Self.result(MACode.invalidParams, identity.rejected.isEmpty ? "no valid identifier" : identity.localMessage))
+            return
+        }
+        identityOp(inst, call, prepare: { [unowned self] in
+            var body: JSONObject = ["deviceId": .string(self.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
+                                    "identity": identity.identityJSON]
+            if let p = inst.project { body["project"] = .string(p) }
+            return ("/v1/ma/\(inst.appKey)/identify", .object(body))
+        }, handle: { [unowned self] j, finish in
+            let code = j["code"]?.intValue ?? MACode.failed
+            let message = identity.message(server: j["fields"]?.objectValue)
+            if code == 0, let euid = j["euid"]?.stringValue {
+                inst.euid = euid
+                inst.identity.merge(identity.valid) { _, new in new }
+                self.persist(inst)
+                finish(Self.result(0, message, ["euid": .string(euid)]))
+            } else {
+                finish(Self.result(code == 0 ? MACode.failed : code, message))
+            }
+        })
+    }
+
+    func euid(_ call: Call) {
+        let inst = instance(for: call)
+        call.reply(Self.result(0, "", ["euid": (inst?.started == true ? inst?.euid : nil).map { .string($0) } ?? .null]))
+    }
+}

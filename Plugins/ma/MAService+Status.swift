@@ -1,0 +1,21 @@
+import PylonPluginKit
+
+extension MAService {
+    /// `ma.status`: what the plugin is doing, per AppKey — for people and `pylonctl call ma.status`.
+    /// No identities (EUID, project, identifiers): any client may call it, and apps must not see
+    /// each other's identity.
+    func status(_ call: Call) {
+        var apps = JSONObject()
+        for (k, i) in instances.sorted(by: { $0.key < $1.key }) {
+            apps[k] = [
+                "started": .bool(i.started), "collectionEnabled": i.collectionEnabled.map { .bool($0) } ?? .null,
+                "pendingStarts": .int(Int64(i.pendingStarts)), "queuedChannelValues": .int(Int64(i.channelQueue.count)),
+                "session": i.sessionId.map { .string($0) } ?? .null, "background": .bool(i.background),
+                "sessionTimeoutS": .int(i.sessionTimeoutS), "reportIntervalS": i.reportIntervalS.map { .int($0) } ?? .null,
+                "clients": .int(Int64(clientCount(k))),
+            ]
+        }
+        call.reply(["backend": .string(backendURL), "appKeys": .object(apps),
+                    "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents))])
+    }
+}

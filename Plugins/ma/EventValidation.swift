@@ -4,7 +4,7 @@ import Glibc
 #endif
 import PylonPluginKit
 
-/// eventRecord's checks (ma.md §3): `eventName` required, non-empty, not starting with `el`; at
+/// eventRecord's checks (docs/MA.md, `ma.eventRecord`): `eventName` required, non-empty, not starting with `el`; at
 /// most 500 properties; property keys start with a letter and contain only lowercase letters,
 /// digits and `_`; every string, keys included, at most 256 UTF-8 bytes (nested values too).
 /// Works on the parsed json-c tree, so the hot path converts nothing to Swift values.

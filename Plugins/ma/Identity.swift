@@ -10,7 +10,7 @@ enum MACode {
     static let identifierInvalid: Int64 = 3013
 }
 
-/// identifyAccount's identifier normalisation and local validation (ma.md §4).
+/// identifyAccount's identifier normalisation and local validation (docs/MA.md, "Identifier rules").
 ///
 /// Each field is trimmed; empty, `0`, `null`, `undefined` and `nan` (any case) count as not sent;
 /// a non-string or malformed value is dropped with 3013, a too-long one with 3003; the others are

@@ -57,7 +57,7 @@ final class MAInstance {
         channelKick()
     }
 
-    /// The public SDK defaults (ma.md §10): idfa off, idfv off, carrier on.
+    /// The public SDK defaults (docs/MA.md, `ma.setCollectControl`): idfa off, idfv off, carrier on.
     static let defaultCollectControl: [String: Bool] = ["idfa": false, "idfv": false, "carrier": true]
 
     init(appKey: String) {

@@ -1,6 +1,6 @@
 import PylonPluginKit
 
-/// The data collection switch (ma.md §7) and what is collected: `ma.setDataCollectionEnabled`,
+/// The data collection switch (docs/MA.md, "Data collection (consent)") and what is collected: `ma.setDataCollectionEnabled`,
 /// `ma.isDataCollectionEnabled`, `ma.setCollectControl`, `ma.setUtmProperties`. The switch is
 /// the host's `ma:<appKey>` consent switch (the app's layer of it).
 extension MAService {

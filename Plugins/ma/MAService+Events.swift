@@ -1,7 +1,7 @@
 import CJSONC
 import PylonPluginKit
 
-/// `ma.eventRecord` (ma.md §3): validate, stamp, hand to the uploader, answer once durable.
+/// `ma.eventRecord` (docs/MA.md, `ma.eventRecord`): validate, stamp, hand to the uploader, answer once durable.
 ///
 /// The hot path builds no json-c objects and no Swift values per event: the event is validated
 /// on the request's parsed tree, its record is written as JSON text straight into the params of

@@ -1,6 +1,6 @@
 import PylonPluginKit
 
-/// `ma.start`, `ma.identifyAccount` and `ma.euid` (ma.md §1, §4). Starts and identifies are
+/// `ma.start`, `ma.identifyAccount` and `ma.euid` (docs/MA.md: `ma.start`, `ma.identifyAccount`, `ma.euid`). Starts and identifies are
 /// strictly serialised per AppKey (`identityOp`); parameters are captured at receipt.
 extension MAService {
     func start(_ call: Call) {
@@ -10,7 +10,7 @@ extension MAService {
         }
         // It names a backend URL path, an uploader stream and a consent switch.
         guard Self.validAppKey(appKey) else {
-            call.reply(Self.result(MACode.invalidParams, "appKey must be 1-\(Self.maxAppKeyLength) of [A-Za-z0-9._-]"))
+            call.reply(Self.result(MACode.invalidParams, "appKey must be \(AppKey.rule)"))
             return
         }
         guard instances[appKey] != nil || instances.count < maxAppKeys else {
@@ -59,7 +59,7 @@ extension MAService {
         })
     }
 
-    /// The parameters `ma.start` reads; any other key is logged and ignored (ma.md §1).
+    /// The parameters `ma.start` reads; any other key is logged and ignored (docs/MA.md, `ma.start`).
     static let startKeys: Set<String> = ["appKey", "dataCollectionEnabled", "userID", "project"]
 
     func identifyAccount(_ call: Call) {

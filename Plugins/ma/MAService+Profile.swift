@@ -1,6 +1,6 @@
 import PylonPluginKit
 
-/// Contacts, channel values and user properties (ma.md §8, §9): validated locally
+/// Contacts, channel values and user properties (docs/MA.md: `ma.setUserContact`, `ma.setChannelValue`, "User properties"): validated locally
 /// (`PropertyValidation`), then sent to the backend for the instance's current EUID and project.
 extension MAService {
     /// The contact kinds `ma.setUserContact` accepts.

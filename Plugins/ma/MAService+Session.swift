@@ -1,6 +1,6 @@
 import PylonPluginKit
 
-/// Upload cadence and app sessions (ma.md §5, §6): `ma.setReportInterval`,
+/// Upload cadence and app sessions (docs/MA.md, `ma.setReportInterval` and "Events and sessions"): `ma.setReportInterval`,
 /// `ma.setMaxEventCacheCount`, `ma.setSessionTimeout`, `ma.setAppState`; the session events
 /// `el_session_start`/`el_session_end`; a client that disconnects counts as background.
 extension MAService {
@@ -12,7 +12,7 @@ extension MAService {
         }
         configureStream(inst, ["intervalMs": .int(s * 1000)]) { [unowned self] e in
             if let e { call.reply(Self.result(MACode.failed, e.message)); return }
-            // Held for the app's session (ma.md §6): undone when its last client disconnects —
+            // Held for the app's session (docs/MA.md, `ma.setReportInterval`): undone when its last client disconnects —
             // at once if that happened while this call was in flight.
             inst.reportIntervalS = s
             self.persist(inst)

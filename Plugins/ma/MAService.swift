@@ -188,14 +188,9 @@ final class MAService {
     static let maxReportIntervalS: Int64 = 86_400
     static let maxSessionTimeoutS: Int64 = 7 * 86_400
 
-    /// AppKeys are at most this long, of `[A-Za-z0-9._-]`: one names a URL path, an uploader
+    /// The AppKey rule shared with the backend (`AppKey`): one names a URL path, an uploader
     /// stream (`ma.<appKey>`) and a consent switch (`ma:<appKey>`).
-    static let maxAppKeyLength = 64
-
-    static func validAppKey(_ k: String) -> Bool {
-        !k.isEmpty && k.utf8.count <= maxAppKeyLength && k != "." && k != ".."
-            && k.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F }
-    }
+    static func validAppKey(_ k: String) -> Bool { AppKey.isValid(k) }
 
     /// `ma.setChannelValue`: at most this many values per call, each at most this many bytes
     /// (push tokens are well under it); more is -3.

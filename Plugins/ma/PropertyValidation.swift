@@ -1,6 +1,6 @@
 import PylonPluginKit
 
-/// Local checks of the user-property calls (ma.md §8). All-or-nothing: any failure is -3 and
+/// Local checks of the user-property calls (docs/MA.md, "User properties"). All-or-nothing: any failure is -3 and
 /// nothing is sent. The server applies the semantic rules (merge, object_array metadata).
 enum PropertyValidation {
     static let maxPerCall = 100

@@ -119,6 +119,38 @@ private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] { (0..<n).map { UInt8
         #expect(ran == [1])
     }
 
+    // MARK: Loop confinement
+
+    #if DEBUG
+    /// A loop-confined call from a thread other than the one running the loop traps (debug
+    /// builds; the check is compiled out in release). Runs in a child process.
+    @Test func offLoopUseTrapsInDebugBuilds() async {
+        await #expect(processExitsWith: .failure) {
+            let l = Loop.standalone()
+            l.after(ms: 0) {
+                var tid = uv_thread_t()
+                uv_thread_create(&tid, { arg in
+                    Unmanaged<Loop>.fromOpaque(arg!).takeUnretainedValue().preconditionInLoop()
+                }, Unmanaged.passUnretained(l).toOpaque())
+                uv_thread_join(&tid)
+            }
+            l.run()
+        }
+    }
+
+    /// The control: the same call from the loop's thread, and from any thread while the loop
+    /// is not running, is fine.
+    @Test func inLoopUseDoesNotTrap() async {
+        await #expect(processExitsWith: .success) {
+            let l = Loop.standalone()
+            l.preconditionInLoop()
+            l.after(ms: 0) { l.preconditionInLoop() }
+            l.run()
+            exit(0)
+        }
+    }
+    #endif
+
     // MARK: StreamWriter
 
     /// More than the socket takes at once: `uv_try_write` writes part, the rest is queued with

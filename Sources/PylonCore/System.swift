@@ -129,15 +129,12 @@ public enum System {
         defer { close(fd) }
         var out: [UInt8] = []
         let chunk = 65536
+        let buf = UnsafeMutableRawPointer.allocate(byteCount: chunk, alignment: 1)
+        defer { buf.deallocate() }
         while true {
-            let start = out.count
-            out.append(contentsOf: repeatElement(0, count: chunk))
-            // (`withUnsafeMutableBytes` rethrows untyped: carry the typed error out in a Result.)
-            let n = try out.withUnsafeMutableBytes { b in
-                Result { () throws(IOError) in try syscall("read \(path)") { read(fd, b.baseAddress! + start, chunk) } }
-            }.get()
-            out.removeLast(chunk - n)
+            let n = try syscall("read \(path)") { read(fd, buf, chunk) }
             if n == 0 { return out }
+            out.append(contentsOf: UnsafeRawBufferPointer(start: buf, count: n))
             if out.count > maxBytes { throw IOError(errnoCode: EFBIG, reason: "read \(path): more than \(maxBytes) bytes") }
         }
     }

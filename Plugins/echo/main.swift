@@ -18,12 +18,7 @@ let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 plugin.rawMethod("echo") { params in Array(params) }
 plugin.method("sleep") { call in
     let ms = UInt64(max(0, call.params["ms"]?.intValue ?? 0))
-    let t = Timer(loop: plugin.loop) {}
-    t.callback = { [unowned t] in
-        call.reply(["slept_ms": .int(Int64(ms))])
-        t.close()
-    }
-    t.start(after: ms)
+    plugin.loop.after(ms: ms) { call.reply(["slept_ms": .int(Int64(ms))]) }
 }
 plugin.method("hang") { call in
     call.reply(["hanging": true])

@@ -18,16 +18,20 @@ enum DefaultContainers {
     static func load(id: String, dir: String, maxBytes: Int, limits: EngineLimits) -> Result<Loaded, ContainerError>? {
         guard !dir.isEmpty, GTMLimits.validContainerId(id) else { return nil }
         let base = dir + "/" + id
-        if let bytes = System.readFile(base, limit: maxBytes + 1) {
-            guard bytes.count <= maxBytes else { return .failure(ContainerError("\(base): larger than \(maxBytes) bytes")) }
+        switch contents(base, maxBytes: maxBytes) {
+        case nil: break
+        case .failure(let e)?: return .failure(e)
+        case .success(let bytes)?:
             do {
                 return .success(Loaded(container: try Container.parse(text: String(decoding: bytes, as: UTF8.self), limits: limits), file: base))
             } catch {
                 return .failure(ContainerError("\(base): \(error.description)"))
             }
         }
-        if let bytes = System.readFile(base + ".plist", limit: maxBytes + 1) {
-            guard bytes.count <= maxBytes else { return .failure(ContainerError("\(base).plist: larger than \(maxBytes) bytes")) }
+        switch contents(base + ".plist", maxBytes: maxBytes) {
+        case nil: break
+        case .failure(let e)?: return .failure(e)
+        case .success(let bytes)?:
             do {
                 let j = try PropertyList.parse(bytes)
                 return .success(Loaded(container: try Container.plain(j, limits: limits), file: base + ".plist"))
@@ -35,8 +39,10 @@ enum DefaultContainers {
                 return .failure(ContainerError("\(base).plist: \(error.description)"))
             }
         }
-        if let bytes = System.readFile(base + ".json", limit: maxBytes + 1) {
-            guard bytes.count <= maxBytes else { return .failure(ContainerError("\(base).json: larger than \(maxBytes) bytes")) }
+        switch contents(base + ".json", maxBytes: maxBytes) {
+        case nil: break
+        case .failure(let e)?: return .failure(e)
+        case .success(let bytes)?:
             let j: JSON
             do { j = try JSON.parse(String(decoding: bytes, as: UTF8.self), maxDepth: 64) } catch {
                 return .failure(ContainerError("\(base).json: not valid JSON: \(error.description)"))
@@ -48,6 +54,20 @@ enum DefaultContainers {
             }
         }
         return nil
+    }
+
+    /// A candidate file's bytes: nil when it does not exist (the next form is tried), an error
+    /// naming it when it exists but cannot be used (unreadable, or larger than `maxBytes`).
+    private static func contents(_ path: String, maxBytes: Int) -> Result<[UInt8], ContainerError>? {
+        do throws(IOError) {
+            return .success(try System.readFile(atPath: path, maxBytes: maxBytes))
+        } catch where error.errnoCode == ENOENT {
+            return nil
+        } catch where error.errnoCode == EFBIG {
+            return .failure(ContainerError("\(path): larger than \(maxBytes) bytes"))
+        } catch {
+            return .failure(ContainerError("\(path): \(error)"))
+        }
     }
 }
 

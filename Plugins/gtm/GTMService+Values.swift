@@ -107,11 +107,11 @@ extension GTMService {
         var ctx = ctx
         var remaining = Set(reqs.map(\.key))
         var finished = false
-        let timer = Timer(loop: plugin.loop) {}
+        var timer: Timer?
         func finish() {
             guard !finished else { return }
             finished = true
-            timer.close()
+            timer?.cancel()
             done(ctx)
         }
         for r in reqs {
@@ -137,7 +137,7 @@ extension GTMService {
             finish()
             return
         }
-        timer.callback = { [unowned self] in
+        timer = plugin.loop.after(ms: UInt64(limits.functionCallTimeoutMs)) { [unowned self] in
             for k in remaining {
                 ctx.functionResults[k] = .null
                 self.counters.functionCallFailures += 1
@@ -146,7 +146,6 @@ extension GTMService {
             remaining.removeAll()
             finish()
         }
-        timer.start(after: UInt64(limits.functionCallTimeoutMs))
     }
 
     // MARK: Handlers

@@ -121,12 +121,8 @@ final class GTMService {
     private func wait(_ call: Call, _ inst: ContainerInstance, _ type: OpenType, _ timeoutMs: Int64) {
         let w = ContainerInstance.Waiter(call: call, type: type, startMs: now())
         inst.waiters.append(w)
-        let t = Timer(loop: plugin.loop) { [unowned self, unowned inst] in
-            // The timeout: the caller gets the current container, default or not.
-            self.release(w, inst)
-        }
-        w.timer = t
-        t.start(after: UInt64(timeoutMs))
+        // The timeout: the caller gets the current container, default or not.
+        w.timer = plugin.loop.after(ms: UInt64(timeoutMs)) { [unowned self, unowned inst] in self.release(w, inst) }
     }
 
     private func release(_ w: ContainerInstance.Waiter, _ inst: ContainerInstance) {
@@ -401,7 +397,7 @@ final class GTMService {
         let code = lang.prefix { $0 != "_" && $0 != "." && $0 != "@" && $0 != "-" }
         e.language = (code == "C" || code == "POSIX") ? "en" : String(code).lowercased()
         func file(_ p: String) -> String {
-            System.readFile(p, limit: 256).map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: " \n\t") } ?? ""
+            (try? System.readFile(atPath: p, maxBytes: 256)).map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: " \n\t") } ?? ""
         }
         e.osVersion = file("/proc/sys/kernel/osrelease")
         let vendor = file("/sys/class/dmi/id/sys_vendor")

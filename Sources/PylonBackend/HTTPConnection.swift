@@ -37,9 +37,10 @@ package enum Disposition {
 /// input is read and discarded until the client closes or `Limits.lingerMs` passes, so a
 /// client still sending a rejected body receives the error instead of a reset.
 ///
-/// Memory: `handle.data` holds a retained reference, released in `uv_close`'s callback; the
-/// parser, write and shutdown requests are freed in `deinit`, which can run only after that.
-final class HTTPConnection {
+/// Memory: the socket is a `UVHandle`, whose retained reference to the connection is released
+/// in `uv_close`'s callback; the handle, parser and shutdown request are freed in `deinit`,
+/// which can run only after that. Output goes through a `StreamWriter`.
+final class HTTPConnection: UVHandleOwner {
     enum State {
         /// Reading and answering requests.
         case open
@@ -58,13 +59,12 @@ final class HTTPConnection {
     }
 
     let loop: Loop
-    let handle: UnsafeMutablePointer<uv_tcp_t>
+    let handle: UVHandle<uv_tcp_t>
     let parser: UnsafeMutablePointer<http_parser>
-    private let writeReq: UnsafeMutablePointer<uv_write_t>
     private let shutdownReq: UnsafeMutablePointer<uv_shutdown_t>
-    private let pending = ByteBuffer()
-    private let inflight = ByteBuffer()
-    private var writing = false
+    private let writer: StreamWriter
+    /// `writer.pending`: responses are serialized into it.
+    private let pending: ByteBuffer
     private var reading = false
     private(set) var state = State.open
     /// The client shut down its sending side (EOF).
@@ -109,36 +109,35 @@ final class HTTPConnection {
         self.maxBody = maxBody
         self.serial = serial
         deadlines = ConnectionDeadlines(timeouts: timeouts, now: loop.nowMs)
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_tcp_t())
+        let h = UVHandle<uv_tcp_t>()
+        uv_tcp_init(loop.uv, h.pointer)
+        writer = StreamWriter(stream: asStream(h.pointer))
+        pending = writer.pending
+        handle = h
         parser = .allocate(capacity: 1)
         parser.initialize(to: http_parser())
-        writeReq = .allocate(capacity: 1)
-        writeReq.initialize(to: uv_write_t())
         shutdownReq = .allocate(capacity: 1)
         shutdownReq.initialize(to: uv_shutdown_t())
-        uv_tcp_init(loop.uv, handle)
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        handle.retain(self)
         let me = Unmanaged.passUnretained(self).toOpaque()
-        writeReq.pointee.data = me
         shutdownReq.pointee.data = me
         http_parser_init(parser, HTTP_REQUEST)
         parser.pointee.data = me
+        writer.onWritten = { [unowned self] status in self.didWrite(status) }
     }
 
     deinit {
-        // Only reachable after the close callback released the handle's reference.
-        handle.deallocate()
+        // Only reachable after the close callback released the handle's reference (the
+        // handle's own memory goes with `handle`).
         parser.deallocate()
-        writeReq.deallocate()
         shutdownReq.deallocate()
     }
 
-    var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle) }
+    var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle.pointer) }
 
     /// Starts serving an accepted connection.
     func start() {
-        uv_tcp_nodelay(handle, 1)
+        uv_tcp_nodelay(handle.pointer, 1)
         deadlineTimer = Timer(loop: loop) { [weak self] in self?.deadlineFired() }
         startReading()
         armDeadline()
@@ -170,13 +169,9 @@ final class HTTPConnection {
     /// request, with nothing else outstanding, is first told `error` (one non-blocking write,
     /// best effort); an idle one is closed silently.
     func evict(_ error: APIError) {
-        if state == .open, queueHead == queue.count, !writing, pending.count == 0,
+        if state == .open, queueHead == queue.count, writer.queuedBytes == 0,
            deadlines.phase != .betweenRequests {
-            var bytes = HTTPResponse(error).serialized(close: true)
-            bytes.withUnsafeMutableBufferPointer { b in
-                var buf = pylon_buf(UnsafeMutableRawPointer(b.baseAddress!).assumingMemoryBound(to: CChar.self), b.count)
-                _ = uv_try_write(stream, &buf, 1)
-            }
+            _ = HTTPResponse(error).serialized(close: true).withUnsafeBytes { writer.writeNowOrDrop($0) }
         }
         close()
     }
@@ -362,7 +357,7 @@ final class HTTPConnection {
     }
 
     /// Bytes answered but not yet handed to the kernel.
-    private var queuedOutput: Int { pending.count + inflight.count }
+    private var queuedOutput: Int { writer.queuedBytes }
 
     /// Blocks above the high-water mark, unblocks at the low-water mark.
     private func updateOutputBlocked() {
@@ -404,35 +399,19 @@ final class HTTPConnection {
 
     // MARK: Writing
 
-    /// Writes queued bytes: `uv_try_write` first, the remainder with one `uv_write`.
+    /// Writes queued bytes (`StreamWriter.flush`: `uv_try_write`, the rest with one `uv_write`).
     private func flush() {
-        guard state != .closed, !writing, pending.count > 0 else { return }
-        var buf = pylon_buf(pending.base.assumingMemoryBound(to: CChar.self), pending.count)
-        let r = uv_try_write(stream, &buf, 1)
-        if r > 0 {
-            pending.consume(Int(r))
-            deadlines.wrote(at: loop.nowMs)
-        } else if r < 0 && r != UV_EAGAIN.rawValue {
+        guard state != .closed else { return }
+        let before = writer.queuedBytes
+        if writer.flush() < 0 {
             close()
             return
         }
-        guard pending.count > 0 else { return }
-        inflight.append(pending.bytes)
-        pending.clear()
-        writing = true
-        buf = pylon_buf(inflight.base.assumingMemoryBound(to: CChar.self), inflight.count)
-        let rc = uv_write(writeReq, stream, &buf, 1) { req, status in
-            Unmanaged<HTTPConnection>.fromOpaque(req!.pointee.data).takeUnretainedValue().didWrite(status)
-        }
-        if rc < 0 {
-            writing = false
-            close()
-        }
+        // Bytes the kernel took at once count as progress for the deadlines.
+        if writer.queuedBytes < before { deadlines.wrote(at: loop.nowMs) }
     }
 
     private func didWrite(_ status: Int32) {
-        writing = false
-        inflight.clear()
         guard state != .closed else { return }
         if status < 0 {
             close()
@@ -447,7 +426,7 @@ final class HTTPConnection {
     /// In `ending`, once everything is answered and written: close if the client already shut
     /// down, else shut down our side and linger.
     private func maybeFinish() {
-        guard state == .ending, queueHead == queue.count, held == nil, !writing, pending.count == 0 else { return }
+        guard state == .ending, queueHead == queue.count, held == nil, writer.queuedBytes == 0 else { return }
         if peerDone {
             close()
             return
@@ -516,9 +495,7 @@ final class HTTPConnection {
         let cb = onClose
         onClose = {}
         handler = { _ in .drop }
-        uv_close(asHandle(handle)) { h in
-            Unmanaged<HTTPConnection>.fromOpaque(h!.pointee.data).release()
-        }
+        handle.close()
         cb()
     }
 }

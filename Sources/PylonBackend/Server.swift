@@ -15,9 +15,9 @@ import Glibc
 /// never partial bytes, so a slow or idle client loses its slot before a busy one; a loopback
 /// backend has one peer address, so a per-peer limit would not help. Only when every
 /// connection has a response held back by injected latency is the new one refused with 503.
-package final class Server {
+package final class Server: UVHandleOwner {
     let loop: Loop
-    let handle: UnsafeMutablePointer<uv_tcp_t>
+    let handle = UVHandle<uv_tcp_t>()
     let maxBody: Int
     let maxConnections: Int
     let timeouts: Timeouts
@@ -35,10 +35,8 @@ package final class Server {
         self.maxConnections = maxConnections
         self.timeouts = timeouts
         self.handler = handler
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_tcp_t())
-        uv_tcp_init(loop.uv, handle)
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        uv_tcp_init(loop.uv, handle.pointer)
+        handle.retain(self)
 
         var addr = sockaddr_storage()
         let rc = withUnsafeMutablePointer(to: &addr) { p in
@@ -50,10 +48,10 @@ package final class Server {
         }
         if rc < 0 { close(); throw UVError(rc, "address \(host)") }
         let brc = withUnsafePointer(to: &addr) { p in
-            uv_tcp_bind(handle, UnsafeRawPointer(p).assumingMemoryBound(to: sockaddr.self), 0)
+            uv_tcp_bind(handle.pointer, UnsafeRawPointer(p).assumingMemoryBound(to: sockaddr.self), 0)
         }
         if brc < 0 { close(); throw UVError(brc, "bind \(host):\(port)") }
-        let lrc = uv_listen(asStream(handle), Limits.listenBacklog) { s, status in
+        let lrc = uv_listen(asStream(handle.pointer), Limits.listenBacklog) { s, status in
             Unmanaged<Server>.fromOpaque(s!.pointee.data).takeUnretainedValue().accept(status)
         }
         if lrc < 0 { close(); throw UVError(lrc, "listen \(host):\(port)") }
@@ -66,7 +64,7 @@ package final class Server {
         var name = [CChar](repeating: 0, count: 64)
         return withUnsafeMutablePointer(to: &addr) { p -> String in
             let raw = UnsafeMutableRawPointer(p)
-            guard uv_tcp_getsockname(handle, raw.assumingMemoryBound(to: sockaddr.self), &len) == 0 else { return "?" }
+            guard uv_tcp_getsockname(handle.pointer, raw.assumingMemoryBound(to: sockaddr.self), &len) == 0 else { return "?" }
             if Int32(p.pointee.ss_family) == AF_INET6 {
                 let a = raw.assumingMemoryBound(to: sockaddr_in6.self)
                 uv_ip6_name(a, &name, name.count)
@@ -86,7 +84,7 @@ package final class Server {
         }
         accepted += 1
         let c = HTTPConnection(loop: loop, maxBody: maxBody, timeouts: timeouts, serial: accepted)
-        let rc = uv_accept(asStream(handle), c.stream)
+        let rc = uv_accept(asStream(handle.pointer), c.stream)
         guard rc == 0 else {
             log.warn("accept failed", ["error": UVError(rc).description])
             c.close()
@@ -125,11 +123,7 @@ package final class Server {
         guard !closed else { return }
         closed = true
         for c in connections.values { c.close() }
-        uv_close(asHandle(handle)) { h in
-            let s = h!.withMemoryRebound(to: uv_tcp_t.self, capacity: 1) { $0 }
-            Unmanaged<Server>.fromOpaque(s.pointee.data).release()
-            s.deallocate()
-        }
+        handle.close()
     }
 }
 

@@ -5,7 +5,7 @@ import Glibc
 #endif
 
 /// A spawned child process (`uv_spawn`). The handle is closed after the exit callback.
-public final class ChildProcess {
+public final class ChildProcess: UVHandleOwner {
     public struct Options {
         public var exec: String
         public var args: [String] = []
@@ -21,15 +21,13 @@ public final class ChildProcess {
         public init(exec: String) { self.exec = exec }
     }
 
-    let handle: UnsafeMutablePointer<uv_process_t>
+    let handle = UVHandle<uv_process_t>()
     public private(set) var pid: Int32 = -1
     private var onExit: (_ status: Int64, _ signal: Int32) -> Void
     public private(set) var exited = false
 
     public init(loop: Loop, options o: Options, onExit: @escaping (Int64, Int32) -> Void) throws(UVError) {
         self.onExit = onExit
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_process_t())
 
         var cStrings: [UnsafeMutablePointer<CChar>?] = []
         defer { for p in cStrings { free(p) } }
@@ -68,7 +66,7 @@ public final class ChildProcess {
         if let uid = o.uid { flags |= UV_PROCESS_SETUID.rawValue; opts.uid = uid }
         if let gid = o.gid { flags |= UV_PROCESS_SETGID.rawValue; opts.gid = gid }
         opts.flags = flags
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        handle.retain(self)
 
         let rc: Int32 = argv.withUnsafeMutableBufferPointer { av in
             envp.withUnsafeMutableBufferPointer { ev in
@@ -77,23 +75,22 @@ public final class ChildProcess {
                     opts.env = ev.baseAddress
                     opts.stdio_count = Int32(sv.count)
                     opts.stdio = sv.baseAddress
-                    return uv_spawn(loop.uv, handle, &opts)
+                    return uv_spawn(loop.uv, handle.pointer, &opts)
                 }
             }
         }
         if rc < 0 {
-
             exited = true
-            closeHandle()  // uv_spawn requires uv_close even on failure
+            handle.close()  // uv_spawn requires uv_close even on failure
             throw UVError(rc, "spawn \(o.exec)")
         }
-        pid = handle.pointee.pid
+        pid = handle.pointer.pointee.pid
     }
 
     /// Sends `signal` (`uv_process_kill`). Ignored once the process has exited.
     public func kill(_ signal: Int32) {
         guard !exited else { return }
-        uv_process_kill(handle, signal)
+        uv_process_kill(handle.pointer, signal)
     }
 
     private func didExit(_ status: Int64, _ sig: Int32) {
@@ -101,14 +98,6 @@ public final class ChildProcess {
         let cb = onExit
         onExit = { _, _ in }
         cb(status, sig)
-        closeHandle()
-    }
-
-    private func closeHandle() {
-        uv_close(asHandle(handle)) { h in
-            let p = h!.withMemoryRebound(to: uv_process_t.self, capacity: 1) { $0 }
-            Unmanaged<ChildProcess>.fromOpaque(p.pointee.data).release()
-            p.deallocate()
-        }
+        handle.close()
     }
 }

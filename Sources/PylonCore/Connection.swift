@@ -14,8 +14,13 @@ private let readBufferSize = 256 * 1024
 /// read has been fully dispatched, the loop writes out all connections that gained output, so a
 /// burst of requests costs one write per peer rather than one per message.
 ///
-/// Writing: `send` appends to an in-memory queue. `queuedBytes` is what the peer has not yet
-/// taken; past `pauseAbove` the connection stops reading (backpressure) until it drains to half.
+/// Writing: `send` appends to an in-memory queue (`StreamWriter`). `queuedBytes` is what the peer
+/// has not yet taken; past `pauseAbove` the connection stops reading (backpressure) until it
+/// drains to half.
+///
+/// Lifetime: the pipe is a `UVHandle` whose reference keeps the connection alive until libuv's
+/// close callback (`onClose` runs there). Loop-confined: every entry point belongs on the
+/// loop's thread (checked in debug builds).
 ///
 /// Dispatch gate: input is handed to `onLine` only while the connection is not backpressured and
 /// not held (`hold(until:)`: another connection it feeds is congested). The gate is checked after
@@ -23,14 +28,13 @@ private let readBufferSize = 256 * 1024
 /// (`backlog`, at most one read buffer) and dispatched on a later loop turn once the gate opens.
 /// That is what bounds the output a peer can cause without reading, and the work one peer gets
 /// per loop turn.
-public final class Connection {
+public final class Connection: UVHandleOwner {
     public let loop: Loop
-    let handle: UnsafeMutablePointer<uv_pipe_t>
+    let handle: UVHandle<uv_pipe_t>
     private var framer: LineFramer
-    private let pending = ByteBuffer()
-    private let inflight = ByteBuffer()
-    private let writeReq: UnsafeMutablePointer<uv_write_t>
-    private var writing = false
+    private let writer: StreamWriter
+    /// `writer.pending`, held directly: the send path appends to it with one load.
+    private let pending: ByteBuffer
     private var isDirty = false
     /// The owner wants input (`startReading`) and the peer has not shut down its side.
     private var wantsReading = false
@@ -69,25 +73,25 @@ public final class Connection {
     }
 
     /// Bytes accepted by `send` that the peer has not read yet.
-    public var queuedBytes: Int { pending.count + inflight.count }
+    public var queuedBytes: Int { writer.queuedBytes }
 
     /// An unopened pipe handle (for `uv_spawn` stdio or `uv_accept`).
     public init(loop: Loop, maxLineBytes: Int) {
         self.loop = loop
         framer = LineFramer(maxLineBytes: maxLineBytes)
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_pipe_t())
-        writeReq = .allocate(capacity: 1)
-        writeReq.initialize(to: uv_write_t())
-        uv_pipe_init(loop.uv, handle, 0)
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
-        writeReq.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+        let h = UVHandle<uv_pipe_t>()
+        uv_pipe_init(loop.uv, h.pointer, 0)
+        writer = StreamWriter(stream: asStream(h.pointer))
+        pending = writer.pending
+        handle = h
+        handle.retain(self)
+        writer.onWritten = { [unowned self] status in self.didWrite(status) }
     }
 
     /// Wraps an already-connected descriptor (`uv_pipe_open`).
     public convenience init(loop: Loop, fd: Int32, maxLineBytes: Int) throws(UVError) {
         self.init(loop: loop, maxLineBytes: maxLineBytes)
-        let rc = uv_pipe_open(handle, fd)
+        let rc = uv_pipe_open(handle.pointer, fd)
         if rc < 0 {
             close()
             throw UVError(rc, "uv_pipe_open(\(fd))")
@@ -100,22 +104,24 @@ public final class Connection {
         return try Connection(loop: loop, fd: fd, maxLineBytes: maxLineBytes)
     }
 
-    public var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle) }
+    public var stream: UnsafeMutablePointer<uv_stream_t> { asStream(handle.pointer) }
 
     /// The OS descriptor (`uv_fileno`), or -1.
     public var fd: Int32 {
         if isClosed { return -1 }
         var f = uv_os_fd_t(-1)
-        return uv_fileno(asHandle(handle), &f) == 0 ? Int32(f) : -1
+        return uv_fileno(handle.base, &f) == 0 ? Int32(f) : -1
     }
 
     public func startReading() {
+        loop.preconditionInLoop()
         guard !isClosed, !peerShutdown else { return }
         wantsReading = true
         syncReading()
     }
 
     public func stopReading() {
+        loop.preconditionInLoop()
         wantsReading = false
         syncReading()
     }
@@ -269,6 +275,7 @@ public final class Connection {
 
     /// Queues one line (a `\n` is appended).
     public func sendLine(_ bytes: UnsafeRawBufferPointer) {
+        loop.preconditionInLoop()
         guard !isClosed else { return }
         pending.append(bytes)
         pending.append(byte: 0x0A)
@@ -278,6 +285,7 @@ public final class Connection {
 
     /// Queues `line` with the bytes in `span` replaced by `replacement` (the id rewrite).
     public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ replacement: UnsafeRawBufferPointer) {
+        loop.preconditionInLoop()
         guard !isClosed else { return }
         pending.append(UnsafeRawBufferPointer(rebasing: line[..<span.lowerBound]))
         pending.append(replacement)
@@ -317,42 +325,20 @@ public final class Connection {
         }
     }
 
-    /// Writes queued bytes now: `uv_try_write` first, the remainder with one `uv_write`.
+    /// Writes queued bytes now (`StreamWriter.flush`: `uv_try_write`, the rest with one
+    /// `uv_write`).
     func flushNow() {
         isDirty = false
-        guard !isClosed, !writing else { return }
-        if pending.count > 0 {
-            var buf = pylon_buf(pending.base.assumingMemoryBound(to: CChar.self), pending.count)
-            let r = uv_try_write(stream, &buf, 1)
-            if r > 0 {
-                pending.consume(Int(r))
-            } else if r < 0 && r != UV_EAGAIN.rawValue {
-                close(error: r)
-                return
-            }
-        }
-        if pending.count > 0 {
-            // Hand the rest to libuv; `inflight` stays untouched until the write callback.
-            inflight.append(pending.bytes)
-            pending.clear()
-            writing = true
-            var buf = pylon_buf(inflight.base.assumingMemoryBound(to: CChar.self), inflight.count)
-            let rc = uv_write(writeReq, stream, &buf, 1) { req, status in
-                let c = Unmanaged<Connection>.fromOpaque(req!.pointee.data).takeUnretainedValue()
-                c.didWrite(status)
-            }
-            if rc < 0 {
-                writing = false
-                close(error: rc)
-            }
+        guard !isClosed, !writer.isWriting else { return }
+        let rc = writer.flush()
+        if rc < 0 {
+            close(error: rc)
             return
         }
-        afterDrain()
+        if !writer.isWriting { afterDrain() }
     }
 
     private func didWrite(_ status: Int32) {
-        writing = false
-        inflight.clear()
         if status < 0 {
             close(error: status)
             return
@@ -377,10 +363,7 @@ public final class Connection {
     public func refuse(line: String) {
         var bytes = Array(line.utf8)
         bytes.append(0x0A)
-        bytes.withUnsafeMutableBytes { b in
-            var buf = pylon_buf(b.baseAddress!.assumingMemoryBound(to: CChar.self), b.count)
-            _ = uv_try_write(stream, &buf, 1)
-        }
+        _ = bytes.withUnsafeBytes { writer.writeNowOrDrop($0) }
         close()
     }
 
@@ -394,6 +377,7 @@ public final class Connection {
     /// Closes the handle; `onClose` runs from libuv's close callback, after which the object is
     /// released by its handle. Safe to call more than once.
     public func close(error: Int32 = 0) {
+        loop.preconditionInLoop()
         guard !isClosed else { return }
         isClosed = true
         closeError = error
@@ -401,26 +385,18 @@ public final class Connection {
         uvReading = false
         backlog = []
         releaseWaiters()
-        uv_close(asHandle(handle)) { h in
-            let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
-            let c = Unmanaged<Connection>.fromOpaque(p.pointee.data).takeRetainedValue()
-            c.didClose()
-        }
+        handle.close()
     }
     private var closeError: Int32 = 0
 
-    private func didClose() {
+    /// libuv's close callback (`UVHandle`): the connection's last event.
+    public func handleDidClose() {
         let cb = onClose
         onLine = { _ in }
         onOversized = { _, _ in }
         onClose = { _ in }
         onEOF = nil
+        writer.onWritten = { _ in }
         cb(closeError)
-    }
-
-    deinit {
-        // Only reachable after the close callback released the handle's reference.
-        handle.deallocate()
-        writeReq.deallocate()
     }
 }

@@ -5,8 +5,8 @@ import Glibc
 #endif
 
 /// A listening Unix socket (`uv_pipe_bind` + `uv_listen`).
-public final class Listener {
-    let handle: UnsafeMutablePointer<uv_pipe_t>
+public final class Listener: UVHandleOwner {
+    let handle = UVHandle<uv_pipe_t>()
     public let path: String
     public var onConnection: () -> Void = {}
     private var closed = false
@@ -26,16 +26,14 @@ public final class Listener {
     public init(loop: Loop, path: String, mode: mode_t, group: gid_t?, backlog: Int32 = Listener.defaultBacklog) throws(UVError) {
         self.path = path
         self.loop = loop
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_pipe_t())
-        uv_pipe_init(loop.uv, handle, 0)
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
+        uv_pipe_init(loop.uv, handle.pointer, 0)
+        handle.retain(self)
         // A socket file left by a process that is gone is removed; one that still answers belongs
         // to a live server (another pylond): never take it over.
         var st = stat()
         if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK {
-            if let fd = try? System.connectUnix(path) {
-                _ = Glibc.close(fd)
+            if let fd = try? System.connectUnixSocket(path) {
+                System.close(fd)
                 close(unlinking: false)
                 throw UVError(-EADDRINUSE, "\(path) is served by another live process (is another pylond running?)")
             }
@@ -43,14 +41,17 @@ public final class Listener {
         }
         // Bind with a restrictive umask so the socket never exists with looser permissions.
         let old = umask(0o177)
-        let rc = uv_pipe_bind(handle, path)
+        let rc = uv_pipe_bind(handle.pointer, path)
         umask(old)
         if rc < 0 { close(unlinking: false); throw UVError(rc, "bind \(path)") }
-        if chmod(path, mode) != 0 { let e = errno; close(); throw UVError(-e, "chmod \(path)") }
-        if let group, chown(path, uid_t.max, group) != 0 {
-            let e = errno; close(); throw UVError(-e, "chown \(path)")
+        do throws(IOError) {
+            _ = try System.syscall("chmod \(path)") { chmod(path, mode) }
+            if let group { _ = try System.syscall("chown \(path)") { chown(path, uid_t.max, group) } }
+        } catch {
+            close()
+            throw UVError(error)
         }
-        let lrc = uv_listen(asStream(handle), backlog) { s, status in
+        let lrc = uv_listen(asStream(handle.pointer), backlog) { s, status in
             guard status == 0 else { return }
             Unmanaged<Listener>.fromOpaque(s!.pointee.data).takeUnretainedValue().connectionReady()
         }
@@ -84,7 +85,8 @@ public final class Listener {
     /// Accepts a pending connection into a new `Connection` (`uv_accept`).
     public func accept(loop: Loop, maxLineBytes: Int) -> Connection? {
         let c = Connection(loop: loop, maxLineBytes: maxLineBytes)
-        if uv_accept(asStream(handle), c.stream) != 0 {
+        loop.preconditionInLoop()
+        if uv_accept(asStream(handle.pointer), c.stream) != 0 {
             c.close()
             return nil
         }
@@ -98,11 +100,7 @@ public final class Listener {
         guard !closed else { return }
         closed = true
         if unlinking { unlink(path) }
-        uv_close(asHandle(handle)) { h in
-            let p = h!.withMemoryRebound(to: uv_pipe_t.self, capacity: 1) { $0 }
-            Unmanaged<Listener>.fromOpaque(p.pointee.data).release()
-            p.deallocate()
-        }
+        handle.close()
     }
 }
 

@@ -1,14 +1,32 @@
 import CLibUV
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The process's one libuv loop (`uv_default_loop`). Everything Pylon does runs on it; no object
-/// in Pylon is touched from another thread.
+/// in Pylon is touched from another thread (checked in debug builds: `preconditionInLoop`).
+///
+/// A `Loop` and its two internal handles live as long as the process: it is never freed.
 public final class Loop {
     public let uv: UnsafeMutablePointer<uv_loop_t>
     private var dirty: [Connection] = []
     private let prepare: UnsafeMutablePointer<uv_prepare_t>
 
-    public init() {
-        uv = uv_default_loop()
+    /// The process's loop (`uv_default_loop`).
+    public convenience init() { self.init(uv: uv_default_loop()) }
+
+    /// A loop of its own (`uv_loop_init`), for tests that run beside other loop users in one
+    /// process (Swift Testing runs suites concurrently). Never freed, like the default loop.
+    public static func standalone() -> Loop {
+        let l = UnsafeMutablePointer<uv_loop_t>.allocate(capacity: 1)
+        l.initialize(to: uv_loop_t())
+        precondition(uv_loop_init(l) == 0, "uv_loop_init failed")
+        return Loop(uv: l)
+    }
+
+    private init(uv: UnsafeMutablePointer<uv_loop_t>) {
+        self.uv = uv
         prepare = .allocate(capacity: 1)
         prepare.initialize(to: uv_prepare_t())
         uv_prepare_init(uv, prepare)
@@ -35,6 +53,7 @@ public final class Loop {
     /// within the current timers phase if started from a timer). Used to spread a peer's work
     /// over turns.
     public func nextTurn(_ work: @escaping () -> Void) {
+        preconditionInLoop()
         if deferred.isEmpty {
             uv_idle_start(idle) { h in
                 let loop = Unmanaged<Loop>.fromOpaque(h!.pointee.data).takeUnretainedValue()
@@ -56,13 +75,44 @@ public final class Loop {
     public static var hrtimeNs: UInt64 { uv_hrtime() }
 
     /// Runs until no active handle remains or `stop()` is called (`uv_run(UV_RUN_DEFAULT)`).
-    public func run() { uv_run(uv, UV_RUN_DEFAULT) }
-    public func runNoWait() { uv_run(uv, UV_RUN_NOWAIT) }
+    public func run() { running { uv_run(uv, UV_RUN_DEFAULT) } }
+    /// One non-blocking iteration (`uv_run(UV_RUN_NOWAIT)`).
+    public func runNoWait() { running { uv_run(uv, UV_RUN_NOWAIT) } }
     public func stop() { uv_stop(uv) }
 
     /// Called by a connection that has queued output; its bytes are written at the end of the
     /// current read batch (or before the loop next blocks), so many messages share one syscall.
     func markDirty(_ c: Connection) { dirty.append(c) }
+
+    // MARK: Loop confinement (debug builds)
+
+    #if DEBUG
+    /// The thread inside `run`/`runNoWait`, if any.
+    private var runner: pthread_t?
+    #endif
+
+    private func running(_ body: () -> Int32) {
+        #if DEBUG
+        preconditionInLoop()
+        let outer = runner
+        runner = pthread_self()
+        defer { runner = outer }
+        #endif
+        _ = body()
+    }
+
+    /// Traps (debug builds only; compiled out in release) when called from a thread other than
+    /// the one running this loop. Pylon objects are confined to their loop's thread; libuv
+    /// calls from another thread corrupt the loop silently. While the loop is not running (set
+    /// up before `run`, tests between runs) any thread may touch it.
+    @inline(__always)
+    public func preconditionInLoop(file: StaticString = #fileID, line: UInt = #line) {
+        #if DEBUG
+        if let runner, pthread_equal(runner, pthread_self()) == 0 {
+            preconditionFailure("loop-confined object used off the loop's thread", file: file, line: line)
+        }
+        #endif
+    }
 
     /// Writes out every connection with queued output.
     public func flushDirty() {

@@ -4,8 +4,43 @@ import CLibUV
 import Glibc
 #endif
 
-/// Small wrappers over process-level system calls.
+/// A failed system call: the `errno` it set and what was being done (the shape of swift-nio's
+/// `IOError`). Thrown by `System`'s calls; `UVError(_:)` converts it for libuv-style callers.
+public struct IOError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The `errno` value (positive: `ENOENT`, `EACCES`, …).
+    public let errnoCode: Int32
+    /// The call and its subject, e.g. `open /etc/pylon/pylon.json`.
+    public let reason: String
+    public init(errnoCode: Int32, reason: String) {
+        self.errnoCode = errnoCode
+        self.reason = reason
+    }
+    public var description: String { "\(reason): \(String(cString: strerror(errnoCode)))" }
+}
+
+extension UVError {
+    /// The same failure as a libuv error (libuv codes are negated errno values on Unix).
+    public init(_ e: IOError) { self.init(-e.errnoCode, e.reason) }
+}
+
+/// Process-level system calls. Every Glibc call that can fail goes through `syscall`, the one
+/// place that retries `EINTR` and turns `-1`/`errno` into a thrown `IOError`.
 public enum System {
+    /// Runs `body` (a system call returning -1 and setting `errno` on failure), again while it
+    /// fails with `EINTR`; any other failure throws `IOError(errno, reason())`. The reason is
+    /// only built on failure.
+    @inline(__always)
+    public static func syscall<T: BinaryInteger>(_ reason: @autoclosure () -> String,
+                                                 _ body: () -> T) throws(IOError) -> T {
+        while true {
+            let r = body()
+            if r != -1 { return r }
+            let e = errno
+            if e == EINTR { continue }
+            throw IOError(errnoCode: e, reason: reason())
+        }
+    }
+
     /// The value of an environment variable (`getenv`).
     public static func env(_ name: String) -> String? {
         guard let p = getenv(name) else { return nil }
@@ -31,30 +66,39 @@ public enum System {
         return (fds[0], fds[1])
     }
 
+    /// Closes a descriptor (`close`). Never retried: on Linux the descriptor is released even
+    /// when `close` reports `EINTR`, and a retry could close a descriptor reused meanwhile.
     public static func close(_ fd: Int32) { _ = Glibc.close(fd) }
 
     /// A connected, close-on-exec Unix stream socket (`socket` + blocking `connect`).
     public static func connectUnix(_ path: String) throws(UVError) -> Int32 {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        if fd < 0 { throw UVError(-errno, "socket") }
+        do throws(IOError) { return try connectUnixSocket(path) } catch { throw UVError(error) }
+    }
+
+    /// A connected, close-on-exec Unix stream socket (`socket` + blocking `connect`; an
+    /// interrupted `connect` of an `AF_UNIX` socket left it unconnected and is retried).
+    public static func connectUnixSocket(_ path: String) throws(IOError) -> Int32 {
+        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         var sa = sockaddr_un()
         sa.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
         guard bytes.count < MemoryLayout.size(ofValue: sa.sun_path) else {
-            _ = Glibc.close(fd)
-            throw UVError(-ENAMETOOLONG, "socket path \(path)")
+            close(fd)
+            throw IOError(errnoCode: ENAMETOOLONG, reason: "socket path \(path)")
         }
         withUnsafeMutableBytes(of: &sa.sun_path) { raw in
             raw.copyBytes(from: bytes)
             raw[bytes.count] = 0
         }
-        let rc = withUnsafePointer(to: &sa) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        if rc != 0 {
-            let e = errno
-            _ = Glibc.close(fd)
-            throw UVError(-e, "connect \(path)")
+        do throws(IOError) {
+            _ = try syscall("connect \(path)") {
+                withUnsafePointer(to: &sa) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                }
+            }
+        } catch {
+            close(fd)
+            throw error
         }
         return fd
     }
@@ -78,50 +122,100 @@ public enum System {
         return pylon_sd_notify(path, message) == 0
     }
 
-    /// Reads a whole file (`open`/`read`), or nil.
+    /// Reads a whole file (`open`, `read`). Throws `IOError` (`ENOENT`, `EACCES`, …), and
+    /// `EFBIG` when the file holds more than `maxBytes`.
+    public static func readFile(atPath path: String, maxBytes: Int = 16 << 20) throws(IOError) -> [UInt8] {
+        let fd = try syscall("open \(path)") { open(path, O_RDONLY | O_CLOEXEC) }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        let chunk = 65536
+        let buf = UnsafeMutableRawPointer.allocate(byteCount: chunk, alignment: 1)
+        defer { buf.deallocate() }
+        while true {
+            let n = try syscall("read \(path)") { read(fd, buf, chunk) }
+            if n == 0 { return out }
+            out.append(contentsOf: UnsafeRawBufferPointer(start: buf, count: n))
+            if out.count > maxBytes { throw IOError(errnoCode: EFBIG, reason: "read \(path): more than \(maxBytes) bytes") }
+        }
+    }
+
+    /// Writes a file atomically: a temporary file beside it, `fsync`, `rename` over `path`, then
+    /// `fsync` of the directory (best effort: the rename is already done).
+    public static func writeFileAtomically(atPath path: String, contents bytes: [UInt8], mode: mode_t = 0o600) throws(IOError) {
+        let tmp = path + ".tmp"
+        let fd = try syscall("open \(tmp)") { open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode) }
+        do throws(IOError) {
+            var off = 0
+            while off < bytes.count {
+                let n = try bytes.withUnsafeBytes { b in
+                    Result { () throws(IOError) in try syscall("write \(tmp)") { write(fd, b.baseAddress! + off, bytes.count - off) } }
+                }.get()
+                off += n
+            }
+            _ = try syscall("fsync \(tmp)") { fsync(fd) }
+        } catch {
+            close(fd)
+            _ = unlink(tmp)
+            throw error
+        }
+        close(fd)
+        _ = try syscall("rename \(tmp)") { rename(tmp, path) }
+        let dir = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        if let dfd = try? syscall("open", { open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) {
+            _ = try? syscall("fsync", { fsync(dfd) })
+            close(dfd)
+        }
+    }
+
+    /// `mkdir -p`: creates `path` and missing parents with `mode`. An existing directory is
+    /// fine; an existing non-directory throws `ENOTDIR`.
+    public static func createDirectories(atPath path: String, mode: mode_t = 0o755) throws(IOError) {
+        var cur = path.hasPrefix("/") ? "" : "."
+        for part in path.split(separator: "/") {
+            cur += "/" + part
+            do throws(IOError) {
+                _ = try syscall("mkdir \(cur)") { mkdir(cur, mode) }
+            } catch where error.errnoCode == EEXIST {
+                var st = stat()
+                _ = try syscall("stat \(cur)") { stat(cur, &st) }
+                if st.st_mode & S_IFMT != S_IFDIR { throw IOError(errnoCode: ENOTDIR, reason: "mkdir \(cur)") }
+            }
+        }
+    }
+
+    // Older spellings, kept for callers not yet moved to the throwing calls above.
+
+    /// `readFile(atPath:)` without the reason: nil on any error. Unlike the throwing call, a
+    /// file larger than `limit` is not an error: about `limit` + 64 KiB of it is returned.
     public static func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { _ = Glibc.close(fd) }
+        do throws(IOError) { return try readFile(atPath: path, maxBytes: limit) } catch {
+            // The old contract: stop reading past `limit` and return what was read.
+            guard error.errnoCode == EFBIG else { return nil }
+            return readPrefix(path, limit)
+        }
+    }
+
+    private static func readPrefix(_ path: String, _ limit: Int) -> [UInt8]? {
+        guard let fd = try? syscall("open", { open(path, O_RDONLY | O_CLOEXEC) }) else { return nil }
+        defer { close(fd) }
         var out: [UInt8] = []
         var buf = [UInt8](repeating: 0, count: 65536)
         while out.count <= limit {
-            let n = buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, 65536) }
-            if n < 0 { if errno == EINTR { continue }; return nil }
+            guard let n = try? syscall("read", { buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, 65536) } }) else { return nil }
             if n == 0 { break }
             out.append(contentsOf: buf[0..<n])
         }
         return out
     }
 
-    /// Writes a file atomically: temp file, fsync, rename, fsync of the directory.
+    /// `writeFileAtomically(atPath:contents:mode:)` returning false on any error.
     public static func writeFileAtomically(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o600) -> Bool {
-        let tmp = path + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
-        guard fd >= 0 else { return false }
-        var off = 0
-        while off < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + off, bytes.count - off) }
-            if n < 0 { if errno == EINTR { continue }; _ = Glibc.close(fd); return false }
-            off += n
-        }
-        guard fsync(fd) == 0 else { _ = Glibc.close(fd); return false }
-        _ = Glibc.close(fd)
-        guard rename(tmp, path) == 0 else { return false }
-        let dir = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
-        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd >= 0 { fsync(dfd); _ = Glibc.close(dfd) }
-        return true
+        (try? writeFileAtomically(atPath: path, contents: bytes, mode: mode)) != nil
     }
 
-    /// `mkdir -p` with `mode` for created directories.
+    /// `createDirectories(atPath:mode:)` returning false on any error.
     public static func makeDirectories(_ path: String, mode: mode_t = 0o755) -> Bool {
-        var cur = path.hasPrefix("/") ? "" : "."
-        for part in path.split(separator: "/") {
-            cur += "/" + part
-            if mkdir(cur, mode) != 0 && errno != EEXIST { return false }
-        }
-        return true
+        (try? createDirectories(atPath: path, mode: mode)) != nil
     }
 
     public static var pid: Int32 { getpid() }
@@ -132,21 +226,20 @@ extension System {
     /// The directory holding the running executable (`readlink /proc/self/exe`).
     public static func executableDirectory() -> String? {
         var buf = [CChar](repeating: 0, count: 4096)
-        let n = readlink("/proc/self/exe", &buf, buf.count - 1)
-        guard n > 0 else { return nil }
+        guard let n = try? syscall("readlink", { readlink("/proc/self/exe", &buf, buf.count - 1) }), n > 0 else { return nil }
         let path = String(decoding: buf[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
         guard let slash = path.lastIndex(of: "/") else { return nil }
         return String(path[..<slash])
     }
 
-    /// Resident set size of this process in KiB (from /proc/self/status), or nil.
     /// Returns free heap memory to the system (glibc `malloc_trim`): after a burst, freed
     /// memory would otherwise stay in the process.
     public static func releaseFreeMemory() { _ = pylon_malloc_trim() }
 
+    /// Resident set size of a process (this one by default) in KiB, from /proc/PID/status, or nil.
     public static func rssKiB(pid: Int32? = nil) -> Int? {
         let path = pid.map { "/proc/\($0)/status" } ?? "/proc/self/status"
-        guard let bytes = readFile(path) else { return nil }
+        guard let bytes = try? readFile(atPath: path) else { return nil }
         let text = String(decoding: bytes, as: UTF8.self)
         for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
             return Int(line.dropFirst(6).filter { $0 >= "0" && $0 <= "9" })

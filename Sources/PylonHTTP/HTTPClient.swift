@@ -141,13 +141,15 @@ public final class HTTPClient {
         if let socketp {
             poll = Unmanaged<SocketPoll>.fromOpaque(socketp).takeUnretainedValue()
         } else {
-            poll = SocketPoll(loop: loop, fd: s, client: self)
+            poll = SocketPoll(loop: loop, fd: s) { [unowned self] status, events in
+                self.onSocketEvent(s, status: status, events: events)
+            }
             curl_multi_assign(multi, s, Unmanaged.passUnretained(poll).toOpaque())
         }
         var events: Int32 = 0
         if action == CURL_POLL_IN || action == CURL_POLL_INOUT { events |= Int32(UV_READABLE.rawValue) }
         if action == CURL_POLL_OUT || action == CURL_POLL_INOUT { events |= Int32(UV_WRITABLE.rawValue) }
-        poll.start(events)
+        poll.watch(events)
     }
 
     private func timerCallback(_ timeoutMs: Int) {
@@ -255,43 +257,6 @@ final class Transfer {
         curl_slist_free_all(headerList)
         headerList = nil
         bodyPointer?.deallocate()
-    }
-}
-
-/// A `uv_poll_t` watching one of curl's sockets.
-final class SocketPoll {
-    let handle: UnsafeMutablePointer<uv_poll_t>
-    let fd: curl_socket_t
-    unowned let client: HTTPClient
-    private var closed = false
-
-    init(loop: Loop, fd: curl_socket_t, client: HTTPClient) {
-        self.fd = fd
-        self.client = client
-        handle = .allocate(capacity: 1)
-        handle.initialize(to: uv_poll_t())
-        uv_poll_init_socket(loop.uv, handle, fd)
-        handle.pointee.data = Unmanaged.passRetained(self).toOpaque()
-    }
-
-    func start(_ events: Int32) {
-        guard !closed else { return }
-        uv_poll_start(handle, events) { h, status, events in
-            let p = Unmanaged<SocketPoll>.fromOpaque(h!.pointee.data).takeUnretainedValue()
-            p.client.onSocketEvent(p.fd, status: status, events: events)
-        }
-    }
-
-    /// Stops polling at once (curl may close the fd right after) and frees in the close callback.
-    func close() {
-        guard !closed else { return }
-        closed = true
-        uv_poll_stop(handle)
-        uv_close(UnsafeMutableRawPointer(handle).assumingMemoryBound(to: uv_handle_t.self)) { h in
-            let p = h!.withMemoryRebound(to: uv_poll_t.self, capacity: 1) { $0 }
-            Unmanaged<SocketPoll>.fromOpaque(p.pointee.data).release()
-            p.deallocate()
-        }
     }
 }
 

@@ -37,8 +37,7 @@ public final class MQTTClient {
 
     private let loop: Loop
     private let mosq: OpaquePointer
-    private var poll: UnsafeMutablePointer<uv_poll_t>?
-    private var pollEvents: Int32 = 0
+    private var poll: SocketPoll?
     private var timer: Timer!
     private var backoff: Backoff
     private var subscriptions: [String: Int32] = [:]
@@ -232,36 +231,24 @@ public final class MQTTClient {
 
     private func openPoll(_ fd: Int32) {
         closePoll()
-        let h = UnsafeMutablePointer<uv_poll_t>.allocate(capacity: 1)
-        h.initialize(to: uv_poll_t())
-        uv_poll_init_socket(loop.uv, h, fd)
-        h.pointee.data = Unmanaged.passUnretained(self).toOpaque()
-        poll = h
-        pollEvents = 0
+        poll = SocketPoll(loop: loop, fd: fd) { [unowned self] status, events in
+            self.socketEvent(status: status, events: events)
+        }
     }
 
     /// Stops watching at once (libmosquitto may close or reuse the fd next) and frees the handle
     /// in its close callback.
     private func closePoll() {
-        guard let h = poll else { return }
+        poll?.close()
         poll = nil
-        uv_poll_stop(h)
-        h.pointee.data = nil
-        uv_close(UnsafeMutableRawPointer(h).assumingMemoryBound(to: uv_handle_t.self)) { p in
-            p!.withMemoryRebound(to: uv_poll_t.self, capacity: 1) { $0 }.deallocate()
-        }
     }
 
     /// Watches readable always, writable while libmosquitto has output queued.
     private func updateInterest() {
-        guard let h = poll else { return }
+        guard let poll else { return }
         let want = Int32(UV_READABLE.rawValue) | (mosquitto_want_write(mosq) ? Int32(UV_WRITABLE.rawValue) : 0)
-        guard want != pollEvents else { return }
-        pollEvents = want
-        uv_poll_start(h, want) { h, status, events in
-            guard let d = h?.pointee.data else { return }
-            Unmanaged<MQTTClient>.fromOpaque(d).takeUnretainedValue().socketEvent(status: status, events: events)
-        }
+        guard want != poll.events else { return }
+        poll.watch(want)
     }
 
     private func socketEvent(status: Int32, events: Int32) {

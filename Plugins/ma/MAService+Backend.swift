@@ -37,12 +37,9 @@ extension MAService {
         }
         let delay = BackoffPolicy(initialMs: retryInitialMs, maxMs: retryMaxMs).delay(attempt: attempt)
         plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
-        let t = Timer(loop: plugin.loop) {}
-        t.callback = { [unowned self, unowned t] in
-            t.close()
+        plugin.loop.after(ms: delay) { [unowned self] in
             self.post(path, body, retry: retry, attempt: attempt + 1, done)
         }
-        t.start(after: delay)
     }
 
     /// Queues a start or identifyAccount for `inst`: when its turn comes, `prepare` runs and

@@ -155,12 +155,9 @@ extension MAService {
                 if attempt == 1 {
                     self.plugin.log.warn("uploader unavailable; holding events", ["events": waiters.calls.count, "error": e.message])
                 }
-                let t = Timer(loop: self.plugin.loop) {}
-                t.callback = { [unowned self, unowned t] in
-                    t.close()
+                self.plugin.loop.after(ms: delay) { [unowned self] in
                     self.enqueue(json_object_get(again.ptr), waiters, inst, attempt: attempt + 1)
                 }
-                t.start(after: delay)
                 return
             case .failure(let e): err = e.message
             }

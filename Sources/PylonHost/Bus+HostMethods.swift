@@ -253,8 +253,10 @@ extension Bus {
         var next = consent
         let changed = next.set(key, granted: granted, layer: layer)
         if next != consent {
-            guard System.writeFileAtomically(consentPath, Array(next.snapshot.serialized.utf8)) else {
-                throw RPCError(.internalError, "could not persist consent to \(consentPath)")
+            do throws(IOError) {
+                try System.writeFileAtomically(atPath: consentPath, contents: Array(next.snapshot.serialized.utf8))
+            } catch {
+                throw RPCError(.internalError, "could not persist consent: \(error)")
             }
             consent = next
         }
@@ -285,9 +287,17 @@ extension Bus {
     /// exists but cannot be read or understood fails closed: the master switch is denied until an
     /// operator sets consent again, because granting by accident is the worse error.
     func loadConsent() {
-        if access(consentPath, F_OK) != 0 && errno == ENOENT { return }
-        var problem = "unreadable"
-        if let bytes = System.readFile(consentPath) {
+        var problem: String
+        let bytes: [UInt8]?
+        do throws(IOError) {
+            bytes = try System.readFile(atPath: consentPath)
+            problem = "unreadable"
+        } catch {
+            if error.errnoCode == ENOENT { return }
+            bytes = nil
+            problem = "unreadable (\(error))"
+        }
+        if let bytes {
             var parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
             if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
                 parsed = nil
@@ -298,7 +308,7 @@ extension Bus {
                 consent = restored
                 return
             case .failure(let e)?: problem = "not a consent snapshot (\(e.reason))"
-            case nil: if problem == "unreadable" { problem = "not JSON" }
+            case nil: if !problem.hasPrefix("damaged") { problem = "not JSON" }
             }
         }
         log.error("consent file \(problem); collection denied (master switch) until consent is set again",

@@ -186,13 +186,10 @@ public final class Bus {
         let now = loop.nowMs
         let wait = lastRefusalLogMs.map { $0 + Bus.refusalLogMs > now ? $0 + Bus.refusalLogMs - now : 0 } ?? 0
         if wait == 0 { return logRefusals() }
-        let t = Timer(loop: loop, unref: true) { [unowned self] in
-            self.refusalLogTimer?.close()
+        refusalLogTimer = loop.after(ms: wait, unref: true) { [unowned self] in
             self.refusalLogTimer = nil
             self.logRefusals()
         }
-        refusalLogTimer = t
-        t.start(after: wait)
     }
 
     private func logRefusals() {
@@ -209,14 +206,11 @@ public final class Bus {
     func clientGone() {
         closedSinceTrim += 1
         guard closedSinceTrim >= Bus.trimAfterClosedClients, trimTimer == nil else { return }
-        let t = Timer(loop: loop, unref: true) { [unowned self] in
-            self.trimTimer?.close()
+        trimTimer = loop.after(ms: 1_000, unref: true) { [unowned self] in
             self.trimTimer = nil
             self.closedSinceTrim = 0
             System.releaseFreeMemory()
         }
-        trimTimer = t
-        t.start(after: 1_000)
     }
     static let trimAfterClosedClients = 256
 

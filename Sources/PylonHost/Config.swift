@@ -113,7 +113,12 @@ public struct ConfigError: Error, CustomStringConvertible, Sendable {
 extension HostConfig {
     /// Loads and validates a configuration file, then applies `PYLON_SOCKET` / `PYLON_STATE_DIR`.
     public static func load(path: String, environment: (String) -> String? = System.env) throws(ConfigError) -> HostConfig {
-        guard let bytes = System.readFile(path) else { throw ConfigError("cannot read config file \(path)") }
+        let bytes: [UInt8]
+        do throws(IOError) {
+            bytes = try System.readFile(atPath: path)
+        } catch {
+            throw ConfigError("cannot read config file: \(error)")
+        }
         let json: JSON
         do {
             json = try bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }

@@ -30,14 +30,17 @@ public final class Host {
         System.ignoreSIGPIPE()
         System.unblockAllSignals()
         let cfg = bus.config
-        guard System.makeDirectories(cfg.stateDir, mode: 0o700) else {
-            log.error("cannot create state directory", ["path": cfg.stateDir])
+        do throws(IOError) {
+            try System.createDirectories(atPath: cfg.stateDir, mode: 0o700)
+        } catch {
+            log.error("cannot create state directory", ["path": cfg.stateDir, "error": error.description])
             return 1
         }
-        if let slash = cfg.socketPath.lastIndex(of: "/") {
-            let dir = String(cfg.socketPath[..<slash])
-            if !dir.isEmpty && !System.makeDirectories(dir, mode: 0o755) {
-                log.error("cannot create socket directory", ["path": dir])
+        if let slash = cfg.socketPath.lastIndex(of: "/"), case let dir = String(cfg.socketPath[..<slash]), !dir.isEmpty {
+            do throws(IOError) {
+                try System.createDirectories(atPath: dir, mode: 0o755)
+            } catch {
+                log.error("cannot create socket directory", ["path": dir, "error": error.description])
                 return 1
             }
         }

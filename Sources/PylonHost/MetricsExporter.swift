@@ -63,8 +63,10 @@ final class MetricsExporter {
 
     private func write(_ text: String) {
         // Mode 0644: node_exporter runs as its own user.
-        if !System.writeFileAtomically(path, Array(text.utf8), mode: 0o644) {
-            log.warn("cannot write metrics textfile", ["path": path, "errno": errno])
+        do throws(IOError) {
+            try System.writeFileAtomically(atPath: path, contents: Array(text.utf8), mode: 0o644)
+        } catch {
+            log.warn("cannot write metrics textfile", ["path": path, "error": error.description])
         }
     }
 }

@@ -15,13 +15,19 @@ func gtmBench() throws {
     // 1. A ~1 MB container: 3,000 macros, predicates, tags and rules.
     var macros: [JSON] = [], preds: [JSON] = [], tags: [JSON] = [], rules: [JSON] = []
     for i in 0..<3000 {
-        macros.append(["function": "_c", "instance_name": .string("k\(i)"), "value": .string("value-\(i)-" + String(repeating: "x", count: 150))])
+        macros.append([
+            "function": "_c", "instance_name": .string("k\(i)"), "value": .string("value-\(i)-" + String(repeating: "x", count: 150)),
+        ])
         preds.append(["function": "_eq", "arg0": ["macro", .int(Int64(i))], "arg1": .string("v\(i)")])
         tags.append(["function": "_func", "name": .string("t\(i)")])
         rules.append([["if", .int(Int64(i))], ["add", .int(Int64(i))]])
     }
-    let big = JSON.object(["resource": ["version": "1", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags),
-                                        "rules": .array(rules)]]).serialized
+    let big = JSON.object([
+        "resource": [
+            "version": "1", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags),
+            "rules": .array(rules),
+        ]
+    ]).serialized
     var parse: [UInt64] = []
     for _ in 0..<20 {
         let t0 = Loop.hrtimeNs
@@ -29,7 +35,9 @@ func gtmBench() throws {
         parse.append(Loop.hrtimeNs - t0)
     }
     parse.sort()
-    print("parse + index a \(big.utf8.count / 1024) KiB container (3,000 macros/predicates/tags/rules): p50 \(fmt(percentile(parse, 0.5) / 1000)) ms, max \(fmt(percentile(parse, 1.0) / 1000)) ms")
+    print(
+        "parse + index a \(big.utf8.count / 1024) KiB container (3,000 macros/predicates/tags/rules): p50 \(fmt(percentile(parse, 0.5) / 1000)) ms, max \(fmt(percentile(parse, 1.0) / 1000)) ms"
+    )
 
     // The bench container: a rule-driven macro and 1,000 tag rules.
     let rulesText = gtmRulesContainer(1000)
@@ -44,13 +52,19 @@ func gtmBench() throws {
         precondition(t.tags.count == 1)
     }
     inPlugin.sort()
-    print("engine, one push over 1,000 rules (merge + rules + tags): p50 \(fmt(percentile(inPlugin, 0.5))) µs, p99 \(fmt(percentile(inPlugin, 0.99))) µs")
+    print(
+        "engine, one push over 1,000 rules (merge + rules + tags): p50 \(fmt(percentile(inPlugin, 0.5))) µs, p99 \(fmt(percentile(inPlugin, 0.99))) µs"
+    )
 
     let defaults = tmp + "/gtm-defaults"
     _ = System.makeDirectories(defaults)
     _ = System.writeFileAtomically(defaults + "/GTM-BENCH", Array(rulesText.utf8))
-    startHost(plugins: [["name": "gtm", "exec": "pylon-gtm",
-                         "config": ["defaultsDir": .string(defaults), "backend": "http://127.0.0.1:9", "logLevel": "error"]]])
+    startHost(plugins: [
+        [
+            "name": "gtm", "exec": "pylon-gtm",
+            "config": ["defaultsDir": .string(defaults), "backend": "http://127.0.0.1:9", "logLevel": "error"],
+        ]
+    ])
     let sync = try SyncClient(path: socketPath)
     let status = try sync.call("bus.status")
     let pid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
@@ -62,7 +76,8 @@ func gtmBench() throws {
     usleep(300_000)
     print("gtm plugin RSS with the 1,000-rule container open \(System.rssKiB(pid: pid) ?? 0) KiB")
 
-    let get = #"{"jsonrpc":"2.0","id":1,"method":"gtm.getValue","params":{"containerId":"GTM-BENCH","key":"greeting","type":"string","language":"it"}}"#
+    let get =
+        #"{"jsonrpc":"2.0","id":1,"method":"gtm.getValue","params":{"containerId":"GTM-BENCH","key":"greeting","type":"string","language":"it"}}"#
     try pipelined("gtm.getValue (rule-driven macro)", line: get, expect: #""Ciao""#, pluginPid: pid)
     let push = #"{"jsonrpc":"2.0","id":1,"method":"gtm.push","params":{"data":{"event":"tap","screenName":"s500"}}}"#
     try pipelined("gtm.push (1,000 rules)", line: push, expect: #""queued":true"#, pluginPid: pid)
@@ -98,7 +113,9 @@ func pipelined(_ name: String, line: String, expect: String, pluginPid: Int32) t
     let secs = Double(Loop.hrtimeNs - start) / 1e9
     lat.sort()
     let tick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(ok, 1))
-    print("\(name), \(gtmWindow) in flight: \(Int(Double(ok) / secs)) /s, p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs, plugin CPU \(fmt((cpuTicks(pluginPid) - cpu0) * tick)) µs each, errors \(errors)")
+    print(
+        "\(name), \(gtmWindow) in flight: \(Int(Double(ok) / secs)) /s, p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs, plugin CPU \(fmt((cpuTicks(pluginPid) - cpu0) * tick)) µs each, errors \(errors)"
+    )
     conn.close()
     loop.runNoWait()
 }
@@ -108,13 +125,17 @@ nonisolated(unsafe) var gtmWindow = 64
 /// A container with `greeting` chosen by the device language (it/es/default) and `n` tag rules
 /// (`event == tap` and `screenName == s<i>` → tag i).
 func gtmRulesContainer(_ n: Int) -> String {
-    var macros: [JSON] = [["function": "_l", "instance_name": "lang"], ["function": "_e", "instance_name": "event"],
-                          ["function": "_v", "instance_name": "screen", "name": "screenName"],
-                          ["function": "_c", "instance_name": "greeting", "value": "Ciao", "not_default_macro": true],
-                          ["function": "_c", "instance_name": "greeting", "value": "Hola", "not_default_macro": true],
-                          ["function": "_c", "instance_name": "greeting", "value": "Hello"]]
-    var preds: [JSON] = [["function": "_eq", "arg0": ["macro", 0], "arg1": "it"], ["function": "_eq", "arg0": ["macro", 0], "arg1": "es"],
-                         ["function": "_eq", "arg0": ["macro", 1], "arg1": "tap"]]
+    var macros: [JSON] = [
+        ["function": "_l", "instance_name": "lang"], ["function": "_e", "instance_name": "event"],
+        ["function": "_v", "instance_name": "screen", "name": "screenName"],
+        ["function": "_c", "instance_name": "greeting", "value": "Ciao", "not_default_macro": true],
+        ["function": "_c", "instance_name": "greeting", "value": "Hola", "not_default_macro": true],
+        ["function": "_c", "instance_name": "greeting", "value": "Hello"],
+    ]
+    var preds: [JSON] = [
+        ["function": "_eq", "arg0": ["macro", 0], "arg1": "it"], ["function": "_eq", "arg0": ["macro", 0], "arg1": "es"],
+        ["function": "_eq", "arg0": ["macro", 1], "arg1": "tap"],
+    ]
     var rules: [JSON] = [[["if", 0], ["add_macro", 3]], [["if", 1], ["add_macro", 4]]]
     var tags: [JSON] = []
     for i in 0..<n {
@@ -123,6 +144,10 @@ func gtmRulesContainer(_ n: Int) -> String {
         rules.append([["if", 2, .int(Int64(3 + i))], ["add", .int(Int64(i))]])
     }
     macros.append(["function": "_c", "instance_name": "unused", "value": 1])
-    return JSON.object(["resource": ["version": "bench", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags),
-                                     "rules": .array(rules)]]).serialized
+    return JSON.object([
+        "resource": [
+            "version": "bench", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags),
+            "rules": .array(rules),
+        ]
+    ]).serialized
 }

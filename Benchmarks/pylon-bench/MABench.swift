@@ -13,9 +13,13 @@ nonisolated(unsafe) var maWindow = 1024
 func maBench() throws {
     let (backend, port) = try startBackend()
     startHost(plugins: [
-        ["name": "uploader", "exec": "pylon-uploader",
-         "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
-                    "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]]]],  // as etc/pylon.json
+        [
+            "name": "uploader", "exec": "pylon-uploader",
+            "config": [
+                "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
+                "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]],
+            ],
+        ],  // as etc/pylon.json
         ["name": "ma", "exec": "pylon-ma", "config": ["backend": .string("http://127.0.0.1:\(port)")]],
     ])
     let sync = try SyncClient(path: socketPath)
@@ -43,7 +47,8 @@ func maBench() throws {
     var sent = 0, acked = 0, errors = 0
     let start = Loop.hrtimeNs
     let deadline = start + UInt64(seconds * 1e9)
-    let line = #"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}}"#
+    let line =
+        #"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}}"#
     func sendOne() { sent += 1; conn.sendLine(line) }
     conn.onLine = { l in
         if find(l, Array(#""code":0"#.utf8)) != nil { acked += 1 } else { errors += 1 }

@@ -41,7 +41,9 @@ extension Substring {
 func pushBench() throws {
     _ = System.makeDirectories(tmp)
     let mqttPort = freeLoopbackPort()
-    let conf = "listener \(mqttPort) 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location \(tmp)/\nmax_queued_messages 100000\nset_tcp_nodelay true\n" + (getuid() == 0 ? "user root\n" : "")
+    let conf =
+        "listener \(mqttPort) 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location \(tmp)/\nmax_queued_messages 100000\nset_tcp_nodelay true\n"
+        + (getuid() == 0 ? "user root\n" : "")
     _ = System.writeFileAtomically(tmp + "/mosquitto.conf", Array(conf.utf8))
     var mo = ChildProcess.Options(exec: "/usr/sbin/mosquitto")
     mo.args = ["-c", tmp + "/mosquitto.conf"]
@@ -50,11 +52,17 @@ func pushBench() throws {
     usleep(300_000)
     let (backend, port) = try startBackend(["--mqtt", "127.0.0.1:\(mqttPort)"])
     startHost(plugins: [
-        ["name": "uploader", "exec": "pylon-uploader",
-         "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}")]],
-        ["name": "push", "exec": "pylon-push",
-         "config": ["backend": .string("http://127.0.0.1:\(port)"), "maxInFlightPerApp": 1024,
-                    "broker": ["host": "127.0.0.1", "port": .int(Int64(mqttPort)), "keepaliveS": 60]]],
+        [
+            "name": "uploader", "exec": "pylon-uploader",
+            "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}")],
+        ],
+        [
+            "name": "push", "exec": "pylon-push",
+            "config": [
+                "backend": .string("http://127.0.0.1:\(port)"), "maxInFlightPerApp": 1024,
+                "broker": ["host": "127.0.0.1", "port": .int(Int64(mqttPort)), "keepaliveS": 60],
+            ],
+        ],
     ])
     let sync = try SyncClient(path: socketPath)
     var token = ""
@@ -71,7 +79,9 @@ func pushBench() throws {
     usleep(5_000_000)
     let w1 = wakeups(pushPid)
     let upPid = Int32(status["plugins"]?.arrayValue?.first { $0["name"]?.stringValue == "uploader" }?["pid"]?.intValue ?? 0)
-    print("pylon-push pid \(pushPid): idle RSS \(System.rssKiB(pid: pushPid) ?? 0) KiB (uploader for comparison: \(System.rssKiB(pid: upPid) ?? 0) KiB); wake-ups in 5 s idle: \(w1 - w0) (host heartbeats included)")
+    print(
+        "pylon-push pid \(pushPid): idle RSS \(System.rssKiB(pid: pushPid) ?? 0) KiB (uploader for comparison: \(System.rssKiB(pid: upPid) ?? 0) KiB); wake-ups in 5 s idle: \(w1 - w0) (host heartbeats included)"
+    )
 
     // The app: serves bench.onPush and acknowledges every message at once.
     let app = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
@@ -94,7 +104,9 @@ func pushBench() throws {
     loop.runNoWait()
 
     let http = HTTPClient(loop: loop)
-    let body = Array(#"{"appId":"bench","targetType":"device","target":"\#(token)","title":"Sale","content":"20% off today","extendedParams":{"campaign":"c-1"},"url":"https://example.com/sale"}"#.utf8)
+    let body = Array(
+        #"{"appId":"bench","targetType":"device","target":"\#(token)","title":"Sale","content":"20% off today","extendedParams":{"campaign":"c-1"},"url":"https://example.com/sale"}"#
+            .utf8)
     let url = "http://127.0.0.1:\(port)/v1/admin/push/send"
     var httpErrors = 0
     func send(_ done: @escaping () -> Void) {
@@ -113,7 +125,9 @@ func pushBench() throws {
         replied = false
         called = false
         t0 = Loop.hrtimeNs
-        send { replied = true; if called { next() } }
+        send {
+            replied = true; if called { next() }
+        }
     }
     onCallback = {
         lat.append(Loop.hrtimeNs - t0)
@@ -126,8 +140,10 @@ func pushBench() throws {
     print("push one at a time (send → app callback): p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs")
 
     // Sustained: `pushWindow` sends in flight for `seconds`.
-    let pids: [(String, Int32)] = [("host", Int32(status["pid"]?.intValue ?? 0)), ("push", pushPid), ("backend", backend.pid),
-                                   ("broker", broker.pid), ("bench", getpid())]
+    let pids: [(String, Int32)] = [
+        ("host", Int32(status["pid"]?.intValue ?? 0)), ("push", pushPid), ("backend", backend.pid),
+        ("broker", broker.pid), ("bench", getpid()),
+    ]
     let cpu0 = pids.map { cpuTicks($0.1) }
     let startCallbacks = callbacks
     var sent = 0, answered = 0
@@ -148,7 +164,9 @@ func pushBench() throws {
     loop.run()
     let secs = Double(Loop.hrtimeNs - start) / 1e9
     let acked = callbacks - startCallbacks
-    print("push sustained, \(pushWindow) sends in flight: \(Int(Double(acked) / secs)) acknowledged msgs/s to one app over \(fmt(secs)) s (\(acked) of \(sent) sent, HTTP errors \(httpErrors))")
+    print(
+        "push sustained, \(pushWindow) sends in flight: \(Int(Double(acked) / secs)) acknowledged msgs/s to one app over \(fmt(secs)) s (\(acked) of \(sent) sent, HTTP errors \(httpErrors))"
+    )
     let tick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(acked, 1))
     print("CPU µs per message: " + zip(pids, cpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * tick))" }.joined(separator: ", "))
 
@@ -173,7 +191,8 @@ func pushBench() throws {
     let topic = "pylon/push/d/" + token
     func publishOne() {
         published += 1
-        let m = #"{"id":"d\#(published)","appId":"bench","title":"Sale","content":"20% off today","extras":{"campaign":"c-1"},"action":{"type":"url","value":"https://example.com/sale"},"silent":false}"#
+        let m =
+            #"{"id":"d\#(published)","appId":"bench","title":"Sale","content":"20% off today","extras":{"campaign":"c-1"},"action":{"type":"url","value":"https://example.com/sale"},"silent":false}"#
         pub.publish(topic, Array(m.utf8), qos: 1) { _ in
             if Loop.hrtimeNs < dDeadline { publishOne() } else { sending = false }
         }
@@ -182,7 +201,9 @@ func pushBench() throws {
     loop.run()
     let dSecs = Double(Loop.hrtimeNs - dStart) / 1e9
     let dAcked = callbacks - dStartCallbacks
-    print("device side (broker → plugin → app ack), \(pushWindow) QoS 1 publishes in flight: \(Int(Double(dAcked) / dSecs)) acknowledged msgs/s over \(fmt(dSecs)) s (\(dAcked) of \(published))")
+    print(
+        "device side (broker → plugin → app ack), \(pushWindow) QoS 1 publishes in flight: \(Int(Double(dAcked) / dSecs)) acknowledged msgs/s over \(fmt(dSecs)) s (\(dAcked) of \(published))"
+    )
     let dtick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(dAcked, 1))
     print("CPU µs per message: " + zip(pids, dcpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * dtick))" }.joined(separator: ", "))
     pub.stop()

@@ -33,17 +33,22 @@ func startBackend(_ extraArgs: [String] = []) throws -> (ChildProcess, Int) {
 func uploaderBench() throws {
     let (backend, port) = try startBackend()
     let stream = "bench.events"
-    startHost(plugins: [[
-        "name": "uploader", "exec": "pylon-uploader",
-        "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "fsync": .string(fsyncMode),
-                   "maxDiskBytes": .int(1 << 30),
-                   "streams": ["bench.*": ["maxCount": 500, "intervalMs": 1000, "maxBatchBytes": 1_048_576]]],
-    ]])
+    startHost(plugins: [
+        [
+            "name": "uploader", "exec": "pylon-uploader",
+            "config": [
+                "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "fsync": .string(fsyncMode),
+                "maxDiskBytes": .int(1 << 30),
+                "streams": ["bench.*": ["maxCount": 500, "intervalMs": 1000, "maxBatchBytes": 1_048_576]],
+            ],
+        ]
+    ])
     let status = try SyncClient(path: socketPath).call("bus.status")
     let hostPid = Int32(status["pid"]?.intValue ?? 0)
     let pluginPid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
 
-    let payload = #","data":{"event":"purchase","screen":"checkout","sku":"SKU-000123","price":1999,"currency":"EUR","props":{"campaign":"winter","variant":"b","session":"s-42"},"device":{"os":"linux","model":"kiosk-3"}}}]}}"#
+    let payload =
+        #","data":{"event":"purchase","screen":"checkout","sku":"SKU-000123","price":1999,"currency":"EUR","props":{"campaign":"winter","variant":"b","session":"s-42"},"device":{"os":"linux","model":"kiosk-3"}}}]}}"#
     let conn = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
     var sent = 0
     var acked = 0
@@ -58,7 +63,9 @@ func uploaderBench() throws {
         let i = sent
         sent += 1
         if i < sendTimes.count { sendTimes[i] = Loop.hrtimeNs }
-        conn.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench:events","records":[{"id":"r\#(i)""# + payload)
+        conn.sendLine(
+            #"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench:events","records":[{"id":"r\#(i)""#
+                + payload)
     }
     let cpu0 = cpuTicks(hostPid), pcpu0 = cpuTicks(pluginPid)
     conn.onLine = { line in
@@ -79,9 +86,11 @@ func uploaderBench() throws {
     let cpu1 = cpuTicks(hostPid), pcpu1 = cpuTicks(pluginPid)
     lat.sort()
     let tps = Double(sysconf(Int32(_SC_CLK_TCK)))
-    print("uploader.enqueue (fsync \(fsyncMode)): \(Int(Double(acked) / ackSeconds)) acknowledged records/s over \(fmt(ackSeconds)) s, "
-          + "p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs, errors \(errors); "
-          + "CPU µs/record: host \(fmt((cpu1 - cpu0) / tps * 1e6 / Double(max(acked, 1)))), uploader \(fmt((pcpu1 - pcpu0) / tps * 1e6 / Double(max(acked, 1))))")
+    print(
+        "uploader.enqueue (fsync \(fsyncMode)): \(Int(Double(acked) / ackSeconds)) acknowledged records/s over \(fmt(ackSeconds)) s, "
+            + "p50 \(fmt(percentile(lat, 0.5))) µs, p99 \(fmt(percentile(lat, 0.99))) µs, errors \(errors); "
+            + "CPU µs/record: host \(fmt((cpu1 - cpu0) / tps * 1e6 / Double(max(acked, 1)))), uploader \(fmt((pcpu1 - pcpu0) / tps * 1e6 / Double(max(acked, 1))))"
+    )
 
     // End to end: until the backend holds every acknowledged record.
     let http = HTTPClient(loop: loop)
@@ -89,9 +98,13 @@ func uploaderBench() throws {
     func poll() {
         http.send(HTTPRequest(url: "http://127.0.0.1:\(port)/v1/inspect/streams/\(stream)")) { r in
             if case .success(let resp) = r, let j = try? JSON.parse(resp.bodyText) { delivered = Int(j["records"]?.intValue ?? 0) }
-            if delivered >= acked || Loop.hrtimeNs - start > UInt64(120e9) { loop.stop() } else {
+            if delivered >= acked || Loop.hrtimeNs - start > UInt64(120e9) {
+                loop.stop()
+            } else {
                 let t = Timer(loop: loop) {}
-                t.callback = { [unowned t] in t.close(); poll() }
+                t.callback = { [unowned t] in
+                    t.close(); poll()
+                }
                 t.start(after: 50)
             }
         }

@@ -70,7 +70,10 @@ func startHost(plugins: [JSON]) {
     // Wait for readiness.
     for _ in 0..<500 {
         if let c = try? SyncClient(path: socketPath), let s = try? c.call("bus.status", nil, timeoutMs: 1000),
-           s["state"]?.stringValue == "running" { return }
+            s["state"]?.stringValue == "running"
+        {
+            return
+        }
         usleep(10_000)
     }
     fatalError("pylond did not become ready")
@@ -205,7 +208,8 @@ func run(_ mode: Mode, hostPid: Int32, pluginPid: Int32) {
     let cpuUsPerMsg = (cpu1 - cpu0) / ticksPerSec * 1e6 / Double(max(total, 1))
     let rate = Double(total) / elapsed
     let perMsg = { (a: Double, b: Double) in (b - a) / ticksPerSec * 1e6 / Double(max(total, 1)) }
-    let line = "\(mode.name.padding(25)) \(String(Int(rate)).padding(8)) msgs/s  p50 \(fmt(percentile(lat, 0.5))) µs  p99 \(fmt(percentile(lat, 0.99))) µs  CPU µs/msg: host \(fmt(cpuUsPerMsg)), plugin \(fmt(perMsg(pcpu0, pcpu1))), client \(fmt(perMsg(mcpu0, mcpu1)))"
+    let line =
+        "\(mode.name.padding(25)) \(String(Int(rate)).padding(8)) msgs/s  p50 \(fmt(percentile(lat, 0.5))) µs  p99 \(fmt(percentile(lat, 0.99))) µs  CPU µs/msg: host \(fmt(cpuUsPerMsg)), plugin \(fmt(perMsg(pcpu0, pcpu1))), client \(fmt(perMsg(mcpu0, mcpu1)))"
     print(line)
     for d in drivers { d.conn.close() }
     loop.runNoWait()
@@ -221,19 +225,25 @@ extension String {
 }
 
 func busBench() throws {
-if externalSocket == nil { startHost(plugins: [["name": "echo", "exec": "pylon-echo"]]) }
-let status = try SyncClient(path: socketPath).call("bus.status")
-let hostPid = Int32(status["pid"]?.intValue ?? 0)
-let pluginPid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
-print("pylond pid \(hostPid): idle RSS \(System.rssKiB(pid: hostPid) ?? 0) KiB; echo plugin pid \(pluginPid): idle RSS \(System.rssKiB(pid: pluginPid) ?? 0) KiB")
-print("request: \(#"{"jsonrpc":"2.0","id":N,"method":"echo.echo","params":"#.utf8.count + paramsText.utf8.count + 4) bytes; \(seconds) s per mode")
-for mode in [Mode(name: "sequential (1 in flight)", clients: 1, window: 1),
-             Mode(name: "pipelined (64 in flight)", clients: 1, window: 64),
-             Mode(name: "4 clients x 64", clients: 4, window: 64)] {
-    run(mode, hostPid: hostPid, pluginPid: pluginPid)
-}
-print("after load: pylond RSS \(System.rssKiB(pid: hostPid) ?? 0) KiB; echo RSS \(System.rssKiB(pid: pluginPid) ?? 0) KiB")
-stopHost()
+    if externalSocket == nil { startHost(plugins: [["name": "echo", "exec": "pylon-echo"]]) }
+    let status = try SyncClient(path: socketPath).call("bus.status")
+    let hostPid = Int32(status["pid"]?.intValue ?? 0)
+    let pluginPid = Int32(status["plugins"]?.arrayValue?.first?["pid"]?.intValue ?? 0)
+    print(
+        "pylond pid \(hostPid): idle RSS \(System.rssKiB(pid: hostPid) ?? 0) KiB; echo plugin pid \(pluginPid): idle RSS \(System.rssKiB(pid: pluginPid) ?? 0) KiB"
+    )
+    print(
+        "request: \(#"{"jsonrpc":"2.0","id":N,"method":"echo.echo","params":"#.utf8.count + paramsText.utf8.count + 4) bytes; \(seconds) s per mode"
+    )
+    for mode in [
+        Mode(name: "sequential (1 in flight)", clients: 1, window: 1),
+        Mode(name: "pipelined (64 in flight)", clients: 1, window: 64),
+        Mode(name: "4 clients x 64", clients: 4, window: 64),
+    ] {
+        run(mode, hostPid: hostPid, pluginPid: pluginPid)
+    }
+    print("after load: pylond RSS \(System.rssKiB(pid: hostPid) ?? 0) KiB; echo RSS \(System.rssKiB(pid: pluginPid) ?? 0) KiB")
+    stopHost()
 }
 
 switch benchMode {

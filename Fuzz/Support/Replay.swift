@@ -15,7 +15,8 @@ public typealias FuzzEntry = @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt
 func LLVMFuzzerRunDriver(
     _ argc: UnsafeMutablePointer<CInt>,
     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>,
-    _ entry: FuzzEntry) -> CInt
+    _ entry: FuzzEntry
+) -> CInt
 #endif
 
 /// A fuzz target's `main`. Built with `-sanitize=fuzzer -DFUZZING` it runs libFuzzer (all of

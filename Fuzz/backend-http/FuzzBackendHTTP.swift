@@ -33,9 +33,10 @@ struct Harness {
         ])
         let store = try! Store(path: options.dbPath)
         backend = Backend(store: store, maxBody: options.maxBody)
-        server = try! Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
-                             maxConnections: options.maxConnections, timeouts: options.timeouts,
-                             handler: { [backend] in backend.handle($0) })
+        server = try! Server(
+            loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
+            maxConnections: options.maxConnections, timeouts: options.timeouts,
+            handler: { [backend] in backend.handle($0) })
         let address = server.boundAddress
         port = UInt16(address[address.index(after: address.lastIndex(of: ":")!)...])!
     }

@@ -1,5 +1,5 @@
-import FuzzSupport
 import CJSONC
+import FuzzSupport
 import PylonPluginKit
 
 /// Fuzz target (d, MA): the MA plugin's parameter validation, on params parsed by json-c as the
@@ -21,7 +21,8 @@ public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
 
     let onTree = EventValidation.check(eventNameRef: ref.member("eventName"), propertyRef: ref.member("property"))
     let onValues = EventValidation.check(eventName: p["eventName"], property: p["property"])
-    fuzzCheck((onTree == nil) == (onValues == nil), "event checks disagree: \(String(describing: onTree)) / \(String(describing: onValues))")
+    fuzzCheck(
+        (onTree == nil) == (onValues == nil), "event checks disagree: \(String(describing: onTree)) / \(String(describing: onValues))")
 
     if case .success(let props) = PropertyValidation.setProperties(p) {
         fuzzCheck((1...PropertyValidation.maxPerCall).contains(props.count), "accepted \(props.count) properties")

@@ -18,8 +18,8 @@ public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     let all = UnsafeRawBufferPointer(start: data, count: size)
     // First byte: the limits. Small line limits make oversized lines reachable.
     let b0 = Int(all[0])
-    let maxLine = 16 + (b0 & 0x0F) * 64          // 16 ... 976 bytes
-    let maxDepth = Int32(2 + (b0 >> 4) * 4)      // 2 ... 62 (the host's minimum is 2)
+    let maxLine = 16 + (b0 & 0x0F) * 64  // 16 ... 976 bytes
+    let maxDepth = Int32(2 + (b0 >> 4) * 4)  // 2 ... 62 (the host's minimum is 2)
     let input = UnsafeRawBufferPointer(rebasing: all[1...])
     var rng = InputRNG(input)
     let tokener = Tokener(maxDepth: maxDepth)

@@ -23,7 +23,8 @@ enum DefaultContainers {
         case .failure(let e)?: return .failure(e)
         case .success(let bytes)?:
             do {
-                return .success(Loaded(container: try Container.parse(text: String(decoding: bytes, as: UTF8.self), limits: limits), file: base))
+                return .success(
+                    Loaded(container: try Container.parse(text: String(decoding: bytes, as: UTF8.self), limits: limits), file: base))
             } catch {
                 return .failure(ContainerError("\(base): \(error.description)"))
             }
@@ -61,9 +62,9 @@ enum DefaultContainers {
     private static func contents(_ path: String, maxBytes: Int) -> Result<[UInt8], ContainerError>? {
         do throws(IOError) {
             return .success(try System.readFile(atPath: path, maxBytes: maxBytes))
-        } catch where error.errnoCode == ENOENT {
+        } catch  where error.errnoCode == ENOENT {
             return nil
-        } catch where error.errnoCode == EFBIG {
+        } catch  where error.errnoCode == EFBIG {
             return .failure(ContainerError("\(path): larger than \(maxBytes) bytes"))
         } catch {
             return .failure(ContainerError("\(path): \(error)"))

@@ -75,10 +75,11 @@ struct GTMLimits {
 
     /// `[A-Za-z0-9._-]{1,64}`: a container id names files, URL path segments and rows.
     static func validContainerId(_ s: String) -> Bool {
-        (1...maxContainerIdBytes).contains(s.utf8.count) && s != "." && s != ".." && s.utf8.allSatisfy { c in
-            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
-                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
-        }
+        (1...maxContainerIdBytes).contains(s.utf8.count) && s != "." && s != ".."
+            && s.utf8.allSatisfy { c in
+                (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
+                    || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+            }
     }
 }
 

@@ -14,8 +14,9 @@ extension GTMService {
 
     func context(event: String? = nil, params: JSON? = nil) -> EvaluationContext {
         let t = now()
-        return EvaluationContext(environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: dataLayer,
-                                 event: event, nowMs: t, seed: UInt64(bitPattern: t) &+ pushSeq, registeredMacros: macroNames)
+        return EvaluationContext(
+            environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: dataLayer,
+            event: event, nowMs: t, seed: UInt64(bitPattern: t) &+ pushSeq, registeredMacros: macroNames)
     }
 
     /// Params that override device facts for one call.
@@ -142,7 +143,8 @@ extension GTMService {
                 ctx.functionResults[k] = .null
                 self.counters.functionCallFailures += 1
             }
-            self.log.warning("function-call macro handler did not answer within \(self.limits.functionCallTimeoutMs) ms (type default used)")
+            self.log.warning(
+                "function-call macro handler did not answer within \(self.limits.functionCallTimeoutMs) ms (type default used)")
             remaining.removeAll()
             finish()
         }
@@ -151,7 +153,8 @@ extension GTMService {
     // MARK: Handlers
 
     func register(_ call: Call, tag: Bool) {
-        guard let name = call.params["name"]?.stringValue, !name.isEmpty, let method = call.params["method"]?.stringValue, !method.isEmpty else {
+        guard let name = call.params["name"]?.stringValue, !name.isEmpty, let method = call.params["method"]?.stringValue, !method.isEmpty
+        else {
             call.fail(RPCError(.invalidParams, "name and method (non-empty strings) are required"))
             return
         }
@@ -163,7 +166,11 @@ extension GTMService {
             call.fail(RPCError(.overloaded, "too many function-call handlers (maxHandlers \(limits.maxHandlers))"))
             return
         }
-        if tag { tagHandlers[name] = Handler(method: method, client: client) } else { macroHandlers[name] = Handler(method: method, client: client) }
+        if tag {
+            tagHandlers[name] = Handler(method: method, client: client)
+        } else {
+            macroHandlers[name] = Handler(method: method, client: client)
+        }
         log.info("function-call \(tag ? "tag" : "macro") \(name) → \(method) (client \(client))")
         call.reply(["registered": true])
     }
@@ -189,8 +196,11 @@ extension GTMService {
         }
         pushSeq += 1
         guard pushQueue.enqueue(QueuedPush(data: data, seq: pushSeq)) == .accepted else {
-            log.error("Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared")
-            call.fail(RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
+            log.error(
+                "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
+            )
+            call.fail(
+                RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
             return
         }
         counters.pushes += 1
@@ -294,12 +304,19 @@ extension GTMService {
         hitSeq += 1
         var props = t.properties
         props["function"] = nil
-        let data: JSON = ["containerId": .string(inst.id), "containerVersion": .string(inst.container.version),
-                          "kind": t.function == .pixel ? "pixel" : "analytics", "event": .string(event),
-                          "tag": .object(props), "ts": .int(now())]
+        let data: JSON = [
+            "containerId": .string(inst.id), "containerVersion": .string(inst.container.version),
+            "kind": t.function == .pixel ? "pixel" : "analytics", "event": .string(event),
+            "tag": .object(props), "ts": .int(now()),
+        ]
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
-        plugin.call("uploader.enqueue", ["stream": .string(GTMService.hitStream), "consent": .string(GTMService.hitConsent),
-                                         "records": [rec]]) { [unowned self] r in
+        plugin.call(
+            "uploader.enqueue",
+            [
+                "stream": .string(GTMService.hitStream), "consent": .string(GTMService.hitConsent),
+                "records": [rec],
+            ]
+        ) { [unowned self] r in
             switch r {
             case .success: self.counters.hitsQueued += 1
             case .failure(let e):

@@ -95,9 +95,11 @@ final class GTMService {
             call.fail(RPCError(.overloaded, "too many open containers (maxOpenContainers \(limits.maxOpenContainers))"))
             return
         }
-        let inst = ContainerInstance(id: id, container: .empty(limits: limits.engine), openedAfterPush: pushSeq,
-                                     limiter: RefreshRateLimiter(capacity: limits.refreshBucket, refillMs: limits.refreshRefillMs,
-                                                                 minSpacingMs: limits.refreshMinSpacingMs))
+        let inst = ContainerInstance(
+            id: id, container: .empty(limits: limits.engine), openedAfterPush: pushSeq,
+            limiter: RefreshRateLimiter(
+                capacity: limits.refreshBucket, refillMs: limits.refreshRefillMs,
+                minSpacingMs: limits.refreshMinSpacingMs))
         switch DefaultContainers.load(id: id, dir: limits.defaultsDir, maxBytes: limits.maxContainerBytes, limits: limits.engine) {
         case .success(let d)?:
             inst.container = d.container
@@ -134,16 +136,23 @@ final class GTMService {
     }
 
     func openResult(_ inst: ContainerInstance) -> JSON {
-        let stale = !inst.isDefault && RefreshTiming.isStale(fetchedAtMs: inst.lastRefreshMs, nowMs: now(), periodMs: limits.refreshPeriodMs)
-        return ["containerId": .string(inst.id), "isDefault": .bool(inst.isDefault), "source": .string(inst.source.rawValue),
-                "version": .string(inst.container.version), "stale": .bool(stale), "lastRefreshMs": .int(inst.lastRefreshMs),
-                "preview": .bool(inst.preview != nil)]
+        let stale =
+            !inst.isDefault && RefreshTiming.isStale(fetchedAtMs: inst.lastRefreshMs, nowMs: now(), periodMs: limits.refreshPeriodMs)
+        return [
+            "containerId": .string(inst.id), "isDefault": .bool(inst.isDefault), "source": .string(inst.source.rawValue),
+            "version": .string(inst.container.version), "stale": .bool(stale), "lastRefreshMs": .int(inst.lastRefreshMs),
+            "preview": .bool(inst.preview != nil),
+        ]
     }
 
     private func replyOpen(_ call: Call, _ inst: ContainerInstance) {
         call.reply(openResult(inst))
-        plugin.publish("gtm.container.available", ["containerId": .string(inst.id), "isDefault": .bool(inst.isDefault),
-                                                   "source": .string(inst.source.rawValue)])
+        plugin.publish(
+            "gtm.container.available",
+            [
+                "containerId": .string(inst.id), "isDefault": .bool(inst.isDefault),
+                "source": .string(inst.source.rawValue),
+            ])
     }
 
     /// Reports a lifecycle event and releases the waiters whose open type it satisfies.
@@ -154,7 +163,9 @@ final class GTMService {
         case .success(let k, _): p["status"] = "success"; p["type"] = .string(k.rawValue)
         case .failure(let k, let why): p["status"] = "failure"; p["type"] = .string(k.rawValue); p["reason"] = .string(why)
         }
-        log.debug("\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")")
+        log.debug(
+            "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
+        )
         plugin.publish("gtm.container.refresh", .object(p))
         for w in inst.waiters where OpenerRule.releases(w.type, e, startMs: w.startMs) { release(w, inst) }
     }
@@ -197,8 +208,11 @@ final class GTMService {
         inst.etag = saved.etag
         inst.savedPhaseDone = true
         report(inst, .success(.saved, lastRefreshMs: saved.fetchedAtMs))
-        schedule(inst, RefreshTiming.nextLoadDelayMs(after: .adoptedSaved(savedAtMs: saved.fetchedAtMs), nowMs: now(),
-                                                     periodMs: limits.refreshPeriodMs))
+        schedule(
+            inst,
+            RefreshTiming.nextLoadDelayMs(
+                after: .adoptedSaved(savedAtMs: saved.fetchedAtMs), nowMs: now(),
+                periodMs: limits.refreshPeriodMs))
     }
 
     func schedule(_ inst: ContainerInstance, _ delayMs: Int64) {
@@ -266,7 +280,8 @@ final class GTMService {
                 if inst.preview == nil {
                     inst.etag = resp.headers["etag"]
                     do throws(SQLiteError) {
-                        try self.store?.save(inst.id, .init(body: text, version: c.version, etag: inst.etag, fetchedAtMs: inst.lastRefreshMs))
+                        try self.store?.save(
+                            inst.id, .init(body: text, version: c.version, etag: inst.etag, fetchedAtMs: inst.lastRefreshMs))
                     } catch {
                         self.log.error("\(inst.id): cannot save the container: \(error.description)")
                     }
@@ -275,8 +290,9 @@ final class GTMService {
                 self.report(inst, .success(.network, lastRefreshMs: inst.lastRefreshMs))
                 self.schedule(inst, self.limits.refreshPeriodMs)
             case .success(let resp):
-                self.networkFailed(inst, resp.status >= 500 || resp.status == 404 || resp.status == 403 ? "server_error" : "unknown_error",
-                                   "HTTP \(resp.status)")
+                self.networkFailed(
+                    inst, resp.status >= 500 || resp.status == 404 || resp.status == 403 ? "server_error" : "unknown_error",
+                    "HTTP \(resp.status)")
             }
         }
     }
@@ -365,13 +381,15 @@ final class GTMService {
             o["defaultFile"] = inst.defaultFile.map { .string($0) } ?? .null
             list.append(.object(o))
         }
-        return ["containers": .array(list), "logLevel": .string(log.level.rawValue),
-                "macroHandlers": .array(macroHandlers.keys.sorted().map { .string($0) }),
-                "tagHandlers": .array(tagHandlers.keys.sorted().map { .string($0) }),
-                "pushes": .int(Int64(counters.pushes)), "queuedPushes": .int(Int64(pushQueue.items.count)),
-                "tagsFired": .int(Int64(counters.tagsFired)), "hitsQueued": .int(Int64(counters.hitsQueued)),
-                "hitsDroppedForConsent": .int(Int64(counters.hitsDroppedForConsent)),
-                "functionCallFailures": .int(Int64(counters.functionCallFailures))]
+        return [
+            "containers": .array(list), "logLevel": .string(log.level.rawValue),
+            "macroHandlers": .array(macroHandlers.keys.sorted().map { .string($0) }),
+            "tagHandlers": .array(tagHandlers.keys.sorted().map { .string($0) }),
+            "pushes": .int(Int64(counters.pushes)), "queuedPushes": .int(Int64(pushQueue.items.count)),
+            "tagsFired": .int(Int64(counters.tagsFired)), "hitsQueued": .int(Int64(counters.hitsQueued)),
+            "hitsDroppedForConsent": .int(Int64(counters.hitsDroppedForConsent)),
+            "functionCallFailures": .int(Int64(counters.functionCallFailures)),
+        ]
     }
 
     static func queryEscape(_ s: String) -> String {
@@ -392,12 +410,14 @@ final class GTMService {
     /// from the calling app's params).
     static func systemEnvironment(version: String, overrides: JSONObject) -> TagEnvironment {
         var e = TagEnvironment()
-        let lang = System.env("LC_ALL").flatMap { $0.isEmpty ? nil : $0 } ?? System.env("LC_MESSAGES").flatMap { $0.isEmpty ? nil : $0 }
+        let lang =
+            System.env("LC_ALL").flatMap { $0.isEmpty ? nil : $0 } ?? System.env("LC_MESSAGES").flatMap { $0.isEmpty ? nil : $0 }
             ?? System.env("LANG") ?? ""
         let code = lang.prefix { $0 != "_" && $0 != "." && $0 != "@" && $0 != "-" }
         e.language = (code == "C" || code == "POSIX") ? "en" : String(code).lowercased()
         func file(_ p: String) -> String {
-            (try? System.readFile(atPath: p, maxBytes: 256)).map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: " \n\t") } ?? ""
+            (try? System.readFile(atPath: p, maxBytes: 256)).map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: " \n\t") }
+                ?? ""
         }
         e.osVersion = file("/proc/sys/kernel/osrelease")
         let vendor = file("/sys/class/dmi/id/sys_vendor")

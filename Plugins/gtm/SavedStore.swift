@@ -15,7 +15,8 @@ final class SavedStore {
 
     init(path: String) throws(SQLiteError) {
         db = try Database(path: path)
-        try db.exec("""
+        try db.exec(
+            """
             PRAGMA journal_mode=WAL;
             CREATE TABLE IF NOT EXISTS containers(id TEXT PRIMARY KEY, body TEXT NOT NULL, version TEXT NOT NULL,
                 etag TEXT, fetched_at INTEGER NOT NULL);
@@ -24,13 +25,16 @@ final class SavedStore {
     }
 
     func load(_ id: String) throws(SQLiteError) -> Saved? {
-        guard let r = try db.query("SELECT body, version, etag, fetched_at FROM containers WHERE id = ?", [.text(id)]).first else { return nil }
+        guard let r = try db.query("SELECT body, version, etag, fetched_at FROM containers WHERE id = ?", [.text(id)]).first else {
+            return nil
+        }
         return Saved(body: r[0].text ?? "", version: r[1].text ?? "", etag: r[2].text, fetchedAtMs: r[3].int ?? 0)
     }
 
     func save(_ id: String, _ s: Saved) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO containers(id, body, version, etag, fetched_at) VALUES (?, ?, ?, ?, ?)",
-                   [.text(id), .text(s.body), .text(s.version), s.etag.map { .text($0) } ?? .null, .int(s.fetchedAtMs)])
+        try db.run(
+            "INSERT OR REPLACE INTO containers(id, body, version, etag, fetched_at) VALUES (?, ?, ?, ?, ?)",
+            [.text(id), .text(s.body), .text(s.version), s.etag.map { .text($0) } ?? .null, .int(s.fetchedAtMs)])
     }
 
     func touch(_ id: String, fetchedAtMs: Int64) throws(SQLiteError) {
@@ -49,11 +53,13 @@ final class SavedStore {
     func persist(_ entries: [(String, JSON)], expiresAtMs: Int64, maxEntries: Int) throws(SQLiteError) {
         try db.transaction { () throws(SQLiteError) in
             for (k, v) in entries {
-                try db.run("INSERT OR REPLACE INTO lifetime(key, value, expires_at) VALUES (?, ?, ?)",
-                           [.text(k), .text(v.serialized), .int(expiresAtMs)])
+                try db.run(
+                    "INSERT OR REPLACE INTO lifetime(key, value, expires_at) VALUES (?, ?, ?)",
+                    [.text(k), .text(v.serialized), .int(expiresAtMs)])
             }
             // Oldest-expiring entries go first when over the limit.
-            try db.run("""
+            try db.run(
+                """
                 DELETE FROM lifetime WHERE key IN (SELECT key FROM lifetime ORDER BY expires_at DESC LIMIT -1 OFFSET ?)
                 """, [.int(Int64(maxEntries))])
         }

@@ -23,9 +23,11 @@ enum EventText {
 
     /// One record. `name` is the event name's bytes (any bytes: escaped here), `properties` the
     /// properties' JSON text (an object), `tail` the instance's `"utm":…,"device":…` text.
-    static func record(idPrefix: [UInt8], seq: UInt64, name: UnsafeRawBufferPointer, timeMs: Int64,
-                       euid: String?, session: String?, properties: UnsafeRawBufferPointer, tail: [UInt8],
-                       into out: inout [UInt8]) {
+    static func record(
+        idPrefix: [UInt8], seq: UInt64, name: UnsafeRawBufferPointer, timeMs: Int64,
+        euid: String?, session: String?, properties: UnsafeRawBufferPointer, tail: [UInt8],
+        into out: inout [UInt8]
+    ) {
         append(#"{"id":""#, &out)
         out.append(contentsOf: idPrefix)
         out.append(UInt8(ascii: "-"))
@@ -152,13 +154,15 @@ enum PrebuiltJSON {
         // The node's own type is never seen: the serializer below replaces its text.
         let node = json_object_new_boolean(0)
         let box = Unmanaged.passRetained(Text(text, released)).toOpaque()
-        json_object_set_serializer(node, { jso, pb, _, _ in
-            let t = Unmanaged<Text>.fromOpaque(json_object_get_userdata(jso)!).takeUnretainedValue()
-            let n = t.bytes.withUnsafeBytes { b in
-                printbuf_memappend(pb, b.baseAddress!.assumingMemoryBound(to: CChar.self), Int32(b.count))
-            }
-            return n < 0 ? -1 : 0
-        }, box, { _, userdata in Unmanaged<Text>.fromOpaque(userdata!).release() })
+        json_object_set_serializer(
+            node,
+            { jso, pb, _, _ in
+                let t = Unmanaged<Text>.fromOpaque(json_object_get_userdata(jso)!).takeUnretainedValue()
+                let n = t.bytes.withUnsafeBytes { b in
+                    printbuf_memappend(pb, b.baseAddress!.assumingMemoryBound(to: CChar.self), Int32(b.count))
+                }
+                return n < 0 ? -1 : 0
+            }, box, { _, userdata in Unmanaged<Text>.fromOpaque(userdata!).release() })
         return node
     }
 }

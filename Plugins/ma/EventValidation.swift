@@ -1,8 +1,9 @@
 import CJSONC
+import PylonPluginKit
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import PylonPluginKit
 
 /// eventRecord's checks (docs/MA.md, `ma.eventRecord`): `eventName` required, non-empty, not starting with `el`; at
 /// most 500 properties; property keys start with a letter and contain only lowercase letters,

@@ -59,7 +59,7 @@ struct IdentityInput {
             if v.count > maxEmailLength { return (MACode.identifierTooLong, "identifier value exceeds the length limit") }
             let parts = v.split(separator: "@", omittingEmptySubsequences: false)
             guard parts.count == 2, !parts[0].isEmpty, parts[1].contains("."), !parts[1].hasPrefix("."), !parts[1].hasSuffix("."),
-                  !v.contains(" ")
+                !v.contains(" ")
             else { return (MACode.identifierInvalid, "invalid email format") }
             return nil
         case "phone":

@@ -11,8 +11,9 @@ extension MAService {
 
     /// One attempt with the body serialised once for all retries.
     private func post(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, _ done: @escaping (Result<JSON, MAError>) -> Void) {
-        let req = HTTPRequest(method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
-                              body: body, timeoutMs: 10_000)
+        let req = HTTPRequest(
+            method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
+            body: body, timeoutMs: 10_000)
         http.send(req) { [unowned self] r in
             switch r {
             case .success(let resp) where resp.status < 500:
@@ -29,8 +30,10 @@ extension MAService {
         }
     }
 
-    private func again(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String,
-                       _ done: @escaping (Result<JSON, MAError>) -> Void) {
+    private func again(
+        _ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String,
+        _ done: @escaping (Result<JSON, MAError>) -> Void
+    ) {
         guard retry else {
             done(.failure(MAError(message: "backend unreachable: \(reason)")))
             return
@@ -46,8 +49,10 @@ extension MAService {
     /// returns the backend path and body; the backend is retried until it answers; `handle`
     /// turns its answer into the reply through `finish`. The next queued op begins only after
     /// that reply (strict call order per AppKey).
-    func identityOp(_ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
-                    handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void) {
+    func identityOp(
+        _ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
+        handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void
+    ) {
         inst.enqueueOp { [unowned self] in
             let (path, body) = prepare()
             func finish(_ reply: JSON) {

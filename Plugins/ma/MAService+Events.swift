@@ -62,9 +62,10 @@ extension MAService {
         batches[batches.count - 1].add(call) { text in
             // Unique without a syscall per event: a random per-process prefix plus a counter.
             withPropertiesText(properties) { props in
-                EventText.record(idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
-                                 euid: inst.euid, session: inst.sessionId, properties: props, tail: eventTail(inst),
-                                 into: &text)
+                EventText.record(
+                    idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
+                    euid: inst.euid, session: inst.sessionId, properties: props, tail: eventTail(inst),
+                    into: &text)
             }
         }
         outbox[inst.appKey] = batches

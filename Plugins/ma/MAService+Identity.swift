@@ -33,30 +33,33 @@ extension MAService {
         touch(client, appKey)
         let inst = instances[appKey] ?? MAInstance(appKey: appKey)
         instances[appKey] = inst
-        identityOp(inst, call, prepare: { [unowned self] in
-            // The AppKey switch takes effect when this start begins executing.
-            self.bind(client: client, to: appKey)
-            var body: JSONObject = ["deviceId": .string(self.deviceId), "identity": identity.identityJSON]
-            if let project { body["project"] = .string(project) }
-            return ("/v1/ma/\(appKey)/start", .object(body))
-        }, handle: { [unowned self] j, finish in
-            let code = j["code"]?.intValue ?? MACode.failed
-            guard code == 0, let euid = j["euid"]?.stringValue else {
-                finish(Self.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
-                return
-            }
-            inst.euid = euid
-            inst.project = j["project"]?.stringValue ?? project
-            inst.identity.merge(identity.valid) { _, new in new }
-            inst.started = true
-            self.applyCollection(inst, enabled: enable) { err in  // it persists the instance
-                if let err {
-                    finish(Self.result(MACode.failed, err, ["euid": .string(euid)]))
-                } else {
-                    finish(Self.result(0, identity.localMessage, ["euid": .string(euid)]))
+        identityOp(
+            inst, call,
+            prepare: { [unowned self] in
+                // The AppKey switch takes effect when this start begins executing.
+                self.bind(client: client, to: appKey)
+                var body: JSONObject = ["deviceId": .string(self.deviceId), "identity": identity.identityJSON]
+                if let project { body["project"] = .string(project) }
+                return ("/v1/ma/\(appKey)/start", .object(body))
+            },
+            handle: { [unowned self] j, finish in
+                let code = j["code"]?.intValue ?? MACode.failed
+                guard code == 0, let euid = j["euid"]?.stringValue else {
+                    finish(Self.result(code == 0 ? MACode.failed : code, j["message"]?.stringValue ?? "start failed"))
+                    return
                 }
-            }
-        })
+                inst.euid = euid
+                inst.project = j["project"]?.stringValue ?? project
+                inst.identity.merge(identity.valid) { _, new in new }
+                inst.started = true
+                self.applyCollection(inst, enabled: enable) { err in  // it persists the instance
+                    if let err {
+                        finish(Self.result(MACode.failed, err, ["euid": .string(euid)]))
+                    } else {
+                        finish(Self.result(0, identity.localMessage, ["euid": .string(euid)]))
+                    }
+                }
+            })
     }
 
     /// The parameters `ma.start` reads; any other key is logged and ignored (docs/MA.md, `ma.start`).
@@ -69,23 +72,28 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, identity.rejected.isEmpty ? "no valid identifier" : identity.localMessage))
             return
         }
-        identityOp(inst, call, prepare: { [unowned self] in
-            var body: JSONObject = ["deviceId": .string(self.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
-                                    "identity": identity.identityJSON]
-            if let p = inst.project { body["project"] = .string(p) }
-            return ("/v1/ma/\(inst.appKey)/identify", .object(body))
-        }, handle: { [unowned self] j, finish in
-            let code = j["code"]?.intValue ?? MACode.failed
-            let message = identity.message(server: j["fields"]?.objectValue)
-            if code == 0, let euid = j["euid"]?.stringValue {
-                inst.euid = euid
-                inst.identity.merge(identity.valid) { _, new in new }
-                self.persist(inst)
-                finish(Self.result(0, message, ["euid": .string(euid)]))
-            } else {
-                finish(Self.result(code == 0 ? MACode.failed : code, message))
-            }
-        })
+        identityOp(
+            inst, call,
+            prepare: { [unowned self] in
+                var body: JSONObject = [
+                    "deviceId": .string(self.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
+                    "identity": identity.identityJSON,
+                ]
+                if let p = inst.project { body["project"] = .string(p) }
+                return ("/v1/ma/\(inst.appKey)/identify", .object(body))
+            },
+            handle: { [unowned self] j, finish in
+                let code = j["code"]?.intValue ?? MACode.failed
+                let message = identity.message(server: j["fields"]?.objectValue)
+                if code == 0, let euid = j["euid"]?.stringValue {
+                    inst.euid = euid
+                    inst.identity.merge(identity.valid) { _, new in new }
+                    self.persist(inst)
+                    finish(Self.result(0, message, ["euid": .string(euid)]))
+                } else {
+                    finish(Self.result(code == 0 ? MACode.failed : code, message))
+                }
+            })
     }
 
     func euid(_ call: Call) {

@@ -16,10 +16,14 @@ extension MAService {
         }
         var out = JSONObject()
         for (k, v) in contacts {
-            guard Self.contactKinds.contains(k) else { call.reply(Self.result(MACode.invalidParams, "unsupported contact kind \(k)")); return }
+            guard Self.contactKinds.contains(k) else {
+                call.reply(Self.result(MACode.invalidParams, "unsupported contact kind \(k)")); return
+            }
             if v == .null { continue }  // absent or null: unchanged
             guard let s = v.stringValue else { call.reply(Self.result(MACode.invalidParams, "\(k) must be a string")); return }
-            if !s.isEmpty && s.trimmedWhitespace.isEmpty { call.reply(Self.result(MACode.invalidParams, "\(k) is only whitespace")); return }
+            if !s.isEmpty && s.trimmedWhitespace.isEmpty {
+                call.reply(Self.result(MACode.invalidParams, "\(k) is only whitespace")); return
+            }
             if s.count > Self.maxContactLength {
                 call.reply(Self.result(MACode.invalidParams, "\(k) is longer than \(Self.maxContactLength) characters"))
                 return
@@ -42,7 +46,9 @@ extension MAService {
         var values: [JSON] = []
         for v in arr {
             guard let s = v.stringValue?.trimmedWhitespace, !s.isEmpty, s.utf8.count <= Self.maxChannelValueBytes else {
-                call.reply(Self.result(MACode.invalidParams, "every value must be a non-empty string of at most \(Self.maxChannelValueBytes) bytes"))
+                call.reply(
+                    Self.result(
+                        MACode.invalidParams, "every value must be a non-empty string of at most \(Self.maxChannelValueBytes) bytes"))
                 return
             }
             values.append(.string(s))
@@ -98,7 +104,9 @@ extension MAService {
     func updateObjectArrayProperty(_ call: Call) {
         propertyCall(call) {
             PropertyValidation.elementTarget(call.params).flatMap { t in
-                guard let values = call.params["values"]?.objectValue else { return .failure(MAError(message: "values (object) is required")) }
+                guard let values = call.params["values"]?.objectValue else {
+                    return .failure(MAError(message: "values (object) is required"))
+                }
                 if values[t.identifierKey] != nil { return .failure(MAError(message: "values must not contain the identifier key")) }
                 if let why = PropertyValidation.checkSubfields(values, requireNonNull: false, context: "values") {
                     return .failure(MAError(message: why))

@@ -122,12 +122,14 @@ extension MAService {
     /// (Re)starts the instance's one session timer: it ends the session `sessionTimeoutS`
     /// after the last activity in the background (libuv re-arms an active timer).
     func armSessionTimer(_ inst: MAInstance) {
-        let t = inst.sessionTimer ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
-            guard inst.sessionId != nil else { return }
-            self.recordOwn(inst, "el_session_end")
-            inst.sessionId = nil
-            self.persist(inst)
-        }
+        let t =
+            inst.sessionTimer
+            ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
+                guard inst.sessionId != nil else { return }
+                self.recordOwn(inst, "el_session_end")
+                inst.sessionId = nil
+                self.persist(inst)
+            }
         inst.sessionTimer = t
         t.start(after: UInt64(max(1, inst.sessionTimeoutS)) * 1000)
     }

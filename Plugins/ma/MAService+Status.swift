@@ -15,7 +15,9 @@ extension MAService {
                 "clients": .int(Int64(clientCount(k))),
             ]
         }
-        call.reply(["backend": .string(backendURL), "appKeys": .object(apps),
-                    "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents))])
+        call.reply([
+            "backend": .string(backendURL), "appKeys": .object(apps),
+            "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents)),
+        ])
     }
 }

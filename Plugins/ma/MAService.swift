@@ -82,7 +82,8 @@ final class MAService {
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
         if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
         do {
-            try db.exec("""
+            try db.exec(
+                """
                 PRAGMA journal_mode=WAL;
                 CREATE TABLE IF NOT EXISTS apps(app_key TEXT PRIMARY KEY, state TEXT NOT NULL);
                 CREATE TABLE IF NOT EXISTS bindings(client INTEGER PRIMARY KEY, app_key TEXT NOT NULL);
@@ -177,7 +178,6 @@ final class MAService {
         clientAppKey[client] = appKey
         try? db.run("INSERT OR REPLACE INTO bindings(client,app_key) VALUES(?,?)", [.int(client), .text(appKey)])
     }
-
 
     // MARK: Replies
 

@@ -8,7 +8,9 @@ enum PropertyValidation {
     static let reservedPrefixes = ["el", "engagelab", "metaverse"]
 
     static func checkName(_ k: String) -> String? {
-        guard let f = k.unicodeScalars.first, f >= "a" && f <= "z" else { return "property name \"\(k)\" must start with a lowercase letter" }
+        guard let f = k.unicodeScalars.first, f >= "a" && f <= "z" else {
+            return "property name \"\(k)\" must start with a lowercase letter"
+        }
         for u in k.unicodeScalars where !((u >= "a" && u <= "z") || (u >= "0" && u <= "9") || u == "_") {
             return "property name \"\(k)\" may contain only a-z, 0-9 and _"
         }
@@ -35,7 +37,9 @@ enum PropertyValidation {
         if o.isEmpty { return "\(context) must not be empty" }
         var nonNull = 0
         for (k, v) in o {
-            if k.isEmpty || k.contains(".") || k.contains("$") { return "\(context): subfield name \"\(k)\" must be non-empty without . or $" }
+            if k.isEmpty || k.contains(".") || k.contains("$") {
+                return "\(context): subfield name \"\(k)\" must be non-empty without . or $"
+            }
             switch v {
             case .string, .null: break
             case .int, .double: if !isFiniteNumber(v) { return "\(context).\(k): numbers must be finite" }
@@ -107,8 +111,10 @@ enum PropertyValidation {
         var identifierKey: String
         var identifierValue: JSON
         func body(op: String, _ extra: JSONObject = [:]) -> JSONObject {
-            var o: JSONObject = ["op": .string(op), "key": .string(key), "identifierKey": .string(identifierKey),
-                                 "identifierValue": identifierValue]
+            var o: JSONObject = [
+                "op": .string(op), "key": .string(key), "identifierKey": .string(identifierKey),
+                "identifierValue": identifierValue,
+            ]
             for (k, v) in extra { o[k] = v }
             return o
         }

@@ -16,8 +16,10 @@ plugin.method("start") { ma.start($0) }
 plugin.method("identifyAccount") { ma.identifyAccount($0) }
 plugin.method("euid") { ma.euid($0) }
 // Events: while the AppKey's switch is denied the host answers `{"code":0,"message":""}` itself.
-plugin.method("eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
-              deniedResult: MAService.result(0, "")) { ma.eventRecord($0) }
+plugin.method(
+    "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
+    deniedResult: MAService.result(0, "")
+) { ma.eventRecord($0) }
 // The data collection switch and what is collected.
 plugin.method("setDataCollectionEnabled") { ma.setDataCollectionEnabled($0) }
 plugin.method("isDataCollectionEnabled") { ma.isDataCollectionEnabled($0) }

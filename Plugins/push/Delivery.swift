@@ -72,8 +72,9 @@ struct Delivery {
 
     func retryDelay(_ attempts: Int) -> Int64 {
         guard attempts > 0 else { return 0 }
-        return Int64(BackoffPolicy(initialMs: UInt64(max(0, limits.retryInitialMs)), maxMs: UInt64(max(0, limits.retryMaxMs)))
-            .delay(attempt: attempts))
+        return Int64(
+            BackoffPolicy(initialMs: UInt64(max(0, limits.retryInitialMs)), maxMs: UInt64(max(0, limits.retryMaxMs)))
+                .delay(attempt: attempts))
     }
 
     /// A new message (already persisted by the shell). `cold` is decided here.

@@ -60,7 +60,8 @@ struct LiveActivities {
             let ok: Bool
             switch (t, v) {
             case ("string", .string), ("boolean", .bool), ("object", .object), ("array", .array),
-                 ("number", .int), ("number", .double), ("integer", .int): ok = true
+                ("number", .int), ("number", .double), ("integer", .int):
+                ok = true
             default: ok = false
             }
             if !ok { return "field \(k) is not \(t)" }

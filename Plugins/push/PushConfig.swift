@@ -83,9 +83,10 @@ struct PushCounters {
 extension String {
     /// 1 to 128 of [A-Za-z0-9._-].
     var isValidPushId: Bool {
-        (1...128).contains(utf8.count) && utf8.allSatisfy { c in
-            (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
-                || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
-        }
+        (1...128).contains(utf8.count)
+            && utf8.allSatisfy { c in
+                (0x30...0x39).contains(c) || (0x41...0x5A).contains(c) || (0x61...0x7A).contains(c)
+                    || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+            }
     }
 }

@@ -60,8 +60,9 @@ extension PushService {
                 targetApp = b.appId
                 if let schema = b.schema, let why = LiveActivities.mismatch(la["contentState"], schema) {
                     counters.schemaMismatch += 1
-                    log.warn("live activity push does not match the declared schema: not delivered",
-                             ["id": id, "activityId": aid, "why": why])
+                    log.warn(
+                        "live activity push does not match the declared schema: not delivered",
+                        ["id": id, "activityId": aid, "why": why])
                     return
                 }
                 if targetApp != appId { json_object_object_add(o, "appId", json_object_new_string(targetApp)) }
@@ -81,8 +82,9 @@ extension PushService {
             let n = text.utf8.count
             let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: n, expiresAt: expiresAt, now: now)
             if !actions.contains(.discard(id: id, reason: .expired)) {
-                try store.insertInbox(id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
-                                      expiresAt: expiresAt, cold: attached[targetApp] == nil)
+                try store.insertInbox(
+                    id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
+                    expiresAt: expiresAt, cold: attached[targetApp] == nil)
                 payloads[id] = text
             }
             perform(actions)
@@ -105,7 +107,9 @@ extension PushService {
             case .acked(let id, _):
                 // Deleted with the other acks of this loop turn, in one transaction (flushAcks).
                 pendingAcks.append(id)
-                if pendingAcks.count > config.maxPendingAckReports { pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports) }
+                if pendingAcks.count > config.maxPendingAckReports {
+                    pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports)
+                }
                 pendingDeletes.append(id)
                 payloads[id] = nil
                 if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
@@ -164,7 +168,8 @@ extension PushService {
             return
         }
         guard let cb = call.params["callback"]?.stringValue, cb.contains("."), !cb.hasSuffix("."), cb.utf8.count <= 256,
-              !cb.hasPrefix("push.") else {
+            !cb.hasPrefix("push.")
+        else {
             call.reply(reply(PushCode.invalidParams, "callback must be a method name this client provides (bus.provide)"))
             return
         }

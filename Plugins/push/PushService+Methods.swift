@@ -19,7 +19,8 @@ extension PushService {
     /// `push.setDeviceToken {token}`: a token obtained elsewhere (hex), registered for this install.
     func setDeviceToken(_ call: Call) {
         guard let t = call.params["token"]?.stringValue?.lowercased(), (16...128).contains(t.utf8.count),
-              t.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
+            t.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
+        else {
             call.reply(reply(PushCode.invalidParams, "token must be 16 to 128 hex digits"))
             return
         }
@@ -98,10 +99,14 @@ extension PushService {
             call.reply(reply(PushCode.ok, "", ["duplicate": true]))
             return
         }
-        let data: JSON = ["msgId": .string(id), "appId": info["appId"] ?? .null, "token": reg.token.map { .string($0) } ?? .null,
-                          "openedAt": .int(now)]
-        let params: JSON = ["stream": "push.opens", "consent": "push:opens",
-                            "records": [["id": .string(id), "data": data]]]
+        let data: JSON = [
+            "msgId": .string(id), "appId": info["appId"] ?? .null, "token": reg.token.map { .string($0) } ?? .null,
+            "openedAt": .int(now),
+        ]
+        let params: JSON = [
+            "stream": "push.opens", "consent": "push:opens",
+            "records": [["id": .string(id), "data": data]],
+        ]
         plugin.call("uploader.enqueue", params) { [unowned self] r in
             switch r {
             case .success:
@@ -117,7 +122,8 @@ extension PushService {
     /// `push.liveActivityBind {activityId, pushToken, filter, contentStateSchema?, appId?}`.
     func liveActivityBind(_ call: Call) {
         guard let aid = call.params["activityId"]?.stringValue, aid.isValidPushId,
-              let pt = call.params["pushToken"]?.stringValue, !pt.isEmpty, pt.utf8.count <= 256 else {
+            let pt = call.params["pushToken"]?.stringValue, !pt.isEmpty, pt.utf8.count <= 256
+        else {
             call.reply(reply(PushCode.invalidParams, "activityId (1-128 of [A-Za-z0-9._-]) and pushToken are required"))
             return
         }
@@ -126,7 +132,8 @@ extension PushService {
             return
         }
         guard let schemaOpt = LiveActivities.parseSchema(call.params["contentStateSchema"]) else {
-            call.reply(reply(PushCode.invalidParams, "contentStateSchema maps field names to string, number, integer, boolean, object or array"))
+            call.reply(
+                reply(PushCode.invalidParams, "contentStateSchema maps field names to string, number, integer, boolean, object or array"))
             return
         }
         let client = call.callerClient
@@ -171,7 +178,9 @@ extension PushService {
                 }
                 self.activities.finished(key, ok: code == 0, appId: appId, schema: schemaOpt)
                 if code == 0 {
-                    let schemaText = self.activities.bound[aid]?.schema.map { s in JSON.object(JSONObject(s.map { ($0.key, JSON.string($0.value)) })).serialized }
+                    let schemaText = self.activities.bound[aid]?.schema.map { s in
+                        JSON.object(JSONObject(s.map { ($0.key, JSON.string($0.value)) })).serialized
+                    }
                     try? self.store.saveActivity(aid, pushToken: pt, appId: appId, schema: schemaText)
                 }
                 call.reply(self.reply(code, message))
@@ -193,8 +202,10 @@ extension PushService {
             "installId": .string(installId),
             "boundUser": boundUser.map { .string($0) } ?? .null,
             "attachedApps": .array(attached.keys.sorted().map { .string($0) }),
-            "inbox": ["count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
-                      "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes))],
+            "inbox": [
+                "count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
+                "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes)),
+            ],
             "counters": [
                 "received": .int(Int64(c.received)), "delivered": .int(Int64(d.delivered)),
                 "acknowledged": .int(Int64(d.acknowledged)), "duplicates": .int(Int64(c.duplicates)),

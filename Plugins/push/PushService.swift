@@ -67,15 +67,18 @@ final class PushService {
         http = HTTPClient(loop: plugin.loop)
         timer = Timer(loop: plugin.loop) { [unowned self] in self.tick() }
         ackFlush = Timer(loop: plugin.loop) { [unowned self] in self.flushAcks() }
-        installId = store.get("installId") ?? {
-            let id = System.randomHex(16)
-            try? store.set("installId", id)
-            return id
-        }()
+        installId =
+            store.get("installId")
+            ?? {
+                let id = System.randomHex(16)
+                try? store.set("installId", id)
+                return id
+            }()
         boundUser = store.get("user")
         let token = store.get("token")
-        reg = Registration(token: token, deferred: config.deferRegistration,
-                           retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
+        reg = Registration(
+            token: token, deferred: config.deferRegistration,
+            retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
         delivery = Delivery(limits: config.delivery)
         if let entries = try? store.inbox() { for e in entries { delivery.restore(e, now: now) } }
         seq = store.maxSeq()
@@ -100,8 +103,12 @@ final class PushService {
         restoreAttachments()
         perform(reg.start())
         arm()
-        log.info("push ready", ["installId": installId, "token": token ?? "none", "deferred": config.deferRegistration,
-                                "inbox": delivery.count])
+        log.info(
+            "push ready",
+            [
+                "installId": installId, "token": token ?? "none", "deferred": config.deferRegistration,
+                "inbox": delivery.count,
+            ])
     }
 
     func shutdown() {
@@ -241,8 +248,9 @@ final class PushService {
 
     /// POSTs JSON to the backend; `.failure` for network errors and non-2xx (counted).
     func post(_ path: String, _ body: JSON, _ done: @escaping (Result<JSON, PushFailure>) -> Void) {
-        let req = HTTPRequest(method: "POST", url: config.backend + path, headers: [("Content-Type", "application/json")],
-                              body: Array(body.serialized.utf8), timeoutMs: config.httpTimeoutMs)
+        let req = HTTPRequest(
+            method: "POST", url: config.backend + path, headers: [("Content-Type", "application/json")],
+            body: Array(body.serialized.utf8), timeoutMs: config.httpTimeoutMs)
         http.send(req) { [unowned self] r in
             switch r {
             case .success(let resp) where (200..<300).contains(resp.status):

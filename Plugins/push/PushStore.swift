@@ -17,7 +17,8 @@ final class PushStore {
         db = try Database(path: path)
         self.maxSeen = maxSeen
         try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
-        try db.exec("""
+        try db.exec(
+            """
             CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS inbox (
                 id TEXT PRIMARY KEY, app_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
@@ -64,8 +65,9 @@ final class PushStore {
     }
 
     func insertInbox(id: String, appId: String, seq: Int64, payload: String, bytes: Int, expiresAt: Int64, cold: Bool) throws(SQLiteError) {
-        try db.run("INSERT OR IGNORE INTO inbox (id, app_id, seq, payload, bytes, expires_at, cold) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   [.text(id), .text(appId), .int(seq), .text(payload), .int(Int64(bytes)), .int(expiresAt), .int(cold ? 1 : 0)])
+        try db.run(
+            "INSERT OR IGNORE INTO inbox (id, app_id, seq, payload, bytes, expires_at, cold) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [.text(id), .text(appId), .int(seq), .text(payload), .int(Int64(bytes)), .int(expiresAt), .int(cold ? 1 : 0)])
     }
     func deleteInbox(_ id: String) throws(SQLiteError) { try db.run("DELETE FROM inbox WHERE id = ?", [.text(id)]) }
     func payload(_ id: String) -> String? {
@@ -76,8 +78,9 @@ final class PushStore {
     }
     func inbox() throws(SQLiteError) -> [Delivery.Entry] {
         try db.query("SELECT id, app_id, seq, bytes, expires_at, attempts, cold FROM inbox ORDER BY seq").map { r in
-            Delivery.Entry(id: r[0].text ?? "", appId: r[1].text ?? "", seq: r[2].int ?? 0, bytes: Int(r[3].int ?? 0),
-                           expiresAt: r[4].int ?? 0, attempts: Int(r[5].int ?? 0), cold: r[6].int == 1)
+            Delivery.Entry(
+                id: r[0].text ?? "", appId: r[1].text ?? "", seq: r[2].int ?? 0, bytes: Int(r[3].int ?? 0),
+                expiresAt: r[4].int ?? 0, attempts: Int(r[5].int ?? 0), cold: r[6].int == 1)
         }
     }
     func maxSeq() -> Int64 { (try? db.query("SELECT coalesce(max(seq), 0) FROM inbox"))?.first?.first?.int ?? 0 }
@@ -89,8 +92,9 @@ final class PushStore {
         (try? db.query("SELECT uid FROM apps WHERE app_id = ?", [.text(appId)]))?.first?.first?.int
     }
     func setApp(_ appId: String, uid: Int64, client: Int64?, callback: String?) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO apps (app_id, uid, client, callback) VALUES (?, ?, ?, ?)",
-                   [.text(appId), .int(uid), client.map { .int($0) } ?? .null, callback.map { .text($0) } ?? .null])
+        try db.run(
+            "INSERT OR REPLACE INTO apps (app_id, uid, client, callback) VALUES (?, ?, ?, ?)",
+            [.text(appId), .int(uid), client.map { .int($0) } ?? .null, callback.map { .text($0) } ?? .null])
     }
     func attachments() -> [(appId: String, uid: Int64, client: Int64, callback: String)] {
         ((try? db.query("SELECT app_id, uid, client, callback FROM apps WHERE client IS NOT NULL")) ?? []).compactMap { r in
@@ -100,8 +104,9 @@ final class PushStore {
     }
 
     func saveActivity(_ id: String, pushToken: String, appId: String, schema: String?) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO activities (activity_id, push_token, app_id, schema) VALUES (?, ?, ?, ?)",
-                   [.text(id), .text(pushToken), .text(appId), schema.map { .text($0) } ?? .null])
+        try db.run(
+            "INSERT OR REPLACE INTO activities (activity_id, push_token, app_id, schema) VALUES (?, ?, ?, ?)",
+            [.text(id), .text(pushToken), .text(appId), schema.map { .text($0) } ?? .null])
     }
     func activities() -> [(id: String, pushToken: String, appId: String, schema: String?)] {
         ((try? db.query("SELECT activity_id, push_token, app_id, schema FROM activities")) ?? []).map { r in

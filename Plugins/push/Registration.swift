@@ -67,8 +67,11 @@ struct Registration {
     mutating func failed(now: Int64) {
         attempts += 1
         phase = token != nil ? .registered : .idle
-        retryAt = now + Int64(BackoffPolicy(initialMs: UInt64(max(0, retryInitialMs)), maxMs: UInt64(max(0, retryMaxMs)))
-            .delay(attempt: attempts))
+        retryAt =
+            now
+            + Int64(
+                BackoffPolicy(initialMs: UInt64(max(0, retryInitialMs)), maxMs: UInt64(max(0, retryMaxMs)))
+                    .delay(attempt: attempts))
     }
 
     /// A token supplied by the app (`push.setDeviceToken`).

@@ -45,8 +45,9 @@ struct APIError: Error {
         APIError(status: 404, code: .notFound, message: "no such resource: \(path)")
     }
     static func methodNotAllowed(_ method: String, allowed: [String]) -> APIError {
-        APIError(status: 405, code: .methodNotAllowed, message: "\(method) is not allowed here",
-                 allow: allowed.joined(separator: ", "))
+        APIError(
+            status: 405, code: .methodNotAllowed, message: "\(method) is not allowed here",
+            allow: allowed.joined(separator: ", "))
     }
     static func storage(_ error: any Error) -> APIError {
         APIError(status: 500, code: .storage, message: "storage failed: \(error)")

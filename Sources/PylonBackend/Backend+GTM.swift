@@ -40,7 +40,9 @@ extension Backend {
             throw APIError(status: 404, code: .notFound, message: "no published version of container \(id)")
         }
         let etag = "\"\(id)-v\(version)\""
-        if let inm = request.header("if-none-match"), inm.split(separator: ",").contains(where: { $0.trimmingSpaces == etag || $0.trimmingSpaces == "*" }) {
+        if let inm = request.header("if-none-match"),
+            inm.split(separator: ",").contains(where: { $0.trimmingSpaces == etag || $0.trimmingSpaces == "*" })
+        {
             gtmFetches[id, default: [:]]["notModified", default: 0] += 1
             return HTTPResponse(status: 304, headers: [("ETag", etag)], .null)
         }
@@ -99,12 +101,14 @@ extension Store {
 
     func gtmStore(_ id: String, version: Int64, body: String, draft: Bool, auth: String?) throws(SQLiteError) {
         try db.transaction { () throws(SQLiteError) in
-            try db.run("INSERT INTO gtm_versions(container_id, version, body, created_at) VALUES (?, ?, ?, ?)",
-                       [.text(id), .int(version), .text(body), .int(System.wallClockMs())])
+            try db.run(
+                "INSERT INTO gtm_versions(container_id, version, body, created_at) VALUES (?, ?, ?, ?)",
+                [.text(id), .int(version), .text(body), .int(System.wallClockMs())])
             try db.run("INSERT OR IGNORE INTO gtm_containers(container_id) VALUES (?)", [.text(id)])
             if draft {
-                try db.run("UPDATE gtm_containers SET draft = ?, draft_auth = ? WHERE container_id = ?",
-                           [.int(version), auth.map { .text($0) } ?? .null, .text(id)])
+                try db.run(
+                    "UPDATE gtm_containers SET draft = ?, draft_auth = ? WHERE container_id = ?",
+                    [.int(version), auth.map { .text($0) } ?? .null, .text(id)])
             } else {
                 try db.run("UPDATE gtm_containers SET published = ? WHERE container_id = ?", [.int(version), .text(id)])
             }
@@ -112,18 +116,26 @@ extension Store {
     }
 
     func gtmPublished(_ id: String) throws(SQLiteError) -> (Int64, String)? {
-        guard let r = try db.query("""
-            SELECT v.version, v.body FROM gtm_containers c JOIN gtm_versions v
-            ON v.container_id = c.container_id AND v.version = c.published WHERE c.container_id = ?
-            """, [.text(id)]).first, let v = r[0].int, let b = r[1].text else { return nil }
+        guard
+            let r = try db.query(
+                """
+                SELECT v.version, v.body FROM gtm_containers c JOIN gtm_versions v
+                ON v.container_id = c.container_id AND v.version = c.published WHERE c.container_id = ?
+                """, [.text(id)]
+            ).first, let v = r[0].int, let b = r[1].text
+        else { return nil }
         return (v, b)
     }
 
     func gtmDraft(_ id: String) throws(SQLiteError) -> (Int64, String, String)? {
-        guard let r = try db.query("""
-            SELECT v.version, v.body, c.draft_auth FROM gtm_containers c JOIN gtm_versions v
-            ON v.container_id = c.container_id AND v.version = c.draft WHERE c.container_id = ?
-            """, [.text(id)]).first, let v = r[0].int, let b = r[1].text else { return nil }
+        guard
+            let r = try db.query(
+                """
+                SELECT v.version, v.body, c.draft_auth FROM gtm_containers c JOIN gtm_versions v
+                ON v.container_id = c.container_id AND v.version = c.draft WHERE c.container_id = ?
+                """, [.text(id)]
+            ).first, let v = r[0].int, let b = r[1].text
+        else { return nil }
         return (v, b, r[2].text ?? "")
     }
 
@@ -134,7 +146,9 @@ extension Store {
     }
 
     func gtmSummary(_ id: String) throws(SQLiteError) -> GTMSummary {
-        let versions = try db.query("SELECT version FROM gtm_versions WHERE container_id = ? ORDER BY version", [.text(id)]).compactMap { $0[0].int }
+        let versions = try db.query("SELECT version FROM gtm_versions WHERE container_id = ? ORDER BY version", [.text(id)]).compactMap {
+            $0[0].int
+        }
         let row = try db.query("SELECT published, draft FROM gtm_containers WHERE container_id = ?", [.text(id)]).first
         return GTMSummary(versions: versions, published: row?[0].int, draft: row?[1].int)
     }

@@ -49,7 +49,8 @@ extension Backend {
     private func field(_ body: JSON, _ key: String) throws(APIError) -> String? {
         guard let v = body[key], !v.isNull else { return nil }
         guard let s = v.stringValue, s.utf8.count <= PushLimits.maxIdBytes, Router.invalidName(s, what: key) == nil || s.isEmpty else {
-            throw .badRequest(.invalidRequest, "\(key) must be a string of at most \(PushLimits.maxIdBytes) bytes without control characters")
+            throw .badRequest(
+                .invalidRequest, "\(key) must be a string of at most \(PushLimits.maxIdBytes) bytes without control characters")
         }
         return s
     }
@@ -71,7 +72,9 @@ extension Backend {
             }
             let renew = body["renew"]?.boolValue ?? false
             let given = try field(body, "token")
-            if let g = given, !(16...128).contains(g.utf8.count) || !g.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) {
+            if let g = given,
+                !(16...128).contains(g.utf8.count) || !g.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
+            {
                 throw .badRequest(.invalidRequest, "token must be 16 to 128 lowercase hex digits")
             }
             let r = try storage { () throws(SQLiteError) in
@@ -83,7 +86,8 @@ extension Backend {
             return reply(0, "", ["token": .string(r.token), "previous": r.previous.map { .string($0) } ?? .null])
         }
         guard let token = try field(body, "token"), !token.isEmpty,
-              try storage({ () throws(SQLiteError) in try store.pushDeviceActive(token) }) else {
+            try storage({ () throws(SQLiteError) in try store.pushDeviceActive(token) })
+        else {
             return reply(3001, "NEED_DELIVERYTOKEN")
         }
         switch call {
@@ -97,7 +101,8 @@ extension Backend {
             return reply(0, "", ["unbound": .bool(removed)])
         default:  // liveactivity
             guard let act = try field(body, "activityId"), !act.isEmpty, let pt = try field(body, "pushToken"), !pt.isEmpty,
-                  let app = try field(body, "appId"), !app.isEmpty else {
+                let app = try field(body, "appId"), !app.isEmpty
+            else {
                 return reply(3002, "activityId, pushToken and appId are required")
             }
             try storage { () throws(SQLiteError) in
@@ -127,9 +132,11 @@ extension Backend {
         let resolved = try storage { () throws(SQLiteError) in try store.pushResolve(targetType: targetType, target: target) }
         if targetType == "activity" { appId = appId ?? resolved.appId }
         guard let appId, !appId.isEmpty else { throw .badRequest(.invalidRequest, "appId is required") }
-        if let k = msgKey, let existing = try storage({ () throws(SQLiteError) in
-            try store.pushExistingSend(appId: appId, targetType: targetType, target: target, msgKey: k)
-        }) {
+        if let k = msgKey,
+            let existing = try storage({ () throws(SQLiteError) in
+                try store.pushExistingSend(appId: appId, targetType: targetType, target: target, msgKey: k)
+            })
+        {
             return HTTPResponse(["msgId": .string(existing), "devices": 0, "duplicate": true])
         }
         let expired = body["expiredSeconds"]?.intValue ?? PushLimits.defaultExpiredSeconds
@@ -137,8 +144,10 @@ extension Backend {
             throw .badRequest(.invalidRequest, "expiredSeconds must be 1...\(PushLimits.maxExpiredSeconds)")
         }
         let msgId = "m" + System.randomHex(12)
-        var m: JSONObject = ["id": .string(msgId), "appId": .string(appId), "sentAt": .int(now),
-                             "expiresAt": .int(now + expired * 1000)]
+        var m: JSONObject = [
+            "id": .string(msgId), "appId": .string(appId), "sentAt": .int(now),
+            "expiresAt": .int(now + expired * 1000),
+        ]
         for k in ["title", "content"] {
             if let v = body[k] {
                 guard let s = v.stringValue, s.utf8.count <= (k == "title" ? PushLimits.maxTitleBytes : PushLimits.maxContentBytes) else {
@@ -161,8 +170,10 @@ extension Backend {
             let ev = body["activityEvent"]?.stringValue ?? "update"
             guard ev == "update" || ev == "end" else { throw .badRequest(.invalidRequest, "activityEvent must be update or end") }
             guard targetType == "activity" else { throw .badRequest(.invalidRequest, "activityEvent needs targetType activity") }
-            var la: JSONObject = ["activityId": .string(target), "event": .string(ev),
-                                  "contentState": body["activityContentState"] ?? .object([:])]
+            var la: JSONObject = [
+                "activityId": .string(target), "event": .string(ev),
+                "contentState": body["activityContentState"] ?? .object([:]),
+            ]
             if let d = body["dismissalDate"] { la["dismissalDate"] = d }
             m["liveActivity"] = .object(la)
         }
@@ -173,8 +184,9 @@ extension Backend {
         let tokens = resolved.tokens
         try storage { () throws(SQLiteError) in
             try store.transaction { () throws(SQLiteError) in
-                try store.pushRecordSend(msgId: msgId, appId: appId, targetType: targetType, target: target, msgKey: msgKey,
-                                         payload: payload, tokens: tokens, now: now)
+                try store.pushRecordSend(
+                    msgId: msgId, appId: appId, targetType: targetType, target: target, msgKey: msgKey,
+                    payload: payload, tokens: tokens, now: now)
             }
         }
         let bytes = Array(payload.utf8)
@@ -194,11 +206,17 @@ extension Backend {
             try storage { () throws(SQLiteError) in try store.pushQuery(sql, args) }
         }
         func v(_ x: SQLValue) -> JSON {
-            switch x { case .int(let i): .int(i); case .null: .null; default: x.text.map { .string($0) } ?? .null }
+            switch x {
+            case .int(let i): .int(i);
+            case .null: .null;
+            default: x.text.map { .string($0) } ?? .null
+            }
         }
         switch what {
         case "bindings":
-            let b = try q("SELECT token, user_id FROM push_bindings ORDER BY user_id, token").map { r -> JSON in ["token": v(r[0]), "userId": v(r[1])] }
+            let b = try q("SELECT token, user_id FROM push_bindings ORDER BY user_id, token").map { r -> JSON in
+                ["token": v(r[0]), "userId": v(r[1])]
+            }
             let d = try q("SELECT token, install_id, active FROM push_devices ORDER BY registered_at").map { r -> JSON in
                 ["token": v(r[0]), "installId": v(r[1]), "active": .bool(r[2].int == 1)]
             }
@@ -207,9 +225,12 @@ extension Backend {
             }
             return HTTPResponse(["bindings": .array(b), "devices": .array(d), "activities": .array(a)])
         case "sends":
-            let s = try q("SELECT msg_id, app_id, target_type, target, msg_key, devices, created_at FROM push_sends ORDER BY seq").map { r -> JSON in
-                ["msgId": v(r[0]), "appId": v(r[1]), "targetType": v(r[2]), "target": v(r[3]), "msgKey": v(r[4]),
-                 "devices": v(r[5]), "createdAt": v(r[6])]
+            let s = try q("SELECT msg_id, app_id, target_type, target, msg_key, devices, created_at FROM push_sends ORDER BY seq").map {
+                r -> JSON in
+                [
+                    "msgId": v(r[0]), "appId": v(r[1]), "targetType": v(r[2]), "target": v(r[3]), "msgKey": v(r[4]),
+                    "devices": v(r[5]), "createdAt": v(r[6]),
+                ]
             }
             return HTTPResponse(["sends": .array(s)])
         case "deliveries":
@@ -220,14 +241,20 @@ extension Backend {
             } else {
                 rows = try q(sql + " ORDER BY published_at")
             }
-            return HTTPResponse(["deliveries": .array(rows.map { r in
-                ["msgId": v(r[0]), "token": v(r[1]), "publishedAt": v(r[2]), "pubackAt": v(r[3]), "ackedAt": v(r[4])]
-            })])
+            return HTTPResponse([
+                "deliveries": .array(
+                    rows.map { r in
+                        ["msgId": v(r[0]), "token": v(r[1]), "publishedAt": v(r[2]), "pubackAt": v(r[3]), "ackedAt": v(r[4])]
+                    })
+            ])
         default:  // opens: the push.opens stream the uploader delivers
             let rows = try storage { () throws(SQLiteError) in try store.records(stream: "push.opens", after: 0, limit: 10_000) }
-            return HTTPResponse(["opens": .array(rows.map { r in
-                ["id": .string(r.id), "ts": .int(r.ts), "data": (try? JSON.parse(r.data)) ?? .null]
-            })])
+            return HTTPResponse([
+                "opens": .array(
+                    rows.map { r in
+                        ["id": .string(r.id), "ts": .int(r.ts), "data": (try? JSON.parse(r.data)) ?? .null]
+                    })
+            ])
         }
     }
 }

@@ -1,6 +1,6 @@
 import PylonCore
-import PylonStore
 import PylonMQTT
+import PylonStore
 
 #if canImport(Glibc)
 import Glibc
@@ -180,14 +180,15 @@ package final class Backend {
         case "gzip", "x-gzip":
             do throws(GzipError) {
                 return try Gzip.decompress(request.body, limit: maxBody)
-            } catch where error.kind == .tooLarge {
+            } catch  where error.kind == .tooLarge {
                 throw .tooLarge("decompressed body exceeds the limit of \(maxBody) bytes")
             } catch {
                 throw .badRequest(.invalidRequest, "body is not valid gzip: \(error.description)")
             }
         default:
-            throw APIError(status: 415, code: .unsupportedEncoding,
-                           message: "unsupported Content-Encoding \(encoding) (identity or gzip)")
+            throw APIError(
+                status: 415, code: .unsupportedEncoding,
+                message: "unsupported Content-Encoding \(encoding) (identity or gzip)")
         }
     }
 

@@ -43,7 +43,8 @@ struct Batch {
                 throw invalid("records[\(i)].ts must be a non-negative integer (milliseconds)")
             }
             var len = 0
-            let data = member(r, "data").flatMap { json_object_to_json_string_length($0, flagsPlain, &len) }
+            let data =
+                member(r, "data").flatMap { json_object_to_json_string_length($0, flagsPlain, &len) }
                 .map { String(cString: $0) } ?? "null"
             records.append(Record(id: id, ts: ts, data: data))
         }
@@ -58,8 +59,9 @@ struct Batch {
     /// The whole string, with its length (a `\u0000` inside must not cut it short).
     private static func string(_ v: OpaquePointer?) -> String? {
         guard json_object_get_type(v) == json_type_string else { return nil }
-        return String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))),
-                      as: UTF8.self)
+        return String(
+            decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))),
+            as: UTF8.self)
     }
 
     private static func invalid(_ message: String) -> APIError { .badRequest(.invalidBatch, message) }

@@ -57,8 +57,9 @@ extension HTTPConnection {
         if partial.inValue {
             partial.finishHeader()
             if partial.headers.count >= Limits.maxHeaderCount {
-                rejection = APIError(status: 431, code: .headerTooLarge,
-                                     message: "more than \(Limits.maxHeaderCount) header fields")
+                rejection = APIError(
+                    status: 431, code: .headerTooLarge,
+                    message: "more than \(Limits.maxHeaderCount) header fields")
                 return 1
             }
         }
@@ -78,8 +79,9 @@ extension HTTPConnection {
         partial.finishHeader()
         let p = parser.pointee
         guard p.http_major == 1, p.http_minor <= 1 else {
-            rejection = APIError(status: 505, code: .httpVersionNotSupported,
-                                 message: "HTTP/\(p.http_major).\(p.http_minor) is not supported (HTTP/1.1 or 1.0)")
+            rejection = APIError(
+                status: 505, code: .httpVersionNotSupported,
+                message: "HTTP/\(p.http_major).\(p.http_minor) is not supported (HTTP/1.1 or 1.0)")
             return -1
         }
         deadlines.headersCompleted(at: loop.nowMs)

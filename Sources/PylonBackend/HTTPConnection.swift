@@ -170,7 +170,8 @@ final class HTTPConnection: UVHandleOwner {
     /// best effort); an idle one is closed silently.
     func evict(_ error: APIError) {
         if state == .open, queueHead == queue.count, writer.queuedBytes == 0,
-           deadlines.phase != .betweenRequests {
+            deadlines.phase != .betweenRequests
+        {
             _ = HTTPResponse(error).serialized(close: true).withUnsafeBytes { writer.writeNowOrDrop($0) }
         }
         close()
@@ -181,11 +182,14 @@ final class HTTPConnection: UVHandleOwner {
     private func startReading() {
         guard !reading, state != .closed, !peerDone else { return }
         reading = true
-        uv_read_start(stream, { _, _, buf in
-            buf!.pointee = pylon_buf(readBuffer, Limits.readBufferSize)
-        }, { s, nread, _ in
-            Unmanaged<HTTPConnection>.fromOpaque(s!.pointee.data).takeUnretainedValue().didRead(nread)
-        })
+        uv_read_start(
+            stream,
+            { _, _, buf in
+                buf!.pointee = pylon_buf(readBuffer, Limits.readBufferSize)
+            },
+            { s, nread, _ in
+                Unmanaged<HTTPConnection>.fromOpaque(s!.pointee.data).takeUnretainedValue().didRead(nread)
+            })
     }
 
     private func stopReading() {
@@ -304,8 +308,9 @@ final class HTTPConnection: UVHandleOwner {
     private static func parseError(_ errno: UInt32) -> APIError {
         let what = String(cString: http_errno_description(http_errno(rawValue: errno)))
         if errno == HPE_HEADER_OVERFLOW.rawValue {
-            return APIError(status: 431, code: .headerTooLarge,
-                            message: "request line and headers exceed \(Limits.maxHeaderBytes) bytes")
+            return APIError(
+                status: 431, code: .headerTooLarge,
+                message: "request line and headers exceed \(Limits.maxHeaderBytes) bytes")
         }
         return .badRequest(.malformedHTTP, "malformed HTTP request: \(what)")
     }
@@ -474,8 +479,11 @@ final class HTTPConnection: UVHandleOwner {
             case .header, .body:
                 let what = d.expiry == .header ? "request head" : "request body"
                 let ms = d.expiry == .header ? deadlines.timeouts.headerMs : deadlines.timeouts.bodyMs
-                queue.append(.reject(APIError(status: 408, code: .requestTimeout,
-                                              message: "\(what) not received within \(ms) ms")))
+                queue.append(
+                    .reject(
+                        APIError(
+                            status: 408, code: .requestTimeout,
+                            message: "\(what) not received within \(ms) ms")))
                 state = .ending
                 pump()
             }

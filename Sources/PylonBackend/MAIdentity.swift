@@ -147,7 +147,8 @@ enum IdentityResolver {
         for kind in IdentityKind.sendable {
             guard let value = valid[kind] else { continue }
             if let h = graph.holder[kind] {
-                r.fields[kind] = h == target
+                r.fields[kind] =
+                    h == target
                     ? .ok : FieldResult(code: .identifierTaken, msg: "identifier belongs to another user")
             } else if kind.isSingleValued, let existing = keys[kind], existing != value {
                 r.fields[kind] = FieldResult(code: .identifierConflict, msg: "user already has another \(kind.rawValue)")

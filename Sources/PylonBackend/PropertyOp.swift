@@ -105,7 +105,8 @@ enum PropertyOp {
     static func checkName(_ name: String) throws(MAError) {
         let b = Array(name.utf8)
         func lower(_ c: UInt8) -> Bool { (0x61...0x7A).contains(c) }
-        let ok = !b.isEmpty && b.count <= Limits.maxPropertyNameBytes && lower(b[0])
+        let ok =
+            !b.isEmpty && b.count <= Limits.maxPropertyNameBytes && lower(b[0])
             && b.allSatisfy { lower($0) || (0x30...0x39).contains($0) || $0 == UInt8(ascii: "_") }
             && !["el", "engagelab", "metaverse"].contains(where: { name.hasPrefix($0) })
         if !ok { throw MAError(.invalidPropertyName, "invalid property name \(name)") }

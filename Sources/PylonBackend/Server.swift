@@ -28,8 +28,10 @@ package final class Server: UVHandleOwner {
     private let log = Log("server")
 
     /// Binds `host:port` (IPv4 or IPv6 literal; port 0 picks a free port) and listens.
-    package init(loop: Loop, host: String, port: UInt16, maxBody: Int, maxConnections: Int, timeouts: Timeouts,
-         handler: @escaping (HTTPRequest) -> Disposition) throws(UVError) {
+    package init(
+        loop: Loop, host: String, port: UInt16, maxBody: Int, maxConnections: Int, timeouts: Timeouts,
+        handler: @escaping (HTTPRequest) -> Disposition
+    ) throws(UVError) {
         self.loop = loop
         self.maxBody = maxBody
         self.maxConnections = maxConnections
@@ -76,7 +78,6 @@ package final class Server: UVHandleOwner {
         }
     }
 
-
     private func accept(_ status: Int32) {
         guard status == 0, !closed else {
             log.warn("accept failed", ["error": UVError(status).description])
@@ -97,8 +98,9 @@ package final class Server: UVHandleOwner {
                 c.refuse(full)
                 return
             }
-            log.info("connection limit: closing the least recently active connection",
-                     ["limit": maxConnections, "idleMs": loop.nowMs - min(loop.nowMs, victim.deadlines.idleSince)])
+            log.info(
+                "connection limit: closing the least recently active connection",
+                ["limit": maxConnections, "idleMs": loop.nowMs - min(loop.nowMs, victim.deadlines.idleSince)])
             victim.evict(full)  // leaves `connections` at once (`onClose`)
         }
         let id = ObjectIdentifier(c)

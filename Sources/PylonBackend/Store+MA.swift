@@ -75,11 +75,14 @@ extension Store {
     /// The AppKey's state; its metadata is parsed only when `withMetadata` (only property calls
     /// and the admin API use it, and every MA call reads `disabled` and `project`).
     func maApp(_ appKey: String, withMetadata: Bool = true) throws(SQLiteError) -> MAApp {
-        let sql = withMetadata ? "SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?"
-                               : "SELECT disabled, project FROM ma_apps WHERE app_key = ?"
+        let sql =
+            withMetadata
+            ? "SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?"
+            : "SELECT disabled, project FROM ma_apps WHERE app_key = ?"
         guard let row = try db.query(sql, [.text(appKey)]).first else { return MAApp() }
-        return MAApp(disabled: row[0].int != 0, project: row[1].text ?? "default",
-                     metadata: withMetadata ? MAMetadata.stored(row[2].text ?? "") : MAMetadata())
+        return MAApp(
+            disabled: row[0].int != 0, project: row[1].text ?? "default",
+            metadata: withMetadata ? MAMetadata.stored(row[2].text ?? "") : MAMetadata())
     }
 
     func setMAApp(_ appKey: String, _ app: MAApp) throws(SQLiteError) {
@@ -138,47 +141,56 @@ extension Store {
         repeat {
             euid = System.randomHex(16)
         } while try maUserExists(appKey, euid)
-        try db.run("INSERT INTO ma_users (app_key, euid, created_at) VALUES (?, ?, ?)",
-                   [.text(appKey), .text(euid), .int(now)])
+        try db.run(
+            "INSERT INTO ma_users (app_key, euid, created_at) VALUES (?, ?, ?)",
+            [.text(appKey), .text(euid), .int(now)])
         return euid
     }
 
     /// Attaches an identifier that no user holds.
     func maAttach(_ appKey: String, _ euid: String, _ kind: IdentityKind, _ value: String) throws(SQLiteError) {
-        try db.run("INSERT INTO ma_identities (app_key, kind, value, euid) VALUES (?, ?, ?, ?)",
-                   [.text(appKey), .text(kind.rawValue), .text(value), .text(euid)])
+        try db.run(
+            "INSERT INTO ma_identities (app_key, kind, value, euid) VALUES (?, ?, ?, ?)",
+            [.text(appKey), .text(kind.rawValue), .text(value), .text(euid)])
     }
 
     /// Binds a device to a user, moving it from any other user.
     func maBindDevice(_ appKey: String, _ deviceID: String, to euid: String) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO ma_identities (app_key, kind, value, euid) VALUES (?, 'device', ?, ?)",
-                   [.text(appKey), .text(deviceID), .text(euid)])
+        try db.run(
+            "INSERT OR REPLACE INTO ma_identities (app_key, kind, value, euid) VALUES (?, 'device', ?, ?)",
+            [.text(appKey), .text(deviceID), .text(euid)])
     }
 
     // MARK: User data
 
     /// A user's document; nil when the user does not exist (unreadable JSON counts as `{}`).
     func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(SQLiteError) -> JSONObject? {
-        guard let row = try db.query("SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
-                                     [.text(appKey), .text(euid)]).first
+        guard
+            let row = try db.query(
+                "SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
+                [.text(appKey), .text(euid)]
+            ).first
         else { return nil }
         return row[0].text.flatMap { try? JSON.parse($0, maxDepth: Limits.maxJSONDepth + 1).objectValue } ?? JSONObject()
     }
 
     func setMADocument(_ appKey: String, _ euid: String, _ doc: MADocument, _ value: JSONObject) throws(SQLiteError) {
-        try db.run("UPDATE ma_users SET \(doc.rawValue) = ? WHERE app_key = ? AND euid = ?",
-                   [.text(JSON.object(value).serialized), .text(appKey), .text(euid)])
+        try db.run(
+            "UPDATE ma_users SET \(doc.rawValue) = ? WHERE app_key = ? AND euid = ?",
+            [.text(JSON.object(value).serialized), .text(appKey), .text(euid)])
     }
 
     func maAppendChannelValues(_ appKey: String, _ euid: String, channelID: Int64, _ values: [String]) throws(SQLiteError) {
-        try db.run("INSERT INTO ma_channel_values (app_key, euid, channel_id, vals) VALUES (?, ?, ?, ?)",
-                   [.text(appKey), .text(euid), .int(channelID), .text(JSON.array(values.map(JSON.string)).serialized)])
+        try db.run(
+            "INSERT INTO ma_channel_values (app_key, euid, channel_id, vals) VALUES (?, ?, ?, ?)",
+            [.text(appKey), .text(euid), .int(channelID), .text(JSON.array(values.map(JSON.string)).serialized)])
     }
 
     /// Every channel call of a user, in call order: `[{"channelId", "values"}]`.
     func maChannelValues(_ appKey: String, _ euid: String) throws(SQLiteError) -> [JSON] {
-        try db.query("SELECT channel_id, vals FROM ma_channel_values WHERE app_key = ? AND euid = ? ORDER BY seq",
-                     [.text(appKey), .text(euid)]
+        try db.query(
+            "SELECT channel_id, vals FROM ma_channel_values WHERE app_key = ? AND euid = ? ORDER BY seq",
+            [.text(appKey), .text(euid)]
         ).map { row in
             let values = row[1].text.flatMap { try? JSON.parse($0) } ?? .array([])
             return ["channelId": .int(row[0].int ?? 0), "values": values]

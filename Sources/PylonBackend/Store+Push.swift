@@ -63,7 +63,9 @@ extension Store {
 
     /// The install's token: its current one, a new one when `renew`, or `given` (a token the
     /// device obtained elsewhere) which then replaces the current one.
-    func pushRegister(installId: String, renew: Bool, given: String? = nil, now: Int64) throws(SQLiteError) -> (token: String, previous: String?) {
+    func pushRegister(installId: String, renew: Bool, given: String? = nil, now: Int64) throws(SQLiteError) -> (
+        token: String, previous: String?
+    ) {
         let cur = try db.query("SELECT token FROM push_devices WHERE install_id = ? AND active = 1", [.text(installId)]).first?.first?.text
         if let cur, !renew, given == nil || given == cur { return (cur, nil) }
         let token = given ?? System.randomHex(32)
@@ -72,8 +74,9 @@ extension Store {
             try db.run("UPDATE push_devices SET active = 0 WHERE token = ?", [.text(cur)])
             try db.run("DELETE FROM push_bindings WHERE token = ?", [.text(cur)])
         }
-        try db.run("INSERT INTO push_devices (token, install_id, registered_at) VALUES (?, ?, ?)",
-                   [.text(token), .text(installId), .int(now)])
+        try db.run(
+            "INSERT INTO push_devices (token, install_id, registered_at) VALUES (?, ?, ?)",
+            [.text(token), .text(installId), .int(now)])
         return (token, cur)
     }
 
@@ -84,8 +87,9 @@ extension Store {
     /// Binds `token` to `userId`; answers the user it was bound to before (if another).
     func pushBind(token: String, userId: String, now: Int64) throws(SQLiteError) -> String? {
         let prev = try db.query("SELECT user_id FROM push_bindings WHERE token = ?", [.text(token)]).first?.first?.text
-        try db.run("INSERT OR REPLACE INTO push_bindings (token, user_id, bound_at) VALUES (?, ?, ?)",
-                   [.text(token), .text(userId), .int(now)])
+        try db.run(
+            "INSERT OR REPLACE INTO push_bindings (token, user_id, bound_at) VALUES (?, ?, ?)",
+            [.text(token), .text(userId), .int(now)])
         return prev == userId ? nil : prev
     }
 
@@ -95,8 +99,9 @@ extension Store {
     }
 
     func pushBindActivity(activityId: String, pushToken: String, token: String, appId: String, now: Int64) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO push_activities (activity_id, push_token, token, app_id, bound_at) VALUES (?, ?, ?, ?, ?)",
-                   [.text(activityId), .text(pushToken), .text(token), .text(appId), .int(now)])
+        try db.run(
+            "INSERT OR REPLACE INTO push_activities (activity_id, push_token, token, app_id, bound_at) VALUES (?, ?, ?, ?, ?)",
+            [.text(activityId), .text(pushToken), .text(token), .text(appId), .int(now)])
     }
 
     /// The device tokens a target resolves to (and, for an activity, the app that bound it).
@@ -105,9 +110,14 @@ extension Store {
         case "device":
             return (try pushDeviceActive(target) ? [target] : [], nil)
         case "user":
-            return (try db.query("SELECT token FROM push_bindings WHERE user_id = ? ORDER BY token", [.text(target)]).compactMap { $0[0].text }, nil)
+            return (
+                try db.query("SELECT token FROM push_bindings WHERE user_id = ? ORDER BY token", [.text(target)]).compactMap { $0[0].text },
+                nil
+            )
         case "activity":
-            guard let r = try db.query("SELECT token, app_id FROM push_activities WHERE activity_id = ?", [.text(target)]).first else { return ([], nil) }
+            guard let r = try db.query("SELECT token, app_id FROM push_activities WHERE activity_id = ?", [.text(target)]).first else {
+                return ([], nil)
+            }
             return ([r[0].text ?? ""], r[1].text)
         default:  // broadcast: every active device
             return (try db.query("SELECT token FROM push_devices WHERE active = 1 ORDER BY token").compactMap { $0[0].text }, nil)
@@ -116,17 +126,25 @@ extension Store {
 
     /// The msgId of an earlier send with the same app, target and msgKey.
     func pushExistingSend(appId: String, targetType: String, target: String, msgKey: String) throws(SQLiteError) -> String? {
-        try db.query("SELECT msg_id FROM push_sends WHERE app_id = ? AND target_type = ? AND target = ? AND msg_key = ?",
-                     [.text(appId), .text(targetType), .text(target), .text(msgKey)]).first?.first?.text
+        try db.query(
+            "SELECT msg_id FROM push_sends WHERE app_id = ? AND target_type = ? AND target = ? AND msg_key = ?",
+            [.text(appId), .text(targetType), .text(target), .text(msgKey)]
+        ).first?.first?.text
     }
 
-    func pushRecordSend(msgId: String, appId: String, targetType: String, target: String, msgKey: String?,
-                        payload: String, tokens: [String], now: Int64) throws(SQLiteError) {
-        try db.run("""
+    func pushRecordSend(
+        msgId: String, appId: String, targetType: String, target: String, msgKey: String?,
+        payload: String, tokens: [String], now: Int64
+    ) throws(SQLiteError) {
+        try db.run(
+            """
             INSERT INTO push_sends (msg_id, app_id, target_type, target, msg_key, payload, devices, created_at)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-            """, [.text(msgId), .text(appId), .text(targetType), .text(target), msgKey.map { .text($0) } ?? .null,
-                  .text(payload), .int(Int64(tokens.count)), .int(now)])
+            """,
+            [
+                .text(msgId), .text(appId), .text(targetType), .text(target), msgKey.map { .text($0) } ?? .null,
+                .text(payload), .int(Int64(tokens.count)), .int(now),
+            ])
         let ins = try db.prepare("INSERT OR IGNORE INTO push_deliveries (msg_id, token, published_at) VALUES (?, ?, ?)")
         for t in tokens {
             ins.reset()
@@ -136,8 +154,9 @@ extension Store {
     }
 
     func pushMark(_ column: String, msgId: String, token: String, now: Int64) throws(SQLiteError) {
-        try db.run("UPDATE push_deliveries SET \(column) = coalesce(\(column), ?) WHERE msg_id = ? AND token = ?",
-                   [.int(now), .text(msgId), .text(token)])
+        try db.run(
+            "UPDATE push_deliveries SET \(column) = coalesce(\(column), ?) WHERE msg_id = ? AND token = ?",
+            [.int(now), .text(msgId), .text(token)])
     }
 
     func pushQuery(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> [[SQLValue]] { try db.query(sql, args) }

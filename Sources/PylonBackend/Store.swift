@@ -117,8 +117,10 @@ package final class Store {
             let duplicates = batch.records.count - accepted
             try db.run(
                 "INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, ?)",
-                [.text(batch.key), .text(batch.stream), .int(receivedAt), .int(Int64(batch.records.count)),
-                 .int(Int64(accepted))])
+                [
+                    .text(batch.key), .text(batch.stream), .int(receivedAt), .int(Int64(batch.records.count)),
+                    .int(Int64(accepted)),
+                ])
             if duplicates > 0 { try bump(batch.stream, "duplicateRecords", duplicates) }
             return IngestResult(accepted: accepted, duplicates: duplicates, duplicateBatch: false)
         }

@@ -107,8 +107,9 @@ public final class SyncClient {
     public func call(_ method: String, _ params: JSON? = nil, timeoutMs: Int = 30_000) throws -> JSON {
         let m = try request(method, params, timeoutMs: timeoutMs)
         if let e = m["error"] {
-            throw RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                           message: e["message"]?.stringValue ?? "", data: e["data"])
+            throw RPCError(
+                code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
+                message: e["message"]?.stringValue ?? "", data: e["data"])
         }
         return m["result"] ?? .null
     }

@@ -146,12 +146,15 @@ public final class Connection: UVHandleOwner {
         let active = wantsReading && gateOpen && backlog.isEmpty
         if active && !uvReading {
             uvReading = true
-            uv_read_start(stream, { h, _, buf in
-                buf!.pointee = pylon_buf(readBuffer, readBufferSize)
-            }, { s, nread, _ in
-                let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
-                c.didRead(nread)
-            })
+            uv_read_start(
+                stream,
+                { h, _, buf in
+                    buf!.pointee = pylon_buf(readBuffer, readBufferSize)
+                },
+                { s, nread, _ in
+                    let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
+                    c.didRead(nread)
+                })
         } else if !active && uvReading && !isClosed {
             uvReading = false
             uv_read_stop(stream)
@@ -172,21 +175,23 @@ public final class Connection: UVHandleOwner {
     /// A line the owner deferred (`deferCurrentLine`) is kept in `deferred`, to go first.
     private func dispatch(_ bytes: UnsafeRawBufferPointer) -> Int {
         turnBudget = Connection.maxWorkPerTurn
-        let used = framer.feed(bytes, until: { event in
-            guard !self.isClosed else { return false }
-            switch event {
-            case .line(let l):
-                self.onLine(l)
-                if self.deferRequested {
-                    self.deferRequested = false
-                    self.deferred = Array(l) + [0x0A]
-                    return false
+        let used = framer.feed(
+            bytes,
+            until: { event in
+                guard !self.isClosed else { return false }
+                switch event {
+                case .line(let l):
+                    self.onLine(l)
+                    if self.deferRequested {
+                        self.deferRequested = false
+                        self.deferred = Array(l) + [0x0A]
+                        return false
+                    }
+                case .oversized(let n, let head): self.onOversized(n, head)
                 }
-            case .oversized(let n, let head): self.onOversized(n, head)
-            }
-            self.turnBudget -= 1
-            return self.turnBudget > 0 && self.canDispatch
-        })
+                self.turnBudget -= 1
+                return self.turnBudget > 0 && self.canDispatch
+            })
         if turnBudget <= 0 { budgetPauses &+= 1 }
         return used
     }

@@ -29,7 +29,11 @@ public struct LineFramer {
     public var isDiscarding: Bool { discarding }
 
     public mutating func feed(_ chunk: UnsafeRawBufferPointer, _ emit: (Event) -> Void) {
-        _ = feed(chunk, until: { emit($0); return true })
+        _ = feed(
+            chunk,
+            until: {
+                emit($0); return true
+            })
     }
 
     /// Feeds `chunk` while `emit` returns true. Returns how many bytes of `chunk` were consumed:

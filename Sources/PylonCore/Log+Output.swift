@@ -29,7 +29,7 @@ extension Log {
         let parts = js.split(separator: ":")
         var st = stat()
         guard parts.count == 2, let dev = UInt64(parts[0]), let ino = UInt64(parts[1]), fstat(2, &st) == 0,
-              UInt64(st.st_dev) == dev, UInt64(st.st_ino) == ino
+            UInt64(st.st_dev) == dev, UInt64(st.st_ino) == ino
         else { return .logfmt }
         return .journal
     }
@@ -42,8 +42,10 @@ extension Log {
 
     /// Writes one event in the current output format. `journalFields` are extra journal fields
     /// (already upper-case names such as `PLUGIN`); in logfmt they are appended lower-cased.
-    public static func record(_ level: Level, component: String, msg: String, fields: [(String, String)],
-                              journalFields: [(String, String)] = []) {
+    public static func record(
+        _ level: Level, component: String, msg: String, fields: [(String, String)],
+        journalFields: [(String, String)] = []
+    ) {
         if output == .journal {
             var entry: [(String, String)] = [
                 ("MESSAGE", fields.isEmpty ? msg : msg + " " + logfmtFields(fields)),

@@ -30,7 +30,9 @@ public struct MetricsText {
             dropped += c["dropped_notifications"]?.doubleValue ?? 0
             queued += c["queued_bytes"]?.doubleValue ?? 0
         }
-        m.add("pylon_client_dropped_notifications_total", "counter", "Notifications dropped for slow clients (clients visible to the caller)", [], dropped)
+        m.add(
+            "pylon_client_dropped_notifications_total", "counter", "Notifications dropped for slow clients (clients visible to the caller)",
+            [], dropped)
         m.add("pylon_client_queued_bytes", "gauge", "Bytes queued to clients (clients visible to the caller)", [], queued)
         for p in bus["plugins"]?.arrayValue ?? [] {
             guard let name = p["name"]?.stringValue else { continue }
@@ -43,10 +45,13 @@ public struct MetricsText {
             m.add("pylon_plugin_rss_bytes", "gauge", "Resident memory of the plugin", l, p["rss_kib"]?.doubleValue.map { $0 * 1024 })
         }
         let consent = bus["consent"]
-        m.add("pylon_consent_master_granted", "gauge", "1 while the device master switch is granted", [],
-              consent?["master"]?.boolValue == false ? 0 : 1)
+        m.add(
+            "pylon_consent_master_granted", "gauge", "1 while the device master switch is granted", [],
+            consent?["master"]?.boolValue == false ? 0 : 1)
         for (k, v) in consent?["refused"]?.objectValue ?? JSONObject() {
-            m.add("pylon_consent_refused_total", "counter", "Messages refused or dropped by a denied consent switch", [("switch", k)], v.doubleValue)
+            m.add(
+                "pylon_consent_refused_total", "counter", "Messages refused or dropped by a denied consent switch", [("switch", k)],
+                v.doubleValue)
         }
         for (name, s) in plugins { m.addPluginStatus(name, s) }
         return m.text

@@ -30,8 +30,10 @@ public enum System {
     /// fails with `EINTR`; any other failure throws `IOError(errno, reason())`. The reason is
     /// only built on failure.
     @inline(__always)
-    public static func syscall<T: BinaryInteger>(_ reason: @autoclosure () -> String,
-                                                 _ body: () -> T) throws(IOError) -> T {
+    public static func syscall<T: BinaryInteger>(
+        _ reason: @autoclosure () -> String,
+        _ body: () -> T
+    ) throws(IOError) -> T {
         while true {
             let r = body()
             if r != -1 { return r }
@@ -93,7 +95,9 @@ public enum System {
         do throws(IOError) {
             _ = try syscall("connect \(path)") {
                 withUnsafePointer(to: &sa) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                        Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                    }
                 }
             }
         } catch {
@@ -175,7 +179,7 @@ public enum System {
             cur += "/" + part
             do throws(IOError) {
                 _ = try syscall("mkdir \(cur)") { mkdir(cur, mode) }
-            } catch where error.errnoCode == EEXIST {
+            } catch  where error.errnoCode == EEXIST {
                 var st = stat()
                 _ = try syscall("stat \(cur)") { stat(cur, &st) }
                 if st.st_mode & S_IFMT != S_IFDIR { throw IOError(errnoCode: ENOTDIR, reason: "mkdir \(cur)") }

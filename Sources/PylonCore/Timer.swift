@@ -22,9 +22,11 @@ public final class Timer: UVHandleOwner {
     public func start(after ms: UInt64, repeat repeatMs: UInt64 = 0) {
         loop.preconditionInLoop()
         guard !isClosed else { return }
-        uv_timer_start(handle.pointer, { h in
-            Unmanaged<Timer>.fromOpaque(h!.pointee.data).takeUnretainedValue().fire()
-        }, ms, repeatMs)
+        uv_timer_start(
+            handle.pointer,
+            { h in
+                Unmanaged<Timer>.fromOpaque(h!.pointee.data).takeUnretainedValue().fire()
+            }, ms, repeatMs)
     }
 
     private func fire() {
@@ -79,9 +81,11 @@ public final class SignalWatcher: UVHandleOwner {
         self.callback = callback
         uv_signal_init(loop.uv, handle.pointer)
         handle.retain(self)
-        uv_signal_start(handle.pointer, { h, sig in
-            Unmanaged<SignalWatcher>.fromOpaque(h!.pointee.data).takeUnretainedValue().callback(sig)
-        }, signal)
+        uv_signal_start(
+            handle.pointer,
+            { h, sig in
+                Unmanaged<SignalWatcher>.fromOpaque(h!.pointee.data).takeUnretainedValue().callback(sig)
+            }, signal)
         if unref { uv_unref(handle.base) }
     }
 

@@ -33,8 +33,9 @@ public struct UVHandle<Handle>: ~Copyable {
 
     /// Zeroed, uninitialized handle memory.
     public init() {
-        let raw = UnsafeMutableRawPointer.allocate(byteCount: MemoryLayout<Handle>.size,
-                                                   alignment: MemoryLayout<Handle>.alignment)
+        let raw = UnsafeMutableRawPointer.allocate(
+            byteCount: MemoryLayout<Handle>.size,
+            alignment: MemoryLayout<Handle>.alignment)
         raw.initializeMemory(as: UInt8.self, repeating: 0, count: MemoryLayout<Handle>.size)
         pointer = raw.bindMemory(to: Handle.self, capacity: 1)
     }

@@ -16,7 +16,7 @@ extension Bus {
     /// level of depth margin, so that json-c, not the scanner, words the depth error).
     func fastRoute(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
         guard let v = m.jsonrpc, RawJSON.equals(line, v.lowerBound, v.upperBound, "\"2.0\""),
-              let idSpan = m.id
+            let idSpan = m.id
         else { return false }
         if let methodSpan = m.method {
             return fastRequest(peer, line, m, idSpan: idSpan, methodSpan: methodSpan)
@@ -25,8 +25,10 @@ extension Bus {
         return fastResponse(peer, line, idSpan: idSpan)
     }
 
-    private func fastRequest(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ m: MessageSpans, idSpan: Range<Int>,
-                             methodSpan: Range<Int>) -> Bool {
+    private func fastRequest(
+        _ peer: Peer, _ line: UnsafeRawBufferPointer, _ m: MessageSpans, idSpan: Range<Int>,
+        methodSpan: Range<Int>
+    ) -> Bool {
         // A string or number id (null ids and the rest take the full path).
         let first = line[idSpan.lowerBound]
         guard first == UInt8(ascii: "\"") || first == UInt8(ascii: "-") || (first >= 0x30 && first <= 0x39) else { return false }
@@ -36,7 +38,7 @@ extension Bus {
         }
         // `_pylon` from a sender is refused, and method names are checked, on the full path.
         guard m.pylon == nil, let method = RawJSON.plainString(line, methodSpan), peer.slot == nil || peer.handshaken,
-              peer.inflight < config.limits.maxInflightPerConnection, InboundEnvelope.isValidMethodName(method)
+            peer.inflight < config.limits.maxInflightPerConnection, InboundEnvelope.isValidMethodName(method)
         else { return false }
         var via: Int64?
         if let v = m.onBehalfOf {
@@ -67,7 +69,7 @@ extension Bus {
     private func fastResponse(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan: Range<Int>) -> Bool {
         // Answers to the host's own requests take the full path.
         guard let hostId = RawJSON.plainInt(line, idSpan), let p = pending[hostId],
-              case .peer(let origin, let originalId) = p.origin, takePending(hostId, answeredBy: peer) != nil
+            case .peer(let origin, let originalId) = p.origin, takePending(hostId, answeredBy: peer) != nil
         else { return false }
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         fastRouted += 1

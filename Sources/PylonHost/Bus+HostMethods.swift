@@ -31,7 +31,8 @@ extension Bus {
                 }
                 let key = try str(params, "key", aliases: ["switch", "name"])
                 guard key.hasPrefix(plugin + ":") else {
-                    throw RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
+                    throw RPCError(
+                        .notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
                 }
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON())
@@ -105,7 +106,11 @@ extension Bus {
             "plugins": .array(plugins), "clients": .array(clients), "clients_total": .int(Int64(clientCount)),
             "counters": [
                 "routed": .int(Int64(routed)), "routed_fast": .int(Int64(fastRouted)),
-                "inflight": .int(Int64(pending.values.reduce(0) { if case .peer = $1.origin { return $0 + 1 }; return $0 })),
+                "inflight": .int(
+                    Int64(
+                        pending.values.reduce(0) {
+                            if case .peer = $1.origin { return $0 + 1 }; return $0
+                        })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
                 "connections_refused": .int(Int64(refusedTotal)),
@@ -144,8 +149,9 @@ extension Bus {
         if add {
             if !peer.subscriptions.contains(p) {
                 guard peer.subscriptions.count < config.limits.maxSubscriptionsPerConnection else {
-                    throw RPCError(.overloaded, "too many subscriptions (limit \(config.limits.maxSubscriptionsPerConnection))",
-                                   data: ["limit": "maxSubscriptionsPerConnection"])
+                    throw RPCError(
+                        .overloaded, "too many subscriptions (limit \(config.limits.maxSubscriptionsPerConnection))",
+                        data: ["limit": "maxSubscriptionsPerConnection"])
                 }
                 peer.subscriptions.append(p)
             }
@@ -229,16 +235,20 @@ extension Bus {
             for k in d.keys.sorted() { o[k] = .bool(d[k]!) }
             return .object(o)
         }
-        return ["master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)),
-                "switches": map(consent.effective), "operator": map(consent.switches), "app": map(consent.appSwitches)]
+        return [
+            "master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)),
+            "switches": map(consent.effective), "operator": map(consent.switches), "app": map(consent.appSwitches),
+        ]
     }
 
     func consentGet(_ params: JSON?) throws(RPCError) -> JSON {
         let key = try str(params, "key", aliases: ["switch", "name"])
-        return ["key": .string(key), "granted": .bool(consent.isGranted(key)),
-                "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
-                "app": consent.appValue(key).map { .bool($0) } ?? .null,
-                "master": .bool(consent.masterGranted)]
+        return [
+            "key": .string(key), "granted": .bool(consent.isGranted(key)),
+            "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
+            "app": consent.appValue(key).map { .bool($0) } ?? .null,
+            "master": .bool(consent.masterGranted),
+        ]
     }
 
     func consentSet(_ params: JSON?, layer: ConsentStore.Layer) throws(RPCError) -> JSON {
@@ -264,10 +274,12 @@ extension Bus {
         if changed {
             log.info("consent changed", ["key": key, "granted": effective, "layer": layer.rawValue, "epoch": consent.epoch])
             // Queued on every plugin channel before anything routed after this point.
-            let note = Envelope.notification(method: HostTopic.consentChanged, params: .value([
-                "key": .string(key), "granted": .bool(effective), "epoch": .int(Int64(consent.epoch)),
-                "master": .bool(consent.masterGranted),
-            ]))
+            let note = Envelope.notification(
+                method: HostTopic.consentChanged,
+                params: .value([
+                    "key": .string(key), "granted": .bool(effective), "epoch": .int(Int64(consent.epoch)),
+                    "master": .bool(consent.masterGranted),
+                ]))
             // Clients get it as a publication (subscribers only, admins only by default); never
             // dropped for a slow reader, unlike other publications.
             let adminOnly = isAdminTopic(HostTopic.consentChanged)
@@ -279,8 +291,10 @@ extension Bus {
                 }
             }
         }
-        return ["key": .string(key), "granted": .bool(effective), "layer": .string(layer.rawValue), "changed": .bool(changed),
-                "epoch": .int(Int64(consent.epoch))]
+        return [
+            "key": .string(key), "granted": .bool(effective), "layer": .string(layer.rawValue), "changed": .bool(changed),
+            "epoch": .int(Int64(consent.epoch)),
+        ]
     }
 
     /// Loads persisted switches. No file means nothing was ever set (all granted). A file that
@@ -311,8 +325,9 @@ extension Bus {
             case nil: if !problem.hasPrefix("damaged") { problem = "not JSON" }
             }
         }
-        log.error("consent file \(problem); collection denied (master switch) until consent is set again",
-                  ["path": consentPath])
+        log.error(
+            "consent file \(problem); collection denied (master switch) until consent is set again",
+            ["path": consentPath])
         consent = ConsentStore()
         consent.set(ConsentStore.master, granted: false)
     }

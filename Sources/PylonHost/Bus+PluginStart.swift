@@ -43,7 +43,8 @@ extension Bus {
         // sets (getenv returns the first match, so an override must replace, not append).
         var env = System.environment().filter { kv in
             let key = kv.split(separator: "=", maxSplits: 1).first.map(String.init) ?? kv
-            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL" && key != "PYLON_LOG_FORMAT" && key != "NOTIFY_SOCKET"
+            return !key.hasPrefix("PYLON_BUS_FD") && !key.hasPrefix("PYLON_PLUGIN_") && key != "PYLON_LOG_LEVEL"
+                && key != "PYLON_LOG_FORMAT" && key != "NOTIFY_SOCKET"
                 && !key.hasPrefix("WATCHDOG_") && pc.env[key] == nil
         }
         env.append("PYLON_BUS_FD=3")
@@ -125,12 +126,17 @@ extension Bus {
         }
         slot.manifest = manifest
         peer.handshaken = true
-        let welcome = Welcome(protocolVersion: manifest.protocolVersion, config: slot.config.config,
-                              stateDir: config.stateDir + "/plugins/" + slot.config.name, consent: consentJSON(),
-                              heartbeatMs: slot.config.policy.heartbeatIntervalMs, limits: config.limits.json)
+        let welcome = Welcome(
+            protocolVersion: manifest.protocolVersion, config: slot.config.config,
+            stateDir: config.stateDir + "/plugins/" + slot.config.name, consent: consentJSON(),
+            heartbeatMs: slot.config.policy.heartbeatIntervalMs, limits: config.limits.json)
         sendResult(peer.conn, id: id, welcome.json)
-        log.info("plugin running", ["plugin": slot.config.name, "pid": slot.life.pid ?? 0, "version": manifest.version,
-                                    "methods": manifest.methods.count])
+        log.info(
+            "plugin running",
+            [
+                "plugin": slot.config.name, "pid": slot.life.pid ?? 0, "version": manifest.version,
+                "methods": manifest.methods.count,
+            ])
         supervise(slot) { $0.handshakeCompleted(now: $1) }
     }
 }

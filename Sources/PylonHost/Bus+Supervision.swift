@@ -82,15 +82,19 @@ extension Bus {
             slot.process?.kill(sig)
         case .publishExited(let pid, let reason, let restartInMs?):
             log.info("plugin restart scheduled", ["plugin": name, "in_ms": restartInMs, "restarts": slot.life.restarts, "reason": reason])
-            publish(topic: HostTopic.pluginExited, params: [
-                "plugin": .string(name), "pid": .int(Int64(pid)), "reason": .string(reason),
-                "state": "backoff", "restartInMs": .int(Int64(restartInMs)),
-            ])
+            publish(
+                topic: HostTopic.pluginExited,
+                params: [
+                    "plugin": .string(name), "pid": .int(Int64(pid)), "reason": .string(reason),
+                    "state": "backoff", "restartInMs": .int(Int64(restartInMs)),
+                ])
         case .publishExited(let pid, let reason, nil):
             log.error("plugin failed; not restarting", ["plugin": name, "reason": reason])
-            publish(topic: HostTopic.pluginExited, params: [
-                "plugin": .string(name), "pid": .int(Int64(pid)), "reason": .string(reason), "state": "failed",
-            ])
+            publish(
+                topic: HostTopic.pluginExited,
+                params: [
+                    "plugin": .string(name), "pid": .int(Int64(pid)), "reason": .string(reason), "state": "failed",
+                ])
         case .reportReady:
             checkReady()
         }
@@ -139,11 +143,19 @@ extension Bus {
         let level: Log.Level = (requested || (status == 0 && signal == 0)) ? .info : .warn
         let (reason, next) = (slot.life.lastExitReason ?? "-", slot.life.state.rawValue)
         if let crash = slot.output.crashReason {
-            log.emit(level, "plugin exited", ["plugin": name, "pid": pid, "status": status, "signal": signal,
-                                               "reason": reason, "crash": crash, "next": next])
+            log.emit(
+                level, "plugin exited",
+                [
+                    "plugin": name, "pid": pid, "status": status, "signal": signal,
+                    "reason": reason, "crash": crash, "next": next,
+                ])
         } else {
-            log.emit(level, "plugin exited", ["plugin": name, "pid": pid, "status": status, "signal": signal,
-                                               "reason": reason, "next": next])
+            log.emit(
+                level, "plugin exited",
+                [
+                    "plugin": name, "pid": pid, "status": status, "signal": signal,
+                    "reason": reason, "next": next,
+                ])
         }
         for action in actions { perform(slot, action) }
         if !slot.life.isAlive, let next = slot.successor {

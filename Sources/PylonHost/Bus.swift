@@ -99,11 +99,19 @@ public final class Bus {
         if shuttingDown {
             refusal = ("shuttingDown", RPCError(.shuttingDown, "host is shutting down"))
         } else if clientCount >= limits.maxConnections {
-            refusal = ("maxConnections", RPCError(.overloaded, "too many connections (limit \(limits.maxConnections))",
-                                                  data: ["limit": "maxConnections", "value": .int(Int64(limits.maxConnections))]))
+            refusal = (
+                "maxConnections",
+                RPCError(
+                    .overloaded, "too many connections (limit \(limits.maxConnections))",
+                    data: ["limit": "maxConnections", "value": .int(Int64(limits.maxConnections))])
+            )
         } else if let uid = creds?.uid, clientsByUid[uid, default: 0] >= limits.maxConnectionsPerUid {
-            refusal = ("maxConnectionsPerUid", RPCError(.overloaded, "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUid))",
-                                                        data: ["limit": "maxConnectionsPerUid", "value": .int(Int64(limits.maxConnectionsPerUid))]))
+            refusal = (
+                "maxConnectionsPerUid",
+                RPCError(
+                    .overloaded, "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUid))",
+                    data: ["limit": "maxConnectionsPerUid", "value": .int(Int64(limits.maxConnectionsPerUid))])
+            )
         }
         if let (name, error) = refusal {
             conn.refuse(line: String(decoding: Envelope.error(id: .null, error), as: UTF8.self))
@@ -228,8 +236,11 @@ public final class Bus {
         }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }
         // Requests that peer was serving fail now, not at their timeout.
-        failPending(targeting: peer, RPCError(.pluginUnavailable, "\(peer.label) disconnected with the request in flight",
-                                              data: ["reason": "disconnected"]))
+        failPending(
+            targeting: peer,
+            RPCError(
+                .pluginUnavailable, "\(peer.label) disconnected with the request in flight",
+                data: ["reason": "disconnected"]))
         if let slot = peer.slot {
             pluginChannelClosed(slot, peer)
         } else if !shuttingDown {
@@ -244,9 +255,12 @@ public final class Bus {
         protocolErrors += 1
         log.warn("message too large", ["peer": peer.label, "bytes": n, "limit": config.limits.maxLineBytes])
         let id = Bus.scanId(head)
-        sendError(peer.conn, jsonId: id, RPCError(.messageTooLarge,
-            "message of \(n) bytes exceeds the limit of \(config.limits.maxLineBytes) bytes; it was skipped",
-            data: ["limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n))]))
+        sendError(
+            peer.conn, jsonId: id,
+            RPCError(
+                .messageTooLarge,
+                "message of \(n) bytes exceeds the limit of \(config.limits.maxLineBytes) bytes; it was skipped",
+                data: ["limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n))]))
     }
 
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
@@ -285,8 +299,10 @@ public final class Bus {
     }
 
     /// The rungs after parsing: the envelope's verdict, who the message speaks for, where it goes.
-    private func dispatch(_ peer: Peer, _ envelope: InboundEnvelope, _ msg: JSONRef, _ line: UnsafeRawBufferPointer,
-                          idSpan: Range<Int>?) {
+    private func dispatch(
+        _ peer: Peer, _ envelope: InboundEnvelope, _ msg: JSONRef, _ line: UnsafeRawBufferPointer,
+        idSpan: Range<Int>?
+    ) {
         switch envelope {
         case .invalid(let e, let id, let answer):
             protocolErrors += 1
@@ -321,7 +337,8 @@ public final class Bus {
             via = json_object_get_int64(v)
         }
         guard let principal = principal(of: peer, via: via) else {
-            return .failure(RPCError(.notPermitted, "\"_onBehalfOf\": \(via ?? 0) is not a request \(peer.label) is serving (answered or timed out)"))
+            return .failure(
+                RPCError(.notPermitted, "\"_onBehalfOf\": \(via ?? 0) is not a request \(peer.label) is serving (answered or timed out)"))
         }
         return .success(principal)
     }
@@ -329,8 +346,10 @@ public final class Bus {
     /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
     static let reportCost = 32
 
-    func handleRequest(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
-                       id: OpaquePointer?, idSpan: Range<Int>) {
+    func handleRequest(
+        _ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
+        id: OpaquePointer?, idSpan: Range<Int>
+    ) {
         if let slot = peer.slot, !peer.handshaken {
             if method == HostMethod.hello {
                 pluginHello(slot, peer, msg: msg, id: id)
@@ -358,7 +377,8 @@ public final class Bus {
             if spec.dropWhenDenied {
                 sendResult(peer.conn, idText: idText, spec.deniedResult)
             } else {
-                sendError(peer.conn, idText: idText, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
+                sendError(
+                    peer.conn, idText: idText, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
             }
         case .forward(let target, let timeoutMs, _):
             forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
@@ -386,8 +406,10 @@ public final class Bus {
             let uid = principal.credentials.map { Int64($0.uid) }
             let who = principal.actsForClient ? "uid \(uid.map(String.init) ?? "unknown")" : "plugin \(principal.plugin ?? "?")"
             let via = principal.actsForClient && principal.plugin != nil ? " (through plugin \(principal.plugin!))" : ""
-            return .refused(RPCError(.notPermitted, "\(who) may not call \(method)\(via)",
-                                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
+            return .refused(
+                RPCError(
+                    .notPermitted, "\(who) may not call \(method)\(via)",
+                    data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
         if Bus.isHostNamespace(method) { return .host }
         // A configured plugin's namespace is the plugin's, whatever a client provided.
@@ -432,8 +454,10 @@ public final class Bus {
 
     /// Forwards a request with a host-issued id: the line with only its id's bytes (`idSpan`)
     /// replaced (a parsed message is never re-serialised).
-    func forward(_ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
-                 timeoutMs: UInt64) {
+    func forward(
+        _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
+        timeoutMs: UInt64
+    ) {
         // Backpressure reaches whoever fills a congested target: a client's request waits (the
         // line is dispatched again later) and its input is held until the target drains, so a
         // target's queue stays within maxQueuedBytes plus one message. Plugins are not held: a
@@ -441,9 +465,12 @@ public final class Bus {
         if !peer.isPlugin && deferIfCongested(peer, target) { return }
         let original = String(decoding: UnsafeRawBufferPointer(rebasing: line[span]), as: UTF8.self)
         if peer.inflight >= config.limits.maxInflightPerConnection {
-            sendError(peer.conn, idText: original, RPCError(.overloaded,
-                "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
-                data: ["limit": "maxInflightPerConnection", "value": .int(Int64(config.limits.maxInflightPerConnection))]))
+            sendError(
+                peer.conn, idText: original,
+                RPCError(
+                    .overloaded,
+                    "too many requests in flight on this connection (limit \(config.limits.maxInflightPerConnection))",
+                    data: ["limit": "maxInflightPerConnection", "value": .int(Int64(config.limits.maxInflightPerConnection))]))
             return
         }
         let hostId = nextRequestId
@@ -454,8 +481,9 @@ public final class Bus {
         } else {
             target.conn.sendSpliced(line, span, int: hostId)
         }
-        addPending(hostId, Pending(origin: .peer(peer, originalId: original), target: target, principal: principal),
-                   deadlineMs: loop.nowMs + timeoutMs)
+        addPending(
+            hostId, Pending(origin: .peer(peer, originalId: original), target: target, principal: principal),
+            deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -472,8 +500,10 @@ public final class Bus {
     }
 
     /// Issues a request from the host itself (heartbeats, callbacks to providers).
-    func call(_ target: Peer, method: String, params: JSON?, timeoutMs: UInt64,
-              _ done: @escaping (Result<JSON, RPCError>) -> Void) -> Int64 {
+    func call(
+        _ target: Peer, method: String, params: JSON?, timeoutMs: UInt64,
+        _ done: @escaping (Result<JSON, RPCError>) -> Void
+    ) -> Int64 {
         let hostId = nextRequestId
         nextRequestId += 1
         addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)

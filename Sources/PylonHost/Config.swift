@@ -141,7 +141,9 @@ extension HostConfig {
         var r = Reader(o, path: "")
         if let s = try r.string("socket") { c.socketPath = s }
         if let m = try r.string("socketMode") {
-            guard let v = UInt32(m, radix: 8), v <= 0o777 else { throw ConfigError("socketMode must be an octal string like \"0660\", not \"\(m)\"") }
+            guard let v = UInt32(m, radix: 8), v <= 0o777 else {
+                throw ConfigError("socketMode must be an octal string like \"0660\", not \"\(m)\"")
+            }
             c.socketMode = v
         }
         c.socketGroup = try r.string("socketGroup")
@@ -289,8 +291,9 @@ struct Reader {
     mutating func int(_ k: String, min lo: Int = Int.min, max hi: Int = Int.max) throws(ConfigError) -> Int? {
         guard let v = value(k) else { return nil }
         guard let i = v.intValue, i >= lo, i <= hi else {
-            throw ConfigError("\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : "")
-                              + ", not \(v.serialized)")
+            throw ConfigError(
+                "\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : "")
+                    + ", not \(v.serialized)")
         }
         return Int(i)
     }

@@ -13,7 +13,8 @@ extension HostConfig {
     static func jsonErrorLocation(_ bytes: UnsafeRawBufferPointer) -> (line: Int, column: Int) {
         var end = bytes.count
         if let base = bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count > 0,
-           let tok = json_tokener_new_ex(1000) {
+            let tok = json_tokener_new_ex(1000)
+        {
             json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8)
             let obj = json_tokener_parse_ex(tok, base, Int32(bytes.count))
             if json_tokener_get_error(tok) != json_tokener_continue { end = Int(json_tokener_get_parse_end(tok)) }
@@ -32,8 +33,10 @@ extension HostConfig {
     /// Resolves each enabled plugin's `exec` the way the host does (a path as given; a bare name
     /// in `pluginDir`, next to pylond, then on `PATH`) and names every one that is missing or not
     /// executable.
-    public func executableProblems(selfDir: String? = System.executableDirectory(),
-                                   path: String = System.env("PATH") ?? "/usr/bin:/bin") -> [String] {
+    public func executableProblems(
+        selfDir: String? = System.executableDirectory(),
+        path: String = System.env("PATH") ?? "/usr/bin:/bin"
+    ) -> [String] {
         var problems: [String] = []
         for p in plugins where p.enabled {
             if p.exec.contains("/") {

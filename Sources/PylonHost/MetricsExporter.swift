@@ -39,7 +39,7 @@ final class MetricsExporter {
         var targets: [(String, Peer)] = []
         for name in bus.slotOrder {
             guard let s = bus.slots[name], s.life.state == .running, let peer = s.peer, !peer.closed,
-                  s.manifest?.methods[name + ".status"] != nil
+                s.manifest?.methods[name + ".status"] != nil
             else { continue }
             targets.append((name, peer))
         }

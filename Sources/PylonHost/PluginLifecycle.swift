@@ -273,8 +273,9 @@ public struct PluginLifecycle: Sendable {
         switch (kind, phase) {
         case (.handshake, .starting(let pid, _)):
             return settled(
-                kill(pid: pid, since: nil, reason: "no handshake within \(policy.startTimeoutMs) ms",
-                     .noHandshake(timeoutMs: policy.startTimeoutMs)))
+                kill(
+                    pid: pid, since: nil, reason: "no handshake within \(policy.startTimeoutMs) ms",
+                    .noHandshake(timeoutMs: policy.startTimeoutMs)))
         case (.heartbeat, .running(let pid, let since, .none)):
             phase = .running(pid: pid, since: since, heartbeatSentAt: now)
             return [.sendHeartbeat(timeoutMs: policy.heartbeatTimeoutMs + 2 * policy.heartbeatIntervalMs)]
@@ -283,11 +284,14 @@ public struct PluginLifecycle: Sendable {
             let lastSign = max(sentAt, lastInboundMs)
             guard now >= lastSign, now - lastSign >= policy.heartbeatTimeoutMs else { return [] }
             return settled(
-                kill(pid: pid, since: since, reason: "heartbeat not answered within \(policy.heartbeatTimeoutMs) ms",
-                     .hung(waitedMs: now - sentAt)))
+                kill(
+                    pid: pid, since: since, reason: "heartbeat not answered within \(policy.heartbeatTimeoutMs) ms",
+                    .hung(waitedMs: now - sentAt)))
         case (.channelClose, .exiting(let pid, let since, .channelClosed)):
-            return settled(kill(pid: pid, since: since, reason: "bus channel closed",
-                                .channelClosed(graceMs: SupervisorPolicy.channelCloseGraceMs)))
+            return settled(
+                kill(
+                    pid: pid, since: since, reason: "bus channel closed",
+                    .channelClosed(graceMs: SupervisorPolicy.channelCloseGraceMs)))
         case (.backoff, .backoff):
             recentRestarts.append(now)
             restarts += 1
@@ -390,8 +394,10 @@ public struct PluginLifecycle: Sendable {
         return actions + [.reportReady]
     }
 
-    private mutating func afterExit(now: UInt64, pid: Int32, since: UInt64?, abnormal: Bool, reason: String,
-                                    permanent: Bool) -> [Action] {
+    private mutating func afterExit(
+        now: UInt64, pid: Int32, since: UInt64?, abnormal: Bool, reason: String,
+        permanent: Bool
+    ) -> [Action] {
         lastExitReason = reason
         // Decay: a plugin that stayed healthy long enough starts its failure count afresh.
         if let since, now >= since, now - since >= policy.resetAfterMs {
@@ -414,7 +420,8 @@ public struct PluginLifecycle: Sendable {
         let windowStart = now >= policy.intensityWindowMs ? now - policy.intensityWindowMs : 0
         recentRestarts.removeAll { $0 < windowStart }
         if recentRestarts.count >= policy.maxRestarts {
-            return fail(pid: pid,
+            return fail(
+                pid: pid,
                 "restart intensity exceeded: \(recentRestarts.count) restarts within \(policy.intensityWindowMs) ms; last: \(reason)")
         }
         consecutiveFailures += 1
@@ -428,8 +435,10 @@ public struct PluginLifecycle: Sendable {
 
     /// Delay before the `failures`-th consecutive restart: exponential, capped, jittered.
     public mutating func backoffDelay(failures: Int) -> UInt64 {
-        BackoffPolicy(initialMs: policy.backoffInitialMs, maxMs: policy.backoffMaxMs,
-                      multiplier: policy.backoffMultiplier, jitter: policy.jitter)
-            .delay(attempt: failures, random: rng.nextUnit())
+        BackoffPolicy(
+            initialMs: policy.backoffInitialMs, maxMs: policy.backoffMaxMs,
+            multiplier: policy.backoffMultiplier, jitter: policy.jitter
+        )
+        .delay(attempt: failures, random: rng.nextUnit())
     }
 }

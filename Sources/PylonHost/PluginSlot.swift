@@ -32,8 +32,10 @@ final class PluginSlot {
 
     /// Starts the timer of `kind` (created on first use with `fire`) to fire after `ms`, then
     /// every `repeatMs` if non-zero.
-    func armTimer(_ kind: PluginLifecycle.TimerKind, afterMs ms: UInt64, repeatMs: UInt64, loop: Loop,
-                  fire: @escaping () -> Void) {
+    func armTimer(
+        _ kind: PluginLifecycle.TimerKind, afterMs ms: UInt64, repeatMs: UInt64, loop: Loop,
+        fire: @escaping () -> Void
+    ) {
         let timer = timers[kind] ?? Timer(loop: loop, fire)
         timers[kind] = timer
         timer.start(after: ms, repeat: repeatMs)
@@ -54,10 +56,12 @@ final class PluginSlot {
         case .backoff:
             return RPCError(.pluginUnavailable, "plugin \(name) is restarting", data: ["plugin": .string(name), "state": "backoff"])
         case .failed:
-            return RPCError(.pluginUnavailable, "plugin \(name) has failed: \(life.failedReason ?? "unknown")",
-                            data: ["plugin": .string(name), "state": "failed"])
+            return RPCError(
+                .pluginUnavailable, "plugin \(name) has failed: \(life.failedReason ?? "unknown")",
+                data: ["plugin": .string(name), "state": "failed"])
         case .stopped, .running:
-            return RPCError(.pluginUnavailable, "plugin \(name) is not running", data: ["plugin": .string(name), "state": .string(life.state.rawValue)])
+            return RPCError(
+                .pluginUnavailable, "plugin \(name) is not running", data: ["plugin": .string(name), "state": .string(life.state.rawValue)])
         }
     }
 }

@@ -53,11 +53,13 @@ public final class MQTTClient {
         }
         self.loop = loop
         self.options = options
-        backoff = Backoff(initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
-                          seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
+        backoff = Backoff(
+            initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
+            seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
         mosq = mosquitto_new(options.clientId, options.cleanSession, nil)!
         mosquitto_user_data_set(mosq, Unmanaged.passUnretained(self).toOpaque())
-        mosquitto_int_option(mosq, MOSQ_OPT_PROTOCOL_VERSION, options.protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
+        mosquitto_int_option(
+            mosq, MOSQ_OPT_PROTOCOL_VERSION, options.protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
         // Small packets (PUBACK, acks) must not wait for Nagle behind a delayed TCP ACK.
         mosquitto_int_option(mosq, MOSQ_OPT_TCP_NODELAY, 1)
         if let u = options.username { mosquitto_username_pw_set(mosq, u, options.password) }
@@ -110,8 +112,10 @@ public final class MQTTClient {
     /// Publishes `payload`; `done(true)` on PUBACK (QoS 1) or once written (QoS 0), `done(false)`
     /// if libmosquitto refused it at once. With MQTT 5, `expirySeconds` sets the message expiry
     /// interval (the broker discards it, queued or not, after that).
-    public func publish(_ topic: String, _ payload: [UInt8], qos: Int32 = 1, expirySeconds: UInt32? = nil,
-                        _ done: @escaping (Bool) -> Void = { _ in }) {
+    public func publish(
+        _ topic: String, _ payload: [UInt8], qos: Int32 = 1, expirySeconds: UInt32? = nil,
+        _ done: @escaping (Bool) -> Void = { _ in }
+    ) {
         guard state != .stopped else {
             done(false)
             return
@@ -150,7 +154,8 @@ public final class MQTTClient {
 
     private func connect() {
         state = .connecting
-        let rc = startedOnce
+        let rc =
+            startedOnce
             ? mosquitto_reconnect_async(mosq)
             : mosquitto_connect_async(mosq, options.host, options.port, options.keepaliveS)
         startedOnce = startedOnce || rc == MOSQ_ERR_SUCCESS.rawValue

@@ -33,8 +33,10 @@ public enum InboundEnvelope {
         let obj = msg.ptr
         guard json_object_get_type(obj) == json_type_object else {
             let isArray = json_object_get_type(obj) == json_type_array
-            return .invalid(RPCError(.invalidRequest,
-                isArray ? "batch requests are not supported; send one request per line" : "a message must be a JSON object"),
+            return .invalid(
+                RPCError(
+                    .invalidRequest,
+                    isArray ? "batch requests are not supported; send one request per line" : "a message must be a JSON object"),
                 id: nil, answer: true)
         }
         let hasId = msg.has("id")
@@ -46,7 +48,7 @@ public enum InboundEnvelope {
             }
         }
         guard let v = msg.member("jsonrpc"), json_object_get_type(v) == json_type_string,
-              String(cString: json_object_get_string(v)) == "2.0"
+            String(cString: json_object_get_string(v)) == "2.0"
         else {
             return .invalid(RPCError(.invalidRequest, "\"jsonrpc\" must be \"2.0\""), id: id, answer: true)
         }
@@ -65,8 +67,10 @@ public enum InboundEnvelope {
             guard pt == json_type_object || pt == json_type_array else { return refuse("\"params\" must be an object or an array") }
         }
         // All of json-c's bytes (a NUL included, which a C string would cut), one rule.
-        let method = String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(m),
-                                                             count: Int(json_object_get_string_len(m))), as: UTF8.self)
+        let method = String(
+            decoding: UnsafeRawBufferPointer(
+                start: json_object_get_string(m),
+                count: Int(json_object_get_string_len(m))), as: UTF8.self)
         guard isValidMethodName(method) else {
             return refuse("\"method\" must be 1-\(maxMethodBytes) bytes of printable ASCII without spaces")
         }

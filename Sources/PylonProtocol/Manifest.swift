@@ -82,8 +82,9 @@ public struct Manifest: Equatable, Sendable {
         let version = p["version"]?.stringValue ?? "0"
         guard let proto = p["protocol"]?.intValue else { throw bad("protocol (integer) is required") }
         guard supportedProtocols.contains(Int(proto)) else {
-            throw RPCError(.invalidParams, "bus.hello: protocol \(proto) not supported; host speaks \(supportedProtocols)",
-                           data: ["supported": [.int(Int64(supportedProtocols.lowerBound)), .int(Int64(supportedProtocols.upperBound))]])
+            throw RPCError(
+                .invalidParams, "bus.hello: protocol \(proto) not supported; host speaks \(supportedProtocols)",
+                data: ["supported": [.int(Int64(supportedProtocols.lowerBound)), .int(Int64(supportedProtocols.upperBound))]])
         }
         var m = Manifest(name: name, version: version, protocolVersion: Int(proto))
         let man = p["manifest"] ?? .object([:])

@@ -64,7 +64,9 @@ extension JSONRef {
     public var responseResult: Result<JSON, RPCError> {
         guard has("error") else { return .success(JSONRef.toJSON(member("result"))) }
         let e = JSONRef.toJSON(member("error"))
-        return .failure(RPCError(code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
-                                 message: e["message"]?.stringValue ?? "error", data: e["data"]))
+        return .failure(
+            RPCError(
+                code: Int32(truncatingIfNeeded: e["code"]?.intValue ?? -32603),
+                message: e["message"]?.stringValue ?? "error", data: e["data"]))
     }
 }

@@ -17,8 +17,10 @@ public struct Welcome: Equatable, Sendable {
     /// The host's protocol limits (`docs/CONFIG.md`), for plugins that size their own buffers.
     public var limits: JSON
 
-    public init(protocolVersion: Int = Manifest.currentProtocol, config: JSON = .object([:]), stateDir: String = "",
-                consent: JSON = ConsentSnapshot().json, heartbeatMs: UInt64 = 0, limits: JSON = .object([:])) {
+    public init(
+        protocolVersion: Int = Manifest.currentProtocol, config: JSON = .object([:]), stateDir: String = "",
+        consent: JSON = ConsentSnapshot().json, heartbeatMs: UInt64 = 0, limits: JSON = .object([:])
+    ) {
         self.protocolVersion = protocolVersion
         self.config = config
         self.stateDir = stateDir

@@ -125,9 +125,12 @@ public final class Statement {
     /// Binds a Swift string as text at 1-based `index` (an empty string stays text, not NULL).
     public func bindText(_ index: Int32, string: String) throws(SQLiteError) {
         var s = string
-        let rc: Int32 = s.isEmpty ? pylon_sqlite_bind_text(st, index, "", 0) : s.withUTF8 { b in
-            b.withMemoryRebound(to: CChar.self) { pylon_sqlite_bind_text(st, index, $0.baseAddress, Int32($0.count)) }
-        }
+        let rc: Int32 =
+            s.isEmpty
+            ? pylon_sqlite_bind_text(st, index, "", 0)
+            : s.withUTF8 { b in
+                b.withMemoryRebound(to: CChar.self) { pylon_sqlite_bind_text(st, index, $0.baseAddress, Int32($0.count)) }
+            }
         if rc != SQLITE_OK { throw owner.error(rc) }
     }
 

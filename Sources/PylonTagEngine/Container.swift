@@ -23,8 +23,10 @@ public final class FunctionCall: Sendable {
     public let arg1: TagExpr?
     public let value: TagExpr?
 
-    init(id: String, function: FunctionID, name: String?, negate: Bool, ignoreCase: Bool, notDefaultMacro: Bool,
-         properties: [String: TagExpr], regex: TagRegex?, regexError: String?) {
+    init(
+        id: String, function: FunctionID, name: String?, negate: Bool, ignoreCase: Bool, notDefaultMacro: Bool,
+        properties: [String: TagExpr], regex: TagRegex?, regexError: String?
+    ) {
         self.id = id
         self.function = function
         self.name = name
@@ -87,8 +89,10 @@ public struct Container: Sendable {
     public let warnings: [String]
     public let limits: EngineLimits
 
-    init(version: String, macros: [FunctionCall], predicates: [FunctionCall], tags: [FunctionCall], rules: [Rule],
-         definitions: [String: [Int]], rulesForMacro: [Int: [Int]], tagRules: [Int], warnings: [String], limits: EngineLimits) {
+    init(
+        version: String, macros: [FunctionCall], predicates: [FunctionCall], tags: [FunctionCall], rules: [Rule],
+        definitions: [String: [Int]], rulesForMacro: [Int: [Int]], tagRules: [Int], warnings: [String], limits: EngineLimits
+    ) {
         self.version = version
         self.macros = macros
         self.predicates = predicates
@@ -125,8 +129,9 @@ public struct Container: Sendable {
 
     /// An empty container (what a container id with no default file starts with).
     public static func empty(limits: EngineLimits = EngineLimits()) -> Container {
-        Container(version: "", macros: [], predicates: [], tags: [], rules: [], definitions: [:], rulesForMacro: [:],
-                  tagRules: [], warnings: [], limits: limits)
+        Container(
+            version: "", macros: [], predicates: [], tags: [], rules: [], definitions: [:], rulesForMacro: [:],
+            tagRules: [], warnings: [], limits: limits)
     }
 
     /// Parses container text: the full form (`{"resource": {...}}`, or the resource object
@@ -158,7 +163,9 @@ public struct Container: Sendable {
         var res = top
         var wrapped: OpaquePointer?
         if json_object_object_get_ex(top, "resource", &wrapped) != 0 {
-            guard let w = wrapped, json_object_get_type(w) == json_type_object else { throw ContainerError("resource must be a JSON object") }
+            guard let w = wrapped, json_object_get_type(w) == json_type_object else {
+                throw ContainerError("resource must be a JSON object")
+            }
             res = w
         }
         var warnings: [String] = []
@@ -190,7 +197,8 @@ public struct Container: Sendable {
             var out: [FunctionCall] = []
             out.reserveCapacity(n)
             for i in 0..<n {
-                out.append(parseCall(json_object_array_get_idx(arr, i), what: "\(what) \(i)", macroCount: nMacros, limits: limits, warn: warn))
+                out.append(
+                    parseCall(json_object_array_get_idx(arr, i), what: "\(what) \(i)", macroCount: nMacros, limits: limits, warn: warn))
             }
             return out
         }
@@ -205,8 +213,10 @@ public struct Container: Sendable {
             let n = json_object_array_length(rawRules)
             rules.reserveCapacity(n)
             for ri in 0..<n {
-                rules.append(parseRule(json_object_array_get_idx(rawRules, ri), index: ri, predicates: predicates.count,
-                                       tags: tags.count, macros: nMacros, warn: warn))
+                rules.append(
+                    parseRule(
+                        json_object_array_get_idx(rawRules, ri), index: ri, predicates: predicates.count,
+                        tags: tags.count, macros: nMacros, warn: warn))
             }
         }
         var defs: [String: [Int]] = [:]
@@ -219,8 +229,9 @@ public struct Container: Sendable {
             for m in Set(r.addMacros + r.blockMacros) { forMacro[m, default: []].append(ri) }
             if !r.addTags.isEmpty || !r.blockTags.isEmpty { tagRules.append(ri) }
         }
-        return Container(version: version, macros: macros, predicates: predicates, tags: tags, rules: rules,
-                         definitions: defs, rulesForMacro: forMacro, tagRules: tagRules, warnings: warnings, limits: limits)
+        return Container(
+            version: version, macros: macros, predicates: predicates, tags: tags, rules: rules,
+            definitions: defs, rulesForMacro: forMacro, tagRules: tagRules, warnings: warnings, limits: limits)
     }
 
     /// A plain default container (`.json` or `.plist`): a flat object whose top-level keys are
@@ -234,16 +245,20 @@ public struct Container: Sendable {
         var defs: [String: [Int]] = [:]
         for (k, v) in o {
             switch v {
-            case .array: throw ContainerError("a plain container's value for \"\(k)\" is an array: arrays are not supported at the top level")
+            case .array:
+                throw ContainerError("a plain container's value for \"\(k)\" is an array: arrays are not supported at the top level")
             case .null: throw ContainerError("a plain container's value for \"\(k)\" is null: null is not supported at the top level")
             default: break
             }
             defs[k] = [macros.count]
-            macros.append(FunctionCall(id: "_c", function: .constant, name: k, negate: false, ignoreCase: false,
-                                       notDefaultMacro: false, properties: ["value": .literal(v)], regex: nil, regexError: nil))
+            macros.append(
+                FunctionCall(
+                    id: "_c", function: .constant, name: k, negate: false, ignoreCase: false,
+                    notDefaultMacro: false, properties: ["value": .literal(v)], regex: nil, regexError: nil))
         }
-        return Container(version: "", macros: macros, predicates: [], tags: [], rules: [], definitions: defs,
-                         rulesForMacro: [:], tagRules: [], warnings: [], limits: limits)
+        return Container(
+            version: "", macros: macros, predicates: [], tags: [], rules: [], definitions: defs,
+            rulesForMacro: [:], tagRules: [], warnings: [], limits: limits)
     }
 
     static func flag(_ p: OpaquePointer?) -> Bool {
@@ -256,11 +271,13 @@ public struct Container: Sendable {
         }
     }
 
-    static func parseCall(_ o: OpaquePointer?, what: String, macroCount: Int, limits: EngineLimits, warn: (String) -> Void) -> FunctionCall {
+    static func parseCall(_ o: OpaquePointer?, what: String, macroCount: Int, limits: EngineLimits, warn: (String) -> Void) -> FunctionCall
+    {
         guard let o, json_object_get_type(o) == json_type_object else {
             warn("\(what) is not an object")
-            return FunctionCall(id: "", function: .unknown(""), name: nil, negate: false, ignoreCase: false,
-                                notDefaultMacro: false, properties: [:], regex: nil, regexError: nil)
+            return FunctionCall(
+                id: "", function: .unknown(""), name: nil, negate: false, ignoreCase: false,
+                notDefaultMacro: false, properties: [:], regex: nil, regexError: nil)
         }
         var id = ""
         var name: String?
@@ -296,8 +313,9 @@ public struct Container: Sendable {
                 warn("\(what): \(error.description)")
             }
         }
-        return FunctionCall(id: id, function: fn, name: name, negate: negate, ignoreCase: ignoreCase,
-                            notDefaultMacro: notDefault, properties: props, regex: regex, regexError: regexError)
+        return FunctionCall(
+            id: id, function: fn, name: name, negate: negate, ignoreCase: ignoreCase,
+            notDefaultMacro: notDefault, properties: props, regex: regex, regexError: regexError)
     }
 
     static func parseRule(_ raw: OpaquePointer?, index ri: Int, predicates: Int, tags: Int, macros: Int, warn: (String) -> Void) -> Rule {
@@ -310,7 +328,7 @@ public struct Container: Sendable {
         for ci in 0..<json_object_array_length(raw) {
             let clause = json_object_array_get_idx(raw, ci)
             guard let clause, json_object_get_type(clause) == json_type_array, json_object_array_length(clause) >= 1,
-                  let first = json_object_array_get_idx(clause, 0), json_object_get_type(first) == json_type_string
+                let first = json_object_array_get_idx(clause, 0), json_object_get_type(first) == json_type_string
             else {
                 warn("rule \(ri): a clause is not [kind, index...] (rule never passes)")
                 r.broken = true
@@ -331,7 +349,8 @@ public struct Container: Sendable {
             let n = json_object_array_length(clause)
             for k in 1..<max(1, n) {
                 let v = json_object_array_get_idx(clause, k)
-                guard let v, json_object_get_type(v) == json_type_int, case let i = json_object_get_int64(v), i >= 0, i < Int64(bound) else {
+                guard let v, json_object_get_type(v) == json_type_int, case let i = json_object_get_int64(v), i >= 0, i < Int64(bound)
+                else {
                     warn("rule \(ri): \(kind) index \(JSONRef.toJSON(v).serialized) out of range (\(bound))")
                     if kind == "if" || kind == "unless" { r.broken = true }
                     continue

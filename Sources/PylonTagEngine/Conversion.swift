@@ -102,7 +102,8 @@ public enum TagConversion {
         guard !t.isEmpty, t.utf8.count <= 64 else { return nil }
         if let i = Int64(t) { return .int(i) }
         guard t.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E || $0 == 0x2B || $0 == 0x2D || $0 == 0x65 || $0 == 0x45 }),
-              let d = Double(t), d.isFinite else { return nil }
+            let d = Double(t), d.isFinite
+        else { return nil }
         return .double(d)
     }
 

@@ -31,8 +31,10 @@ enum Digest {
     }
 
     static func base64(_ b: [UInt8], url: Bool, pad: Bool) -> String {
-        let a = Array((url ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-                           : "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/").utf8)
+        let a = Array(
+            (url
+                ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+                : "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/").utf8)
         var out = [UInt8]()
         var i = 0
         while i < b.count {
@@ -61,10 +63,12 @@ enum Digest {
     private static func rotr(_ x: UInt32, _ n: UInt32) -> UInt32 { x >> n | x << (32 - n) }
 
     static func md5(_ m: [UInt8]) -> [UInt8] {
-        let s: [UInt32] = [7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
-                           5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20,
-                           4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
-                           6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21]
+        let s: [UInt32] = [
+            7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
+            5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20,
+            4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
+            6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
+        ]
         var k = [UInt32](repeating: 0, count: 64)
         for i in 0..<64 { k[i] = UInt32(truncatingIfNeeded: Int64(abs(sin(Double(i + 1))) * 4_294_967_296.0)) }
         var h: [UInt32] = [0x6745_2301, 0xefcd_ab89, 0x98ba_dcfe, 0x1032_5476]
@@ -72,7 +76,9 @@ enum Digest {
         for chunk in stride(from: 0, to: b.count, by: 64) {
             var w = [UInt32](repeating: 0, count: 16)
             for i in 0..<16 {
-                w[i] = UInt32(b[chunk + 4 * i]) | UInt32(b[chunk + 4 * i + 1]) << 8 | UInt32(b[chunk + 4 * i + 2]) << 16 | UInt32(b[chunk + 4 * i + 3]) << 24
+                w[i] =
+                    UInt32(b[chunk + 4 * i]) | UInt32(b[chunk + 4 * i + 1]) << 8 | UInt32(b[chunk + 4 * i + 2]) << 16 | UInt32(
+                        b[chunk + 4 * i + 3]) << 24
             }
             var a = h[0], bb = h[1], c = h[2], d = h[3]
             for i in 0..<64 {
@@ -99,7 +105,9 @@ enum Digest {
         var w = [UInt32](repeating: 0, count: 80)
         for chunk in stride(from: 0, to: b.count, by: 64) {
             for i in 0..<16 {
-                w[i] = UInt32(b[chunk + 4 * i]) << 24 | UInt32(b[chunk + 4 * i + 1]) << 16 | UInt32(b[chunk + 4 * i + 2]) << 8 | UInt32(b[chunk + 4 * i + 3])
+                w[i] =
+                    UInt32(b[chunk + 4 * i]) << 24 | UInt32(b[chunk + 4 * i + 1]) << 16 | UInt32(b[chunk + 4 * i + 2]) << 8
+                    | UInt32(b[chunk + 4 * i + 3])
             }
             for i in 16..<80 { w[i] = rotl(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1) }
             var a = h[0], bb = h[1], c = h[2], d = h[3], e = h[4]
@@ -135,7 +143,9 @@ enum Digest {
         var w = [UInt32](repeating: 0, count: 64)
         for chunk in stride(from: 0, to: b.count, by: 64) {
             for i in 0..<16 {
-                w[i] = UInt32(b[chunk + 4 * i]) << 24 | UInt32(b[chunk + 4 * i + 1]) << 16 | UInt32(b[chunk + 4 * i + 2]) << 8 | UInt32(b[chunk + 4 * i + 3])
+                w[i] =
+                    UInt32(b[chunk + 4 * i]) << 24 | UInt32(b[chunk + 4 * i + 1]) << 16 | UInt32(b[chunk + 4 * i + 2]) << 8
+                    | UInt32(b[chunk + 4 * i + 3])
             }
             for i in 16..<64 {
                 let s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)

@@ -59,8 +59,10 @@ public struct EvaluationContext: Sendable {
     /// failed or did not answer (the type default is used).
     public var functionResults: [String: JSON]
 
-    public init(environment: TagEnvironment = TagEnvironment(), dataLayer: DataLayer = DataLayer(), event: String? = nil,
-                nowMs: Int64 = 0, seed: UInt64 = 0, registeredMacros: Set<String> = [], functionResults: [String: JSON] = [:]) {
+    public init(
+        environment: TagEnvironment = TagEnvironment(), dataLayer: DataLayer = DataLayer(), event: String? = nil,
+        nowMs: Int64 = 0, seed: UInt64 = 0, registeredMacros: Set<String> = [], functionResults: [String: JSON] = [:]
+    ) {
         self.environment = environment
         self.dataLayer = dataLayer
         self.event = event

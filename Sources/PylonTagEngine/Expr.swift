@@ -81,8 +81,10 @@ extension TagExpr {
             var end = json_object_iter_end(p)
             while json_object_iter_equal(&it, &end) == 0 {
                 let k = String(cString: json_object_iter_peek_name(&it))
-                pairs.append(TagPair(key: .literal(.string(k)),
-                                     value: parse(ref: json_object_iter_peek_value(&it), macroCount: macroCount, depth: depth + 1, warn: warn)))
+                pairs.append(
+                    TagPair(
+                        key: .literal(.string(k)),
+                        value: parse(ref: json_object_iter_peek_value(&it), macroCount: macroCount, depth: depth + 1, warn: warn)))
                 json_object_iter_next(&it)
             }
             return .map(pairs)

@@ -41,7 +41,7 @@ public final class TagRegex: @unchecked Sendable {
         }
         _ = pylon_pcre2_jit_compile(compiled)  // best effort: the interpreter is the fallback
         guard let md = pylon_pcre2_match_data_create(compiled),
-              let ctx = pylon_pcre2_match_context_create(limits.regexMatchLimit, limits.regexDepthLimit)
+            let ctx = pylon_pcre2_match_context_create(limits.regexMatchLimit, limits.regexDepthLimit)
         else {
             pylon_pcre2_code_free(compiled)
             throw CompileError(description: "out of memory compiling regex")

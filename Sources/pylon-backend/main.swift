@@ -50,8 +50,9 @@ if let m = options.mqtt {
 }
 let server: Server
 do {
-    server = try Server(loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
-                        maxConnections: options.maxConnections, timeouts: options.timeouts, handler: backend.handle)
+    server = try Server(
+        loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
+        maxConnections: options.maxConnections, timeouts: options.timeouts, handler: backend.handle)
 } catch {
     log.error("cannot listen", ["address": "\(options.host):\(options.port)", "error": error.description])
     System.exit(1)
@@ -61,21 +62,24 @@ do {
 let address = server.boundAddress
 var ready = "pylon-backend listening on \(address)\n"
 ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
-log.info("listening", [
-    "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
-    "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
-    "bodyTimeoutMs": options.timeouts.bodyMs,
-])
+log.info(
+    "listening",
+    [
+        "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+        "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
+        "bodyTimeoutMs": options.timeouts.bodyMs,
+    ])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
 var signals: [SignalWatcher] = []
 for sig in [SIGTERM, SIGINT] {
-    signals.append(SignalWatcher(loop: loop, signal: sig) { s in
-        log.info("stopping", ["signal": s])
-        server.close()
-        backend.mqtt?.stop()
-        for w in signals { w.close() }
-    })
+    signals.append(
+        SignalWatcher(loop: loop, signal: sig) { s in
+            log.info("stopping", ["signal": s])
+            server.close()
+            backend.mqtt?.stop()
+            for w in signals { w.close() }
+        })
 }
 loop.run()
 store.close()

@@ -157,22 +157,31 @@ case "status":
         print(s.serialized)
         break
     }
-    print("pylond \(fmt(s["version"])) pid \(fmt(s["pid"])) \(fmt(s["state"])) up \(fmt(s["uptime_s"]))s socket \(fmt(s["socket"])) rss \(fmt(s["rss_kib"]))KiB")
+    print(
+        "pylond \(fmt(s["version"])) pid \(fmt(s["pid"])) \(fmt(s["state"])) up \(fmt(s["uptime_s"]))s socket \(fmt(s["socket"])) rss \(fmt(s["rss_kib"]))KiB"
+    )
     print("")
-    print(pad("PLUGIN", 12) + pad("STATE", 10) + pad("PID", 9) + pad("RESTARTS", 10) + pad("UPTIME_S", 10) + pad("SERVED", 10) + pad("INFLIGHT", 10) + "NOTE")
+    print(
+        pad("PLUGIN", 12) + pad("STATE", 10) + pad("PID", 9) + pad("RESTARTS", 10) + pad("UPTIME_S", 10) + pad("SERVED", 10)
+            + pad("INFLIGHT", 10) + "NOTE")
     for p in s["plugins"]?.arrayValue ?? [] {
         let note = p["failed_reason"] ?? p["last_exit"]
-        print(pad(fmt(p["name"]), 12) + pad(fmt(p["state"]), 10) + pad(fmt(p["pid"]), 9) + pad(fmt(p["restarts"]), 10)
-              + pad(fmt(p["uptime_s"]), 10) + pad(fmt(p["requests_served"]), 10) + pad(fmt(p["inflight"]), 10)
-              + (note == nil ? "" : fmt(note)))
+        print(
+            pad(fmt(p["name"]), 12) + pad(fmt(p["state"]), 10) + pad(fmt(p["pid"]), 9) + pad(fmt(p["restarts"]), 10)
+                + pad(fmt(p["uptime_s"]), 10) + pad(fmt(p["requests_served"]), 10) + pad(fmt(p["inflight"]), 10)
+                + (note == nil ? "" : fmt(note)))
     }
     let clients = s["clients"]?.arrayValue ?? []
     print("")
-    print("clients: \(clients.count)   routed: \(fmt(s["counters"]?["routed"]))   inflight: \(fmt(s["counters"]?["inflight"]))   timeouts: \(fmt(s["counters"]?["timeouts"]))   protocol errors: \(fmt(s["counters"]?["protocol_errors"]))")
+    print(
+        "clients: \(clients.count)   routed: \(fmt(s["counters"]?["routed"]))   inflight: \(fmt(s["counters"]?["inflight"]))   timeouts: \(fmt(s["counters"]?["timeouts"]))   protocol errors: \(fmt(s["counters"]?["protocol_errors"]))"
+    )
     let c = s["consent"]
     var sw: [String] = []
     for (k, v) in c?["switches"]?.objectValue ?? JSONObject() { sw.append("\(k)=\(v.boolValue == true ? "granted" : "denied")") }
-    print("consent: master \(c?["master"]?.boolValue == false ? "denied" : "granted")" + (sw.isEmpty ? "" : "; " + sw.joined(separator: ", ")))
+    print(
+        "consent: master \(c?["master"]?.boolValue == false ? "denied" : "granted")" + (sw.isEmpty ? "" : "; " + sw.joined(separator: ", "))
+    )
 case "publish":
     guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }
     let data = args.count > 1 ? parseJSON(args[1], what: "DATA") : JSON.null
@@ -206,7 +215,7 @@ case "sub":
             if let n = try client.nextNotification(timeoutMs: 3_600_000) { print(n.serialized) }
             fflush(nil)  // line by line, also into a pipe
         }
-    } catch where error.kind == .closed {
+    } catch  where error.kind == .closed {
         fflush(nil)
         fail("the host closed the connection", code: 69)
     } catch {

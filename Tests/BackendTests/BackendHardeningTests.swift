@@ -16,7 +16,9 @@ import Testing
         let t0 = Date()
         try c.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         // One byte every 100 ms: each used to reset the idle timer.
-        try c.trickle(Array("X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".utf8), everyMs: 100, untilReadableWithinMs: 10_000)
+        try c.trickle(
+            Array("X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".utf8), everyMs: 100,
+            untilReadableWithinMs: 10_000)
         let r = try #require(try c.readResponse())
         #expect(r.status == 408)
         #expect(r.headers["connection"] == "close")
@@ -202,7 +204,7 @@ import Testing
 private func vmRSSKiB(_ pid: Int32) throws -> Int {
     let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
     guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-          let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
     else { throw TestFailure(description: "no VmRSS in /proc/\(pid)/status") }
     return kib
 }

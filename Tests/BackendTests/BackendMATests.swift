@@ -1,7 +1,7 @@
 import Foundation
 import PylonClientKit
-import TestSupport
 import PylonStore
+import TestSupport
 import Testing
 
 /// The backend's MA API as a black box (the real binary): identity resolution, contacts,
@@ -109,9 +109,11 @@ import Testing
         let b = try BackendProcess()
         let e = try b.startEUID("d1")
         let long = String(repeating: "x", count: 257)
-        let r = try b.identify("d1", e, [
-            "user_id": "u1", "anonymous_id": .string(long), "email": "no-at-sign.com", "phone": "+12",
-        ])
+        let r = try b.identify(
+            "d1", e,
+            [
+                "user_id": "u1", "anonymous_id": .string(long), "email": "no-at-sign.com", "phone": "+12",
+            ])
         #expect(r["code"] == 0)
         #expect(r["euid"] == .string(e))
         let f = try #require(r["fields"])
@@ -123,9 +125,11 @@ import Testing
         #expect(try b.findUser("user_id=u1") == .string(e))
 
         // Nothing valid: -3 with the per-field results, and nothing changes (not even the device).
-        let none = try b.identify("d9", nil, [
-            "user_id": 5, "email": "a@b", "phone": .string("+" + String(repeating: "1", count: 40)), "anonymous_id": .null,
-        ])
+        let none = try b.identify(
+            "d9", nil,
+            [
+                "user_id": 5, "email": "a@b", "phone": .string("+" + String(repeating: "1", count: 40)), "anonymous_id": .null,
+            ])
         #expect(none["code"] == -3)
         #expect(none["message"] == "no valid identifier")
         #expect(none["fields"]?["user_id"]?["code"] == 3013)
@@ -164,10 +168,11 @@ import Testing
         #expect(try b.ma("channel", ["euid": .string(e), "channelId": 3, "values": ["rid-1", "rid-2"]]) == ["code": 0])
         #expect(try b.ma("channel", ["euid": .string(e), "channelId": 7, "values": ["tok"]]) == ["code": 0])
         #expect(try b.ma("channel", ["euid": .string(e), "channelId": 3, "values": ["rid-3"]]) == ["code": 0])
-        #expect(try b.user(e)["channels"] == [
-            ["channelId": 3, "values": ["rid-1", "rid-2"]], ["channelId": 7, "values": ["tok"]],
-            ["channelId": 3, "values": ["rid-3"]],
-        ])
+        #expect(
+            try b.user(e)["channels"] == [
+                ["channelId": 3, "values": ["rid-1", "rid-2"]], ["channelId": 7, "values": ["tok"]],
+                ["channelId": 3, "values": ["rid-3"]],
+            ])
         #expect(try b.ma("channel", ["euid": "nobody", "channelId": 3, "values": ["x"]])["code"] == -1)
         for bad: JSON in [
             ["euid": .string(e), "channelId": 0, "values": ["x"]],
@@ -186,22 +191,36 @@ import Testing
         let b = try BackendProcess()
         let e = try b.startEUID("d1")
         let ok: JSON = ["code": 0, "message": "success"]
-        #expect(try b.prop(e, ["op": "set", "properties": [
-            "name": "ann", "age": 30, "tags": ["a", "b"], "profile": ["city": "Oslo", "zip": "0150"],
-            "orders": [["id": "o1", "n": 1], ["id": "o2", "gone": .null]],
-        ]]) == ok)
-        #expect(try b.properties(e) == [
-            "name": "ann", "age": 30, "tags": ["a", "b"], "profile": ["city": "Oslo", "zip": "0150"],
-            "orders": [["id": "o1", "n": 1], ["id": "o2"]],
-        ])
+        #expect(
+            try b.prop(
+                e,
+                [
+                    "op": "set",
+                    "properties": [
+                        "name": "ann", "age": 30, "tags": ["a", "b"], "profile": ["city": "Oslo", "zip": "0150"],
+                        "orders": [["id": "o1", "n": 1], ["id": "o2", "gone": .null]],
+                    ],
+                ]) == ok)
+        #expect(
+            try b.properties(e) == [
+                "name": "ann", "age": 30, "tags": ["a", "b"], "profile": ["city": "Oslo", "zip": "0150"],
+                "orders": [["id": "o1", "n": 1], ["id": "o2"]],
+            ])
         // Plain types overwrite; objects merge (null deletes); object arrays replace.
-        #expect(try b.prop(e, ["op": "set", "properties": [
-            "name": "bo", "age": "thirty", "profile": ["zip": .null, "street": "Main"], "orders": [["id": "o3"]],
-        ]]) == ok)
-        #expect(try b.properties(e) == [
-            "name": "bo", "age": "thirty", "tags": ["a", "b"], "profile": ["city": "Oslo", "street": "Main"],
-            "orders": [["id": "o3"]],
-        ])
+        #expect(
+            try b.prop(
+                e,
+                [
+                    "op": "set",
+                    "properties": [
+                        "name": "bo", "age": "thirty", "profile": ["zip": .null, "street": "Main"], "orders": [["id": "o3"]],
+                    ],
+                ]) == ok)
+        #expect(
+            try b.properties(e) == [
+                "name": "bo", "age": "thirty", "tags": ["a", "b"], "profile": ["city": "Oslo", "street": "Main"],
+                "orders": [["id": "o3"]],
+            ])
         // An empty array clears an existing array but creates nothing.
         #expect(try b.prop(e, ["op": "set", "properties": ["tags": [], "orders": [], "newlist": []]]) == ok)
         let p = try b.properties(e)
@@ -270,11 +289,17 @@ import Testing
 
     @Test func objectArrayOperationsFollowTheMetadata() throws {
         let b = try BackendProcess()
-        let meta = try b.post("/v1/admin/ma/app/metadata", ["properties": [
-            "orders": ["type": "object_array", "identifierKey": "id", "identifierType": "string",
-                       "subfields": ["qty": "number", "tags": "string_array", "note": "string"]],
-            "seats": ["type": "object_array", "identifierKey": "no", "identifierType": "number", "subfields": ["row": "string"]],
-        ]])
+        let meta = try b.post(
+            "/v1/admin/ma/app/metadata",
+            [
+                "properties": [
+                    "orders": [
+                        "type": "object_array", "identifierKey": "id", "identifierType": "string",
+                        "subfields": ["qty": "number", "tags": "string_array", "note": "string"],
+                    ],
+                    "seats": ["type": "object_array", "identifierKey": "no", "identifierType": "number", "subfields": ["row": "string"]],
+                ]
+            ])
         let subfields: JSON = ["id": "string", "note": "string", "qty": "number", "tags": "string_array"]
         #expect(meta["properties"]?["orders"]?["subfields"] == subfields)
         #expect(try b.get("/v1/admin/ma/app/metadata") == meta)

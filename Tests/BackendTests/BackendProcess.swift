@@ -2,7 +2,6 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
-
 /// A real `pylon-backend` on 127.0.0.1 with a free port, its stderr in a temporary log file.
 final class BackendProcess {
     let process = Process()
@@ -84,4 +83,3 @@ func batchBody(key: String, stream: String, ids: [String], ts: Int64 = 1_700_000
         "records": .array(ids.map { ["id": .string($0), "ts": .int(ts), "data": ["name": .string("event-\($0)"), "n": 1]] }),
     ])
 }
-

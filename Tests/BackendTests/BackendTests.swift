@@ -1,7 +1,7 @@
 import Foundation
 import PylonClientKit
-import TestSupport
 import PylonStore
+import TestSupport
 import Testing
 
 /// The reference backend as a black box: the real binary on a free loopback port, driven by a
@@ -90,8 +90,9 @@ import Testing
         #expect(r.status == 200)
         #expect(try r.json()["accepted"] == 200)
 
-        let junk = try b.request("POST", "/v1/batches/s", headers: [("Idempotency-Key", "gz2"), ("Content-Encoding", "gzip")],
-                                 body: Array("not gzip".utf8))
+        let junk = try b.request(
+            "POST", "/v1/batches/s", headers: [("Idempotency-Key", "gz2"), ("Content-Encoding", "gzip")],
+            body: Array("not gzip".utf8))
         #expect(junk.status == 400)
         let br = try b.request("POST", "/v1/batches/s", headers: [("Idempotency-Key", "br"), ("Content-Encoding", "br")], body: [1])
         #expect(br.status == 415)
@@ -205,7 +206,8 @@ import Testing
         let b = try BackendProcess()
         let c = try b.client()
         let body = Array(batchBody(key: "e", stream: "s", ids: (0..<500).map { "id-\($0)" }).serialized.utf8)
-        try c.send("POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: e\r\nExpect: 100-continue\r\nContent-Length: \(body.count)\r\n\r\n")
+        try c.send(
+            "POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: e\r\nExpect: 100-continue\r\nContent-Length: \(body.count)\r\n\r\n")
         let interim = try #require(try c.readResponse())
         #expect(interim.status == 100)
         try c.send(body)
@@ -244,8 +246,9 @@ import Testing
         var blob: [UInt8] = []
         for i in 0..<20 {
             let key = "p\(i)"
-            blob += RawHTTPClient.message("POST", "/v1/batches/s", headers: [("Idempotency-Key", key)],
-                                          body: Array(batchBody(key: key, stream: "s", ids: ["r\(i)", "r\(i + 1)"]).serialized.utf8))
+            blob += RawHTTPClient.message(
+                "POST", "/v1/batches/s", headers: [("Idempotency-Key", key)],
+                body: Array(batchBody(key: key, stream: "s", ids: ["r\(i)", "r\(i + 1)"]).serialized.utf8))
             blob += RawHTTPClient.message("GET", "/v1/inspect/streams/s")
         }
         try c.send(blob)
@@ -347,8 +350,10 @@ import Testing
         let b = try BackendProcess()
         try b.setFaults(["dropNext": 1])
         let c = try b.client()
-        try c.send(RawHTTPClient.message("POST", "/v1/batches/s", headers: [("Idempotency-Key", "d")],
-                                         body: Array(batchBody(key: "d", stream: "s", ids: ["1"]).serialized.utf8)))
+        try c.send(
+            RawHTTPClient.message(
+                "POST", "/v1/batches/s", headers: [("Idempotency-Key", "d")],
+                body: Array(batchBody(key: "d", stream: "s", ids: ["1"]).serialized.utf8)))
         #expect(try c.readResponse() == nil)
         #expect(try b.get("/v1/inspect/streams/s")["records"] == 0)
         #expect(try b.postBatch("s", key: "d", batchBody(key: "d", stream: "s", ids: ["1"])).status == 200)

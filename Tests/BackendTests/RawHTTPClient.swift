@@ -64,8 +64,9 @@ final class RawHTTPClient {
     }
 
     func postBatch(_ stream: String, key: String?, _ body: JSON) throws -> HTTPReply {
-        try request("POST", "/v1/batches/\(stream)", headers: key.map { [("Idempotency-Key", $0)] } ?? [],
-                    body: Array(body.serialized.utf8))
+        try request(
+            "POST", "/v1/batches/\(stream)", headers: key.map { [("Idempotency-Key", $0)] } ?? [],
+            body: Array(body.serialized.utf8))
     }
 
     /// Reads one response (Content-Length bodies only, as the backend sends); nil when the

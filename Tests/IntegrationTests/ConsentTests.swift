@@ -1,6 +1,6 @@
 import Foundation
-import Testing
 import PylonClientKit
+import Testing
 
 /// The host's consent gate across plugins.
 @Suite(.serialized) struct ConsentTests {
@@ -78,14 +78,17 @@ import PylonClientKit
         let h = try TestHost()
         let c = try h.client()
         _ = try c.call("consent.set", ["key": "echo:Q", "granted": false])
-        let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.call","params":{"method":"echo.collect","params":{"appKey":"Q"}}}"#)
+        let r = try c.roundTrip(
+            #"{"jsonrpc":"2.0","id":1,"method":"echo.call","params":{"method":"echo.collect","params":{"appKey":"Q"}}}"#)
         #expect(r.errorCode == -32003)
     }
 
     @Test func invalidConsentParamsAreRejected() throws {
         let h = try TestHost()
         let c = try h.client()
-        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"consent.set","params":{"key":"a b","granted":true}}"#).errorCode == -32602)
-        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"consent.set","params":{"key":"k","granted":"yes"}}"#).errorCode == -32602)
+        #expect(
+            try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"consent.set","params":{"key":"a b","granted":true}}"#).errorCode == -32602)
+        #expect(
+            try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"consent.set","params":{"key":"k","granted":"yes"}}"#).errorCode == -32602)
     }
 }

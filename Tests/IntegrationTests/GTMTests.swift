@@ -1,14 +1,16 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 extension TestHost {
     /// The gtm plugin (and the uploader, for hits) against `backend`, defaults from `defaults`.
     static func gtmPlugins(_ backend: TestBackend, defaults: String, gtm extra: JSONObject = [:]) -> [JSON] {
-        var config: JSONObject = ["backend": .string(backend.baseURL), "defaultsDir": .string(defaults), "logLevel": "info",
-                                  "fetchTimeoutMs": 3000]
+        var config: JSONObject = [
+            "backend": .string(backend.baseURL), "defaultsDir": .string(defaults), "logLevel": "info",
+            "fetchTimeoutMs": 3000,
+        ]
         for (k, v) in extra { config[k] = v }
         return [
             uploader(backend, config: ["streams": ["gtm.*": ["intervalMs": 100]]]),
@@ -66,14 +68,17 @@ extension SyncClient {
         let full = #"{"resource":{"version":"d1","macros":[{"function":"_c","instance_name":"title","value":"from full"}]}}"#
         let dir = try defaultsDir([
             "GTM-A": full, "GTM-A.plist": plistXML([("title", "<string>from plist</string>")]), "GTM-A.json": #"{"title":"from json"}"#,
-            "GTM-B.plist": plistXML([("title", "<string>from plist</string>"), ("n", "<integer>-5</integer>"), ("on", "<true/>"),
-                                     ("ratio", "<real>2.5</real>")]),
+            "GTM-B.plist": plistXML([
+                ("title", "<string>from plist</string>"), ("n", "<integer>-5</integer>"), ("on", "<true/>"),
+                ("ratio", "<real>2.5</real>"),
+            ]),
             "GTM-B.json": #"{"title":"from json"}"#,
             "GTM-C.json": #"{"title":"from json","nested":{"a":[1,2]},"n":"12.75"}"#,
             "GTM-D.json": #"{"title":["no"]}"#,
         ])
         // A binary property list (plistlib FMT_BINARY) wins over its JSON sibling too.
-        let binary = "YnBsaXN0MDDVAQIDBAUGBwgLDFFuU25lZ1ZuZXN0ZWRSb25VdGl0bGUQKhP//////////dEJClFhEAEIXxARZnJvbSBiaW5hcnkgcGxpc3QIExUZICMpKzQ3OTs8AAAAAAAAAQEAAAAAAAAADQAAAAAAAAAAAAAAAAAAAFA="
+        let binary =
+            "YnBsaXN0MDDVAQIDBAUGBwgLDFFuU25lZ1ZuZXN0ZWRSb25VdGl0bGUQKhP//////////dEJClFhEAEIXxARZnJvbSBiaW5hcnkgcGxpc3QIExUZICMpKzQ3OTs8AAAAAAAAAQEAAAAAAAAADQAAAAAAAAAAAAAAAAAAAFA="
         try Data(base64Encoded: binary)!.write(to: URL(fileURLWithPath: dir + "/GTM-E.plist"))
         try #"{"title":"from json"}"#.write(toFile: dir + "/GTM-E.json", atomically: true, encoding: .utf8)
         let b = try TestBackend()
@@ -161,7 +166,9 @@ extension SyncClient {
             #expect(try c.open("GTM-R")["source"] == "network")
             // Manual refresh: accepted, then the unchanged container costs a 304.
             #expect(try c.call("gtm.refresh", ["containerId": "GTM-R"])["accepted"] == true)
-            try waitUntil(timeout: 5) { (try b.request("GET", "/v1/inspect/gtm/containers/GTM-R").json["fetches"]?["notModified"]?.intValue ?? 0) == 1 }
+            try waitUntil(timeout: 5) {
+                (try b.request("GET", "/v1/inspect/gtm/containers/GTM-R").json["fetches"]?["notModified"]?.intValue ?? 0) == 1
+            }
             // Within 5 s of the last accepted one: ignored, and the caller is told why.
             let again = try c.call("gtm.refresh", ["containerId": "GTM-R"])
             #expect(again["accepted"] == false)
@@ -188,7 +195,9 @@ extension SyncClient {
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
         let c = try h.client()
         #expect(try c.call("gtm.preview", ["url": "https://example.com"])["preview"] == false)
-        #expect(try c.call("gtm.preview", ["url": "tagmanager.c.com.example.app://preview/p?id=GTM-P&gtm_auth=tok3n&gtm_preview=2"])["preview"] == true)
+        #expect(
+            try c.call("gtm.preview", ["url": "tagmanager.c.com.example.app://preview/p?id=GTM-P&gtm_auth=tok3n&gtm_preview=2"])["preview"]
+                == true)
         let r = try c.open("GTM-P")
         #expect(r["preview"] == true)
         #expect(try c.value("GTM-P", "title") == "draft")
@@ -202,9 +211,13 @@ extension SyncClient {
 
     @Test func dataLayerMergeAndLifetimeAcrossRestart() throws {
         let b = try TestBackend()
-        let res = gtmResource([:], macros: [["function": "_v", "instance_name": "level", "name": "user.level"],
-                                            ["function": "_v", "instance_name": "color", "name": "user.prefs.color"],
-                                            ["function": "_v", "instance_name": "temp", "name": "temp"]])
+        let res = gtmResource(
+            [:],
+            macros: [
+                ["function": "_v", "instance_name": "level", "name": "user.level"],
+                ["function": "_v", "instance_name": "color", "name": "user.prefs.color"],
+                ["function": "_v", "instance_name": "temp", "name": "temp"],
+            ])
         try b.publishContainer("GTM-DL", res)
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
         let c = try h.client()
@@ -223,13 +236,18 @@ extension SyncClient {
 
     @Test func functionCallTagsAndMacrosThroughAProvidedMethod() throws {
         let b = try TestBackend()
-        let res = gtmResource([:], macros: [
-            ["function": "_e", "instance_name": "event"],
-            ["function": "_v", "instance_name": "screen", "name": "screenName"],
-            ["function": "_func", "instance_name": "price", "function_call_macro_name": "priceFor", "additional_params": ["sku": ["macro", 1]]],
-        ], predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "openScreen"]],
-           tags: [["function": "_func", "name": "track", "additional_params": ["screen": ["macro", 1]]]],
-           rules: [[["if", 0], ["add", 0]]])
+        let res = gtmResource(
+            [:],
+            macros: [
+                ["function": "_e", "instance_name": "event"],
+                ["function": "_v", "instance_name": "screen", "name": "screenName"],
+                [
+                    "function": "_func", "instance_name": "price", "function_call_macro_name": "priceFor",
+                    "additional_params": ["sku": ["macro", 1]],
+                ],
+            ], predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "openScreen"]],
+            tags: [["function": "_func", "name": "track", "additional_params": ["screen": ["macro", 1]]]],
+            rules: [[["if", 0], ["add", 0]]])
         try b.publishContainer("GTM-F", res)
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:]), gtm: ["functionCallTimeoutMs": 500]))
         var appConn: SyncClient? = try h.client()
@@ -269,10 +287,11 @@ extension SyncClient {
 
     @Test func hitsReachTheBackendOnlyWhileConsentIsGranted() throws {
         let b = try TestBackend()
-        let res = gtmResource([:], macros: [["function": "_e", "instance_name": "event"]],
-                              predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "purchase"]],
-                              tags: [["function": "_ua", "trackingId": "UA-1", "eventAction": ["macro", 0]]],
-                              rules: [[["if", 0], ["add", 0]]])
+        let res = gtmResource(
+            [:], macros: [["function": "_e", "instance_name": "event"]],
+            predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "purchase"]],
+            tags: [["function": "_ua", "trackingId": "UA-1", "eventAction": ["macro", 0]]],
+            rules: [[["if", 0], ["add", 0]]])
         try b.publishContainer("GTM-H", res)
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
         let c = try h.client()
@@ -322,24 +341,38 @@ extension SyncClient {
         // ~1 MB: thousands of macros, predicates, tags and rules, many unknown function ids.
         var macros: [JSON] = [], preds: [JSON] = [], tags: [JSON] = [], rules: [JSON] = []
         for i in 0..<3000 {
-            macros.append(["function": i % 10 == 0 ? .string("_unknown\(i)") : "_c", "instance_name": .string("k\(i)"),
-                           "value": .string("value-\(i)-" + String(repeating: "x", count: 120))])
+            macros.append([
+                "function": i % 10 == 0 ? .string("_unknown\(i)") : "_c", "instance_name": .string("k\(i)"),
+                "value": .string("value-\(i)-" + String(repeating: "x", count: 120)),
+            ])
             preds.append(["function": "_eq", "arg0": ["macro", .int(Int64(i))], "arg1": .string("v\(i)")])
             tags.append(["function": "_func", "name": .string("t\(i)")])
             rules.append([["if", .int(Int64(i))], ["add", .int(Int64(i))]])
         }
-        let big = JSON.object(["resource": ["version": "big", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags), "rules": .array(rules)]])
+        let big = JSON.object([
+            "resource": [
+                "version": "big", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags), "rules": .array(rules),
+            ]
+        ])
         let text = big.serialized
         #expect(text.utf8.count > 700_000)
         // Hostile: cycles, out-of-range references, catastrophic regexes.
-        let hostile = JSON.object(["resource": [
-            "macros": [["function": "_c", "instance_name": "a", "value": ["macro", 1]], ["function": "_c", "instance_name": "b", "value": ["macro", 0]],
-                       ["function": "_c", "instance_name": "bad", "value": ["macro", 99]],
-                       ["function": "_c", "instance_name": "evil", "value": .string(String(repeating: "a", count: 5000) + "!")],
-                       ["function": "_c", "instance_name": "ok", "value": "fine", "not_default_macro": true]],
-            "predicates": [["function": "_re", "arg0": ["macro", 3], "arg1": "^(a+)+$"], ["function": "_re", "arg0": ["macro", 3], "arg1": "(a|aa)*c"]],
-            "rules": [[["if", 0, 1], ["add_macro", 4]], [["if", 7]]],
-        ]]).serialized
+        let hostile = JSON.object([
+            "resource": [
+                "macros": [
+                    ["function": "_c", "instance_name": "a", "value": ["macro", 1]],
+                    ["function": "_c", "instance_name": "b", "value": ["macro", 0]],
+                    ["function": "_c", "instance_name": "bad", "value": ["macro", 99]],
+                    ["function": "_c", "instance_name": "evil", "value": .string(String(repeating: "a", count: 5000) + "!")],
+                    ["function": "_c", "instance_name": "ok", "value": "fine", "not_default_macro": true],
+                ],
+                "predicates": [
+                    ["function": "_re", "arg0": ["macro", 3], "arg1": "^(a+)+$"],
+                    ["function": "_re", "arg0": ["macro", 3], "arg1": "(a|aa)*c"],
+                ],
+                "rules": [[["if", 0, 1], ["add_macro", 4]], [["if", 7]]],
+            ]
+        ]).serialized
         let dir = try defaultsDir(["GTM-BIG": text, "GTM-EVIL": hostile])
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: dir))

@@ -1,8 +1,8 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 /// One ma.md rule per test, each against the real host, MA plugin, uploader and reference
 /// backend. (Rules already covered in MATests.swift are not repeated here.)
@@ -31,12 +31,20 @@ import PylonProtocol
     }
 
     func metadata(_ b: TestBackend, _ appKey: String) throws {
-        _ = try b.request("POST", "/v1/admin/ma/\(appKey)/metadata", body: ["properties": [
-            "orders": ["type": "object_array", "identifierKey": "oid", "identifierType": "string",
-                       "subfields": ["oid": "string", "total": "number", "note": "string"]],
-            "seats": ["type": "object_array", "identifierKey": "row", "identifierType": "number",
-                      "subfields": ["row": "number", "name": "string"]],
-        ]])
+        _ = try b.request(
+            "POST", "/v1/admin/ma/\(appKey)/metadata",
+            body: [
+                "properties": [
+                    "orders": [
+                        "type": "object_array", "identifierKey": "oid", "identifierType": "string",
+                        "subfields": ["oid": "string", "total": "number", "note": "string"],
+                    ],
+                    "seats": [
+                        "type": "object_array", "identifierKey": "row", "identifierType": "number",
+                        "subfields": ["row": "number", "name": "string"],
+                    ],
+                ]
+            ])
     }
 
     // MARK: Scoping and start
@@ -47,8 +55,9 @@ import PylonProtocol
         #expect(try other.call("ma.euid", ["appKey": "scoped"])["euid"] == .string(euid))
         #expect(code(try other.call("ma.setProperty", ["appKey": "scoped", "key": "level", "value": 2])) == 0)
         #expect(try property(b, "scoped", euid, "level") == .int(2))
-        #expect(code(try other.call("ma.eventRecord", ["appKey": "nobody", "eventName": "x"])) == -2,
-                "an AppKey without a start is -2 even when named")
+        #expect(
+            code(try other.call("ma.eventRecord", ["appKey": "nobody", "eventName": "x"])) == -2,
+            "an AppKey without a start is -2 even when named")
     }
 
     @Test func appKeysAreCheckedAndBounded() throws {
@@ -122,8 +131,12 @@ import PylonProtocol
     @Test func perFieldCodes3003And3013AndTheOtherFieldsStillSent() throws {
         let (b, h, c, _) = try started("fields")
         defer { _ = (b, h) }
-        let r = try c.call("ma.identifyAccount", ["userID": .string(String(repeating: "u", count: 257)),
-                                                  "anonymousID": 42, "email": "  Ann@Example.com ", "phone": "null"])
+        let r = try c.call(
+            "ma.identifyAccount",
+            [
+                "userID": .string(String(repeating: "u", count: 257)),
+                "anonymousID": 42, "email": "  Ann@Example.com ", "phone": "null",
+            ])
         #expect(code(r) == 0, "a usable EUID was obtained")
         let msg = try JSON.parse(r["message"]?.stringValue ?? "{}")
         #expect(msg["user_id"]?["code"] == .int(3003))
@@ -168,10 +181,11 @@ import PylonProtocol
         #expect(contacts?["mobile_phone"] == .string("+3900000000"), "null leaves it unchanged")
     }
 
-    @Test(arguments: [
-        ["whatsapp_phone": 12345], ["landline_phone": "   "],
-        ["email": .string(String(repeating: "x", count: 257))], ["pager": "1"],
-    ] as [JSON])
+    @Test(
+        arguments: [
+            ["whatsapp_phone": 12345], ["landline_phone": "   "],
+            ["email": .string(String(repeating: "x", count: 257))], ["pager": "1"],
+        ] as [JSON])
     func contactValueRules(_ contacts: JSON) throws {
         let (b, h, c, euid) = try started("contactrules")
         defer { _ = h }
@@ -186,7 +200,8 @@ import PylonProtocol
         #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": many])) == -3)
         let long = JSON.string(String(repeating: "t", count: 1025))
         #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": .array([long])])) == -3)
-        #expect(code(try c.call("ma.setChannelValue", ["channelId": 1, "values": .array([.string(String(repeating: "t", count: 1024))])])) == 0)
+        #expect(
+            code(try c.call("ma.setChannelValue", ["channelId": 1, "values": .array([.string(String(repeating: "t", count: 1024))])])) == 0)
         #expect(code(try c.call("ma.setUtmProperties", ["properties": ["utm_source": .string(String(repeating: "u", count: 257))]])) == -3)
     }
 
@@ -271,8 +286,10 @@ import PylonProtocol
 
     // MARK: Property names and values
 
-    @Test(arguments: ["Level", "1st", "a-b", "caf\u{e9}", "el_x", "engagelab_x", "metaverse_x",
-                      String(repeating: "a", count: 51)])
+    @Test(arguments: [
+        "Level", "1st", "a-b", "caf\u{e9}", "el_x", "engagelab_x", "metaverse_x",
+        String(repeating: "a", count: 51),
+    ])
     func invalidPropertyNamesAreMinus3(_ name: String) throws {
         let (b, h, c, _) = try started("names")
         defer { _ = (b, h) }
@@ -301,10 +318,11 @@ import PylonProtocol
         #expect(p?["list"] == [["x": 1], ["x": 2]])
     }
 
-    @Test(arguments: [
-        .bool(true), [1, 2], ["a", 1], [:], ["a.b": 1], ["$x": 1], ["k": true], ["k": ["n": 1]],
-        ["k": [["n": 1]]], [["x": 1], [:]], [["x": .null]], [["x": 1], "s"],
-    ] as [JSON])
+    @Test(
+        arguments: [
+            .bool(true), [1, 2], ["a", 1], [:], ["a.b": 1], ["$x": 1], ["k": true], ["k": ["n": 1]],
+            ["k": [["n": 1]]], [["x": 1], [:]], [["x": .null]], [["x": 1], "s"],
+        ] as [JSON])
     func invalidValuesAreMinus3AndNothingIsSent(_ value: JSON) throws {
         let (b, h, c, euid) = try started("values")
         defer { _ = h }
@@ -341,14 +359,15 @@ import PylonProtocol
 
     // MARK: object_array element operations
 
-    @Test(arguments: [
-        ["key": "orders", "identifierKey": "oid", "identifierValue": true, "values": ["total": 1]],
-        ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": [:]],
-        ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["oid": "o9"]],
-        ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": ["n": 1]]],
-        ["key": "orders", "identifierKey": "", "identifierValue": "o1", "values": ["total": 1]],
-        ["key": "orders", "identifierKey": "oid", "values": ["total": 1]],
-    ] as [JSON])
+    @Test(
+        arguments: [
+            ["key": "orders", "identifierKey": "oid", "identifierValue": true, "values": ["total": 1]],
+            ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": [:]],
+            ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["oid": "o9"]],
+            ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": ["n": 1]]],
+            ["key": "orders", "identifierKey": "", "identifierValue": "o1", "values": ["total": 1]],
+            ["key": "orders", "identifierKey": "oid", "values": ["total": 1]],
+        ] as [JSON])
     func updateParameterRulesAreMinus3(_ params: JSON) throws {
         let (b, h, c, _) = try started("upd")
         defer { _ = h }
@@ -360,9 +379,13 @@ import PylonProtocol
         let (b, h, c, euid) = try started("merge")
         defer { _ = h }
         try metadata(b, "merge")
-        _ = try c.call("ma.setProperty", ["key": "orders", "value": [["oid": "o1", "total": 1, "note": "x"], ["oid": "o2", "total": 2]]])
-        #expect(code(try c.call("ma.updateObjectArrayProperty",
-                                ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 5, "note": .null]])) == 0)
+        _ = try c.call(
+            "ma.setProperty", ["key": "orders", "value": [["oid": "o1", "total": 1, "note": "x"], ["oid": "o2", "total": 2]]])
+        #expect(
+            code(
+                try c.call(
+                    "ma.updateObjectArrayProperty",
+                    ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 5, "note": .null]])) == 0)
         #expect(try property(b, "merge", euid, "orders") == [["oid": "o1", "total": 5], ["oid": "o2", "total": 2]])
     }
 
@@ -370,9 +393,11 @@ import PylonProtocol
         let (b, h, c, euid) = try started("noop")
         defer { _ = h }
         try metadata(b, "noop")
-        let undefined = try c.call("ma.updateObjectArrayProperty", ["key": "nothing", "identifierKey": "id", "identifierValue": "1", "values": ["a": 1]])
+        let undefined = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "nothing", "identifierKey": "id", "identifierValue": "1", "values": ["a": 1]])
         #expect(code(undefined) == 0)
-        let noValue = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 1]])
+        let noValue = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 1]])
         #expect(code(noValue) == 0)
         #expect(try property(b, "noop", euid, "orders") == nil)
     }
@@ -383,11 +408,14 @@ import PylonProtocol
         try metadata(b, "ambig")
         let list: JSON = [["oid": "o1", "total": 1], ["oid": "o1", "total": 2]]
         _ = try c.call("ma.setProperty", ["key": "orders", "value": list])
-        let several = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 9]])
+        let several = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 9]])
         #expect(code(several) != 0 && code(several) != nil)
-        let mismatch = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": 1, "values": ["total": 9]])
+        let mismatch = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": 1, "values": ["total": 9]])
         #expect(code(mismatch) != 0 && code(mismatch) != nil)
-        let badSubfield = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "total", "identifierValue": 1, "values": ["oid": "z"]])
+        let badSubfield = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "total", "identifierValue": 1, "values": ["oid": "z"]])
         #expect(code(badSubfield) != 0, "identifierKey must be the one defined in metadata")
         #expect(try property(b, "ambig", euid, "orders") == list, "nothing changed")
     }
@@ -399,8 +427,9 @@ import PylonProtocol
         #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "seats", "object": ["row": 3, "name": "A"]])) == 0)
         #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "seats", "object": ["row": 4]])) == 0)
         #expect(try property(b, "append", euid, "seats") == [["row": 3, "name": "A"], ["row": 4]])
-        #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "seats", "object": ["row": .null]])) == -3,
-                "at least one non-null subfield")
+        #expect(
+            code(try c.call("ma.addObjectArrayProperty", ["key": "seats", "object": ["row": .null]])) == -3,
+            "at least one non-null subfield")
         #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "seats", "object": ["row": [["n": 1]]]])) == -3, "no nesting")
     }
 
@@ -410,7 +439,9 @@ import PylonProtocol
         try metadata(b, "remove")
         _ = try c.call("ma.setProperty", ["key": "seats", "value": [["row": 1], ["row": 2], ["row": 2]]])
         #expect(code(try c.call("ma.removeObjectArrayProperty", ["key": "seats", "identifierKey": "row", "identifierValue": 1])) == 0)
-        #expect(code(try c.call("ma.removeObjectArrayProperty", ["key": "seats", "identifierKey": "row", "identifierValue": 7])) == 0, "no match: ignored")
+        #expect(
+            code(try c.call("ma.removeObjectArrayProperty", ["key": "seats", "identifierKey": "row", "identifierValue": 7])) == 0,
+            "no match: ignored")
         let several = try c.call("ma.removeObjectArrayProperty", ["key": "seats", "identifierKey": "row", "identifierValue": 2])
         #expect(code(several) != 0, "several matches: failure")
         #expect(try property(b, "remove", euid, "seats") == [["row": 2], ["row": 2]])
@@ -489,8 +520,9 @@ import PylonProtocol
         try h.waitForPlugin("ma", restartsAtLeast: 1)
         try waitUntil(timeout: 5) { try c.call("ma.eventRecord", ["eventName": "two"])["code"] == .int(0) }
         let evs = try delivered(b, c, "vendor")
-        let ids = Set(evs.filter { $0["event"] != .string("el_session_start") && $0["event"] != .string("el_session_end") }
-            .compactMap { $0["device"]?["idfv"]?.stringValue })
+        let ids = Set(
+            evs.filter { $0["event"] != .string("el_session_start") && $0["event"] != .string("el_session_end") }
+                .compactMap { $0["device"]?["idfv"]?.stringValue })
         #expect(ids.count == 1, "\(ids)")
     }
 
@@ -503,8 +535,10 @@ import PylonProtocol
         kill(Int32(pid), SIGKILL)
         let n = 400
         for i in 0..<n {
-            try c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "ma.eventRecord",
-                                                  params: .value(["eventName": "e", "property": ["n": .int(Int64(i))]])))
+            try c.send(
+                envelope: Envelope.request(
+                    id: .int(Int64(i)), method: "ma.eventRecord",
+                    params: .value(["eventName": "e", "property": ["n": .int(Int64(i))]])))
         }
         var codes: [Int64: Int] = [:]
         for _ in 0..<n {

@@ -1,8 +1,8 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.
@@ -161,8 +161,10 @@ extension TestBackend {
         var sent = 0
         loop: while sent < 2000 {
             for i in sent..<(sent + 50) {
-                try? c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "ma.eventRecord",
-                                                       params: .value(["appKey": "load", "eventName": "e", "property": ["n": .int(Int64(i))]])))
+                try? c.send(
+                    envelope: Envelope.request(
+                        id: .int(Int64(i)), method: "ma.eventRecord",
+                        params: .value(["appKey": "load", "eventName": "e", "property": ["n": .int(Int64(i))]])))
             }
             sent += 50
             for _ in 0..<50 {
@@ -178,9 +180,10 @@ extension TestBackend {
         }
         #expect(killed)
         try h.waitForPlugin("ma", restartsAtLeast: 1)
-        let got = Set(try b.maEvents("load", flushedBy: h.client()).compactMap { r in
-            r["data"]?["properties"]?["n"]?.intValue.map { "\($0)" }
-        })
+        let got = Set(
+            try b.maEvents("load", flushedBy: h.client()).compactMap { r in
+                r["data"]?["properties"]?["n"]?.intValue.map { "\($0)" }
+            })
         let missing = acked.subtracting(got)
         #expect(missing.isEmpty, "\(missing.count) acknowledged events lost")
         // And the instance is usable again without a new start.
@@ -295,15 +298,31 @@ extension TestBackend {
     @Test func objectArrayOperationsFollowServerMetadata() throws {
         let (b, h, c, euid) = try setup()
         defer { _ = h }
-        _ = try b.request("POST", "/v1/admin/ma/prof/metadata", body: ["properties": ["orders": [
-            "type": "object_array", "identifierKey": "oid", "identifierType": "string",
-            "subfields": ["oid": "string", "total": "number"]]]])
+        _ = try b.request(
+            "POST", "/v1/admin/ma/prof/metadata",
+            body: [
+                "properties": [
+                    "orders": [
+                        "type": "object_array", "identifierKey": "oid", "identifierType": "string",
+                        "subfields": ["oid": "string", "total": "number"],
+                    ]
+                ]
+            ])
         #expect(code(try c.call("ma.addObjectArrayProperty", ["key": "orders", "object": ["oid": "o1", "total": 10]])) == 0)
         _ = try c.call("ma.addObjectArrayProperty", ["key": "orders", "object": ["oid": "o2", "total": 20]])
-        #expect(code(try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 11]])) == 0)
-        let miss = try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "nope", "values": ["total": 1]])
+        #expect(
+            code(
+                try c.call(
+                    "ma.updateObjectArrayProperty",
+                    ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["total": 11]])) == 0)
+        let miss = try c.call(
+            "ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "nope", "values": ["total": 1]])
         #expect(code(miss) != 0, "no matching element is a failure")
-        #expect(code(try c.call("ma.updateObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["oid": "x"]])) == -3)
+        #expect(
+            code(
+                try c.call(
+                    "ma.updateObjectArrayProperty",
+                    ["key": "orders", "identifierKey": "oid", "identifierValue": "o1", "values": ["oid": "x"]])) == -3)
         #expect(code(try c.call("ma.removeObjectArrayProperty", ["key": "orders", "identifierKey": "oid", "identifierValue": "o2"])) == 0)
         #expect(try user(b, euid)["properties"]?["orders"] == [["oid": "o1", "total": 11]])
         // Undefined in metadata: 0 and no change.

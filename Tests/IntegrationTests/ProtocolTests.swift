@@ -1,6 +1,6 @@
 import Foundation
-import Testing
 import PylonClientKit
+import Testing
 
 /// The wire protocol against a real host: framing, malformed input, every limit.
 @Suite(.serialized) struct ProtocolTests {

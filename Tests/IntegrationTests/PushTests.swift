@@ -1,7 +1,7 @@
 import Foundation
-import Testing
 import PylonClientKit
 import TestSupport
+import Testing
 
 /// A broker and a backend publishing to it.
 final class PushWorld {
@@ -17,15 +17,19 @@ final class PushWorld {
     func plugins(_ extra: JSONObject = [:]) -> [JSON] {
         var cfg: JSONObject = [
             "backend": .string(backend.baseURL),
-            "broker": ["host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500],
+            "broker": [
+                "host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500,
+            ],
             "registerRetryInitialMs": 100, "registerRetryMaxMs": 1000, "retryInitialMs": 100, "retryMaxMs": 1000,
             "tokenWaitMs": 3000, "ackTimeoutMs": 3000,
         ]
         for (k, v) in extra { cfg[k] = v }
         return [
             TestHost.uploader(backend, config: ["streams": ["push.*": ["maxCount": 50, "intervalMs": 600000]]]),
-            ["name": "push", "exec": "pylon-push", "backoffInitialMs": 50, "heartbeatIntervalMs": 500,
-             "heartbeatTimeoutMs": 5000, "config": .object(cfg)],
+            [
+                "name": "push", "exec": "pylon-push", "backoffInitialMs": 50, "heartbeatIntervalMs": 500,
+                "heartbeatTimeoutMs": 5000, "config": .object(cfg),
+            ],
         ]
     }
 
@@ -82,8 +86,9 @@ final class PushApp {
 
     /// `push.attach`; callbacks that arrive meanwhile are kept for `next`.
     func attach(_ appId: String, callback cb: String? = nil) throws -> JSON {
-        try client.sendLine(#"{"jsonrpc":"2.0","id":"attach","method":"push.attach","params":"#
-            + JSON.object(["appId": .string(appId), "callback": .string(cb ?? callback)]).serialized + "}")
+        try client.sendLine(
+            #"{"jsonrpc":"2.0","id":"attach","method":"push.attach","params":"#
+                + JSON.object(["appId": .string(appId), "callback": .string(cb ?? callback)]).serialized + "}")
         while let m = try client.readMessage(timeoutMs: 5000) {
             if m["id"] == .string("attach") { return m["result"] ?? m }
             if m["method"] != nil { buffered.append(m) }
@@ -132,8 +137,10 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         #expect(pcode(try c.call("push.bind", ["userId": "u1"])) == 0)
         #expect(try w.bindings()["bindings"]?.arrayValue?.first?["userId"] == "u1")
         let app = try PushApp(h, appId: "demo")
-        let sent = try w.send(["appId": "demo", "targetType": "user", "target": "u1", "title": "Hi", "content": "Body",
-                               "extendedParams": ["k": "v"], "uri": "demo://open", "silent": true])
+        let sent = try w.send([
+            "appId": "demo", "targetType": "user", "target": "u1", "title": "Hi", "content": "Body",
+            "extendedParams": ["k": "v"], "uri": "demo://open", "silent": true,
+        ])
         let p = try #require(try app.receive())
         #expect(p["coldStart"] == false)
         let m = try #require(p["message"])
@@ -323,13 +330,19 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         #expect(pcode(try bind("act2", "ptx", "call")) == 3005)
         #expect(pcode(try bind("act2", "ptx", "call")) == 0)
         // Updates go to the app that bound the activity; the content state must match its schema.
-        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "update",
-                    "activityContentState": ["score": 2, "team": "red"]])
+        try w.send([
+            "targetType": "activity", "target": "act1", "activityEvent": "update",
+            "activityContentState": ["score": 2, "team": "red"],
+        ])
         let p = try #require(try app.receive())
         #expect(p["message"]?["liveActivity"]?["activityId"] == "act1")
         #expect(p["message"]?["liveActivity"]?["contentState"]?["score"] == 2)
-        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "update", "activityContentState": ["score": "two", "team": "red"]])
-        try w.send(["targetType": "activity", "target": "act1", "activityEvent": "end", "activityContentState": ["score": 3, "team": "red"]])
+        try w.send([
+            "targetType": "activity", "target": "act1", "activityEvent": "update", "activityContentState": ["score": "two", "team": "red"],
+        ])
+        try w.send([
+            "targetType": "activity", "target": "act1", "activityEvent": "end", "activityContentState": ["score": 3, "team": "red"],
+        ])
         #expect(try app.receive()?["message"]?["liveActivity"]?["event"] == "end")
         #expect(try h.pushCounter("schemaMismatch") == 1)
     }
@@ -340,12 +353,14 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         let token = try h.pushToken()
         let app = try PushApp(h, appId: "secret")
         // The attacker (uid 65534) provides its own callback and tries to attach the same appId.
-        let r = try h.runAs(sequential: true, [
-            #"{"jsonrpc":"2.0","id":0,"method":"bus.provide","params":{"method":"evil.cb"}}"#,
-            #"{"jsonrpc":"2.0","id":1,"method":"push.attach","params":{"appId":"secret","callback":"evil.cb"}}"#,
-            #"{"jsonrpc":"2.0","id":2,"method":"push.attach","params":{"appId":"other","callback":"\#(app.callback)"}}"#,
-            #"{"jsonrpc":"2.0","id":3,"method":"push.detach","params":{"appId":"secret"}}"#,
-        ])
+        let r = try h.runAs(
+            sequential: true,
+            [
+                #"{"jsonrpc":"2.0","id":0,"method":"bus.provide","params":{"method":"evil.cb"}}"#,
+                #"{"jsonrpc":"2.0","id":1,"method":"push.attach","params":{"appId":"secret","callback":"evil.cb"}}"#,
+                #"{"jsonrpc":"2.0","id":2,"method":"push.attach","params":{"appId":"other","callback":"\#(app.callback)"}}"#,
+                #"{"jsonrpc":"2.0","id":3,"method":"push.detach","params":{"appId":"secret"}}"#,
+            ])
         #expect(pcode(r.replies[1]["result"] ?? .null) == 3003, "appId owned by another uid")
         #expect(pcode(r.replies[2]["result"] ?? .null) == 3003, "callback served by another client")
         #expect(pcode(r.replies[3]["result"] ?? .null) == 3003)

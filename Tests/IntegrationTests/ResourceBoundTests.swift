@@ -1,7 +1,7 @@
 import Foundation
-import Testing
 import PylonClientKit
 import TestSupport
+import Testing
 
 /// Bounded queues and fair service under hostile load (issue 11, items 8–10): what a peer can
 /// make the host hold is bounded, backpressure reaches whoever fills a queue, and a connect
@@ -48,10 +48,13 @@ import TestSupport
     /// bound (the host's memory stays bounded), and a plugin that is busy — answering, just
     /// slowly — is not taken for hung although its heartbeat waits behind the queue.
     @Test func backpressureReachesTheClientsFillingAPluginsQueue() throws {
-        let h = try TestHost(plugins: [[
-            "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"),
-            "heartbeatIntervalMs": 100, "heartbeatTimeoutMs": 400,
-        ]], extra: ["limits": ["maxQueuedBytes": .int(Int64(Self.queueLimit))]])
+        let h = try TestHost(
+            plugins: [
+                [
+                    "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"),
+                    "heartbeatIntervalMs": 100, "heartbeatTimeoutMs": 400,
+                ]
+            ], extra: ["limits": ["maxQueuedBytes": .int(Int64(Self.queueLimit))]])
         try h.waitForPlugin("py")
         let n = 40
         let pad = String(repeating: "x", count: 40_000)

@@ -1,8 +1,8 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 /// Routing through the real host: id rewriting, plugin↔plugin, client-provided methods, pub/sub.
 @Suite(.serialized) struct RoutingTests {
@@ -130,10 +130,12 @@ import PylonProtocol
     }
 
     @Test func permissionRulesUsePeerCredentials() throws {
-        let h = try TestHost(extra: ["permissions": [
-            ["method": "echo.crash", "uids": [54321]],
-            ["method": "echo.*", "uids": .array([.int(Int64(getuid()))])],
-        ]])
+        let h = try TestHost(extra: [
+            "permissions": [
+                ["method": "echo.crash", "uids": [54321]],
+                ["method": "echo.*", "uids": .array([.int(Int64(getuid()))])],
+            ]
+        ])
         let c = try h.client()
         let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.crash"}"#)
         #expect(r.errorCode == -32005)
@@ -161,7 +163,8 @@ import PylonProtocol
         let d = try h.client().call("bus.describe")
         let methods = d["plugins"]?["echo"]?["methods"]?.arrayValue?.compactMap { $0["name"]?.stringValue } ?? []
         #expect(methods.contains("echo.echo"))
-        #expect(d["plugins"]?["echo"]?["methods"]?.arrayValue?.first { $0["name"] == "echo.collect" }?["consent"] == .string("echo:{appKey}"))
+        #expect(
+            d["plugins"]?["echo"]?["methods"]?.arrayValue?.first { $0["name"] == "echo.collect" }?["consent"] == .string("echo:{appKey}"))
         #expect(d["host"]?.arrayValue?.contains(.string("consent.set")) == true)
     }
 }

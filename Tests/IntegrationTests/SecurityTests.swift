@@ -1,13 +1,15 @@
 import Foundation
-import Testing
 import PylonClientKit
 import TestSupport
+import Testing
 
 /// The authorization model (issue 11): principals through plugin calls, host-owned caller
 /// information, the consent layers, disclosure, and the socket. Clients that must be
 /// unprivileged really run as another uid (`TestHost.runAs`).
 @Suite(.serialized) struct SecurityTests {
-    static let rootOnlyConsent: JSONObject = ["permissions": [["method": "consent.set", "uids": [0]], ["method": "bus.restart", "uids": [0]]]]
+    static let rootOnlyConsent: JSONObject = [
+        "permissions": [["method": "consent.set", "uids": [0]], ["method": "bus.restart", "uids": [0]]]
+    ]
 
     func req(_ id: Int, _ method: String, _ params: JSON = [:]) -> String {
         JSON.object(["jsonrpc": "2.0", "id": .int(Int64(id)), "method": .string(method), "params": params]).serialized
@@ -17,8 +19,10 @@ import TestSupport
     @Test func permissionRulesFollowTheCallChainThroughAPlugin() throws {
         let h = try TestHost.open(extra: SecurityTests.rootOnlyConsent)
         let set: JSON = ["method": "consent.set", "params": ["key": "echo:X", "granted": false]]
-        let r = try h.runAs([req(1, "consent.set", ["key": "echo:X", "granted": false]), req(2, "echo.call", set),
-                             req(3, "echo.call", ["method": "bus.restart", "params": ["plugin": "echo"]])])
+        let r = try h.runAs([
+            req(1, "consent.set", ["key": "echo:X", "granted": false]), req(2, "echo.call", set),
+            req(3, "echo.call", ["method": "bus.restart", "params": ["plugin": "echo"]]),
+        ])
         #expect(r.replies.count == 3)
         for reply in r.replies { #expect(reply.errorCode == -32005, "\(reply.serialized)") }
         #expect(r.replies.contains { $0["error"]?["message"]?.stringValue?.contains("through plugin echo") == true })
@@ -27,7 +31,8 @@ import TestSupport
         #expect(try h.client().call("echo.call", set)["result"]?["changed"] == .bool(true))
         #expect(try h.client().call("consent.get", ["key": "echo:X"])["granted"] == .bool(false))
         // A plugin acting on its own is bound by the rules too (it is not listed in them).
-        let own = try h.client().roundTrip(req(9, "echo.callAsPlugin", ["method": "consent.set", "params": ["key": "echo:Y", "granted": false]]))
+        let own = try h.client().roundTrip(
+            req(9, "echo.callAsPlugin", ["method": "consent.set", "params": ["key": "echo:Y", "granted": false]]))
         #expect(own.errorCode == -32005)
     }
 
@@ -72,9 +77,13 @@ import TestSupport
         // client cannot use it.
         _ = try c.call("echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "echo:W", "granted": false]])
         #expect(try c.call("consent.get", ["key": "echo:W"])["granted"] == .bool(false))
-        #expect(try c.roundTrip(req(5, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "ma:W", "granted": false]])).errorCode == -32005)
+        #expect(
+            try c.roundTrip(req(5, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "ma:W", "granted": false]]))
+                .errorCode == -32005)
         #expect(try c.roundTrip(req(6, "consent.setApp", ["key": "echo:W", "granted": true])).errorCode == -32005)
-        #expect(try c.roundTrip(req(7, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "device", "granted": false]])).errorCode == -32005)
+        #expect(
+            try c.roundTrip(req(7, "echo.callAsPlugin", ["method": "consent.setApp", "params": ["key": "device", "granted": false]]))
+                .errorCode == -32005)
     }
 
     /// MA's `start {dataCollectionEnabled: true}` no longer re-grants a switch root denied.

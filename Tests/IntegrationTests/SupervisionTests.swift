@@ -1,7 +1,7 @@
 import Foundation
-import Testing
 import PylonClientKit
 import TestSupport
+import Testing
 
 /// Real processes: crashes, hangs, shutdown, and swapping an implementation by configuration.
 @Suite(.serialized) struct SupervisionTests {
@@ -81,9 +81,13 @@ import TestSupport
     }
 
     @Test func pluginStderrLandsInTheHostLog() throws {
-        let h = try TestHost(plugins: [["name": "sh", "exec": "/bin/sh",
-                                         "args": ["-c", "echo 'hello from stderr' >&2; exec sleep 30"],
-                                         "startTimeoutMs": 500, "backoffInitialMs": 5000]])
+        let h = try TestHost(plugins: [
+            [
+                "name": "sh", "exec": "/bin/sh",
+                "args": ["-c", "echo 'hello from stderr' >&2; exec sleep 30"],
+                "startTimeoutMs": 500, "backoffInitialMs": 5000,
+            ]
+        ])
         try waitUntil(timeout: 5) { h.logText.contains("hello from stderr") }
         #expect(h.logText.contains("plugin=sh"))
         // It never handshakes, so it is killed at the start deadline and scheduled for restart.
@@ -124,10 +128,12 @@ import TestSupport
 /// then SIGKILL only if SIGTERM did not work.
 @Suite(.serialized) struct StopEscalationTests {
     @Test func aPluginIgnoringShutdownGetsSIGTERMBeforeSIGKILL() throws {
-        let h = try TestHost(plugins: [[
-            "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"), "stopGraceMs": 300,
-            "env": ["FAKE_IGNORE_STOP": "1"],
-        ]])
+        let h = try TestHost(plugins: [
+            [
+                "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"), "stopGraceMs": 300,
+                "env": ["FAKE_IGNORE_STOP": "1"],
+            ]
+        ])
         try h.waitForPlugin("py")
         let status = h.stop()
         #expect(status == 0, "pylond stopped cleanly")

@@ -15,7 +15,8 @@ final class TestBackend {
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
-        p.arguments = ["--listen", "127.0.0.1:0", "--db", dir + "/backend.db"] + (maxBody.map { ["--max-body", String($0)] } ?? [])
+        p.arguments =
+            ["--listen", "127.0.0.1:0", "--db", dir + "/backend.db"] + (maxBody.map { ["--max-body", String($0)] } ?? [])
             + (mqttPort.map { ["--mqtt", "127.0.0.1:\($0)"] } ?? [])
         let out = Pipe()
         p.standardOutput = out
@@ -53,7 +54,9 @@ final class TestBackend {
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = UInt16(port).bigEndian
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        let rc = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
         guard rc == 0 else { throw TestFailure(description: "cannot connect to backend") }
         let payload = body.map { Array($0.serialized.utf8) } ?? []
         var req = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n"
@@ -114,7 +117,8 @@ extension TestHost {
 
 /// `n` records with ids `prefix-0 ...`.
 func records(_ prefix: String, _ range: Range<Int>, pad: Int = 0) -> JSON {
-    .array(range.map { i in
-        ["id": .string("\(prefix)-\(i)"), "data": ["n": .int(Int64(i)), "pad": .string(String(repeating: "p", count: pad))]]
-    })
+    .array(
+        range.map { i in
+            ["id": .string("\(prefix)-\(i)"), "data": ["n": .int(Int64(i)), "pad": .string(String(repeating: "p", count: pad))]]
+        })
 }

@@ -5,7 +5,6 @@ import TestSupport
 let fixturesDir = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
     .appendingPathComponent("fixtures").path
 
-
 /// A real `pylond` with its own temporary socket, state directory and configuration.
 final class TestHost {
     let dir: String
@@ -108,7 +107,6 @@ final class TestHost {
     }
 }
 
-
 func isAlive(_ pid: Int32) -> Bool {
     // A zombie (exited, not yet reaped) counts as dead.
     guard kill(pid, 0) == 0 else { return false }
@@ -135,8 +133,10 @@ extension TestHost {
     /// local user, as an attacker would be), and returns its replies and notifications. The
     /// host must have been started with a socket that uid can reach (`socketMode` 0666).
     /// `sequential`: each line gets id N (its index) and is sent after the previous reply.
-    func runAs(uid: UInt32 = 65534, gid: UInt32? = nil, sequential: Bool = false,
-               _ lines: [String]) throws -> (replies: [JSON], notifications: [JSON]) {
+    func runAs(
+        uid: UInt32 = 65534, gid: UInt32? = nil, sequential: Bool = false,
+        _ lines: [String]
+    ) throws -> (replies: [JSON], notifications: [JSON]) {
         try startAs(uid: uid, gid: gid, sequential: sequential, lines).wait()
     }
 
@@ -146,7 +146,8 @@ extension TestHost {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
         // setpriv leaves the system Python reachable for any uid (pyenv shims live under /root).
-        p.arguments = ["--reuid=\(uid)", "--regid=\(gid ?? uid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+        p.arguments =
+            ["--reuid=\(uid)", "--regid=\(gid ?? uid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
             + (sequential ? ["--sequential"] : [])
         let input = Pipe()
         let output = Pipe()

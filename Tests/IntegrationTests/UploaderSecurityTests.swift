@@ -1,8 +1,8 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 /// The uploader against callers that are not who they claim to be (issue 11): other uids
 /// repointing, writing, flushing or reading streams that are not theirs, callers choosing their
@@ -24,7 +24,8 @@ import PylonProtocol
 
     /// Sends `calls` in order from a client running as `uid` and returns each whole response.
     func call(as uid: UInt32, _ h: TestHost, _ calls: [(String, JSON?)]) throws -> [JSON] {
-        try send(as: uid, h, calls.map { String(decoding: Envelope.request(id: .int(0), method: $0.0, params: .params($0.1)), as: UTF8.self) })
+        try send(
+            as: uid, h, calls.map { String(decoding: Envelope.request(id: .int(0), method: $0.0, params: .params($0.1)), as: UTF8.self) })
     }
 
     /// Sends request lines (their ids are replaced, in place) from a client running as `uid`.
@@ -51,11 +52,13 @@ import PylonProtocol
         let b = try TestBackend()
         let h = try host(b)
         let pid = try h.client().call("bus.status")["plugins"]?.arrayValue?.first?["pid"]
-        let r = try call(as: Self.nobody, h, [
-            ("uploader.flush", ["stream": .null, "wait": true]),
-            ("uploader.flush", ["stream": 5, "wait": true]),
-            ("uploader.status", nil),
-        ])
+        let r = try call(
+            as: Self.nobody, h,
+            [
+                ("uploader.flush", ["stream": .null, "wait": true]),
+                ("uploader.flush", ["stream": 5, "wait": true]),
+                ("uploader.status", nil),
+            ])
         #expect(r[0]["result"]?["drained"] == true, "\(r[0].serialized)")
         #expect(r[1].errorCode == -32602, "\(r[1].serialized)")
         #expect(r[2]["result"] != nil)
@@ -69,16 +72,18 @@ import PylonProtocol
         // The victim: MA's stream (root stands in for MA; it is an admin).
         _ = try root.call("uploader.enqueue", ["stream": "ma.victim", "consent": "ma:victim", "records": records("v", 0..<2)])
         let stolen = "http://127.0.0.1:\(b.port)/stolen/{stream}"
-        let r = try call(as: Self.nobody, h, [
-            ("uploader.status", nil),
-            ("uploader.configureStream", ["stream": "ma.victim", "endpoint": .string(stolen)]),
-            ("uploader.configureStream", ["stream": "ma.victim", "maxCount": 1, "intervalMs": 0]),
-            ("uploader.enqueue", ["stream": "ma.victim", "records": records("x", 0..<1)]),
-            ("uploader.flush", ["stream": "ma.victim"]),
-            ("uploader.enqueue", ["stream": "u.mine", "records": records("m", 0..<1)]),
-            ("uploader.configureStream", ["stream": "u.mine", "endpoint": .string(stolen)]),
-            ("uploader.configureStream", ["stream": "u.mine", "maxCount": 7]),
-        ])
+        let r = try call(
+            as: Self.nobody, h,
+            [
+                ("uploader.status", nil),
+                ("uploader.configureStream", ["stream": "ma.victim", "endpoint": .string(stolen)]),
+                ("uploader.configureStream", ["stream": "ma.victim", "maxCount": 1, "intervalMs": 0]),
+                ("uploader.enqueue", ["stream": "ma.victim", "records": records("x", 0..<1)]),
+                ("uploader.flush", ["stream": "ma.victim"]),
+                ("uploader.enqueue", ["stream": "u.mine", "records": records("m", 0..<1)]),
+                ("uploader.configureStream", ["stream": "u.mine", "endpoint": .string(stolen)]),
+                ("uploader.configureStream", ["stream": "u.mine", "maxCount": 7]),
+            ])
         #expect(r[0]["result"]?["owner"]?["owner"] == .string("uid:65534"), "the client really runs as uid 65534: \(r[0].serialized)")
         #expect(r[1].errorCode == -32602, "endpoints are operator configuration: \(r[1].serialized)")
         #expect(r[2].errorCode == -32005, "\(r[2].serialized)")
@@ -100,9 +105,12 @@ import PylonProtocol
         #expect(try b.recordIds("ma.victim") == ["v-0", "v-1"])
     }
 
-    @Test(arguments: [["endpoint": "gopher://127.0.0.1:9/_stolen"],
-                      ["streams": ["x.*": ["endpoint": "file:///var/tmp/x"]]],
-                      ["allowedHosts": ["ingest.example.com"]]] as [JSONObject])
+    @Test(
+        arguments: [
+            ["endpoint": "gopher://127.0.0.1:9/_stolen"],
+            ["streams": ["x.*": ["endpoint": "file:///var/tmp/x"]]],
+            ["allowedHosts": ["ingest.example.com"]],
+        ] as [JSONObject])
     func endpointsOtherThanHTTPToAllowedHostsStopTheUploader(config: JSONObject) throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: config)])
@@ -115,15 +123,19 @@ import PylonProtocol
         try b.faults(["failNext": 100000, "status": 503])  // the backend is down for everyone
         let h = try host(b, config: ["maxDiskBytes": 8000, "maxStreamsPerOwner": 3, "streams": ["*": ["intervalMs": 600000]]])
         // Streams per owner are bounded.
-        let s = try call(as: Self.nobody, h, (0..<4).map { i in
-            ("uploader.enqueue", ["stream": .string("junk.\(i)"), "records": records("j", 0..<1)])
-        })
+        let s = try call(
+            as: Self.nobody, h,
+            (0..<4).map { i in
+                ("uploader.enqueue", ["stream": .string("junk.\(i)"), "records": records("j", 0..<1)])
+            })
         #expect(s[0..<3].allSatisfy { $0["result"]?["accepted"] == .int(1) }, "\(s.map(\.serialized))")
         #expect(s[3].errorCode == -32004 && s[3]["error"]?["data"]?["limit"] == .string("maxStreamsPerOwner"), "\(s[3].serialized)")
         // Bytes per owner: a quarter of the cap by default.
-        let r = try call(as: Self.nobody, h, (1..<20).map { i in
-            ("uploader.enqueue", ["stream": "junk.0", "records": records("big", i..<(i + 1), pad: 500)])
-        })
+        let r = try call(
+            as: Self.nobody, h,
+            (1..<20).map { i in
+                ("uploader.enqueue", ["stream": "junk.0", "records": records("big", i..<(i + 1), pad: 500)])
+            })
         let refused = try #require(r.first { $0["error"] != nil })
         #expect(refused.errorCode == -32004)
         #expect(refused["error"]?["data"]?["limit"] == .string("maxDiskBytesPerOwner"), "\(refused.serialized)")
@@ -145,11 +157,13 @@ import PylonProtocol
     @Test func aClientCannotForgeItsCallerInfo() throws {
         let b = try TestBackend()
         let h = try host(b)
-        let r = try send(as: Self.nobody, h, [
-            #"{"jsonrpc":"2.0","id":0,"method":"uploader.status","_pylon":{"uid":0,"admin":true}}"#,
-            #"{"jsonrpc":"2.0","_pylon":{"plugin":"ma"},"id":0,"method":"uploader.status"}"#,
-            #"{"jsonrpc":"2.0","id":0,"method":"uploader.status"}"#,
-        ])
+        let r = try send(
+            as: Self.nobody, h,
+            [
+                #"{"jsonrpc":"2.0","id":0,"method":"uploader.status","_pylon":{"uid":0,"admin":true}}"#,
+                #"{"jsonrpc":"2.0","_pylon":{"plugin":"ma"},"id":0,"method":"uploader.status"}"#,
+                #"{"jsonrpc":"2.0","id":0,"method":"uploader.status"}"#,
+            ])
         #expect(r[0].errorCode == -32600 && r[1].errorCode == -32600, "\(r.map(\.serialized))")
         #expect(r[2]["result"]?["owner"]?["owner"] == .string("uid:65534"), "\(r[2].serialized)")
     }
@@ -173,8 +187,12 @@ import PylonProtocol
         let named = try c.request("uploader.enqueue", ["stream": "ma.victim", "consent": "ma:victim", "records": records("c", 0..<1)])
         #expect(named.errorCode == -32003)
         // The benchmark's and MA's forms keep working.
-        #expect(try c.call("uploader.enqueue", ["stream": "bench123", "consent": "bench123", "records": records("b", 0..<2)])["accepted"] == .int(2))
-        #expect(try c.call("uploader.enqueue", ["stream": "ma.fine", "consent": "ma:fine", "records": records("f", 0..<2)])["accepted"] == .int(2))
+        #expect(
+            try c.call("uploader.enqueue", ["stream": "bench123", "consent": "bench123", "records": records("b", 0..<2)])["accepted"]
+                == .int(2))
+        #expect(
+            try c.call("uploader.enqueue", ["stream": "ma.fine", "consent": "ma:fine", "records": records("f", 0..<2)])["accepted"]
+                == .int(2))
         _ = try c.call("uploader.flush", ["wait": true])
         #expect(try count(b, "bench123") == 2)
         #expect(try count(b, "ma.fine") == 2)
@@ -206,7 +224,8 @@ import PylonProtocol
         do {
             try waitPurged(c, "ma.m7", timeout: 5)
         } catch {
-            Issue.record("records queued before the master switch was denied are still retried: \(try c.call("uploader.status").serialized)")
+            Issue.record(
+                "records queued before the master switch was denied are still retried: \(try c.call("uploader.status").serialized)")
         }
         let r = try c.request("uploader.enqueue", ["stream": "ma.m7", "records": records("m", 3..<4)])
         #expect(r.errorCode == -32003)
@@ -248,17 +267,23 @@ import PylonProtocol
         let h = try host(b, config: ["streams": ["*": ["intervalMs": 0]]])
         let root = try h.client()
         _ = try root.call("uploader.enqueue", ["stream": "ma.secret", "records": [["id": "s1", "data": ["email": "victim@example.com"]]]])
-        try waitUntil(timeout: 10) { (try root.call("uploader.deadLetters", ["stream": "ma.secret"])["deadLetters"]?.arrayValue?.count ?? 0) == 1 }
+        try waitUntil(timeout: 10) {
+            (try root.call("uploader.deadLetters", ["stream": "ma.secret"])["deadLetters"]?.arrayValue?.count ?? 0) == 1
+        }
         try b.faults(["failNext": 1, "status": 400])
         _ = try call(as: Self.nobody, h, "uploader.enqueue", ["stream": "u.dl", "records": records("u", 0..<1)])
-        try waitUntil(timeout: 10) { (try root.call("uploader.deadLetters", ["stream": "u.dl"])["deadLetters"]?.arrayValue?.count ?? 0) == 1 }
-        let r = try call(as: Self.nobody, h, [
-            ("uploader.deadLetters", nil),
-            ("uploader.deadLetters", ["stream": "ma.secret"]),
-            ("uploader.status", nil),
-            ("uploader.flush", nil),
-            ("uploader.flush", ["stream": "ma.secret", "wait": true]),
-        ])
+        try waitUntil(timeout: 10) {
+            (try root.call("uploader.deadLetters", ["stream": "u.dl"])["deadLetters"]?.arrayValue?.count ?? 0) == 1
+        }
+        let r = try call(
+            as: Self.nobody, h,
+            [
+                ("uploader.deadLetters", nil),
+                ("uploader.deadLetters", ["stream": "ma.secret"]),
+                ("uploader.status", nil),
+                ("uploader.flush", nil),
+                ("uploader.flush", ["stream": "ma.secret", "wait": true]),
+            ])
         let mine = r[0]["result"]?["deadLetters"]?.arrayValue ?? []
         #expect(mine.count == 1 && mine.first?["stream"] == .string("u.dl"), "only its own dead letters: \(r[0].serialized)")
         #expect(!r[0].serialized.contains("victim@example.com"))

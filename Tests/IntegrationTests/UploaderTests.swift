@@ -1,8 +1,8 @@
 import Foundation
-import Testing
 import PylonClientKit
-import TestSupport
 import PylonProtocol
+import TestSupport
+import Testing
 
 /// The uploader plugin against the real reference backend on a free loopback port.
 @Suite(.serialized) struct UploaderTests {
@@ -45,7 +45,9 @@ import PylonProtocol
 
     @Test func whatStaysQueuedAfterAPartialCutWaitsForItsOwnTrigger() throws {
         let b = try TestBackend()
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.rest": ["maxCount": 500, "maxBatchBytes": 1024, "intervalMs": 600000]]])])
+        let h = try TestHost(plugins: [
+            TestHost.uploader(b, config: ["streams": ["s.rest": ["maxCount": 500, "maxBatchBytes": 1024, "intervalMs": 600000]]])
+        ])
         let c = try h.client()
         // 6 records of ≈500 bytes: the bytes trigger sends 2 per batch while ≥ 1024 bytes are
         // queued; the last 2 (≈1000 bytes) are under it and wait for the interval or a flush.
@@ -60,7 +62,9 @@ import PylonProtocol
 
     @Test func batchesNeverExceedTheByteLimit() throws {
         let b = try TestBackend()
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.bytes": ["maxCount": 500, "maxBatchBytes": 2048, "intervalMs": 600000]]])])
+        let h = try TestHost(plugins: [
+            TestHost.uploader(b, config: ["streams": ["s.bytes": ["maxCount": 500, "maxBatchBytes": 2048, "intervalMs": 600000]]])
+        ])
         let c = try h.client()
         _ = try enqueue(c, "s.bytes", records("b", 0..<9, pad: 600))
         _ = try c.call("uploader.flush", ["stream": "s.bytes", "wait": true])
@@ -155,8 +159,14 @@ import PylonProtocol
         try b.faults(["failNext": 1000, "status": 503])
         // One owner may use the whole cap here (the per-owner share is tested in
         // UploaderSecurityTests): this is the shared cap's overflow policy.
-        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["maxDiskBytes": 4000, "maxDiskBytesPerOwner": 4000,
-                                                                      "streams": ["s.*": ["intervalMs": 600000]]])])
+        let h = try TestHost(plugins: [
+            TestHost.uploader(
+                b,
+                config: [
+                    "maxDiskBytes": 4000, "maxDiskBytesPerOwner": 4000,
+                    "streams": ["s.*": ["intervalMs": 600000]],
+                ])
+        ])
         let c = try h.client()
         var refused: JSON?
         for i in 0..<20 {
@@ -176,11 +186,13 @@ import PylonProtocol
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b)])
         let c = try h.client()
-        for p: JSON in [["records": records("a", 0..<1)],
-                        ["stream": "bad stream", "records": records("a", 0..<1)],
-                        ["stream": "s", "records": []],
-                        ["stream": "s", "records": [["data": 1]]],
-                        ["stream": "s", "records": [1]]] {
+        for p: JSON in [
+            ["records": records("a", 0..<1)],
+            ["stream": "bad stream", "records": records("a", 0..<1)],
+            ["stream": "s", "records": []],
+            ["stream": "s", "records": [["data": 1]]],
+            ["stream": "s", "records": [1]],
+        ] {
             #expect(try c.request("uploader.enqueue", p).errorCode == -32602, "\(p.serialized)")
         }
     }
@@ -221,8 +233,10 @@ import PylonProtocol
         loop: while sent < total {
             let n = min(50, total - sent)
             for i in sent..<(sent + n) {
-                try? c.send(envelope: Envelope.request(id: .int(Int64(i)), method: "uploader.enqueue",
-                                                       params: .value(["stream": "s.crash", "consent": "s:crash", "records": records("z", i..<(i + 1))])))
+                try? c.send(
+                    envelope: Envelope.request(
+                        id: .int(Int64(i)), method: "uploader.enqueue",
+                        params: .value(["stream": "s.crash", "consent": "s:crash", "records": records("z", i..<(i + 1))])))
             }
             sent += n
             for _ in 0..<n {

@@ -1,29 +1,34 @@
 import CJSONC
-import Testing
 import PylonPluginKit
+import Testing
+
 @testable import pylon_ma
 
 /// Event records written as JSON text (EventText) must parse to the record the uploader and the
 /// backend expect, whatever bytes the app put in the event's name and properties.
 struct EventTextTests {
-    private func record(name: String, euid: String?, session: String?, properties: String,
-                        utm: [String: String] = [:], device: [(String, String)] = [("os", "linux")]) throws -> JSON {
+    private func record(
+        name: String, euid: String?, session: String?, properties: String,
+        utm: [String: String] = [:], device: [(String, String)] = [("os", "linux")]
+    ) throws -> JSON {
         var out: [UInt8] = []
         var n = name
         var p = properties
         n.withUTF8 { nb in
             p.withUTF8 { pb in
-                EventText.record(idPrefix: Array("dev-abc".utf8), seq: 42, name: UnsafeRawBufferPointer(nb), timeMs: 1_732_900_000_123,
-                                 euid: euid, session: session, properties: UnsafeRawBufferPointer(pb),
-                                 tail: EventText.tail(utm: utm, device: device), into: &out)
+                EventText.record(
+                    idPrefix: Array("dev-abc".utf8), seq: 42, name: UnsafeRawBufferPointer(nb), timeMs: 1_732_900_000_123,
+                    euid: euid, session: session, properties: UnsafeRawBufferPointer(pb),
+                    tail: EventText.tail(utm: utm, device: device), into: &out)
             }
         }
         return try JSON.parse(String(decoding: out, as: UTF8.self))
     }
 
     @Test func aRecordHasTheDocumentedShape() throws {
-        let r = try record(name: "purchase", euid: "E1", session: nil, properties: #"{"sku":"A-1","price":9.99,"n":[1,{"a":null}]}"#,
-                           utm: ["utm_source": "news", "utm_campaign": "c1"], device: [("os", "linux"), ("carrier", "Op")])
+        let r = try record(
+            name: "purchase", euid: "E1", session: nil, properties: #"{"sku":"A-1","price":9.99,"n":[1,{"a":null}]}"#,
+            utm: ["utm_source": "news", "utm_campaign": "c1"], device: [("os", "linux"), ("carrier", "Op")])
         #expect(r["id"] == "dev-abc-42")
         let d = try #require(r["data"])
         #expect(d["event"] == "purchase")
@@ -65,9 +70,10 @@ struct EventTextTests {
             if i > 0 { text.append(UInt8(ascii: ",")) }
             "{}".utf8CString.withUnsafeBytes { p in
                 "ev".utf8CString.withUnsafeBytes { n in
-                    EventText.record(idPrefix: Array("d".utf8), seq: UInt64(i), name: UnsafeRawBufferPointer(rebasing: n.dropLast()),
-                                     timeMs: 1, euid: nil, session: nil, properties: UnsafeRawBufferPointer(rebasing: p.dropLast()),
-                                     tail: EventText.tail(utm: [:], device: [("os", "linux")]), into: &text)
+                    EventText.record(
+                        idPrefix: Array("d".utf8), seq: UInt64(i), name: UnsafeRawBufferPointer(rebasing: n.dropLast()),
+                        timeMs: 1, euid: nil, session: nil, properties: UnsafeRawBufferPointer(rebasing: p.dropLast()),
+                        tail: EventText.tail(utm: [:], device: [("os", "linux")]), into: &text)
                 }
             }
         }

@@ -1,5 +1,6 @@
-import Testing
 import PylonPluginKit
+import Testing
+
 @testable import pylon_ma
 
 /// identifyAccount normalisation and eventRecord checks: one test per rule.

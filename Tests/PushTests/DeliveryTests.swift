@@ -1,6 +1,7 @@
-import Testing
-import PylonPluginKit
 import PylonMQTT
+import PylonPluginKit
+import Testing
+
 @testable import pylon_push
 
 /// The delivery machine with a fake clock: no processes, no sleeps.
@@ -50,7 +51,8 @@ struct DeliveryTests {
 
     @Test func restoredMessagesAreDeliveredAgainAfterARestart() {
         var d = Delivery(limits: limits)
-        d.restore(Delivery.Entry(id: "m1", appId: "a", seq: 1, bytes: 5, expiresAt: 1000, attempts: 1, cold: false, inFlightUntil: 50), now: 0)
+        d.restore(
+            Delivery.Entry(id: "m1", appId: "a", seq: 1, bytes: 5, expiresAt: 1000, attempts: 1, cold: false, inFlightUntil: 50), now: 0)
         #expect(d.attach(appId: "a", client: 3, now: 0).isEmpty, "redelivered with backoff")
         #expect(d.nextDeadline() == 10)
         #expect(d.tick(now: 10) == [.deliver(id: "m1", appId: "a", client: 3, coldStart: false, attempt: 2)])
@@ -70,7 +72,8 @@ struct DeliveryTests {
         var d = Delivery(limits: limits)
         for i in 1...3 { _ = d.received(id: "m\(i)", appId: "a", seq: Int64(i), bytes: 10, expiresAt: 1000, now: 0) }
         #expect(d.received(id: "m4", appId: "a", seq: 4, bytes: 10, expiresAt: 1000, now: 0) == [.discard(id: "m1", reason: .dropped)])
-        #expect(d.received(id: "big", appId: "b", seq: 5, bytes: 990, expiresAt: 1000, now: 0)
+        #expect(
+            d.received(id: "big", appId: "b", seq: 5, bytes: 990, expiresAt: 1000, now: 0)
                 == [.discard(id: "m2", reason: .dropped), .discard(id: "m3", reason: .dropped)])
         #expect(d.counters.dropped == 3)
         #expect(d.count == 2)
@@ -85,8 +88,11 @@ struct DeliveryTests {
             delivered += d.received(id: "m\(i)", appId: "a", seq: Int64(i), bytes: 1, expiresAt: 1000, now: 0).count
         }
         #expect(delivered == 2)
-        #expect(d.callbackResult(id: "m1", ok: true, now: 1) == [.acked(id: "m1", appId: "a"),
-                                                                  .deliver(id: "m3", appId: "a", client: 1, coldStart: false, attempt: 1)])
+        #expect(
+            d.callbackResult(id: "m1", ok: true, now: 1) == [
+                .acked(id: "m1", appId: "a"),
+                .deliver(id: "m3", appId: "a", client: 1, coldStart: false, attempt: 1),
+            ])
     }
 
     @Test func detachingLeavesMessagesUnacknowledged() {

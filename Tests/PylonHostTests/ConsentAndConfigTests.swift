@@ -1,7 +1,8 @@
-import Testing
-@testable import PylonHost
 import PylonCore
 import PylonProtocol
+import Testing
+
+@testable import PylonHost
 
 struct ConsentStoreTests {
     @Test func neverSetIsGranted() {
@@ -52,11 +53,11 @@ struct ConsentStoreTests {
     /// An app can narrow a switch but never re-grant what the operator denied.
     @Test func appLayerOnlyNarrows() {
         var s = ConsentStore()
-        let denied = s.set("ma:v", granted: false)              // operator denies
+        let denied = s.set("ma:v", granted: false)  // operator denies
         let appGrant = s.set("ma:v", granted: true, layer: .app)  // the app's grant changes nothing
         #expect(denied && !appGrant)
         #expect(!s.isGranted("ma:v"))
-        let regrant = s.set("ma:v", granted: true)              // operator grants again
+        let regrant = s.set("ma:v", granted: true)  // operator grants again
         #expect(regrant && s.isGranted("ma:v"))
         let narrowed = s.set("ma:v", granted: false, layer: .app)  // the app narrows
         #expect(narrowed && !s.isGranted("ma:v"))

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonHost
 
 /// The forwarded-request table without sockets: deadlines, take, expiry order, stale heap entries.

@@ -1,6 +1,7 @@
 import Glibc
 import PylonCore
 import Testing
+
 @testable import PylonHost
 
 /// The shell of a plugin's lifecycle in miniature, on a fake clock: it keeps the timers the
@@ -27,8 +28,10 @@ struct FakeShell {
 
     /// Delivers one event and performs its actions; returns them (nested spawn answers included).
     @discardableResult
-    mutating func send(_ event: (inout PluginLifecycle, UInt64) -> [Action],
-                       sourceLocation: SourceLocation = #_sourceLocation) -> [Action] {
+    mutating func send(
+        _ event: (inout PluginLifecycle, UInt64) -> [Action],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) -> [Action] {
         let out = perform(event(&life, now))
         checkTimers(sourceLocation)
         return out
@@ -77,8 +80,9 @@ struct FakeShell {
     }
 
     private func checkTimers(_ loc: SourceLocation) {
-        #expect(Set(armed.keys) == Set([life.timer?.kind].compactMap { $0 }),
-                "armed timers \(armed.keys.map(\.rawValue)) vs phase \(life.phase)", sourceLocation: loc)
+        #expect(
+            Set(armed.keys) == Set([life.timer?.kind].compactMap { $0 }),
+            "armed timers \(armed.keys.map(\.rawValue)) vs phase \(life.phase)", sourceLocation: loc)
         if let t = life.timer, t.repeatMs == 0 {
             #expect(armed[t.kind] == t, sourceLocation: loc)
         }
@@ -151,8 +155,11 @@ struct PluginLifecycleTransitionTests {
         s.start()
         s.advance(250)
         // Interval 1000: the first tick is at least one full interval away, on a multiple of it.
-        #expect(s.hello() == [.cancelTimer(.handshake), .armTimer(Deadline(kind: .heartbeat, at: 2_000, repeatMs: 1_000)),
-                              .reportReady])
+        #expect(
+            s.hello() == [
+                .cancelTimer(.handshake), .armTimer(Deadline(kind: .heartbeat, at: 2_000, repeatMs: 1_000)),
+                .reportReady,
+            ])
         #expect(s.life.phase == .running(pid: 101, since: 250, heartbeatSentAt: nil))
         #expect(s.life.runningSince == 250)
         #expect(s.hello() == [], "a second hello changes nothing")
@@ -179,16 +186,22 @@ struct PluginLifecycleTransitionTests {
         #expect(s.life.state == .starting)
         #expect(s.life.hasLeftStarting == false, "readiness waits for the exit")
         // Even a clean status after a liveness kill is a failure that transient restarts.
-        #expect(s.exit(status: 0) == [.armTimer(Deadline(kind: .backoff, at: 2_100)),
-                                      .publishExited(pid: 101, reason: "no handshake within 2000 ms", restartInMs: 100),
-                                      .reportReady])
+        #expect(
+            s.exit(status: 0) == [
+                .armTimer(Deadline(kind: .backoff, at: 2_100)),
+                .publishExited(pid: 101, reason: "no handshake within 2000 ms", restartInMs: 100),
+                .reportReady,
+            ])
     }
 
     @Test func spawnFailureIsAnAbnormalExitWithPidZero() {
         var s = FakeShell(policy())
         s.spawnError = "ENOENT"
-        #expect(s.start() == [.spawn, .armTimer(Deadline(kind: .backoff, at: 100)),
-                              .publishExited(pid: 0, reason: "spawn failed: ENOENT", restartInMs: 100), .reportReady])
+        #expect(
+            s.start() == [
+                .spawn, .armTimer(Deadline(kind: .backoff, at: 100)),
+                .publishExited(pid: 0, reason: "spawn failed: ENOENT", restartInMs: 100), .reportReady,
+            ])
         #expect(s.life.phase == .backoff(until: 100, delayMs: 100))
         #expect(s.life.backoffMs == 100)
         #expect(s.life.isAlive == false)
@@ -223,11 +236,17 @@ struct PluginLifecycleTransitionTests {
         s.advance(1_750)  // heartbeat sent at 2000
         #expect(s.advance(2_999) == [], "ticks at 3000, 4000 (silent 2 s) keep waiting")
         #expect(s.advance(1) == [.cancelTimer(.heartbeat), .signal(SIGKILL, .hung(waitedMs: 3_000))])  // tick at 5000
-        #expect(s.life.phase == .exiting(pid: 101, since: 250,
-                                         cause: .killed(reason: "heartbeat not answered within 3000 ms")))
+        #expect(
+            s.life.phase
+                == .exiting(
+                    pid: 101, since: 250,
+                    cause: .killed(reason: "heartbeat not answered within 3000 ms")))
         #expect(s.life.state == .running, "still shown running until the exit is reaped")
-        #expect(s.exit(signal: 9).contains(.publishExited(pid: 101, reason: "heartbeat not answered within 3000 ms",
-                                                          restartInMs: 100)))
+        #expect(
+            s.exit(signal: 9).contains(
+                .publishExited(
+                    pid: 101, reason: "heartbeat not answered within 3000 ms",
+                    restartInMs: 100)))
     }
 
     @Test func aBusyPluginStillSendingIsNotKilled() {
@@ -247,12 +266,17 @@ struct PluginLifecycleTransitionTests {
     @Test func channelClosedGivesAGraceThenKills() {
         var s = running()
         s.advance(50)  // 300
-        #expect(s.closeChannel() == [.cancelTimer(.heartbeat),
-                                     .armTimer(Deadline(kind: .channelClose, at: 300 + SupervisorPolicy.channelCloseGraceMs))])
+        #expect(
+            s.closeChannel() == [
+                .cancelTimer(.heartbeat),
+                .armTimer(Deadline(kind: .channelClose, at: 300 + SupervisorPolicy.channelCloseGraceMs)),
+            ])
         #expect(s.life.state == .running, "PROTOCOL.md: running while a plugin that closed its channel has not exited")
         #expect(s.closeChannel() == [])
-        #expect(s.advance(SupervisorPolicy.channelCloseGraceMs) ==
-                [.cancelTimer(.channelClose), .signal(SIGKILL, .channelClosed(graceMs: SupervisorPolicy.channelCloseGraceMs))])
+        #expect(
+            s.advance(SupervisorPolicy.channelCloseGraceMs) == [
+                .cancelTimer(.channelClose), .signal(SIGKILL, .channelClosed(graceMs: SupervisorPolicy.channelCloseGraceMs)),
+            ])
         #expect(s.exit(signal: 9).contains(.publishExited(pid: 101, reason: "bus channel closed", restartInMs: 100)))
     }
 
@@ -264,8 +288,9 @@ struct PluginLifecycleTransitionTests {
         #expect(s.life.phase == .stopped)
         var s78 = running()
         s78.closeChannel()
-        #expect(s78.exit(status: exitStatusPermanentFailure).contains(
-            .publishExited(pid: 101, reason: "exited with status 78 (configuration error): not restarted", restartInMs: nil)))
+        #expect(
+            s78.exit(status: exitStatusPermanentFailure).contains(
+                .publishExited(pid: 101, reason: "exited with status 78 (configuration error): not restarted", restartInMs: nil)))
         #expect(s78.life.state == .failed)
     }
 
@@ -281,8 +306,11 @@ struct PluginLifecycleTransitionTests {
     @Test func crashBacksOffThenSpawnsAgain() {
         var s = running()
         s.advance(50)  // 300
-        #expect(s.exit(status: 2) == [.cancelTimer(.heartbeat), .armTimer(Deadline(kind: .backoff, at: 400)),
-                                      .publishExited(pid: 101, reason: "exited with status 2", restartInMs: 100)])
+        #expect(
+            s.exit(status: 2) == [
+                .cancelTimer(.heartbeat), .armTimer(Deadline(kind: .backoff, at: 400)),
+                .publishExited(pid: 101, reason: "exited with status 2", restartInMs: 100),
+            ])
         #expect(s.life.state == .backoff)
         #expect(s.life.pid == nil)
         #expect(s.life.runningSince == nil)
@@ -351,18 +379,27 @@ struct PluginLifecycleTransitionTests {
         s.advance(100)
         #expect(s.exit() == [.cancelTimer(.stop)])
         #expect(s.life.phase == .stopped)
-        #expect(!s.performed.contains { if case .publishExited = $0 { return true }; return false })
+        #expect(
+            !s.performed.contains {
+                if case .publishExited = $0 { return true }; return false
+            })
     }
 
     @Test func stopEscalatesToSIGTERMThenSIGKILL() {
         var s = running()
         s.stop()
         #expect(s.advance(499) == [])
-        #expect(s.advance(1) == [.signal(SIGTERM, .stopGraceExpired(graceMs: 500)),
-                                 .armTimer(Deadline(kind: .stop, at: 750 + SupervisorPolicy.termGraceMs))])
+        #expect(
+            s.advance(1) == [
+                .signal(SIGTERM, .stopGraceExpired(graceMs: 500)),
+                .armTimer(Deadline(kind: .stop, at: 750 + SupervisorPolicy.termGraceMs)),
+            ])
         #expect(s.life.phase == .stopping(pid: 101, step: .terminated, deadline: 750 + SupervisorPolicy.termGraceMs))
-        #expect(s.advance(SupervisorPolicy.termGraceMs) == [.signal(SIGKILL, .termIgnored(graceMs: SupervisorPolicy.termGraceMs)),
-                                                            .cancelTimer(.stop)])
+        #expect(
+            s.advance(SupervisorPolicy.termGraceMs) == [
+                .signal(SIGKILL, .termIgnored(graceMs: SupervisorPolicy.termGraceMs)),
+                .cancelTimer(.stop),
+            ])
         #expect(s.life.phase == .stopping(pid: 101, step: .killed, deadline: nil))
         #expect(s.exit(signal: 9) == [])
         #expect(s.life.phase == .stopped)

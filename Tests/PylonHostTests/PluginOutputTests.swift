@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonHost
 
 @Suite struct PluginOutputTests {

@@ -1,5 +1,6 @@
 import Glibc
 import Testing
+
 @testable import PylonHost
 
 /// Restart policy, backoff, intensity and decay of the supervisor state machine, driven by a fake
@@ -74,7 +75,10 @@ struct SupervisorTests {
     }
 
     @Test func jitterStaysWithinBounds() {
-        var l = PluginLifecycle(policy: policy { $0.jitter = 0.25; $0.backoffMaxMs = 100_000 }, seed: 42)
+        var l = PluginLifecycle(
+            policy: policy {
+                $0.jitter = 0.25; $0.backoffMaxMs = 100_000
+            }, seed: 42)
         var seen = Set<UInt64>()
         for _ in 0..<500 {
             let d = l.backoffDelay(failures: 3)  // base 400
@@ -110,7 +114,10 @@ struct SupervisorTests {
     }
 
     @Test func restartsOutsideTheWindowDoNotCount() {
-        var l = started(policy { $0.intensityWindowMs = 1_000; $0.resetAfterMs = 1_000_000 })
+        var l = started(
+            policy {
+                $0.intensityWindowMs = 1_000; $0.resetAfterMs = 1_000_000
+            })
         var now: UInt64 = 0
         for _ in 0..<10 {
             now += 2_000  // each crash more than a window after the previous restart

@@ -6,16 +6,20 @@ import Testing
     private func text(_ b: [UInt8]) -> String { String(decoding: b, as: UTF8.self) }
 
     @Test func eachEnvelopeHasOneFixedShape() {
-        #expect(text(Envelope.request(id: .int(7), method: "ma.eventRecord", params: .value(["a": 1])))
-            == #"{"jsonrpc":"2.0","id":7,"method":"ma.eventRecord","params":{"a":1}}"#)
-        #expect(text(Envelope.request(id: .value("x"), method: "bus.ping", onBehalfOf: -3))
-            == #"{"jsonrpc":"2.0","id":"x","method":"bus.ping","_onBehalfOf":-3}"#)
-        #expect(text(Envelope.notification(method: "consent.changed", params: .value(["key": "k"])))
-            == #"{"jsonrpc":"2.0","method":"consent.changed","params":{"key":"k"}}"#)
+        #expect(
+            text(Envelope.request(id: .int(7), method: "ma.eventRecord", params: .value(["a": 1])))
+                == #"{"jsonrpc":"2.0","id":7,"method":"ma.eventRecord","params":{"a":1}}"#)
+        #expect(
+            text(Envelope.request(id: .value("x"), method: "bus.ping", onBehalfOf: -3))
+                == #"{"jsonrpc":"2.0","id":"x","method":"bus.ping","_onBehalfOf":-3}"#)
+        #expect(
+            text(Envelope.notification(method: "consent.changed", params: .value(["key": "k"])))
+                == #"{"jsonrpc":"2.0","method":"consent.changed","params":{"key":"k"}}"#)
         #expect(text(Envelope.notification(method: "bus.shutdown")) == #"{"jsonrpc":"2.0","method":"bus.shutdown"}"#)
         #expect(text(Envelope.result(id: .null, .value([:]))) == #"{"jsonrpc":"2.0","id":null,"result":{}}"#)
-        #expect(text(Envelope.error(id: .int(Int64.min), RPCError(.timeout, "late")))
-            == #"{"jsonrpc":"2.0","id":-9223372036854775808,"error":{"code":-32002,"message":"late"}}"#)
+        #expect(
+            text(Envelope.error(id: .int(Int64.min), RPCError(.timeout, "late")))
+                == #"{"jsonrpc":"2.0","id":-9223372036854775808,"error":{"code":-32002,"message":"late"}}"#)
     }
 
     @Test func piecesInEveryFormWriteTheSameText() throws {
@@ -78,8 +82,9 @@ import Testing
 
     @Test func welcomeRoundTripsAndReadsTheConsentSnapshot() {
         let snapshot = ConsentSnapshot(master: false, switches: ["ma:a": true, "ma:b": false])
-        let w = Welcome(config: ["endpoint": "http://x"], stateDir: "/s/plugins/ma", consent: snapshot.json,
-                        heartbeatMs: 5_000, limits: ["maxLineBytes": 1024])
+        let w = Welcome(
+            config: ["endpoint": "http://x"], stateDir: "/s/plugins/ma", consent: snapshot.json,
+            heartbeatMs: 5_000, limits: ["maxLineBytes": 1024])
         let back = Welcome(json: w.json)
         #expect(back == w)
         #expect(back.consentSnapshot == snapshot)

@@ -1,5 +1,6 @@
 import PylonCore
 import Testing
+
 @testable import PylonTagEngine
 
 @Suite struct ConversionTests {

@@ -1,5 +1,6 @@
 import PylonCore
 import Testing
+
 @testable import PylonTagEngine
 
 @Suite struct DataLayerTests {
@@ -76,7 +77,8 @@ import Testing
         #expect(RefreshTiming.nextLoadDelayMs(after: .networkFailure, nowMs: 0) == h)
         #expect(RefreshTiming.nextLoadDelayMs(after: .adoptedSaved(savedAtMs: 100 * h), nowMs: 105 * h) == 7 * h)
         #expect(RefreshTiming.nextLoadDelayMs(after: .adoptedSaved(savedAtMs: 100 * h), nowMs: 120 * h) == 0)
-        #expect(RefreshTiming.nextLoadDelayMs(after: .adoptedSaved(savedAtMs: 100 * h), nowMs: 90 * h) == 12 * h, "clock skew: at most 12 h")
+        #expect(
+            RefreshTiming.nextLoadDelayMs(after: .adoptedSaved(savedAtMs: 100 * h), nowMs: 90 * h) == 12 * h, "clock skew: at most 12 h")
         #expect(RefreshTiming.isStale(fetchedAtMs: 0, nowMs: 12 * h))
         #expect(!RefreshTiming.isStale(fetchedAtMs: 0, nowMs: 12 * h - 1))
     }
@@ -121,19 +123,25 @@ import Testing
     }
 
     @Test func previewURLs() {
-        #expect(PreviewURL.parse("tagmanager.c.com.example.app://preview/p?id=GTM-1234&gtm_auth=abc&gtm_preview=3")
+        #expect(
+            PreviewURL.parse("tagmanager.c.com.example.app://preview/p?id=GTM-1234&gtm_auth=abc&gtm_preview=3")
                 == .enter(containerId: "GTM-1234", auth: "abc", preview: "3", debug: false))
-        #expect(PreviewURL.parse("tagmanager.c.app://preview/p?id=GTM-1&gtm_auth=a&gtm_preview=12&gtm_debug=x")
+        #expect(
+            PreviewURL.parse("tagmanager.c.app://preview/p?id=GTM-1&gtm_auth=a&gtm_preview=12&gtm_debug=x")
                 == .enter(containerId: "GTM-1", auth: "a", preview: "12", debug: true))
         #expect(PreviewURL.parse("tagmanager.c.app://preview/p?id=GTM-1&gtm_preview=") == .exit(containerId: "GTM-1"))
         #expect(PreviewURL.parse("tagmanager.c.app://preview/p?id=GTM-1&gtm_auth=a&gtm_preview=") == .exit(containerId: "GTM-1"))
-        #expect(PreviewURL.parse("tagmanager.c.app%3A%2F%2Fpreview%2Fp%3Fid%3DGTM-1%26gtm_auth%3Da%26gtm_preview%3D1") != nil, "URL-decoded first")
-        for bad in ["", "https://example.com", "tagmanager.c.://preview/p?id=G&gtm_auth=a&gtm_preview=1",
-                    "tagmanager.c.app://preview/p?id=G&gtm_auth=a&gtm_preview=x",
-                    "tagmanager.c.app://preview/p?id=G&gtm_auth=&gtm_preview=1",
-                    "tagmanager.c.app://preview/p?gtm_auth=a&id=G&gtm_preview=1",
-                    "tagmanager.c.app://preview/p?id=G&gtm_auth=a&gtm_preview=1&gtm_debug=y",
-                    "tagmanager.c.app://other/p?id=G&gtm_auth=a&gtm_preview=1"] {
+        #expect(
+            PreviewURL.parse("tagmanager.c.app%3A%2F%2Fpreview%2Fp%3Fid%3DGTM-1%26gtm_auth%3Da%26gtm_preview%3D1") != nil,
+            "URL-decoded first")
+        for bad in [
+            "", "https://example.com", "tagmanager.c.://preview/p?id=G&gtm_auth=a&gtm_preview=1",
+            "tagmanager.c.app://preview/p?id=G&gtm_auth=a&gtm_preview=x",
+            "tagmanager.c.app://preview/p?id=G&gtm_auth=&gtm_preview=1",
+            "tagmanager.c.app://preview/p?gtm_auth=a&id=G&gtm_preview=1",
+            "tagmanager.c.app://preview/p?id=G&gtm_auth=a&gtm_preview=1&gtm_debug=y",
+            "tagmanager.c.app://other/p?id=G&gtm_auth=a&gtm_preview=1",
+        ] {
             #expect(PreviewURL.parse(bad) == nil, "\(bad)")
         }
     }

@@ -1,10 +1,15 @@
 import PylonCore
+
 @testable import PylonTagEngine
 
 /// A container from a resource literal.
 func container(macros: [JSON] = [], predicates: [JSON] = [], tags: [JSON] = [], rules: [JSON] = [], version: String = "7") -> Container {
-    try! Container.parse(full: ["resource": ["version": .string(version), "macros": .array(macros), "predicates": .array(predicates),
-                                             "tags": .array(tags), "rules": .array(rules)]])
+    try! Container.parse(full: [
+        "resource": [
+            "version": .string(version), "macros": .array(macros), "predicates": .array(predicates),
+            "tags": .array(tags), "rules": .array(rules),
+        ]
+    ])
 }
 
 func ctx(_ dl: JSONObject = [:], event: String? = nil, env: TagEnvironment = TagEnvironment()) -> EvaluationContext {

@@ -1,5 +1,6 @@
 import PylonCore
 import Testing
+
 @testable import PylonTagEngine
 
 @Suite struct MacroTests {
@@ -106,8 +107,10 @@ import Testing
 
     @Test func simpleMap() {
         let full = container(macros: [
-            ["function": "_smm", "instance_name": "x", "arg0": ["macro", 1],
-             "map": [["key": "it", "value": "Ciao"], ["key": "es", "value": "Hola"]], "default_value": "Hello"],
+            [
+                "function": "_smm", "instance_name": "x", "arg0": ["macro", 1],
+                "map": [["key": "it", "value": "Ciao"], ["key": "es", "value": "Hola"]], "default_value": "Hello",
+            ],
             ["function": "_l", "instance_name": "lang"],
         ])
         var e = TagEnvironment()
@@ -132,9 +135,15 @@ import Testing
         #expect(value(m("_enc", ["arg0": "6869", "input_format": "base16", "output_format": "base64nopad"]), "x") == "aGk")
         #expect(value(m("_hsh", ["arg0": "abc"]), "x") == "900150983cd24fb0d6963f7d28e17f72")
         #expect(value(m("_hsh", ["arg0": "abc", "algorithm": "SHA-1"]), "x") == "a9993e364706816aba3e25717850c26c9cd0d89d")
-        #expect(value(m("_hsh", ["arg0": "abc", "algorithm": "SHA-256"]), "x") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
-        #expect(value(m("_hsh", ["arg0": "", "algorithm": "SHA-256"]), "x") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
-        #expect(value(m("_hsh", ["arg0": .string(String(repeating: "a", count: 1000)), "algorithm": "MD5"]), "x") == "cabe45dcc9ae5b66ba86600cca6b8ba8")
+        #expect(
+            value(m("_hsh", ["arg0": "abc", "algorithm": "SHA-256"]), "x")
+                == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(
+            value(m("_hsh", ["arg0": "", "algorithm": "SHA-256"]), "x")
+                == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        #expect(
+            value(m("_hsh", ["arg0": .string(String(repeating: "a", count: 1000)), "algorithm": "MD5"]), "x")
+                == "cabe45dcc9ae5b66ba86600cca6b8ba8")
         #expect(value(m("_hsh", ["arg0": "abc", "algorithm": "CRC"]), "x") == nil)
     }
 
@@ -159,4 +168,3 @@ import Testing
         #expect(e.warnings.contains { $0.contains("not a macro function") })
     }
 }
-

@@ -1,5 +1,6 @@
 import PylonCore
 import Testing
+
 @testable import PylonTagEngine
 
 @Suite struct PredicateTests {
@@ -44,8 +45,10 @@ import Testing
 
     @Test func catastrophicRegexGivesUpQuickly() {
         let subject = JSON.string(String(repeating: "a", count: 40) + "!")
-        let c = container(predicates: [["function": "_re", "arg0": subject, "arg1": "^(a+)+$"],
-                                       ["function": "_re", "arg0": subject, "arg1": "^(a|aa)+$"]])
+        let c = container(predicates: [
+            ["function": "_re", "arg0": subject, "arg1": "^(a+)+$"],
+            ["function": "_re", "arg0": subject, "arg1": "^(a|aa)+$"],
+        ])
         let start = System.wallClockMs()
         let (r, w) = c.predicateValue(0, context: ctx())
         #expect(!r)
@@ -72,9 +75,12 @@ import Testing
         #expect(pred("_eq", "a", "b", negate: true))
         #expect(!pred("_eq", "a", "a", negate: true))
         // Unresolved argument (missing data-layer key): false, negate or not.
-        let c = container(macros: [["function": "_v", "instance_name": "missing", "name": "nope"]],
-                          predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": ""],
-                                       ["function": "_eq", "arg0": ["macro", 0], "arg1": "", "negate": true]])
+        let c = container(
+            macros: [["function": "_v", "instance_name": "missing", "name": "nope"]],
+            predicates: [
+                ["function": "_eq", "arg0": ["macro", 0], "arg1": ""],
+                ["function": "_eq", "arg0": ["macro", 0], "arg1": "", "negate": true],
+            ])
         #expect(!c.predicateValue(0, context: ctx()).0)
         #expect(!c.predicateValue(1, context: ctx()).0)
     }

@@ -1,5 +1,6 @@
 import PylonCore
 import Testing
+
 @testable import PylonTagEngine
 
 /// Random containers and data layers (seeded SplitMix64, so a failure reproduces) never crash
@@ -9,11 +10,15 @@ import Testing
         var rng: SplitMix64
         mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(max(1, n))) }
         mutating func pick<T>(_ a: [T]) -> T { a[int(a.count)] }
-        static let ids = ["_eq", "_cn", "_sw", "_ew", "_re", "_lt", "_le", "_gt", "_ge", "_c", "_v", "_e", "_an", "_av", "_ai", "_l",
-                          "_ov", "_p", "_dn", "_dt", "_r", "_t", "_rs", "_ctv", "_sv", "_rv", "_func", "_jn", "_smm", "_reg",
-                          "_enc", "_hsh", "_ua", "_img", "_bogus", ""]
-        static let keys = ["arg0", "arg1", "value", "name", "default_value", "additional_params", "function_call_macro_name",
-                           "map", "group", "item_separator", "algorithm", "input_format", "output_format", "key_value_separator"]
+        static let ids = [
+            "_eq", "_cn", "_sw", "_ew", "_re", "_lt", "_le", "_gt", "_ge", "_c", "_v", "_e", "_an", "_av", "_ai", "_l",
+            "_ov", "_p", "_dn", "_dt", "_r", "_t", "_rs", "_ctv", "_sv", "_rv", "_func", "_jn", "_smm", "_reg",
+            "_enc", "_hsh", "_ua", "_img", "_bogus", "",
+        ]
+        static let keys = [
+            "arg0", "arg1", "value", "name", "default_value", "additional_params", "function_call_macro_name",
+            "map", "group", "item_separator", "algorithm", "input_format", "output_format", "key_value_separator",
+        ]
         static let patterns = ["(a+)+$", "^x", "[", "(?i)ab", "\\d+", "(a|aa)+b", ".*.*.*=", ""]
 
         mutating func scalar() -> JSON {
@@ -71,7 +76,11 @@ import Testing
                 }
                 rules.append(int(20) == 0 ? scalar() : .array(clauses))
             }
-            return ["resource": ["version": "r", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags), "rules": .array(rules)]]
+            return [
+                "resource": [
+                    "version": "r", "macros": .array(macros), "predicates": .array(preds), "tags": .array(tags), "rules": .array(rules),
+                ]
+            ]
         }
 
         mutating func dataLayer() -> JSONObject {

@@ -51,19 +51,24 @@ public struct Manifest: Equatable, Sendable {
         if methods.updateValue(spec, forKey: spec.name) == nil { methodOrder.append(spec.name) }
     }
 
-    /// The `bus.hello` params that announce this manifest.
-    public func helloParams(pid: Int32) -> JSON {
-        var ms: [JSON] = []
-        for n in methodOrder {
-            guard let s = methods[n] else { continue }
+    /// The methods in announcement order; `deniedResult` is part of the handshake, not of
+    /// `bus.describe`.
+    private func methodsJSON(withDeniedResult: Bool) -> [JSON] {
+        methodOrder.compactMap { n in
+            guard let s = methods[n] else { return nil }
             var o: JSONObject = ["name": .string(n)]
             if let c = s.consent {
                 o["consent"] = .string(c)
                 o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
-                o["deniedResult"] = s.deniedResult
+                if withDeniedResult { o["deniedResult"] = s.deniedResult }
             }
-            ms.append(.object(o))
+            return .object(o)
         }
+    }
+
+    /// The `bus.hello` params that announce this manifest.
+    public func helloParams(pid: Int32) -> JSON {
+        let ms = methodsJSON(withDeniedResult: true)
         return [
             "name": .string(name), "version": .string(version), "protocol": .int(Int64(protocolVersion)),
             "pid": .int(Int64(pid)),
@@ -112,18 +117,9 @@ public struct Manifest: Equatable, Sendable {
 
     /// The manifest as `bus.describe` shows it.
     public var json: JSON {
-        var ms: [JSON] = []
-        for n in methodOrder {
-            guard let s = methods[n] else { continue }
-            var o: JSONObject = ["name": .string(n)]
-            if let c = s.consent {
-                o["consent"] = .string(c)
-                o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
-            }
-            ms.append(.object(o))
-        }
-        return [
-            "version": .string(version), "protocol": .int(Int64(protocolVersion)), "methods": .array(ms),
+        [
+            "version": .string(version), "protocol": .int(Int64(protocolVersion)),
+            "methods": .array(methodsJSON(withDeniedResult: false)),
             "publishes": .array(publishes.map { .string($0) }),
             "subscribes": .array(subscribes.map { .string($0.text) }),
         ]

@@ -589,7 +589,9 @@ extension RawJSON {
                 guard i > start else { return false }
                 if integer {
                     // json-c prints the integer it read: `-0` becomes `0`, out-of-range values clamp.
-                    guard RawJSON.plainInt(t, start..<i) != nil, !RawJSON.equals(t, start, i, "-0") else { return false }
+                    // (plainInt reads magnitudes as positive Int64s, so Int64.min is spelled out.)
+                    guard RawJSON.plainInt(t, start..<i) != nil || RawJSON.equals(t, start, i, "-9223372036854775808"),
+                          !RawJSON.equals(t, start, i, "-0") else { return false }
                 }
                 copy(start..<i)
                 return true

@@ -100,27 +100,29 @@ public struct CallerInfo: Equatable, Sendable {
         var start = 0
         while start < t.count, t[start] == 0x20 || t[start] == 0x0A || t[start] == 0x0D || t[start] == 0x09 { start += 1 }
         guard start < t.count, t[start] == UInt8(ascii: "{"), !t.contains(UInt8(ascii: "\\")) else { return nil }
-        /// An integer member: .some(nil) when absent or not a number, nil when a number that is
-        /// not plain digits (a fraction or exponent may still be an integer to `intValue`).
-        func int(_ key: StaticString) -> Int64?? {
-            guard let s = RawJSON.memberValueSpan(t, key: key) else { return .some(nil) }
-            switch t[s.lowerBound] {
-            case UInt8(ascii: "\""), UInt8(ascii: "{"), UInt8(ascii: "["), UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
-                return .some(nil)
-            default:
-                return RawJSON.plainInt(t, s).map { .some($0) }
-            }
-        }
+        // One walk over the members; the last of a repeated key wins, as in json-c.
         var c = CallerInfo()
-        guard let client = int("client"), let uid = int("uid"), let gid = int("gid"), let pid = int("pid") else { return nil }
-        c.client = client
-        c.uid = uid
-        c.gid = gid
-        c.pid = pid
-        if let s = RawJSON.memberValueSpan(t, key: "plugin") { c.plugin = RawJSON.plainString(t, s) }
-        if let s = RawJSON.memberValueSpan(t, key: "admin") {
-            c.admin = RawJSON.equals(t, s.lowerBound, s.upperBound, "true") ? true
-                : RawJSON.equals(t, s.lowerBound, s.upperBound, "false") ? false : nil
+        for m in RawJSON.Members(t, start..<t.count) {
+            let k = m.key
+            let first = t[m.value.lowerBound]
+            let isNumber = first == UInt8(ascii: "-") || (first >= UInt8(ascii: "0") && first <= UInt8(ascii: "9"))
+            /// An integer member: nil when it is not a number, or not one written as plain digits
+            /// (a fraction or exponent may still be an integer to `intValue`: json-c decides).
+            func int() -> Int64?? {
+                guard isNumber else { return .some(nil) }
+                return RawJSON.plainInt(t, m.value).map { .some($0) }
+            }
+            switch k.count {
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "uid"): guard let v = int() else { return nil }; c.uid = v
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "gid"): guard let v = int() else { return nil }; c.gid = v
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "pid"): guard let v = int() else { return nil }; c.pid = v
+            case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "client"): guard let v = int() else { return nil }; c.client = v
+            case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "plugin"): c.plugin = RawJSON.plainString(t, m.value)
+            case 5 where RawJSON.equals(t, k.lowerBound, k.upperBound, "admin"):
+                c.admin = RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "true") ? true
+                    : RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "false") ? false : nil
+            default: break
+            }
         }
         return c
     }

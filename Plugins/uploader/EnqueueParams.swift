@@ -113,15 +113,20 @@ struct EnqueueParams {
         guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
         var streamSpan: Range<Int>?
         var consentSpan: Range<Int>?
-        var recordsSpan: Range<Int>?
-        for m in RawJSON.Members(t, first..<t.count) {
+        /// The records as walked (nil: no array), the last `records` member winning.
+        var walked: [RawRecord]??
+        var members = RawJSON.MemberCursor(t, first..<t.count)
+        while let m = members.nextKey() {
             if m.keyEscaped { return nil }
             if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "stream") {
-                streamSpan = m.value
+                streamSpan = members.skipValue()
             } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "consent") {
-                consentSpan = m.value
+                consentSpan = members.skipValue()
             } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "records") {
-                recordsSpan = m.value
+                guard t[m.valueStart] == UInt8(ascii: "[") else { walked = .some(nil); continue }
+                guard let (list, end) = walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1) else { return nil }
+                walked = list
+                members.resume(at: end)
             }
         }
         var p = EnqueueParams(stream: nil, consent: .absent, records: .failure(recordsError), storage: nil)
@@ -137,13 +142,7 @@ struct EnqueueParams {
                 p.consent = .invalid
             }
         }
-        guard let list = recordsSpan, t[list.lowerBound] == UInt8(ascii: "[") else { return p }
-        var elements: [Range<Int>] = []
-        for e in RawJSON.Elements(t, list) {
-            elements.append(e)
-            if elements.count > limits.maxRecordsPerCall { break }
-        }
-        guard !elements.isEmpty else { return p }
+        guard case let elements?? = walked, !elements.isEmpty else { return p }
         guard elements.count <= limits.maxRecordsPerCall else {
             p.records = .failure(tooMany(limits))
             return p
@@ -153,20 +152,8 @@ struct EnqueueParams {
         var bytes = 0
         let base = t.baseAddress!
         for (i, r) in elements.enumerated() {
-            var idSpan: Range<Int>?
-            var tsSpan: Range<Int>?
-            var dataSpan: Range<Int>?
-            for m in RawJSON.Members(t, r) {
-                if m.keyEscaped { return nil }
-                switch m.key.count {
-                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): idSpan = m.value
-                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): tsSpan = m.value
-                case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"): dataSpan = m.value
-                default: break
-                }
-            }
             // The id: a string of 1-128 bytes; one with escapes is json-c's to decode.
-            guard let id = idSpan, t[id.lowerBound] == UInt8(ascii: "\"") else {
+            guard let id = r.id, t[id.lowerBound] == UInt8(ascii: "\"") else {
                 p.records = .failure(idError(i))
                 return p
             }
@@ -177,8 +164,8 @@ struct EnqueueParams {
                 return p
             }
             // The body: what json-c would print for `data` (or the whole record).
-            let data = dataSpan ?? r
-            guard let bodyLen = RawJSON.jsonCText(t, data) else { return nil }
+            let data = r.data ?? r.span
+            guard let bodyLen = r.data != nil ? r.dataLength : RawJSON.jsonCText(t, r.span) else { return nil }
             guard bodyLen <= limits.maxRecordBytes else {
                 p.records = .failure(sizeError(i, limits))
                 return p
@@ -193,7 +180,7 @@ struct EnqueueParams {
                 body = UnsafeRawPointer(out)
             }
             var ts = wall
-            if let s = tsSpan, case let c = t[s.lowerBound], c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) {
+            if let s = r.ts, case let c = t[s.lowerBound], c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) {
                 if let v = RawJSON.plainInt(t, s) {
                     ts = v
                 } else if !RawJSON.isFraction(t, s) {
@@ -206,6 +193,55 @@ struct EnqueueParams {
         }
         p.records = .success((records, bytes))
         return p
+    }
+
+    /// One element of `records` as the raw walk saw it: its span, and the spans of its `id`,
+    /// `ts` and `data` members (the last of each), with the length json-c would print `data` in
+    /// (nil when that is not certain).
+    struct RawRecord {
+        var span: Range<Int>
+        var id: Range<Int>?
+        var ts: Range<Int>?
+        var data: Range<Int>?
+        var dataLength: Int?
+    }
+
+    /// Walks the records array at `start` once: each record's members, and `data` through
+    /// `RawJSON.jsonCText` (which both measures and skips it). Keeps the first `keep` records
+    /// (the rest are only skipped, to find the end). nil when a key is written with escapes.
+    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int) -> (list: [RawRecord], end: Int)? {
+        var list: [RawRecord] = []
+        var elements = RawJSON.ElementCursor(t, start..<t.count)
+        while let e = elements.nextElement() {
+            guard list.count < keep, t[e] == UInt8(ascii: "{") else {
+                let span = elements.skipValue()
+                if list.count < keep { list.append(RawRecord(span: span)) }
+                continue
+            }
+            var r = RawRecord(span: e..<e)
+            var members = RawJSON.MemberCursor(t, e..<t.count)
+            while let m = members.nextKey() {
+                if m.keyEscaped { return nil }
+                switch m.key.count {
+                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): r.id = members.skipValue()
+                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): r.ts = members.skipValue()
+                case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
+                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) {
+                        r.data = m.valueStart..<end
+                        r.dataLength = length
+                        members.resume(at: end)
+                    } else {
+                        r.data = members.skipValue()
+                        r.dataLength = nil
+                    }
+                default: break
+                }
+            }
+            r.span = e..<members.position
+            elements.resume(at: members.position)
+            list.append(r)
+        }
+        return (list, elements.position)
     }
 }
 

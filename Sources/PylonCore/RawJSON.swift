@@ -426,73 +426,127 @@ extension RawJSON {
             public var keyEscaped: Bool
             public var value: Range<Int>
         }
+        var cursor: MemberCursor
+
+        /// An empty sequence when `span` is not an object.
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) { cursor = MemberCursor(t, span) }
+
+        public mutating func next() -> Member? {
+            guard let k = cursor.nextKey() else { return nil }
+            return Member(key: k.key, keyEscaped: k.keyEscaped, value: cursor.skipValue())
+        }
+    }
+
+    /// `Members` for a caller that walks some values itself: after `nextKey`, either `skipValue`
+    /// or walk the value and `resume(at:)` its end (a value left alone is skipped).
+    public struct MemberCursor {
         let t: UnsafeRawBufferPointer
         var i: Int
         let end: Int
+        /// Where the current key's value (or element) starts, until it is skipped or walked.
+        var pending: Int?
+        /// Past the closing bracket: nothing more to list.
+        var done = false
 
-        /// Starts at the object's `{`; an empty sequence when `span` is not an object.
+        /// Starts at the object's `{`; no members when `span` is not an object.
         public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) {
-            self.t = t
-            end = span.upperBound
             let isObject = !span.isEmpty && t[span.lowerBound] == UInt8(ascii: "{")
-            i = isObject ? span.lowerBound + 1 : end
+            self.init(t: t, i: isObject ? span.lowerBound + 1 : span.upperBound, end: span.upperBound)
         }
 
-        public mutating func next() -> Member? {
-            while i < end {
+        init(t: UnsafeRawBufferPointer, i: Int, end: Int) {
+            self.t = t
+            self.i = i
+            self.end = end
+        }
+
+        /// After the last member: the index just past the object's `}`.
+        public var position: Int { i }
+
+        public mutating func nextKey() -> (key: Range<Int>, keyEscaped: Bool, valueStart: Int)? {
+            if pending != nil { _ = skipValue() }
+            while !done, i < end {
                 i = skipSpace(t, i)
                 guard i < end else { return nil }
                 let c = t[i]
-                if c == UInt8(ascii: "}") { i = end; return nil }
+                if c == UInt8(ascii: "}") { i += 1; done = true; return nil }
                 if c == UInt8(ascii: ",") { i += 1; continue }
                 guard c == UInt8(ascii: "\"") else { i = end; return nil }
                 let keyEnd = skipString(t, i)
                 let key = (i + 1)..<(keyEnd - 1)
-                let escaped = RawJSON.contains(t, key, UInt8(ascii: "\\"))
                 i = skipSpace(t, keyEnd)
                 guard i < end, t[i] == UInt8(ascii: ":") else { i = end; return nil }
                 i = skipSpace(t, i + 1)
-                let start = i
-                i = skipValue(t, i)
-                // skipValue stops before a delimiter; a scalar may carry trailing spaces.
-                var e = i
-                while e > start, isSpace(t[e - 1]) { e -= 1 }
-                return Member(key: key, keyEscaped: escaped, value: start..<e)
+                pending = i
+                return (key, RawJSON.contains(t, key, UInt8(ascii: "\\")), i)
             }
             return nil
+        }
+
+        /// Skips the current value; returns its span (no surrounding whitespace).
+        public mutating func skipValue() -> Range<Int> {
+            guard let start = pending else { return i..<i }
+            pending = nil
+            i = RawJSON.skipValue(t, start)
+            // skipValue stops before a delimiter; a scalar may carry trailing spaces.
+            var e = i
+            while e > start, isSpace(t[e - 1]) { e -= 1 }
+            return start..<e
+        }
+
+        /// The caller walked the current value up to `end`.
+        public mutating func resume(at end: Int) {
+            pending = nil
+            i = end
         }
     }
 
     /// The element spans of the array at `span` of validated JSON text `t` (empty when `span` is
     /// not an array).
     public struct Elements: IteratorProtocol, Sequence {
-        let t: UnsafeRawBufferPointer
-        var i: Int
-        let end: Int
+        var cursor: ElementCursor
 
-        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) {
-            self.t = t
-            end = span.upperBound
-            let isArray = !span.isEmpty && t[span.lowerBound] == UInt8(ascii: "[")
-            i = isArray ? span.lowerBound + 1 : end
-        }
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) { cursor = ElementCursor(t, span) }
 
         public mutating func next() -> Range<Int>? {
-            while i < end {
-                i = skipSpace(t, i)
-                guard i < end else { return nil }
-                let c = t[i]
-                if c == UInt8(ascii: "]") { i = end; return nil }
-                if c == UInt8(ascii: ",") { i += 1; continue }
-                let start = i
-                i = skipValue(t, i)
-                // skipValue stops before a delimiter; a scalar may carry trailing spaces.
-                var e = i
-                while e > start, isSpace(t[e - 1]) { e -= 1 }
-                return start..<e
+            guard cursor.nextElement() != nil else { return nil }
+            return cursor.skipValue()
+        }
+    }
+
+    /// `Elements` for a caller that walks some elements itself (see `MemberCursor`).
+    public struct ElementCursor {
+        var inner: MemberCursor
+
+        /// Starts at the array's `[`; no elements when `span` is not an array.
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) {
+            let isArray = !span.isEmpty && t[span.lowerBound] == UInt8(ascii: "[")
+            inner = MemberCursor(t: t, i: isArray ? span.lowerBound + 1 : span.upperBound, end: span.upperBound)
+        }
+
+        /// After the last element: the index just past the array's `]`.
+        public var position: Int { inner.i }
+
+        /// Where the next element starts.
+        public mutating func nextElement() -> Int? {
+            if inner.pending != nil { _ = inner.skipValue() }
+            let t = inner.t
+            while !inner.done, inner.i < inner.end {
+                inner.i = skipSpace(t, inner.i)
+                guard inner.i < inner.end else { return nil }
+                let c = t[inner.i]
+                if c == UInt8(ascii: "]") { inner.i += 1; inner.done = true; return nil }
+                if c == UInt8(ascii: ",") { inner.i += 1; continue }
+                inner.pending = inner.i
+                return inner.i
             }
             return nil
         }
+
+        /// Skips the current element; returns its span.
+        public mutating func skipValue() -> Range<Int> { inner.skipValue() }
+        /// The caller walked the current element up to `end`.
+        public mutating func resume(at end: Int) { inner.resume(at: end) }
     }
 
     /// Whether bytes `r` of `t` hold `byte`.
@@ -509,10 +563,15 @@ extension RawJSON {
     /// `\u`), an integer it would rewrite (`-0`, beyond Int64), or a key repeated in one object
     /// (json-c keeps the last). Numbers with a fraction or exponent keep their text in json-c.
     public static func jsonCText(_ t: UnsafeRawBufferPointer, _ span: Range<Int>, into out: UnsafeMutableRawPointer? = nil) -> Int? {
+        jsonCText(t, at: span.lowerBound, into: out)?.length
+    }
+
+    /// `jsonCText` of the value starting at `start`, and the index just past that value.
+    public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (length: Int, end: Int)? {
         var w = JSONCWriter(t: t, out: out)
-        var i = span.lowerBound
+        var i = start
         guard w.value(&i, depth: 0) else { return nil }
-        return w.n
+        return (w.n, i)
     }
 
     /// The walk of `jsonCText`.

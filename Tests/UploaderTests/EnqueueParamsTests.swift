@@ -104,6 +104,10 @@ struct EnqueueParamsTests {
             (#"{"stream":"s","records":[{"id":"a"},7]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
             (#"{"stream":"s","records":[{"id":"a","data":"0123456789012345678901234567890123456789012345678"}]}"#, "records[0] is larger than 48 bytes"),
             (#"{"stream":"s","consent":5,"records":[{"id":"a"}]}"#, "consent=invalid"),
+            (#"{"stream":"s","records":[{"id":"a"}],"records":{}}"#, "params.records must be a non-empty array"),
+            (#"{"stream":"s","records":7,"records":[{"id":"b","data":[ 1 ]}]}"#, "[b|\(Self.wall)|[1]]"),
+            (#"{"records":[{"id":"a"},{},[],"x",5,{"\u0069d":1}],"stream":"s"}"#, "at most 4 records per call"),
+            (#"{"stream":"s","records":[{"id":"a","data":1,"data":{"k":"v"}} , {"id":"b","ts":4.5}]}"#, #"[a|\#(Self.wall)|{"k":"v"}] [b|\#(Self.wall)|{"id":"b","ts":4.5}]"#),
         ]
         for (text, expected) in cases {
             let (viaJSONC, viaRaw) = try Self.outcomes(text, l)

@@ -43,10 +43,13 @@ struct Principal: Equatable, Sendable, CustomStringConvertible {
         adminFlag = admin
     }
 
-    init(caller: JSON?) {
-        plugin = caller?["plugin"]?.stringValue
-        uid = caller?["uid"]?.intValue
-        adminFlag = caller?["admin"]?.boolValue ?? false
+    init(caller: JSON?) { self.init(caller: CallerInfo(json: caller)) }
+
+    /// From the caller info as the plugin kit reads it (`RawCall.callerInfo`).
+    init(caller: CallerInfo) {
+        plugin = caller.plugin
+        uid = caller.uid
+        adminFlag = caller.admin ?? false
     }
 
     /// An admin may use every stream: the host's flag, or root.

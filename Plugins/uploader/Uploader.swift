@@ -24,7 +24,8 @@ final class Uploader {
     private var commitTimer: Timer!
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
-    private var commitQueue: [(call: Call, stream: String, owner: StreamOwner, consent: String, records: [PendingRecord], bytes: Int)] = []
+    private var commitQueue: [(call: any EnqueueReplier, stream: String, owner: StreamOwner, consent: String, records: [PendingRecord], bytes: Int,
+                               keep: AnyObject?)] = []
     private var commitQueueBytes = 0
     /// `uploader.flush {wait:true}` callers, answered when their stream is drained.
     var drainWaiters: [String: [Call]] = [:]
@@ -131,22 +132,44 @@ final class Uploader {
             && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F || $0 == 0x3A }
     }
 
-    /// `{stream, consent?, records}`. The caller must own the stream (or be an admin); the
-    /// records fall under the stream's fixed consent switch, which `consent`, if given, must name.
+    /// `{stream, consent?, records}` from a parsed request (a notification, or tests).
     func enqueue(_ call: Call) {
-        guard let stream = call.stringParam("stream"), Uploader.validStream(stream) else {
-            call.fail(RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]"))
+        let p = EnqueueParams(ref: call.paramsRef, limits: limits, wall: System.wallClockMs())
+        enqueue(call, caller: Principal(caller: call.caller), p, keep: nil)
+    }
+
+    /// `{stream, consent?, records}` served from the request's text: the records are read from the
+    /// params' bytes (`EnqueueParams.read(raw:)`), or, when those cannot say, from the params
+    /// parsed by json-c.
+    func enqueue(_ call: RawCall) {
+        let wall = System.wallClockMs()
+        let caller = Principal(caller: call.callerInfo)
+        if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall) {
+            enqueue(call, caller: caller, p, keep: p.storage)
+            return
+        }
+        let tree = try? JSONRef.parse(call.params, maxDepth: Plugin.maxDepth)
+        enqueue(call, caller: caller, EnqueueParams(ref: tree?.ptr, limits: limits, wall: wall), keep: tree)
+    }
+
+    /// The enqueue's checks and queueing, whichever reader read the params. The caller must own
+    /// the stream (or be an admin); the records fall under the stream's fixed consent switch,
+    /// which `consent`, if given, must name. `keep` holds what the records point into (besides
+    /// `call`) until the group commit.
+    func enqueue(_ call: any EnqueueReplier, caller: Principal, _ p: EnqueueParams, keep: AnyObject?) {
+        guard let stream = p.stream else {
+            call.fail(EnqueueParams.streamError)
             return
         }
         var st = state(stream)
         let owner: StreamOwner
-        switch StreamAccess.decide(stream, owner: st.owner, caller: Principal(caller: call.caller), action: "enqueue to", claims: true) {
+        switch StreamAccess.decide(stream, owner: st.owner, caller: caller, action: "enqueue to", claims: true) {
         case .refused(let e): call.fail(e); return
         case .allowed(let o?, _): owner = o
         case .allowed(nil, _): call.fail(RPCError(.notPermitted, "stream \(stream) has no owner")); return
         }
         let consent = st.consentKey
-        if call.hasParam("consent"), call.stringParam("consent") != consent {
+        if p.consent != .absent, p.consent != .named(consent) {
             call.fail(RPCError(.invalidParams, "stream \(stream) falls under consent switch \(consent): params.consent must be \"\(consent)\" or absent",
                                data: ["switch": .string(consent)]))
             return
@@ -160,46 +183,11 @@ final class Uploader {
             call.fail(RPCError(.consentDenied, "consent switch \(sw) is denied", data: ["switch": .string(sw)]))
             return
         }
-        // Records are read straight from the parsed json-c tree: no conversion to Swift values.
-        let list = call.paramRef("records")
-        guard json_object_get_type(list) == json_type_array, json_object_array_length(list) > 0 else {
-            call.fail(RPCError(.invalidParams, "params.records must be a non-empty array"))
-            return
-        }
-        let count = json_object_array_length(list)
-        guard count <= limits.maxRecordsPerCall else {
-            call.fail(RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call"))
-            return
-        }
-        var records: [PendingRecord] = []
-        records.reserveCapacity(count)
-        var bytes = 0
-        let wall = System.wallClockMs()
-        for i in 0..<count {
-            let r = json_object_array_get_idx(list, i)
-            var idObj: OpaquePointer?
-            var dataObj: OpaquePointer?
-            var tsObj: OpaquePointer?
-            guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
-                  case let n = json_object_get_string_len(idObj), n > 0, n <= 128, let id = json_object_get_string(idObj)
-            else {
-                call.fail(RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes"))
-                return
-            }
-            // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
-            // else); a record without `data` is stored whole.
-            if json_object_object_get_ex(r, "data", &dataObj) == 0 { dataObj = r }
-            var bodyLen = 0
-            guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
-                call.fail(RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes"))
-                return
-            }
-            var ts = wall
-            if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
-                ts = json_object_get_int64(tsObj)
-            }
-            bytes += bodyLen
-            records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
+        let records: [PendingRecord]
+        let bytes: Int
+        switch p.records {
+        case .failure(let e): call.fail(e); return
+        case .success(let r): (records, bytes) = r
         }
         let newStream = recordedOwners[stream] == nil
         if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: diskBytes + commitQueueBytes, limits: limits) {
@@ -212,7 +200,7 @@ final class Uploader {
                 return
             }
         }
-        commitQueue.append((call, stream, owner, consent, records, bytes))
+        commitQueue.append((call, stream, owner, consent, records, bytes, keep))
         commitQueueBytes += bytes
         ledger.reserve(owner, bytes)
         // Commit after the current read is dispatched: every enqueue that arrived with it shares
@@ -416,6 +404,15 @@ final class Uploader {
         armWake()
     }
 }
+
+/// Who gets an enqueue's answer: a parsed call or a raw one.
+protocol EnqueueReplier: AnyObject {
+    func reply(serialized result: [UInt8])
+    func fail(_ e: RPCError)
+}
+
+extension Call: EnqueueReplier {}
+extension RawCall: EnqueueReplier {}
 
 extension String {
     func replacingStream(_ stream: String) -> String {

@@ -14,7 +14,8 @@ let uploader = Uploader(plugin: plugin)
 // Every request carries the host's `_pylon` caller info: streams are owned (docs/UPLOADER.md).
 plugin.wantsCallerInfo = true
 
-plugin.method("enqueue", consent: "{consent}") { uploader.enqueue($0) }
+// The hot path: served from the request's bytes, answered after the group commit.
+plugin.deferredRawMethod("enqueue", consent: "{consent}") { uploader.enqueue($0) }
 plugin.method("flush") { uploader.flush($0) }
 plugin.method("status") { uploader.status($0) }
 plugin.method("deadLetters") { uploader.deadLetters($0) }

@@ -413,3 +413,275 @@ extension RawJSON {
         }
     }
 }
+
+// MARK: - Walking validated JSON text
+
+extension RawJSON {
+    /// The members of the object at `span` of validated JSON text `t`, in order: each key's bytes
+    /// between its quotes (`keyEscaped` when they hold a backslash escape: the key is then not
+    /// its bytes) and its value's span (no surrounding whitespace). Repeated keys are all listed.
+    public struct Members: IteratorProtocol, Sequence {
+        public struct Member {
+            public var key: Range<Int>
+            public var keyEscaped: Bool
+            public var value: Range<Int>
+        }
+        var cursor: MemberCursor
+
+        /// An empty sequence when `span` is not an object.
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) { cursor = MemberCursor(t, span) }
+
+        public mutating func next() -> Member? {
+            guard let k = cursor.nextKey() else { return nil }
+            return Member(key: k.key, keyEscaped: k.keyEscaped, value: cursor.skipValue())
+        }
+    }
+
+    /// `Members` for a caller that walks some values itself: after `nextKey`, either `skipValue`
+    /// or walk the value and `resume(at:)` its end (a value left alone is skipped).
+    public struct MemberCursor {
+        let t: UnsafeRawBufferPointer
+        var i: Int
+        let end: Int
+        /// Where the current key's value (or element) starts, until it is skipped or walked.
+        var pending: Int?
+        /// Past the closing bracket: nothing more to list.
+        var done = false
+
+        /// Starts at the object's `{`; no members when `span` is not an object.
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) {
+            let isObject = !span.isEmpty && t[span.lowerBound] == UInt8(ascii: "{")
+            self.init(t: t, i: isObject ? span.lowerBound + 1 : span.upperBound, end: span.upperBound)
+        }
+
+        init(t: UnsafeRawBufferPointer, i: Int, end: Int) {
+            self.t = t
+            self.i = i
+            self.end = end
+        }
+
+        /// After the last member: the index just past the object's `}`.
+        public var position: Int { i }
+
+        public mutating func nextKey() -> (key: Range<Int>, keyEscaped: Bool, valueStart: Int)? {
+            if pending != nil { _ = skipValue() }
+            while !done, i < end {
+                i = skipSpace(t, i)
+                guard i < end else { return nil }
+                let c = t[i]
+                if c == UInt8(ascii: "}") { i += 1; done = true; return nil }
+                if c == UInt8(ascii: ",") { i += 1; continue }
+                guard c == UInt8(ascii: "\"") else { i = end; return nil }
+                let keyEnd = skipString(t, i)
+                let key = (i + 1)..<(keyEnd - 1)
+                i = skipSpace(t, keyEnd)
+                guard i < end, t[i] == UInt8(ascii: ":") else { i = end; return nil }
+                i = skipSpace(t, i + 1)
+                pending = i
+                return (key, RawJSON.contains(t, key, UInt8(ascii: "\\")), i)
+            }
+            return nil
+        }
+
+        /// Skips the current value; returns its span (no surrounding whitespace).
+        public mutating func skipValue() -> Range<Int> {
+            guard let start = pending else { return i..<i }
+            pending = nil
+            i = RawJSON.skipValue(t, start)
+            // skipValue stops before a delimiter; a scalar may carry trailing spaces.
+            var e = i
+            while e > start, isSpace(t[e - 1]) { e -= 1 }
+            return start..<e
+        }
+
+        /// The caller walked the current value up to `end`.
+        public mutating func resume(at end: Int) {
+            pending = nil
+            i = end
+        }
+    }
+
+    /// The element spans of the array at `span` of validated JSON text `t` (empty when `span` is
+    /// not an array).
+    public struct Elements: IteratorProtocol, Sequence {
+        var cursor: ElementCursor
+
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) { cursor = ElementCursor(t, span) }
+
+        public mutating func next() -> Range<Int>? {
+            guard cursor.nextElement() != nil else { return nil }
+            return cursor.skipValue()
+        }
+    }
+
+    /// `Elements` for a caller that walks some elements itself (see `MemberCursor`).
+    public struct ElementCursor {
+        var inner: MemberCursor
+
+        /// Starts at the array's `[`; no elements when `span` is not an array.
+        public init(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) {
+            let isArray = !span.isEmpty && t[span.lowerBound] == UInt8(ascii: "[")
+            inner = MemberCursor(t: t, i: isArray ? span.lowerBound + 1 : span.upperBound, end: span.upperBound)
+        }
+
+        /// After the last element: the index just past the array's `]`.
+        public var position: Int { inner.i }
+
+        /// Where the next element starts.
+        public mutating func nextElement() -> Int? {
+            if inner.pending != nil { _ = inner.skipValue() }
+            let t = inner.t
+            while !inner.done, inner.i < inner.end {
+                inner.i = skipSpace(t, inner.i)
+                guard inner.i < inner.end else { return nil }
+                let c = t[inner.i]
+                if c == UInt8(ascii: "]") { inner.i += 1; inner.done = true; return nil }
+                if c == UInt8(ascii: ",") { inner.i += 1; continue }
+                inner.pending = inner.i
+                return inner.i
+            }
+            return nil
+        }
+
+        /// Skips the current element; returns its span.
+        public mutating func skipValue() -> Range<Int> { inner.skipValue() }
+        /// The caller walked the current element up to `end`.
+        public mutating func resume(at end: Int) { inner.resume(at: end) }
+    }
+
+    /// Whether bytes `r` of `t` hold `byte`.
+    @inline(__always) public static func contains(_ t: UnsafeRawBufferPointer, _ r: Range<Int>, _ byte: UInt8) -> Bool {
+        guard !r.isEmpty else { return false }
+        return memchr(t.baseAddress! + r.lowerBound, Int32(byte), r.count) != nil
+    }
+
+    /// What json-c would print for the value at `span` of validated JSON text `t` (compact, "/"
+    /// not escaped: `flagsPlain`), when that is certain from the bytes alone: the value with the
+    /// whitespace between tokens removed. Writes it to `out` (room for `span.count` bytes) when
+    /// given; returns its length. nil when json-c's text could differ in more than whitespace: a
+    /// string or key with an escape other than `\" \\ \b \f \n \r \t` (json-c decodes `\/` and
+    /// `\u`), an integer it would rewrite (`-0`, beyond Int64), or a key repeated in one object
+    /// (json-c keeps the last). Numbers with a fraction or exponent keep their text in json-c.
+    public static func jsonCText(_ t: UnsafeRawBufferPointer, _ span: Range<Int>, into out: UnsafeMutableRawPointer? = nil) -> Int? {
+        jsonCText(t, at: span.lowerBound, into: out)?.length
+    }
+
+    /// `jsonCText` of the value starting at `start`, and the index just past that value.
+    public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (length: Int, end: Int)? {
+        var w = JSONCWriter(t: t, out: out)
+        var i = start
+        guard w.value(&i, depth: 0) else { return nil }
+        return (w.n, i)
+    }
+
+    /// The walk of `jsonCText`.
+    struct JSONCWriter {
+        let t: UnsafeRawBufferPointer
+        let out: UnsafeMutableRawPointer?
+        var n = 0
+        /// Containers nested deeper than this are left to json-c (the recursion stays bounded).
+        static let maxDepth = 256
+
+        @inline(__always) mutating func copy(_ r: Range<Int>) {
+            if let out, !r.isEmpty { (out + n).copyMemory(from: t.baseAddress! + r.lowerBound, byteCount: r.count) }
+            n += r.count
+        }
+
+        @inline(__always) mutating func byte(_ b: UInt8) {
+            out?.storeBytes(of: b, toByteOffset: n, as: UInt8.self)
+            n += 1
+        }
+
+        mutating func value(_ i: inout Int, depth: Int) -> Bool {
+            i = skipSpace(t, i)
+            guard i < t.count else { return false }
+            switch t[i] {
+            case UInt8(ascii: "\""):
+                return string(&i)
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                guard depth < JSONCWriter.maxDepth else { return false }
+                let keyed = t[i] == UInt8(ascii: "{")
+                let close = keyed ? UInt8(ascii: "}") : UInt8(ascii: "]")
+                byte(t[i])
+                i += 1
+                var keys: [Range<Int>] = []
+                var first = true
+                while true {
+                    i = skipSpace(t, i)
+                    guard i < t.count else { return false }
+                    if t[i] == close { byte(close); i += 1; return true }
+                    if !first {
+                        guard t[i] == UInt8(ascii: ",") else { return false }
+                        byte(UInt8(ascii: ","))
+                        i = skipSpace(t, i + 1)
+                    }
+                    first = false
+                    if keyed {
+                        guard i < t.count, t[i] == UInt8(ascii: "\"") else { return false }
+                        let keyStart = i
+                        guard string(&i) else { return false }
+                        let key = keyStart..<i
+                        for k in keys where k.count == key.count && RawJSON.equals(t, k.lowerBound, k.upperBound, UnsafeRawBufferPointer(rebasing: t[key])) {
+                            return false
+                        }
+                        keys.append(key)
+                        i = skipSpace(t, i)
+                        guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
+                        byte(UInt8(ascii: ":"))
+                        i += 1
+                    }
+                    guard value(&i, depth: depth + 1) else { return false }
+                }
+            case UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
+                let start = i
+                while i < t.count, t[i] >= UInt8(ascii: "a"), t[i] <= UInt8(ascii: "z") { i += 1 }
+                copy(start..<i)
+                return true
+            default:
+                let start = i
+                var integer = true
+                while i < t.count {
+                    let c = t[i]
+                    if c == UInt8(ascii: ".") || c == UInt8(ascii: "e") || c == UInt8(ascii: "E") { integer = false } else if !(c == UInt8(ascii: "-") || c == UInt8(ascii: "+") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))) { break }
+                    i += 1
+                }
+                guard i > start else { return false }
+                if integer {
+                    // json-c prints the integer it read: `-0` becomes `0`, out-of-range values clamp.
+                    // (plainInt reads magnitudes as positive Int64s, so Int64.min is spelled out.)
+                    guard RawJSON.plainInt(t, start..<i) != nil || RawJSON.equals(t, start, i, "-9223372036854775808"),
+                          !RawJSON.equals(t, start, i, "-0") else { return false }
+                }
+                copy(start..<i)
+                return true
+            }
+        }
+
+        /// A string at `i` (its opening quote), copied when json-c would print it as written.
+        mutating func string(_ i: inout Int) -> Bool {
+            let start = i
+            i += 1
+            while i < t.count {
+                let c = t[i]
+                if c == UInt8(ascii: "\"") {
+                    i += 1
+                    copy(start..<i)
+                    return true
+                }
+                if c == UInt8(ascii: "\\") {
+                    guard i + 1 < t.count else { return false }
+                    switch t[i + 1] {
+                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"),
+                         UInt8(ascii: "t"):
+                        i += 2
+                    default:
+                        return false
+                    }
+                    continue
+                }
+                i += 1
+            }
+            return false
+        }
+    }
+}

@@ -129,6 +129,8 @@ public final class Plugin {
     private var methods: [String: MethodSpec] = [:]
     /// Methods answered from the request's bytes (see `rawMethod`).
     private var rawMethods: [String: (UnsafeRawBufferPointer) -> [UInt8]] = [:]
+    /// Methods served from the request's bytes and answered later (see `deferredRawMethod`).
+    private var deferredMethods: [String: (RawCall) -> Void] = [:]
     private(set) var methodOrder: [String] = []
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
@@ -185,20 +187,63 @@ public final class Plugin {
         }
     }
 
-    /// The params text a raw method gets when there are none.
-    private static let nullText = Array("null".utf8)
-
-    /// Answers a request for a raw method without parsing it; false when the line is not one.
-    private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard !rawMethods.isEmpty, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
-              let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms),
-              let handler = rawMethods[method]
-        else { return false }
-        let result = m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
-            ?? Plugin.nullText.withUnsafeBytes { handler($0) }
-        result.withUnsafeBytes {
-            channel?.send(envelope: Envelope.result(id: .text(UnsafeRawBufferPointer(rebasing: line[idSpan])), .text($0)))
+    /// Serves `<plugin>.<method>` from the request's bytes, answered later: `handler` gets a
+    /// `RawCall` holding copies of the params' JSON text (`null` when absent) and of the host's
+    /// `_pylon` caller text, and replies exactly once with `reply(serialized:)` or `fail`, now or
+    /// after some work (a disk commit, say). No json-c objects are built for the request. Listed
+    /// in the manifest with its consent template like `method`; a line the fast scan is unsure
+    /// about is parsed and the handler gets the params and caller re-serialised.
+    public func deferredRawMethod(_ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
+                                  deniedResult: JSON = .null, _ handler: @escaping (RawCall) -> Void) {
+        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        deferredMethods[full] = handler
+        method(short, consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult) { [unowned self] call in
+            let params = call.msg.has("params") ? JSONRef(retaining: call.paramsRef) : nil
+            let caller = call.msg.has("_pylon") ? JSONRef(retaining: call.msg.member("_pylon")) : nil
+            let raw = call.id.withSerialized { id in
+                Plugin.withText(params) { p in
+                    Plugin.withOptionalText(caller) { c in
+                        RawCall(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
+                    }
+                }
+            }
+            handler(raw)
         }
+    }
+
+    /// The serialised text of `ref` (`null` when nil).
+    private static func withText<R>(_ ref: JSONRef?, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        guard let ref else { return nullText.withUnsafeBytes(body) }
+        return ref.withSerialized(body)
+    }
+
+    private static func withOptionalText<R>(_ ref: JSONRef?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {
+        guard let ref else { return body(nil) }
+        return ref.withSerialized { body($0) }
+    }
+
+    /// The params text a raw method gets when there are none.
+    static let nullText = Array("null".utf8)
+
+    /// Answers (or hands to a deferred handler) a request for a raw method without parsing it;
+    /// false when the line is not one.
+    private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
+        guard !rawMethods.isEmpty || !deferredMethods.isEmpty,
+              case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
+              let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms)
+        else { return false }
+        let id = UnsafeRawBufferPointer(rebasing: line[idSpan])
+        if let handler = rawMethods[method] {
+            let result = m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
+                ?? Plugin.nullText.withUnsafeBytes { handler($0) }
+            result.withUnsafeBytes { channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
+            return true
+        }
+        guard let handler = deferredMethods[method] else { return false }
+        let caller = m.pylon.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
+        let call = m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
+            ?? Plugin.nullText.withUnsafeBytes { RawCall(plugin: self, id: id, params: $0, caller: caller) }
+        handler(call)
         return true
     }
 

@@ -1,0 +1,275 @@
+import CJSONC
+import PylonPluginKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What the params of an `uploader.enqueue` say: `{stream, consent?, records: [{id, ts?, data}]}`.
+/// Read by one of two readers that agree on every input: `init(ref:)` from a json-c tree, and
+/// `read(raw:)` from the params' JSON text without building objects (nil when it is not sure,
+/// and the caller then parses the text and uses the first). Checks that need the uploader's state
+/// (stream access, consent) are the uploader's; the records' errors are kept here and reported
+/// after those, as the method's documented order says.
+struct EnqueueParams {
+    enum Consent: Equatable {
+        case absent
+        case named(String)
+        /// Present but not a string.
+        case invalid
+    }
+    /// The stream, when it is a string and a valid stream name (`Uploader.validStream`).
+    var stream: String?
+    var consent: Consent
+    /// The records (pointing into the parsed tree, the params text or `storage`) and their body
+    /// bytes, or the first error found in them.
+    var records: Result<(list: [PendingRecord], bytes: Int), RPCError>
+    /// Bodies the raw reader rewrote (compacted), kept alive with the records that point in.
+    var storage: ByteBox?
+
+    init(stream: String?, consent: Consent, records: Result<(list: [PendingRecord], bytes: Int), RPCError>, storage: ByteBox? = nil) {
+        self.stream = stream
+        self.consent = consent
+        self.records = records
+        self.storage = storage
+    }
+
+    // MARK: Errors, worded once for both readers
+
+    static let streamError = RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]")
+    static let recordsError = RPCError(.invalidParams, "params.records must be a non-empty array")
+    static func tooMany(_ limits: UploaderLimits) -> RPCError { RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call") }
+    static func idError(_ i: Int) -> RPCError { RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes") }
+    static func sizeError(_ i: Int, _ limits: UploaderLimits) -> RPCError {
+        RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes")
+    }
+    /// The longest record id, in bytes.
+    static let maxIdBytes = 128
+
+    // MARK: From a json-c tree
+
+    /// Reads params from their json-c object (borrowed; the records point into it, so it must
+    /// outlive them). `wall` is the time of records without an integer `ts`.
+    init(ref params: OpaquePointer?, limits: UploaderLimits, wall: Int64) {
+        func member(_ key: String) -> OpaquePointer?? {
+            var v: OpaquePointer?
+            guard json_object_object_get_ex(params, key, &v) != 0 else { return nil }
+            return .some(v)
+        }
+        func string(_ v: OpaquePointer?) -> String? {
+            guard json_object_get_type(v) == json_type_string else { return nil }
+            return String(cString: json_object_get_string(v))
+        }
+        stream = member("stream").flatMap { string($0) }.flatMap { Uploader.validStream($0) ? $0 : nil }
+        switch member("consent") {
+        case nil: consent = .absent
+        case .some(let v): consent = string(v).map { .named($0) } ?? .invalid
+        }
+        records = EnqueueParams.records(member("records") ?? nil, limits: limits, wall: wall)
+    }
+
+    /// Records are read straight from the parsed json-c tree: no conversion to Swift values.
+    private static func records(_ list: OpaquePointer?, limits: UploaderLimits, wall: Int64) -> Result<(list: [PendingRecord], bytes: Int), RPCError> {
+        guard json_object_get_type(list) == json_type_array, json_object_array_length(list) > 0 else { return .failure(recordsError) }
+        let count = json_object_array_length(list)
+        guard count <= limits.maxRecordsPerCall else { return .failure(tooMany(limits)) }
+        var records: [PendingRecord] = []
+        records.reserveCapacity(count)
+        var bytes = 0
+        for i in 0..<count {
+            let r = json_object_array_get_idx(list, i)
+            var idObj: OpaquePointer?
+            var dataObj: OpaquePointer?
+            var tsObj: OpaquePointer?
+            guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
+                  case let n = json_object_get_string_len(idObj), n > 0, n <= maxIdBytes, let id = json_object_get_string(idObj)
+            else { return .failure(idError(i)) }
+            // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
+            // else); a record without `data` is stored whole.
+            if json_object_object_get_ex(r, "data", &dataObj) == 0 { dataObj = r }
+            var bodyLen = 0
+            guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
+                return .failure(sizeError(i, limits))
+            }
+            var ts = wall
+            if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
+                ts = json_object_get_int64(tsObj)
+            }
+            bytes += bodyLen
+            records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
+        }
+        return .success((records, bytes))
+    }
+
+    // MARK: From the params' text
+
+    /// Reads params from their JSON text (valid JSON; the records point into it, so it must
+    /// outlive them), or nil when the bytes alone cannot say what json-c would read: a key written
+    /// with escapes, a stream, consent or record id with escapes, an integer `ts` beyond Int64, or
+    /// a body json-c would print differently (see `RawJSON.jsonCText`).
+    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64) -> EnqueueParams? {
+        var first = 0
+        while first < t.count, t[first] == 0x20 || t[first] == 0x0A || t[first] == 0x0D || t[first] == 0x09 { first += 1 }
+        guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
+        var streamSpan: Range<Int>?
+        var consentSpan: Range<Int>?
+        /// The records as walked (nil: no array), the last `records` member winning.
+        var walked: [RawRecord]??
+        var members = RawJSON.MemberCursor(t, first..<t.count)
+        while let m = members.nextKey() {
+            if m.keyEscaped { return nil }
+            if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "stream") {
+                streamSpan = members.skipValue()
+            } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "consent") {
+                consentSpan = members.skipValue()
+            } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "records") {
+                guard t[m.valueStart] == UInt8(ascii: "[") else { walked = .some(nil); continue }
+                guard let (list, end) = walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1) else { return nil }
+                walked = list
+                members.resume(at: end)
+            }
+        }
+        var p = EnqueueParams(stream: nil, consent: .absent, records: .failure(recordsError), storage: nil)
+        if let s = streamSpan, t[s.lowerBound] == UInt8(ascii: "\"") {
+            guard let name = RawJSON.plainString(t, s) else { return nil }
+            p.stream = Uploader.validStream(name) ? name : nil
+        }
+        if let s = consentSpan {
+            if t[s.lowerBound] == UInt8(ascii: "\"") {
+                guard let name = RawJSON.plainString(t, s) else { return nil }
+                p.consent = .named(name)
+            } else {
+                p.consent = .invalid
+            }
+        }
+        guard case let elements?? = walked, !elements.isEmpty else { return p }
+        guard elements.count <= limits.maxRecordsPerCall else {
+            p.records = .failure(tooMany(limits))
+            return p
+        }
+        var records: [PendingRecord] = []
+        records.reserveCapacity(elements.count)
+        var bytes = 0
+        let base = t.baseAddress!
+        for (i, r) in elements.enumerated() {
+            // The id: a string of 1-128 bytes; one with escapes is json-c's to decode.
+            guard let id = r.id, t[id.lowerBound] == UInt8(ascii: "\"") else {
+                p.records = .failure(idError(i))
+                return p
+            }
+            let idBytes = (id.lowerBound + 1)..<(id.upperBound - 1)
+            guard !RawJSON.contains(t, idBytes, UInt8(ascii: "\\")) else { return nil }
+            guard idBytes.count > 0, idBytes.count <= maxIdBytes else {
+                p.records = .failure(idError(i))
+                return p
+            }
+            // The body: what json-c would print for `data` (or the whole record).
+            let data = r.data ?? r.span
+            guard let bodyLen = r.data != nil ? r.dataLength : RawJSON.jsonCText(t, r.span) else { return nil }
+            guard bodyLen <= limits.maxRecordBytes else {
+                p.records = .failure(sizeError(i, limits))
+                return p
+            }
+            let body: UnsafeRawPointer
+            if bodyLen == data.count {
+                body = base + data.lowerBound  // already compact: the bytes json-c would print
+            } else {
+                if p.storage == nil { p.storage = ByteBox(capacity: t.count) }
+                let out = p.storage!.reserve(bodyLen)
+                _ = RawJSON.jsonCText(t, data, into: out)
+                body = UnsafeRawPointer(out)
+            }
+            var ts = wall
+            if let s = r.ts, case let c = t[s.lowerBound], c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) {
+                if let v = RawJSON.plainInt(t, s) {
+                    ts = v
+                } else if !RawJSON.isFraction(t, s) {
+                    return nil  // an integer beyond Int64: json-c clamps it
+                }
+            }
+            bytes += bodyLen
+            records.append(PendingRecord(id: (base + idBytes.lowerBound).assumingMemoryBound(to: CChar.self), idLength: Int32(idBytes.count),
+                                         ts: ts, body: body.assumingMemoryBound(to: CChar.self), bodyLength: Int32(bodyLen)))
+        }
+        p.records = .success((records, bytes))
+        return p
+    }
+
+    /// One element of `records` as the raw walk saw it: its span, and the spans of its `id`,
+    /// `ts` and `data` members (the last of each), with the length json-c would print `data` in
+    /// (nil when that is not certain).
+    struct RawRecord {
+        var span: Range<Int>
+        var id: Range<Int>?
+        var ts: Range<Int>?
+        var data: Range<Int>?
+        var dataLength: Int?
+    }
+
+    /// Walks the records array at `start` once: each record's members, and `data` through
+    /// `RawJSON.jsonCText` (which both measures and skips it). Keeps the first `keep` records
+    /// (the rest are only skipped, to find the end). nil when a key is written with escapes.
+    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int) -> (list: [RawRecord], end: Int)? {
+        var list: [RawRecord] = []
+        var elements = RawJSON.ElementCursor(t, start..<t.count)
+        while let e = elements.nextElement() {
+            guard list.count < keep, t[e] == UInt8(ascii: "{") else {
+                let span = elements.skipValue()
+                if list.count < keep { list.append(RawRecord(span: span)) }
+                continue
+            }
+            var r = RawRecord(span: e..<e)
+            var members = RawJSON.MemberCursor(t, e..<t.count)
+            while let m = members.nextKey() {
+                if m.keyEscaped { return nil }
+                switch m.key.count {
+                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): r.id = members.skipValue()
+                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): r.ts = members.skipValue()
+                case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
+                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) {
+                        r.data = m.valueStart..<end
+                        r.dataLength = length
+                        members.resume(at: end)
+                    } else {
+                        r.data = members.skipValue()
+                        r.dataLength = nil
+                    }
+                default: break
+                }
+            }
+            r.span = e..<members.position
+            elements.resume(at: members.position)
+            list.append(r)
+        }
+        return (list, elements.position)
+    }
+}
+
+extension RawJSON {
+    /// Whether the number at `span` has a fraction or an exponent (json-c reads it as a double).
+    static func isFraction(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Bool {
+        span.contains { t[$0] == UInt8(ascii: ".") || t[$0] == UInt8(ascii: "e") || t[$0] == UInt8(ascii: "E") }
+    }
+}
+
+/// Bytes that stay where they are until the box is released: the compacted record bodies of one
+/// raw enqueue, which its pending records point into until the group commit.
+final class ByteBox {
+    private let base: UnsafeMutableRawPointer
+    private let capacity: Int
+    private var used = 0
+
+    init(capacity: Int) {
+        self.capacity = max(1, capacity)
+        base = .allocate(byteCount: self.capacity, alignment: 8)
+    }
+
+    deinit { base.deallocate() }
+
+    /// `n` more bytes of room (the caller writes them); never more than the capacity in all.
+    func reserve(_ n: Int) -> UnsafeMutableRawPointer {
+        precondition(used + n <= capacity, "ByteBox overflow")
+        defer { used += n }
+        return base + used
+    }
+}

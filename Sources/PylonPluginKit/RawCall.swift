@@ -1,0 +1,129 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One request to a deferred raw method (`Plugin.deferredRawMethod`): the request's params and
+/// caller as JSON text, copied out of the line (the line's buffer is reused), valid as long as
+/// this object lives. Reply exactly once with `reply(serialized:)` or `fail`; later replies are
+/// ignored, and a notification's replies are dropped.
+public final class RawCall {
+    /// The params' JSON text (`null` when the request had none). Valid JSON: the line was
+    /// validated strictly, or parsed and re-serialised.
+    public let params: UnsafeRawBufferPointer
+    /// The host-written `_pylon` member's JSON text (see `Call.caller`), nil when absent.
+    public let caller: UnsafeRawBufferPointer?
+    private let id: UnsafeRawBufferPointer
+    /// One allocation holding the id, params and caller text.
+    private let storage: UnsafeMutableRawBufferPointer
+    unowned let plugin: Plugin
+    private var answered = false
+    let isNotification: Bool
+
+    init(plugin: Plugin, id: UnsafeRawBufferPointer, params: UnsafeRawBufferPointer, caller: UnsafeRawBufferPointer?,
+         isNotification: Bool = false) {
+        self.plugin = plugin
+        self.isNotification = isNotification
+        let c = caller?.count ?? 0
+        storage = .allocate(byteCount: max(1, id.count + params.count + c), alignment: 8)
+        let base = storage.baseAddress!
+        func put(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> UnsafeRawBufferPointer {
+            if let b = bytes.baseAddress, bytes.count > 0 { (base + offset).copyMemory(from: b, byteCount: bytes.count) }
+            return UnsafeRawBufferPointer(start: base + offset, count: bytes.count)
+        }
+        self.id = put(id, at: 0)
+        self.params = put(params, at: id.count)
+        self.caller = caller.map { put($0, at: id.count + params.count) }
+    }
+
+    deinit { storage.deallocate() }
+
+    /// The caller, read from the `_pylon` text (see `CallerInfo`).
+    public var callerInfo: CallerInfo { CallerInfo(text: caller) }
+
+    /// Replies with a result that is already serialized JSON text (built by the plugin, so
+    /// trusted).
+    public func reply(serialized result: [UInt8]) {
+        guard !answered, !isNotification else { answered = true; return }
+        answered = true
+        result.withUnsafeBytes { plugin.channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
+    }
+
+    public func fail(_ e: RPCError) {
+        guard !answered, !isNotification else { answered = true; return }
+        answered = true
+        plugin.channel?.send(envelope: Envelope.error(id: .text(id), e))
+    }
+}
+
+/// Who called, as the host writes it in a request's `_pylon` member (see `Call.caller`):
+/// `client`, `uid`, `gid`, `pid` for a client connection, `plugin` for a plugin, `admin` for an
+/// admin client. Each field is what `JSON`'s `intValue`/`stringValue`/`boolValue` would give for
+/// that member (nil when absent or of another type).
+public struct CallerInfo: Equatable, Sendable {
+    public var client: Int64?
+    public var uid: Int64?
+    public var gid: Int64?
+    public var pid: Int64?
+    public var plugin: String?
+    public var admin: Bool?
+
+    public init(client: Int64? = nil, uid: Int64? = nil, gid: Int64? = nil, pid: Int64? = nil, plugin: String? = nil, admin: Bool? = nil) {
+        self.client = client
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+        self.plugin = plugin
+        self.admin = admin
+    }
+
+    /// From the caller as a Swift value (`Call.caller`).
+    public init(json: JSON?) {
+        client = json?["client"]?.intValue
+        uid = json?["uid"]?.intValue
+        gid = json?["gid"]?.intValue
+        pid = json?["pid"]?.intValue
+        plugin = json?["plugin"]?.stringValue
+        admin = json?["admin"]?.boolValue
+    }
+
+    /// From the `_pylon` member's JSON text (valid JSON; nil: no caller info). The small,
+    /// host-written object is read from its bytes; anything unusual (escapes, numbers that are not
+    /// plain integers) is parsed with json-c instead, with the same result.
+    public init(text: UnsafeRawBufferPointer?) {
+        guard let text else { self.init(json: nil); return }
+        if let fast = CallerInfo.scan(text) { self = fast; return }
+        self.init(json: (try? JSONRef.parse(text, maxDepth: Plugin.maxDepth))?.json)
+    }
+
+    /// The byte-level read; nil when the text is not plainly written.
+    static func scan(_ t: UnsafeRawBufferPointer) -> CallerInfo? {
+        var start = 0
+        while start < t.count, t[start] == 0x20 || t[start] == 0x0A || t[start] == 0x0D || t[start] == 0x09 { start += 1 }
+        guard start < t.count, t[start] == UInt8(ascii: "{"), !t.contains(UInt8(ascii: "\\")) else { return nil }
+        // One walk over the members; the last of a repeated key wins, as in json-c.
+        var c = CallerInfo()
+        for m in RawJSON.Members(t, start..<t.count) {
+            let k = m.key
+            let first = t[m.value.lowerBound]
+            let isNumber = first == UInt8(ascii: "-") || (first >= UInt8(ascii: "0") && first <= UInt8(ascii: "9"))
+            /// An integer member: nil when it is not a number, or not one written as plain digits
+            /// (a fraction or exponent may still be an integer to `intValue`: json-c decides).
+            func int() -> Int64?? {
+                guard isNumber else { return .some(nil) }
+                return RawJSON.plainInt(t, m.value).map { .some($0) }
+            }
+            switch k.count {
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "uid"): guard let v = int() else { return nil }; c.uid = v
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "gid"): guard let v = int() else { return nil }; c.gid = v
+            case 3 where RawJSON.equals(t, k.lowerBound, k.upperBound, "pid"): guard let v = int() else { return nil }; c.pid = v
+            case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "client"): guard let v = int() else { return nil }; c.client = v
+            case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "plugin"): c.plugin = RawJSON.plainString(t, m.value)
+            case 5 where RawJSON.equals(t, k.lowerBound, k.upperBound, "admin"):
+                c.admin = RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "true") ? true
+                    : RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "false") ? false : nil
+            default: break
+            }
+        }
+        return c
+    }
+}

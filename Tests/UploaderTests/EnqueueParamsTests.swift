@@ -1,0 +1,254 @@
+@testable import PylonPluginKit
+import Testing
+@testable import pylon_uploader
+
+/// The two readers of `uploader.enqueue` params agree: whatever the raw reader (the request's
+/// bytes) decides is what the json-c reader decides — the same error (code and message), or the
+/// same records (ids, ts, stored bytes) — and it decides ordinary requests itself.
+struct EnqueueParamsTests {
+    static let wall: Int64 = 1_700_000_000_000
+
+    /// One reader's outcome as comparable text: the stream, consent and records (or error).
+    static func describe(_ p: EnqueueParams) -> String {
+        var s = "stream=\(p.stream ?? "<nil>") consent=\(p.consent) "
+        switch p.records {
+        case .failure(let e): s += "error \(e.code) \(e.message)"
+        case .success(let r):
+            s += "bytes=\(r.bytes)"
+            for rec in r.list {
+                let id = String(decoding: UnsafeRawBufferPointer(start: rec.id, count: Int(rec.idLength)), as: UTF8.self)
+                let body = String(decoding: UnsafeRawBufferPointer(start: rec.body, count: Int(rec.bodyLength)), as: UTF8.self)
+                s += " [\(id)|\(rec.ts)|\(body)]"
+            }
+        }
+        return s
+    }
+
+    /// Both readers on `text`: (json-c's outcome, the raw reader's or nil when it declined).
+    static func outcomes(_ text: String, _ limits: UploaderLimits) throws -> (jsonC: String, raw: String?) {
+        let bytes = Array(text.utf8)
+        return try bytes.withUnsafeBytes { t throws -> (String, String?) in
+            let tree = try JSONRef.parse(t, maxDepth: Plugin.maxDepth)
+            let viaJSONC = describe(EnqueueParams(ref: tree.ptr, limits: limits, wall: wall))
+            let viaRaw = EnqueueParams.read(raw: t, limits: limits, wall: wall).map(describe)
+            return (viaJSONC, viaRaw)
+        }
+    }
+
+    static var smallLimits: UploaderLimits {
+        var l = UploaderLimits()
+        l.maxRecordsPerCall = 4
+        l.maxRecordBytes = 48
+        return l
+    }
+
+    @Test func randomParamsGiveTheSameOutcomeThroughBothReaders() throws {
+        var g = EnqueueGenerator(seed: 2026)
+        var decided = 0
+        var declined = 0
+        var accepted = 0
+        for n in 0..<6000 {
+            let text = g.params()
+            let limits = n % 3 == 0 ? UploaderLimits() : Self.smallLimits
+            let (viaJSONC, viaRaw) = try Self.outcomes(text, limits)
+            if let viaRaw {
+                #expect(viaRaw == viaJSONC, "\(text)")
+                decided += 1
+                if !viaRaw.contains(" error ") { accepted += 1 }
+            } else {
+                declined += 1
+            }
+        }
+        #expect(decided > 2500 && declined > 300 && accepted > 800, "decided \(decided), declined \(declined), accepted \(accepted)")
+    }
+
+    @Test func ordinaryRequestsAreReadFromTheBytes() throws {
+        let cases = [
+            #"{"stream":"ma.events","consent":"analytics","records":[{"id":"r1","data":{"eventName":"purchase","property":{"sku":"A-1","price":9.99,"ts":1732900000}}}]}"#,
+            #"{"records":[{"id":"a","ts":5,"data":[1,2,"x"]},{"id":"b","data":null},{"id":"c","n":1}],"stream":"s"}"#,
+            // Pretty-printed (Python's json.dumps separators): stored compact, as json-c prints it.
+            #"{"stream": "s", "records": [{"id": "a", "data": {"k": [1, 2], "u": "é 😀 \n"}}]}"#,
+        ]
+        for text in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text, UploaderLimits())
+            #expect(viaRaw == viaJSONC, "\(text)")
+            #expect(viaRaw != nil && !viaJSONC.contains(" error "), "\(text) -> \(viaJSONC)")
+        }
+    }
+
+    @Test func escapesAndRewritesAreLeftToJsonC() throws {
+        let cases = [
+            #"{"stream":"\u0073","records":[{"id":"a","data":1}]}"#,  // stream with an escape
+            #"{"st\u0072eam":"s","records":[{"id":"a","data":1}]}"#,  // key with an escape
+            #"{"stream":"s","records":[{"id":"a\u0062","data":1}]}"#,  // id with an escape
+            #"{"stream":"s","records":[{"id":"a\"b","data":1}]}"#,
+            #"{"stream":"s","records":[{"id":"a","data":"x\/y"}]}"#,  // json-c prints x/y
+            #"{"stream":"s","records":[{"id":"a","data":{"k":1,"k":2}}]}"#,  // json-c keeps the last
+            #"{"stream":"s","records":[{"id":"a","ts":99999999999999999999,"data":1}]}"#,  // json-c clamps
+            #"{"stream":"s","consent":"\u0061","records":[{"id":"a","data":1}]}"#,
+        ]
+        for text in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text, UploaderLimits())
+            #expect(viaRaw == nil, "\(text) -> \(viaJSONC)")
+        }
+    }
+
+    @Test func errorsAreWordedAsBefore() throws {
+        let l = Self.smallLimits
+        let cases: [(String, String)] = [
+            (#"{"records":[]}"#, "stream=<nil>"),
+            (#"{"stream":"s","records":[]}"#, "params.records must be a non-empty array"),
+            (#"{"stream":"s","records":{"id":"a"}}"#, "params.records must be a non-empty array"),
+            (#"{"stream":"s","records":[1,2,3,4,5]}"#, "at most 4 records per call"),
+            (#"{"stream":"s","records":[{"id":"a"},{"id":""}]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
+            (#"{"stream":"s","records":[{"id":"a"},7]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
+            (#"{"stream":"s","records":[{"id":"a","data":"0123456789012345678901234567890123456789012345678"}]}"#, "records[0] is larger than 48 bytes"),
+            (#"{"stream":"s","consent":5,"records":[{"id":"a"}]}"#, "consent=invalid"),
+            (#"{"stream":"s","records":[{"id":"a"}],"records":{}}"#, "params.records must be a non-empty array"),
+            (#"{"stream":"s","records":7,"records":[{"id":"b","data":[ 1 ]}]}"#, "[b|\(Self.wall)|[1]]"),
+            (#"{"records":[{"id":"a"},{},[],"x",5,{"\u0069d":1}],"stream":"s"}"#, "at most 4 records per call"),
+            (#"{"stream":"s","records":[{"id":"a","data":1,"data":{"k":"v"}} , {"id":"b","ts":4.5}]}"#, #"[a|\#(Self.wall)|{"k":"v"}] [b|\#(Self.wall)|{"id":"b","ts":4.5}]"#),
+        ]
+        for (text, expected) in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text, l)
+            #expect(viaJSONC.contains(expected), "\(text) -> \(viaJSONC)")
+            #expect(viaRaw == viaJSONC, "\(text)")
+        }
+        let longID = String(repeating: "i", count: 129)
+        let (viaJSONC, viaRaw) = try Self.outcomes(#"{"stream":"s","records":[{"id":"\#(longID)"}]}"#, l)
+        #expect(viaJSONC.contains("records[0].id must be"))
+        #expect(viaRaw == viaJSONC)
+    }
+
+    @Test func callerInfoFromTextMatchesTheParsedCaller() throws {
+        var g = EnqueueGenerator(seed: 5)
+        var fast = 0
+        for _ in 0..<3000 {
+            let text = g.caller()
+            let parsed = try JSON.parse(text)
+            let viaText = Array(text.utf8).withUnsafeBytes { CallerInfo(text: $0) }
+            #expect(viaText == CallerInfo(json: parsed), "\(text)")
+            #expect(Principal(caller: viaText) == Principal(caller: parsed))
+            if Array(text.utf8).withUnsafeBytes({ CallerInfo.scan($0) }) != nil { fast += 1 }
+        }
+        #expect(fast > 500, "most callers read from the bytes: \(fast)")
+        let host = Array(#"{"client":12,"uid":1000,"gid":1000,"pid":4242,"admin":true}"#.utf8)
+        #expect(host.withUnsafeBytes { CallerInfo(text: $0) } == CallerInfo(client: 12, uid: 1000, gid: 1000, pid: 4242, admin: true))
+        #expect(CallerInfo(text: nil) == CallerInfo())
+    }
+}
+
+/// Random enqueue params as text: valid and invalid, with the spellings json-c reads the same but
+/// prints differently (whitespace, escapes, repeated keys, `-0`, integers beyond Int64).
+struct EnqueueGenerator {
+    var rng: SplitMix64
+    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
+
+    mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+    mutating func chance(_ percent: Int) -> Bool { int(100) < percent }
+    mutating func pick(_ options: [String]) -> String { options[int(options.count)] }
+    mutating func space() -> String { chance(85) ? "" : pick([" ", "\n", "\t ", "  "]) }
+
+    mutating func string() -> String {
+        var s = "\""
+        for _ in 0..<int(6) {
+            s += chance(8) ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
+                : pick(["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]"])
+        }
+        return s + "\""
+    }
+
+    mutating func number() -> String {
+        chance(8) ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901"])
+            : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000"])
+    }
+
+    mutating func value(depth: Int = 0) -> String {
+        switch int(depth > 2 ? 3 : 6) {
+        case 0: return string()
+        case 1: return number()
+        case 2: return pick(["true", "false", "null"])
+        case 3, 4:
+            var keys: [String] = []
+            for _ in 0..<int(4) { keys.append(chance(5) && !keys.isEmpty ? keys[0] : chance(4) ? #""k\u0065y""# : "\"k\(int(4))\"") }
+            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "}"
+        default:
+            return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
+        }
+    }
+
+    mutating func id() -> String? {
+        switch int(20) {
+        case 0: return nil
+        case 1: return "\"\""
+        case 2: return "\"" + String(repeating: "x", count: 128) + "\""
+        case 3: return "\"" + String(repeating: "y", count: 129) + "\""
+        case 4: return #""a\u0062""#
+        case 5: return #""q\"d""#
+        case 6: return number()
+        case 7: return "null"
+        case 8: return "\"é😀\""
+        default: return "\"r\(int(50))\""
+        }
+    }
+
+    mutating func record() -> String {
+        if chance(4) { return value() }
+        var members: [String] = []
+        if let id = id() { members.append("\"id\"" + space() + ":" + space() + id) }
+        if chance(40) { members.append("\"ts\":" + (chance(70) ? number() : value())) }
+        if chance(85) { members.append("\"data\":" + space() + value()) }
+        if chance(10) { members.append("\"extra\":" + value()) }
+        if chance(3) { members.append(#""\u0069d":"z""#) }
+        if chance(3), let again = members.first { members.append(again) }
+        members.shuffle(using: &rng)
+        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+    }
+
+    mutating func params() -> String {
+        var members: [String] = []
+        switch int(20) {
+        case 0: break
+        case 1: members.append(#""stream":5"#)
+        case 2: members.append(#""stream":"bad name!""#)
+        case 3: members.append(#""stream":"\u0073s""#)
+        case 4: members.append("\"stream\":\"" + String(repeating: "s", count: 129) + "\"")
+        default: members.append("\"stream\":\"" + pick(["s", "ma.events", "app:x-1_y"]) + "\"")
+        }
+        switch int(10) {
+        case 0: members.append(#""consent":"analytics""#)
+        case 1: members.append(#""consent":null"#)
+        case 2: members.append(#""consent":"\u0061""#)
+        default: break
+        }
+        switch int(20) {
+        case 0: break
+        case 1: members.append(#""records":{}"#)
+        case 2: members.append(#""records":[]"#)
+        case 3: members.append("\"records\":" + value())
+        default:
+            let n = chance(10) ? 6 : 1 + int(3)
+            members.append("\"records\":" + space() + "[" + (0..<n).map { _ in space() + record() + space() }.joined(separator: ",") + "]")
+        }
+        if chance(5) { members.append(#""st\u0072eam":"s""#) }
+        if chance(10) { members.append("\"other\":" + value()) }
+        members.shuffle(using: &rng)
+        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+    }
+
+    /// A `_pylon` caller object, mostly as the host writes it.
+    mutating func caller() -> String {
+        var members: [String] = []
+        for key in ["client", "uid", "gid", "pid"] where chance(70) {
+            members.append("\"\(key)\":" + pick(["0", "1000", "-1", "42", "7.0", "2.5", "1e3", "\"9\"", "null", "true", "99999999999999999999"]))
+        }
+        if chance(50) { members.append("\"plugin\":" + pick([#""ma""#, #""m\u0061""#, "5", "null", #""""#])) }
+        if chance(50) { members.append("\"admin\":" + pick(["true", "false", "1", "null", #""true""#])) }
+        if chance(5) { members.append(#""\u0075id":3"#) }
+        if chance(5) { members.append(#""nested":{"uid":77}"#) }
+        members.shuffle(using: &rng)
+        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+    }
+}
+
+extension SplitMix64: RandomNumberGenerator {}

@@ -52,8 +52,9 @@ let package = Package(
         // The tag-manager engine: parse a container once, evaluate macros, rules and tags. No I/O.
         // Evaluation state is confined to one call on one thread: the dynamic exclusivity checks
         // of its class were a fifth of a push's CPU, so they are compiled out here only.
-        .target(name: "PylonTagEngine", dependencies: ["PylonCore", "CJSONC", "CPCRE2"],
-                swiftSettings: strict + [.unsafeFlags(["-enforce-exclusivity=unchecked"])]),
+        .target(
+            name: "PylonTagEngine", dependencies: ["PylonCore", "CJSONC", "CPCRE2"],
+            swiftSettings: strict + [.unsafeFlags(["-enforce-exclusivity=unchecked"])]),
 
         // Thin executables.
         .executableTarget(name: "pylond", dependencies: ["PylonHost"], swiftSettings: strict),
@@ -91,7 +92,8 @@ let package = Package(
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
-            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT", "PylonTagEngine"], path: "Benchmarks/pylon-bench",
+            name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT", "PylonTagEngine"],
+            path: "Benchmarks/pylon-bench",
             swiftSettings: strict),
 
         // libFuzzer targets (`make fuzz`, docs/HARDENING.md). Built with `-sanitize=fuzzer` and
@@ -99,14 +101,17 @@ let package = Package(
         // command line (a corpus under Fuzz/corpus, a crash artifact) through the same entry point.
         .target(name: "FuzzSupport", dependencies: ["PylonCore"], path: "Fuzz/Support", swiftSettings: strict),
         .executableTarget(name: "fuzz-message", dependencies: ["PylonCore", "FuzzSupport"], path: "Fuzz/message", swiftSettings: strict),
-        .executableTarget(name: "fuzz-manifest", dependencies: ["PylonHost", "PylonProtocol", "FuzzSupport"], path: "Fuzz/manifest", swiftSettings: strict),
+        .executableTarget(
+            name: "fuzz-manifest", dependencies: ["PylonHost", "PylonProtocol", "FuzzSupport"], path: "Fuzz/manifest", swiftSettings: strict
+        ),
         .executableTarget(
             name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http",
             swiftSettings: strict),
         // The plugins are executables (not linkable): these two compile the plugin's pure
         // validation/policy files through symlinks in their directories.
         .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma", swiftSettings: strict),
-        .executableTarget(name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
+        .executableTarget(
+            name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),

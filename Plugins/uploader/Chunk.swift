@@ -68,8 +68,10 @@ struct Chunk {
         var j = idStart + 1
         while j < r.upperBound, body[j] != UInt8(ascii: "\"") { j += body[j] == UInt8(ascii: "\\") ? 2 : 1 }
         let n = dataBytes(index, i)
-        return (UnsafeRawBufferPointer(rebasing: body[idStart..<min(j + 1, r.upperBound)]),
-                UnsafeRawBufferPointer(rebasing: body[(r.upperBound - 1 - n)..<(r.upperBound - 1)]))
+        return (
+            UnsafeRawBufferPointer(rebasing: body[idStart..<min(j + 1, r.upperBound)]),
+            UnsafeRawBufferPointer(rebasing: body[(r.upperBound - 1 - n)..<(r.upperBound - 1)])
+        )
     }
 
     /// Splits after the first `k` records (0 < k < count): the head and the rest.
@@ -82,8 +84,10 @@ struct Chunk {
                 Chunk.appendU32(&tailIndex, Chunk.u32(ix, i * Chunk.indexEntryBytes) - UInt32(cut + 1))
                 Chunk.appendU32(&tailIndex, Chunk.u32(ix, i * Chunk.indexEntryBytes + 4))
             }
-            return (Chunk(body: Array(body[..<cut]), index: Array(index[..<(k * Chunk.indexEntryBytes)])),
-                    Chunk(body: Array(body[(cut + 1)...]), index: tailIndex))
+            return (
+                Chunk(body: Array(body[..<cut]), index: Array(index[..<(k * Chunk.indexEntryBytes)])),
+                Chunk(body: Array(body[(cut + 1)...]), index: tailIndex)
+            )
         }
     }
 

@@ -38,8 +38,12 @@ struct EnqueueParams {
 
     static let streamError = RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]")
     static let recordsError = RPCError(.invalidParams, "params.records must be a non-empty array")
-    static func tooMany(_ limits: UploaderLimits) -> RPCError { RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call") }
-    static func idError(_ i: Int) -> RPCError { RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes") }
+    static func tooMany(_ limits: UploaderLimits) -> RPCError {
+        RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call")
+    }
+    static func idError(_ i: Int) -> RPCError {
+        RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes")
+    }
     static func sizeError(_ i: Int, _ limits: UploaderLimits) -> RPCError {
         RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes")
     }
@@ -69,7 +73,9 @@ struct EnqueueParams {
     }
 
     /// Records are read straight from the parsed json-c tree: no conversion to Swift values.
-    private static func records(_ list: OpaquePointer?, limits: UploaderLimits, wall: Int64) -> Result<(list: [PendingRecord], bytes: Int), RPCError> {
+    private static func records(_ list: OpaquePointer?, limits: UploaderLimits, wall: Int64) -> Result<
+        (list: [PendingRecord], bytes: Int), RPCError
+    > {
         guard json_object_get_type(list) == json_type_array, json_object_array_length(list) > 0 else { return .failure(recordsError) }
         let count = json_object_array_length(list)
         guard count <= limits.maxRecordsPerCall else { return .failure(tooMany(limits)) }
@@ -82,7 +88,7 @@ struct EnqueueParams {
             var dataObj: OpaquePointer?
             var tsObj: OpaquePointer?
             guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
-                  case let n = json_object_get_string_len(idObj), n > 0, n <= maxIdBytes, let id = json_object_get_string(idObj)
+                case let n = json_object_get_string_len(idObj), n > 0, n <= maxIdBytes, let id = json_object_get_string(idObj)
             else { return .failure(idError(i)) }
             // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
             // else); a record without `data` is stored whole.
@@ -188,8 +194,10 @@ struct EnqueueParams {
                 }
             }
             bytes += bodyLen
-            records.append(PendingRecord(id: (base + idBytes.lowerBound).assumingMemoryBound(to: CChar.self), idLength: Int32(idBytes.count),
-                                         ts: ts, body: body.assumingMemoryBound(to: CChar.self), bodyLength: Int32(bodyLen)))
+            records.append(
+                PendingRecord(
+                    id: (base + idBytes.lowerBound).assumingMemoryBound(to: CChar.self), idLength: Int32(idBytes.count),
+                    ts: ts, body: body.assumingMemoryBound(to: CChar.self), bodyLength: Int32(bodyLen)))
         }
         p.records = .success((records, bytes))
         return p

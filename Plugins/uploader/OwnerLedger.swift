@@ -17,17 +17,20 @@ struct OwnerLedger {
     func admit(_ owner: StreamOwner, bytes n: Int, newStream: Bool, totalBytes: Int, limits: UploaderLimits) -> RPCError? {
         if newStream, streams[owner, default: 0] >= limits.streams(for: owner) {
             let max = limits.streams(for: owner)
-            return RPCError(.overloaded, "\(owner) already has \(max) streams (maxStreamsPerOwner); new stream refused",
-                            data: ["limit": "maxStreamsPerOwner", "value": .int(Int64(max)), "owner": .string(owner.description)])
+            return RPCError(
+                .overloaded, "\(owner) already has \(max) streams (maxStreamsPerOwner); new stream refused",
+                data: ["limit": "maxStreamsPerOwner", "value": .int(Int64(max)), "owner": .string(owner.description)])
         }
         if totalBytes + n > limits.maxDiskBytes {
-            return RPCError(.overloaded, "uploader queue is full (\(limits.maxDiskBytes) bytes on disk, maxDiskBytes); records refused",
-                            data: ["limit": "maxDiskBytes", "value": .int(Int64(limits.maxDiskBytes))])
+            return RPCError(
+                .overloaded, "uploader queue is full (\(limits.maxDiskBytes) bytes on disk, maxDiskBytes); records refused",
+                data: ["limit": "maxDiskBytes", "value": .int(Int64(limits.maxDiskBytes))])
         }
         let quota = limits.diskBytes(for: owner)
         if usage(owner).bytes + n > quota {
-            return RPCError(.overloaded, "\(owner) has \(usage(owner).bytes) of its \(quota) bytes queued (maxDiskBytesPerOwner); records refused",
-                            data: ["limit": "maxDiskBytesPerOwner", "value": .int(Int64(quota)), "owner": .string(owner.description)])
+            return RPCError(
+                .overloaded, "\(owner) has \(usage(owner).bytes) of its \(quota) bytes queued (maxDiskBytesPerOwner); records refused",
+                data: ["limit": "maxDiskBytesPerOwner", "value": .int(Int64(quota)), "owner": .string(owner.description)])
         }
         return nil
     }

@@ -50,7 +50,8 @@ final class UploaderStore {
         try db.exec("PRAGMA journal_mode=WAL")
         try db.exec(fsyncEveryCommit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
-        try db.exec("""
+        try db.exec(
+            """
             -- A chunk's records (`chunk_bodies`) are apart from what a cut changes (`chunks.batch`):
             -- SQLite rewrites a whole row, overflow pages included, on any update, so a cut
             -- rewrites only the small row.
@@ -92,9 +93,11 @@ final class UploaderStore {
         while try s.step() {
             let stream = s.text(0)
             var set = ids.removeValue(forKey: stream) ?? []
-            s.withBlob(1) { body in s.withBlob(2) { index in
-                for i in 0..<(index.count / Chunk.indexEntryBytes) { set.insert(RecordKey(Chunk.record(body, index, i).escapedID)) }
-            } }
+            s.withBlob(1) { body in
+                s.withBlob(2) { index in
+                    for i in 0..<(index.count / Chunk.indexEntryBytes) { set.insert(RecordKey(Chunk.record(body, index, i).escapedID)) }
+                }
+            }
             ids[stream] = set
             nextPosition = max(nextPosition, s.int(3))
         }
@@ -136,8 +139,9 @@ final class UploaderStore {
                         chunks.append((e.stream, e.consent, Chunk()))
                         slot = chunks.count - 1
                     }
-                    chunks[slot!].chunk.append(escapedID: id, ts: r.ts,
-                                               data: UnsafeRawBufferPointer(start: r.body, count: Int(r.bodyLength)))
+                    chunks[slot!].chunk.append(
+                        escapedID: id, ts: r.ts,
+                        data: UnsafeRawBufferPointer(start: r.body, count: Int(r.bodyLength)))
                     return true
                 }
                 if inserted {
@@ -191,12 +195,16 @@ final class UploaderStore {
     /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent:
     /// whole chunks, and the head of the next one when only part of it fits. Returns the number
     /// of records in it and their bytes (0 when nothing was queued).
-    func cutBatch(stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
-                  nowMs: Int64) throws(SQLiteError) -> (count: Int, bytes: Int) {
+    func cutBatch(
+        stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
+        nowMs: Int64
+    ) throws(SQLiteError) -> (count: Int, bytes: Int) {
         try db.transaction { () throws(SQLiteError) -> (count: Int, bytes: Int) in
-            let s = try db.prepare(consent == nil
-                ? "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL ORDER BY first LIMIT ?2"
-                : "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL AND consent=?3 ORDER BY first LIMIT ?2")
+            let s = try db.prepare(
+                consent == nil
+                    ? "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL ORDER BY first LIMIT ?2"
+                    : "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL AND consent=?3 ORDER BY first LIMIT ?2"
+            )
             try s.bind([.text(stream), .int(Int64(maxCount))] + (consent.map { [.text($0)] } ?? []))
             var whole: [Int64] = []
             var partial: (seq: Int64, room: Int, roomBytes: Int)?
@@ -230,8 +238,9 @@ final class UploaderStore {
                 try mark.bind([.text(key), .int(seq)])
                 while try mark.step() {}
             }
-            try db.run("INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
-                       [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
+            try db.run(
+                "INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
+                [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
             return (count, bytes)
         }
     }
@@ -242,7 +251,8 @@ final class UploaderStore {
     private func splitChunk(_ seq: Int64, maxCount: Int, maxBytes: Int, atLeastOne: Bool) throws(SQLiteError)
         -> (seq: Int64, count: Int, bytes: Int)?
     {
-        let s = try db.prepare("SELECT c.stream, c.consent, c.first, b.body, b.idx, c.enqueued_ms FROM chunks c JOIN chunk_bodies b USING(seq) WHERE seq=?")
+        let s = try db.prepare(
+            "SELECT c.stream, c.consent, c.first, b.body, b.idx, c.enqueued_ms FROM chunks c JOIN chunk_bodies b USING(seq) WHERE seq=?")
         try s.bind([.int(seq)])
         guard try s.step() else { return nil }
         let stream = s.text(0), consent = s.text(1), first = s.int(2), enqueued = s.int(5)
@@ -262,8 +272,9 @@ final class UploaderStore {
         guard k < chunk.count else { return (seq, chunk.count, chunk.bytes) }
         let (head, tail) = chunk.split(at: k)
         let headSeq = try insertChunk(stream: stream, consent: consent, first: first, head, batch: nil, nowMs: enqueued)
-        try db.run("UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
-                   [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
+        try db.run(
+            "UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
+            [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
         let u = try db.prepare("UPDATE chunk_bodies SET body=?, idx=? WHERE seq=?")
         try u.bindBlob(1, bytes: tail.body)
         try u.bindBlob(2, bytes: tail.index)
@@ -276,7 +287,8 @@ final class UploaderStore {
     /// chunks' bodies joined. Also returns the record count and the bytes of their `data` (what
     /// they occupy in the disk cap).
     func batchBody(_ key: String, stream: String) throws(SQLiteError) -> (body: [UInt8], count: Int, recordBytes: Int) {
-        let s = try db.prepare("SELECT b.body, c.count, c.bytes FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
+        let s = try db.prepare(
+            "SELECT b.body, c.count, c.bytes FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
         try s.bind([.text(key)])
         var out: [UInt8] = []
         out.reserveCapacity(64 * 1024)
@@ -307,12 +319,17 @@ final class UploaderStore {
         var gone: [(String, RecordKey)] = []
         try db.transaction { () throws(SQLiteError) in
             let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
-            let s = try db.prepare("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
+            let s = try db.prepare(
+                "DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
             try s.bind([.text(key)])
             while try s.step() {
-                s.withBlob(0) { body in s.withBlob(1) { index in
-                    for i in 0..<(index.count / Chunk.indexEntryBytes) { gone.append((stream, RecordKey(Chunk.record(body, index, i).escapedID))) }
-                } }
+                s.withBlob(0) { body in
+                    s.withBlob(1) { index in
+                        for i in 0..<(index.count / Chunk.indexEntryBytes) {
+                            gone.append((stream, RecordKey(Chunk.record(body, index, i).escapedID)))
+                        }
+                    }
+                }
             }
             try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
@@ -333,21 +350,25 @@ final class UploaderStore {
         var gone: [(String, RecordKey)] = []
         let n = try db.transaction { () throws(SQLiteError) -> Int in
             var rows: [(stream: String, chunk: Chunk)] = []
-            let s = try db.prepare("SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
+            let s = try db.prepare(
+                "SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first"
+            )
             try s.bind([.text(key)])
             while try s.step() { rows.append((s.text(0), Chunk(body: s.withBlob(1) { Array($0) }, index: s.withBlob(2) { Array($0) }))) }
             s.reset()
             var letters: [(stream: String, id: String, data: String)] = []
             for r in rows {
-                r.chunk.body.withUnsafeBytes { body in r.chunk.index.withUnsafeBytes { index in
-                    for i in 0..<r.chunk.count {
-                        let rec = Chunk.record(body, index, i)
-                        gone.append((r.stream, RecordKey(rec.escapedID)))
-                        // The id as the caller sent it (the chunk holds it JSON-escaped).
-                        let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
-                        letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self)))
+                r.chunk.body.withUnsafeBytes { body in
+                    r.chunk.index.withUnsafeBytes { index in
+                        for i in 0..<r.chunk.count {
+                            let rec = Chunk.record(body, index, i)
+                            gone.append((r.stream, RecordKey(rec.escapedID)))
+                            // The id as the caller sent it (the chunk holds it JSON-escaped).
+                            let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
+                            letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self)))
+                        }
                     }
-                } }
+                }
             }
             let ins = try db.prepare("INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms) VALUES(?,?,?,?,?,?,?)")
             for l in letters {
@@ -376,8 +397,9 @@ final class UploaderStore {
 
     /// Marks every pending batch holding records under `consent` final (sent once, no retry).
     func markFinal(consent: String) throws(SQLiteError) {
-        try db.run("UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM chunks WHERE consent=? AND batch IS NOT NULL)",
-                   [.text(consent)])
+        try db.run(
+            "UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM chunks WHERE consent=? AND batch IS NOT NULL)",
+            [.text(consent)])
     }
 
     /// Marks every pending batch of `stream` final.
@@ -448,7 +470,8 @@ final class UploaderStore {
 
     /// Records `owner` as the owner of `stream` (the first writer wins; later calls change nothing).
     func recordOwner(stream: String, owner: String, nowMs: Int64) throws(SQLiteError) {
-        try db.run("INSERT OR IGNORE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
+        try db.run(
+            "INSERT OR IGNORE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
     }
 
     func recordedOwners() throws(SQLiteError) -> [String: String] {
@@ -458,8 +481,9 @@ final class UploaderStore {
     }
 
     func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64) throws(SQLiteError) {
-        try db.run("INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,NULL)",
-                   [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs))])
+        try db.run(
+            "INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,NULL)",
+            [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs))])
     }
 
     func savedSettings() throws(SQLiteError) -> [String: (maxCount: Int, intervalMs: UInt64)] {

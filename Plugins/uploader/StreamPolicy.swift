@@ -163,14 +163,18 @@ enum StreamAccess: Equatable {
     static func decide(_ stream: String, owner: StreamOwner?, caller: Principal, action: String, claims: Bool) -> StreamAccess {
         if let owner {
             if caller.mayUse(owner) { return .allowed(owner: owner, claim: false) }
-            return .refused(RPCError(.notPermitted, "\(caller) may not \(action) stream \(stream): it belongs to \(owner)",
-                                     data: ["stream": .string(stream), "owner": .string(owner.description)]))
+            return .refused(
+                RPCError(
+                    .notPermitted, "\(caller) may not \(action) stream \(stream): it belongs to \(owner)",
+                    data: ["stream": .string(stream), "owner": .string(owner.description)]))
         }
         if claims, let id = caller.identity { return .allowed(owner: id, claim: true) }
         if !claims, caller.isAdmin { return .allowed(owner: nil, claim: false) }
-        return .refused(RPCError(.notPermitted,
-                                 "\(caller) may not \(action) stream \(stream): it has no owner yet"
-                                     + (claims ? " and the caller has no uid to own it" : " (admins only)"),
-                                 data: ["stream": .string(stream), "owner": .null]))
+        return .refused(
+            RPCError(
+                .notPermitted,
+                "\(caller) may not \(action) stream \(stream): it has no owner yet"
+                    + (claims ? " and the caller has no uid to own it" : " (admins only)"),
+                data: ["stream": .string(stream), "owner": .null]))
     }
 }

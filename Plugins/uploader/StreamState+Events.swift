@@ -134,8 +134,10 @@ extension StreamState {
     /// `disposal(of:)` on disk: `diskOK` false when that failed (the batch stays pending and goes
     /// again after `storeErrorRetryMs`), `deadLettered` the records it set aside. `random` in
     /// [0, 1) jitters the backoff. Returns the bookkeeping to do.
-    mutating func uploadFinished(_ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0,
-                                 now: UInt64, retry: RetryPolicy, random: Double) -> [Effect] {
+    mutating func uploadFinished(
+        _ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0,
+        now: UInt64, retry: RetryPolicy, random: Double
+    ) -> [Effect] {
         inFlight = false
         guard diskOK else {
             notBeforeMs = now + StreamState.storeErrorRetryMs

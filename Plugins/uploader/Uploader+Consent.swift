@@ -49,9 +49,10 @@ extension Uploader {
         var cuts: [(key: String, count: Int, bytes: Int)] = []
         while true {
             let bkey = System.randomHex(16)
-            let (n, cutBytes) = try store.cutBatch(stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
-                                                   maxBytes: st.settings.maxBatchBytes, final: true, consent: consent,
-                                                   nowMs: System.wallClockMs())
+            let (n, cutBytes) = try store.cutBatch(
+                stream: name, key: bkey, maxCount: StreamSettings.maxCountLimit,
+                maxBytes: st.settings.maxBatchBytes, final: true, consent: consent,
+                nowMs: System.wallClockMs())
             if n == 0 { break }
             cuts.append((bkey, n, cutBytes))
         }

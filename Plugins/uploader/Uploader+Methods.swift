@@ -8,13 +8,17 @@ import PylonPluginKit
 extension Uploader {
     /// Whether `caller` may use `stream` (without claiming it).
     func mayUse(_ stream: String, _ caller: Principal) -> Bool {
-        if case .allowed = StreamAccess.decide(stream, owner: state(stream).owner, caller: caller, action: "use", claims: false) { return true }
+        if case .allowed = StreamAccess.decide(stream, owner: state(stream).owner, caller: caller, action: "use", claims: false) {
+            return true
+        }
         return false
     }
 
     /// The check of a method naming one stream; answers the refusal itself.
     func permit(_ call: Call, _ stream: String, _ action: String) -> Bool {
-        switch StreamAccess.decide(stream, owner: state(stream).owner, caller: Principal(caller: call.caller), action: action, claims: false) {
+        switch StreamAccess.decide(
+            stream, owner: state(stream).owner, caller: Principal(caller: call.caller), action: action, claims: false)
+        {
         case .allowed: return true
         case .refused(let e):
             call.fail(e)
@@ -123,8 +127,11 @@ extension Uploader {
 
     func usage(_ o: StreamOwner) -> JSON {
         let u = ledger.usage(o)
-        return ["owner": .string(o.description), "diskBytes": .int(Int64(u.bytes)), "maxDiskBytesPerOwner": .int(Int64(limits.diskBytes(for: o))),
-                "streams": .int(Int64(u.streams)), "maxStreamsPerOwner": .int(Int64(limits.streams(for: o)))]
+        return [
+            "owner": .string(o.description), "diskBytes": .int(Int64(u.bytes)),
+            "maxDiskBytesPerOwner": .int(Int64(limits.diskBytes(for: o))),
+            "streams": .int(Int64(u.streams)), "maxStreamsPerOwner": .int(Int64(limits.streams(for: o))),
+        ]
     }
 
     /// `{stream?, limit?}`: the records set aside for a 4xx. A stream's owner or an admin only;
@@ -143,11 +150,16 @@ extension Uploader {
                 names = try store.deadLetterStreams().filter { mayUse($0, caller) }
             }
             let rows = try store.deadLetters(streams: names, limit: limit)
-            call.reply(["deadLetters": .array(rows.map { r in
-                ["stream": .string(r[0].text ?? ""), "id": .string(r[1].text ?? ""),
-                 "data": (try? JSON.parse(r[2].text ?? "null")) ?? .null, "batch": .string(r[3].text ?? ""),
-                 "status": .int(r[4].int ?? 0), "reason": .string(r[5].text ?? ""), "atMs": .int(r[6].int ?? 0)]
-            })])
+            call.reply([
+                "deadLetters": .array(
+                    rows.map { r in
+                        [
+                            "stream": .string(r[0].text ?? ""), "id": .string(r[1].text ?? ""),
+                            "data": (try? JSON.parse(r[2].text ?? "null")) ?? .null, "batch": .string(r[3].text ?? ""),
+                            "status": .int(r[4].int ?? 0), "reason": .string(r[5].text ?? ""), "atMs": .int(r[6].int ?? 0),
+                        ]
+                    })
+            ])
         } catch {
             call.fail(RPCError(.internalError, "\(error)"))
         }
@@ -164,9 +176,11 @@ extension Uploader {
             return
         }
         if p["endpoint"] != nil {
-            call.fail(RPCError(.invalidParams,
-                               "endpoint is operator configuration (plugins[uploader].config endpoint or streams[pattern].endpoint); it cannot be set by a call",
-                               data: ["param": "endpoint"]))
+            call.fail(
+                RPCError(
+                    .invalidParams,
+                    "endpoint is operator configuration (plugins[uploader].config endpoint or streams[pattern].endpoint); it cannot be set by a call",
+                    data: ["param": "endpoint"]))
             return
         }
         var st = state(name)
@@ -213,8 +227,10 @@ extension Uploader {
             return
         }
         streams[name] = st
-        call.reply(["stream": .string(name), "maxCount": .int(Int64(st.settings.maxCount)),
-                    "intervalMs": .int(Int64(st.settings.intervalMs)), "endpoint": .string(st.settings.endpoint)])
+        call.reply([
+            "stream": .string(name), "maxCount": .int(Int64(st.settings.maxCount)),
+            "intervalMs": .int(Int64(st.settings.intervalMs)), "endpoint": .string(st.settings.endpoint),
+        ])
         pump(name, now: now)
         armWake()
     }

@@ -24,8 +24,11 @@ final class Uploader {
     private var commitTimer: Timer!
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// Enqueues waiting for the next group commit.
-    private var commitQueue: [(call: any EnqueueReplier, stream: String, owner: StreamOwner, consent: String, records: [PendingRecord], bytes: Int,
-                               keep: AnyObject?)] = []
+    private var commitQueue:
+        [(
+            call: any EnqueueReplier, stream: String, owner: StreamOwner, consent: String, records: [PendingRecord], bytes: Int,
+            keep: AnyObject?
+        )] = []
     private var commitQueueBytes = 0
     /// `uploader.flush {wait:true}` callers, answered when their stream is drained.
     var drainWaiters: [String: [Call]] = [:]
@@ -87,8 +90,12 @@ final class Uploader {
         }
         commitTimer = Timer(loop: plugin.loop) { [unowned self] in self.commit() }
         let pending = streams.values.reduce(0) { $0 + $1.pendingBatches.count }
-        plugin.log.info("uploader ready", ["streams": streams.count, "queued_bytes": diskBytes, "pending_batches": pending,
-                                           "fsync": fsyncFull ? "full" : "normal"])
+        plugin.log.info(
+            "uploader ready",
+            [
+                "streams": streams.count, "queued_bytes": diskBytes, "pending_batches": pending,
+                "fsync": fsyncFull ? "full" : "normal",
+            ])
         // A switch denied while the uploader was down applies to what it queued before.
         reconcileConsent()
     }
@@ -129,7 +136,10 @@ final class Uploader {
 
     static func validStream(_ s: String) -> Bool {
         !s.isEmpty && s.utf8.count <= 128
-            && s.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D || $0 == 0x5F || $0 == 0x3A }
+            && s.utf8.allSatisfy {
+                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D
+                    || $0 == 0x5F || $0 == 0x3A
+            }
     }
 
     /// `{stream, consent?, records}` from a parsed request (a notification, or tests).
@@ -170,8 +180,11 @@ final class Uploader {
         }
         let consent = st.consentKey
         if p.consent != .absent, p.consent != .named(consent) {
-            call.fail(RPCError(.invalidParams, "stream \(stream) falls under consent switch \(consent): params.consent must be \"\(consent)\" or absent",
-                               data: ["switch": .string(consent)]))
+            call.fail(
+                RPCError(
+                    .invalidParams,
+                    "stream \(stream) falls under consent switch \(consent): params.consent must be \"\(consent)\" or absent",
+                    data: ["switch": .string(consent)]))
             return
         }
         guard plugin.isConsentGranted(consent) else {
@@ -236,8 +249,9 @@ final class Uploader {
         commitQueueBytes = 0
         let added: [(added: Int, bytes: Int)]
         do {
-            added = try store.commit(batch.map { UploaderStore.Enqueue(stream: $0.stream, consent: $0.consent, records: $0.records) },
-                                     nowMs: System.wallClockMs())
+            added = try store.commit(
+                batch.map { UploaderStore.Enqueue(stream: $0.stream, consent: $0.consent, records: $0.records) },
+                nowMs: System.wallClockMs())
         } catch {
             plugin.log.error("commit failed; enqueues refused", ["error": "\(error)", "calls": batch.count])
             for e in batch {
@@ -308,8 +322,9 @@ final class Uploader {
             case .cut(let maxCount, let maxBytes):
                 let key = System.randomHex(16)
                 do {
-                    let (n, bytes) = try store.cutBatch(stream: name, key: key, maxCount: maxCount, maxBytes: maxBytes,
-                                                        final: false, nowMs: System.wallClockMs())
+                    let (n, bytes) = try store.cutBatch(
+                        stream: name, key: key, maxCount: maxCount, maxBytes: maxBytes,
+                        final: false, nowMs: System.wallClockMs())
                     st.cut(batch: key, count: n, bytes: bytes)
                 } catch {
                     plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
@@ -350,9 +365,11 @@ final class Uploader {
             return
         }
         let url = endpoint.replacingStream(stream)
-        let req = HTTPRequest(method: "POST", url: url, headers: [
-            ("Content-Type", "application/json"), ("Content-Encoding", "gzip"), ("Idempotency-Key", key),
-        ], body: gz, timeoutMs: limits.requestTimeoutMs)
+        let req = HTTPRequest(
+            method: "POST", url: url,
+            headers: [
+                ("Content-Type", "application/json"), ("Content-Encoding", "gzip"), ("Idempotency-Key", key),
+            ], body: gz, timeoutMs: limits.requestTimeoutMs)
         let sent = StreamState.SentBatch(key: key, count: batch.count, bytes: batch.recordBytes, final: final)
         http.send(req) { [unowned self] r in
             let outcome: UploadOutcome
@@ -385,8 +402,10 @@ final class Uploader {
             plugin.log.error("queue update failed", ["stream": stream, "batch": batch.key, "error": "\(error)"])
         }
         let t = now
-        for effect in st.uploadFinished(batch, outcome, diskOK: diskOK, deadLettered: deadLettered, now: t,
-                                        retry: retry, random: rng.nextUnit()) {
+        for effect in st.uploadFinished(
+            batch, outcome, diskOK: diskOK, deadLettered: deadLettered, now: t,
+            retry: retry, random: rng.nextUnit())
+        {
             switch effect {
             case .release(let bytes): release(owner: st.owner, bytes: bytes)
             case .holdEndpoint(let until): endpointNotBefore[endpoint] = until
@@ -394,7 +413,8 @@ final class Uploader {
         }
         switch outcome {
         case .retry(let reason, _) where !batch.final:
-            plugin.log.warn("upload failed; will retry", ["stream": stream, "batch": batch.key, "reason": reason, "in_ms": st.lastRetryDelayMs])
+            plugin.log.warn(
+                "upload failed; will retry", ["stream": stream, "batch": batch.key, "reason": reason, "in_ms": st.lastRetryDelayMs])
         case .rejected(let status, _):
             plugin.log.error("batch rejected; dead-lettered", ["stream": stream, "batch": batch.key, "status": status])
         default: break

@@ -40,7 +40,9 @@ enum EndpointRule {
 
     /// The host of an endpoint template, or why it is not acceptable.
     static func check(_ url: String, allowedHosts: Set<String>?) -> Result<String, UploaderConfigError> {
-        guard let sep = url.range(of: "://") else { return .failure(UploaderConfigError("endpoint \(url) has no scheme (http:// or https://)")) }
+        guard let sep = url.range(of: "://") else {
+            return .failure(UploaderConfigError("endpoint \(url) has no scheme (http:// or https://)"))
+        }
         let scheme = url[..<sep.lowerBound].lowercased()
         guard schemes.contains(scheme) else {
             return .failure(UploaderConfigError("endpoint \(url): scheme \(scheme) is not allowed (only http and https)"))
@@ -133,7 +135,9 @@ struct UploaderConfig {
                 e.intervalMs = v["intervalMs"]?.intValue.map { UInt64(max(0, $0)) }
                 e.maxBatchBytes = v["maxBatchBytes"]?.intValue.map { max(1024, Int($0)) }
                 if let cv = v["consent"] {
-                    guard let k = cv.stringValue, !k.isEmpty else { throw UploaderConfigError("streams[\(pattern)].consent must be a switch name") }
+                    guard let k = cv.stringValue, !k.isEmpty else {
+                        throw UploaderConfigError("streams[\(pattern)].consent must be a switch name")
+                    }
                     e.consent = k
                 }
                 if let ov = v["owner"] {

@@ -1,5 +1,5 @@
-import PylonPluginKit
 import PylonHTTP
+import PylonPluginKit
 import PylonStore
 
 /// pylon-uploader: the one door through which collected data leaves the machine.

@@ -328,7 +328,7 @@ extension RawJSON {
                     guard i < t.count else { return nil }
                     switch t[i] {
                     case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
-                         UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                        UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                         i += 1
                     case UInt8(ascii: "u"):
                         guard i + 4 < t.count else { return nil }
@@ -567,7 +567,9 @@ extension RawJSON {
     }
 
     /// `jsonCText` of the value starting at `start`, and the index just past that value.
-    public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (length: Int, end: Int)? {
+    public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (
+        length: Int, end: Int
+    )? {
         var w = JSONCWriter(t: t, out: out)
         var i = start
         guard w.value(&i, depth: 0) else { return nil }
@@ -621,7 +623,10 @@ extension RawJSON {
                         let keyStart = i
                         guard string(&i) else { return false }
                         let key = keyStart..<i
-                        for k in keys where k.count == key.count && RawJSON.equals(t, k.lowerBound, k.upperBound, UnsafeRawBufferPointer(rebasing: t[key])) {
+                        for k in keys
+                        where k.count == key.count
+                            && RawJSON.equals(t, k.lowerBound, k.upperBound, UnsafeRawBufferPointer(rebasing: t[key]))
+                        {
                             return false
                         }
                         keys.append(key)
@@ -642,7 +647,11 @@ extension RawJSON {
                 var integer = true
                 while i < t.count {
                     let c = t[i]
-                    if c == UInt8(ascii: ".") || c == UInt8(ascii: "e") || c == UInt8(ascii: "E") { integer = false } else if !(c == UInt8(ascii: "-") || c == UInt8(ascii: "+") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))) { break }
+                    if c == UInt8(ascii: ".") || c == UInt8(ascii: "e") || c == UInt8(ascii: "E") {
+                        integer = false
+                    } else if !(c == UInt8(ascii: "-") || c == UInt8(ascii: "+") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))) {
+                        break
+                    }
                     i += 1
                 }
                 guard i > start else { return false }
@@ -650,7 +659,8 @@ extension RawJSON {
                     // json-c prints the integer it read: `-0` becomes `0`, out-of-range values clamp.
                     // (plainInt reads magnitudes as positive Int64s, so Int64.min is spelled out.)
                     guard RawJSON.plainInt(t, start..<i) != nil || RawJSON.equals(t, start, i, "-9223372036854775808"),
-                          !RawJSON.equals(t, start, i, "-0") else { return false }
+                        !RawJSON.equals(t, start, i, "-0")
+                    else { return false }
                 }
                 copy(start..<i)
                 return true
@@ -672,7 +682,7 @@ extension RawJSON {
                     guard i + 1 < t.count else { return false }
                     switch t[i + 1] {
                     case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"),
-                         UInt8(ascii: "t"):
+                        UInt8(ascii: "t"):
                         i += 2
                     default:
                         return false

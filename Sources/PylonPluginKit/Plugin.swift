@@ -35,7 +35,9 @@ public final class Call {
     /// request of a plugin that wants caller info, so `caller` is not converted for it).
     public var callerClient: Int64? {
         var c: OpaquePointer?
-        guard json_object_object_get_ex(msg.member("_pylon"), "client", &c) != 0, json_object_get_type(c) == json_type_int else { return nil }
+        guard json_object_object_get_ex(msg.member("_pylon"), "client", &c) != 0, json_object_get_type(c) == json_type_int else {
+            return nil
+        }
         return json_object_get_int64(c)
     }
 
@@ -163,8 +165,10 @@ public final class Plugin {
     /// Serves `<plugin>.<method>`. `consent` names the switch the method's data falls under
     /// (`{field}` is taken from params); with `dropWhenDenied` the host answers `deniedResult`
     /// itself while that switch is denied, otherwise it answers a -32003 error.
-    public func method(_ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
-                       deniedResult: JSON = .null, _ handler: @escaping (Call) -> Void) {
+    public func method(
+        _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
+        deniedResult: JSON = .null, _ handler: @escaping (Call) -> Void
+    ) {
         let full = short.hasPrefix(name + ".") ? short : name + "." + short
         if methods[full] == nil { methodOrder.append(full) }
         methods[full] = MethodSpec(consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, handler: handler)
@@ -180,7 +184,8 @@ public final class Plugin {
         let full = short.hasPrefix(name + ".") ? short : name + "." + short
         rawMethods[full] = handler
         method(short) { call in
-            let result: [UInt8] = call.msg.has("params")
+            let result: [UInt8] =
+                call.msg.has("params")
                 ? JSONRef(retaining: call.paramsRef).withSerialized { handler($0) }
                 : Plugin.nullText.withUnsafeBytes { handler($0) }
             call.reply(serialized: result)
@@ -193,8 +198,10 @@ public final class Plugin {
     /// after some work (a disk commit, say). No json-c objects are built for the request. Listed
     /// in the manifest with its consent template like `method`; a line the fast scan is unsure
     /// about is parsed and the handler gets the params and caller re-serialised.
-    public func deferredRawMethod(_ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
-                                  deniedResult: JSON = .null, _ handler: @escaping (RawCall) -> Void) {
+    public func deferredRawMethod(
+        _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
+        deniedResult: JSON = .null, _ handler: @escaping (RawCall) -> Void
+    ) {
         let full = short.hasPrefix(name + ".") ? short : name + "." + short
         deferredMethods[full] = handler
         method(short, consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult) { [unowned self] call in
@@ -229,19 +236,21 @@ public final class Plugin {
     /// false when the line is not one.
     private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
         guard !rawMethods.isEmpty || !deferredMethods.isEmpty,
-              case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
-              let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms)
+            case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
+            let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms)
         else { return false }
         let id = UnsafeRawBufferPointer(rebasing: line[idSpan])
         if let handler = rawMethods[method] {
-            let result = m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
+            let result =
+                m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
                 ?? Plugin.nullText.withUnsafeBytes { handler($0) }
             result.withUnsafeBytes { channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
             return true
         }
         guard let handler = deferredMethods[method] else { return false }
         let caller = m.pylon.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
-        let call = m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
+        let call =
+            m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
             ?? Plugin.nullText.withUnsafeBytes { RawCall(plugin: self, id: id, params: $0, caller: caller) }
         handler(call)
         return true
@@ -261,8 +270,10 @@ public final class Plugin {
 
     /// Calls a method of another plugin (or the host) through the host, as this plugin (or on
     /// behalf of the request with host id `onBehalfOf`; see `Call.call`).
-    public func call(_ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
-                     _ done: @escaping (Result<JSON, RPCError>) -> Void) {
+    public func call(
+        _ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
+        _ done: @escaping (Result<JSON, RPCError>) -> Void
+    ) {
         guard let (channel, id) = register(done) else { return }
         channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params), onBehalfOf: onBehalfOf))
     }
@@ -352,8 +363,10 @@ public final class Plugin {
                 System.exit(exitStatusConfigError)
             }
         }
-        channel?.send(envelope: Envelope.request(id: .int(id), method: HostMethod.hello,
-                                                 params: .value(manifest.helloParams(pid: System.pid))))
+        channel?.send(
+            envelope: Envelope.request(
+                id: .int(id), method: HostMethod.hello,
+                params: .value(manifest.helloParams(pid: System.pid))))
     }
 
     private func handleLine(_ line: UnsafeRawBufferPointer) {

@@ -19,8 +19,10 @@ public final class RawCall {
     private var answered = false
     let isNotification: Bool
 
-    init(plugin: Plugin, id: UnsafeRawBufferPointer, params: UnsafeRawBufferPointer, caller: UnsafeRawBufferPointer?,
-         isNotification: Bool = false) {
+    init(
+        plugin: Plugin, id: UnsafeRawBufferPointer, params: UnsafeRawBufferPointer, caller: UnsafeRawBufferPointer?,
+        isNotification: Bool = false
+    ) {
         self.plugin = plugin
         self.isNotification = isNotification
         let c = caller?.count ?? 0
@@ -119,7 +121,9 @@ public struct CallerInfo: Equatable, Sendable {
             case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "client"): guard let v = int() else { return nil }; c.client = v
             case 6 where RawJSON.equals(t, k.lowerBound, k.upperBound, "plugin"): c.plugin = RawJSON.plainString(t, m.value)
             case 5 where RawJSON.equals(t, k.lowerBound, k.upperBound, "admin"):
-                c.admin = RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "true") ? true
+                c.admin =
+                    RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "true")
+                    ? true
                     : RawJSON.equals(t, m.value.lowerBound, m.value.upperBound, "false") ? false : nil
             default: break
             }

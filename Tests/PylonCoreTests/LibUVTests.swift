@@ -1,5 +1,6 @@
 import CLibUV
 import Testing
+
 @testable import PylonCore
 
 #if canImport(Glibc)
@@ -35,7 +36,9 @@ private func drain(_ fd: Int32, into out: inout [UInt8], max: Int = 1 << 30) {
 }
 
 /// A byte pattern that shows reordering, loss and duplication.
-private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] { (0..<n).map { UInt8(truncatingIfNeeded: ($0 + offset) * 7 + ($0 + offset) / 251) } }
+private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] {
+    (0..<n).map { UInt8(truncatingIfNeeded: ($0 + offset) * 7 + ($0 + offset) / 251) }
+}
 
 @Suite(.serialized) struct LibUVTests {
     // MARK: UVHandle
@@ -129,9 +132,11 @@ private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] { (0..<n).map { UInt8
             let l = Loop.standalone()
             l.after(ms: 0) {
                 var tid = uv_thread_t()
-                uv_thread_create(&tid, { arg in
-                    Unmanaged<Loop>.fromOpaque(arg!).takeUnretainedValue().preconditionInLoop()
-                }, Unmanaged.passUnretained(l).toOpaque())
+                uv_thread_create(
+                    &tid,
+                    { arg in
+                        Unmanaged<Loop>.fromOpaque(arg!).takeUnretainedValue().preconditionInLoop()
+                    }, Unmanaged.passUnretained(l).toOpaque())
                 uv_thread_join(&tid)
             }
             l.run()

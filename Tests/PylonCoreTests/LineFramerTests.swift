@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonCore
 
 /// Feeds chunks and records what the framer emits.
@@ -77,19 +78,23 @@ struct LineFramerPauseTests {
         var lines: [String] = []
         let input = Array("a\nbb\nccc\ndd".utf8)
         let consumed = input.withUnsafeBytes { buf in
-            f.feed(buf, until: { ev in
-                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
-                return lines.count < 2
-            })
+            f.feed(
+                buf,
+                until: { ev in
+                    if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                    return lines.count < 2
+                })
         }
         #expect(lines == ["a", "bb"])
         #expect(consumed == 5)
         let rest = Array(input[consumed...])
         let all = rest.withUnsafeBytes { buf in
-            f.feed(buf, until: { ev in
-                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
-                return true
-            })
+            f.feed(
+                buf,
+                until: { ev in
+                    if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                    return true
+                })
         }
         #expect(all == rest.count)
         #expect(lines == ["a", "bb", "ccc"])
@@ -101,10 +106,12 @@ struct LineFramerPauseTests {
         var lines: [String] = []
         Array("par".utf8).withUnsafeBytes { _ = f.feed($0, until: { _ in true }) }
         let consumed = Array("tial\nnext\n".utf8).withUnsafeBytes { buf in
-            f.feed(buf, until: { ev in
-                if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
-                return false
-            })
+            f.feed(
+                buf,
+                until: { ev in
+                    if case .line(let l) = ev { lines.append(String(decoding: l, as: UTF8.self)) }
+                    return false
+                })
         }
         #expect(lines == ["partial"])
         #expect(consumed == 5)

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonCore
 
 #if canImport(Glibc)
@@ -7,7 +8,9 @@ import Glibc
 
 @Suite struct LogOutputTests {
     @Test func logfmtLinesParseBackIntoTheirFields() {
-        let pairs = Log.parseLogfmt(#"ts=2026-01-01T00:00:00.000Z level=warn component=uploader msg="batch failed" stream=ma.k status=503 reason="a \"quoted\" word\nnext""#)
+        let pairs = Log.parseLogfmt(
+            #"ts=2026-01-01T00:00:00.000Z level=warn component=uploader msg="batch failed" stream=ma.k status=503 reason="a \"quoted\" word\nnext""#
+        )
         #expect(pairs.map { $0.0 } == ["ts", "level", "component", "msg", "stream", "status", "reason"])
         #expect(pairs[3].1 == "batch failed")
         #expect(pairs[6].1 == "a \"quoted\" word\nnext")

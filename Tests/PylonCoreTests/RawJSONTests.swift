@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonCore
 
 struct RawJSONTests {
@@ -36,7 +37,9 @@ struct RawJSONTests {
     @Test func agreesWithJsonCOnRandomisedMessages() throws {
         var rng = SystemRandomNumberGenerator()
         for _ in 0..<200 {
-            let id: JSON = Bool.random(using: &rng) ? .int(Int64.random(in: -1000...1000, using: &rng)) : .string("k\(Int.random(in: 0...99, using: &rng))")
+            let id: JSON =
+                Bool.random(using: &rng)
+                ? .int(Int64.random(in: -1000...1000, using: &rng)) : .string("k\(Int.random(in: 0...99, using: &rng))")
             var o = JSONObject()
             let keys = ["jsonrpc", "method", "params", "id"].shuffled(using: &rng)
             for k in keys {

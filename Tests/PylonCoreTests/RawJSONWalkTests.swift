@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonCore
 
 /// Random JSON text with the spellings json-c reads the same but prints differently: whitespace,
@@ -30,7 +31,9 @@ struct JSONTextGenerator {
         if chance(oddPercent) {
             return ["-0", "9223372036854775808", "18446744073709551616", "-9223372036854775809", "123456789012345678901"][int(5)]
         }
-        return ["0", "7", "-12", "9.99", "1e5", "1E+05", "-0.0", "0.10", "2.50e-3", "9223372036854775807", "-9223372036854775808", "1732900000"][int(12)]
+        return [
+            "0", "7", "-12", "9.99", "1e5", "1E+05", "-0.0", "0.10", "2.50e-3", "9223372036854775807", "-9223372036854775808", "1732900000",
+        ][int(12)]
     }
 
     mutating func value(depth: Int = 0) -> String {
@@ -111,7 +114,8 @@ struct RawJSONWalkTests {
     }
 
     @Test func jsonCTextDeclinesWhatJsonCRewrites() {
-        for text in [#""a\/b""#, #""\u00e9""#, "-0", "9223372036854775808", #"{"a":1,"a":2}"#, #"[{"x":{"k":1,"k":1}}]"#, #"{"\u0061":1}"#] {
+        for text in [#""a\/b""#, #""\u00e9""#, "-0", "9223372036854775808", #"{"a":1,"a":2}"#, #"[{"x":{"k":1,"k":1}}]"#, #"{"\u0061":1}"#]
+        {
             #expect(Self.jsonCText(text) == nil, "\(text)")
         }
         #expect(Self.jsonCText(#"{ "a" : [ 1 , 2.50 ] , "b" : "x\n\"y" }"#) == Array(#"{"a":[1,2.50],"b":"x\n\"y"}"#.utf8))
@@ -121,7 +125,9 @@ struct RawJSONWalkTests {
     static func members(_ text: String) -> [(key: String, escaped: Bool, value: String)] {
         let b = Array(text.utf8)
         return b.withUnsafeBytes { t in
-            RawJSON.Members(t, 0..<t.count).map { (String(decoding: b[$0.key], as: UTF8.self), $0.keyEscaped, String(decoding: b[$0.value], as: UTF8.self)) }
+            RawJSON.Members(t, 0..<t.count).map {
+                (String(decoding: b[$0.key], as: UTF8.self), $0.keyEscaped, String(decoding: b[$0.value], as: UTF8.self))
+            }
         }
     }
 

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PylonCore
 
 /// `RawJSON.classifyMessage`, the host's one-pass validator: it may only accept what the strict

@@ -1,5 +1,6 @@
-@testable import PylonPluginKit
 import Testing
+
+@testable import PylonPluginKit
 @testable import pylon_uploader
 
 /// The two readers of `uploader.enqueue` params agree: whatever the raw reader (the request's
@@ -102,12 +103,18 @@ struct EnqueueParamsTests {
             (#"{"stream":"s","records":[1,2,3,4,5]}"#, "at most 4 records per call"),
             (#"{"stream":"s","records":[{"id":"a"},{"id":""}]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
             (#"{"stream":"s","records":[{"id":"a"},7]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
-            (#"{"stream":"s","records":[{"id":"a","data":"0123456789012345678901234567890123456789012345678"}]}"#, "records[0] is larger than 48 bytes"),
+            (
+                #"{"stream":"s","records":[{"id":"a","data":"0123456789012345678901234567890123456789012345678"}]}"#,
+                "records[0] is larger than 48 bytes"
+            ),
             (#"{"stream":"s","consent":5,"records":[{"id":"a"}]}"#, "consent=invalid"),
             (#"{"stream":"s","records":[{"id":"a"}],"records":{}}"#, "params.records must be a non-empty array"),
             (#"{"stream":"s","records":7,"records":[{"id":"b","data":[ 1 ]}]}"#, "[b|\(Self.wall)|[1]]"),
             (#"{"records":[{"id":"a"},{},[],"x",5,{"\u0069d":1}],"stream":"s"}"#, "at most 4 records per call"),
-            (#"{"stream":"s","records":[{"id":"a","data":1,"data":{"k":"v"}} , {"id":"b","ts":4.5}]}"#, #"[a|\#(Self.wall)|{"k":"v"}] [b|\#(Self.wall)|{"id":"b","ts":4.5}]"#),
+            (
+                #"{"stream":"s","records":[{"id":"a","data":1,"data":{"k":"v"}} , {"id":"b","ts":4.5}]}"#,
+                #"[a|\#(Self.wall)|{"k":"v"}] [b|\#(Self.wall)|{"id":"b","ts":4.5}]"#
+            ),
         ]
         for (text, expected) in cases {
             let (viaJSONC, viaRaw) = try Self.outcomes(text, l)
@@ -152,14 +159,17 @@ struct EnqueueGenerator {
     mutating func string() -> String {
         var s = "\""
         for _ in 0..<int(6) {
-            s += chance(8) ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
+            s +=
+                chance(8)
+                ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
                 : pick(["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]"])
         }
         return s + "\""
     }
 
     mutating func number() -> String {
-        chance(8) ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901"])
+        chance(8)
+            ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901"])
             : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000"])
     }
 
@@ -171,7 +181,8 @@ struct EnqueueGenerator {
         case 3, 4:
             var keys: [String] = []
             for _ in 0..<int(4) { keys.append(chance(5) && !keys.isEmpty ? keys[0] : chance(4) ? #""k\u0065y""# : "\"k\(int(4))\"") }
-            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "}"
+            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
+                + "}"
         default:
             return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
         }
@@ -240,7 +251,8 @@ struct EnqueueGenerator {
     mutating func caller() -> String {
         var members: [String] = []
         for key in ["client", "uid", "gid", "pid"] where chance(70) {
-            members.append("\"\(key)\":" + pick(["0", "1000", "-1", "42", "7.0", "2.5", "1e3", "\"9\"", "null", "true", "99999999999999999999"]))
+            members.append(
+                "\"\(key)\":" + pick(["0", "1000", "-1", "42", "7.0", "2.5", "1e3", "\"9\"", "null", "true", "99999999999999999999"]))
         }
         if chance(50) { members.append("\"plugin\":" + pick([#""ma""#, #""m\u0061""#, "5", "null", #""""#])) }
         if chance(50) { members.append("\"admin\":" + pick(["true", "false", "1", "null", #""true""#])) }

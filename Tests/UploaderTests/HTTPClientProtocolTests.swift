@@ -1,6 +1,6 @@
-import Testing
 import PylonCore
 import PylonHTTP
+import Testing
 
 /// The process's one libuv loop (`Loop` wraps `uv_default_loop` and is never freed): one for
 /// the whole test process.

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import pylon_uploader
 
 /// The per-stream queue machine (`StreamState` events → steps and effects), driven with a fake

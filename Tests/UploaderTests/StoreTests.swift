@@ -2,6 +2,7 @@ import Glibc
 import PylonPluginKit
 import PylonStore
 import Testing
+
 @testable import pylon_uploader
 
 /// The queue on disk (format 2: one chunk per stream and group commit), and the migration of a
@@ -16,8 +17,10 @@ struct StoreTests {
 
     /// Enqueues `records` (id, data JSON text) to `stream` in one group commit.
     @discardableResult
-    static func enqueue(_ store: UploaderStore, _ stream: String, consent: String? = nil, _ records: [(String, String)],
-                        ts: Int64 = 7) throws -> (added: Int, bytes: Int) {
+    static func enqueue(
+        _ store: UploaderStore, _ stream: String, consent: String? = nil, _ records: [(String, String)],
+        ts: Int64 = 7
+    ) throws -> (added: Int, bytes: Int) {
         // C copies, as the request's json-c tree would hold them.
         let ids = records.map { strdup($0.0)! }
         let bodies = records.map { strdup($0.1)! }
@@ -177,9 +180,12 @@ struct StoreTests {
             try old.exec("PRAGMA journal_mode=WAL")
             try old.exec(Self.formatOneSchema)
             func put(_ stream: String, _ id: String, _ body: String, batch: String?, consent: String? = nil, ts: Int64) throws {
-                try old.run("INSERT INTO records(stream,id,consent,ts,bytes,body,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?,?)",
-                            [.text(stream), .text(id), .text(consent ?? stream), .int(ts), .int(Int64(body.utf8.count)), .text(body),
-                             batch.map { .text($0) } ?? .null, .int(500)])
+                try old.run(
+                    "INSERT INTO records(stream,id,consent,ts,bytes,body,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?,?)",
+                    [
+                        .text(stream), .text(id), .text(consent ?? stream), .int(ts), .int(Int64(body.utf8.count)), .text(body),
+                        batch.map { .text($0) } ?? .null, .int(500),
+                    ])
             }
             // ma.app: a batch cut before the upgrade (its key must survive), then queued records,
             // interleaved with another stream's.

@@ -1,7 +1,8 @@
-import Testing
 import PylonCore
-@testable import pylon_uploader
 import PylonProtocol
+import Testing
+
+@testable import pylon_uploader
 
 /// Who owns a stream, which consent switch it falls under, where its data may go, and how the
 /// disk cap is shared: pure decisions, no processes.
@@ -40,11 +41,16 @@ struct StreamPolicyTests {
         }
         #expect(e.code == RPCError.Code.notPermitted.rawValue)
         #expect(e.message.contains("ma.victim") && e.message.contains("plugin:ma"))
-        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: ma, action: "enqueue to", claims: true) == .allowed(owner: owner, claim: false))
-        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: Principal(plugin: "ma", uid: 1000), action: "x", claims: true)
+        #expect(
+            StreamAccess.decide("ma.victim", owner: owner, caller: ma, action: "enqueue to", claims: true)
+                == .allowed(owner: owner, claim: false))
+        #expect(
+            StreamAccess.decide("ma.victim", owner: owner, caller: Principal(plugin: "ma", uid: 1000), action: "x", claims: true)
                 == .allowed(owner: owner, claim: false), "a plugin on a client's behalf acts as the plugin")
-        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: root, action: "x", claims: true) == .allowed(owner: owner, claim: false))
-        #expect(StreamAccess.decide("ma.victim", owner: owner, caller: Principal(uid: 7, admin: true), action: "x", claims: false)
+        #expect(
+            StreamAccess.decide("ma.victim", owner: owner, caller: root, action: "x", claims: true) == .allowed(owner: owner, claim: false))
+        #expect(
+            StreamAccess.decide("ma.victim", owner: owner, caller: Principal(uid: 7, admin: true), action: "x", claims: false)
                 == .allowed(owner: owner, claim: false))
         if case .allowed = StreamAccess.decide("ma.victim", owner: owner, caller: Principal(plugin: "push"), action: "x", claims: true) {
             Issue.record("another plugin wrote MA's stream")
@@ -55,7 +61,9 @@ struct StreamPolicyTests {
     }
 
     @Test func theFirstWriterOwnsAnUnownedStream() {
-        #expect(StreamAccess.decide("mine.x", owner: nil, caller: app, action: "enqueue to", claims: true) == .allowed(owner: .uid(1000), claim: true))
+        #expect(
+            StreamAccess.decide("mine.x", owner: nil, caller: app, action: "enqueue to", claims: true)
+                == .allowed(owner: .uid(1000), claim: true))
         if case .allowed = StreamAccess.decide("mine.x", owner: .uid(1000), caller: other, action: "enqueue to", claims: true) {
             Issue.record("another uid wrote a uid's stream")
         }
@@ -93,10 +101,14 @@ struct StreamPolicyTests {
         #expect(try EndpointRule.check("http://127.0.0.1:8780/v1/batches/{stream}", allowedHosts: nil).get() == "127.0.0.1")
         #expect(try EndpointRule.check("HTTPS://Ingest.Example.com/x", allowedHosts: nil).get() == "ingest.example.com")
         #expect(try EndpointRule.check("http://[::1]:80/x", allowedHosts: ["::1"]).get() == "::1")
-        if case .success = EndpointRule.check("http://evil.example/x", allowedHosts: ["ingest.example.com"]) { Issue.record("host outside allowedHosts") }
+        if case .success = EndpointRule.check("http://evil.example/x", allowedHosts: ["ingest.example.com"]) {
+            Issue.record("host outside allowedHosts")
+        }
         #expect(throws: UploaderConfigError.self) {
-            try UploaderConfig(["endpoint": "https://ingest.example.com/{stream}", "allowedHosts": ["ingest.example.com"],
-                                "streams": ["x.*": ["endpoint": "http://127.0.0.1:1/x"]]])
+            try UploaderConfig([
+                "endpoint": "https://ingest.example.com/{stream}", "allowedHosts": ["ingest.example.com"],
+                "streams": ["x.*": ["endpoint": "http://127.0.0.1:1/x"]],
+            ])
         }
         _ = try UploaderConfig(["endpoint": "https://ingest.example.com/{stream}", "allowedHosts": ["Ingest.Example.com"]])
     }
@@ -127,7 +139,8 @@ struct StreamPolicyTests {
     }
 
     @Test func streamsPerOwnerAreBounded() throws {
-        let limits = try UploaderConfig(["maxStreamsPerOwner": 2, "owners": ["plugin:ma": ["maxStreams": 5, "maxDiskBytes": 1_048_576]]]).limits
+        let limits = try UploaderConfig(["maxStreamsPerOwner": 2, "owners": ["plugin:ma": ["maxStreams": 5, "maxDiskBytes": 1_048_576]]])
+            .limits
         var l = OwnerLedger()
         let u = StreamOwner.uid(65534)
         l.addStream(u)
@@ -140,7 +153,8 @@ struct StreamPolicyTests {
     }
 
     @Test func redirectsAreNotFollowed() {
-        #expect(UploadOutcome.classify(status: 302, retryAfterMs: nil, error: nil)
+        #expect(
+            UploadOutcome.classify(status: 302, retryAfterMs: nil, error: nil)
                 == .rejected(status: 302, reason: "HTTP 302 (redirects are not followed)"))
     }
 }

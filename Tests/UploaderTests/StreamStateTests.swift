@@ -1,4 +1,5 @@
 import Testing
+
 @testable import pylon_uploader
 
 /// The uploader's pure decisions: when to send, how to classify a response, how long to wait.
@@ -80,7 +81,8 @@ struct StreamStateTests {
     }
 
     @Test func noResponseIsRetried() {
-        #expect(UploadOutcome.classify(status: nil, retryAfterMs: nil, error: "connection refused")
+        #expect(
+            UploadOutcome.classify(status: nil, retryAfterMs: nil, error: "connection refused")
                 == .retry(reason: "connection refused", retryAfterMs: nil))
     }
 

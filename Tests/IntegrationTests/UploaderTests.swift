@@ -36,6 +36,37 @@ import Testing
         #expect(try count(b, "s.count") == 21)
     }
 
+    /// Requests the fast scans are unsure about reach the uploader's json-c readers (the kit's
+    /// fallback for a deferred raw method, and the enqueue reader's own fallback for an escaped
+    /// id) and are stored exactly as decoded JSON, with dedup on the decoded id.
+    @Test func escapedRecordsTakeTheJSONCPathAndAreStoredDecoded() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.esc": ["maxCount": 500, "intervalMs": 600000]]])])
+        let c = try h.client()
+        let lines = [
+            // A surrogate-pair escape: the host's and the kit's scanners both hand the line to json-c.
+            #"{"jsonrpc":"2.0","id":1,"method":"uploader.enqueue","params":{"stream":"s.esc","records":[{"id":"smile","data":{"t":"\ud83d\ude00"}}]}}"#,
+            // An escaped id and an escaped slash: the raw reader declines, the json-c reader decides.
+            #"{"jsonrpc":"2.0","id":2,"method":"uploader.enqueue","params":{"stream":"s.esc","records":[{"id":"c\u0061","data":{"x":"a\/b"}}]}}"#,
+            // Plain: the raw reader; and the decoded id again: a duplicate.
+            #"{"jsonrpc":"2.0","id":3,"method":"uploader.enqueue","params":{"stream":"s.esc","records":[{"id":"plain","data":{"n":1}},{"id":"ca","data":{}}]}}"#,
+        ]
+        var replies: [Int64: JSON] = [:]
+        for l in lines { try c.sendLine(l) }
+        while replies.count < lines.count {
+            let m = try #require(try c.readMessage(timeoutMs: 10_000))
+            if let id = m["id"]?.intValue { replies[id] = m }
+        }
+        #expect(replies[1]?["result"]?["accepted"] == 1, "\(replies[1]?.serialized ?? "")")
+        #expect(replies[2]?["result"]?["accepted"] == 1, "\(replies[2]?.serialized ?? "")")
+        #expect(replies[3]?["result"]?["accepted"] == 1 && replies[3]?["result"]?["duplicates"] == 1, "\(replies[3]?.serialized ?? "")")
+        _ = try c.call("uploader.flush", ["stream": "s.esc", "wait": true])
+        let recs = try b.records("s.esc")
+        #expect(recs.compactMap { $0["id"]?.stringValue } == ["smile", "ca", "plain"])
+        #expect(recs.first { $0["id"] == "smile" }?["data"] == ["t": "\u{1F600}"])
+        #expect(recs.first { $0["id"] == "ca" }?["data"] == ["x": "a/b"])
+    }
+
     @Test func batchesByInterval() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 500, "intervalMs": 300]]])])

@@ -6,7 +6,7 @@ DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqli
 RUN_DIR ?= $(CURDIR)/run
 export PYLON_SOCKET ?= $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build release run test test-install test-deb test-python install install-files deb bench clean format format-check fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build release run test test-install test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -180,6 +180,12 @@ test-asan: deps
 SOAK_SECONDS ?= 120
 soak: release
 	python3 tools/soak.py --bin-dir .build/release --seconds $(SOAK_SECONDS)
+
+## The comparison harness (docs/BENCHMARKS.md), kept outside this repository: ANCHORS=/path/to/it.
+anchors:
+	@test -n "$(ANCHORS)" && test -x "$(ANCHORS)/run.sh" || \
+	  { echo "make anchors: set ANCHORS to the harness directory (docs/BENCHMARKS.md)" >&2; exit 2; }
+	PYLON_BIN=$${PYLON_BIN:-$(CURDIR)/.build/release} "$(ANCHORS)/run.sh"
 
 ## Code style: `.swift-format` (4-space indent, 140 columns, the house rules). `make format`
 ## rewrites in place; `make format-check` (run by CI) fails on any difference.

@@ -169,7 +169,7 @@ public final class Plugin {
         _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
         deniedResult: JSON = .null, _ handler: @escaping (Call) -> Void
     ) {
-        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        let full = fullName(short)
         if methods[full] == nil { methodOrder.append(full) }
         methods[full] = MethodSpec(consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, handler: handler)
     }
@@ -181,14 +181,11 @@ public final class Plugin {
     /// method; a line the fast scan is unsure about (escaped keys, say) is parsed and the handler
     /// still gets the params' text.
     public func rawMethod(_ short: String, _ handler: @escaping (_ params: UnsafeRawBufferPointer) -> [UInt8]) {
-        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        let full = fullName(short)
         rawMethods[full] = handler
         method(short) { call in
-            let result: [UInt8] =
-                call.msg.has("params")
-                ? JSONRef(retaining: call.paramsRef).withSerialized { handler($0) }
-                : Plugin.nullText.withUnsafeBytes { handler($0) }
-            call.reply(serialized: result)
+            // Absent or null params are the text `null`.
+            call.reply(serialized: JSONRef.withSerialized(call.paramsRef) { handler($0) })
         }
     }
 
@@ -202,14 +199,16 @@ public final class Plugin {
         _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
         deniedResult: JSON = .null, _ handler: @escaping (RawCall) -> Void
     ) {
-        let full = short.hasPrefix(name + ".") ? short : name + "." + short
+        let full = fullName(short)
         deferredMethods[full] = handler
         method(short, consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult) { [unowned self] call in
-            let params = call.msg.has("params") ? JSONRef(retaining: call.paramsRef) : nil
-            let caller = call.msg.has("_pylon") ? JSONRef(retaining: call.msg.member("_pylon")) : nil
+            let caller = call.msg.has("_pylon") ? call.msg.member("_pylon") : nil
             let raw = call.id.withSerialized { id in
-                Plugin.withText(params) { p in
-                    Plugin.withOptionalText(caller) { c in
+                JSONRef.withSerialized(call.paramsRef) { p in
+                    guard caller != nil else {
+                        return RawCall(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
+                    }
+                    return JSONRef.withSerialized(caller) { c in
                         RawCall(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
                     }
                 }
@@ -218,16 +217,8 @@ public final class Plugin {
         }
     }
 
-    /// The serialised text of `ref` (`null` when nil).
-    private static func withText<R>(_ ref: JSONRef?, _ body: (UnsafeRawBufferPointer) -> R) -> R {
-        guard let ref else { return nullText.withUnsafeBytes(body) }
-        return ref.withSerialized(body)
-    }
-
-    private static func withOptionalText<R>(_ ref: JSONRef?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {
-        guard let ref else { return body(nil) }
-        return ref.withSerialized { body($0) }
-    }
+    /// `<plugin>.<short>`, unless `short` already carries the prefix.
+    private func fullName(_ short: String) -> String { short.hasPrefix(name + ".") ? short : name + "." + short }
 
     /// The params text a raw method gets when there are none.
     static let nullText = Array("null".utf8)

@@ -66,7 +66,7 @@ final class MAService {
             return try Database(path: plugin.stateDir + "/ma.db")
         } catch {
             plugin.log.error("cannot open MA state", ["error": "\(error)"])
-            System.exit(78)
+            System.exit(exitStatusConfigError)
         }
     }
 
@@ -111,7 +111,7 @@ final class MAService {
             deviceId = try deviceValue("device_id") { System.randomHex(16) }
         } catch {
             plugin.log.error("cannot open MA state", ["error": "\(error)"])
-            System.exit(78)
+            System.exit(exitStatusConfigError)
         }
         plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
         pruneRestoredBindings()

@@ -48,7 +48,7 @@ final class Uploader {
             config = try UploaderConfig(plugin.config)
         } catch {
             plugin.log.error("invalid uploader configuration", ["error": error.description])
-            System.exit(78)
+            System.exit(exitStatusConfigError)
         }
         do {
             store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull)
@@ -81,7 +81,7 @@ final class Uploader {
             for name in recordedOwners.keys { if let o = state(name).owner { ledger.addStream(o) } }
         } catch {
             plugin.log.error("cannot open the queue database", ["error": "\(error)"])
-            System.exit(78)
+            System.exit(exitStatusConfigError)
         }
         http = HTTPClient(loop: plugin.loop)
         wakeTimer = Timer(loop: plugin.loop) { [unowned self] in

@@ -163,7 +163,7 @@ extension Bus {
 
     func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         let topic = try str(params, "topic")
-        guard !Bus.isHostNamespace(topic) else {
+        guard !HostMethod.isHostNamespace(topic) else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }
         let ns = topic.split(separator: ".", maxSplits: 1).first.map(String.init) ?? topic

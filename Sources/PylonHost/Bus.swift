@@ -411,7 +411,7 @@ public final class Bus {
                     .notPermitted, "\(who) may not call \(method)\(via)",
                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
-        if Bus.isHostNamespace(method) { return .host }
+        if HostMethod.isHostNamespace(method) { return .host }
         // A configured plugin's namespace is the plugin's, whatever a client provided.
         let dot = method.firstIndex(of: ".") ?? method.endIndex
         guard let slot = slots[String(method[..<dot])] else {
@@ -431,7 +431,6 @@ public final class Bus {
     }
 
     /// `bus.*` and `consent.*` belong to the host.
-    static func isHostNamespace(_ method: String) -> Bool { HostMethod.isHostNamespace(method) }
 
     /// Reads top-level string params of a parsed message (for consent templates).
     static func paramField(_ msg: JSONRef) -> (String) -> String? {
@@ -537,7 +536,7 @@ public final class Bus {
         }
         if let slot = peer.slot {
             // A plugin's notification is a publication on the topic named by its method.
-            guard !Bus.isHostNamespace(method) else {
+            guard !HostMethod.isHostNamespace(method) else {
                 log.warn("plugin tried to publish on a host topic; dropped", ["plugin": slot.config.name, "topic": method])
                 return
             }

@@ -311,7 +311,7 @@ public struct PluginLifecycle: Sendable {
     public mutating func exited(now: UInt64, status: Int64, signal: Int32) -> [Action] {
         let reason = signal != 0 ? "killed by signal \(signal)" : "exited with status \(status)"
         let abnormal = signal != 0 || status != 0
-        let permanent = signal == 0 && status == exitStatusPermanentFailure
+        let permanent = signal == 0 && status == Int64(exitStatusConfigError)
         switch phase {
         case .starting(let pid, _):
             return settled(afterExit(now: now, pid: pid, since: nil, abnormal: abnormal, reason: reason, permanent: permanent))
@@ -405,7 +405,7 @@ public struct PluginLifecycle: Sendable {
             recentRestarts.removeAll()
         }
         if permanent {
-            return fail(pid: pid, "exited with status \(exitStatusPermanentFailure) (configuration error): not restarted")
+            return fail(pid: pid, "exited with status \(exitStatusConfigError) (configuration error): not restarted")
         }
         let restart: Bool
         switch policy.restart {

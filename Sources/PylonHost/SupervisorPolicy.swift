@@ -1,5 +1,3 @@
-import PylonProtocol
-
 /// How a plugin is restarted when it exits (Erlang/OTP's child restart types).
 public enum RestartPolicy: String, Sendable, CaseIterable {
     /// Always restarted, even after a clean exit.
@@ -43,7 +41,3 @@ public struct SupervisorPolicy: Equatable, Sendable {
     /// so a clean exit is reported with its real status (and 78 honoured), not as a liveness kill.
     public static let channelCloseGraceMs: UInt64 = 1_000
 }
-
-/// Exit status a plugin uses to say "my configuration is wrong; do not restart me" (EX_CONFIG;
-/// the protocol's `exitStatusConfigError`).
-public let exitStatusPermanentFailure = Int64(exitStatusConfigError)

@@ -29,9 +29,7 @@ public enum HostMethod {
         consentGet, consentSet, consentSetApp, consentList,
     ]
 
-    /// The host's namespaces: a method here is the host's, never a plugin's or a provider's.
-    public static let namespaces = ["bus.", "consent."]
-
+    /// `bus.*` and `consent.*` are the host's: never a plugin's or a provider's.
     public static func isHostNamespace(_ method: String) -> Bool {
         method.hasPrefix("bus.") || method.hasPrefix("consent.")
     }

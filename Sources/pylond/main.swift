@@ -1,5 +1,6 @@
 import PylonCore
 import PylonHost
+import PylonProtocol
 
 /// pylond: the Pylon host daemon.
 let usage = """
@@ -69,7 +70,7 @@ do throws(ConfigError) {
     } else {
         Log("pylond").error("invalid configuration", ["path": configPath, "error": error.description])
     }
-    System.exit(78)  // EX_CONFIG
+    System.exit(exitStatusConfigError)  // EX_CONFIG
 }
 if let s = socketOverride { config.socketPath = s }
 if let s = stateOverride { config.stateDir = s }
@@ -82,7 +83,7 @@ Log.minimum = level
 if checkOnly {
     let problems = config.executableProblems()
     for p in problems { Log.writeRaw("pylond: \(configPath): \(p)\n") }
-    if !problems.isEmpty { System.exit(78) }
+    if !problems.isEmpty { System.exit(exitStatusConfigError) }
     print("configuration ok: \(config.plugins.count) plugins, socket \(config.socketPath)")
     System.exit(0)
 }

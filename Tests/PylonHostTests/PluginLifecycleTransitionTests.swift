@@ -1,5 +1,6 @@
 import Glibc
 import PylonCore
+import PylonProtocol
 import Testing
 
 @testable import PylonHost
@@ -289,7 +290,7 @@ struct PluginLifecycleTransitionTests {
         var s78 = running()
         s78.closeChannel()
         #expect(
-            s78.exit(status: exitStatusPermanentFailure).contains(
+            s78.exit(status: Int64(exitStatusConfigError)).contains(
                 .publishExited(pid: 101, reason: "exited with status 78 (configuration error): not restarted", restartInMs: nil)))
         #expect(s78.life.state == .failed)
     }

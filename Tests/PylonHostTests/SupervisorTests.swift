@@ -1,4 +1,5 @@
 import Glibc
+import PylonProtocol
 import Testing
 
 @testable import PylonHost
@@ -168,7 +169,7 @@ struct SupervisorTests {
 
     @Test func exitStatus78IsAPermanentFailure() {
         var l = started(policy())
-        let r = failure(l.exited(now: 5, status: exitStatusPermanentFailure, signal: 0))
+        let r = failure(l.exited(now: 5, status: Int64(exitStatusConfigError), signal: 0))
         #expect(r?.contains("78") == true)
         #expect(l.state == .failed)
     }

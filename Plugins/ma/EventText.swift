@@ -12,9 +12,9 @@ enum EventText {
     /// The enqueue params up to the first record: `{"stream":…,"consent":…,"records":[`.
     static func paramsHead(stream: String, consent: String, into out: inout [UInt8]) {
         append(#"{"stream":"#, &out)
-        appendString(stream, &out)
+        JSONText.appendString(stream, to: &out)
         append(#","consent":"#, &out)
-        appendString(consent, &out)
+        JSONText.appendString(consent, to: &out)
         append(#","records":["#, &out)
     }
 
@@ -31,11 +31,11 @@ enum EventText {
         append(#"{"id":""#, &out)
         out.append(contentsOf: idPrefix)
         out.append(UInt8(ascii: "-"))
-        appendDecimal(seq, &out)
+        JSONText.appendDecimal(seq, to: &out)
         append(#"","data":{"event":"#, &out)
-        appendString(name, &out)
+        JSONText.appendString(name, to: &out)
         append(#","time":"#, &out)
-        appendDecimal(timeMs, &out)
+        JSONText.appendDecimal(timeMs, to: &out)
         append(#","euid":"#, &out)
         appendStringOrNull(euid, &out)
         append(#","session":"#, &out)
@@ -55,18 +55,18 @@ enum EventText {
             append(#""utm":{"#, &out)
             for (i, k) in utm.keys.sorted().enumerated() {
                 if i > 0 { out.append(UInt8(ascii: ",")) }
-                appendString(k, &out)
+                JSONText.appendString(k, to: &out)
                 out.append(UInt8(ascii: ":"))
-                appendString(utm[k]!, &out)
+                JSONText.appendString(utm[k]!, to: &out)
             }
             append("},", &out)
         }
         append(#""device":{"#, &out)
         for (i, (k, v)) in device.enumerated() {
             if i > 0 { out.append(UInt8(ascii: ",")) }
-            appendString(k, &out)
+            JSONText.appendString(k, to: &out)
             out.append(UInt8(ascii: ":"))
-            appendString(v, &out)
+            JSONText.appendString(v, to: &out)
         }
         out.append(UInt8(ascii: "}"))
         return out
@@ -79,55 +79,9 @@ enum EventText {
     }
 
     static func appendStringOrNull(_ s: String?, _ out: inout [UInt8]) {
-        if let s { appendString(s, &out) } else { append("null", &out) }
+        if let s { JSONText.appendString(s, to: &out) } else { append("null", &out) }
     }
 
-    static func appendString(_ s: String, _ out: inout [UInt8]) {
-        var s = s
-        s.withUTF8 { appendString(UnsafeRawBufferPointer($0), &out) }
-    }
-
-    /// A JSON string of `bytes` (RFC 8259): `"` and `\` escaped, control characters as `\n`,
-    /// `\t`… or `\u00XX`; everything else, UTF-8 included, as is (json-c checked it on input).
-    static func appendString(_ bytes: UnsafeRawBufferPointer, _ out: inout [UInt8]) {
-        out.append(UInt8(ascii: "\""))
-        var start = 0
-        for (i, c) in bytes.enumerated() where c < 0x20 || c == UInt8(ascii: "\"") || c == UInt8(ascii: "\\") {
-            out.append(contentsOf: bytes[start..<i])
-            start = i + 1
-            out.append(UInt8(ascii: "\\"))
-            switch c {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"): out.append(c)
-            case 0x0A: out.append(UInt8(ascii: "n"))
-            case 0x0D: out.append(UInt8(ascii: "r"))
-            case 0x09: out.append(UInt8(ascii: "t"))
-            case 0x08: out.append(UInt8(ascii: "b"))
-            case 0x0C: out.append(UInt8(ascii: "f"))
-            default:
-                append("u00", &out)
-                out.append(hexDigits[Int(c >> 4)])
-                out.append(hexDigits[Int(c & 0xF)])
-            }
-        }
-        out.append(contentsOf: bytes[start...])
-        out.append(UInt8(ascii: "\""))
-    }
-
-    private static let hexDigits = Array("0123456789abcdef".utf8)
-
-    static func appendDecimal<T: BinaryInteger>(_ value: T, _ out: inout [UInt8]) {
-        if value < 0 { out.append(UInt8(ascii: "-")) }
-        var v = UInt64(value.magnitude)
-        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buf in
-            var i = 20
-            repeat {
-                i -= 1
-                buf[i] = UInt8(truncatingIfNeeded: v % 10) + UInt8(ascii: "0")
-                v /= 10
-            } while v > 0
-            out.append(contentsOf: buf[i...])
-        }
-    }
 }
 
 /// A json-c node that serialises as JSON text written elsewhere (json-c's

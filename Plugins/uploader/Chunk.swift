@@ -1,3 +1,5 @@
+import PylonCore
+
 /// Records of one stream under one consent switch, stored as one row: the records already in the
 /// batch body's form, `{"id":…,"ts":…,"data":…}` joined by commas, so a batch's body is the
 /// concatenation of its chunks and sending is a read plus gzip. `index` holds, per record, the
@@ -39,7 +41,7 @@ struct Chunk {
         body.append(contentsOf: Chunk.idPrefix)
         body.append(contentsOf: escapedID)
         body.append(contentsOf: #","ts":"#.utf8)
-        appendDecimal(&body, ts)
+        JSONText.appendDecimal(ts, to: &body)
         body.append(contentsOf: #","data":"#.utf8)
         body.append(contentsOf: data)
         body.append(UInt8(ascii: "}"))
@@ -101,22 +103,6 @@ struct Chunk {
         out.append(UInt8(truncatingIfNeeded: v >> 8))
         out.append(UInt8(truncatingIfNeeded: v >> 16))
         out.append(UInt8(truncatingIfNeeded: v >> 24))
-    }
-}
-
-/// Appends `v` in decimal.
-func appendDecimal(_ out: inout [UInt8], _ v: Int64) {
-    if v < 0 { out.append(UInt8(ascii: "-")) }
-    var m = v.magnitude
-    var tmp: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes: enough for 20 digits
-    var n = 0
-    withUnsafeMutableBytes(of: &tmp) { t in
-        repeat {
-            t[n] = UInt8(ascii: "0") + UInt8(m % 10)
-            m /= 10
-            n += 1
-        } while m > 0
-        for i in stride(from: n - 1, through: 0, by: -1) { out.append(t[i]) }
     }
 }
 

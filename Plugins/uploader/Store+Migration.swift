@@ -1,3 +1,4 @@
+import PylonCore
 import PylonStore
 
 /// Format 1 → 2: the earlier releases' queue held one row per record in `records` (with a
@@ -41,7 +42,7 @@ extension UploaderStore {
                 }
                 if open[stream] == nil { open[stream] = Run(consent: consent, batch: batch, enqueuedMs: rows.int(6), first: position) }
                 escaped.removeAll(keepingCapacity: true)
-                rows.withText(2) { appendJSONString(&escaped, $0) }
+                rows.withText(2) { JSONText.appendString($0, to: &escaped) }
                 let ts = rows.int(3)
                 escaped.withUnsafeBytes { id in rows.withText(4) { d in open[stream]!.chunk.append(escapedID: id, ts: ts, data: d) } }
                 position += 1

@@ -130,7 +130,7 @@ final class UploaderStore {
             var bytes = 0
             for r in e.records {
                 escaped.removeAll(keepingCapacity: true)
-                appendJSONString(&escaped, UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)))
+                JSONText.appendString(UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)), to: &escaped)
                 let inserted = escaped.withUnsafeBytes { id -> Bool in
                     let key = RecordKey(id)
                     guard ids[e.stream, default: []].insert(key).inserted else { return false }
@@ -293,9 +293,9 @@ final class UploaderStore {
         var out: [UInt8] = []
         out.reserveCapacity(64 * 1024)
         out.append(contentsOf: #"{"batch":"#.utf8)
-        appendJSONString(&out, key.utf8)
+        JSONText.appendString(key, to: &out)
         out.append(contentsOf: #","stream":"#.utf8)
-        appendJSONString(&out, stream.utf8)
+        JSONText.appendString(stream, to: &out)
         out.append(contentsOf: #","records":["#.utf8)
         var count = 0
         var bytes = 0
@@ -493,20 +493,4 @@ final class UploaderStore {
         }
         return out
     }
-}
-
-private let hexDigits = Array("0123456789abcdef".utf8)
-
-/// Appends `bytes` as a JSON string literal (quotes, backslashes and control characters escaped).
-func appendJSONString<C: Collection>(_ out: inout [UInt8], _ bytes: C) where C.Element == UInt8 {
-    out.append(UInt8(ascii: "\""))
-    for b in bytes {
-        switch b {
-        case UInt8(ascii: "\""): out += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
-        case UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
-        case 0..<0x20: out += [UInt8(ascii: "\\"), UInt8(ascii: "u"), 0x30, 0x30, hexDigits[Int(b >> 4)], hexDigits[Int(b & 15)]]
-        default: out.append(b)
-        }
-    }
-    out.append(UInt8(ascii: "\""))
 }

@@ -272,9 +272,9 @@ final class Uploader {
             var reply: [UInt8] = []
             reply.reserveCapacity(40)
             reply.append(contentsOf: #"{"accepted":"#.utf8)
-            appendDecimal(&reply, Int64(n))
+            JSONText.appendDecimal(n, to: &reply)
             reply.append(contentsOf: #","duplicates":"#.utf8)
-            appendDecimal(&reply, Int64(e.records.count - n))
+            JSONText.appendDecimal(e.records.count - n, to: &reply)
             reply.append(UInt8(ascii: "}"))
             e.call.reply(serialized: reply)
         }

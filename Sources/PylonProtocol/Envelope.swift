@@ -24,7 +24,7 @@ public enum JSONPiece {
         case .value(let j): JSONRef(j).withSerialized { out.append(contentsOf: $0) }
         case .ref(let p): JSONRef.withSerialized(p) { out.append(contentsOf: $0) }
         case .text(let t): out.append(contentsOf: t)
-        case .int(let i): Envelope.appendDecimal(&out, i)
+        case .int(let i): JSONText.appendDecimal(i, to: &out)
         case .null: out.append(contentsOf: Envelope.nullText)
         }
     }
@@ -48,9 +48,9 @@ public enum Envelope {
         out.append(contentsOf: idKey)
         id.write(&out)
         out.append(contentsOf: methodKey)
-        appendString(&out, method)
+        JSONText.appendString(method, to: &out)
         if let params { out.append(contentsOf: paramsKey); params.write(&out) }
-        if let onBehalfOf { out.append(contentsOf: onBehalfOfKey); appendDecimal(&out, onBehalfOf) }
+        if let onBehalfOf { out.append(contentsOf: onBehalfOfKey); JSONText.appendDecimal(onBehalfOf, to: &out) }
         out.append(UInt8(ascii: "}"))
         return out
     }
@@ -59,7 +59,7 @@ public enum Envelope {
     public static func notification(method: String, params: JSONPiece? = nil) -> [UInt8] {
         var out = start(capacity: 48 + method.utf8.count + (params?.sizeHint ?? 0))
         out.append(contentsOf: methodKey)
-        appendString(&out, method)
+        JSONText.appendString(method, to: &out)
         if let params { out.append(contentsOf: paramsKey); params.write(&out) }
         out.append(UInt8(ascii: "}"))
         return out
@@ -103,42 +103,6 @@ public enum Envelope {
         out.reserveCapacity(capacity)
         out.append(contentsOf: head)
         return out
-    }
-
-    /// A JSON string: plain printable ASCII is copied, anything else is escaped by json-c.
-    static func appendString(_ out: inout [UInt8], _ s: String) {
-        var plain = true
-        for b in s.utf8 where b < 0x20 || b >= 0x7F || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") {
-            plain = false
-            break
-        }
-        if plain {
-            out.append(UInt8(ascii: "\""))
-            out.append(contentsOf: s.utf8)
-            out.append(UInt8(ascii: "\""))
-        } else {
-            JSONPiece.value(.string(s)).write(&out)
-        }
-    }
-
-    static func appendDecimal(_ out: inout [UInt8], _ value: Int64) {
-        if value < 0 { out.append(UInt8(ascii: "-")) }
-        var v = value.magnitude
-        var digits:
-            (
-                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
-            ) =
-                (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var n = 0
-        withUnsafeMutableBytes(of: &digits) { d in
-            repeat {
-                d[n] = UInt8(truncatingIfNeeded: v % 10) + 0x30
-                v /= 10
-                n += 1
-            } while v > 0
-            for i in stride(from: n - 1, through: 0, by: -1) { out.append(d[i]) }
-        }
     }
 }
 

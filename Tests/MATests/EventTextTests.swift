@@ -59,7 +59,7 @@ struct EventTextTests {
     @Test(arguments: [Int64.min + 1, -1, 0, 7, 1_732_900_000_123, Int64.max])
     func decimals(value: Int64) {
         var out: [UInt8] = []
-        EventText.appendDecimal(value, &out)
+        JSONText.appendDecimal(value, to: &out)
         #expect(String(decoding: out, as: UTF8.self) == String(value))
     }
 

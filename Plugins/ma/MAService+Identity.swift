@@ -9,7 +9,7 @@ extension MAService {
             return
         }
         // It names a backend URL path, an uploader stream and a consent switch.
-        guard Self.validAppKey(appKey) else {
+        guard AppKey.isValid(appKey) else {
             call.reply(Self.result(MACode.invalidParams, "appKey must be \(AppKey.rule)"))
             return
         }

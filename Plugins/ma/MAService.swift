@@ -91,7 +91,7 @@ final class MAService {
                 """)
             for r in try db.query("SELECT app_key, state FROM apps") {
                 guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
-                guard MAService.validAppKey(k) else {
+                guard AppKey.isValid(k) else {
                     plugin.log.warn("stored AppKey not valid any more; ignored", ["appKey": k])
                     continue
                 }
@@ -187,10 +187,6 @@ final class MAService {
     /// seconds; larger values are answered -3.
     static let maxReportIntervalS: Int64 = 86_400
     static let maxSessionTimeoutS: Int64 = 7 * 86_400
-
-    /// The AppKey rule shared with the backend (`AppKey`): one names a URL path, an uploader
-    /// stream (`ma.<appKey>`) and a consent switch (`ma:<appKey>`).
-    static func validAppKey(_ k: String) -> Bool { AppKey.isValid(k) }
 
     /// `ma.setChannelValue`: at most this many values per call, each at most this many bytes
     /// (push tokens are well under it); more is -3.

@@ -299,8 +299,13 @@ public final class Connection: UVHandleOwner {
         markDirty()
     }
 
-    /// `sendSpliced` with a decimal integer as the replacement.
-    public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64) {
+    /// `sendSpliced` with a decimal integer, followed by the bytes of `suffix`, as the
+    /// replacement.
+    public func sendSpliced(
+        _ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64, then suffix: UnsafeRawBufferPointer = .init(start: nil, count: 0)
+    ) {
+        loop.preconditionInLoop()
+        guard !isClosed else { return }
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { buf in
             var v = value.magnitude
             var i = 24
@@ -310,8 +315,13 @@ public final class Connection: UVHandleOwner {
                 v /= 10
             } while v > 0
             if value < 0 { i -= 1; buf[i] = UInt8(ascii: "-") }
-            sendSpliced(line, span, UnsafeRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buf)[i...]))
+            pending.append(UnsafeRawBufferPointer(rebasing: line[..<span.lowerBound]))
+            pending.append(UnsafeRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buf)[i...]))
+            pending.append(suffix)
+            pending.append(UnsafeRawBufferPointer(rebasing: line[span.upperBound...]))
+            pending.append(byte: 0x0A)
         }
+        markDirty()
     }
     public func send(_ json: JSON) { send(JSONRef(json)) }
     public func sendLine(_ s: String) {

@@ -3,6 +3,10 @@ import PylonHTTP
 import PylonPluginKit
 import PylonStore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 final class Uploader {
     let plugin: Plugin
     var store: UploaderStore!
@@ -175,7 +179,11 @@ final class Uploader {
 
     func principal(of call: RawCall) -> Principal {
         guard let text = call.caller else { return Principal(caller: call.callerInfo) }
-        if let last = lastCaller, last.text.elementsEqual(text) { return last.principal }
+        if let last = lastCaller, last.text.count == text.count,
+            last.text.withUnsafeBytes({ text.count == 0 || memcmp($0.baseAddress!, text.baseAddress!, text.count) == 0 })
+        {
+            return last.principal
+        }
         let p = Principal(caller: call.callerInfo)
         lastCaller = (Array(text), p)
         return p

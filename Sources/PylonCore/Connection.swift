@@ -298,7 +298,8 @@ public final class Connection: UVHandleOwner {
 
     /// Appends `line` with `span` replaced by `a` then `b`, and a newline, in one write into the
     /// queue.
-    private func appendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) {
+    private func appendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer)
+    {
         let n = line.count - span.count + a.count + b.count + 1
         pending.append(upTo: n) { out in
             var at = 0
@@ -319,7 +320,8 @@ public final class Connection: UVHandleOwner {
     /// `sendSpliced` with a decimal integer, followed by the bytes of `suffix`, as the
     /// replacement.
     public func sendSpliced(
-        _ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64, then suffix: UnsafeRawBufferPointer = .init(start: nil, count: 0)
+        _ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64,
+        then suffix: UnsafeRawBufferPointer = .init(start: nil, count: 0)
     ) {
         loop.preconditionInLoop()
         guard !isClosed else { return }

@@ -34,8 +34,12 @@ struct ConsentTemplateTests {
             }
             var askedMine: [String] = []
             var askedTheirs: [String] = []
-            let mine = ConsentTemplate(template).key { askedMine.append($0); return values[$0] }
-            let theirs = Manifest.Method(name: "p.m", consent: template).consentKey { askedTheirs.append($0); return values[$0] }
+            let mine = ConsentTemplate(template).key {
+                askedMine.append($0); return values[$0]
+            }
+            let theirs = Manifest.Method(name: "p.m", consent: template).consentKey {
+                askedTheirs.append($0); return values[$0]
+            }
             #expect(mine == theirs, "template \(template) fields \(values)")
             #expect(askedMine == askedTheirs, "template \(template)")
             if case .key = mine, template.contains("{") { resolved += 1 }

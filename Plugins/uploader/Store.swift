@@ -45,10 +45,17 @@ final class UploaderStore {
     /// Queue position of the next record (chunks are ordered by their first record's position).
     private var nextPosition: Int64 = 0
 
-    init(path: String, fsyncEveryCommit: Bool) throws(SQLiteError) {
+    /// Checkpoints the WAL on libuv's thread pool (nil without a loop: SQLite's autocheckpoint,
+    /// inside the commit that crosses it).
+    private var checkpointer: WALCheckpointer?
+
+    /// Opens (creating or migrating) the queue at `path`. With `loop`, checkpoints run mostly on
+    /// its thread pool (`WALCheckpointer`).
+    init(path: String, fsyncEveryCommit: Bool, loop: Loop? = nil) throws(SQLiteError) {
         db = try Database(path: path)
         try db.exec("PRAGMA journal_mode=WAL")
-        try db.exec(fsyncEveryCommit ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL")
+        let synchronous = fsyncEveryCommit ? "FULL" : "NORMAL"
+        try db.exec("PRAGMA synchronous=\(synchronous)")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
         try db.exec(
             """
@@ -85,6 +92,13 @@ final class UploaderStore {
         try db.exec("UPDATE chunks SET batch=NULL WHERE batch IS NOT NULL AND batch NOT IN (SELECT key FROM batches)")
         try db.exec("PRAGMA user_version=\(UploaderStore.format)")
         try loadIDs()
+        if let loop { checkpointer = try WALCheckpointer(db: db, path: path, synchronous: synchronous, loop: loop) }
+    }
+
+    /// Closes the database (a checkpoint running on the pool finishes on its own connection).
+    func close() {
+        checkpointer?.close()
+        db.close()
     }
 
     /// Reads every chunk's record ids into `ids` and finds the next queue position.

@@ -61,7 +61,7 @@ final class Uploader {
             System.exit(exitStatusConfigError)
         }
         do {
-            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull)
+            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull, loop: plugin.loop)
             diskBytes = try store.totalBytes()
             for (name, o) in try store.recordedOwners() { recordedOwners[name] = StreamOwner(o) }
             for (name, s) in try store.summaries() {
@@ -113,7 +113,7 @@ final class Uploader {
     func shutdown() {
         commit()
         http?.shutdown()
-        store?.db.close()
+        store?.close()
     }
 
     /// Converts a stored wall-clock time to the loop's monotonic clock (for ages after restart).

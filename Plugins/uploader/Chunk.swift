@@ -24,6 +24,13 @@ struct Chunk {
 
     init() {}
 
+    /// An empty chunk whose body has room for `bytes` without growing.
+    init(reservingBody bytes: Int) { body.reserveCapacity(bytes) }
+
+    /// Bytes of a record's upload form besides its id and data: `{"id":`, `,"ts":` and up to
+    /// 20 digits, `,"data":`, `}` and the comma before it.
+    static let recordOverhead = 48
+
     init(body: [UInt8], index: [UInt8]) {
         self.body = body
         self.index = index
@@ -45,8 +52,8 @@ struct Chunk {
         body.append(contentsOf: #","data":"#.utf8)
         body.append(contentsOf: data)
         body.append(UInt8(ascii: "}"))
-        Chunk.appendU32(&index, UInt32(body.count))
-        Chunk.appendU32(&index, UInt32(data.count))
+        // The index entry as one 8-byte append (little-endian on every platform Pylon runs on).
+        withUnsafeBytes(of: (UInt32(body.count).littleEndian, UInt32(data.count).littleEndian)) { index.append(contentsOf: $0) }
         count += 1
         bytes += data.count
     }
@@ -106,25 +113,27 @@ struct Chunk {
     }
 }
 
-/// The dedup key of a record: a 128-bit keyed hash (two SipHash-1-3 runs with the process's
-/// random seed) of its id as written. Rebuilt from the queue at every start, so the seed need not
-/// be stable. Two different ids share a key with probability ~n²/2¹²⁹ (n records queued in one
-/// stream): 10⁶ queued records give ~10⁻²⁷.
+/// The dedup key of a record: a 128-bit keyed hash (SipHash-1-3 with its 128-bit output, keyed
+/// with a random key of the process) of its id as written. Rebuilt from the queue at every
+/// start, so the key need not be stable. Two different ids share a key with probability
+/// ~n²/2¹²⁹ (n records queued in one stream): 10⁶ queued records give ~10⁻²⁷.
 struct RecordKey: Hashable {
-    var a: Int
-    var b: Int
+    var a: UInt64
+    var b: UInt64
 
-    init(_ escapedID: UnsafeRawBufferPointer) {
-        var h1 = Hasher()
-        h1.combine(bytes: escapedID)
-        var h2 = Hasher()
-        h2.combine(0x5bd1_e995 as UInt32)
-        h2.combine(bytes: escapedID)
-        a = h1.finalize()
-        b = h2.finalize()
-    }
+    /// The process's SipHash key.
+    static let key = (UInt64.random(in: .min ... .max), UInt64.random(in: .min ... .max))
 
-    /// `a` alone places a key in a set: it is already a keyed hash of the id (equality still
-    /// compares both halves), so the set hashes 8 bytes per lookup instead of 16.
+    init(_ escapedID: UnsafeRawBufferPointer) { (a, b) = SipHash128.hash(escapedID, key: RecordKey.key) }
+
     func hash(into hasher: inout Hasher) { hasher.combine(a) }
+
+    /// A set places a key by `a` mixed with the set's own seed, without running `Hasher` (what
+    /// `hash(into:)` would cost on every insert, lookup and removal): `a` is already a keyed
+    /// hash of the id (equality still compares both halves).
+    func _rawHashValue(seed: Int) -> Int {
+        var x = a ^ UInt64(bitPattern: Int64(seed))
+        x = (x ^ (x >> 32)) &* 0xd6e8_feb8_6659_fd93
+        return Int(truncatingIfNeeded: x ^ (x >> 32))
+    }
 }

@@ -219,6 +219,7 @@ struct EnqueueParams {
     /// (the rest are only skipped, to find the end). nil when a key is written with escapes.
     private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int) -> (list: [RawRecord], end: Int)? {
         var list: [RawRecord] = []
+        var keys: [Range<Int>] = []  // jsonCText's key list, one allocation for every record
         var elements = RawJSON.ElementCursor(t, start..<t.count)
         while let e = elements.nextElement() {
             guard list.count < keep, t[e] == UInt8(ascii: "{") else {
@@ -234,7 +235,7 @@ struct EnqueueParams {
                 case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): r.id = members.skipValue()
                 case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): r.ts = members.skipValue()
                 case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
-                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) {
+                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart, scratch: &keys) {
                         r.data = m.valueStart..<end
                         r.dataLength = length
                         members.resume(at: end)

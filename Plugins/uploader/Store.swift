@@ -133,11 +133,18 @@ final class UploaderStore {
     /// when it throws.
     func commit(_ enqueues: [Enqueue], nowMs: Int64) throws(SQLiteError) -> [(added: Int, bytes: Int)] {
         var chunks: [(stream: String, consent: String, chunk: Chunk)] = []
-        var added: [(stream: String, key: RecordKey)] = []
+        // The keys added, in enqueue order (`results` says how many per enqueue): taken back out
+        // of their sets when the transaction fails.
+        var added: [RecordKey] = []
         var results: [(added: Int, bytes: Int)] = []
         results.reserveCapacity(enqueues.count)
         var escaped: [UInt8] = []
         escaped.reserveCapacity(160)
+        // What a chunk's body grows to (records in their upload form: ~40 bytes around each
+        // record's id and data), so it is allocated once, not doubled from empty.
+        var bodyEstimate = 0
+        for e in enqueues { for r in e.records { bodyEstimate += Int(r.idLength + r.bodyLength) + Chunk.recordOverhead } }
+        bodyEstimate = min(bodyEstimate, Chunk.targetBytes + Chunk.recordOverhead + 2 * EnqueueParams.maxIdBytes)
         // The id set of the stream at hand, out of `ids` while consecutive enqueues name it.
         var current: (stream: String, set: Set<RecordKey>)?
         for e in enqueues {
@@ -154,9 +161,9 @@ final class UploaderStore {
                 let inserted = escaped.withUnsafeBytes { id -> Bool in
                     let key = RecordKey(id)
                     guard current!.set.insert(key).inserted else { return false }
-                    added.append((e.stream, key))
+                    added.append(key)
                     if slot == nil || chunks[slot!].chunk.isFull {
-                        chunks.append((e.stream, e.consent, Chunk()))
+                        chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))
                         slot = chunks.count - 1
                     }
                     chunks[slot!].chunk.append(
@@ -183,7 +190,11 @@ final class UploaderStore {
                 }
             }
         } catch {
-            for a in added { ids[a.stream]?.remove(a.key) }
+            var k = 0
+            for (e, r) in zip(enqueues, results) {
+                for key in added[k..<(k + r.added)] { ids[e.stream]?.remove(key) }
+                k += r.added
+            }
             throw error
         }
         nextPosition = start + Int64(chunks.reduce(0) { $0 + $1.chunk.count })
@@ -337,48 +348,39 @@ final class UploaderStore {
     /// Delivered (or a final batch that is purged whatever happened): the records are gone, and
     /// their ids may be enqueued again.
     func deleteBatch(_ key: String) throws(SQLiteError) {
-        var gone: [(String, RecordKey)] = []
+        var gone: [RecordKey] = []
+        var stream = ""
         try db.transaction { () throws(SQLiteError) in
-            let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
+            stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
             let s = try db.prepare(
                 "DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
             try s.bind([.text(key)])
             while try s.step() {
                 s.withBlob(0) { body in
                     s.withBlob(1) { index in
-                        for i in 0..<(index.count / Chunk.indexEntryBytes) {
-                            gone.append((stream, RecordKey(Chunk.record(body, index, i).escapedID)))
-                        }
+                        for i in 0..<(index.count / Chunk.indexEntryBytes) { gone.append(RecordKey(Chunk.record(body, index, i).escapedID)) }
                     }
                 }
             }
             try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
         }
-        forget(gone)
+        forget(gone, of: stream)
     }
 
-    /// Records left the disk: their ids may be enqueued again. (A stream's set is looked up once
-    /// per run of its records: a batch's records are all of one stream.)
-    private func forget(_ gone: [(String, RecordKey)]) {
-        var i = 0
-        while i < gone.count {
-            let stream = gone[i].0
-            guard var set = ids.removeValue(forKey: stream) else {
-                while i < gone.count, gone[i].0 == stream { i += 1 }
-                continue
-            }
-            while i < gone.count, gone[i].0 == stream {
-                set.remove(gone[i].1)
-                i += 1
-            }
-            if !set.isEmpty { ids[stream] = set }
-        }
+    /// Records of `stream` left the disk: their ids may be enqueued again. (A batch's records
+    /// are all of one stream.)
+    private func forget(_ gone: [RecordKey], of stream: String) {
+        guard var set = ids.removeValue(forKey: stream) else { return }
+        for k in gone { set.remove(k) }
+        if !set.isEmpty { ids[stream] = set }
     }
 
     /// Sets a rejected batch aside record by record: kept for inspection, never retried.
     func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws(SQLiteError) -> Int {
-        var gone: [(String, RecordKey)] = []
+        // A batch's records are all of one stream.
+        var gone: [RecordKey] = []
+        var stream = ""
         let n = try db.transaction { () throws(SQLiteError) -> Int in
             var rows: [(stream: String, chunk: Chunk)] = []
             let s = try db.prepare(
@@ -393,7 +395,8 @@ final class UploaderStore {
                     r.chunk.index.withUnsafeBytes { index in
                         for i in 0..<r.chunk.count {
                             let rec = Chunk.record(body, index, i)
-                            gone.append((r.stream, RecordKey(rec.escapedID)))
+                            gone.append(RecordKey(rec.escapedID))
+                            stream = r.stream
                             // The id as the caller sent it (the chunk holds it JSON-escaped).
                             let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
                             letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self)))
@@ -413,7 +416,7 @@ final class UploaderStore {
             try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
             return n
         }
-        forget(gone)
+        forget(gone, of: stream)
         return n
     }
 

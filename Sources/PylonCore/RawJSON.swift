@@ -599,7 +599,21 @@ extension RawJSON {
     public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (
         length: Int, end: Int
     )? {
+        var scratch: [Range<Int>] = []
+        return jsonCText(t, at: start, into: out, scratch: &scratch)
+    }
+
+    /// `jsonCText(_:at:into:)` for a caller that walks many values: `scratch` (left empty) holds
+    /// the walk's list of keys, so its storage is allocated once for all of them.
+    public static func jsonCText(
+        _ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil, scratch: inout [Range<Int>]
+    ) -> (length: Int, end: Int)? {
         var w = JSONCWriter(t: t, out: out)
+        swap(&w.keys, &scratch)
+        defer {
+            swap(&w.keys, &scratch)
+            scratch.removeAll(keepingCapacity: true)
+        }
         var i = start
         guard w.value(&i, depth: 0) else { return nil }
         return (w.n, i)
@@ -639,7 +653,7 @@ extension RawJSON {
                 byte(t[i])
                 i += 1
                 let ownKeys = keys.count
-                defer { keys.removeSubrange(ownKeys...) }
+                defer { keys.removeLast(keys.count - ownKeys) }
                 var first = true
                 while true {
                     i = skipSpace(t, i)

@@ -114,13 +114,28 @@ struct EnqueueParams {
     /// with escapes, a stream, consent or record id with escapes, an integer `ts` beyond Int64, or
     /// a body json-c would print differently (see `RawJSON.jsonCText`).
     static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64) -> EnqueueParams? {
+        var scratch = Scratch()
+        return read(raw: t, limits: limits, wall: wall, scratch: &scratch)
+    }
+
+    /// What the raw reader walks into, kept by a caller that reads many requests so its storage
+    /// is allocated once, not per request.
+    struct Scratch {
+        var records: [RawRecord] = []
+        /// `RawJSON.jsonCText`'s key list.
+        var keys: [Range<Int>] = []
+    }
+
+    /// `read(raw:limits:wall:)` walking into `scratch`.
+    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64, scratch: inout Scratch) -> EnqueueParams? {
         var first = 0
         while first < t.count, t[first] == 0x20 || t[first] == 0x0A || t[first] == 0x0D || t[first] == 0x09 { first += 1 }
         guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
         var streamSpan: Range<Int>?
         var consentSpan: Range<Int>?
-        /// The records as walked (nil: no array), the last `records` member winning.
-        var walked: [RawRecord]??
+        /// Whether `records` is an array (walked into `scratch.records`), the last `records`
+        /// member winning; nil when there is none.
+        var walked: Bool?
         var members = RawJSON.MemberCursor(t, first..<t.count)
         while let m = members.nextKey() {
             if m.keyEscaped { return nil }
@@ -129,9 +144,9 @@ struct EnqueueParams {
             } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "consent") {
                 consentSpan = members.skipValue()
             } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "records") {
-                guard t[m.valueStart] == UInt8(ascii: "[") else { walked = .some(nil); continue }
-                guard let (list, end) = walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1) else { return nil }
-                walked = list
+                guard t[m.valueStart] == UInt8(ascii: "[") else { walked = false; continue }
+                guard let end = walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1, into: &scratch) else { return nil }
+                walked = true
                 members.resume(at: end)
             }
         }
@@ -148,7 +163,8 @@ struct EnqueueParams {
                 p.consent = .invalid
             }
         }
-        guard case let elements?? = walked, !elements.isEmpty else { return p }
+        guard walked == true, !scratch.records.isEmpty else { return p }
+        let elements = scratch.records
         guard elements.count <= limits.maxRecordsPerCall else {
             p.records = .failure(tooMany(limits))
             return p
@@ -214,17 +230,17 @@ struct EnqueueParams {
         var dataLength: Int?
     }
 
-    /// Walks the records array at `start` once: each record's members, and `data` through
-    /// `RawJSON.jsonCText` (which both measures and skips it). Keeps the first `keep` records
-    /// (the rest are only skipped, to find the end). nil when a key is written with escapes.
-    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int) -> (list: [RawRecord], end: Int)? {
-        var list: [RawRecord] = []
-        var keys: [Range<Int>] = []  // jsonCText's key list, one allocation for every record
+    /// Walks the records array at `start` once into `scratch.records`: each record's members,
+    /// and `data` through `RawJSON.jsonCText` (which both measures and skips it). Keeps the first
+    /// `keep` records (the rest are only skipped, to find the end). Returns the index past the
+    /// array; nil when a key is written with escapes.
+    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int, into scratch: inout Scratch) -> Int? {
+        scratch.records.removeAll(keepingCapacity: true)
         var elements = RawJSON.ElementCursor(t, start..<t.count)
         while let e = elements.nextElement() {
-            guard list.count < keep, t[e] == UInt8(ascii: "{") else {
+            guard scratch.records.count < keep, t[e] == UInt8(ascii: "{") else {
                 let span = elements.skipValue()
-                if list.count < keep { list.append(RawRecord(span: span)) }
+                if scratch.records.count < keep { scratch.records.append(RawRecord(span: span)) }
                 continue
             }
             var r = RawRecord(span: e..<e)
@@ -235,7 +251,7 @@ struct EnqueueParams {
                 case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): r.id = members.skipValue()
                 case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): r.ts = members.skipValue()
                 case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
-                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart, scratch: &keys) {
+                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart, scratch: &scratch.keys) {
                         r.data = m.valueStart..<end
                         r.dataLength = length
                         members.resume(at: end)
@@ -248,9 +264,9 @@ struct EnqueueParams {
             }
             r.span = e..<members.position
             elements.resume(at: members.position)
-            list.append(r)
+            scratch.records.append(r)
         }
-        return (list, elements.position)
+        return elements.position
     }
 }
 

@@ -358,7 +358,9 @@ final class UploaderStore {
             while try s.step() {
                 s.withBlob(0) { body in
                     s.withBlob(1) { index in
-                        for i in 0..<(index.count / Chunk.indexEntryBytes) { gone.append(RecordKey(Chunk.record(body, index, i).escapedID)) }
+                        for i in 0..<(index.count / Chunk.indexEntryBytes) {
+                            gone.append(RecordKey(Chunk.record(body, index, i).escapedID))
+                        }
                     }
                 }
             }

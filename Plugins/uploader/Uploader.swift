@@ -145,11 +145,17 @@ final class Uploader {
     // MARK: Enqueue (group commit)
 
     static func validStream(_ s: String) -> Bool {
-        !s.isEmpty && s.utf8.count <= 128
-            && s.utf8.allSatisfy {
-                ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x61 && $0 <= 0x7A) || $0 == 0x2E || $0 == 0x2D
-                    || $0 == 0x5F || $0 == 0x3A
+        var s = s
+        return s.withUTF8 { b in
+            guard !b.isEmpty, b.count <= 128 else { return false }
+            for c in b {
+                guard
+                    (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x2E || c == 0x2D
+                        || c == 0x5F || c == 0x3A
+                else { return false }
             }
+            return true
+        }
     }
 
     /// `{stream, consent?, records}` from a parsed request (a notification, or tests).
@@ -164,13 +170,16 @@ final class Uploader {
     func enqueue(_ call: RawCall) {
         let wall = System.wallClockMs()
         let caller = principal(of: call)
-        if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall) {
+        if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall, scratch: &rawScratch) {
             enqueue(call, caller: caller, p, keep: p.storage)
             return
         }
         let tree = try? JSONRef.parse(call.params, maxDepth: Plugin.maxDepth)
         enqueue(call, caller: caller, EnqueueParams(ref: tree?.ptr, limits: limits, wall: wall), keep: tree)
     }
+
+    /// What the raw reader walks into, reused by every enqueue.
+    private var rawScratch = EnqueueParams.Scratch()
 
     /// The caller of the last raw enqueue that had one, by its `_pylon` text. A client's text is
     /// the same in each of its requests, so it is read once per run of them (the reading is a

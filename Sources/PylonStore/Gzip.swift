@@ -13,19 +13,21 @@ public enum Gzip {
         var s = z_stream()
         guard pylon_deflate_init_gzip(&s, level) == Z_OK else { throw GzipError(description: "deflateInit2 failed") }
         defer { deflateEnd(&s) }
-        var out = [UInt8](repeating: 0, count: Int(deflateBound(&s, uLong(input.count))) + 32)
-        // zlib's next_in is not const but is only read: no copy of the input is needed.
-        let rc: Int32 = input.withUnsafeBytes { inp in
-            out.withUnsafeMutableBytes { outp in
+        // Room for the worst case, not zero-filled first (zlib writes what it produces; only
+        // that is kept).
+        var rc: Int32 = Z_OK
+        let out = [UInt8](unsafeUninitializedCapacity: Int(deflateBound(&s, uLong(input.count))) + 32) { outp, kept in
+            // zlib's next_in is not const but is only read: no copy of the input is needed.
+            rc = input.withUnsafeBytes { inp in
                 s.next_in = UnsafeMutablePointer(mutating: inp.baseAddress?.assumingMemoryBound(to: Bytef.self))
                 s.avail_in = uInt(inp.count)
-                s.next_out = outp.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                s.next_out = outp.baseAddress
                 s.avail_out = uInt(outp.count)
                 return deflate(&s, Z_FINISH)
             }
+            kept = rc == Z_STREAM_END ? Int(s.total_out) : 0
         }
         guard rc == Z_STREAM_END else { throw GzipError(description: "deflate failed (\(rc))") }
-        out.removeSubrange(Int(s.total_out)...)
         return out
     }
 

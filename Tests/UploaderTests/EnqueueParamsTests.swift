@@ -63,6 +63,22 @@ struct EnqueueParamsTests {
         #expect(decided > 2500 && declined > 300 && accepted > 800, "decided \(decided), declined \(declined), accepted \(accepted)")
     }
 
+    /// The uploader reads every request into one `Scratch`: what an earlier request left in it
+    /// never shows in a later one's outcome.
+    @Test func aReusedScratchReadsLikeAFreshOne() {
+        var g = EnqueueGenerator(seed: 13)
+        var shared = EnqueueParams.Scratch()
+        for n in 0..<3000 {
+            let bytes = Array(g.params().utf8)
+            let limits = n % 2 == 0 ? UploaderLimits() : Self.smallLimits
+            bytes.withUnsafeBytes { t in
+                let fresh = EnqueueParams.read(raw: t, limits: limits, wall: Self.wall).map(Self.describe)
+                let reused = EnqueueParams.read(raw: t, limits: limits, wall: Self.wall, scratch: &shared).map(Self.describe)
+                #expect(reused == fresh, "\(String(decoding: bytes, as: UTF8.self))")
+            }
+        }
+    }
+
     @Test func ordinaryRequestsAreReadFromTheBytes() throws {
         let cases = [
             #"{"stream":"ma.events","consent":"analytics","records":[{"id":"r1","data":{"eventName":"purchase","property":{"sku":"A-1","price":9.99,"ts":1732900000}}}]}"#,

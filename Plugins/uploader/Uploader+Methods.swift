@@ -116,10 +116,8 @@ extension Uploader {
         ]
         if let me = caller.identity { r["owner"] = usage(me) }
         if caller.isAdmin {
-            var owners: Set<StreamOwner> = Set(ledger.streams.keys)
-            owners.formUnion(ledger.bytes.keys)
             var u = JSONObject()
-            for w in owners.sorted(by: { $0.description < $1.description }) { u[w.description] = usage(w) }
+            for w in ledger.owners.keys.sorted(by: { $0.description < $1.description }) { u[w.description] = usage(w) }
             r["owners"] = .object(u)
         }
         call.reply(.object(r))

@@ -207,14 +207,17 @@ final class Uploader {
             call.fail(EnqueueParams.streamError)
             return
         }
-        var st = state(stream)
+        // The stream's owner and switch, read in place (one lookup, no copy of its state).
+        let known = streams.index(forKey: stream)
+        let (streamOwner, consent) =
+            known.map { (streams.values[$0].owner, streams.values[$0].consentKey) }
+            ?? (config.catalog.owner(of: stream, recorded: recordedOwners[stream]), config.catalog.consentKey(for: stream))
         let owner: StreamOwner
-        switch StreamAccess.decide(stream, owner: st.owner, caller: caller, action: "enqueue to", claims: true) {
+        switch StreamAccess.decide(stream, owner: streamOwner, caller: caller, action: "enqueue to", claims: true) {
         case .refused(let e): call.fail(e); return
         case .allowed(let o?, _): owner = o
         case .allowed(nil, _): call.fail(RPCError(.notPermitted, "stream \(stream) has no owner")); return
         }
-        let consent = st.consentKey
         if p.consent != .absent, p.consent != .named(consent) {
             call.fail(
                 RPCError(
@@ -224,10 +227,7 @@ final class Uploader {
             return
         }
         guard plugin.isConsentGranted(consent) else {
-            if streams[stream] != nil {
-                st.refusedConsent += 1
-                streams[stream] = st
-            }
+            streams[stream]?.refusedConsent += 1
             let sw = deniedSwitch(consent)
             call.fail(RPCError(.consentDenied, "consent switch \(sw) is denied", data: ["switch": .string(sw)]))
             return

@@ -21,8 +21,13 @@ struct UploaderLimits {
     /// Upload request timeout.
     var requestTimeoutMs = 30_000
 
-    func diskBytes(for owner: StreamOwner) -> Int { ownerOverrides[owner]?.diskBytes ?? maxDiskBytesPerOwner }
-    func streams(for owner: StreamOwner) -> Int { ownerOverrides[owner]?.streams ?? maxStreamsPerOwner }
+    // (No lookup, so no hashing of the owner, when there are no overrides: every enqueue asks.)
+    func diskBytes(for owner: StreamOwner) -> Int {
+        ownerOverrides.isEmpty ? maxDiskBytesPerOwner : ownerOverrides[owner]?.diskBytes ?? maxDiskBytesPerOwner
+    }
+    func streams(for owner: StreamOwner) -> Int {
+        ownerOverrides.isEmpty ? maxStreamsPerOwner : ownerOverrides[owner]?.streams ?? maxStreamsPerOwner
+    }
 }
 
 /// An invalid `plugins[uploader].config`: the plugin logs it and exits 78 (EX_CONFIG), so the

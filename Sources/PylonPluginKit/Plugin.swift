@@ -138,7 +138,11 @@ public final class Plugin {
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
     public var wantsCallerInfo = false
-    private var pendingCalls: [Int64: (Result<JSON, RPCError>) -> Void] = [:]
+    /// Calls to other plugins waiting for their answer, by request id.
+    private var pendingCalls: [Int64: PendingCall] = [:]
+    /// How many of `pendingCalls` want their result as text (`callText`): while there are
+    /// some, answers are read from their bytes first.
+    private var pendingTextCalls = 0
     private var nextId: Int64 = 1
 
     /// From the host's welcome.
@@ -223,13 +227,16 @@ public final class Plugin {
     /// The params text a raw method gets when there are none.
     static let nullText = Array("null".utf8)
 
-    /// Answers (or hands to a deferred handler) a request for a raw method without parsing it;
-    /// false when the line is not one.
-    private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard !rawMethods.isEmpty || !deferredMethods.isEmpty,
+    /// Answers (or hands to a deferred handler) a request for a raw method, or hands the answer
+    /// of a `callText` call its result's text, without parsing the line; false when the line is
+    /// neither (json-c then parses it).
+    private func handleRawLine(_ line: UnsafeRawBufferPointer) -> Bool {
+        guard !rawMethods.isEmpty || !deferredMethods.isEmpty || pendingTextCalls > 0,
             case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
-            let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms)
+            let idSpan = m.id
         else { return false }
+        guard let ms = m.method else { return handleTextAnswer(line, m) }
+        guard let method = RawJSON.plainString(line, ms) else { return false }
         let id = UnsafeRawBufferPointer(rebasing: line[idSpan])
         if let handler = rawMethods[method] {
             let result =
@@ -244,6 +251,18 @@ public final class Plugin {
             m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
             ?? Plugin.nullText.withUnsafeBytes { RawCall(plugin: self, id: id, params: $0, caller: caller) }
         handler(call)
+        return true
+    }
+
+    /// A successful answer to a `callText` call, handed over as its result's text. Errors, and
+    /// answers to other calls, are left to json-c (the error's text is worded from its tree).
+    private func handleTextAnswer(_ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
+        guard m.error == nil, let r = m.result, let id = m.id.flatMap({ RawJSON.plainInt(line, $0) }),
+            case .text(let done)? = pendingCalls[id]
+        else { return false }
+        pendingCalls[id] = nil
+        pendingTextCalls -= 1
+        done(.success(UnsafeRawBufferPointer(rebasing: line[r])))
         return true
     }
 
@@ -265,14 +284,28 @@ public final class Plugin {
         _ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
         _ done: @escaping (Result<JSON, RPCError>) -> Void
     ) {
-        guard let (channel, id) = register(done) else { return }
+        guard let (channel, id) = register(.value(done)) else { return }
         channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params), onBehalfOf: onBehalfOf))
     }
 
+    /// `call` with params already written as JSON text (valid JSON, built by the plugin), whose
+    /// answer is handed over as text too: `done` gets the result's JSON text, valid only during
+    /// the call, read from the answer's bytes without building json-c objects (an error answer
+    /// is an `RPCError` as for `call`). The hot path of a plugin that feeds another one: no tree
+    /// is built on either side of the call.
+    public func callText(
+        _ method: String, params: UnsafeRawBufferPointer,
+        _ done: @escaping (Result<UnsafeRawBufferPointer, RPCError>) -> Void
+    ) {
+        guard let (channel, id) = register(.text(done)) else { return }
+        pendingTextCalls += 1
+        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .text(params)))
+    }
+
     /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.
-    private func register(_ done: @escaping (Result<JSON, RPCError>) -> Void) -> (Connection, Int64)? {
+    private func register(_ done: PendingCall) -> (Connection, Int64)? {
         guard let channel, !channel.isClosed else {
-            done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
+            done.fail(RPCError(.pluginUnavailable, "bus channel closed"))
             return nil
         }
         let id = nextId
@@ -285,7 +318,7 @@ public final class Plugin {
     /// the request is serialised once, with no conversion from Swift values.
     public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         defer { json_object_put(params) }
-        guard let (channel, id) = register(done) else { return }
+        guard let (channel, id) = register(.value(done)) else { return }
         channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .ref(params)))
     }
 
@@ -338,7 +371,7 @@ public final class Plugin {
     private func sendHello() {
         let id = nextId
         nextId += 1
-        pendingCalls[id] = { [unowned self] r in
+        pendingCalls[id] = .value { [unowned self] r in
             switch r {
             case .success(let w):
                 let welcome = Welcome(json: w)
@@ -361,7 +394,7 @@ public final class Plugin {
     }
 
     private func handleLine(_ line: UnsafeRawBufferPointer) {
-        if handleRawRequest(line) { return }
+        if handleRawLine(line) { return }
         let msg: JSONRef
         do {
             msg = try tokener.parse(line)
@@ -379,7 +412,8 @@ public final class Plugin {
             }
         } else if let idp = msg.member("id"), json_object_get_type(idp) == json_type_int {
             guard let done = pendingCalls.removeValue(forKey: json_object_get_int64(idp)) else { return }
-            done(msg.responseResult)
+            if case .text = done { pendingTextCalls -= 1 }
+            done.complete(msg)
         }
     }
 
@@ -421,6 +455,31 @@ public final class Plugin {
                 if params == nil { params = JSONRef.toJSON(msg.member("params")) }
                 s.handler(method, params!)
             }
+        }
+    }
+}
+
+/// A call to another plugin waiting for its answer: wanted as a Swift value (`call`, `callRaw`)
+/// or as the result's JSON text (`callText`).
+private enum PendingCall {
+    case value((Result<JSON, RPCError>) -> Void)
+    case text((Result<UnsafeRawBufferPointer, RPCError>) -> Void)
+
+    /// Answers with an error of the plugin's own (the channel is closed).
+    func fail(_ e: RPCError) {
+        switch self {
+        case .value(let done): done(.failure(e))
+        case .text(let done): done(.failure(e))
+        }
+    }
+
+    /// Answers with a parsed response: its result converted, or re-serialised as text.
+    func complete(_ msg: JSONRef) {
+        switch self {
+        case .value(let done): done(msg.responseResult)
+        case .text(let done):
+            guard msg.has("error") else { return JSONRef.withSerialized(msg.member("result")) { done(.success($0)) } }
+            if case .failure(let e) = msg.responseResult { done(.failure(e)) }
         }
     }
 }

@@ -44,10 +44,15 @@ public final class RawCall {
 
     /// Replies with a result that is already serialized JSON text (built by the plugin, so
     /// trusted).
-    public func reply(serialized result: [UInt8]) {
+    public func reply(serialized result: [UInt8]) { result.withUnsafeBytes { reply(text: $0) } }
+
+    /// Replies with a Swift value (serialised as `Call.reply` does): for answers off the hot path.
+    public func reply(_ result: JSON) { JSONRef(result).withSerialized { reply(text: $0) } }
+
+    private func reply(text: UnsafeRawBufferPointer) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        result.withUnsafeBytes { plugin.channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
+        plugin.channel?.send(envelope: Envelope.result(id: .text(id), .text(text)))
     }
 
     public func fail(_ e: RPCError) {

@@ -85,12 +85,24 @@ struct EventParams: Equatable {
         var appKey: Range<Int>?
         var eventName: Range<Int>?
         var property: Range<Int>?
-        for m in RawJSON.Members(t, first..<t.count) {
+        /// The length of what json-c would print for `property` when it is an object.
+        var printed = 0
+        var members = RawJSON.MemberCursor(t, first..<t.count)
+        while let m = members.nextKey() {
             if m.keyEscaped { return nil }
             switch m.key.count {
-            case 6 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "appKey"): appKey = m.value
-            case 8 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "property"): property = m.value
-            case 9 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "eventName"): eventName = m.value
+            case 6 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "appKey"): appKey = members.skipValue()
+            case 9 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "eventName"): eventName = members.skipValue()
+            case 8 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "property"):
+                guard t[m.valueStart] == UInt8(ascii: "{") else {
+                    property = members.skipValue()
+                    continue
+                }
+                // Measured and skipped in one walk; nil: json-c's text is not certain from the bytes.
+                guard let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) else { return nil }
+                property = m.valueStart..<end
+                printed = length
+                members.resume(at: end)
             default: break
             }
         }
@@ -115,8 +127,6 @@ struct EventParams: Equatable {
             p.invalid = EventValidation.propertyNotObject
             return p
         }
-        // What json-c would print for the properties; nil: not certain from the bytes.
-        guard let length = RawJSON.jsonCText(t, s) else { return nil }
         switch EventValidation.checkProperties(text: t, s) {
         case .unsure: return nil
         case .invalid(let why):
@@ -124,12 +134,12 @@ struct EventParams: Equatable {
             return p
         case .valid: break
         }
-        if length == s.count {
+        if printed == s.count {
             p.properties = s  // already compact: json-c's text
             return p
         }
         // Whitespace between tokens: the name and the compacted properties go to storage.
-        var bytes = [UInt8](repeating: 0, count: name.count + length)
+        var bytes = [UInt8](repeating: 0, count: name.count + printed)
         bytes.withUnsafeMutableBytes { out in
             out.copyMemory(from: UnsafeRawBufferPointer(rebasing: t[name]))
             _ = RawJSON.jsonCText(t, s, into: out.baseAddress! + name.count)

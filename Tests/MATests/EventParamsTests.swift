@@ -46,7 +46,7 @@ struct EventParamsTests {
             }
         }
         #expect(
-            decided > 4000 && declined > 500 && recorded > 1500 && invalid > 1500,
+            decided > 3000 && declined > 500 && recorded > 1500 && invalid > 1200,
             "decided \(decided), declined \(declined), recorded \(recorded), invalid \(invalid)")
     }
 

@@ -25,7 +25,9 @@ struct EventParams: Equatable {
 
     /// Calls `body` with the event's name bytes and properties text (`{}` when none). `params`:
     /// the text this was read from.
-    func withEvent<R>(params: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ properties: UnsafeRawBufferPointer) -> R) -> R {
+    func withEvent<R>(params: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ properties: UnsafeRawBufferPointer) -> R)
+        -> R
+    {
         func call(_ t: UnsafeRawBufferPointer) -> R {
             let n = UnsafeRawBufferPointer(rebasing: t[name])
             guard let properties else { return EventParams.noProperties.withUnsafeBytes { body(n, $0) } }
@@ -52,7 +54,9 @@ struct EventParams: Equatable {
     init(ref params: OpaquePointer?) {
         var v: OpaquePointer?
         if json_object_object_get_ex(params, "appKey", &v) != 0, json_object_get_type(v) == json_type_string {
-            appKey = String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
+            appKey = String(
+                decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self
+            )
         }
         var nameRef: OpaquePointer?
         var props: OpaquePointer?

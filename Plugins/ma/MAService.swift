@@ -208,7 +208,8 @@ final class MAService {
     static func appKeyParam(_ call: Call) -> String? {
         var v: OpaquePointer?
         guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-        return String(decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
+        return String(
+            decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
     }
 
     /// The instance addressed by `appKey` (`params.appKey` when a string, as written), else by

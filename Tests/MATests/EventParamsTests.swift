@@ -112,8 +112,10 @@ struct EventParamsTests {
             (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 250))\n\n\n\"\"\\"}}"#, " record "),
             (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 251))\n\n\n\"\"\\"}}"#, "string longer than 256 bytes"),
             // The entry count is checked before the keys.
-            ("{\"eventName\":\"e\",\"property\":{\"B-\":1," + (0..<500).map { "\"p\($0)\":1" }.joined(separator: ",") + "}}",
-             "property has 501 entries; at most 500"),
+            (
+                "{\"eventName\":\"e\",\"property\":{\"B-\":1," + (0..<500).map { "\"p\($0)\":1" }.joined(separator: ",") + "}}",
+                "property has 501 entries; at most 500"
+            ),
         ]
         for (text, expected) in cases {
             let (viaJSONC, viaRaw) = try Self.outcomes(text)
@@ -174,9 +176,12 @@ struct EventGenerator {
             for _ in 0..<int(4) {
                 keys.append(
                     chance(5) && !keys.isEmpty
-                        ? keys[0] : chance(5) ? #""k\u0065y""# : chance(5) ? "\"" + String(repeating: "k", count: 256 + int(2)) + "\"" : "\"k\(int(4))\"")
+                        ? keys[0]
+                        : chance(5)
+                            ? #""k\u0065y""# : chance(5) ? "\"" + String(repeating: "k", count: 256 + int(2)) + "\"" : "\"k\(int(4))\"")
             }
-            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "}"
+            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
+                + "}"
         default:
             return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
         }

@@ -108,12 +108,25 @@ package final class Store {
             var accepted = 0
             // One cached statement for the whole batch (Database.prepare caches by SQL text).
             let ins = try db.prepare("INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES (?, ?, ?, ?, ?)")
-            for r in batch.records {
-                ins.reset()
-                try ins.bind([.text(batch.stream), .text(r.id), .int(r.ts), .text(r.data), .text(batch.key)])
-                _ = try ins.step()
-                accepted += db.changes
+            let inserted: Result<Int, SQLiteError> = batch.text.withUnsafeBytes { t in
+                do throws(SQLiteError) {
+                    var n = 0
+                    for r in batch.records {
+                        ins.reset()
+                        try ins.bindText(1, string: batch.stream)
+                        try ins.bindText(2, t, r.id)
+                        try ins.bindInt(3, r.ts)
+                        if let d = r.data { try ins.bindText(4, t, d) } else { try ins.bindText(4, string: "null") }
+                        try ins.bindText(5, string: batch.key)
+                        _ = try ins.step()
+                        n += db.changes
+                    }
+                    return .success(n)
+                } catch {
+                    return .failure(error)
+                }
             }
+            accepted = try inserted.get()
             let duplicates = batch.records.count - accepted
             try db.run(
                 "INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, ?)",
@@ -177,5 +190,12 @@ package final class Store {
 
     private func scalar(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> Int64 {
         try db.query(sql, args).first?.first?.int ?? 0
+    }
+}
+
+extension Statement {
+    /// Binds bytes `r` of `t` as text at 1-based `index` (copied by SQLite).
+    func bindText(_ index: Int32, _ t: UnsafeRawBufferPointer, _ r: Range<Int>) throws(SQLiteError) {
+        try bindText(index, (t.baseAddress! + r.lowerBound).assumingMemoryBound(to: CChar.self), Int32(r.count))
     }
 }

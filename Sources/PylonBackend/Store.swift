@@ -223,14 +223,15 @@ package final class Store {
             duplicateBatches: try scalar("SELECT coalesce(sum(value), 0) FROM counters WHERE name = 'duplicateBatches'"))
     }
 
+    /// A page of a stream's records (read through `records_stream_seq`).
+    static let pageSQL = """
+        SELECT seq, id, ts, data FROM records WHERE stream = (SELECT id FROM streams WHERE name = ?) AND seq > ?
+        ORDER BY seq LIMIT ?
+        """
+
     /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
     func records(stream: String, after: Int64, limit: Int) throws(SQLiteError) -> [StoredRecord] {
-        try db.query(
-            """
-            SELECT seq, id, ts, data FROM records WHERE stream = (SELECT id FROM streams WHERE name = ?) AND seq > ?
-            ORDER BY seq LIMIT ?
-            """,
-            [.text(stream), .int(after), .int(Int64(limit))]
+        try db.query(Store.pageSQL, [.text(stream), .int(after), .int(Int64(limit))]
         ).map { row in
             StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
         }

@@ -231,7 +231,8 @@ package final class Store {
 
     /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
     func records(stream: String, after: Int64, limit: Int) throws(SQLiteError) -> [StoredRecord] {
-        try db.query(Store.pageSQL, [.text(stream), .int(after), .int(Int64(limit))]
+        try db.query(
+            Store.pageSQL, [.text(stream), .int(after), .int(Int64(limit))]
         ).map { row in
             StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
         }

@@ -150,7 +150,9 @@ struct BatchReaderTests {
             let (viaJSONC, viaRaw) = Self.outcomes(#"{"records":[{"id":"a","ts":1,"data":"# + data + "}]}")
             if let viaRaw { #expect(viaRaw == viaJSONC, "depth \(depth)") }
             // The body's own levels: the object, the records array, a record, then data.
-            #expect(viaJSONC.hasPrefix(depth + 3 <= Int(Limits.maxJSONDepth) ? "batch " : "error 400 invalid_json"), "depth \(depth): \(viaJSONC)")
+            #expect(
+                viaJSONC.hasPrefix(depth + 3 <= Int(Limits.maxJSONDepth) ? "batch " : "error 400 invalid_json"),
+                "depth \(depth): \(viaJSONC)")
         }
     }
 

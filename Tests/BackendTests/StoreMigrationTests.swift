@@ -88,7 +88,8 @@ import Testing
         // Idempotency and dedup still see the old batches and records; seq continues past 4
         // (the ignored duplicate takes 5, as it always has).
         #expect(try store.ingest(Self.batch("b1", "s", ["z"]), receivedAt: 5).duplicateBatch)
-        #expect(try store.ingest(Self.batch("b3", "s", ["a", "c"]), receivedAt: 5) == .init(accepted: 1, duplicates: 1, duplicateBatch: false))
+        #expect(
+            try store.ingest(Self.batch("b3", "s", ["a", "c"]), receivedAt: 5) == .init(accepted: 1, duplicates: 1, duplicateBatch: false))
         let after = try Self.rows(store, "s")
         #expect(after.last == #"6 c 9 {"k":"c"}"#)
         store.close()
@@ -107,7 +108,8 @@ import Testing
         try Self.writeOldDatabase(path)
 
         let b = try BackendProcess(["--db", path])
-        #expect(try b.get("/v1/inspect/streams/s") == ["stream": "s", "records": 2, "batches": 1, "duplicateRecords": 3, "duplicateBatches": 0])
+        #expect(
+            try b.get("/v1/inspect/streams/s") == ["stream": "s", "records": 2, "batches": 1, "duplicateRecords": 3, "duplicateBatches": 0])
         let page = try b.get("/v1/inspect/streams/s/records?limit=1")
         #expect(page["records"]?.arrayValue?.map { $0["id"] } == ["a"])
         #expect(page["records"]?.arrayValue?.first?["data"] == ["n": 1])
@@ -141,8 +143,10 @@ import Testing
         let store = try Store(path: ":memory:")
         defer { store.close() }
         func plan(_ sql: String) throws -> String {
-            try store.db.query("EXPLAIN QUERY PLAN " + sql, [.text("s"), .int(0), .int(10)].prefix(sql.filter { $0 == "?" }.count).map { $0 })
-                .compactMap { $0.last?.text }.joined(separator: "; ")
+            try store.db.query(
+                "EXPLAIN QUERY PLAN " + sql, [.text("s"), .int(0), .int(10)].prefix(sql.filter { $0 == "?" }.count).map { $0 }
+            )
+            .compactMap { $0.last?.text }.joined(separator: "; ")
         }
         let page = try plan(Store.pageSQL)
         #expect(page.contains("USING INDEX records_stream_seq (stream=? AND seq>?)") && !page.contains("TEMP B-TREE"), "\(page)")

@@ -38,7 +38,7 @@ extension Batch {
                 default: break
                 }
             }
-            // The checks in json-c's reader's order.
+            // The checks in json-c's reader's order (names compared as Swift strings, as there).
             if let s = batchSpan {
                 guard t[s.lowerBound] == UInt8(ascii: "\"") else { return .some(.failure(batchMismatch)) }
                 guard let v = RawJSON.plainString(t, s) else { return nil }

@@ -124,7 +124,13 @@ final class UploaderStore {
         results.reserveCapacity(enqueues.count)
         var escaped: [UInt8] = []
         escaped.reserveCapacity(160)
+        // The id set of the stream at hand, out of `ids` while consecutive enqueues name it.
+        var current: (stream: String, set: Set<RecordKey>)?
         for e in enqueues {
+            if current?.stream != e.stream {
+                if let c = current, !c.set.isEmpty { ids[c.stream] = c.set }
+                current = (e.stream, ids.removeValue(forKey: e.stream) ?? [])
+            }
             var slot = chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
             var n = 0
             var bytes = 0
@@ -133,7 +139,7 @@ final class UploaderStore {
                 JSONText.appendString(UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)), to: &escaped)
                 let inserted = escaped.withUnsafeBytes { id -> Bool in
                     let key = RecordKey(id)
-                    guard ids[e.stream, default: []].insert(key).inserted else { return false }
+                    guard current!.set.insert(key).inserted else { return false }
                     added.append((e.stream, key))
                     if slot == nil || chunks[slot!].chunk.isFull {
                         chunks.append((e.stream, e.consent, Chunk()))
@@ -151,6 +157,7 @@ final class UploaderStore {
             }
             results.append((n, bytes))
         }
+        if let c = current, !c.set.isEmpty { ids[c.stream] = c.set }
         guard !chunks.isEmpty else { return results }
         let start = nextPosition
         do {
@@ -337,11 +344,21 @@ final class UploaderStore {
         forget(gone)
     }
 
-    /// Records left the disk: their ids may be enqueued again.
+    /// Records left the disk: their ids may be enqueued again. (A stream's set is looked up once
+    /// per run of its records: a batch's records are all of one stream.)
     private func forget(_ gone: [(String, RecordKey)]) {
-        for (stream, k) in gone {
-            ids[stream]?.remove(k)
-            if ids[stream]?.isEmpty == true { ids[stream] = nil }
+        var i = 0
+        while i < gone.count {
+            let stream = gone[i].0
+            guard var set = ids.removeValue(forKey: stream) else {
+                while i < gone.count, gone[i].0 == stream { i += 1 }
+                continue
+            }
+            while i < gone.count, gone[i].0 == stream {
+                set.remove(gone[i].1)
+                i += 1
+            }
+            if !set.isEmpty { ids[stream] = set }
         }
     }
 

@@ -33,6 +33,16 @@ public final class ByteBuffer {
         s.withUTF8 { append(UnsafeRawBufferPointer($0)) }
     }
 
+    /// Appends what `body` writes at the end of the buffer: it gets room for `n` bytes and
+    /// returns how many it wrote. One capacity check and one count update for a message written
+    /// in pieces (the router's spliced lines).
+    @inline(__always)
+    public func append(upTo n: Int, _ body: (UnsafeMutableRawPointer) -> Int) {
+        reserve(count + n)
+        let written = body(base + count)
+        count += written
+    }
+
     /// Drops the first `n` bytes.
     public func consume(_ n: Int) {
         if n >= count { count = 0; return }

@@ -292,15 +292,39 @@ public final class Connection: UVHandleOwner {
     public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ replacement: UnsafeRawBufferPointer) {
         loop.preconditionInLoop()
         guard !isClosed else { return }
-        pending.append(UnsafeRawBufferPointer(rebasing: line[..<span.lowerBound]))
-        pending.append(replacement)
-        pending.append(UnsafeRawBufferPointer(rebasing: line[span.upperBound...]))
-        pending.append(byte: 0x0A)
+        appendSpliced(line, span, replacement, UnsafeRawBufferPointer(start: nil, count: 0))
         markDirty()
     }
 
-    /// `sendSpliced` with a decimal integer as the replacement.
-    public func sendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64) {
+    /// Appends `line` with `span` replaced by `a` then `b`, and a newline, in one write into the
+    /// queue.
+    private func appendSpliced(_ line: UnsafeRawBufferPointer, _ span: Range<Int>, _ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer)
+    {
+        let n = line.count - span.count + a.count + b.count + 1
+        pending.append(upTo: n) { out in
+            var at = 0
+            @inline(__always) func put(_ piece: UnsafeRawBufferPointer) {
+                guard let p = piece.baseAddress, piece.count > 0 else { return }
+                (out + at).copyMemory(from: p, byteCount: piece.count)
+                at += piece.count
+            }
+            put(UnsafeRawBufferPointer(rebasing: line[..<span.lowerBound]))
+            put(a)
+            put(b)
+            put(UnsafeRawBufferPointer(rebasing: line[span.upperBound...]))
+            out.storeBytes(of: 0x0A, toByteOffset: at, as: UInt8.self)
+            return at + 1
+        }
+    }
+
+    /// `sendSpliced` with a decimal integer, followed by the bytes of `suffix`, as the
+    /// replacement.
+    public func sendSpliced(
+        _ line: UnsafeRawBufferPointer, _ span: Range<Int>, int value: Int64,
+        then suffix: UnsafeRawBufferPointer = .init(start: nil, count: 0)
+    ) {
+        loop.preconditionInLoop()
+        guard !isClosed else { return }
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 24) { buf in
             var v = value.magnitude
             var i = 24
@@ -310,8 +334,9 @@ public final class Connection: UVHandleOwner {
                 v /= 10
             } while v > 0
             if value < 0 { i -= 1; buf[i] = UInt8(ascii: "-") }
-            sendSpliced(line, span, UnsafeRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buf)[i...]))
+            appendSpliced(line, span, UnsafeRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buf)[i...]), suffix)
         }
+        markDirty()
     }
     public func send(_ json: JSON) { send(JSONRef(json)) }
     public func sendLine(_ s: String) {

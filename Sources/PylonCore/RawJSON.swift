@@ -63,12 +63,39 @@ public enum RawJSON {
     static func skipString(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {
         var i = i + 1
         while i < t.count {
+            i = skipPlain(t, i, stopAtControl: false)
+            guard i < t.count else { break }
             let c = t[i]
             if c == UInt8(ascii: "\\") { i += 2; continue }
             if c == UInt8(ascii: "\"") { return i + 1 }
             i += 1
         }
         return t.count
+    }
+
+    /// The index of the first quote or backslash from `i` on (with `stopAtControl`, also of the
+    /// first control character or byte of 0x80 and above), looking 8 bytes at a time; when fewer
+    /// than 8 bytes remain, the index where that begins (the caller goes on byte by byte). The
+    /// bytes before it are plain string content: string bodies are most of a message's bytes.
+    /// (The word tests flag bytes exactly up to the first match, so its position is exact.)
+    @inline(__always)
+    static func skipPlain(_ t: UnsafeRawBufferPointer, _ i: Int, stopAtControl: Bool) -> Int {
+        guard let base = t.baseAddress else { return i }
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        var i = i
+        while i &+ 8 <= t.count {
+            let w = UInt64(littleEndian: (base + i).loadUnaligned(as: UInt64.self))
+            let q = w ^ (ones &* 0x22)
+            let b = w ^ (ones &* 0x5C)
+            // A zero byte in `q` or `b` (quote or backslash); below 0x20 or 0x80 and above.
+            var hit = ((q &- ones) & ~q) | ((b &- ones) & ~b)
+            if stopAtControl { hit |= ((w &- ones &* 0x20) & ~w) | w }
+            hit &= highs
+            if hit != 0 { return i &+ hit.trailingZeroBitCount &>> 3 }
+            i &+= 8
+        }
+        return i
     }
 
     /// Returns the index just after the value starting at `i` (before a following `,` or `}`).
@@ -320,6 +347,8 @@ extension RawJSON {
             i += 1
             var escaped = false
             while i < t.count {
+                i = RawJSON.skipPlain(t, i, stopAtControl: true)
+                guard i < t.count else { return nil }
                 let c = t[i]
                 if c == UInt8(ascii: "\"") { i += 1; return escaped }
                 if c == UInt8(ascii: "\\") {
@@ -581,6 +610,9 @@ extension RawJSON {
         let t: UnsafeRawBufferPointer
         let out: UnsafeMutableRawPointer?
         var n = 0
+        /// The keys of the objects being walked, outermost first (each object's own after the
+        /// count it found on entry): one array for the whole walk, not one per object.
+        var keys: [Range<Int>] = []
         /// Containers nested deeper than this are left to json-c (the recursion stays bounded).
         static let maxDepth = 256
 
@@ -606,7 +638,8 @@ extension RawJSON {
                 let close = keyed ? UInt8(ascii: "}") : UInt8(ascii: "]")
                 byte(t[i])
                 i += 1
-                var keys: [Range<Int>] = []
+                let ownKeys = keys.count
+                defer { keys.removeSubrange(ownKeys...) }
                 var first = true
                 while true {
                     i = skipSpace(t, i)
@@ -623,7 +656,7 @@ extension RawJSON {
                         let keyStart = i
                         guard string(&i) else { return false }
                         let key = keyStart..<i
-                        for k in keys
+                        for k in keys[ownKeys...]
                         where k.count == key.count
                             && RawJSON.equals(t, k.lowerBound, k.upperBound, UnsafeRawBufferPointer(rebasing: t[key]))
                         {
@@ -672,6 +705,8 @@ extension RawJSON {
             let start = i
             i += 1
             while i < t.count {
+                i = RawJSON.skipPlain(t, i, stopAtControl: false)
+                guard i < t.count else { return false }
                 let c = t[i]
                 if c == UInt8(ascii: "\"") {
                     i += 1

@@ -55,7 +55,7 @@ extension Bus {
         // closure is passed directly so that it stays non-escaping: no allocation per request.)
         let decision = route(peer, principal, method) { name in
             guard let params, params[0] == UInt8(ascii: "{") else { return nil }
-            if params.contains(UInt8(ascii: "\\")) { unsure = true; return nil }
+            if RawJSON.contains(params, 0..<params.count, UInt8(ascii: "\\")) { unsure = true; return nil }
             guard let span = RawJSON.memberValueSpan(params, key: name), params[span.lowerBound] == UInt8(ascii: "\"")
             else { return nil }  // absent, or not a string
             return RawJSON.plainString(params, span)
@@ -68,8 +68,14 @@ extension Bus {
 
     private func fastResponse(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan: Range<Int>) -> Bool {
         // Answers to the host's own requests take the full path.
-        guard let hostId = RawJSON.plainInt(line, idSpan), let p = pending[hostId],
-            case .peer(let origin, let originalId) = p.origin, takePending(hostId, answeredBy: peer) != nil
+        guard let hostId = RawJSON.plainInt(line, idSpan),
+            let p = takePending(
+                hostId, answeredBy: peer,
+                if: {
+                    if case .peer = $0.origin { return true }
+                    return false
+                }),
+            case .peer(let origin, let originalId) = p.origin
         else { return false }
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         fastRouted += 1

@@ -43,6 +43,7 @@ extension Bus {
         for p in peers.values {
             p.conn.maxLineBytes = next.limits.maxLineBytes
             p.conn.pauseAbove = next.limits.maxQueuedBytes
+            p.callerMember = nil
         }
         let wanted = Dictionary(uniqueKeysWithValues: next.plugins.filter(\.enabled).map { ($0.name, $0) })
         for name in slotOrder {

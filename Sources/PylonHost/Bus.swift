@@ -412,8 +412,10 @@ public final class Bus {
                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
         if HostMethod.isHostNamespace(method) { return .host }
-        // A configured plugin's namespace is the plugin's, whatever a client provided.
-        let dot = method.firstIndex(of: ".") ?? method.endIndex
+        // A configured plugin's namespace is the plugin's, whatever a client provided. (Method
+        // names are printable ASCII, checked before routing: the first "." byte is the first "."
+        // character.)
+        let dot = method.utf8.firstIndex(of: UInt8(ascii: ".")) ?? method.endIndex
         guard let slot = slots[String(method[..<dot])] else {
             if let provider = provided[method] { return .forward(provider, timeoutMs: config.limits.requestTimeoutMs, provider: true) }
             return .refused(RPCError(.methodNotFound, "method not found: \(method)"))
@@ -421,11 +423,11 @@ public final class Bus {
         guard slot.life.state == .running, let target = slot.peer, target.handshaken else {
             return .refused(slot.unavailableError())
         }
-        if let manifest = slot.manifest, !manifest.methods.isEmpty {
-            guard let spec = manifest.methods[method] else {
+        if !slot.methods.isEmpty {
+            guard let m = slot.methods[method] else {
                 return .refused(RPCError(.methodNotFound, "method not found: \(method) (plugin \(slot.config.name) does not serve it)"))
             }
-            if spec.consent != nil, let key = deniedConsent(spec, field: field) { return .denied(spec, key: key) }
+            if m.spec.consent != nil, let key = deniedConsent(m.consent, field: field) { return .denied(m.spec, key: key) }
         }
         return .forward(target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs, provider: false)
     }
@@ -443,9 +445,9 @@ public final class Bus {
     }
 
     /// The switch that refuses this message, or nil when it may pass.
-    func deniedConsent(_ spec: Manifest.Method, field: (String) -> String?) -> String? {
+    func deniedConsent(_ template: ConsentTemplate, field: (String) -> String?) -> String? {
         if !consent.masterGranted { return ConsentStore.master }
-        switch spec.consentKey(field: field) {
+        switch template.key(field: field) {
         case .none, .unresolved: return nil
         case .key(let k): return consent.isGranted(k) ? nil : k
         }
@@ -475,8 +477,15 @@ public final class Bus {
         let hostId = nextRequestId
         nextRequestId += 1
         if target.slot?.wantsCallerInfo == true {
-            var replacement = "\(hostId),\"_pylon\":" + callerJSON(principal)
-            replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
+            // `"id":N,"_pylon":{…}`. A client's own caller text is the same for each of its
+            // requests (until a reload): built once.
+            if principal.plugin == nil, principal.client == peer.id {
+                if peer.callerMember == nil { peer.callerMember = Array((#","_pylon":"# + callerJSON(principal)).utf8) }
+                peer.callerMember!.withUnsafeBytes { target.conn.sendSpliced(line, span, int: hostId, then: $0) }
+            } else {
+                var replacement = "\(hostId),\"_pylon\":" + callerJSON(principal)
+                replacement.withUTF8 { target.conn.sendSpliced(line, span, UnsafeRawBufferPointer($0)) }
+            }
         } else {
             target.conn.sendSpliced(line, span, int: hostId)
         }
@@ -522,9 +531,8 @@ public final class Bus {
     }
 
     /// Removes and returns the pending request `hostId` if `peer` is the one it was sent to.
-    func takePending(_ hostId: Int64, answeredBy peer: Peer) -> Pending? {
-        guard let p = pending[hostId], p.target === peer else { return nil }
-        pending.remove(hostId)
+    func takePending(_ hostId: Int64, answeredBy peer: Peer, if accept: (Pending) -> Bool = { _ in true }) -> Pending? {
+        guard let p = pending.remove(hostId, if: { $0.target === peer && accept($0) }) else { return nil }
         peer.slot?.served += 1
         return p
     }

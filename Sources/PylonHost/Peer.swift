@@ -22,6 +22,10 @@ final class Peer {
     var requestsSent: UInt64 = 0
     /// When the peer last sent a message (a plugin answering anything is not hung).
     var lastInboundMs: UInt64 = 0
+    /// Clients: `,"_pylon":{…}` for requests the client makes itself (`Bus.callerJSON`), built at
+    /// its first request to a plugin that wants caller information; cleared by a reload (the
+    /// admin list may change).
+    var callerMember: [UInt8]?
     /// Plugins: true once `bus.hello` succeeded.
     var handshaken = false
     var closed = false

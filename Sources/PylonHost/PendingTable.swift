@@ -21,6 +21,13 @@ struct PendingTable<Value> {
     @discardableResult
     mutating func remove(_ id: Int64) -> Value? { entries.removeValue(forKey: id)?.value }
 
+    /// Removes and returns the entry `id` if `accept` says yes to it (one lookup: the answer
+    /// path's check and removal).
+    mutating func remove(_ id: Int64, if accept: (Value) -> Bool) -> Value? {
+        guard let i = entries.index(forKey: id), accept(entries.values[i].value) else { return nil }
+        return entries.remove(at: i).value.value
+    }
+
     /// The earliest deadline of a pending entry, or nil when nothing is pending (a scan).
     func nextDeadline() -> UInt64? { entries.values.lazy.map(\.deadlineMs).min() }
 

@@ -11,10 +11,22 @@ final class PluginSlot {
     var process: ChildProcess?
     var peer: Peer?
     var manifest: Manifest? {
-        didSet { wantsCallerInfo = manifest?.callerInfo ?? false }
+        didSet {
+            wantsCallerInfo = manifest?.callerInfo ?? false
+            methods = (manifest?.methods ?? [:]).mapValues { MethodRoute(spec: $0, consent: ConsentTemplate($0.consent)) }
+        }
     }
     /// From the manifest, kept apart so the routing hot path does not copy the manifest.
     private(set) var wantsCallerInfo = false
+    /// What the router needs of each method the manifest lists (none listed: every method of
+    /// the namespace goes to the plugin).
+    private(set) var methods: [String: MethodRoute] = [:]
+
+    /// A manifest method with its consent template taken apart (`ConsentTemplate`).
+    struct MethodRoute {
+        let spec: Manifest.Method
+        let consent: ConsentTemplate
+    }
     var served: UInt64 = 0
     /// Sorts the current process's stdout/stderr lines (crash reports condensed).
     var output = PluginOutputFilter()

@@ -1,0 +1,63 @@
+import PylonCore
+import PylonProtocol
+import Testing
+
+@testable import PylonHost
+
+/// The router's pre-parsed consent templates answer what the manifest's own resolution answers.
+struct ConsentTemplateTests {
+    @Test func examples() {
+        let fields = ["appKey": "abc", "consent": "bench:events", "empty": ""]
+        let field: (String) -> String? = { fields[$0] }
+        #expect(ConsentTemplate(nil).key(field: field) == ConsentKey.none)
+        #expect(ConsentTemplate("analytics").key(field: field) == .key("analytics"))
+        #expect(ConsentTemplate("ma:{appKey}").key(field: field) == .key("ma:abc"))
+        #expect(ConsentTemplate("{consent}").key(field: field) == .key("bench:events"))
+        #expect(ConsentTemplate("{missing}").key(field: field) == .unresolved)
+        #expect(ConsentTemplate("x{empty}").key(field: field) == .unresolved)
+        #expect(ConsentTemplate("a{appKey}b{c").key(field: field) == .key("a{appKey}b{c"), "an unclosed brace: the template")
+        #expect(ConsentTemplate("a{missing}b{c").key(field: field) == .unresolved, "fields before it still count")
+    }
+
+    /// Random templates over the characters that matter (braces, a combining mark that joins a
+    /// brace into another character) and random fields: the same answer as
+    /// `Manifest.Method.consentKey(field:)`, with the same fields asked for.
+    @Test func agreesWithTheManifestsResolution() {
+        var rng = SplitMix64(seed: 0xc0_25e7)
+        let alphabet = ["{", "}", "a", "b", ":", "é", "\u{301}", "{a}", "{b}", "{}"]
+        var resolved = 0
+        for _ in 0..<20_000 {
+            let template = (0..<Int(rng.next() % 8)).map { _ in alphabet[Int(rng.next() % UInt64(alphabet.count))] }.joined()
+            var values: [String: String] = [:]
+            for name in ["a", "b", "", "a{b", "é"] where rng.next() % 3 != 0 {
+                values[name] = rng.next() % 4 == 0 ? "" : "v\(rng.next() % 10)"
+            }
+            var askedMine: [String] = []
+            var askedTheirs: [String] = []
+            let mine = ConsentTemplate(template).key {
+                askedMine.append($0); return values[$0]
+            }
+            let theirs = Manifest.Method(name: "p.m", consent: template).consentKey {
+                askedTheirs.append($0); return values[$0]
+            }
+            #expect(mine == theirs, "template \(template) fields \(values)")
+            #expect(askedMine == askedTheirs, "template \(template)")
+            if case .key = mine, template.contains("{") { resolved += 1 }
+        }
+        #expect(resolved > 1_000, "the fields must also resolve")
+    }
+}
+
+struct PendingTableRemoveIfTests {
+    @Test func removesOnlyWhatIsAccepted() {
+        var t = PendingTable<String>()
+        t.insert(1, "a", deadlineMs: 100)
+        t.insert(2, "b", deadlineMs: 200)
+        #expect(t.remove(1, if: { $0 == "x" }) == nil)
+        #expect(t.count == 2, "refused: kept")
+        #expect(t.remove(1, if: { $0 == "a" }) == "a")
+        #expect(t.remove(1, if: { _ in true }) == nil, "gone")
+        #expect(t.remove(3, if: { _ in true }) == nil)
+        #expect(t.count == 1 && t[2] == "b" && t.nextDeadline() == 200)
+    }
+}

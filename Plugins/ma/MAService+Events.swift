@@ -71,7 +71,16 @@ extension MAService {
         }
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
         // one commit for many events); each caller is answered when that enqueue is durable.
-        if !outboxTimer.isActive { outboxTimer.start(after: 0) }
+        // While the AppKey has `maxEnqueuesInFlight` enqueues unanswered the batch waits and
+        // keeps collecting: it is sent when an answer frees a slot.
+        armOutboxFlush(inst.appKey)
+    }
+
+    /// Sends the AppKey's open batches at the end of this loop turn, unless all its enqueue
+    /// slots are taken (an answer then arms the flush).
+    private func armOutboxFlush(_ appKey: String) {
+        guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight, !outboxTimer.isActive else { return }
+        outboxTimer.start(after: 0)
     }
 
     /// The instance's `"utm":…,"device":…` record text, rebuilt after its settings change.
@@ -91,23 +100,43 @@ extension MAService {
     /// in lock step at ~21k events/s; 128 gives ~30k with the same CPU).
     static let maxRecordsPerEnqueue = 128
 
-    /// Sends every open batch (one enqueue each).
+    /// Sends the waiting batches (one enqueue each), oldest first, as far as each AppKey's
+    /// enqueue slots (`maxEnqueuesInFlight`) allow; the rest wait for an answer.
+    ///
+    /// Why a limit: with nothing in flight the first event goes out at once (no added delay at
+    /// one request at a time), but under load every loop turn of this plugin used to send its
+    /// own small enqueue, so the host and the uploader paid per message for a few events each.
+    /// With the slots taken, the events of the following turns collect in one batch until an
+    /// answer comes — the batches grow with the load, by themselves.
     func flushOutbox() {
-        var all: [String: [EventBatch]] = [:]
-        swap(&all, &outbox)
-        outboxCount = 0
-        for (appKey, batches) in all {
-            for batch in batches {
-                guard let inst = instances[appKey] else {  // never left unanswered
-                    let reply = Self.serialized(Self.result(MACode.failed, "AppKey \(appKey) is gone"))
+        for appKey in Array(outbox.keys) {
+            guard var batches = outbox[appKey] else { continue }
+            guard let inst = instances[appKey] else {  // never left unanswered
+                outbox[appKey] = nil
+                let reply = Self.serialized(Self.result(MACode.failed, "AppKey \(appKey) is gone"))
+                for batch in batches {
+                    outboxCount -= batch.count
                     for c in batch.calls { c?.reply(serialized: reply) }
                     recycle(batch)
-                    continue
                 }
+                continue
+            }
+            var inFlight = enqueuesInFlight[appKey, default: 0]
+            var sent = 0
+            while sent < batches.count, inFlight < maxEnqueuesInFlight {
+                let batch = batches[sent]
+                sent += 1
+                inFlight += 1
+                outboxCount -= batch.count
                 held += batch.count
+                enqueuesSent += 1
+                eventsEnqueued += batch.count
                 batch.close()
                 enqueue(batch, inst, attempt: 1)
             }
+            enqueuesInFlight[appKey] = inFlight
+            batches.removeFirst(sent)
+            outbox[appKey] = batches.isEmpty ? nil : batches
         }
     }
 
@@ -147,12 +176,21 @@ extension MAService {
                 }
                 let n = batch.count
                 self.held -= n
+                self.enqueueSettled(inst.appKey)
                 let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
                 for c in batch.calls { c?.reply(serialized: reply) }
                 self.recycle(batch)
                 self.eventsSettled(inst, n)
             }
         }
+    }
+
+    /// An enqueue of `appKey` is answered: its slot is free, so a waiting batch goes out at the
+    /// end of this loop turn (with whatever else this turn records).
+    private func enqueueSettled(_ appKey: String) {
+        let n = enqueuesInFlight[appKey, default: 1] - 1
+        enqueuesInFlight[appKey] = n > 0 ? n : nil
+        if outbox[appKey] != nil { armOutboxFlush(appKey) }
     }
 
     /// A result's JSON text, for answering many calls with one value.

@@ -53,6 +53,17 @@ final class MAService {
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
     /// it new events are answered -1 at once instead of waiting.
     var maxHeldEvents = 100_000
+    /// Unanswered `uploader.enqueue` calls per AppKey, at most `maxEnqueuesInFlight`.
+    var enqueuesInFlight: [String: Int] = [:]
+    /// Enqueues one AppKey may have unanswered at once (config `maxEnqueuesInFlight`); its
+    /// later events wait in the outbox, counted against `maxHeldEvents`, and go out in the next
+    /// enqueues when answers free a slot. See `flushOutbox` for why.
+    var maxEnqueuesInFlight = MAService.defaultMaxEnqueuesInFlight
+    static let defaultMaxEnqueuesInFlight = 2
+    /// Enqueues sent and the events they carried, since the start (`ma.status`), resends not
+    /// counted: events per enqueue is the batching under load.
+    var enqueuesSent = 0
+    var eventsEnqueued = 0
 
     init(plugin: Plugin) {
         self.plugin = plugin
@@ -80,6 +91,7 @@ final class MAService {
         if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
         if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
+        if let v = c["maxEnqueuesInFlight"]?.intValue, v > 0 { maxEnqueuesInFlight = Int(v) }
         do {
             try db.exec(
                 """

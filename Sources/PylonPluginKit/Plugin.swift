@@ -77,9 +77,7 @@ public final class Call {
     public func reply(serialized result: [UInt8]) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        id.withSerialized { idText in
-            result.withUnsafeBytes { plugin.channel?.send(envelope: Envelope.result(id: .text(idText), .text($0))) }
-        }
+        id.withSerialized { idText in result.withUnsafeBytes { plugin.sendResult(id: idText, $0) } }
     }
 
     /// Calls another plugin (or the host) on behalf of this call's caller: the host applies the
@@ -121,6 +119,8 @@ public final class Plugin {
     public let log: Log
     fileprivate(set) var channel: Connection?
     private let tokener = Tokener(maxDepth: Plugin.maxDepth)
+    /// The buffer every `sendResult` line is written in (kept, emptied, between replies).
+    private var replyLine: [UInt8] = []
 
     private struct MethodSpec {
         var consent: String?
@@ -210,10 +210,10 @@ public final class Plugin {
             let raw = call.id.withSerialized { id in
                 JSONRef.withSerialized(call.paramsRef) { p in
                     guard caller != nil else {
-                        return RawCall(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
+                        return RawCall.make(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
                     }
                     return JSONRef.withSerialized(caller) { c in
-                        RawCall(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
+                        RawCall.make(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
                     }
                 }
             }
@@ -230,9 +230,19 @@ public final class Plugin {
     /// Answers (or hands to a deferred handler) a request for a raw method, or hands the answer
     /// of a `callText` call its result's text, without parsing the line; false when the line is
     /// neither (json-c then parses it).
+    ///
+    /// The line is not validated again: its members are found by `RawJSON.hostMessageSpans`,
+    /// which trusts the host's strict check. That is sound because the bus channel
+    /// (`PYLON_BUS_FD`) is one end of a socket pair `pylond` made when it started this process:
+    /// no other process can write to it, and the host writes only lines that passed its own
+    /// strict scan (RFC 8259, UTF-8, `limits.maxDepth`) or that it built itself. Whoever could
+    /// write anything else there (a process of the same user that can `ptrace` this one) could
+    /// change this process's memory as well, so a second check protects nothing; and the finder
+    /// stays memory-safe on any bytes, so even a faulty host cannot make it read out of bounds
+    /// (docs/PROTOCOL.md, "What a plugin may assume").
     private func handleRawLine(_ line: UnsafeRawBufferPointer) -> Bool {
         guard !rawMethods.isEmpty || !deferredMethods.isEmpty || pendingTextCalls > 0,
-            case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
+            let m = RawJSON.hostMessageSpans(line),
             let idSpan = m.id
         else { return false }
         guard let ms = m.method else { return handleTextAnswer(line, m) }
@@ -242,16 +252,43 @@ public final class Plugin {
             let result =
                 m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
                 ?? Plugin.nullText.withUnsafeBytes { handler($0) }
-            result.withUnsafeBytes { channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
+            result.withUnsafeBytes { sendResult(id: id, $0) }
             return true
         }
         guard let handler = deferredMethods[method] else { return false }
         let caller = m.pylon.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
         let call =
-            m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
-            ?? Plugin.nullText.withUnsafeBytes { RawCall(plugin: self, id: id, params: $0, caller: caller) }
+            m.params.map { RawCall.make(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
+            ?? Plugin.nullText.withUnsafeBytes { RawCall.make(plugin: self, id: id, params: $0, caller: caller) }
         handler(call)
         return true
+    }
+
+    /// Sends `{"jsonrpc":"2.0","id":<id>,"result":<result>}` (`Envelope.result`), written into a
+    /// buffer kept for every reply: the hot reply path allocates nothing.
+    func sendResult(id: UnsafeRawBufferPointer, _ result: UnsafeRawBufferPointer) {
+        guard let channel else { return }
+        replyLine.removeAll(keepingCapacity: true)
+        Envelope.appendResult(id: .text(id), .text(result), to: &replyLine, capacity: 40 + id.count + result.count)
+        replyLine.withUnsafeBytes { channel.sendLine($0) }
+    }
+
+    /// The last `_pylon` text read (`RawCall.callerInfo`) and its reading. A client's caller text
+    /// is the same in each of its requests, so it is read once per run of them (the reading is a
+    /// function of the text alone).
+    private var lastCaller: (text: [UInt8], info: CallerInfo)?
+
+    /// `CallerInfo(text:)`, remembered for the last text.
+    func callerInfo(text: UnsafeRawBufferPointer?) -> CallerInfo {
+        guard let text else { return CallerInfo(text: nil) }
+        if let last = lastCaller, last.text.count == text.count,
+            last.text.withUnsafeBytes({ text.count == 0 || memcmp($0.baseAddress!, text.baseAddress!, text.count) == 0 })
+        {
+            return last.info
+        }
+        let info = CallerInfo(text: text)
+        lastCaller = (Array(text), info)
+        return info
     }
 
     /// A successful answer to a `callText` call, handed over as its result's text. Errors, and

@@ -18,12 +18,16 @@ public final class RawCall: ManagedBuffer<RawCallHeader, UInt8> {
     ) -> RawCall {
         let c = caller?.count ?? 0
         let buffer = RawCall.create(minimumCapacity: id.count + params.count + c) { _ in
-            RawCallHeader(plugin: plugin, isNotification: isNotification, idCount: id.count, paramsCount: params.count, callerCount: caller.map { $0.count } ?? -1)
+            RawCallHeader(
+                plugin: plugin, isNotification: isNotification, idCount: id.count, paramsCount: params.count,
+                callerCount: caller.map { $0.count } ?? -1)
         }
         let call = unsafeDowncast(buffer, to: RawCall.self)
         call.withUnsafeMutablePointerToElements { base in
             func put(_ bytes: UnsafeRawBufferPointer, at offset: Int) {
-                if let b = bytes.baseAddress, bytes.count > 0 { UnsafeMutableRawPointer(base + offset).copyMemory(from: b, byteCount: bytes.count) }
+                if let b = bytes.baseAddress, bytes.count > 0 {
+                    UnsafeMutableRawPointer(base + offset).copyMemory(from: b, byteCount: bytes.count)
+                }
             }
             put(id, at: 0)
             put(params, at: id.count)

@@ -113,7 +113,9 @@ import Testing
         mutating func ws() -> String { rng.next() % 4 == 0 ? pick([" ", "  ", "\t", "\n ", "\r\n"]) : "" }
 
         mutating func string() -> String {
-            let pieces = ["a", "id", "method", "é", "中", "😀", #"\""#, #"\\"#, #"\/"#, #"\n"#, #"\u00e9"#, #"\ud83d\ude00"#, " ", "{", "]", ",", ":"]
+            let pieces = [
+                "a", "id", "method", "é", "中", "😀", #"\""#, #"\\"#, #"\/"#, #"\n"#, #"\u00e9"#, #"\ud83d\ude00"#, " ", "{", "]", ",", ":",
+            ]
             return "\"" + (0..<Int(rng.next() % 6)).map { _ in pick(pieces) }.joined() + "\""
         }
 

@@ -122,6 +122,7 @@ let package = Package(
         .testTarget(name: "MATests", dependencies: ["pylon-ma"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
-        .testTarget(name: "BackendTests", dependencies: ["PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
+        .testTarget(
+            name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]
 )

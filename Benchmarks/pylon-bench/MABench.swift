@@ -42,6 +42,7 @@ func maBench() throws {
     }
     pids += [("backend", backend.pid), ("client", getpid())]
     let cpu0 = pids.map { cpuTicks($0.1) }
+    let served0 = try servedByPlugin(sync)
 
     let conn = try Connection.connect(loop: loop, path: socketPath, maxLineBytes: 1 << 20)
     var sent = 0, acked = 0, errors = 0
@@ -63,8 +64,23 @@ func maBench() throws {
     let tick = 1e6 / Double(sysconf(Int32(_SC_CLK_TCK))) / Double(max(acked, 1))
     let cpu = zip(pids, cpu0).map { p, c0 in "\(p.0) \(fmt((cpuTicks(p.1) - c0) * tick))" }
     print("CPU µs per event: " + cpu.joined(separator: ", "))
+    // Events per uploader.enqueue: requests the host routed to each plugin (MA's are the events,
+    // the uploader's its enqueues; the few other calls are noise).
+    let served1 = try servedByPlugin(sync)
+    let events = (served1["ma"] ?? 0) - (served0["ma"] ?? 0)
+    let enqueues = (served1["uploader"] ?? 0) - (served0["uploader"] ?? 0)
+    print("events per uploader.enqueue: \(fmt(Double(events) / Double(max(enqueues, 1)))) (\(events) events, \(enqueues) enqueues)")
     conn.close()
     // The backend first: stopHost runs the loop until every child has exited.
     backend.kill(SIGTERM)
     stopHost()
+}
+
+/// `requests_served` of each plugin, from `bus.status`.
+func servedByPlugin(_ sync: SyncClient) throws -> [String: Int64] {
+    var out: [String: Int64] = [:]
+    for p in try sync.call("bus.status")["plugins"]?.arrayValue ?? [] {
+        if let n = p["name"]?.stringValue { out[n] = p["requests_served"]?.intValue ?? 0 }
+    }
+    return out
 }

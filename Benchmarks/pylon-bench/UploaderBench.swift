@@ -67,7 +67,7 @@ func uploaderBench() throws {
             #"{"jsonrpc":"2.0","id":\#(i),"method":"uploader.enqueue","params":{"stream":"\#(stream)","consent":"bench:events","records":[{"id":"r\#(i)""#
                 + payload)
     }
-    let cpu0 = cpuTicks(hostPid), pcpu0 = cpuTicks(pluginPid)
+    let cpu0 = cpuTicks(hostPid), pcpu0 = cpuTicks(pluginPid), bcpu0 = cpuTicks(backend.pid)
     conn.onLine = { line in
         if find(line, Array(#""accepted""#.utf8)) != nil { acked += 1 } else { errors += 1 }
         if let r = find(line, Array(#""id":"#.utf8)) {
@@ -112,7 +112,10 @@ func uploaderBench() throws {
     poll()
     loop.run()
     let e2e = Double(Loop.hrtimeNs - start) / 1e9
-    print("end to end: \(delivered) of \(acked) records at the backend after \(fmt(e2e)) s = \(Int(Double(delivered) / e2e)) records/s")
+    let backendUs = (cpuTicks(backend.pid) - bcpu0) / tps * 1e6 / Double(max(delivered, 1))
+    print(
+        "end to end: \(delivered) of \(acked) records at the backend after \(fmt(e2e)) s = \(Int(Double(delivered) / e2e)) records/s; "
+            + "CPU µs/record: backend \(fmt(backendUs))")
     http.shutdown()
     conn.close()
     // The backend first: stopHost runs the loop until every child has exited.

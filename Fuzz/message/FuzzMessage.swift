@@ -10,6 +10,8 @@ import PylonCore
 /// - the framer yields exactly the input's complete lines, lines over the limit as `.oversized`
 ///   with the right byte count and a head that is the line's start, never a line containing `\n`;
 /// - the scanner never accepts what json-c rejects;
+/// - `RawJSON.hostMessageSpans` (the plugin kit's reader) stays inside any line and, where the
+///   scanner accepts, finds the scanner's spans;
 /// - where the scanner accepts, its `id` span is the splice scanner's, and the plain `method`
 ///   string and plain integer `id` it finds are what json-c parsed (the last duplicate wins).
 @_cdecl("LLVMFuzzerTestOneInput")
@@ -67,6 +69,15 @@ func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
     let scan = RawJSON.classifyMessage(line, maxDepth: Int(maxDepth) - 1)
     let parsed = try? tokener.parse(line)
     let idSpan = RawJSON.memberValueSpan(line, key: "id")
+    // The plugin kit's finder for host-validated lines: on any bytes, spans inside the line; on
+    // a line the scanner accepts, the scanner's spans.
+    let host = RawJSON.hostMessageSpans(line)
+    if let h = host {
+        for span in [h.jsonrpc, h.id, h.method, h.params, h.result, h.error, h.pylon, h.onBehalfOf] {
+            if let span { fuzzCheck(span.lowerBound >= 0 && span.upperBound <= line.count && !span.isEmpty, "host span out of the line") }
+        }
+    }
+    if case .message(let m) = scan { fuzzCheck(host == m, "hostMessageSpans differs from the scanner on a valid line") }
     guard case .message(let m) = scan else {
         if case .invalid(let at) = scan { fuzzCheck(at >= 0 && at <= line.count, "invalid(at:) outside the line") }
         return

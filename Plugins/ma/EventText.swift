@@ -1,4 +1,3 @@
-import CJSONC
 import PylonPluginKit
 
 /// The uploader records of events, written straight as JSON text.
@@ -82,41 +81,4 @@ enum EventText {
         if let s { JSONText.appendString(s, to: &out) } else { append("null", &out) }
     }
 
-}
-
-/// A json-c node that serialises as JSON text written elsewhere (json-c's
-/// `json_object_set_serializer`): the enqueue's params go to `Plugin.callRaw` without being built
-/// as a tree. The text must be one valid JSON value.
-enum PrebuiltJSON {
-    private final class Text {
-        var bytes: [UInt8]
-        let released: (inout [UInt8]) -> Void
-        init(_ bytes: [UInt8], _ released: @escaping (inout [UInt8]) -> Void) {
-            self.bytes = bytes
-            self.released = released
-        }
-        deinit {
-            var b: [UInt8] = []
-            swap(&b, &bytes)
-            released(&b)  // uniquely referenced here, so its storage can be kept
-        }
-    }
-
-    /// A new node (one reference, owned by the caller) that serialises as `text`; `released`
-    /// gets the text back when json-c frees the node (to reuse its buffer).
-    static func node(_ text: [UInt8], released: @escaping (inout [UInt8]) -> Void = { _ in }) -> OpaquePointer? {
-        // The node's own type is never seen: the serializer below replaces its text.
-        let node = json_object_new_boolean(0)
-        let box = Unmanaged.passRetained(Text(text, released)).toOpaque()
-        json_object_set_serializer(
-            node,
-            { jso, pb, _, _ in
-                let t = Unmanaged<Text>.fromOpaque(json_object_get_userdata(jso)!).takeUnretainedValue()
-                let n = t.bytes.withUnsafeBytes { b in
-                    printbuf_memappend(pb, b.baseAddress!.assumingMemoryBound(to: CChar.self), Int32(b.count))
-                }
-                return n < 0 ? -1 : 0
-            }, box, { _, userdata in Unmanaged<Text>.fromOpaque(userdata!).release() })
-        return node
-    }
 }

@@ -1,49 +1,48 @@
-import CJSONC
 import PylonPluginKit
 
 /// `ma.eventRecord` (docs/MA.md, `ma.eventRecord`): validate, stamp, hand to the uploader, answer once durable.
 ///
-/// The hot path builds no json-c objects and no Swift values per event: the event is validated
-/// on the request's parsed tree, its record is written as JSON text straight into the params of
-/// the next `uploader.enqueue` (`EventText`), and the caller is answered with a constant reply
-/// once that enqueue is durable.
+/// The hot path builds no json-c objects and no Swift values per event: the request is served
+/// from its bytes (`Plugin.deferredRawMethod`), the event is checked and read from the params'
+/// text (`EventParams`; json-c only for unusual text), its record is written as JSON text
+/// straight into the next `uploader.enqueue` (`EventText`), that enqueue goes out as text and its
+/// answer is read from its bytes (`Plugin.callText`), and the caller is answered with a constant
+/// reply once the enqueue is durable.
 extension MAService {
-    func eventRecord(_ call: Call) {
-        guard let inst = usable(call) else { return }
-        // Looked up on the params object once (each `Call.paramRef` finds params again).
-        let params = call.paramsRef
-        var props: OpaquePointer?, nameRef: OpaquePointer?
-        _ = json_object_object_get_ex(params, "property", &props)
-        _ = json_object_object_get_ex(params, "eventName", &nameRef)
-        if let why = EventValidation.check(eventNameRef: nameRef, propertyRef: props) {
+    func eventRecord(_ call: RawCall) {
+        let params = EventParams.read(call.params)
+        guard let inst = usable(appKey: params.appKey, client: call.callerInfo.client, call.reply) else { return }
+        if let why = params.invalid {
             call.reply(Self.result(MACode.invalidParams, why))
             return
         }
-        // The request's tree (name and properties) lives as long as the call.
+        // The call holds the params' text the event points into.
         if inst.pendingStarts == 0 {
-            recordEvent(inst, call, nameRef, props)
+            recordEvent(inst, call, params)
         } else {
-            inst.whenReady { [unowned self] in self.recordEvent(inst, call, nameRef, props) }
+            inst.whenReady { [unowned self] in self.recordEvent(inst, call, params) }
         }
     }
 
-    private func recordEvent(_ inst: MAInstance, _ call: Call, _ nameRef: OpaquePointer?, _ props: OpaquePointer?) {
+    private func recordEvent(_ inst: MAInstance, _ call: RawCall, _ params: EventParams) {
         touchSession(inst)
-        // A string: checked by EventValidation.
-        let name = UnsafeRawBufferPointer(start: json_object_get_string(nameRef), count: Int(json_object_get_string_len(nameRef)))
-        record(inst, name: name, properties: props, for: call)
+        params.withEvent(params: call.params) { name, properties in record(inst, name: name, properties: properties, for: call) }
     }
 
     /// Records one of the plugin's own events (`el_session_start`, `el_session_end`).
     func recordOwn(_ inst: MAInstance, _ name: StaticString) {
-        record(inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: nil, for: nil)
+        Self.noProperties.withUnsafeBytes { props in
+            record(inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: props, for: nil)
+        }
     }
+
+    private static let noProperties = Array("{}".utf8)
 
     /// Stamps an event and puts its record in the AppKey's open batch; `call` (nil for the
     /// plugin's own events) is answered once the batch is durable in the uploader — or at once
     /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
-    /// `properties` is a json-c object, borrowed (nil or not an object: `{}`).
-    func record(_ inst: MAInstance, name: UnsafeRawBufferPointer, properties: OpaquePointer?, for call: Call?) {
+    /// `properties` is the properties' JSON text (an object, as json-c prints it).
+    func record(_ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, for call: RawCall?) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
             call?.reply(serialized: Self.okReply)  // collection disabled: dropped silently
             return
@@ -55,37 +54,34 @@ extension MAService {
         eventSeq &+= 1
         outboxCount += 1
         inst.eventsInFlight += 1
-        var batches = outbox.removeValue(forKey: inst.appKey) ?? []
-        if batches.last.map({ $0.count >= Self.maxRecordsPerEnqueue }) ?? true {
-            batches.append(EventBatch(inst, buffer: spareBatchBuffers.popLast() ?? [], waiters: spareWaiters.popLast() ?? EventWaiters()))
+        let batch: EventBatch
+        if let open = outbox[inst.appKey]?.last, open.count < Self.maxRecordsPerEnqueue {
+            batch = open
+        } else {
+            batch = spareBatches.popLast() ?? EventBatch()
+            batch.open(stream: inst.stream, consent: inst.consentKey)
+            outbox[inst.appKey, default: []].append(batch)
         }
-        batches[batches.count - 1].add(call) { text in
+        batch.add(call) { text in
             // Unique without a syscall per event: a random per-process prefix plus a counter.
-            withPropertiesText(properties) { props in
-                EventText.record(
-                    idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
-                    euid: inst.euid, session: inst.sessionId, properties: props, tail: eventTail(inst),
-                    into: &text)
-            }
+            EventText.record(
+                idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
+                euid: inst.euid, session: inst.sessionId, properties: properties, tail: eventTail(inst),
+                into: &text)
         }
-        outbox[inst.appKey] = batches
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
         // one commit for many events); each caller is answered when that enqueue is durable.
-        if !outboxTimer.isActive { outboxTimer.start(after: 0) }
+        // While the AppKey has `maxEnqueuesInFlight` enqueues unanswered the batch waits and
+        // keeps collecting: it is sent when an answer frees a slot.
+        armOutboxFlush(inst.appKey)
     }
 
-    /// The properties' compact JSON text (json-c's serialisation of the request's subtree, kept
-    /// with it), or `{}`.
-    private func withPropertiesText(_ p: OpaquePointer?, _ body: (UnsafeRawBufferPointer) -> Void) {
-        var len = 0
-        if json_object_get_type(p) == json_type_object, let c = json_object_to_json_string_length(p, flagsPlain, &len) {
-            body(UnsafeRawBufferPointer(start: c, count: len))
-        } else {
-            Self.noProperties.withUnsafeBytes { body($0) }
-        }
+    /// Sends the AppKey's open batches at the end of this loop turn, unless all its enqueue
+    /// slots are taken (an answer then arms the flush).
+    private func armOutboxFlush(_ appKey: String) {
+        guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight, !outboxTimer.isActive else { return }
+        outboxTimer.start(after: 0)
     }
-
-    private static let noProperties = Array("{}".utf8)
 
     /// The instance's `"utm":…,"device":…` record text, rebuilt after its settings change.
     func eventTail(_ inst: MAInstance) -> [UInt8] {
@@ -104,79 +100,101 @@ extension MAService {
     /// in lock step at ~21k events/s; 128 gives ~30k with the same CPU).
     static let maxRecordsPerEnqueue = 128
 
-    /// Sends every open batch (one enqueue each).
+    /// Sends the waiting batches (one enqueue each), oldest first, as far as each AppKey's
+    /// enqueue slots (`maxEnqueuesInFlight`) allow; the rest wait for an answer.
+    ///
+    /// Why a limit: with nothing in flight the first event goes out at once (no added delay at
+    /// one request at a time), but under load every loop turn of this plugin used to send its
+    /// own small enqueue, so the host and the uploader paid per message for a few events each.
+    /// With the slots taken, the events of the following turns collect in one batch until an
+    /// answer comes — the batches grow with the load, by themselves.
     func flushOutbox() {
-        var all: [String: [EventBatch]] = [:]
-        swap(&all, &outbox)
-        outboxCount = 0
-        for appKey in Array(all.keys) {
-            // Taken out of the dictionary so that closing a batch appends in place (no copy).
-            guard var batches = all.removeValue(forKey: appKey) else { continue }
-            for i in batches.indices {
-                guard let inst = instances[appKey] else {  // never left unanswered
-                    for c in batches[i].waiters.calls { c?.reply(Self.result(MACode.failed, "AppKey \(appKey) is gone")) }
-                    continue
+        for appKey in Array(outbox.keys) {
+            guard var batches = outbox[appKey] else { continue }
+            guard let inst = instances[appKey] else {  // never left unanswered
+                outbox[appKey] = nil
+                let reply = Self.serialized(Self.result(MACode.failed, "AppKey \(appKey) is gone"))
+                for batch in batches {
+                    outboxCount -= batch.count
+                    for c in batch.calls { c?.reply(serialized: reply) }
+                    recycle(batch)
                 }
-                held += batches[i].count
-                batches[i].close()
-                let params = PrebuiltJSON.node(batches[i].text) { [weak self] text in self?.reuseBatchBuffer(&text) }
-                enqueue(params, batches[i].waiters, inst, attempt: 1)
+                continue
+            }
+            var inFlight = enqueuesInFlight[appKey, default: 0]
+            var sent = 0
+            while sent < batches.count, inFlight < maxEnqueuesInFlight {
+                let batch = batches[sent]
+                sent += 1
+                inFlight += 1
+                outboxCount -= batch.count
+                held += batch.count
+                enqueuesSent += 1
+                eventsEnqueued += batch.count
+                batch.close()
+                enqueue(batch, inst, attempt: 1)
+            }
+            enqueuesInFlight[appKey] = inFlight
+            batches.removeFirst(sent)
+            outbox[appKey] = batches.isEmpty ? nil : batches
+        }
+    }
+
+    /// Keeps a settled batch (its buffer and its list) for a later one: a fresh buffer of this
+    /// size would be a large malloc, which makes glibc consolidate its fast bins first (~15% of
+    /// this plugin's profile before buffers were reused).
+    private func recycle(_ batch: EventBatch) {
+        guard spareBatches.count < Self.maxSpareBatches else { return }
+        spareBatches.append(batch)
+    }
+
+    /// Batches kept for reuse (batches of several AppKeys in one turn take one each).
+    static let maxSpareBatches = 8
+
+    /// Sends one batch as an enqueue. If the uploader is restarting (-32001) or did not answer
+    /// in time (-32002), the same records are sent again after a backoff: the app's reply waits,
+    /// and the uploader ignores records it already has (ids are unique per stream), so nothing
+    /// is doubled. Any other answer settles the batch.
+    private func enqueue(_ batch: EventBatch, _ inst: MAInstance, attempt: Int) {
+        batch.text.withUnsafeBytes { params in
+            plugin.callText("uploader.enqueue", params: params) { [unowned self] r in
+                let err: String?
+                switch r {
+                case .success: err = nil
+                case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
+                    // The switch was denied between recording and storing (the operator's decision
+                    // overtook it): not stored, so not answered as if it were.
+                    err = "not stored: \(e.message)"
+                case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
+                    let delay = Self.uploaderRetry.delay(attempt: attempt)
+                    if attempt == 1 {
+                        self.plugin.log.warn("uploader unavailable; holding events", ["events": batch.count, "error": e.message])
+                    }
+                    self.plugin.loop.after(ms: delay) { [unowned self] in self.enqueue(batch, inst, attempt: attempt + 1) }
+                    return
+                case .failure(let e): err = e.message
+                }
+                let n = batch.count
+                self.held -= n
+                self.enqueueSettled(inst.appKey)
+                let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
+                for c in batch.calls { c?.reply(serialized: reply) }
+                self.recycle(batch)
+                self.eventsSettled(inst, n)
             }
         }
     }
 
-    /// Keeps a sent batch's buffer for a later batch: a fresh one of this size would be a large
-    /// malloc, which makes glibc consolidate its fast bins first (~15% of this plugin's profile
-    /// before buffers were reused).
-    private func reuseBatchBuffer(_ text: inout [UInt8]) {
-        guard spareBatchBuffers.count < Self.maxSpareBatchBuffers else { return }
-        text.removeAll(keepingCapacity: true)
-        spareBatchBuffers.append(text)
+    /// An enqueue of `appKey` is answered: its slot is free, so a waiting batch goes out at the
+    /// end of this loop turn (with whatever else this turn records).
+    private func enqueueSettled(_ appKey: String) {
+        let n = enqueuesInFlight[appKey, default: 1] - 1
+        enqueuesInFlight[appKey] = n > 0 ? n : nil
+        if outbox[appKey] != nil { armOutboxFlush(appKey) }
     }
 
-    /// Buffers kept for reuse (batches of several AppKeys in one turn take one each).
-    static let maxSpareBatchBuffers = 8
-
-    /// Sends one enqueue (`params`: one reference, taken). If the uploader is restarting (-32001)
-    /// or did not answer in time (-32002), the same records are sent again after a backoff: the
-    /// app's reply waits, and the uploader ignores records it already has (ids are unique per
-    /// stream), so nothing is doubled. Any other answer settles the batch.
-    private func enqueue(_ params: OpaquePointer?, _ waiters: EventWaiters, _ inst: MAInstance, attempt: Int) {
-        let again = JSONRef(owning: json_object_get(params))
-        plugin.callRaw("uploader.enqueue", params: params) { [unowned self] r in
-            let err: String?
-            switch r {
-            case .success: err = nil
-            case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
-                // The switch was denied between recording and storing (the operator's decision
-                // overtook it): not stored, so not answered as if it were.
-                err = "not stored: \(e.message)"
-            case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
-                let delay = Self.uploaderRetry.delay(attempt: attempt)
-                if attempt == 1 {
-                    self.plugin.log.warn("uploader unavailable; holding events", ["events": waiters.calls.count, "error": e.message])
-                }
-                self.plugin.loop.after(ms: delay) { [unowned self] in
-                    self.enqueue(json_object_get(again.ptr), waiters, inst, attempt: attempt + 1)
-                }
-                return
-            case .failure(let e): err = e.message
-            }
-            let n = waiters.calls.count
-            self.held -= n
-            if let err {
-                let reply = Self.result(MACode.failed, err)
-                for c in waiters.calls { c?.reply(reply) }
-            } else {
-                for c in waiters.calls { c?.reply(serialized: Self.okReply) }
-            }
-            if self.spareWaiters.count < Self.maxSpareBatchBuffers {
-                waiters.calls.removeAll(keepingCapacity: true)  // for a later batch (no large malloc)
-                self.spareWaiters.append(waiters)
-            }
-            self.eventsSettled(inst, n)
-        }
-    }
+    /// A result's JSON text, for answering many calls with one value.
+    static func serialized(_ result: JSON) -> [UInt8] { JSONRef(result).withSerialized { Array($0) } }
 
     /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
     func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
@@ -196,36 +214,34 @@ extension MAService {
 
 /// Events recorded for one AppKey in this loop turn, up to `maxRecordsPerEnqueue`: the params of
 /// one `uploader.enqueue` as JSON text (its records so far) and who waits for each record (nil:
-/// the plugin's own session events).
-struct EventBatch {
+/// the plugin's own session events). A class, so that a settled batch is reused, emptied, for a
+/// later one (no large malloc per enqueue).
+final class EventBatch {
     private(set) var text: [UInt8] = []
     /// Who waits for each record, in order.
-    let waiters: EventWaiters
-    var count: Int { waiters.calls.count }
+    private(set) var calls: [RawCall?] = []
+    var count: Int { calls.count }
 
-    /// `buffer`: an empty array whose capacity is reused.
-    init(_ inst: MAInstance, buffer: [UInt8], waiters: EventWaiters) {
-        text = buffer
-        self.waiters = waiters
+    init() {
         // Room for a full batch of typical records (~350 bytes each): no regrowth on the way.
         text.reserveCapacity(MAService.maxRecordsPerEnqueue * 384)
-        waiters.calls.reserveCapacity(MAService.maxRecordsPerEnqueue)
-        EventText.paramsHead(stream: inst.stream, consent: inst.consentKey, into: &text)
+        calls.reserveCapacity(MAService.maxRecordsPerEnqueue)
+    }
+
+    /// Empties the batch (keeping its storage) and starts the params of an enqueue to `stream`.
+    func open(stream: String, consent: String) {
+        text.removeAll(keepingCapacity: true)
+        calls.removeAll(keepingCapacity: true)
+        EventText.paramsHead(stream: stream, consent: consent, into: &text)
     }
 
     /// Adds one record, written by `write`, and who waits for it.
-    mutating func add(_ call: Call?, _ write: (inout [UInt8]) -> Void) {
-        if !waiters.calls.isEmpty { text.append(UInt8(ascii: ",")) }
+    func add(_ call: RawCall?, _ write: (inout [UInt8]) -> Void) {
+        if !calls.isEmpty { text.append(UInt8(ascii: ",")) }
         write(&text)
-        waiters.calls.append(call)
+        calls.append(call)
     }
 
     /// Completes `text` as the enqueue's params (no record is added after).
-    mutating func close() { EventText.paramsTail(into: &text) }
-}
-
-/// The callers waiting for one batch's records (nil: the plugin's own events); a class so that
-/// its array is reused, emptied, for a later batch once they are answered.
-final class EventWaiters {
-    var calls: [Call?] = []
+    func close() { EventText.paramsTail(into: &text) }
 }

@@ -46,14 +46,24 @@ final class MAService {
     var outbox: [String: [EventBatch]] = [:]
     lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
     var outboxCount = 0
-    /// Emptied batch buffers, kept for the next batches.
-    var spareBatchBuffers: [[UInt8]] = []
-    var spareWaiters: [EventWaiters] = []
+    /// Settled batches, kept (emptied) for the next ones.
+    var spareBatches: [EventBatch] = []
     /// Events sent to the uploader and not yet answered (or waiting to be sent again).
     var held = 0
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
     /// it new events are answered -1 at once instead of waiting.
     var maxHeldEvents = 100_000
+    /// Unanswered `uploader.enqueue` calls per AppKey, at most `maxEnqueuesInFlight`.
+    var enqueuesInFlight: [String: Int] = [:]
+    /// Enqueues one AppKey may have unanswered at once (config `maxEnqueuesInFlight`); its
+    /// later events wait in the outbox, counted against `maxHeldEvents`, and go out in the next
+    /// enqueues when answers free a slot. See `flushOutbox` for why.
+    var maxEnqueuesInFlight = MAService.defaultMaxEnqueuesInFlight
+    static let defaultMaxEnqueuesInFlight = 2
+    /// Enqueues sent and the events they carried, since the start (`ma.status`), resends not
+    /// counted: events per enqueue is the batching under load.
+    var enqueuesSent = 0
+    var eventsEnqueued = 0
 
     init(plugin: Plugin) {
         self.plugin = plugin
@@ -81,6 +91,7 @@ final class MAService {
         if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
         if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
+        if let v = c["maxEnqueuesInFlight"]?.intValue, v > 0 { maxEnqueuesInFlight = Int(v) }
         do {
             try db.exec(
                 """
@@ -203,10 +214,21 @@ final class MAService {
     }
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
-    func instance(for call: Call) -> MAInstance? {
-        let client = call.callerClient
+    func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerClient) }
+
+    /// `params.appKey` when it is a string, as written (not trimmed).
+    static func appKeyParam(_ call: Call) -> String? {
+        var v: OpaquePointer?
+        guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
+        return String(
+            decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
+    }
+
+    /// The instance addressed by `appKey` (`params.appKey` when a string, as written), else by
+    /// the last start of the calling `client`.
+    func instance(appKey: String?, client: Int64?) -> MAInstance? {
         let key: String?
-        if let k = Self.appKeyParam(call), !k.isEmpty {
+        if let k = appKey.map(Self.trimmedAppKey), !k.isEmpty {
             key = k
         } else {
             key = client.flatMap { clientAppKey[$0] }
@@ -216,23 +238,21 @@ final class MAService {
         return inst
     }
 
-    /// `params.appKey` without surrounding whitespace, or nil when absent or not a string.
-    /// Trimmed only when its first or last byte can start or end whitespace: every AppKey in use
-    /// is plain ASCII, so the event path skips Unicode's whitespace tables.
-    static func appKeyParam(_ call: Call) -> String? {
-        var v: OpaquePointer?
-        guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-        let n = Int(json_object_get_string_len(v))
-        let b = UnsafeRawBufferPointer(start: json_object_get_string(v), count: n)
-        let s = String(decoding: b, as: UTF8.self)
-        @inline(__always) func plain(_ c: UInt8) -> Bool { c > 0x20 && c < 0x7F }
-        return n > 0 && plain(b[0]) && plain(b[n - 1]) ? s : s.trimmedWhitespace
+    /// `params.appKey` without surrounding whitespace. Trimmed only when its first or last byte
+    /// can start or end whitespace: every AppKey in use is plain ASCII, so the event path skips
+    /// Unicode's whitespace tables.
+    static func trimmedAppKey(_ s: String) -> String {
+        @inline(__always) func plain(_ c: UInt8?) -> Bool { c.map { $0 > 0x20 && $0 < 0x7F } ?? false }
+        return plain(s.utf8.first) && plain(s.utf8.last) ? s : s.trimmedWhitespace
     }
 
     /// Replies -2 unless the call's AppKey has a successful or in-flight start.
-    func usable(_ call: Call) -> MAInstance? {
-        guard let inst = instance(for: call), inst.isUsable else {
-            call.reply(MAService.result(MACode.notStarted, "start not called for this AppKey"))
+    func usable(_ call: Call) -> MAInstance? { usable(appKey: Self.appKeyParam(call), client: call.callerClient, call.reply) }
+
+    /// `usable` for a call served from its bytes (`appKey`, `client` as for `instance`).
+    func usable(appKey: String?, client: Int64?, _ reply: (JSON) -> Void) -> MAInstance? {
+        guard let inst = instance(appKey: appKey, client: client), inst.isUsable else {
+            reply(MAService.result(MACode.notStarted, "start not called for this AppKey"))
             return nil
         }
         return inst

@@ -15,8 +15,9 @@ let ma = MAService(plugin: plugin)
 plugin.method("start") { ma.start($0) }
 plugin.method("identifyAccount") { ma.identifyAccount($0) }
 plugin.method("euid") { ma.euid($0) }
-// Events: while the AppKey's switch is denied the host answers `{"code":0,"message":""}` itself.
-plugin.method(
+// Events, served from the request's bytes: while the AppKey's switch is denied the host answers
+// `{"code":0,"message":""}` itself.
+plugin.deferredRawMethod(
     "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
     deniedResult: MAService.result(0, "")
 ) { ma.eventRecord($0) }

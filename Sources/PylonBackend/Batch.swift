@@ -1,17 +1,28 @@
 import CJSONC
 import PylonCore
 
-/// A validated ingest batch, ready to store.
+/// A validated ingest batch, ready to store: its records' ids and data as byte ranges of one
+/// buffer, so storing a record binds bytes and builds no Swift value.
+///
+/// Read by one of two readers that agree on every body: `read(raw:)` walks the body's bytes
+/// (the ingest hot path: no tree, no per-record allocation) and declines (nil) whenever the bytes
+/// alone cannot say what json-c would read; `read(tree:)` parses with json-c and decides
+/// everything, with the same checks, in the same order, worded the same.
 struct Batch {
     struct Record {
-        var id: String
+        /// The id's bytes (UTF-8, no escapes) in `text`.
+        var id: Range<Int>
         var ts: Int64
-        /// The record's `data`, re-serialised compactly by json-c (`null` when absent).
-        var data: String
+        /// The record's `data` as json-c prints it compactly (`flagsPlain`), in `text`; nil when
+        /// absent or `null` (stored as `null`).
+        var data: Range<Int>?
     }
 
     var key: String
     var stream: String
+    /// The bytes the records' ranges point into: the body itself (raw reader), possibly with
+    /// compacted data appended, or the ids and data json-c gave (tree reader).
+    var text: [UInt8]
     var records: [Record]
 
     /// Parses and validates a batch body:
@@ -19,36 +30,52 @@ struct Batch {
     /// `batch` and `stream`, when present, must equal the `Idempotency-Key` header and the
     /// stream in the path. Throws 400 `invalid_json` or `invalid_batch`.
     static func parse(_ body: [UInt8], key: String, stream: String) throws(APIError) -> Batch {
-        // Read straight from json-c's tree: no Swift JSON per record (the ingest hot path).
+        if let decided = read(raw: body, key: key, stream: stream) { return try decided.get() }
+        return try read(tree: body, key: key, stream: stream)
+    }
+
+    // MARK: From json-c's tree
+
+    /// Reads a body through json-c: the reference reader, and the one for every body the raw
+    /// reader declines (invalid JSON, escapes, numbers json-c rewrites, repeated keys in data).
+    static func read(tree body: [UInt8], key: String, stream: String) throws(APIError) -> Batch {
         let root = try parseJSONBodyRef(body)
         guard json_object_get_type(root.ptr) == json_type_object else { throw invalid("body must be a JSON object") }
-        if root.has("batch"), string(root.member("batch")) != key {
-            throw invalid("\"batch\" must be a string equal to the Idempotency-Key header")
-        }
-        if root.has("stream"), string(root.member("stream")) != stream {
-            throw invalid("\"stream\" must be a string equal to the stream in the path")
-        }
+        if root.has("batch"), string(root.member("batch")) != key { throw batchMismatch }
+        if root.has("stream"), string(root.member("stream")) != stream { throw streamMismatch }
         let list = root.member("records")
-        guard json_object_get_type(list) == json_type_array else { throw invalid("\"records\" must be an array") }
+        guard json_object_get_type(list) == json_type_array else { throw recordsNotArray }
         let n = json_object_array_length(list)
-        var records: [Record] = []
-        records.reserveCapacity(n)
+        var batch = Batch(key: key, stream: stream, text: [], records: [])
+        batch.records.reserveCapacity(n)
         for i in 0..<n {
             let r = json_object_array_get_idx(list, i)
-            guard json_object_get_type(r) == json_type_object else { throw invalid("records[\(i)] must be an object") }
-            guard let id = string(member(r, "id")) else { throw invalid("records[\(i)].id must be a string") }
-            if let why = Router.invalidName(id, what: "records[\(i)].id") { throw invalid(why) }
+            guard json_object_get_type(r) == json_type_object else { throw notObject(i) }
+            let idObj = member(r, "id")
+            guard json_object_get_type(idObj) == json_type_string else { throw idNotString(i) }
+            // The whole string, with its length (a `\u0000` inside must not cut it short).
+            let idBytes = UnsafeRawBufferPointer(start: json_object_get_string(idObj), count: Int(json_object_get_string_len(idObj)))
+            if let why = Router.invalidName(idBytes, what: recordID(i)) { throw invalid(why) }
             let tsObj = member(r, "ts")
             guard json_object_get_type(tsObj) == json_type_int, case let ts = json_object_get_int64(tsObj), ts >= 0 else {
-                throw invalid("records[\(i)].ts must be a non-negative integer (milliseconds)")
+                throw badTS(i)
             }
-            var len = 0
-            let data =
-                member(r, "data").flatMap { json_object_to_json_string_length($0, flagsPlain, &len) }
-                .map { String(cString: $0) } ?? "null"
-            records.append(Record(id: id, ts: ts, data: data))
+            let id = batch.append(idBytes)
+            var data: Range<Int>?
+            if let d = member(r, "data") {
+                var len = 0
+                let p = json_object_to_json_string_length(d, flagsPlain, &len)
+                data = batch.append(UnsafeRawBufferPointer(start: p, count: len))
+            }
+            batch.records.append(Record(id: id, ts: ts, data: data))
         }
-        return Batch(key: key, stream: stream, records: records)
+        return batch
+    }
+
+    private mutating func append(_ bytes: UnsafeRawBufferPointer) -> Range<Int> {
+        let start = text.count
+        text.append(contentsOf: bytes)
+        return start..<text.count
     }
 
     private static func member(_ o: OpaquePointer?, _ key: String) -> OpaquePointer? {
@@ -64,7 +91,16 @@ struct Batch {
             as: UTF8.self)
     }
 
-    private static func invalid(_ message: String) -> APIError { .badRequest(.invalidBatch, message) }
+    // MARK: Errors, worded once for both readers
+
+    static func invalid(_ message: String) -> APIError { .badRequest(.invalidBatch, message) }
+    static let batchMismatch = invalid("\"batch\" must be a string equal to the Idempotency-Key header")
+    static let streamMismatch = invalid("\"stream\" must be a string equal to the stream in the path")
+    static let recordsNotArray = invalid("\"records\" must be an array")
+    static func notObject(_ i: Int) -> APIError { invalid("records[\(i)] must be an object") }
+    static func idNotString(_ i: Int) -> APIError { invalid("records[\(i)].id must be a string") }
+    static func recordID(_ i: Int) -> String { "records[\(i)].id" }
+    static func badTS(_ i: Int) -> APIError { invalid("records[\(i)].ts must be a non-negative integer (milliseconds)") }
 }
 
 /// Parses a request body as one JSON text with json-c (depth `Limits.maxJSONDepth`, UTF-8

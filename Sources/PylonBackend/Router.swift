@@ -121,10 +121,17 @@ enum Router {
     }
 
     /// Why `s` is not an acceptable name (stream, idempotency key, record id), or nil.
-    static func invalidName(_ s: String, what: String) -> String? {
-        if s.isEmpty { return "\(what) is empty" }
-        if s.utf8.count > Limits.maxNameBytes { return "\(what) exceeds \(Limits.maxNameBytes) bytes" }
-        if s.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) { return "\(what) contains control characters" }
+    static func invalidName(_ s: String, what: @autoclosure () -> String) -> String? {
+        var s = s
+        return s.withUTF8 { invalidName(UnsafeRawBufferPointer($0), what: what()) }
+    }
+
+    /// `invalidName` of a name's UTF-8 bytes (a record id read from a batch body), which words
+    /// `what` only for a name it refuses.
+    static func invalidName(_ s: UnsafeRawBufferPointer, what: @autoclosure () -> String) -> String? {
+        if s.isEmpty { return "\(what()) is empty" }
+        if s.count > Limits.maxNameBytes { return "\(what()) exceeds \(Limits.maxNameBytes) bytes" }
+        if s.contains(where: { $0 < 0x20 || $0 == 0x7F }) { return "\(what()) contains control characters" }
         return nil
     }
 }

@@ -77,9 +77,7 @@ public final class Call {
     public func reply(serialized result: [UInt8]) {
         guard !answered, !isNotification else { answered = true; return }
         answered = true
-        id.withSerialized { idText in
-            result.withUnsafeBytes { plugin.channel?.send(envelope: Envelope.result(id: .text(idText), .text($0))) }
-        }
+        id.withSerialized { idText in result.withUnsafeBytes { plugin.sendResult(id: idText, $0) } }
     }
 
     /// Calls another plugin (or the host) on behalf of this call's caller: the host applies the
@@ -121,6 +119,8 @@ public final class Plugin {
     public let log: Log
     fileprivate(set) var channel: Connection?
     private let tokener = Tokener(maxDepth: Plugin.maxDepth)
+    /// The buffer every `sendResult` line is written in (kept, emptied, between replies).
+    private var replyLine: [UInt8] = []
 
     private struct MethodSpec {
         var consent: String?
@@ -138,7 +138,11 @@ public final class Plugin {
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
     public var wantsCallerInfo = false
-    private var pendingCalls: [Int64: (Result<JSON, RPCError>) -> Void] = [:]
+    /// Calls to other plugins waiting for their answer, by request id.
+    private var pendingCalls: [Int64: PendingCall] = [:]
+    /// How many of `pendingCalls` want their result as text (`callText`): while there are
+    /// some, answers are read from their bytes first.
+    private var pendingTextCalls = 0
     private var nextId: Int64 = 1
 
     /// From the host's welcome.
@@ -206,10 +210,10 @@ public final class Plugin {
             let raw = call.id.withSerialized { id in
                 JSONRef.withSerialized(call.paramsRef) { p in
                     guard caller != nil else {
-                        return RawCall(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
+                        return RawCall.make(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
                     }
                     return JSONRef.withSerialized(caller) { c in
-                        RawCall(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
+                        RawCall.make(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
                     }
                 }
             }
@@ -223,27 +227,79 @@ public final class Plugin {
     /// The params text a raw method gets when there are none.
     static let nullText = Array("null".utf8)
 
-    /// Answers (or hands to a deferred handler) a request for a raw method without parsing it;
-    /// false when the line is not one.
-    private func handleRawRequest(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard !rawMethods.isEmpty || !deferredMethods.isEmpty,
-            case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(tokener.maxDepth) - 1),
-            let ms = m.method, let idSpan = m.id, let method = RawJSON.plainString(line, ms)
+    /// Answers (or hands to a deferred handler) a request for a raw method, or hands the answer
+    /// of a `callText` call its result's text, without parsing the line; false when the line is
+    /// neither (json-c then parses it).
+    ///
+    /// The line is not validated again: its members are found by `RawJSON.hostMessageSpans`,
+    /// which trusts the host's strict check. That is sound because the bus channel
+    /// (`PYLON_BUS_FD`) is one end of a socket pair `pylond` made when it started this process:
+    /// no other process can write to it, and the host writes only lines that passed its own
+    /// strict scan (RFC 8259, UTF-8, `limits.maxDepth`) or that it built itself. Whoever could
+    /// write anything else there (a process of the same user that can `ptrace` this one) could
+    /// change this process's memory as well, so a second check protects nothing; and the finder
+    /// stays memory-safe on any bytes, so even a faulty host cannot make it read out of bounds
+    /// (docs/PROTOCOL.md, "What a plugin may assume").
+    private func handleRawLine(_ line: UnsafeRawBufferPointer) -> Bool {
+        guard !rawMethods.isEmpty || !deferredMethods.isEmpty || pendingTextCalls > 0,
+            let m = RawJSON.hostMessageSpans(line),
+            let idSpan = m.id
         else { return false }
+        guard let ms = m.method else { return handleTextAnswer(line, m) }
+        guard let method = RawJSON.plainString(line, ms) else { return false }
         let id = UnsafeRawBufferPointer(rebasing: line[idSpan])
         if let handler = rawMethods[method] {
             let result =
                 m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
                 ?? Plugin.nullText.withUnsafeBytes { handler($0) }
-            result.withUnsafeBytes { channel?.send(envelope: Envelope.result(id: .text(id), .text($0))) }
+            result.withUnsafeBytes { sendResult(id: id, $0) }
             return true
         }
         guard let handler = deferredMethods[method] else { return false }
         let caller = m.pylon.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
         let call =
-            m.params.map { RawCall(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
-            ?? Plugin.nullText.withUnsafeBytes { RawCall(plugin: self, id: id, params: $0, caller: caller) }
+            m.params.map { RawCall.make(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
+            ?? Plugin.nullText.withUnsafeBytes { RawCall.make(plugin: self, id: id, params: $0, caller: caller) }
         handler(call)
+        return true
+    }
+
+    /// Sends `{"jsonrpc":"2.0","id":<id>,"result":<result>}` (`Envelope.result`), written into a
+    /// buffer kept for every reply: the hot reply path allocates nothing.
+    func sendResult(id: UnsafeRawBufferPointer, _ result: UnsafeRawBufferPointer) {
+        guard let channel else { return }
+        replyLine.removeAll(keepingCapacity: true)
+        Envelope.appendResult(id: .text(id), .text(result), to: &replyLine, capacity: 40 + id.count + result.count)
+        replyLine.withUnsafeBytes { channel.sendLine($0) }
+    }
+
+    /// The last `_pylon` text read (`RawCall.callerInfo`) and its reading. A client's caller text
+    /// is the same in each of its requests, so it is read once per run of them (the reading is a
+    /// function of the text alone).
+    private var lastCaller: (text: [UInt8], info: CallerInfo)?
+
+    /// `CallerInfo(text:)`, remembered for the last text.
+    func callerInfo(text: UnsafeRawBufferPointer?) -> CallerInfo {
+        guard let text else { return CallerInfo(text: nil) }
+        if let last = lastCaller, last.text.count == text.count,
+            last.text.withUnsafeBytes({ text.count == 0 || memcmp($0.baseAddress!, text.baseAddress!, text.count) == 0 })
+        {
+            return last.info
+        }
+        let info = CallerInfo(text: text)
+        lastCaller = (Array(text), info)
+        return info
+    }
+
+    /// A successful answer to a `callText` call, handed over as its result's text. Errors, and
+    /// answers to other calls, are left to json-c (the error's text is worded from its tree).
+    private func handleTextAnswer(_ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
+        guard m.error == nil, let r = m.result, let id = m.id.flatMap({ RawJSON.plainInt(line, $0) }),
+            case .text(let done)? = pendingCalls[id]
+        else { return false }
+        pendingCalls[id] = nil
+        pendingTextCalls -= 1
+        done(.success(UnsafeRawBufferPointer(rebasing: line[r])))
         return true
     }
 
@@ -265,14 +321,28 @@ public final class Plugin {
         _ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
         _ done: @escaping (Result<JSON, RPCError>) -> Void
     ) {
-        guard let (channel, id) = register(done) else { return }
+        guard let (channel, id) = register(.value(done)) else { return }
         channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params), onBehalfOf: onBehalfOf))
     }
 
+    /// `call` with params already written as JSON text (valid JSON, built by the plugin), whose
+    /// answer is handed over as text too: `done` gets the result's JSON text, valid only during
+    /// the call, read from the answer's bytes without building json-c objects (an error answer
+    /// is an `RPCError` as for `call`). The hot path of a plugin that feeds another one: no tree
+    /// is built on either side of the call.
+    public func callText(
+        _ method: String, params: UnsafeRawBufferPointer,
+        _ done: @escaping (Result<UnsafeRawBufferPointer, RPCError>) -> Void
+    ) {
+        guard let (channel, id) = register(.text(done)) else { return }
+        pendingTextCalls += 1
+        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .text(params)))
+    }
+
     /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.
-    private func register(_ done: @escaping (Result<JSON, RPCError>) -> Void) -> (Connection, Int64)? {
+    private func register(_ done: PendingCall) -> (Connection, Int64)? {
         guard let channel, !channel.isClosed else {
-            done(.failure(RPCError(.pluginUnavailable, "bus channel closed")))
+            done.fail(RPCError(.pluginUnavailable, "bus channel closed"))
             return nil
         }
         let id = nextId
@@ -285,7 +355,7 @@ public final class Plugin {
     /// the request is serialised once, with no conversion from Swift values.
     public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         defer { json_object_put(params) }
-        guard let (channel, id) = register(done) else { return }
+        guard let (channel, id) = register(.value(done)) else { return }
         channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .ref(params)))
     }
 
@@ -338,7 +408,7 @@ public final class Plugin {
     private func sendHello() {
         let id = nextId
         nextId += 1
-        pendingCalls[id] = { [unowned self] r in
+        pendingCalls[id] = .value { [unowned self] r in
             switch r {
             case .success(let w):
                 let welcome = Welcome(json: w)
@@ -361,7 +431,7 @@ public final class Plugin {
     }
 
     private func handleLine(_ line: UnsafeRawBufferPointer) {
-        if handleRawRequest(line) { return }
+        if handleRawLine(line) { return }
         let msg: JSONRef
         do {
             msg = try tokener.parse(line)
@@ -379,7 +449,8 @@ public final class Plugin {
             }
         } else if let idp = msg.member("id"), json_object_get_type(idp) == json_type_int {
             guard let done = pendingCalls.removeValue(forKey: json_object_get_int64(idp)) else { return }
-            done(msg.responseResult)
+            if case .text = done { pendingTextCalls -= 1 }
+            done.complete(msg)
         }
     }
 
@@ -421,6 +492,31 @@ public final class Plugin {
                 if params == nil { params = JSONRef.toJSON(msg.member("params")) }
                 s.handler(method, params!)
             }
+        }
+    }
+}
+
+/// A call to another plugin waiting for its answer: wanted as a Swift value (`call`, `callRaw`)
+/// or as the result's JSON text (`callText`).
+private enum PendingCall {
+    case value((Result<JSON, RPCError>) -> Void)
+    case text((Result<UnsafeRawBufferPointer, RPCError>) -> Void)
+
+    /// Answers with an error of the plugin's own (the channel is closed).
+    func fail(_ e: RPCError) {
+        switch self {
+        case .value(let done): done(.failure(e))
+        case .text(let done): done(.failure(e))
+        }
+    }
+
+    /// Answers with a parsed response: its result converted, or re-serialised as text.
+    func complete(_ msg: JSONRef) {
+        switch self {
+        case .value(let done): done(msg.responseResult)
+        case .text(let done):
+            guard msg.has("error") else { return JSONRef.withSerialized(msg.member("result")) { done(.success($0)) } }
+            if case .failure(let e) = msg.responseResult { done(.failure(e)) }
         }
     }
 }

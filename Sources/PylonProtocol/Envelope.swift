@@ -67,13 +67,21 @@ public enum Envelope {
 
     /// `{"jsonrpc":"2.0","id":…,"result":…}`.
     public static func result(id: JSONPiece, _ result: JSONPiece) -> [UInt8] {
-        var out = start(capacity: 40 + id.sizeHint + result.sizeHint)
+        var out = [UInt8]()
+        appendResult(id: id, result, to: &out, capacity: 40 + id.sizeHint + result.sizeHint)
+        return out
+    }
+
+    /// `result(id:_:)` written at the end of `out` (a buffer the caller reuses, so a hot reply
+    /// path allocates nothing; `out` is grown to hold `capacity` bytes more).
+    public static func appendResult(id: JSONPiece, _ result: JSONPiece, to out: inout [UInt8], capacity: Int = 0) {
+        out.reserveCapacity(out.count + capacity)
+        out.append(contentsOf: head)
         out.append(contentsOf: idKey)
         id.write(&out)
         out.append(contentsOf: resultKey)
         result.write(&out)
         out.append(UInt8(ascii: "}"))
-        return out
     }
 
     /// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…[,"data":…]}}`.

@@ -550,4 +550,43 @@ import Testing
         #expect(got.count == n, "\(n - got.count) acknowledged events missing")
         #expect(h.logText.contains("uploader unavailable; holding events"), "the events were held, not refused")
     }
+
+    /// One enqueue slot (`maxEnqueuesInFlight` 1) and a bound of 100 held events: while the
+    /// uploader is down the first batch is resent and the rest wait in the outbox; past the bound
+    /// new events are refused at once with the named limit, and every accepted event is
+    /// acknowledged and delivered once the uploader is back.
+    @Test func waitingBatchesCountAgainstTheHeldBound() throws {
+        let (b, h, c, _) = try started("bound", ma: ["maxHeldEvents": 100, "maxEnqueuesInFlight": 1])
+        let st = try c.call("ma.status")
+        #expect(st["maxEnqueuesInFlight"]?.intValue == 1)
+        let pid = try #require(try h.plugin("uploader")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        let n = 300
+        for i in 0..<n {
+            try c.send(
+                envelope: Envelope.request(
+                    id: .int(Int64(i)), method: "ma.eventRecord",
+                    params: .value(["eventName": "e", "property": ["n": .int(Int64(i))]])))
+        }
+        var ok: [Int64] = []
+        var refused = 0
+        for _ in 0..<n {
+            let m = try #require(try c.readMessage(timeoutMs: 20000))
+            switch m["result"]?["code"]?.intValue {
+            case 0: ok.append(m["id"]?.intValue ?? -1)
+            case -1:
+                refused += 1
+                #expect(m["result"]?["message"]?.stringValue?.contains("maxHeldEvents 100") == true, "\(m.serialized)")
+            default: Issue.record("unexpected answer \(m.serialized)")
+            }
+        }
+        // The 300 arrive within milliseconds; the uploader's restart takes longer. The first
+        // event starts a session, and that `el_session_start` counts against the bound too.
+        #expect(ok.count >= 99 && refused > 0 && refused == n - ok.count, "accepted \(ok.count), refused \(refused)")
+        let got = Set(try delivered(b, c, "bound").compactMap { $0["properties"]?["n"]?.intValue })
+        #expect(got == Set(ok), "the acknowledged events are the delivered ones")
+        let after = try c.call("ma.status")
+        #expect(after["heldEvents"]?.intValue == 0 && after["waitingEvents"]?.intValue == 0)
+        #expect((after["enqueuedEvents"]?.intValue ?? 0) >= Int64(ok.count))
+    }
 }

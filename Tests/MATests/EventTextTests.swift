@@ -1,4 +1,3 @@
-import CJSONC
 import PylonPluginKit
 import Testing
 
@@ -82,20 +81,5 @@ struct EventTextTests {
         #expect(p["stream"] == "ma.app")
         #expect(p["consent"] == "ma:app")
         #expect(p["records"]?.arrayValue?.compactMap { $0["id"]?.stringValue } == ["d-0", "d-1", "d-2"])
-    }
-
-    /// The enqueue's params reach `Plugin.callRaw` as a json-c node serialised as the prebuilt
-    /// text; when json-c frees it, its buffer comes back for reuse.
-    @Test func prebuiltNodeSerialisesAsItsTextAndGivesItsBufferBack() throws {
-        let text = Array(#"{"records":[{"id":"x"}],"n":1.50}"#.utf8)
-        var returned: [UInt8]?
-        do {
-            let msg = JSONRef(owning: json_object_new_object())
-            json_object_object_add(msg.ptr, "id", json_object_new_int64(7))
-            json_object_object_add(msg.ptr, "params", PrebuiltJSON.node(text) { returned = $0 })
-            #expect(msg.serialized == #"{"id":7,"params":{"records":[{"id":"x"}],"n":1.50}}"#)
-            #expect(returned == nil, "still in use")
-        }
-        #expect(returned == text)
     }
 }

@@ -1,0 +1,261 @@
+import Testing
+
+@testable import PylonPluginKit
+@testable import pylon_ma
+
+/// The two readers of `ma.eventRecord` params agree: whatever the raw reader (the request's
+/// bytes) decides is what the json-c reader decides — the same AppKey, the same -3 message, or
+/// the same event text — and it decides ordinary requests itself.
+struct EventParamsTests {
+    /// One reader's outcome as comparable text: the AppKey, then the message or the event's record.
+    static func describe(_ p: EventParams, _ t: UnsafeRawBufferPointer) -> String {
+        let head = "appKey=\(p.appKey.map { "[\($0)]" } ?? "<nil>") "
+        if let why = p.invalid { return head + "invalid " + why }
+        return p.withEvent(params: t) { name, properties in
+            var out: [UInt8] = []
+            EventText.record(
+                idPrefix: Array("dev".utf8), seq: 1, name: name, timeMs: 5, euid: "E", session: "S", properties: properties,
+                tail: EventText.tail(utm: [:], device: [("os", "linux")]), into: &out)
+            return head + "record " + String(decoding: out, as: UTF8.self) + " nameBytes=\(name.count)"
+        }
+    }
+
+    /// Both readers on `text`: (json-c's outcome, the raw reader's or nil when it declined).
+    static func outcomes(_ text: String) throws -> (jsonC: String, raw: String?) {
+        try Array(text.utf8).withUnsafeBytes { t throws -> (String, String?) in
+            let tree = try JSONRef.parse(t, maxDepth: Plugin.maxDepth)
+            return (describe(EventParams(ref: tree.ptr), t), EventParams.read(raw: t).map { describe($0, t) })
+        }
+    }
+
+    @Test func randomParamsGiveTheSameOutcomeThroughBothReaders() throws {
+        var g = EventGenerator(seed: 2027)
+        var decided = 0
+        var declined = 0
+        var recorded = 0
+        var invalid = 0
+        for _ in 0..<8000 {
+            let text = g.params()
+            let (viaJSONC, viaRaw) = try Self.outcomes(text)
+            if let viaRaw {
+                #expect(viaRaw == viaJSONC, "\(text)")
+                decided += 1
+                if viaRaw.contains(" record ") { recorded += 1 } else { invalid += 1 }
+            } else {
+                declined += 1
+            }
+        }
+        #expect(
+            decided > 3000 && declined > 500 && recorded > 1500 && invalid > 1200,
+            "decided \(decided), declined \(declined), recorded \(recorded), invalid \(invalid)")
+    }
+
+    @Test func ordinaryRequestsAreReadFromTheBytes() throws {
+        let cases = [
+            // pylon-bench ma, the anchors' pylon_ma row, the python client (compact, UTF-8 as is).
+            #"{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}"#,
+            #"{"appKey":"bench","eventName":"purchase","property":{"sku":"A-1","price":9.99,"session":"3f2a9c1e-7b4d-4e8a-9c21-5d6e7f8a9b0c"}}"#,
+            #"{"eventName":"页面","property":{"title":"é 😀","tags":["a","b"],"n":null,"ok":true,"pos":{"x":-1.5e3,"y":0}}}"#,
+            #"{"eventName":"tap"}"#,
+            #"{"eventName":"tap","property":null,"appKey":" bench "}"#,
+            // Pretty-printed: the record holds the properties compact, as json-c prints them.
+            #"{ "appKey": "bench", "eventName": "tap", "property": { "a": [1, 2], "b": { "c": "line\nbreak" } } }"#,
+        ]
+        for text in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text)
+            #expect(viaRaw == viaJSONC, "\(text)")
+            #expect(viaRaw != nil && viaJSONC.contains(" record "), "\(text) -> \(viaJSONC)")
+        }
+        let (pretty, _) = try Self.outcomes(cases[5])
+        #expect(pretty.contains(#""properties":{"a":[1,2],"b":{"c":"line\nbreak"}}"#), "\(pretty)")
+    }
+
+    @Test func escapesAndRewritesAreLeftToJsonC() throws {
+        let cases = [
+            #"{"eventName":"\u0065l_x"}"#,  // spells "el_x": json-c decodes it
+            #"{"eventName":"a\"b"}"#,
+            #"{"event\u004eame":"tap"}"#,  // key with an escape
+            #"{"eventName":"tap","appKey":"\u0062ench"}"#,
+            #"{"eventName":"tap","property":{"k\u0065y":1}}"#,
+            #"{"eventName":"tap","property":{"a\nb":1}}"#,  // the message names the decoded key
+            #"{"eventName":"tap","property":{"k":1,"k":"x"}}"#,  // json-c keeps the last
+            #"{"eventName":"tap","property":{"k":{"n":{"a\tb":1}}}}"#,
+            #"{"eventName":"tap","property":{"k":"x\/y"}}"#,  // json-c prints x/y
+            #"{"eventName":"tap","property":{"k":-0}}"#,  // json-c prints 0
+            #"{"eventName":"tap","property":{"k":99999999999999999999}}"#,  // json-c clamps
+            "null", "[1]",
+        ]
+        for text in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text)
+            #expect(viaRaw == nil, "\(text) -> \(viaJSONC)")
+        }
+    }
+
+    @Test func messagesAreTheDocumentedOnes() throws {
+        let long = String(repeating: "x", count: 257)
+        let cases: [(String, String)] = [
+            (#"{"appKey":"a"}"#, "eventName is required and must be a string"),
+            (#"{"eventName":5}"#, "eventName is required and must be a string"),
+            (#"{"eventName":""}"#, "eventName must not be empty"),
+            (#"{"eventName":"el_x"}"#, #"eventName must not start with "el""#),
+            (#"{"eventName":"\#(long)"}"#, "eventName is longer than 256 bytes"),
+            (#"{"eventName":"e","property":[1]}"#, "property must be an object"),
+            (#"{"eventName":"e","property":{"1a":1}}"#, #"property key "1a": must start with a letter"#),
+            (#"{"eventName":"e","property":{"aB":1}}"#, #"property key "aB": only lowercase letters, digits and _ are allowed"#),
+            (#"{"eventName":"e","property":{"a\#(long)":1}}"#, #"longer than 256 bytes"#),
+            (#"{"eventName":"e","property":{"s":"\#(long)"}}"#, #"property "s": string longer than 256 bytes"#),
+            (#"{"eventName":"e","property":{"s":[1,{"k":"\#(long)"}]}}"#, #"property "s": string longer than 256 bytes"#),
+            (#"{"eventName":"e","property":{"s":{"\#(long)":1}}}"#, #"property "s": key longer than 256 bytes"#),
+            (#"{"eventName":"e","property":{"d":1e999}}"#, #"property "d": numbers must be finite"#),
+            (#"{"eventName":"e","property":{"d":[-1E400]}}"#, #"property "d": numbers must be finite"#),
+            // Escapes count as the byte they stand for: 250 + 6 is within the limit.
+            (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 250))\n\n\n\"\"\\"}}"#, " record "),
+            (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 251))\n\n\n\"\"\\"}}"#, "string longer than 256 bytes"),
+            // The entry count is checked before the keys.
+            (
+                "{\"eventName\":\"e\",\"property\":{\"B-\":1," + (0..<500).map { "\"p\($0)\":1" }.joined(separator: ",") + "}}",
+                "property has 501 entries; at most 500"
+            ),
+        ]
+        for (text, expected) in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text)
+            #expect(viaJSONC.contains(expected), "\(text.prefix(80)) -> \(viaJSONC)")
+            #expect(viaRaw == viaJSONC, "\(text.prefix(80))")
+        }
+    }
+}
+
+/// Random `ma.eventRecord` params as text: valid and invalid under every rule, with the
+/// spellings json-c reads the same but prints differently (whitespace, escapes, repeated keys,
+/// `-0`, integers beyond Int64) and numbers it reads as infinite.
+struct EventGenerator {
+    var rng: SplitMix64
+    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
+
+    mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+    mutating func chance(_ percent: Int) -> Bool { int(100) < percent }
+    mutating func pick(_ options: [String]) -> String { options[int(options.count)] }
+    mutating func space() -> String { chance(85) ? "" : pick([" ", "\n", "\t ", "  "]) }
+    mutating func shuffled(_ a: [String]) -> [String] {
+        var a = a
+        for i in a.indices.reversed() where i > 0 { a.swapAt(i, int(i + 1)) }
+        return a
+    }
+
+    /// A string's body: short, or around the 256-byte limit (escapes count as one byte).
+    mutating func body() -> String {
+        switch int(12) {
+        case 0: return String(repeating: "a", count: 255 + int(3))
+        case 1: return String(repeating: "é", count: 127 + int(3))
+        case 2: return String(repeating: "b", count: 250 + int(3)) + String(repeating: #"\n"#, count: 3 + int(3))
+        default:
+            var s = ""
+            for _ in 0..<int(6) {
+                s +=
+                    chance(6)
+                    ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
+                    : pick(["a", "z", "Z", "0", "_", "-", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, #"\t"#, "\u{7f}", ",", "}"])
+            }
+            return s
+        }
+    }
+
+    mutating func number() -> String {
+        chance(10)
+            ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901", "1e999", "-1E400", "2.5e-400"])
+            : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000", "1999"])
+    }
+
+    mutating func value(depth: Int = 0) -> String {
+        switch int(depth > 2 ? 3 : 6) {
+        case 0: return "\"" + body() + "\""
+        case 1: return number()
+        case 2: return pick(["true", "false", "null"])
+        case 3, 4:
+            var keys: [String] = []
+            for _ in 0..<int(4) {
+                keys.append(
+                    chance(5) && !keys.isEmpty
+                        ? keys[0]
+                        : chance(5)
+                            ? #""k\u0065y""# : chance(5) ? "\"" + String(repeating: "k", count: 256 + int(2)) + "\"" : "\"k\(int(4))\"")
+            }
+            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
+                + "}"
+        default:
+            return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
+        }
+    }
+
+    /// A top-level property key, valid most of the time.
+    mutating func key() -> String {
+        switch int(30) {
+        case 0: return "\"1abc\""
+        case 1: return "\"aBc\""
+        case 2: return "\"a-b\""
+        case 3: return "\"\""
+        case 4: return "\"" + String(repeating: "k", count: 255 + int(3)) + "\""
+        case 5: return #""a\nb""#
+        case 6: return #""\u0061""#
+        case 7: return "\"é\""
+        case 8: return "\"Abc\""
+        default: return "\"" + pick(["sku", "price", "price_1", "screen", "currency", "n", "tags", "pos"]) + "\""
+        }
+    }
+
+    mutating func properties() -> String {
+        if chance(3) {
+            // Around the 500-entry limit, sometimes with a repeated key (json-c counts it once).
+            var members = (0..<(499 + int(3))).map { "\"p\($0)\":\($0)" }
+            if chance(50) { members.append("\"p0\":1") }
+            if chance(30) { members[int(members.count)] = "\"B-\":1" }
+            return "{" + members.joined(separator: ",") + "}"
+        }
+        var members: [String] = []
+        for _ in 0..<int(7) {
+            members.append(chance(5) && !members.isEmpty ? members[0] : key() + space() + ":" + space() + value())
+        }
+        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+    }
+
+    mutating func eventName() -> String? {
+        switch int(24) {
+        case 0: return nil
+        case 1: return "\"\""
+        case 2: return "\"el_custom\""
+        case 3: return "\"El\""
+        case 4: return "\"e\""
+        case 5: return "\"" + String(repeating: "n", count: 255 + int(3)) + "\""
+        case 6: return pick(["5", "null", "{}", "[\"x\"]", "true"])
+        case 7: return #""a\"b""#
+        case 8: return #""\u0065l""#
+        case 9: return "\"" + body() + "\""
+        case 10: return "\"页面\""
+        default: return "\"" + pick(["purchase", "tap", "view_item", "login"]) + "\""
+        }
+    }
+
+    mutating func params() -> String {
+        if chance(1) { return pick(["null", "[1]", "\"x\"", "{}"]) }
+        var members: [String] = []
+        switch int(12) {
+        case 0: break
+        case 1: members.append(#""appKey":5"#)
+        case 2: members.append(#""appKey":"\u0062ench""#)
+        case 3: members.append(#""appKey":" bench ""#)
+        case 4: members.append(#""appKey":"""#)
+        default: members.append(#""appKey":"bench""#)
+        }
+        if let n = eventName() { members.append("\"eventName\"" + space() + ":" + space() + n) }
+        switch int(12) {
+        case 0: break
+        case 1: members.append(#""property":null"#)
+        case 2: members.append("\"property\":" + pick(["\"x\"", "[1]", "5", "true"]))
+        default: members.append("\"property\":" + space() + properties())
+        }
+        if chance(4), let again = members.first { members.append(again) }
+        if chance(3) { members.append(#""event\u004eame":"tap""#) }
+        if chance(10) { members.append("\"other\":" + value()) }
+        return "{" + shuffled(members).map { space() + $0 + space() }.joined(separator: ",") + "}"
+    }
+}

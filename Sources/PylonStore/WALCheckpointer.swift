@@ -1,10 +1,6 @@
 import CSQLite
 import PylonCore
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// Checkpoints a WAL database whose connection (`Database`) is used on the loop, mostly on
 /// libuv's thread pool through a second connection of its own, as `CheckpointSchedule` says:
 /// the loop then never waits for a big checkpoint's fsyncs. It replaces SQLite's autocheckpoint
@@ -101,12 +97,8 @@ public final class WALCheckpointer {
 /// threads at once).
 private final class HelperConnection: @unchecked Sendable {
     private var h: OpaquePointer?
-    /// The database file, to fsync what a round copied (see `checkpoint`).
-    private var dbFile: Int32 = -1
 
     init?(path: String, synchronous: String) {
-        dbFile = open(path, O_RDONLY | O_CLOEXEC)
-        guard dbFile >= 0 else { return nil }
         var c: OpaquePointer?
         guard sqlite3_open_v2(path, &c, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nil) == SQLITE_OK, let c,
             sqlite3_exec(c, "PRAGMA synchronous=\(synchronous)", nil, nil, nil) == SQLITE_OK,
@@ -115,7 +107,6 @@ private final class HelperConnection: @unchecked Sendable {
             sqlite3_exec(c, "SELECT 1 FROM sqlite_schema LIMIT 1", nil, nil, nil) == SQLITE_OK
         else {
             sqlite3_close(c)
-            Glibc.close(dbFile)
             return nil
         }
         h = c
@@ -131,20 +122,28 @@ private final class HelperConnection: @unchecked Sendable {
     /// for anyone, fsyncing the WAL before. SQLite fsyncs the database only after a checkpoint
     /// that copied the whole WAL (a partial one needs no fsync: the WAL still holds every
     /// frame), which under load is the loop's final one: it would then write out every page the
-    /// rounds copied (measured 5-10 ms). So the round fsyncs the database itself (any
-    /// descriptor of a file flushes its pages).
+    /// rounds copied (measured 5-10 ms). So the round syncs the database file itself, through
+    /// SQLite's own file object of this connection (`SQLITE_FCNTL_FILE_POINTER`, its `xSync`):
+    /// no descriptor of our own, whose `close` would drop the POSIX locks SQLite holds on the
+    /// file for the whole process.
     func checkpoint() -> Result {
         var log: Int32 = 0
         var backfilled: Int32 = 0
         let rc = sqlite3_wal_checkpoint_v2(h, nil, SQLITE_CHECKPOINT_PASSIVE, &log, &backfilled)
-        if rc == SQLITE_OK, backfilled > 0 { _ = fdatasync(dbFile) }
+        if rc == SQLITE_OK, backfilled > 0 { syncDatabaseFile() }
         return Result(ok: rc == SQLITE_OK, log: Int(log), backfilled: Int(backfilled))
     }
 
     func close() {
         sqlite3_close(h)
         h = nil
-        if dbFile >= 0 { Glibc.close(dbFile) }
-        dbFile = -1
+    }
+
+    private func syncDatabaseFile() {
+        var file: UnsafeMutablePointer<sqlite3_file>?
+        guard sqlite3_file_control(h, "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK, let file,
+            let sync = file.pointee.pMethods?.pointee.xSync
+        else { return }
+        _ = sync(file, SQLITE_SYNC_NORMAL)
     }
 }

@@ -82,8 +82,7 @@ struct EventParams: Equatable {
     /// Reads params from their JSON text (valid JSON), or nil when json-c might read them
     /// differently from their bytes (see the type's comment).
     static func read(raw t: UnsafeRawBufferPointer) -> EventParams? {
-        var first = 0
-        while first < t.count, t[first] == 0x20 || t[first] == 0x0A || t[first] == 0x0D || t[first] == 0x09 { first += 1 }
+        let first = RawJSON.skipSpace(t, 0)
         guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
         // The last of a repeated key wins, as in json-c.
         var appKey: Range<Int>?

@@ -207,11 +207,7 @@ enum EventValidation {
             }
         }
 
-        @inline(__always) func skipSpace() -> Int {
-            var j = i
-            while j < t.count, t[j] == 0x20 || t[j] == 0x0A || t[j] == 0x0D || t[j] == 0x09 { j += 1 }
-            return j
-        }
+        @inline(__always) func skipSpace() -> Int { RawJSON.skipSpace(t, i) }
 
         /// The string at `i` (its opening quote): its decoded length in bytes, counting each
         /// escape as one byte (only one-character escapes reach here), and whether it had one.

@@ -128,8 +128,7 @@ struct EnqueueParams {
 
     /// `read(raw:limits:wall:)` walking into `scratch`.
     static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64, scratch: inout Scratch) -> EnqueueParams? {
-        var first = 0
-        while first < t.count, t[first] == 0x20 || t[first] == 0x0A || t[first] == 0x0D || t[first] == 0x09 { first += 1 }
+        let first = RawJSON.skipSpace(t, 0)
         guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
         var streamSpan: Range<Int>?
         var consentSpan: Range<Int>?

@@ -169,7 +169,7 @@ final class Uploader {
     /// parsed by json-c.
     func enqueue(_ call: RawCall) {
         let wall = System.wallClockMs()
-        let caller = principal(of: call)
+        let caller = Principal(caller: call.callerInfo)  // the kit reads a repeated caller text once
         if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall, scratch: &rawScratch) {
             enqueue(call, caller: caller, p, keep: p.storage)
             return
@@ -180,23 +180,6 @@ final class Uploader {
 
     /// What the raw reader walks into, reused by every enqueue.
     private var rawScratch = EnqueueParams.Scratch()
-
-    /// The caller of the last raw enqueue that had one, by its `_pylon` text. A client's text is
-    /// the same in each of its requests, so it is read once per run of them (the reading is a
-    /// function of the text alone).
-    private var lastCaller: (text: [UInt8], principal: Principal)?
-
-    func principal(of call: RawCall) -> Principal {
-        guard let text = call.caller else { return Principal(caller: call.callerInfo) }
-        if let last = lastCaller, last.text.count == text.count,
-            last.text.withUnsafeBytes({ text.count == 0 || memcmp($0.baseAddress!, text.baseAddress!, text.count) == 0 })
-        {
-            return last.principal
-        }
-        let p = Principal(caller: call.callerInfo)
-        lastCaller = (Array(text), p)
-        return p
-    }
 
     /// The enqueue's checks and queueing, whichever reader read the params. The caller must own
     /// the stream (or be an admin); the records fall under the stream's fixed consent switch,

@@ -18,8 +18,7 @@ extension Batch {
             var streamSpan: Range<Int>?
             /// The records as walked, the last `records` member winning (nil: never seen).
             var records: Result<[Record], APIError>?
-            var first = 0
-            while first < t.count, t[first] == 0x20 || t[first] == 0x0A || t[first] == 0x0D || t[first] == 0x09 { first += 1 }
+            let first = RawJSON.skipSpace(t, 0)
             var members = RawJSON.MemberCursor(t, first..<t.count)
             while let m = members.nextKey() {
                 if m.keyEscaped { return nil }

@@ -53,7 +53,8 @@ public enum RawJSON {
         return found
     }
 
-    @inline(__always) static func skipSpace(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {
+    /// The index of the first byte at or after `i` that is not JSON whitespace (or `t.count`).
+    @inlinable @inline(__always) public static func skipSpace(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {
         var i = i
         while i < t.count, isSpace(t[i]) { i += 1 }
         return i

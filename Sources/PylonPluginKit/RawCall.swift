@@ -140,8 +140,7 @@ public struct CallerInfo: Equatable, Sendable {
 
     /// The byte-level read; nil when the text is not plainly written.
     static func scan(_ t: UnsafeRawBufferPointer) -> CallerInfo? {
-        var start = 0
-        while start < t.count, t[start] == 0x20 || t[start] == 0x0A || t[start] == 0x0D || t[start] == 0x09 { start += 1 }
+        let start = RawJSON.skipSpace(t, 0)
         guard start < t.count, t[start] == UInt8(ascii: "{"), !t.contains(UInt8(ascii: "\\")) else { return nil }
         // One walk over the members; the last of a repeated key wins, as in json-c.
         var c = CallerInfo()

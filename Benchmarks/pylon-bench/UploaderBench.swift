@@ -101,11 +101,7 @@ func uploaderBench() throws {
             if delivered >= acked || Loop.hrtimeNs - start > UInt64(120e9) {
                 loop.stop()
             } else {
-                let t = Timer(loop: loop) {}
-                t.callback = { [unowned t] in
-                    t.close(); poll()
-                }
-                t.start(after: 50)
+                loop.after(ms: 50) { poll() }
             }
         }
     }

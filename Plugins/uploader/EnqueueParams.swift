@@ -201,7 +201,7 @@ struct EnqueueParams {
                 body = UnsafeRawPointer(out)
             }
             var ts = wall
-            if let s = r.ts, case let c = t[s.lowerBound], c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) {
+            if let s = r.ts, RawJSON.isNumber(t[s.lowerBound]) {
                 if let v = RawJSON.plainInt(t, s) {
                     ts = v
                 } else if !RawJSON.isFraction(t, s) {
@@ -266,13 +266,6 @@ struct EnqueueParams {
             scratch.records.append(r)
         }
         return elements.position
-    }
-}
-
-extension RawJSON {
-    /// Whether the number at `span` has a fraction or an exponent (json-c reads it as a double).
-    static func isFraction(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Bool {
-        span.contains { t[$0] == UInt8(ascii: ".") || t[$0] == UInt8(ascii: "e") || t[$0] == UInt8(ascii: "E") }
     }
 }
 

@@ -26,21 +26,19 @@ extension Uploader {
         }
     }
 
-    func drained(_ st: StreamState) -> Bool { st.isDrained }
-
     /// Answers flush waiters whose streams are all drained.
     func answerMultiDrainWaiters() {
         guard !multiDrainWaiters.isEmpty else { return }
         var keep: [(call: Call, streams: Set<String>)] = []
         for w in multiDrainWaiters {
-            if w.streams.allSatisfy({ streams[$0].map(drained) ?? true }) { w.call.reply(["drained": true]) } else { keep.append(w) }
+            if w.streams.allSatisfy({ streams[$0]?.isDrained ?? true }) { w.call.reply(["drained": true]) } else { keep.append(w) }
         }
         multiDrainWaiters = keep
     }
 
     func answerDrainWaiters(_ stream: String, _ st: StreamState) {
         answerMultiDrainWaiters()
-        guard drained(st), let waiters = drainWaiters.removeValue(forKey: stream) else { return }
+        guard st.isDrained, let waiters = drainWaiters.removeValue(forKey: stream) else { return }
         for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
     }
 

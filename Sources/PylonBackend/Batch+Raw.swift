@@ -68,6 +68,7 @@ extension Batch {
         _ t: UnsafeRawBufferPointer, at start: Int, extraBase: Int, extra: inout [UInt8]
     ) -> (Result<[Record], APIError>, end: Int?)? {
         var list: [Record] = []
+        var keys: [Range<Int>] = []  // jsonCText's duplicate-key scratch, reused by every record
         var elements = RawJSON.ElementCursor(t, start..<t.count)
         while let e = elements.nextElement() {
             let i = list.count
@@ -84,7 +85,7 @@ extension Batch {
                 case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): ts = members.skipValue()
                 case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
                     // jsonCText both measures the value and finds its end.
-                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) {
+                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart, scratch: &keys) {
                         data = (m.valueStart..<end, length)
                         members.resume(at: end)
                     } else {
@@ -101,11 +102,11 @@ extension Batch {
             if let why = Router.invalidName(UnsafeRawBufferPointer(rebasing: t[idBytes]), what: recordID(i)) {
                 return (.failure(invalid(why)), nil)
             }
-            guard let ts, isNumber(t[ts.lowerBound]) else { return (.failure(badTS(i)), nil) }
+            guard let ts, RawJSON.isNumber(t[ts.lowerBound]) else { return (.failure(badTS(i)), nil) }
             guard let v = RawJSON.plainInt(t, ts) else {
                 // A fraction or exponent is a double to json-c; anything else here is an integer
                 // beyond Int64, which json-c clamps.
-                return isFraction(t, ts) ? (.failure(badTS(i)), nil) : nil
+                return RawJSON.isFraction(t, ts) ? (.failure(badTS(i)), nil) : nil
             }
             guard v >= 0 else { return (.failure(badTS(i)), nil) }
 
@@ -119,22 +120,14 @@ extension Batch {
                 } else {
                     let at = extra.count
                     extra.append(contentsOf: repeatElement(0, count: length))
-                    extra.withUnsafeMutableBytes { out in _ = RawJSON.jsonCText(t, data.span, into: out.baseAddress! + at) }
+                    extra.withUnsafeMutableBytes { out in
+                        _ = RawJSON.jsonCText(t, at: data.span.lowerBound, into: out.baseAddress! + at, scratch: &keys)
+                    }
                     dataRange = (extraBase + at)..<(extraBase + at + length)
                 }
             }
             list.append(Record(id: idBytes, ts: v, data: dataRange))
         }
         return (.success(list), elements.position)
-    }
-
-    /// Whether a value starting with `c` is a number.
-    private static func isNumber(_ c: UInt8) -> Bool {
-        c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))
-    }
-
-    /// Whether the number at `span` has a fraction or an exponent (json-c reads it as a double).
-    private static func isFraction(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Bool {
-        span.contains { t[$0] == UInt8(ascii: ".") || t[$0] == UInt8(ascii: "e") || t[$0] == UInt8(ascii: "E") }
     }
 }

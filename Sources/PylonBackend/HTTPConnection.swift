@@ -352,7 +352,7 @@ final class HTTPConnection: UVHandleOwner {
                     emit(response, framing)
                 }
             }
-            if queuedOutput > Limits.maxPendingOutput { flush() }
+            if writer.queuedBytes > Limits.maxPendingOutput { flush() }
             updateOutputBlocked()
         }
         if queueHead == queue.count {
@@ -361,14 +361,11 @@ final class HTTPConnection: UVHandleOwner {
         }
     }
 
-    /// Bytes answered but not yet handed to the kernel.
-    private var queuedOutput: Int { writer.queuedBytes }
-
     /// Blocks above the high-water mark, unblocks at the low-water mark.
     private func updateOutputBlocked() {
-        if queuedOutput > Limits.maxPendingOutput {
+        if writer.queuedBytes > Limits.maxPendingOutput {
             outputBlocked = true
-        } else if queuedOutput <= Limits.pendingOutputLowWater {
+        } else if writer.queuedBytes <= Limits.pendingOutputLowWater {
             outputBlocked = false
         }
     }

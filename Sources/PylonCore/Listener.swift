@@ -9,7 +9,6 @@ public final class Listener: UVHandleOwner {
     let handle = UVHandle<uv_pipe_t>()
     public let path: String
     public var onConnection: () -> Void = {}
-    private var closed = false
     let loop: Loop
     /// Connections accepted in one loop turn at most. The rest wait in the kernel's backlog:
     /// libuv stops watching the socket until `uv_accept` is called again, on the next turn, so a
@@ -69,7 +68,7 @@ public final class Listener: UVHandleOwner {
             if !resumeScheduled {
                 resumeScheduled = true
                 loop.nextTurn { [weak self] in
-                    guard let self, !self.closed else { return }
+                    guard let self, !self.handle.isClosing else { return }
                     self.resumeScheduled = false
                     self.acceptTurn = self.loop.turn
                     self.acceptedInTurn = 0
@@ -97,8 +96,7 @@ public final class Listener: UVHandleOwner {
     public func close() { close(unlinking: true) }
 
     private func close(unlinking: Bool) {
-        guard !closed else { return }
-        closed = true
+        guard !handle.isClosing else { return }
         if unlinking { unlink(path) }
         handle.close()
     }

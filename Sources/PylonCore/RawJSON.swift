@@ -135,6 +135,16 @@ public enum RawJSON {
         return String(decoding: body, as: UTF8.self)
     }
 
+    /// Whether a value starting with byte `c` is a number.
+    public static func isNumber(_ c: UInt8) -> Bool {
+        c == UInt8(ascii: "-") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))
+    }
+
+    /// Whether the number at `span` has a fraction or an exponent (json-c reads it as a double).
+    public static func isFraction(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Bool {
+        span.contains { t[$0] == UInt8(ascii: ".") || t[$0] == UInt8(ascii: "e") || t[$0] == UInt8(ascii: "E") }
+    }
+
     /// The integer at `span` when it is written as plain digits (optionally negative) that fit an
     /// Int64; nil for anything else (fractions, exponents, strings, overflow).
     public static func plainInt(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> Int64? {

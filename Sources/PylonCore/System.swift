@@ -151,9 +151,7 @@ public enum System {
         do throws(IOError) {
             var off = 0
             while off < bytes.count {
-                let n = try bytes.withUnsafeBytes { b in
-                    Result { () throws(IOError) in try syscall("write \(tmp)") { write(fd, b.baseAddress! + off, bytes.count - off) } }
-                }.get()
+                let n = try syscall("write \(tmp)") { bytes.withUnsafeBytes { write(fd, $0.baseAddress! + off, bytes.count - off) } }
                 off += n
             }
             _ = try syscall("fsync \(tmp)") { fsync(fd) }

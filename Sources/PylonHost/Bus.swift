@@ -432,8 +432,6 @@ public final class Bus {
         return .forward(target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs, provider: false)
     }
 
-    /// `bus.*` and `consent.*` belong to the host.
-
     /// Reads top-level string params of a parsed message (for consent templates).
     static func paramField(_ msg: JSONRef) -> (String) -> String? {
         let params = msg.member("params")

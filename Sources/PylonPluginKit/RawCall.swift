@@ -147,7 +147,7 @@ public struct CallerInfo: Equatable, Sendable {
         for m in RawJSON.Members(t, start..<t.count) {
             let k = m.key
             let first = t[m.value.lowerBound]
-            let isNumber = first == UInt8(ascii: "-") || (first >= UInt8(ascii: "0") && first <= UInt8(ascii: "9"))
+            let isNumber = RawJSON.isNumber(first)
             /// An integer member: nil when it is not a number, or not one written as plain digits
             /// (a fraction or exponent may still be an integer to `intValue`: json-c decides).
             func int() -> Int64?? {

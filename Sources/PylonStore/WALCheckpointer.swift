@@ -14,12 +14,12 @@ public final class WALCheckpointer {
     private let loop: Loop
     private var schedule: CheckpointSchedule
     /// The second connection, used only inside pool rounds (one at a time); nil when it could not
-    /// be opened or SQLite is built without thread safety (the loop then checkpoints, as SQLite's
-    /// autocheckpoint did).
-    private var helper: HelperConnection?
+    /// be opened or SQLite is built without thread safety (SQLite's own autocheckpoint then runs, at
+    /// the same threshold, and nothing here is counted).
+    private let helper: HelperConnection?
     private var closed = false
 
-    /// Rounds run on the pool, and checkpoints run on the loop, since start.
+    /// Rounds run on the pool, and checkpoints the schedule left to the loop, since start.
     public private(set) var poolRounds = 0
     public private(set) var loopCheckpoints = 0
     /// Frames in the WAL after the last commit.
@@ -33,7 +33,12 @@ public final class WALCheckpointer {
         self.db = db
         self.loop = loop
         schedule = CheckpointSchedule(limits: limits)
-        if sqlite3_threadsafe() != 0 { helper = HelperConnection(path: path, synchronous: synchronous) }
+        helper = sqlite3_threadsafe() != 0 ? HelperConnection(path: path, synchronous: synchronous) : nil
+        guard helper != nil else {
+            // No second connection: SQLite's own autocheckpoint, at the same threshold.
+            try db.exec("PRAGMA wal_autocheckpoint=\(limits.startFrames)")
+            return
+        }
         try db.exec("PRAGMA wal_autocheckpoint=0")
         sqlite3_wal_hook(
             db.db,
@@ -48,17 +53,12 @@ public final class WALCheckpointer {
     public func close() {
         guard !closed else { return }
         closed = true
-        sqlite3_wal_hook(db.db, nil, nil)
+        if helper != nil { sqlite3_wal_hook(db.db, nil, nil) }
         if !schedule.running { helper?.close() }
     }
 
     /// From SQLite's WAL hook, inside the commit: at most a round is started here.
     private func committed(frames: Int) {
-        guard helper != nil else {
-            // No helper: SQLite's autocheckpoint behaviour (allowed inside the hook).
-            if frames >= schedule.limits.startFrames { checkpointHere() }
-            return
-        }
         perform(schedule.committed(walFrames: frames))
     }
 

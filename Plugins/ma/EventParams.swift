@@ -37,7 +37,8 @@ struct EventParams: Equatable {
         return storage.withUnsafeBytes { call($0) }
     }
 
-    private static let noProperties = Array("{}".utf8)
+    /// The properties of an event that has none.
+    static let noProperties = Array("{}".utf8)
 
     private init() {}
 
@@ -52,12 +53,7 @@ struct EventParams: Equatable {
 
     /// Reads params from their json-c object (borrowed); the event's bytes are copied out.
     init(ref params: OpaquePointer?) {
-        var v: OpaquePointer?
-        if json_object_object_get_ex(params, "appKey", &v) != 0, json_object_get_type(v) == json_type_string {
-            appKey = String(
-                decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self
-            )
-        }
+        appKey = MAService.appKeyParam(params)
         var nameRef: OpaquePointer?
         var props: OpaquePointer?
         _ = json_object_object_get_ex(params, "eventName", &nameRef)

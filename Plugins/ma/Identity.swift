@@ -100,8 +100,12 @@ struct IdentityInput {
 }
 
 extension String {
-    /// Without leading/trailing Unicode whitespace and newlines.
+    /// Without leading/trailing Unicode whitespace and newlines. A string whose first and last
+    /// bytes are printable ASCII (every AppKey in use) is returned as is, without Unicode's
+    /// whitespace tables: no whitespace character starts or ends with such a byte.
     var trimmedWhitespace: String {
+        @inline(__always) func plain(_ c: UInt8?) -> Bool { c.map { $0 > 0x20 && $0 < 0x7F } ?? false }
+        if plain(utf8.first) && plain(utf8.last) { return self }
         var s = Substring(self)
         while let f = s.first, f.isWhitespace { s = s.dropFirst() }
         while let l = s.last, l.isWhitespace { s = s.dropLast() }

@@ -31,12 +31,10 @@ extension MAService {
 
     /// Records one of the plugin's own events (`el_session_start`, `el_session_end`).
     func recordOwn(_ inst: MAInstance, _ name: StaticString) {
-        Self.noProperties.withUnsafeBytes { props in
+        EventParams.noProperties.withUnsafeBytes { props in
             record(inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: props, for: nil)
         }
     }
-
-    private static let noProperties = Array("{}".utf8)
 
     /// Stamps an event and puts its record in the AppKey's open batch; `call` (nil for the
     /// plugin's own events) is answered once the batch is durable in the uploader — or at once

@@ -217,9 +217,12 @@ final class MAService {
     func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerClient) }
 
     /// `params.appKey` when it is a string, as written (not trimmed).
-    static func appKeyParam(_ call: Call) -> String? {
+    static func appKeyParam(_ call: Call) -> String? { appKeyParam(call.paramsRef) }
+
+    /// `appKey` of a params object (borrowed json-c tree) when it is a string, as written.
+    static func appKeyParam(_ params: OpaquePointer?) -> String? {
         var v: OpaquePointer?
-        guard json_object_object_get_ex(call.paramsRef, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
+        guard json_object_object_get_ex(params, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
         return String(
             decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
     }
@@ -228,7 +231,7 @@ final class MAService {
     /// the last start of the calling `client`.
     func instance(appKey: String?, client: Int64?) -> MAInstance? {
         let key: String?
-        if let k = appKey.map(Self.trimmedAppKey), !k.isEmpty {
+        if let k = appKey.map(\.trimmedWhitespace), !k.isEmpty {
             key = k
         } else {
             key = client.flatMap { clientAppKey[$0] }
@@ -236,14 +239,6 @@ final class MAService {
         guard let key, let inst = instances[key] else { return nil }
         touch(client, key)
         return inst
-    }
-
-    /// `params.appKey` without surrounding whitespace. Trimmed only when its first or last byte
-    /// can start or end whitespace: every AppKey in use is plain ASCII, so the event path skips
-    /// Unicode's whitespace tables.
-    static func trimmedAppKey(_ s: String) -> String {
-        @inline(__always) func plain(_ c: UInt8?) -> Bool { c.map { $0 > 0x20 && $0 < 0x7F } ?? false }
-        return plain(s.utf8.first) && plain(s.utf8.last) ? s : s.trimmedWhitespace
     }
 
     /// Replies -2 unless the call's AppKey has a successful or in-flight start.

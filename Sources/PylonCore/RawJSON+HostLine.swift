@@ -43,17 +43,7 @@ extension RawJSON {
             while e > valueStart, isSpace(t[e - 1]) { e -= 1 }
             guard e > valueStart else { return nil }
             let span = valueStart..<e
-            switch keyEnd - keyStart {
-            case 2 where equals(t, keyStart, keyEnd, "id"): spans.id = span
-            case 5 where equals(t, keyStart, keyEnd, "error"): spans.error = span
-            case 6 where equals(t, keyStart, keyEnd, "method"): spans.method = span
-            case 6 where equals(t, keyStart, keyEnd, "params"): spans.params = span
-            case 6 where equals(t, keyStart, keyEnd, "result"): spans.result = span
-            case 6 where equals(t, keyStart, keyEnd, "_pylon"): spans.pylon = span
-            case 11 where equals(t, keyStart, keyEnd, "_onBehalfOf"): spans.onBehalfOf = span
-            case 7 where equals(t, keyStart, keyEnd, "jsonrpc"): spans.jsonrpc = span
-            default: break
-            }
+            spans.assign(t, key: keyStart, keyEnd, span)
             i = skipSpace(t, i)
             guard i < n else { return nil }
             if t[i] == UInt8(ascii: ",") {

@@ -191,6 +191,23 @@ public struct MessageSpans: Equatable, Sendable {
     /// `_onBehalfOf`: the host-issued id of the request a plugin is serving when it calls for it.
     public var onBehalfOf: Range<Int>?
     public init() {}
+
+    /// Records `span` as the value of the member whose key is `t[keyStart..<keyEnd]` (raw key
+    /// bytes, no escapes), if it is one of the members above. The one list of them, for every
+    /// scanner of a message line.
+    @inline(__always) mutating func assign(_ t: UnsafeRawBufferPointer, key keyStart: Int, _ keyEnd: Int, _ span: Range<Int>) {
+        switch keyEnd - keyStart {
+        case 2 where RawJSON.equals(t, keyStart, keyEnd, "id"): id = span
+        case 5 where RawJSON.equals(t, keyStart, keyEnd, "error"): error = span
+        case 6 where RawJSON.equals(t, keyStart, keyEnd, "method"): method = span
+        case 6 where RawJSON.equals(t, keyStart, keyEnd, "params"): params = span
+        case 6 where RawJSON.equals(t, keyStart, keyEnd, "result"): result = span
+        case 6 where RawJSON.equals(t, keyStart, keyEnd, "_pylon"): pylon = span
+        case 11 where RawJSON.equals(t, keyStart, keyEnd, "_onBehalfOf"): onBehalfOf = span
+        case 7 where RawJSON.equals(t, keyStart, keyEnd, "jsonrpc"): jsonrpc = span
+        default: break
+        }
+    }
 }
 
 extension RawJSON {
@@ -255,17 +272,7 @@ extension RawJSON {
                     let valueStart = i
                     guard value(depth: 1) else { return nil }
                     let span = valueStart..<i
-                    switch keyEnd - keyStart {
-                    case 2 where RawJSON.equals(t, keyStart, keyEnd, "id"): spans.id = span
-                    case 5 where RawJSON.equals(t, keyStart, keyEnd, "error"): spans.error = span
-                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "method"): spans.method = span
-                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "params"): spans.params = span
-                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "result"): spans.result = span
-                    case 6 where RawJSON.equals(t, keyStart, keyEnd, "_pylon"): spans.pylon = span
-                    case 11 where RawJSON.equals(t, keyStart, keyEnd, "_onBehalfOf"): spans.onBehalfOf = span
-                    case 7 where RawJSON.equals(t, keyStart, keyEnd, "jsonrpc"): spans.jsonrpc = span
-                    default: break
-                    }
+                    spans.assign(t, key: keyStart, keyEnd, span)
                     ws()
                     guard i < t.count else { return nil }
                     if t[i] == UInt8(ascii: ",") { i += 1; continue }

@@ -129,6 +129,14 @@ public enum System {
     /// Reads a whole file (`open`, `read`). Throws `IOError` (`ENOENT`, `EACCES`, …), and
     /// `EFBIG` when the file holds more than `maxBytes`.
     public static func readFile(atPath path: String, maxBytes: Int = 16 << 20) throws(IOError) -> [UInt8] {
+        let (bytes, truncated) = try readAll(path, limit: maxBytes)
+        if truncated { throw IOError(errnoCode: EFBIG, reason: "read \(path): more than \(maxBytes) bytes") }
+        return bytes
+    }
+
+    /// Reads `path` in 64 KiB chunks until its end or until more than `limit` bytes were read
+    /// (`truncated`: then about `limit` + 64 KiB of it is returned).
+    private static func readAll(_ path: String, limit: Int) throws(IOError) -> (bytes: [UInt8], truncated: Bool) {
         let fd = try syscall("open \(path)") { open(path, O_RDONLY | O_CLOEXEC) }
         defer { close(fd) }
         var out: [UInt8] = []
@@ -137,9 +145,9 @@ public enum System {
         defer { buf.deallocate() }
         while true {
             let n = try syscall("read \(path)") { read(fd, buf, chunk) }
-            if n == 0 { return out }
+            if n == 0 { return (out, false) }
             out.append(contentsOf: UnsafeRawBufferPointer(start: buf, count: n))
-            if out.count > maxBytes { throw IOError(errnoCode: EFBIG, reason: "read \(path): more than \(maxBytes) bytes") }
+            if out.count > limit { return (out, true) }
         }
     }
 
@@ -190,24 +198,7 @@ public enum System {
     /// `readFile(atPath:)` without the reason: nil on any error. Unlike the throwing call, a
     /// file larger than `limit` is not an error: about `limit` + 64 KiB of it is returned.
     public static func readFile(_ path: String, limit: Int = 16 << 20) -> [UInt8]? {
-        do throws(IOError) { return try readFile(atPath: path, maxBytes: limit) } catch {
-            // The old contract: stop reading past `limit` and return what was read.
-            guard error.errnoCode == EFBIG else { return nil }
-            return readPrefix(path, limit)
-        }
-    }
-
-    private static func readPrefix(_ path: String, _ limit: Int) -> [UInt8]? {
-        guard let fd = try? syscall("open", { open(path, O_RDONLY | O_CLOEXEC) }) else { return nil }
-        defer { close(fd) }
-        var out: [UInt8] = []
-        var buf = [UInt8](repeating: 0, count: 65536)
-        while out.count <= limit {
-            guard let n = try? syscall("read", { buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, 65536) } }) else { return nil }
-            if n == 0 { break }
-            out.append(contentsOf: buf[0..<n])
-        }
-        return out
+        try? readAll(path, limit: limit).bytes
     }
 
     /// `writeFileAtomically(atPath:contents:mode:)` returning false on any error.

@@ -92,6 +92,9 @@ func uploaderBench() throws {
             + "CPU µs/record: host \(fmt((cpu1 - cpu0) / tps * 1e6 / Double(max(acked, 1)))), uploader \(fmt((pcpu1 - pcpu0) / tps * 1e6 / Double(max(acked, 1))))"
     )
 
+    let commits = (try? SyncClient(path: socketPath).call("uploader.status"))?["commits"]?.intValue ?? 0
+    print("group commits: \(commits), \(fmt(Double(acked) / Double(max(commits, 1)))) records per commit")
+
     // End to end: until the backend holds every acknowledged record.
     let http = HTTPClient(loop: loop)
     var delivered = 0

@@ -45,6 +45,15 @@ final class UploaderStore {
     /// Queue position of the next record (chunks are ordered by their first record's position).
     private var nextPosition: Int64 = 0
 
+    /// Whether pages freed by the next delete are overwritten with zeros (`PRAGMA
+    /// secure_delete=ON`, Debian's default) or only the bytes on pages written anyway (`FAST`).
+    /// A delivered batch is deleted with `FAST`: zeroing its overflow pages wrote every freed
+    /// page a second time (a quarter of the bytes the uploader wrote in `pylon-bench uploader`)
+    /// for data the backend now holds and the queue file held all along; the pages are reused
+    /// by the next commits.
+    /// Records purged without delivery (a final batch after consent was denied) are zeroed.
+    private var zeroingFreedPages = true
+
     /// Checkpoints the WAL on libuv's thread pool (nil without a loop: SQLite's autocheckpoint,
     /// inside the commit that crosses it).
     private var checkpointer: WALCheckpointer?
@@ -57,6 +66,7 @@ final class UploaderStore {
         let synchronous = fsyncEveryCommit ? "FULL" : "NORMAL"
         try db.exec("PRAGMA synchronous=\(synchronous)")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
+        try zeroFreedPages(false)
         try db.exec(
             """
             -- A chunk's records (`chunk_bodies`) are apart from what a cut changes (`chunks.batch`):
@@ -345,9 +355,18 @@ final class UploaderStore {
         try db.query("SELECT final FROM batches WHERE key=?", [.text(key)]).first?[0].int == 1
     }
 
+    /// Sets `PRAGMA secure_delete` for the deletes that follow (`zeroingFreedPages`).
+    private func zeroFreedPages(_ on: Bool) throws(SQLiteError) {
+        guard on != zeroingFreedPages else { return }
+        try db.exec(on ? "PRAGMA secure_delete=ON" : "PRAGMA secure_delete=FAST")
+        zeroingFreedPages = on
+    }
+
     /// Delivered (or a final batch that is purged whatever happened): the records are gone, and
-    /// their ids may be enqueued again.
-    func deleteBatch(_ key: String) throws(SQLiteError) {
+    /// their ids may be enqueued again. `zero`: overwrite the freed pages (records purged because
+    /// consent was denied); otherwise they are left for reuse (`zeroingFreedPages`).
+    func deleteBatch(_ key: String, zero: Bool = false) throws(SQLiteError) {
+        try zeroFreedPages(zero)
         var gone: [RecordKey] = []
         var stream = ""
         try db.transaction { () throws(SQLiteError) in

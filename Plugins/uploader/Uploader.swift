@@ -317,6 +317,9 @@ final class Uploader {
             }
             i = end
         }
+        // The answers leave before any batch is cut, read and compressed: the drain side's work
+        // does not sit between a commit and its acknowledgements.
+        plugin.loop.flushDirty()
         pumpAll()
     }
 
@@ -430,7 +433,7 @@ final class Uploader {
         var deadLettered = 0
         do {
             switch StreamState.disposal(of: batch, outcome) {
-            case .delete: try store.deleteBatch(batch.key)
+            case .delete: try store.deleteBatch(batch.key, zero: batch.final)
             case .keep: break
             case .unbatch: try store.unbatch(batch.key)
             case .deadLetter(let status, let reason):

@@ -12,7 +12,10 @@ private let readBufferSize = 256 * 1024
 ///
 /// Reading: every read is split into lines by a `LineFramer`; each line goes to `onLine`. After a
 /// read has been fully dispatched, the loop writes out all connections that gained output, so a
-/// burst of requests costs one write per peer rather than one per message.
+/// burst of requests costs one write per peer rather than one per message. A connection that has
+/// gathered `flushAboveBytes` of output mid-turn writes it then (one `uv_try_write`), so a long
+/// burst travels on in pieces that the next process starts on while this one reads the rest,
+/// instead of as one convoy at the end of the turn.
 ///
 /// Writing: `send` appends to an in-memory queue (`StreamWriter`). `queuedBytes` is what the peer
 /// has not yet taken; past `pauseAbove` the connection stops reading (backpressure) until it
@@ -49,6 +52,19 @@ public final class Connection: UVHandleOwner {
     private var backlogScheduled = false
     private var closeWhenFlushed = false
     public private(set) var isClosed = false
+
+    /// The default of `flushAboveBytes`: 4 KiB. Measured with the anchors harness (64 requests of
+    /// ~200 bytes in flight through the host and the echo plugin): 1.4-1.8x the round trips of
+    /// writing only at the end of the turn; 1 KiB costs more in writes than it gains with four
+    /// clients, and 16 KiB never triggers for such a window.
+    public static let defaultFlushAboveBytes = 4096
+
+    /// Output queued during a loop turn is written as soon as this many bytes wait, not only at
+    /// the end of the turn (0 = only at the end of the turn).
+    public var flushAboveBytes = Connection.defaultFlushAboveBytes
+    /// A write error met by an early write (inside a `send`): reported, and the connection
+    /// closed, at the end of the turn, never inside the caller's `send`.
+    private var earlyWriteError: Int32 = 0
 
     /// Pause reading while more than this many bytes wait to be written to the peer (0 = never).
     /// Past it the connection also counts as congested (`isCongested`).
@@ -349,6 +365,11 @@ public final class Connection: UVHandleOwner {
             isDirty = true
             loop.markDirty(self)
         }
+        if flushAboveBytes > 0, pending.count >= flushAboveBytes, !writer.isWriting, earlyWriteError == 0 {
+            // Stays marked dirty: the end of the turn writes the rest and does the bookkeeping
+            // (`flushNow`), including closing on an error met here.
+            earlyWriteError = writer.flush()
+        }
         if pauseAbove > 0, pausesReadingWhenCongested, !pausedForBackpressure, queuedBytes > pauseAbove {
             pausedForBackpressure = true
             syncReading()
@@ -359,7 +380,12 @@ public final class Connection: UVHandleOwner {
     /// `uv_write`).
     func flushNow() {
         isDirty = false
-        guard !isClosed, !writer.isWriting else { return }
+        guard !isClosed else { return }
+        if earlyWriteError < 0 {
+            close(error: earlyWriteError)
+            return
+        }
+        guard !writer.isWriting else { return }
         let rc = writer.flush()
         if rc < 0 {
             close(error: rc)

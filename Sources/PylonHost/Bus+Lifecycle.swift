@@ -43,6 +43,7 @@ extension Bus {
         for p in peers.values {
             p.conn.maxLineBytes = next.limits.maxLineBytes
             p.conn.pauseAbove = next.limits.maxQueuedBytes
+            p.conn.flushAboveBytes = next.limits.flushAboveBytes
             p.callerMember = nil
         }
         let wanted = Dictionary(uniqueKeysWithValues: next.plugins.filter(\.enabled).map { ($0.name, $0) })

@@ -136,6 +136,7 @@ public final class Bus {
         peers[peer.id] = peer
         conn.maxLineBytes = config.limits.maxLineBytes
         conn.pauseAbove = config.limits.maxQueuedBytes
+        conn.flushAboveBytes = config.limits.flushAboveBytes
         conn.onLine = { [unowned self, unowned peer] line in self.handleLine(peer, line) }
         conn.onOversized = { [unowned self, unowned peer] n, head in self.handleOversized(peer, n, head) }
         conn.onClose = { [unowned self] _ in self.peerClosed(peer) }

@@ -25,6 +25,9 @@ public struct Limits: Equatable, Sendable {
     public var maxSubscriptionsPerConnection = 256
     /// Default time a routed request may wait for its reply (-32002).
     public var requestTimeoutMs: UInt64 = 30_000
+    /// Not a limit but write batching: output to a connection is written once this many bytes
+    /// are queued during a loop turn, the rest at the end of the turn (0 = only at the end).
+    public var flushAboveBytes = Connection.defaultFlushAboveBytes
     public init() {}
 
     public var json: JSON {
@@ -34,7 +37,7 @@ public struct Limits: Equatable, Sendable {
             "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
             "maxQueuedBytes": .int(Int64(maxQueuedBytes)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
-            "requestTimeoutMs": .int(Int64(requestTimeoutMs)),
+            "requestTimeoutMs": .int(Int64(requestTimeoutMs)), "flushAboveBytes": .int(Int64(flushAboveBytes)),
         ]
     }
 }
@@ -168,6 +171,7 @@ extension HostConfig {
             if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
             if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
+            if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }
             try lr.finish()
         }
         if let plugins = try r.array("plugins") {

@@ -263,6 +263,54 @@ private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] {
         #expect(closes == [0])
     }
 
+    /// Output past `flushAboveBytes` is written inside `send`; below it, and with 0, it waits
+    /// for the end of the loop turn.
+    @Test func connectionWritesEarlyPastFlushAboveBytes() throws {
+        let (mine, theirs) = try System.socketPair()
+        defer { System.close(theirs) }
+        let c = try Connection(loop: loop, fd: mine, maxLineBytes: 1 << 20)
+        #expect(c.flushAboveBytes == Connection.defaultFlushAboveBytes)
+        c.flushAboveBytes = 4096
+        let small = String(repeating: "a", count: 100)
+        let big = String(repeating: "b", count: 5000)
+        c.sendLine(small)
+        #expect(c.queuedBytes == 101, "under the threshold: kept for the end of the turn")
+        c.sendLine(big)
+        #expect(c.queuedBytes == 0, "past it: written at once, in order")
+        var received: [UInt8] = []
+        drain(theirs, into: &received)
+        #expect(received == Array((small + "\n" + big + "\n").utf8))
+        c.flushAboveBytes = 0
+        c.sendLine(big)
+        #expect(c.queuedBytes == 5001)
+        loop.flushDirty()
+        #expect(c.queuedBytes == 0)
+        received.removeAll()
+        drain(theirs, into: &received)
+        #expect(received == Array((big + "\n").utf8))
+        c.close()
+        loop.run()
+    }
+
+    /// A write error met by an early write closes the connection at the end of the turn, with
+    /// the error, not inside the caller's `send`.
+    @Test func earlyWriteErrorClosesAtTheEndOfTheTurn() throws {
+        let (mine, theirs) = try System.socketPair()
+        System.close(theirs)
+        System.ignoreSIGPIPE()
+        let c = try Connection(loop: loop, fd: mine, maxLineBytes: 1 << 20)
+        var closes: [Int32] = []
+        c.onClose = { closes.append($0) }
+        c.sendLine(String(repeating: "x", count: 5000))
+        #expect(!c.isClosed)
+        c.sendLine("more")
+        #expect(!c.isClosed)
+        loop.flushDirty()
+        #expect(c.isClosed)
+        loop.run()
+        #expect(closes == [UV_EPIPE.rawValue])
+    }
+
     // MARK: SocketPoll
 
     @Test func socketPollReportsReadableAndReleasesOnClose() throws {

@@ -95,9 +95,11 @@ struct ConfigTests {
     @Test func parsesPluginsAndLimits() throws {
         let c = try HostConfig.parse([
             "socket": "/tmp/x.sock", "socketMode": "0600",
-            "limits": ["maxLineBytes": 4096, "maxInflightPerConnection": 8],
+            "limits": ["maxLineBytes": 4096, "maxInflightPerConnection": 8, "flushAboveBytes": 0],
             "plugins": [["name": "echo", "exec": "pylon-echo", "restart": "transient", "maxRestarts": 2, "config": ["a": 1]]],
         ])
+        #expect(c.limits.flushAboveBytes == 0)
+        #expect(try HostConfig.parse([:]).limits.flushAboveBytes == 4096)
         #expect(c.socketPath == "/tmp/x.sock")
         #expect(c.socketMode == 0o600)
         #expect(c.limits.maxLineBytes == 4096)
@@ -114,6 +116,7 @@ struct ConfigTests {
 
     @Test func wrongTypesAreErrors() {
         #expect(throws: ConfigError.self) { try HostConfig.parse(["limits": ["maxLineBytes": "big"]]) }
+        #expect(throws: ConfigError.self) { try HostConfig.parse(["limits": ["flushAboveBytes": -1]]) }
         #expect(throws: ConfigError.self) { try HostConfig.parse(["plugins": [["name": "x", "exec": "y", "restart": "sometimes"]]]) }
         #expect(throws: ConfigError.self) { try HostConfig.parse(["plugins": [["name": "bus", "exec": "y"]]]) }
     }

@@ -84,6 +84,29 @@ struct StoreTests {
         #expect(try Self.records(store.batchBody("k2", stream: "s").body).records.map(\.id) == ["b", "c"])
     }
 
+    /// Records purged without delivery (`zero: true`, a final batch after consent was denied)
+    /// are overwritten in the database file; a delivered batch's pages are freed without the
+    /// extra write (`secure_delete=FAST`), so its bytes stay until the pages are reused.
+    @Test(arguments: [true, false]) func purgedRecordsAreZeroedDeliveredOnesAreOnlyFreed(zero: Bool) throws {
+        let path = Self.tempPath()
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        let marker = "purge-marker-\(zero)-"
+        // Enough to spill into overflow pages (freed whole by the delete).
+        let data = #"{"v":""# + String(repeating: marker, count: 600) + #""}"#
+        try Self.enqueue(store, "s", [("r1", data)])
+        _ = try store.cutBatch(stream: "s", key: "b", maxCount: 10, maxBytes: 1 << 20, final: zero, nowMs: 1)
+        try store.deleteBatch("b", zero: zero)
+        // Everything in the database file, the WAL emptied.
+        try store.db.exec("PRAGMA wal_checkpoint(TRUNCATE)")
+        let file = try System.readFile(atPath: path, maxBytes: 64 << 20)
+        let m = Array(marker.utf8)
+        let found =
+            file.count >= m.count
+            && (0...(file.count - m.count)).contains { i in file[i] == m[0] && file[i..<(i + m.count)].elementsEqual(m) }
+        #expect(found == !zero)
+    }
+
     @Test func duplicatesAreRefusedWhileQueuedAndAcceptedAfterDelivery() throws {
         let path = Self.tempPath()
         var store = try UploaderStore(path: path, fsyncEveryCommit: false)

@@ -48,6 +48,8 @@ final class Uploader {
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
     var commits: UInt64 = 0
+    /// Set by `shutdown`: a compression finishing later sends nothing.
+    private var stopped = false
 
     init(plugin: Plugin) { self.plugin = plugin }
 
@@ -111,6 +113,7 @@ final class Uploader {
     }
 
     func shutdown() {
+        stopped = true
         commit()
         http?.shutdown()
         store?.close()
@@ -398,21 +401,36 @@ final class Uploader {
             armWake()
             return
         }
-        let gz: [UInt8]
-        // Level 1: on event JSON it compresses within ~2% of level 6 at less than half the CPU
-        // (500 MA events: 144 KB -> 4.8 KB in 0.23 ms vs 4.7 KB in 0.57 ms).
-        do { gz = try Gzip.compress(batch.body, level: 1) } catch {
-            plugin.log.error("gzip failed", ["error": "\(error)"])
-            streams[stream]?.storeFailed(now: now)
-            return
+        let sent = StreamState.SentBatch(key: key, count: batch.count, bytes: batch.recordBytes, final: final)
+        // Compressed on libuv's thread pool: a full batch takes ~0.3-0.5 ms of deflate, which on
+        // the loop sat between the next enqueues and their commit. Level 1: on event JSON it
+        // compresses within ~2% of level 6 at less than half the CPU (500 MA events: 144 KB ->
+        // 4.8 KB in 0.23 ms vs 4.7 KB in 0.57 ms).
+        let body = batch.body
+        plugin.loop.runOnThreadPool({ () -> Result<[UInt8], GzipError> in
+            Result { () throws(GzipError) in try Gzip.compress(body, level: 1) }
+        }) { [unowned self] compressed in
+            // Stopping: the batch stays on disk, cut, and goes after the restart.
+            guard !self.stopped else { return }
+            switch compressed {
+            case .success(let gz): self.post(gz, stream: stream, endpoint: endpoint, batch: sent)
+            case .failure(let error):
+                self.plugin.log.error("gzip failed", ["error": "\(error)"])
+                self.streams[stream]?.storeFailed(now: self.now)
+                self.armWake()
+            }
         }
+    }
+
+    /// Sends a cut batch's compressed body; `finished` gets the outcome.
+    private func post(_ gz: [UInt8], stream: String, endpoint: String, batch sent: StreamState.SentBatch) {
+        let key = sent.key
         let url = endpoint.replacingStream(stream)
         let req = HTTPRequest(
             method: "POST", url: url,
             headers: [
                 ("Content-Type", "application/json"), ("Content-Encoding", "gzip"), ("Idempotency-Key", key),
             ], body: gz, timeoutMs: limits.requestTimeoutMs)
-        let sent = StreamState.SentBatch(key: key, count: batch.count, bytes: batch.recordBytes, final: final)
         http.send(req) { [unowned self] r in
             let outcome: UploadOutcome
             switch r {

@@ -116,10 +116,10 @@ let package = Package(
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
-        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
+        .target(name: "TestSupport", dependencies: ["PylonCore"], path: "Tests/TestSupport", swiftSettings: strict),
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader"], swiftSettings: strict),
-        .testTarget(name: "MATests", dependencies: ["pylon-ma"], swiftSettings: strict),
+        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "MATests", dependencies: ["pylon-ma", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
         .testTarget(

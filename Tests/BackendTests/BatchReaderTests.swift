@@ -1,5 +1,6 @@
 import PylonCore
 import PylonStore
+import TestSupport
 import Testing
 
 @testable import PylonBackend
@@ -191,71 +192,39 @@ struct BatchReaderTests {
 /// Random batch bodies as text: valid and invalid, with the spellings json-c reads the same but
 /// prints differently (whitespace, escapes, repeated keys, `-0`, integers beyond Int64).
 struct BatchGenerator {
-    var rng: SplitMix64
+    var text: RandomJSONText
     var serial = 0
-    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
-
-    mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
-    mutating func chance(_ percent: Int) -> Bool { int(100) < percent }
-    mutating func pick(_ options: [String]) -> String { options[int(options.count)] }
-    mutating func shuffle(_ a: inout [String]) {
-        for i in stride(from: a.count - 1, to: 0, by: -1) { a.swapAt(i, int(i + 1)) }
-    }
-    mutating func space() -> String { chance(88) ? "" : pick([" ", "\n", "\t ", "  "]) }
-
-    mutating func string() -> String {
-        var s = "\""
-        for _ in 0..<int(6) {
-            s +=
-                chance(6)
-                ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
-                : pick(["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]", #"\t"#])
-        }
-        return s + "\""
-    }
-
-    mutating func number() -> String {
-        chance(6)
-            ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901"])
-            : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000"])
-    }
-
-    mutating func value(depth: Int = 0) -> String {
-        switch int(depth > 2 ? 3 : 6) {
-        case 0: return string()
-        case 1: return number()
-        case 2: return pick(["true", "false", "null"])
-        case 3, 4:
-            var keys: [String] = []
-            for _ in 0..<int(5) { keys.append(chance(4) && !keys.isEmpty ? keys[0] : chance(3) ? #""k\u0065y""# : "\"k\(int(5))\"") }
-            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
-                + "}"
-        default:
-            return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
-        }
+    init(seed: UInt64) {
+        text = RandomJSONText(
+            seed: seed,
+            odds: .init(
+                plainSpacePercent: 88, escapePercent: 6,
+                plainChars: ["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]", #"\t"#],
+                oddNumberPercent: 6, oddNumbers: RandomJSONText.oddNumbers, plainNumbers: RandomJSONText.plainNumbers,
+                maxKeys: 5, keyNames: 5, repeatKeyPercent: 4, escapedKeyPercent: 3))
     }
 
     mutating func id() -> String? {
-        switch int(60) {
+        switch text.int(60) {
         case 0: return nil
         case 1: return "\"\""
         case 2: return "\"" + String(repeating: "x", count: Limits.maxNameBytes) + "\""
         case 3: return "\"" + String(repeating: "y", count: Limits.maxNameBytes + 1) + "\""
         case 4: return #""a\u0062""#
         case 5: return #""q\"d""#
-        case 6: return number()
+        case 6: return text.number()
         case 7: return "null"
         case 8: return "\"d\u{7f}\""
         case 9: return #""t\u0001""#
-        case 10: return "\"é\(int(50))\""
+        case 10: return "\"é\(text.int(50))\""
         default:
             serial += 1
-            return "\"r\(chance(10) ? serial / 2 : serial)\""  // some ids repeat
+            return "\"r\(text.chance(10) ? serial / 2 : serial)\""  // some ids repeat
         }
     }
 
     mutating func ts() -> String? {
-        switch int(50) {
+        switch text.int(50) {
         case 0: return nil
         case 1: return "-1"
         case 2: return "-0"
@@ -265,50 +234,52 @@ struct BatchGenerator {
         case 6: return "\"5\""
         case 7: return "null"
         case 8: return "9223372036854775807"
-        default: return String(1_764_000_000_000 + int(100_000))
+        default: return String(1_764_000_000_000 + text.int(100_000))
         }
     }
 
     mutating func record() -> String {
-        if chance(1) { return pick(["7", "null", "[]", "\"r\""]) }
+        if text.chance(1) { return text.pick(["7", "null", "[]", "\"r\""]) }
         var members: [String] = []
-        if let id = id() { members.append(#""id":"# + space() + id) }
-        if let ts = ts() { members.append(#""ts":"# + space() + ts) }
-        if chance(85) { members.append(#""data":"# + space() + value()) }
-        if chance(10) { members.append("\"extra\":" + value()) }
-        if chance(3) { members.append(pick([#""id":"r-again""#, #""ts":1"#, #""data":{"again":true}"#])) }
-        if chance(2) { members.append(#""\u0069d":"esc""#) }
-        shuffle(&members)
-        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+        if let id = id() { members.append(#""id":"# + text.space() + id) }
+        if let ts = ts() { members.append(#""ts":"# + text.space() + ts) }
+        if text.chance(85) { members.append(#""data":"# + text.space() + text.value()) }
+        if text.chance(10) { members.append("\"extra\":" + text.value()) }
+        if text.chance(3) { members.append(text.pick([#""id":"r-again""#, #""ts":1"#, #""data":{"again":true}"#])) }
+        if text.chance(2) { members.append(#""\u0069d":"esc""#) }
+        text.shuffle(&members)
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 
     mutating func body() -> String {
-        if chance(2) { return pick(["[]", "7", "\"x\"", "null", "", "{", #"{"records":[}"#]) }
+        if text.chance(2) { return text.pick(["[]", "7", "\"x\"", "null", "", "{", #"{"records":[}"#]) }
         var members: [String] = []
-        switch int(14) {
+        switch text.int(14) {
         case 0: break
         case 1: members.append(#""batch":"other""#)
         case 2: members.append(#""batch":7"#)
         case 3: members.append(#""batch":"k\u002d1""#)
-        default: if chance(60) { members.append(#""batch":"k-1""#) }
+        default: if text.chance(60) { members.append(#""batch":"k-1""#) }
         }
-        switch int(14) {
+        switch text.int(14) {
         case 0: members.append(#""stream":"other""#)
         case 1: members.append(#""stream":[]"#)
         case 2: members.append(#""stream":"s.\u0065vents""#)
-        default: if chance(60) { members.append(#""stream":"s.events""#) }
+        default: if text.chance(60) { members.append(#""stream":"s.events""#) }
         }
-        switch int(20) {
+        switch text.int(20) {
         case 0: break
         case 1: members.append(#""records":{}"#)
         case 2: members.append(#""records":[{"id":"z","ts":1}],"records":"x""#)
-        default: members.append(#""records":["# + (0..<int(8)).map { _ in space() + record() + space() }.joined(separator: ",") + "]")
+        default:
+            members.append(
+                #""records":["# + (0..<text.int(8)).map { _ in text.space() + record() + text.space() }.joined(separator: ",") + "]")
         }
-        if chance(10) { members.append(#""other":"# + value()) }
-        shuffle(&members)
-        var text = "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
-        if chance(2) { text += pick([" x", ",", "}"]) }
-        if chance(3) { text = space() + text + "\n" }
-        return text
+        if text.chance(10) { members.append(#""other":"# + text.value()) }
+        text.shuffle(&members)
+        var body = "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
+        if text.chance(2) { body += text.pick([" x", ",", "}"]) }
+        if text.chance(3) { body = text.space() + body + "\n" }
+        return body
     }
 }

@@ -1,3 +1,4 @@
+import TestSupport
 import Testing
 
 @testable import PylonPluginKit
@@ -129,116 +130,72 @@ struct EventParamsTests {
 /// spellings json-c reads the same but prints differently (whitespace, escapes, repeated keys,
 /// `-0`, integers beyond Int64) and numbers it reads as infinite.
 struct EventGenerator {
-    var rng: SplitMix64
-    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
-
-    mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
-    mutating func chance(_ percent: Int) -> Bool { int(100) < percent }
-    mutating func pick(_ options: [String]) -> String { options[int(options.count)] }
-    mutating func space() -> String { chance(85) ? "" : pick([" ", "\n", "\t ", "  "]) }
-    mutating func shuffled(_ a: [String]) -> [String] {
-        var a = a
-        for i in a.indices.reversed() where i > 0 { a.swapAt(i, int(i + 1)) }
-        return a
-    }
-
-    /// A string's body: short, or around the 256-byte limit (escapes count as one byte).
-    mutating func body() -> String {
-        switch int(12) {
-        case 0: return String(repeating: "a", count: 255 + int(3))
-        case 1: return String(repeating: "é", count: 127 + int(3))
-        case 2: return String(repeating: "b", count: 250 + int(3)) + String(repeating: #"\n"#, count: 3 + int(3))
-        default:
-            var s = ""
-            for _ in 0..<int(6) {
-                s +=
-                    chance(6)
-                    ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
-                    : pick(["a", "z", "Z", "0", "_", "-", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, #"\t"#, "\u{7f}", ",", "}"])
-            }
-            return s
-        }
-    }
-
-    mutating func number() -> String {
-        chance(10)
-            ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901", "1e999", "-1E400", "2.5e-400"])
-            : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000", "1999"])
-    }
-
-    mutating func value(depth: Int = 0) -> String {
-        switch int(depth > 2 ? 3 : 6) {
-        case 0: return "\"" + body() + "\""
-        case 1: return number()
-        case 2: return pick(["true", "false", "null"])
-        case 3, 4:
-            var keys: [String] = []
-            for _ in 0..<int(4) {
-                keys.append(
-                    chance(5) && !keys.isEmpty
-                        ? keys[0]
-                        : chance(5)
-                            ? #""k\u0065y""# : chance(5) ? "\"" + String(repeating: "k", count: 256 + int(2)) + "\"" : "\"k\(int(4))\"")
-            }
-            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
-                + "}"
-        default:
-            return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
-        }
+    var text: RandomJSONText
+    init(seed: UInt64) {
+        var odds = RandomJSONText.Odds(
+            plainSpacePercent: 85, escapePercent: 6,
+            plainChars: ["a", "z", "Z", "0", "_", "-", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, #"\t"#, "\u{7f}", ",", "}"],
+            oddNumberPercent: 10, oddNumbers: RandomJSONText.oddNumbers + ["1e999", "-1E400", "2.5e-400"],
+            plainNumbers: RandomJSONText.plainNumbers + ["1999"],
+            maxKeys: 4, keyNames: 4, repeatKeyPercent: 5, escapedKeyPercent: 5)
+        // Strings and keys around MA's 256-byte limit (escapes count as one byte).
+        odds.lengthLimit = 256
+        odds.longKeyPercent = 5
+        text = RandomJSONText(seed: seed, odds: odds)
     }
 
     /// A top-level property key, valid most of the time.
     mutating func key() -> String {
-        switch int(30) {
+        switch text.int(30) {
         case 0: return "\"1abc\""
         case 1: return "\"aBc\""
         case 2: return "\"a-b\""
         case 3: return "\"\""
-        case 4: return "\"" + String(repeating: "k", count: 255 + int(3)) + "\""
+        case 4: return "\"" + String(repeating: "k", count: 255 + text.int(3)) + "\""
         case 5: return #""a\nb""#
         case 6: return #""\u0061""#
         case 7: return "\"é\""
         case 8: return "\"Abc\""
-        default: return "\"" + pick(["sku", "price", "price_1", "screen", "currency", "n", "tags", "pos"]) + "\""
+        default: return "\"" + text.pick(["sku", "price", "price_1", "screen", "currency", "n", "tags", "pos"]) + "\""
         }
     }
 
     mutating func properties() -> String {
-        if chance(3) {
+        if text.chance(3) {
             // Around the 500-entry limit, sometimes with a repeated key (json-c counts it once).
-            var members = (0..<(499 + int(3))).map { "\"p\($0)\":\($0)" }
-            if chance(50) { members.append("\"p0\":1") }
-            if chance(30) { members[int(members.count)] = "\"B-\":1" }
+            var members = (0..<(499 + text.int(3))).map { "\"p\($0)\":\($0)" }
+            if text.chance(50) { members.append("\"p0\":1") }
+            if text.chance(30) { members[text.int(members.count)] = "\"B-\":1" }
             return "{" + members.joined(separator: ",") + "}"
         }
         var members: [String] = []
-        for _ in 0..<int(7) {
-            members.append(chance(5) && !members.isEmpty ? members[0] : key() + space() + ":" + space() + value())
+        for _ in 0..<text.int(7) {
+            members.append(text.chance(5) && !members.isEmpty ? members[0] : key() + text.space() + ":" + text.space() + text.value())
         }
-        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 
     mutating func eventName() -> String? {
-        switch int(24) {
+        switch text.int(24) {
         case 0: return nil
         case 1: return "\"\""
         case 2: return "\"el_custom\""
         case 3: return "\"El\""
         case 4: return "\"e\""
-        case 5: return "\"" + String(repeating: "n", count: 255 + int(3)) + "\""
-        case 6: return pick(["5", "null", "{}", "[\"x\"]", "true"])
+        case 5: return "\"" + String(repeating: "n", count: 255 + text.int(3)) + "\""
+        case 6: return text.pick(["5", "null", "{}", "[\"x\"]", "true"])
         case 7: return #""a\"b""#
         case 8: return #""\u0065l""#
-        case 9: return "\"" + body() + "\""
+        case 9: return "\"" + text.stringBody() + "\""
         case 10: return "\"页面\""
-        default: return "\"" + pick(["purchase", "tap", "view_item", "login"]) + "\""
+        default: return "\"" + text.pick(["purchase", "tap", "view_item", "login"]) + "\""
         }
     }
 
     mutating func params() -> String {
-        if chance(1) { return pick(["null", "[1]", "\"x\"", "{}"]) }
+        if text.chance(1) { return text.pick(["null", "[1]", "\"x\"", "{}"]) }
         var members: [String] = []
-        switch int(12) {
+        switch text.int(12) {
         case 0: break
         case 1: members.append(#""appKey":5"#)
         case 2: members.append(#""appKey":"\u0062ench""#)
@@ -246,16 +203,17 @@ struct EventGenerator {
         case 4: members.append(#""appKey":"""#)
         default: members.append(#""appKey":"bench""#)
         }
-        if let n = eventName() { members.append("\"eventName\"" + space() + ":" + space() + n) }
-        switch int(12) {
+        if let n = eventName() { members.append("\"eventName\"" + text.space() + ":" + text.space() + n) }
+        switch text.int(12) {
         case 0: break
         case 1: members.append(#""property":null"#)
-        case 2: members.append("\"property\":" + pick(["\"x\"", "[1]", "5", "true"]))
-        default: members.append("\"property\":" + space() + properties())
+        case 2: members.append("\"property\":" + text.pick(["\"x\"", "[1]", "5", "true"]))
+        default: members.append("\"property\":" + text.space() + properties())
         }
-        if chance(4), let again = members.first { members.append(again) }
-        if chance(3) { members.append(#""event\u004eame":"tap""#) }
-        if chance(10) { members.append("\"other\":" + value()) }
-        return "{" + shuffled(members).map { space() + $0 + space() }.joined(separator: ",") + "}"
+        if text.chance(4), let again = members.first { members.append(again) }
+        if text.chance(3) { members.append(#""event\u004eame":"tap""#) }
+        if text.chance(10) { members.append("\"other\":" + text.value()) }
+        text.shuffle(&members)
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 }

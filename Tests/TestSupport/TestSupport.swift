@@ -1,7 +1,8 @@
 import Foundation
 
 /// Helpers shared by the test targets that start real processes (IntegrationTests,
-/// BackendTests).
+/// BackendTests); `RandomJSONText` is the differential tests' generator (BackendTests,
+/// UploaderTests, MATests).
 
 /// Where the built executables are: `$PYLON_BIN_DIR`, else `.build/debug` of this package.
 public let binDir: String = {

@@ -1,3 +1,4 @@
+import TestSupport
 import Testing
 
 @testable import PylonPluginKit
@@ -164,118 +165,91 @@ struct EnqueueParamsTests {
 /// Random enqueue params as text: valid and invalid, with the spellings json-c reads the same but
 /// prints differently (whitespace, escapes, repeated keys, `-0`, integers beyond Int64).
 struct EnqueueGenerator {
-    var rng: SplitMix64
-    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
-
-    mutating func int(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
-    mutating func chance(_ percent: Int) -> Bool { int(100) < percent }
-    mutating func pick(_ options: [String]) -> String { options[int(options.count)] }
-    mutating func space() -> String { chance(85) ? "" : pick([" ", "\n", "\t ", "  "]) }
-
-    mutating func string() -> String {
-        var s = "\""
-        for _ in 0..<int(6) {
-            s +=
-                chance(8)
-                ? pick([#"\/"#, #"\u00e9"#, #"\u0041"#, #"\ud83d\ude00"#, #"\u0000"#])
-                : pick(["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]"])
-        }
-        return s + "\""
-    }
-
-    mutating func number() -> String {
-        chance(8)
-            ? pick(["-0", "9223372036854775808", "-9223372036854775809", "123456789012345678901"])
-            : pick(["0", "7", "-12", "9.99", "1e5", "-0.0", "2.50e-3", "9223372036854775807", "1732900000"])
-    }
-
-    mutating func value(depth: Int = 0) -> String {
-        switch int(depth > 2 ? 3 : 6) {
-        case 0: return string()
-        case 1: return number()
-        case 2: return pick(["true", "false", "null"])
-        case 3, 4:
-            var keys: [String] = []
-            for _ in 0..<int(4) { keys.append(chance(5) && !keys.isEmpty ? keys[0] : chance(4) ? #""k\u0065y""# : "\"k\(int(4))\"") }
-            return "{" + keys.map { space() + $0 + space() + ":" + space() + value(depth: depth + 1) + space() }.joined(separator: ",")
-                + "}"
-        default:
-            return "[" + (0..<int(4)).map { _ in space() + value(depth: depth + 1) + space() }.joined(separator: ",") + "]"
-        }
+    var text: RandomJSONText
+    init(seed: UInt64) {
+        text = RandomJSONText(
+            seed: seed,
+            odds: .init(
+                plainSpacePercent: 85, escapePercent: 8,
+                plainChars: ["a", "Z", "0", " ", "é", "日本", "😀", #"\n"#, #"\""#, #"\\"#, "\u{7f}", ",", "}", "]"],
+                oddNumberPercent: 8, oddNumbers: RandomJSONText.oddNumbers, plainNumbers: RandomJSONText.plainNumbers,
+                maxKeys: 4, keyNames: 4, repeatKeyPercent: 5, escapedKeyPercent: 4))
     }
 
     mutating func id() -> String? {
-        switch int(20) {
+        switch text.int(20) {
         case 0: return nil
         case 1: return "\"\""
         case 2: return "\"" + String(repeating: "x", count: 128) + "\""
         case 3: return "\"" + String(repeating: "y", count: 129) + "\""
         case 4: return #""a\u0062""#
         case 5: return #""q\"d""#
-        case 6: return number()
+        case 6: return text.number()
         case 7: return "null"
         case 8: return "\"é😀\""
-        default: return "\"r\(int(50))\""
+        default: return "\"r\(text.int(50))\""
         }
     }
 
     mutating func record() -> String {
-        if chance(4) { return value() }
+        if text.chance(4) { return text.value() }
         var members: [String] = []
-        if let id = id() { members.append("\"id\"" + space() + ":" + space() + id) }
-        if chance(40) { members.append("\"ts\":" + (chance(70) ? number() : value())) }
-        if chance(85) { members.append("\"data\":" + space() + value()) }
-        if chance(10) { members.append("\"extra\":" + value()) }
-        if chance(3) { members.append(#""\u0069d":"z""#) }
-        if chance(3), let again = members.first { members.append(again) }
-        members.shuffle(using: &rng)
-        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+        if let id = id() { members.append("\"id\"" + text.space() + ":" + text.space() + id) }
+        if text.chance(40) { members.append("\"ts\":" + (text.chance(70) ? text.number() : text.value())) }
+        if text.chance(85) { members.append("\"data\":" + text.space() + text.value()) }
+        if text.chance(10) { members.append("\"extra\":" + text.value()) }
+        if text.chance(3) { members.append(#""\u0069d":"z""#) }
+        if text.chance(3), let again = members.first { members.append(again) }
+        members.shuffle(using: &text.rng)
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 
     mutating func params() -> String {
         var members: [String] = []
-        switch int(20) {
+        switch text.int(20) {
         case 0: break
         case 1: members.append(#""stream":5"#)
         case 2: members.append(#""stream":"bad name!""#)
         case 3: members.append(#""stream":"\u0073s""#)
         case 4: members.append("\"stream\":\"" + String(repeating: "s", count: 129) + "\"")
-        default: members.append("\"stream\":\"" + pick(["s", "ma.events", "app:x-1_y"]) + "\"")
+        default: members.append("\"stream\":\"" + text.pick(["s", "ma.events", "app:x-1_y"]) + "\"")
         }
-        switch int(10) {
+        switch text.int(10) {
         case 0: members.append(#""consent":"analytics""#)
         case 1: members.append(#""consent":null"#)
         case 2: members.append(#""consent":"\u0061""#)
         default: break
         }
-        switch int(20) {
+        switch text.int(20) {
         case 0: break
         case 1: members.append(#""records":{}"#)
         case 2: members.append(#""records":[]"#)
-        case 3: members.append("\"records\":" + value())
+        case 3: members.append("\"records\":" + text.value())
         default:
-            let n = chance(10) ? 6 : 1 + int(3)
-            members.append("\"records\":" + space() + "[" + (0..<n).map { _ in space() + record() + space() }.joined(separator: ",") + "]")
+            let n = text.chance(10) ? 6 : 1 + text.int(3)
+            members.append(
+                "\"records\":" + text.space() + "[" + (0..<n).map { _ in text.space() + record() + text.space() }.joined(separator: ",")
+                    + "]")
         }
-        if chance(5) { members.append(#""st\u0072eam":"s""#) }
-        if chance(10) { members.append("\"other\":" + value()) }
-        members.shuffle(using: &rng)
-        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+        if text.chance(5) { members.append(#""st\u0072eam":"s""#) }
+        if text.chance(10) { members.append("\"other\":" + text.value()) }
+        members.shuffle(using: &text.rng)
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 
     /// A `_pylon` caller object, mostly as the host writes it.
     mutating func caller() -> String {
         var members: [String] = []
-        for key in ["client", "uid", "gid", "pid"] where chance(70) {
+        for key in ["client", "uid", "gid", "pid"] where text.chance(70) {
             members.append(
-                "\"\(key)\":" + pick(["0", "1000", "-1", "42", "7.0", "2.5", "1e3", "\"9\"", "null", "true", "99999999999999999999"]))
+                "\"\(key)\":" + text.pick(["0", "1000", "-1", "42", "7.0", "2.5", "1e3", "\"9\"", "null", "true", "99999999999999999999"]))
         }
-        if chance(50) { members.append("\"plugin\":" + pick([#""ma""#, #""m\u0061""#, "5", "null", #""""#])) }
-        if chance(50) { members.append("\"admin\":" + pick(["true", "false", "1", "null", #""true""#])) }
-        if chance(5) { members.append(#""\u0075id":3"#) }
-        if chance(5) { members.append(#""nested":{"uid":77}"#) }
-        members.shuffle(using: &rng)
-        return "{" + members.map { space() + $0 + space() }.joined(separator: ",") + "}"
+        if text.chance(50) { members.append("\"plugin\":" + text.pick([#""ma""#, #""m\u0061""#, "5", "null", #""""#])) }
+        if text.chance(50) { members.append("\"admin\":" + text.pick(["true", "false", "1", "null", #""true""#])) }
+        if text.chance(5) { members.append(#""\u0075id":3"#) }
+        if text.chance(5) { members.append(#""nested":{"uid":77}"#) }
+        members.shuffle(using: &text.rng)
+        return "{" + members.map { text.space() + $0 + text.space() }.joined(separator: ",") + "}"
     }
 }
 

@@ -136,20 +136,7 @@ extension Manifest.Method {
     /// The same, reading each `{field}` through `field` (the router looks fields up in the parsed
     /// json-c tree, so a consent check converts nothing else of the message).
     public func consentKey(field: (String) -> String?) -> ConsentKey {
-        guard let t = consent else { return .none }
-        guard t.contains("{") else { return .key(t) }
-        var out = ""
-        var rest = t[...]
-        while let open = rest.firstIndex(of: "{") {
-            out += rest[..<open]
-            guard let close = rest[open...].firstIndex(of: "}") else { return .key(t) }
-            let name = String(rest[rest.index(after: open)..<close])
-            guard let v = field(name), !v.isEmpty else { return .unresolved }
-            out += v
-            rest = rest[rest.index(after: close)...]
-        }
-        out += rest
-        return .key(out)
+        ConsentTemplate(consent).key(field: field)
     }
 }
 

@@ -1,14 +1,12 @@
-import PylonProtocol
-
-/// A method's consent template (`ma:{appKey}`, `{consent}`), taken apart once when the plugin's
-/// manifest arrives, so the router resolves it per request without scanning the template text.
+/// A method's consent template (`ma:{appKey}`, `{consent}`), taken apart once, so a request is
+/// resolved without scanning the template text (the router keeps one per manifest method;
+/// `Manifest.Method.consentKey` builds one per call).
 ///
-/// `key(field:)` answers exactly what `Manifest.Method.consentKey(field:)` answers for the same
-/// template and fields (a unit test compares the two on random templates): literal text and
-/// `{field}` values joined; `.unresolved` when a field is absent or empty; the template itself
-/// when it has no `{`, or a `{` without a closing `}` after the fields before it resolved. The
-/// template is taken apart by the same `Character` search as there.
-struct ConsentTemplate: Sendable {
+/// `key(field:)`: literal text and `{field}` values joined; `.unresolved` when a field is absent
+/// or empty; the template itself when it has no `{`, or a `{` without a closing `}` after the
+/// fields before it resolved. Braces are found by `Character`, so a combining mark after a brace
+/// makes it another character.
+public struct ConsentTemplate: Sendable {
     enum Piece: Sendable, Equatable {
         case literal(Substring)
         case field(String)
@@ -26,7 +24,7 @@ struct ConsentTemplate: Sendable {
 
     private let form: Form
 
-    init(_ template: String?) {
+    public init(_ template: String?) {
         guard let t = template else { form = .none; return }
         guard t.contains("{") else { form = .fixed(t); return }
         var pieces: [Piece] = []
@@ -46,7 +44,7 @@ struct ConsentTemplate: Sendable {
 
     /// The switch a request falls under, reading each `{field}` through `field` (a top-level
     /// params string, nil when absent or not a string).
-    func key(field: (String) -> String?) -> ConsentKey {
+    public func key(field: (String) -> String?) -> ConsentKey {
         switch form {
         case .none: return .none
         case .fixed(let k): return .key(k)

@@ -383,10 +383,17 @@ final class UploaderStore {
                     }
                 }
             }
-            try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
-            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+            try dropRows(ofBatch: key)
         }
         forget(gone, of: stream)
+    }
+
+    /// Deletes batch `key`'s chunks and its `batches` row, once the caller has deleted the
+    /// chunks' bodies. Inside a transaction; the chunks go before the row, as `inBatch` finds
+    /// them through it.
+    private func dropRows(ofBatch key: String) throws(SQLiteError) {
+        try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
+        try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
     }
 
     /// Records of `stream` left the disk: their ids may be enqueued again. (A batch's records
@@ -433,8 +440,7 @@ final class UploaderStore {
             }
             let n = letters.count
             try db.run("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch))", [.text(key)])
-            try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
-            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+            try dropRows(ofBatch: key)
             return n
         }
         forget(gone, of: stream)

@@ -447,12 +447,14 @@ final class UploaderStore {
         return n
     }
 
-    /// Dissolves a batch so its records are cut again (after a 413): its chunks go back to
-    /// their places in the queue.
-    func unbatch(_ key: String) throws(SQLiteError) {
+    /// Dissolves batches, in one transaction, so their records are cut again (after a 413):
+    /// their chunks go back to their places in the queue.
+    func unbatch(_ keys: [String]) throws(SQLiteError) {
         try db.transaction { () throws(SQLiteError) in
-            try db.run("UPDATE chunks SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
-            try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+            for key in keys {
+                try db.run("UPDATE chunks SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
+                try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
+            }
         }
     }
 

@@ -4,8 +4,11 @@
 /// release disk bytes, hold an endpoint). It never touches the disk, the network or a clock:
 /// every time is an argument, so tests drive it with a fake clock.
 ///
-/// One batch is in flight per stream at a time (order is kept). The shell asks `poll` what to do
-/// next after every event; `nextWake` says when to ask without one.
+/// One batch is in flight per stream at a time (order is kept). While it is, the next one is cut
+/// and read and compressed ahead (`Step.prepare`), so it goes the moment the backend answers:
+/// the uploader's side of a batch overlaps the backend's ingest of the one before instead of
+/// following it. The shell asks `poll` what to do next after every event; `nextWake` says when
+/// to ask without one.
 extension StreamState {
     /// How long a stream waits after a local failure (disk, gzip) before trying again.
     static let storeErrorRetryMs: UInt64 = 1_000
@@ -19,6 +22,9 @@ extension StreamState {
         case cut(maxCount: Int, maxBytes: Int)
         /// Send this batch (now marked in flight), then report `uploadFinished`.
         case send(batch: String)
+        /// Read and compress this pending batch now, while the one before it is in flight; it is
+        /// sent by a later `send` of the same key. Nothing is reported back.
+        case prepare(batch: String)
     }
 
     /// What to do with a finished batch on disk, before `uploadFinished` is reported.
@@ -74,11 +80,30 @@ extension StreamState {
     /// What to do now. `endpointHeldUntil` is the endpoint's Retry-After hold, if any. Marks the
     /// stream in flight when it answers `send`.
     mutating func poll(now: UInt64, endpointHeldUntil: UInt64? = nil) -> Step {
+        if inFlight { return workAhead(now: now) }
         if let h = endpointHeldUntil, now < h { return .idle }
         guard shouldSend(now: now) else { return .idle }
         guard let key = pendingBatches.first else { return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes) }
         inFlight = true
+        cutAheadTried = false
+        if preparedAhead == key { preparedAhead = nil }
+        if cutAhead?.key == key { cutAhead = nil }
         return .send(batch: key)
+    }
+
+    /// While a batch is in flight: cut the next one when the queue would send it now (once per
+    /// flight, and only when nothing else is pending), and have the batch after the one in
+    /// flight prepared. At most two batches are cut by this, the one in flight and the next.
+    private mutating func workAhead(now: UInt64) -> Step {
+        if pendingBatches.count == 1, !cutAheadTried, wantsBatch(now: now) {
+            cutAheadTried = true
+            return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes)
+        }
+        if pendingBatches.count >= 2, preparedAhead != pendingBatches[1] {
+            preparedAhead = pendingBatches[1]
+            return .prepare(batch: pendingBatches[1])
+        }
+        return .idle
     }
 
     /// The shell cut batch `key` of `count` records (`bytes`) from the queue; `count` 0 means the
@@ -89,6 +114,7 @@ extension StreamState {
             return
         }
         pendingBatches.append(key)
+        if inFlight { cutAhead = AheadCut(key: key, count: count, bytes: bytes) }
         queued -= count
         queuedBytes = max(0, queuedBytes - bytes)
         if queued <= 0 { emptied() }
@@ -132,11 +158,12 @@ extension StreamState {
 
     /// The upload of `batch` (the oldest pending) came back with `outcome` and the shell did
     /// `disposal(of:)` on disk: `diskOK` false when that failed (the batch stays pending and goes
-    /// again after `storeErrorRetryMs`), `deadLettered` the records it set aside. `random` in
-    /// [0, 1) jitters the backoff. Returns the bookkeeping to do.
+    /// again after `storeErrorRetryMs`), `deadLettered` the records it set aside,
+    /// `dissolvedAhead` whether an `.unbatch` dissolved `cutAhead` too (it does unless that batch
+    /// became final). `random` in [0, 1) jitters the backoff. Returns the bookkeeping to do.
     mutating func uploadFinished(
         _ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0,
-        now: UInt64, retry: RetryPolicy, random: Double
+        dissolvedAhead: Bool = false, now: UInt64, retry: RetryPolicy, random: Double
     ) -> [Effect] {
         inFlight = false
         guard diskOK else {
@@ -169,6 +196,15 @@ extension StreamState {
             removeSent(batch.key)
             queued += batch.count
             queuedBytes += batch.bytes
+            if dissolvedAhead, let a = cutAhead {
+                // The next batch, cut behind this one, is dissolved with it: the records are cut
+                // again in their queue order.
+                removeSent(a.key)
+                if preparedAhead == a.key { preparedAhead = nil }
+                cutAhead = nil
+                queued += a.count
+                queuedBytes += a.bytes
+            }
             if oldestMs == nil { oldestMs = now }
             countCap = max(1, batch.count / 2)
             flushRequested = true

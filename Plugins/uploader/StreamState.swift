@@ -43,6 +43,13 @@ enum UploadOutcome: Equatable {
     }
 }
 
+/// A batch cut while another was in flight: its key, records and their bytes.
+struct AheadCut: Equatable {
+    var key: String
+    var count: Int
+    var bytes: Int
+}
+
 /// When a stream should cut and send its next batch. A pure value: the plugin feeds it the
 /// queue's shape and the time, and it answers; it never touches the disk or the network.
 struct StreamState {
@@ -60,6 +67,13 @@ struct StreamState {
     var oldestMs: UInt64?
     /// A batch is being sent (one at a time per stream, so order is kept).
     var inFlight = false
+    /// The batch cut while the one before it was in flight and not sent yet (`Step.cut` while
+    /// in flight): after a 413 it is dissolved too, so the records are cut again in queue order.
+    var cutAhead: AheadCut?
+    /// The pending batch read and compressed while the one before it is in flight (`Step.prepare`).
+    var preparedAhead: String?
+    /// Whether the current flight already asked for a cut ahead (at most one per flight).
+    var cutAheadTried = false
     /// Consecutive failed attempts of the current batch.
     var attempts = 0
     /// Do not send before this time (backoff or Retry-After).
@@ -92,7 +106,12 @@ struct StreamState {
     /// the bytes or the interval says so (or a flush was asked for).
     func shouldSend(now: UInt64) -> Bool {
         guard !inFlight, now >= notBeforeMs else { return false }
-        if !pendingBatches.isEmpty { return true }
+        return !pendingBatches.isEmpty || wantsBatch(now: now)
+    }
+
+    /// Whether the queued records make a new batch now: the count, the bytes, the interval or a
+    /// flush.
+    func wantsBatch(now: UInt64) -> Bool {
         guard queued > 0 else { return false }
         if flushRequested || countReached || queuedBytes >= settings.maxBatchBytes { return true }
         if let o = oldestMs, now >= o, now - o >= settings.intervalMs { return true }

@@ -50,6 +50,25 @@ final class Uploader {
     var commits: UInt64 = 0
     /// Set by `shutdown`: a compression finishing later sends nothing.
     private var stopped = false
+    /// Batches read and compressed ahead while the one before is in flight
+    /// (`StreamState.Step.prepare`), by batch key: per stream at most the next one, and the one
+    /// just sent while it still compresses; each at most `maxBatchBytes` before compression.
+    private var ahead: [String: Ahead] = [:]
+
+    /// A batch read from disk and compressed: ready to post.
+    struct Loaded {
+        var gz: [UInt8]
+        var count: Int
+        /// Bytes of its record bodies (their share of the disk cap).
+        var recordBytes: Int
+    }
+
+    /// A batch prepared ahead: still compressing (and to be posted to `postTo` when done, once
+    /// its `send` came first), or ready.
+    enum Ahead {
+        case compressing(postTo: String?)
+        case ready(Loaded)
+    }
 
     init(plugin: Plugin) { self.plugin = plugin }
 
@@ -355,7 +374,8 @@ final class Uploader {
         wakeTimer.start(after: max(1, next > t ? next - t : 0))
     }
 
-    /// Does what stream `name`'s machine asks until it sends a batch or waits.
+    /// Does what stream `name`'s machine asks until it waits: cuts, a send, and the work ahead
+    /// of the next batch while that one is in flight.
     func pump(_ name: String, now t: UInt64) {
         guard var st = streams[name], let store else { return }
         while true {
@@ -373,35 +393,81 @@ final class Uploader {
                     st.cut(batch: key, count: n, bytes: bytes)
                 } catch {
                     plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
-                    st.storeFailed(now: t)
+                    // A cut ahead that failed waits for the flight to end; otherwise the stream waits.
+                    if !st.inFlight { st.storeFailed(now: t) }
                 }
             case .send(let key):
                 streams[name] = st
                 send(stream: name, key: key, endpoint: st.settings.endpoint)
-                return
+                // The send may have finished at once (an empty batch, a local failure).
+                guard let s = streams[name] else { return }
+                st = s
+            case .prepare(let key):
+                streams[name] = st
+                prepare(stream: name, key: key)
             }
         }
     }
 
+    /// Posts batch `key`: the one prepared ahead if it is that one, else read and compressed now.
     func send(stream: String, key: String, endpoint: String) {
+        switch ahead[key] {
+        case .compressing:
+            ahead[key] = .compressing(postTo: endpoint)  // posted when compressed
+            return
+        case .ready(let loaded):
+            ahead[key] = nil
+            upload(loaded, key: key, stream: stream, endpoint: endpoint)
+            return
+        case nil:
+            break
+        }
+        load(key, stream: stream) { [unowned self] loaded in
+            guard let loaded else {
+                self.streams[stream]?.storeFailed(now: self.now)
+                self.armWake()
+                return
+            }
+            self.upload(loaded, key: key, stream: stream, endpoint: endpoint)
+        }
+    }
+
+    /// Reads and compresses batch `key` while the batch before it is in flight
+    /// (`StreamState.Step.prepare`), so that its `send` can post it at once.
+    func prepare(stream: String, key: String) {
+        ahead[key] = .compressing(postTo: nil)
+        load(key, stream: stream) { [unowned self] loaded in
+            // Dissolved meanwhile (a 413): nothing to do.
+            guard case .compressing(let postTo) = self.ahead[key] else { return }
+            guard let postTo else {
+                self.ahead[key] = loaded.map { .ready($0) }  // a failure reads again at `send`
+                return
+            }
+            self.ahead[key] = nil
+            guard let loaded else {
+                self.streams[stream]?.storeFailed(now: self.now)
+                self.armWake()
+                return
+            }
+            self.upload(loaded, key: key, stream: stream, endpoint: postTo)
+        }
+    }
+
+    /// Reads batch `key` from disk and compresses it on libuv's thread pool; `done` gets it on
+    /// the loop (an empty batch at once, nil after a logged failure; never after shutdown).
+    private func load(_ key: String, stream: String, _ done: @escaping (Loaded?) -> Void) {
         let batch: (body: [UInt8], count: Int, recordBytes: Int)
-        let final: Bool
         do {
             batch = try store.batchBody(key, stream: stream)
-            final = try store.isFinal(key)
         } catch {
             plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
-            streams[stream]?.storeFailed(now: now)
+            done(nil)
             return
         }
         if batch.count == 0 {
-            try? store.deleteBatch(key)
-            streams[stream]?.batchWasEmpty(key)
-            pump(stream, now: now)
-            armWake()
+            done(Loaded(gz: [], count: 0, recordBytes: 0))
             return
         }
-        let sent = StreamState.SentBatch(key: key, count: batch.count, bytes: batch.recordBytes, final: final)
         // Compressed on libuv's thread pool: a full batch takes ~0.3-0.5 ms of deflate, which on
         // the loop sat between the next enqueues and their commit. Level 1: on event JSON it
         // compresses within ~2% of level 6 at less than half the CPU (500 MA events: 144 KB ->
@@ -413,13 +479,36 @@ final class Uploader {
             // Stopping: the batch stays on disk, cut, and goes after the restart.
             guard !self.stopped else { return }
             switch compressed {
-            case .success(let gz): self.post(gz, stream: stream, endpoint: endpoint, batch: sent)
+            case .success(let gz): done(Loaded(gz: gz, count: batch.count, recordBytes: batch.recordBytes))
             case .failure(let error):
                 self.plugin.log.error("gzip failed", ["error": "\(error)"])
-                self.streams[stream]?.storeFailed(now: self.now)
-                self.armWake()
+                done(nil)
             }
         }
+    }
+
+    /// Posts a loaded batch; one that held no records (delivered before a crash) is deleted and
+    /// the next one goes.
+    private func upload(_ loaded: Loaded, key: String, stream: String, endpoint: String) {
+        guard loaded.count > 0 else {
+            try? store.deleteBatch(key)
+            streams[stream]?.batchWasEmpty(key)
+            pump(stream, now: now)
+            armWake()
+            return
+        }
+        // Read now, not when it was prepared: consent denied meanwhile makes it final.
+        let final: Bool
+        do {
+            final = try store.isFinal(key)
+        } catch {
+            plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
+            streams[stream]?.storeFailed(now: now)
+            armWake()
+            return
+        }
+        let sent = StreamState.SentBatch(key: key, count: loaded.count, bytes: loaded.recordBytes, final: final)
+        post(loaded.gz, stream: stream, endpoint: endpoint, batch: sent)
     }
 
     /// Sends a cut batch's compressed body; `finished` gets the outcome.
@@ -449,11 +538,20 @@ final class Uploader {
         guard var st = streams[stream] else { return }
         var diskOK = true
         var deadLettered = 0
+        var dissolvedAhead = false
         do {
             switch StreamState.disposal(of: batch, outcome) {
             case .delete: try store.deleteBatch(batch.key, zero: batch.final)
             case .keep: break
-            case .unbatch: try store.unbatch(batch.key)
+            case .unbatch:
+                // The batch cut behind this one goes back too, unless it became final.
+                if let a = st.cutAhead, !(try store.isFinal(a.key)) {
+                    try store.unbatch([batch.key, a.key])
+                    ahead[a.key] = nil
+                    dissolvedAhead = true
+                } else {
+                    try store.unbatch([batch.key])
+                }
             case .deadLetter(let status, let reason):
                 deadLettered = try store.deadLetter(batch.key, status: status, reason: reason, nowMs: System.wallClockMs())
             }
@@ -463,7 +561,7 @@ final class Uploader {
         }
         let t = now
         for effect in st.uploadFinished(
-            batch, outcome, diskOK: diskOK, deadLettered: deadLettered, now: t,
+            batch, outcome, diskOK: diskOK, deadLettered: deadLettered, dissolvedAhead: dissolvedAhead, now: t,
             retry: retry, random: rng.nextUnit())
         {
             switch effect {

@@ -133,6 +133,37 @@ import Testing
         #expect((try b.stream("s.split")["batches"]?.intValue ?? 0) > 1)
     }
 
+    /// Many batches drained back to back (each next one cut and compressed while the one before
+    /// is at the backend) arrive once each and in queue order.
+    @Test func manyBatchesArriveInQueueOrder() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [
+            TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 500, "maxBatchBytes": 2048, "intervalMs": 600000]]])
+        ])
+        let c = try h.client()
+        for k in 0..<6 { _ = try enqueue(c, "s.order", records("o", (k * 50)..<(k * 50 + 50), pad: 100)) }
+        _ = try c.call("uploader.flush", ["stream": "s.order", "wait": true], timeoutMs: 20000)
+        #expect(try b.records("s.order").compactMap { $0["id"]?.stringValue } == (0..<300).map { "o-\($0)" })
+        #expect((try b.stream("s.order")["batches"]?.intValue ?? 0) >= 15, "≈130-byte records, ≤2048 bytes per batch")
+    }
+
+    /// A 413 dissolves the batch cut ahead of the next send too, so the records split into
+    /// smaller batches still arrive in queue order.
+    @Test func aSplitAfter413KeepsTheQueueOrder() throws {
+        let b = try TestBackend(maxBody: 4000)
+        let h = try TestHost(plugins: [
+            TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 10, "maxBatchBytes": 8000, "intervalMs": 600000]]])
+        ])
+        let c = try h.client()
+        // The first batch (≈520-byte records, up to 8000 bytes) is over the backend's 4000; the
+        // second, cut while the first is in flight, holds only small records and would be
+        // accepted before the first one's halves if it were not dissolved with it.
+        let big = records("x", 0..<15, pad: 500).arrayValue!, small = records("x", 15..<40, pad: 10).arrayValue!
+        _ = try enqueue(c, "s.split413", .array(big + small))
+        _ = try c.call("uploader.flush", ["stream": "s.split413", "wait": true], timeoutMs: 20000)
+        #expect(try b.records("s.split413").compactMap { $0["id"]?.stringValue } == (0..<40).map { "x-\($0)" })
+    }
+
     @Test func otherClientErrorsBecomeDeadLetters() throws {
         let b = try TestBackend()
         try b.faults(["failNext": 1, "status": 400])

@@ -315,8 +315,100 @@ struct QueueMachineTests {
         var st = stream()
         st.pendingBatches = ["a", "b"]
         #expect(st.poll(now: 0) == .send(batch: "a"))
+        #expect(st.poll(now: 0) == .prepare(batch: "b"), "b is read and compressed while a is in flight")
         #expect(st.poll(now: 0) == .idle, "a is in flight")
         _ = st.uploadFinished(.init(key: "a", count: 1, bytes: 0, final: false), .delivered, now: 0, retry: Self.noJitter, random: 0)
         #expect(st.poll(now: 0) == .send(batch: "b"))
+        #expect(st.preparedAhead == nil && st.poll(now: 0) == .idle)
+    }
+
+    // MARK: Work ahead of the batch in flight
+
+    @Test func theNextBatchIsCutAndPreparedWhileOneIsInFlightAndSentInOrder() {
+        var disk = FakeDisk()
+        var st = stream(maxCount: 5, maxBatchBytes: 50)
+        disk.queued = Array(repeating: 10, count: 12)
+        st.committed(added: 12, bytes: 120, now: 0)
+        st.flush()
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        // In flight: one cut ahead, then its preparation, then nothing more this flight.
+        #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
+        #expect(st.pendingBatches == ["b1", "b2"] && st.cutAhead == AheadCut(key: "b2", count: 5, bytes: 50))
+        #expect(st.queued == 2 && st.queuedBytes == 20)
+        #expect(run(&st, &disk, now: 0) == .idle, "at most one batch cut ahead")
+        #expect(st.nextWake(now: 0) == nil, "in flight: only the answer moves it")
+        _ = st.uploadFinished(sent(st, disk), .delivered, now: 5, retry: Self.noJitter, random: 0.5)
+        #expect(run(&st, &disk, now: 5) == .send(batch: "b2"), "the prepared batch goes next")
+        #expect(st.cutAhead == nil && st.preparedAhead == nil)
+        #expect(run(&st, &disk, now: 5) == .prepare(batch: "b3"), "the flush still asks for the rest")
+        #expect(st.queued == 0 && !st.flushRequested)
+        _ = st.uploadFinished(sent(st, disk), .delivered, now: 6, retry: Self.noJitter, random: 0.5)
+        #expect(run(&st, &disk, now: 6) == .send(batch: "b3"))
+        #expect(run(&st, &disk, now: 6) == .idle)
+        _ = st.uploadFinished(sent(st, disk), .delivered, now: 7, retry: Self.noJitter, random: 0.5)
+        #expect(st.isDrained && st.delivered == 12 && st.diskBytes == 0)
+    }
+
+    @Test func aBatchIsCutAheadOnlyWhenTheQueueWouldSendIt() {
+        var disk = FakeDisk()
+        var st = stream(maxCount: 5, intervalMs: 1_000)
+        disk.queued = [10]
+        st.committed(added: 1, bytes: 10, now: 0)
+        st.flush()
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        disk.queued = [10, 10]
+        st.committed(added: 2, bytes: 20, now: 100)
+        #expect(run(&st, &disk, now: 100) == .idle, "two records wait for their interval, flight or not")
+        #expect(run(&st, &disk, now: 1_100) == .prepare(batch: "b2"), "the interval is over: cut ahead")
+        #expect(st.pendingBatches == ["b1", "b2"] && st.queued == 0)
+    }
+
+    @Test func aRetryKeepsTheBatchPreparedAheadForAfterIt() {
+        var disk = FakeDisk()
+        var st = stream(maxCount: 1, maxBatchBytes: 10)
+        disk.queued = [10, 10]
+        st.committed(added: 2, bytes: 20, now: 0)
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
+        let b1 = sent(st, disk)
+        _ = st.uploadFinished(b1, .retry(reason: "HTTP 503", retryAfterMs: nil), now: 10, retry: Self.noJitter, random: 0.5)
+        #expect(run(&st, &disk, now: 10) == .idle, "backing off")
+        #expect(run(&st, &disk, now: 110) == .send(batch: "b1"), "the failed batch again, first")
+        #expect(run(&st, &disk, now: 110) == .idle, "b2 is still prepared and nothing more is cut")
+        #expect(st.preparedAhead == "b2" && st.cutAhead?.key == "b2")
+        _ = st.uploadFinished(b1, .delivered, now: 120, retry: Self.noJitter, random: 0.5)
+        #expect(run(&st, &disk, now: 120) == .send(batch: "b2"))
+    }
+
+    @Test func a413DissolvesTheBatchCutAheadSoTheRecordsGoAgainInOrder() {
+        var disk = FakeDisk()
+        var st = stream(maxCount: 2, maxBatchBytes: 40)
+        disk.queued = Array(repeating: 10, count: 8)
+        st.committed(added: 8, bytes: 80, now: 0)
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
+        let b1 = sent(st, disk)
+        #expect(b1.count == 4 && st.queued == 0)
+        // The shell dissolves both on disk, in one transaction: their records are queued again.
+        disk.queued = disk.batches.removeValue(forKey: "b1")! + disk.batches.removeValue(forKey: "b2")! + disk.queued
+        _ = st.uploadFinished(b1, .tooLarge, dissolvedAhead: true, now: 1, retry: Self.noJitter, random: 0.5)
+        #expect(st.pendingBatches.isEmpty && st.cutAhead == nil && st.preparedAhead == nil)
+        #expect(st.queued == 8 && st.queuedBytes == 80 && st.countCap == 2)
+        #expect(run(&st, &disk, now: 1) == .send(batch: "b3"))
+        #expect(sent(st, disk).count == 2)
+    }
+
+    @Test func a413KeepsABatchCutAheadThatBecameFinal() {
+        var disk = FakeDisk()
+        var st = stream(maxCount: 2, maxBatchBytes: 40)
+        disk.queued = Array(repeating: 10, count: 8)
+        st.committed(added: 8, bytes: 80, now: 0)
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
+        let b1 = sent(st, disk)
+        disk.queued = disk.batches.removeValue(forKey: "b1")! + disk.queued
+        _ = st.uploadFinished(b1, .tooLarge, dissolvedAhead: false, now: 1, retry: Self.noJitter, random: 0.5)
+        #expect(st.pendingBatches == ["b2"] && st.queued == 4)
+        #expect(run(&st, &disk, now: 1) == .send(batch: "b2"), "the kept batch goes first")
     }
 }

@@ -130,7 +130,7 @@ struct StoreTests {
         try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
         try Self.enqueue(store, "s", Self.numbered("r", 6..<9))
         _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1)
-        try store.unbatch("k1")
+        try store.unbatch(["k1"])
         #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 9)
         #expect(try Self.records(store.batchBody("k2", stream: "s").body).records.map(\.id) == (0..<9).map { "r\($0)" })
     }

@@ -399,9 +399,14 @@ final class Uploader {
             case .send(let key):
                 streams[name] = st
                 send(stream: name, key: key, endpoint: st.settings.endpoint)
-                // The send may have finished at once (an empty batch, a local failure).
-                guard let s = streams[name] else { return }
-                st = s
+                // The work ahead waits for the next turn: curl writes the request from a zero
+                // timer, which runs first then; done now, the cut and read of the next batch
+                // would hold the request back.
+                plugin.loop.nextTurn { [unowned self] in
+                    self.pump(name, now: self.now)
+                    self.armWake()
+                }
+                return
             case .prepare(let key):
                 streams[name] = st
                 prepare(stream: name, key: key)

@@ -137,17 +137,60 @@ final class UploaderStore {
     }
 
     /// Stores the enqueues of one group commit in one transaction: per (stream, switch) one
-    /// chunk (more past `Chunk.targetBytes`). Returns, per enqueue, how many records were new and their bytes (a record whose
-    /// id is already queued in its stream, or earlier in the same commit, is a duplicate: a
-    /// retried enqueue is idempotent). Nothing is stored, and the duplicate check is unchanged,
-    /// when it throws.
+    /// chunk (more past `Chunk.targetBytes`), and deletes the delivered batches waiting for a
+    /// transaction (`deleteDelivered`) first, so their ids may come again in this commit.
+    /// Returns, per enqueue, how many records were new and their bytes (a record whose id is
+    /// already queued in its stream, or earlier in the same commit, is a duplicate: a retried
+    /// enqueue is idempotent). Nothing is stored or deleted, and the duplicate check is
+    /// unchanged, when it throws.
     func commit(_ enqueues: [Enqueue], nowMs: Int64) throws(SQLiteError) -> [(added: Int, bytes: Int)] {
+        let deliveries = deliveredQueue
+        guard !enqueues.isEmpty || !deliveries.isEmpty else { return [] }
+        if !deliveries.isEmpty { try zeroFreedPages(false) }
+        let start = nextPosition
+        var gone: [(stream: String, keys: [RecordKey])] = []
+        var built: Built?
+        do {
+            try db.transaction { () throws(SQLiteError) in
+                gone = try deleteDeliveredRows()
+                for g in gone { forget(g.keys, of: g.stream) }
+                built = build(enqueues)
+                var position = start
+                for c in built!.chunks {
+                    try insertChunk(stream: c.stream, consent: c.consent, first: position, c.chunk, batch: nil, nowMs: nowMs)
+                    position += Int64(c.chunk.count)
+                }
+            }
+        } catch {
+            deliveredQueue = deliveries
+            // The new keys out first, then the deleted batches' back: an id of both is on disk.
+            if let built {
+                var k = 0
+                for (e, r) in zip(enqueues, built.results) {
+                    for key in built.added[k..<(k + r.added)] { ids[e.stream]?.remove(key) }
+                    k += r.added
+                }
+            }
+            for g in gone where !g.keys.isEmpty { ids[g.stream, default: []].formUnion(g.keys) }
+            throw error
+        }
+        nextPosition = start + Int64(built!.chunks.reduce(0) { $0 + $1.chunk.count })
+        return built!.results
+    }
+
+    /// A group commit's records in chunks, after the duplicate check.
+    private struct Built {
         var chunks: [(stream: String, consent: String, chunk: Chunk)] = []
-        // The keys added, in enqueue order (`results` says how many per enqueue): taken back out
-        // of their sets when the transaction fails.
+        /// The keys added to `ids`, in enqueue order (`results` says how many per enqueue).
         var added: [RecordKey] = []
         var results: [(added: Int, bytes: Int)] = []
-        results.reserveCapacity(enqueues.count)
+    }
+
+    /// Checks the enqueues' ids against `ids` (adding the new ones) and puts the new records in
+    /// chunks per (stream, switch).
+    private func build(_ enqueues: [Enqueue]) -> Built {
+        var b = Built()
+        b.results.reserveCapacity(enqueues.count)
         var escaped: [UInt8] = []
         escaped.reserveCapacity(160)
         // What a chunk's body grows to (records in their upload form: ~40 bytes around each
@@ -162,7 +205,7 @@ final class UploaderStore {
                 if let c = current, !c.set.isEmpty { ids[c.stream] = c.set }
                 current = (e.stream, ids.removeValue(forKey: e.stream) ?? [])
             }
-            var slot = chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
+            var slot = b.chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
             var n = 0
             var bytes = 0
             for r in e.records {
@@ -171,12 +214,12 @@ final class UploaderStore {
                 let inserted = escaped.withUnsafeBytes { id -> Bool in
                     let key = RecordKey(id)
                     guard current!.set.insert(key).inserted else { return false }
-                    added.append(key)
-                    if slot == nil || chunks[slot!].chunk.isFull {
-                        chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))
-                        slot = chunks.count - 1
+                    b.added.append(key)
+                    if slot == nil || b.chunks[slot!].chunk.isFull {
+                        b.chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))
+                        slot = b.chunks.count - 1
                     }
-                    chunks[slot!].chunk.append(
+                    b.chunks[slot!].chunk.append(
                         escapedID: id, ts: r.ts,
                         data: UnsafeRawBufferPointer(start: r.body, count: Int(r.bodyLength)))
                     return true
@@ -186,29 +229,10 @@ final class UploaderStore {
                     bytes += Int(r.bodyLength)
                 }
             }
-            results.append((n, bytes))
+            b.results.append((n, bytes))
         }
         if let c = current, !c.set.isEmpty { ids[c.stream] = c.set }
-        guard !chunks.isEmpty else { return results }
-        let start = nextPosition
-        do {
-            try db.transaction { () throws(SQLiteError) in
-                var position = start
-                for c in chunks {
-                    try insertChunk(stream: c.stream, consent: c.consent, first: position, c.chunk, batch: nil, nowMs: nowMs)
-                    position += Int64(c.chunk.count)
-                }
-            }
-        } catch {
-            var k = 0
-            for (e, r) in zip(enqueues, results) {
-                for key in added[k..<(k + r.added)] { ids[e.stream]?.remove(key) }
-                k += r.added
-            }
-            throw error
-        }
-        nextPosition = start + Int64(chunks.reduce(0) { $0 + $1.chunk.count })
-        return results
+        return b
     }
 
     /// Inserts chunk `c` at queue position `first`; returns its `seq`. Inside a transaction.
@@ -367,25 +391,56 @@ final class UploaderStore {
     /// consent was denied); otherwise they are left for reuse (`zeroingFreedPages`).
     func deleteBatch(_ key: String, zero: Bool = false) throws(SQLiteError) {
         try zeroFreedPages(zero)
+        let gone = try db.transaction { () throws(SQLiteError) in try deleteRows(ofBatch: key) }
+        forget(gone.keys, of: gone.stream)
+    }
+
+    /// Deletes batch `key` and returns its stream and its records' keys. Inside a transaction.
+    private func deleteRows(ofBatch key: String) throws(SQLiteError) -> (stream: String, keys: [RecordKey]) {
         var gone: [RecordKey] = []
-        var stream = ""
-        try db.transaction { () throws(SQLiteError) in
-            stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
-            let s = try db.prepare(
-                "DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
-            try s.bind([.text(key)])
-            while try s.step() {
-                s.withBlob(0) { body in
-                    s.withBlob(1) { index in
-                        for i in 0..<(index.count / Chunk.indexEntryBytes) {
-                            gone.append(RecordKey(Chunk.record(body, index, i).escapedID))
-                        }
+        let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
+        let s = try db.prepare(
+            "DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
+        try s.bind([.text(key)])
+        while try s.step() {
+            s.withBlob(0) { body in
+                s.withBlob(1) { index in
+                    for i in 0..<(index.count / Chunk.indexEntryBytes) {
+                        gone.append(RecordKey(Chunk.record(body, index, i).escapedID))
                     }
                 }
             }
-            try dropRows(ofBatch: key)
         }
-        forget(gone, of: stream)
+        try dropRows(ofBatch: key)
+        return (stream, gone)
+    }
+
+    /// Delivered batches whose deletion waits for the next transaction (`deleteDelivered`).
+    private(set) var deliveredQueue: [String] = []
+
+    /// Batch `key` was delivered: its deletion joins the next group commit's transaction
+    /// (`commit`), or `applyDeliveredDeletes` when none comes. A transaction and its WAL frames
+    /// per delivered batch cost about as much as a group commit; shared, the pages both touch
+    /// are written once. Until then the batch is on disk: its ids are still duplicates, and a
+    /// crash before it makes the batch go again after the restart (the backend keeps it once,
+    /// by its key).
+    func deleteDelivered(_ key: String) { deliveredQueue.append(key) }
+
+    /// Deletes the delivered batches waiting for a transaction, in one of their own.
+    func applyDeliveredDeletes() throws(SQLiteError) {
+        guard !deliveredQueue.isEmpty else { return }
+        try zeroFreedPages(false)
+        let gone = try db.transaction { () throws(SQLiteError) in try deleteDeliveredRows() }
+        for g in gone { forget(g.keys, of: g.stream) }
+    }
+
+    /// Deletes the rows of the queued delivered batches and empties the queue (put back when
+    /// the transaction fails). Inside a transaction.
+    private func deleteDeliveredRows() throws(SQLiteError) -> [(stream: String, keys: [RecordKey])] {
+        var gone: [(stream: String, keys: [RecordKey])] = []
+        for key in deliveredQueue { gone.append(try deleteRows(ofBatch: key)) }
+        deliveredQueue.removeAll()
+        return gone
     }
 
     /// Deletes batch `key`'s chunks and its `batches` row, once the caller has deleted the

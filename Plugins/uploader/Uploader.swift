@@ -54,6 +54,8 @@ final class Uploader {
     /// (`StreamState.Step.prepare`), by batch key: per stream at most the next one, and the one
     /// just sent while it still compresses; each at most `maxBatchBytes` before compression.
     private var ahead: [String: Ahead] = [:]
+    /// Whether `applyDeliveredDeletes` is due on the next turn.
+    private var deleteTurnScheduled = false
 
     /// A batch read from disk and compressed: ready to post.
     struct Loaded {
@@ -134,6 +136,7 @@ final class Uploader {
     func shutdown() {
         stopped = true
         commit()
+        applyDeliveredDeletes()
         http?.shutdown()
         store?.close()
     }
@@ -282,6 +285,18 @@ final class Uploader {
         }
         streams[stream] = st
         return true
+    }
+
+    /// Deletes the delivered batches no group commit took (`UploaderStore.deleteDelivered`).
+    func applyDeliveredDeletes() {
+        deleteTurnScheduled = false
+        guard let store else { return }
+        do {
+            try store.applyDeliveredDeletes()
+        } catch {
+            // The batches stay on disk and go again after a restart (the backend keeps them once).
+            plugin.log.error("cannot delete delivered batches", ["batches": store.deliveredQueue.count, "error": "\(error)"])
+        }
     }
 
     func commit() {
@@ -546,7 +561,15 @@ final class Uploader {
         var dissolvedAhead = false
         do {
             switch StreamState.disposal(of: batch, outcome) {
-            case .delete: try store.deleteBatch(batch.key, zero: batch.final)
+            case .delete where batch.final:
+                try store.deleteBatch(batch.key, zero: true)
+            case .delete:
+                // Joins the next group commit, or the next turn's own transaction.
+                store.deleteDelivered(batch.key)
+                if !deleteTurnScheduled {
+                    deleteTurnScheduled = true
+                    plugin.loop.nextTurn { [unowned self] in self.applyDeliveredDeletes() }
+                }
             case .keep: break
             case .unbatch:
                 // The batch cut behind this one goes back too, unless it became final.

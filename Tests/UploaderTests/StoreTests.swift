@@ -124,6 +124,52 @@ struct StoreTests {
         #expect(try Self.enqueue(store, "s", [("a", "1")]).added == 1, "delivered: the id may come again")
     }
 
+    @Test func aDeliveredBatchIsDeletedByTheNextCommitWhoseIdsMayComeAgainInIt() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<4))
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        store.deleteDelivered("k")
+        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1, "waits for a transaction")
+        #expect(try Self.enqueue(store, "s", [("r1", "1"), ("r9", "9")]) == (2, 2), "r1 was deleted first")
+        #expect(store.deliveredQueue.isEmpty)
+        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 0)
+        #expect(try store.db.query("SELECT SUM(count) FROM chunks").first?[0].int == 2)
+        #expect(try Self.enqueue(store, "s", [("r1", "1")]).added == 0, "queued again: a duplicate")
+    }
+
+    @Test func deliveredBatchesWithoutACommitAreDeletedInTheirOwnTransaction() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
+        _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
+        _ = try store.cutBatch(stream: "s", key: "k2", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
+        store.deleteDelivered("k1")
+        store.deleteDelivered("k2")
+        try store.applyDeliveredDeletes()
+        #expect(store.deliveredQueue.isEmpty && store.ids["s"] == nil)
+        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 0)
+        #expect(try store.db.query("SELECT COUNT(*) FROM chunk_bodies").first?[0].int == 0)
+        #expect(try store.totalBytes() == 0)
+    }
+
+    @Test func aFailedCommitKeepsTheDeliveredBatchQueuedAndItsIdsDuplicates() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<2))
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        store.deleteDelivered("k")
+        // The insert fails after the delete (and its forgetting of r0 and r1) ran.
+        try store.db.exec("CREATE TEMP TRIGGER fail BEFORE INSERT ON chunks BEGIN SELECT RAISE(ABORT, 'injected'); END")
+        #expect(throws: SQLiteError.self) { try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) }
+        try store.db.exec("DROP TRIGGER fail")
+        #expect(store.deliveredQueue == ["k"])
+        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1)
+        #expect(store.ids["s"]?.count == 2, "r0 and r1 still on disk; new not added")
+        #expect(try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) == (2, 2))
+        #expect(store.deliveredQueue.isEmpty && store.ids["s"]?.count == 2)
+    }
+
     @Test func anUnbatchedBatchGoesBackToItsPlace() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
         defer { store.db.close() }

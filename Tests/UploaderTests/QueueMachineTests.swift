@@ -380,14 +380,20 @@ struct QueueMachineTests {
         #expect(run(&st, &disk, now: 120) == .send(batch: "b2"))
     }
 
-    @Test func a413DissolvesTheBatchCutAheadSoTheRecordsGoAgainInOrder() {
+    /// Eight 10-byte records, 4 per batch: b1 in flight, b2 cut and prepared ahead.
+    func inFlightWithOneCutAhead() -> (StreamState, FakeDisk, StreamState.SentBatch) {
         var disk = FakeDisk()
         var st = stream(maxCount: 2, maxBatchBytes: 40)
         disk.queued = Array(repeating: 10, count: 8)
         st.committed(added: 8, bytes: 80, now: 0)
         #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
         #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
-        let b1 = sent(st, disk)
+        return (st, disk, sent(st, disk))
+    }
+
+    @Test func a413DissolvesTheBatchCutAheadSoTheRecordsGoAgainInOrder() {
+        let (start, startDisk, b1) = inFlightWithOneCutAhead()
+        var st = start, disk = startDisk
         #expect(b1.count == 4 && st.queued == 0)
         // The shell dissolves both on disk, in one transaction: their records are queued again.
         disk.queued = disk.batches.removeValue(forKey: "b1")! + disk.batches.removeValue(forKey: "b2")! + disk.queued
@@ -399,13 +405,8 @@ struct QueueMachineTests {
     }
 
     @Test func a413KeepsABatchCutAheadThatBecameFinal() {
-        var disk = FakeDisk()
-        var st = stream(maxCount: 2, maxBatchBytes: 40)
-        disk.queued = Array(repeating: 10, count: 8)
-        st.committed(added: 8, bytes: 80, now: 0)
-        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
-        #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
-        let b1 = sent(st, disk)
+        let (start, startDisk, b1) = inFlightWithOneCutAhead()
+        var st = start, disk = startDisk
         disk.queued = disk.batches.removeValue(forKey: "b1")! + disk.queued
         _ = st.uploadFinished(b1, .tooLarge, dissolvedAhead: false, now: 1, retry: Self.noJitter, random: 0.5)
         #expect(st.pendingBatches == ["b2"] && st.queued == 4)

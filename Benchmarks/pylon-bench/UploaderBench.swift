@@ -92,21 +92,20 @@ func uploaderBench() throws {
             + "CPU µs/record: host \(fmt((cpu1 - cpu0) / tps * 1e6 / Double(max(acked, 1)))), uploader \(fmt((pcpu1 - pcpu0) / tps * 1e6 / Double(max(acked, 1))))"
     )
 
-    let commits = (try? SyncClient(path: socketPath).call("uploader.status"))?["commits"]?.intValue ?? 0
+    let statusClient = try SyncClient(path: socketPath)
+    let commits = (try? statusClient.call("uploader.status"))?["commits"]?.intValue ?? 0
     print("group commits: \(commits), \(fmt(Double(acked) / Double(max(commits, 1)))) records per commit")
 
     // End to end: until the uploader has had every acknowledged record accepted by the backend
     // (its `delivered` count; asking the backend every few milliseconds would charge the
     // backend a count over its whole index each time), then the backend's own count confirms it.
-    let statusClient = try SyncClient(path: socketPath)
-    // What was delivered while the enqueues went on; the rest drains alone (the drain's own rate).
-    let deliveredAtAckEnd = (try? statusClient.call("uploader.status"))?["streams"]?[stream]?["delivered"]?.intValue ?? 0
-    let ackEnd = Loop.hrtimeNs
-    while true {
-        let delivered = (try? statusClient.call("uploader.status"))?["streams"]?[stream]?["delivered"]?.intValue ?? 0
-        if delivered >= acked || Loop.hrtimeNs - start > UInt64(120e9) { break }
-        usleep(5_000)
+    func deliveredByUploader() -> Int {
+        Int((try? statusClient.call("uploader.status"))?["streams"]?[stream]?["delivered"]?.intValue ?? 0)
     }
+    // What was delivered while the enqueues went on; the rest drains alone (the drain's own rate).
+    let deliveredAtAckEnd = deliveredByUploader()
+    let ackEnd = Loop.hrtimeNs
+    while deliveredByUploader() < acked && Loop.hrtimeNs - start <= UInt64(120e9) { usleep(5_000) }
     let e2eEnd = Loop.hrtimeNs
     let bcpu1 = cpuTicks(backend.pid)
     let http = HTTPClient(loop: loop)
@@ -121,8 +120,8 @@ func uploaderBench() throws {
     print(
         "end to end: \(delivered) of \(acked) records at the backend after \(fmt(e2e)) s = \(Int(Double(delivered) / e2e)) records/s; "
             + "CPU µs/record: backend \(fmt(backendUs)); "
-            + "\(deliveredAtAckEnd) delivered while enqueuing, the remaining \(acked - Int(deliveredAtAckEnd)) drained alone at "
-            + "\(Int(Double(acked - Int(deliveredAtAckEnd)) / max(Double(e2eEnd - ackEnd) / 1e9, 1e-9))) records/s")
+            + "\(deliveredAtAckEnd) delivered while enqueuing, the remaining \(acked - deliveredAtAckEnd) drained alone at "
+            + "\(Int(Double(acked - deliveredAtAckEnd) / max(Double(e2eEnd - ackEnd) / 1e9, 1e-9))) records/s")
     http.shutdown()
     conn.close()
     // The backend first: stopHost runs the loop until every child has exited.

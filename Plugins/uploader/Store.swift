@@ -144,9 +144,8 @@ final class UploaderStore {
     /// enqueue is idempotent). Nothing is stored or deleted, and the duplicate check is
     /// unchanged, when it throws.
     func commit(_ enqueues: [Enqueue], nowMs: Int64) throws(SQLiteError) -> [(added: Int, bytes: Int)] {
-        let deliveries = deliveredQueue
-        guard !enqueues.isEmpty || !deliveries.isEmpty else { return [] }
-        if !deliveries.isEmpty { try zeroFreedPages(false) }
+        guard !enqueues.isEmpty || !deliveredQueue.isEmpty else { return [] }
+        if !deliveredQueue.isEmpty { try zeroFreedPages(false) }
         let start = nextPosition
         var gone: [(stream: String, keys: [RecordKey])] = []
         var built: Built?
@@ -162,7 +161,6 @@ final class UploaderStore {
                 }
             }
         } catch {
-            deliveredQueue = deliveries
             // The new keys out first, then the deleted batches' back: an id of both is on disk.
             if let built {
                 var k = 0
@@ -174,6 +172,7 @@ final class UploaderStore {
             for g in gone where !g.keys.isEmpty { ids[g.stream, default: []].formUnion(g.keys) }
             throw error
         }
+        deliveredQueue.removeAll()
         nextPosition = start + Int64(built!.chunks.reduce(0) { $0 + $1.chunk.count })
         return built!.results
     }
@@ -431,16 +430,14 @@ final class UploaderStore {
         guard !deliveredQueue.isEmpty else { return }
         try zeroFreedPages(false)
         let gone = try db.transaction { () throws(SQLiteError) in try deleteDeliveredRows() }
+        deliveredQueue.removeAll()
         for g in gone { forget(g.keys, of: g.stream) }
     }
 
-    /// Deletes the rows of the queued delivered batches and empties the queue (put back when
-    /// the transaction fails). Inside a transaction.
+    /// Deletes the rows of the queued delivered batches; the caller empties the queue once the
+    /// transaction committed. Inside a transaction.
     private func deleteDeliveredRows() throws(SQLiteError) -> [(stream: String, keys: [RecordKey])] {
-        var gone: [(stream: String, keys: [RecordKey])] = []
-        for key in deliveredQueue { gone.append(try deleteRows(ofBatch: key)) }
-        deliveredQueue.removeAll()
-        return gone
+        try deliveredQueue.map { key throws(SQLiteError) in try deleteRows(ofBatch: key) }
     }
 
     /// Deletes batch `key`'s chunks and its `batches` row, once the caller has deleted the

@@ -429,33 +429,24 @@ final class Uploader {
         }
     }
 
-    /// Posts batch `key`: the one prepared ahead if it is that one, else read and compressed now.
+    /// Posts batch `key`: the one prepared ahead if it is that one (when it is still
+    /// compressing, once it is done), else read and compressed now.
     func send(stream: String, key: String, endpoint: String) {
         switch ahead[key] {
         case .compressing:
-            ahead[key] = .compressing(postTo: endpoint)  // posted when compressed
-            return
+            ahead[key] = .compressing(postTo: endpoint)
         case .ready(let loaded):
             ahead[key] = nil
             upload(loaded, key: key, stream: stream, endpoint: endpoint)
-            return
         case nil:
-            break
-        }
-        load(key, stream: stream) { [unowned self] loaded in
-            guard let loaded else {
-                self.streams[stream]?.storeFailed(now: self.now)
-                self.armWake()
-                return
-            }
-            self.upload(loaded, key: key, stream: stream, endpoint: endpoint)
+            prepare(stream: stream, key: key, postTo: endpoint)
         }
     }
 
-    /// Reads and compresses batch `key` while the batch before it is in flight
-    /// (`StreamState.Step.prepare`), so that its `send` can post it at once.
-    func prepare(stream: String, key: String) {
-        ahead[key] = .compressing(postTo: nil)
+    /// Reads and compresses batch `key`, then posts it to `postTo`; without `postTo` (ahead of
+    /// its `send`, `StreamState.Step.prepare`) it is kept in `ahead` for that `send`.
+    func prepare(stream: String, key: String, postTo: String? = nil) {
+        ahead[key] = .compressing(postTo: postTo)
         load(key, stream: stream) { [unowned self] loaded in
             // Dissolved meanwhile (a 413): nothing to do.
             guard case .compressing(let postTo) = self.ahead[key] else { return }

@@ -42,6 +42,16 @@ struct QueueMachineTests {
         return StreamState(settings: s)
     }
 
+    /// A stream and the fake disk holding `n` committed 10-byte records (flushed when `flush`).
+    func filled(_ n: Int, maxCount: Int, maxBatchBytes: Int, flush: Bool = false) -> (StreamState, FakeDisk) {
+        var disk = FakeDisk()
+        var st = stream(maxCount: maxCount, maxBatchBytes: maxBatchBytes)
+        disk.queued = Array(repeating: 10, count: n)
+        st.committed(added: n, bytes: 10 * n, now: 0)
+        if flush { st.flush() }
+        return (st, disk)
+    }
+
     /// Polls and performs cuts on the fake disk until the machine sends or idles.
     func run(_ st: inout StreamState, _ disk: inout FakeDisk, now: UInt64, hold: UInt64? = nil) -> StreamState.Step {
         while true {
@@ -228,11 +238,7 @@ struct QueueMachineTests {
     }
 
     @Test func a413SplitsTheBatchInHalvesDownToOneThenDeadLetters() {
-        var disk = FakeDisk()
-        var st = stream(maxCount: 400, maxBatchBytes: 100_000)
-        disk.queued = Array(repeating: 10, count: 4)
-        st.committed(added: 4, bytes: 40, now: 0)
-        st.flush()
+        var (st, disk) = filled(4, maxCount: 400, maxBatchBytes: 100_000, flush: true)
         #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
         var b = sent(st, disk)
         #expect(StreamState.disposal(of: b, .tooLarge) == .unbatch)
@@ -325,11 +331,7 @@ struct QueueMachineTests {
     // MARK: Work ahead of the batch in flight
 
     @Test func theNextBatchIsCutAndPreparedWhileOneIsInFlightAndSentInOrder() {
-        var disk = FakeDisk()
-        var st = stream(maxCount: 5, maxBatchBytes: 50)
-        disk.queued = Array(repeating: 10, count: 12)
-        st.committed(added: 12, bytes: 120, now: 0)
-        st.flush()
+        var (st, disk) = filled(12, maxCount: 5, maxBatchBytes: 50, flush: true)
         #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
         // In flight: one cut ahead, then its preparation, then nothing more this flight.
         #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
@@ -382,10 +384,7 @@ struct QueueMachineTests {
 
     /// Eight 10-byte records, 4 per batch: b1 in flight, b2 cut and prepared ahead.
     func inFlightWithOneCutAhead() -> (StreamState, FakeDisk, StreamState.SentBatch) {
-        var disk = FakeDisk()
-        var st = stream(maxCount: 2, maxBatchBytes: 40)
-        disk.queued = Array(repeating: 10, count: 8)
-        st.committed(added: 8, bytes: 80, now: 0)
+        var (st, disk) = filled(8, maxCount: 2, maxBatchBytes: 40)
         #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
         #expect(run(&st, &disk, now: 0) == .prepare(batch: "b2"))
         return (st, disk, sent(st, disk))

@@ -54,8 +54,16 @@ final class Uploader {
     /// (`StreamState.Step.prepare`), by batch key: per stream at most the next one, and the one
     /// just sent while it still compresses; each at most `maxBatchBytes` before compression.
     private var ahead: [String: Ahead] = [:]
-    /// Whether `applyDeliveredDeletes` is due on the next turn.
-    private var deleteTurnScheduled = false
+    /// Runs `applyDeliveredDeletes` when no group commit took the delivered batches within
+    /// `deliveredDeleteDelayMs`.
+    private var deleteTimer: Timer!
+    /// How long a delivered batch's deletion waits for a group commit to join before it runs in
+    /// a transaction of its own. Waiting changes nothing a caller sees: every commit deletes the
+    /// waiting batches before its duplicate check, the disk cap's bytes are released at once,
+    /// and a crash meanwhile only sends the batch again under its key. Run on the next turn
+    /// instead, about two in three deletions at 64 in flight had a transaction of their own
+    /// (~140 µs each); with 20 ms, about one in twenty-five.
+    static let deliveredDeleteDelayMs: UInt64 = 20
 
     /// A batch read from disk and compressed: ready to post.
     struct Loaded {
@@ -122,6 +130,7 @@ final class Uploader {
             self.pumpAll()
         }
         commitTimer = Timer(loop: plugin.loop) { [unowned self] in self.commit() }
+        deleteTimer = Timer(loop: plugin.loop) { [unowned self] in self.applyDeliveredDeletes() }
         let pending = streams.values.reduce(0) { $0 + $1.pendingBatches.count }
         plugin.log.info(
             "uploader ready",
@@ -289,7 +298,6 @@ final class Uploader {
 
     /// Deletes the delivered batches no group commit took (`UploaderStore.deleteDelivered`).
     func applyDeliveredDeletes() {
-        deleteTurnScheduled = false
         guard let store else { return }
         do {
             try store.applyDeliveredDeletes()
@@ -555,12 +563,9 @@ final class Uploader {
             case .delete where batch.final:
                 try store.deleteBatch(batch.key, zero: true)
             case .delete:
-                // Joins the next group commit, or the next turn's own transaction.
+                // Joins the next group commit, or a transaction of its own if none comes soon.
                 store.deleteDelivered(batch.key)
-                if !deleteTurnScheduled {
-                    deleteTurnScheduled = true
-                    plugin.loop.nextTurn { [unowned self] in self.applyDeliveredDeletes() }
-                }
+                if !deleteTimer.isActive { deleteTimer.start(after: Uploader.deliveredDeleteDelayMs) }
             case .keep: break
             case .unbatch:
                 // The batch cut behind this one goes back too, unless it became final.

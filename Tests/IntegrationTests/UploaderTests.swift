@@ -36,6 +36,28 @@ import Testing
         #expect(try count(b, "s.count") == 21)
     }
 
+    /// A delivered batch's deletion waits for the next group commit (or 20 ms), and that commit
+    /// deletes it before its duplicate check: the same ids enqueued right after the delivery are
+    /// new records, stored and sent again (in a batch of their own; the backend keeps an id once
+    /// per stream). Also after the deletion ran alone.
+    @Test func idsOfADeliveredBatchAreStoredAgainAtOnce() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.again": ["maxCount": 500, "intervalMs": 600000]]])])
+        let c = try h.client()
+        for round in 1...3 {
+            let r = try enqueue(c, "s.again", records("a", 0..<20))
+            #expect(r["accepted"] == .int(20), "round \(round): \(r)")
+            #expect(r["duplicates"] == .int(0))
+            // A second enqueue of the same ids before the delivery: duplicates.
+            #expect(try enqueue(c, "s.again", records("a", 0..<20))["duplicates"] == .int(20))
+            #expect(try c.call("uploader.flush", ["stream": "s.again", "wait": true])["drained"] == .bool(true))
+            #expect(try b.stream("s.again")["batches"] == .int(Int64(round)))
+            #expect(try count(b, "s.again") == 20)
+            if round == 2 { usleep(100_000) }  // round 3 comes after the deletion's own transaction
+        }
+        #expect(try c.call("uploader.status")["diskBytes"] == .int(0))
+    }
+
     /// Requests the fast scans are unsure about reach the uploader's json-c readers (the kit's
     /// fallback for a deferred raw method, and the enqueue reader's own fallback for an escaped
     /// id) and are stored exactly as decoded JSON, with dedup on the decoded id.

@@ -9,7 +9,8 @@ import PylonStore
 ///   and switch becomes one chunk (at most `migrationChunkRecords`), positioned in that order;
 /// - a record that was in a cut batch goes into a chunk of that batch, so the pending batch keeps
 ///   its key and its records: its resend is still recognised by the backend as a duplicate;
-/// - ids are written JSON-escaped as the batch body needs them; `data` is copied as stored.
+/// - ids are written JSON-escaped as the batch body needs them; `data` is copied as stored;
+/// - the dropped table's pages are zeroed as they are freed (`secure_delete=ON`).
 ///
 /// A crash during the migration rolls it back; the next start migrates again.
 extension UploaderStore {
@@ -49,7 +50,11 @@ extension UploaderStore {
             }
             rows.reset()
             for stream in Array(open.keys) { try flush(stream) }
+            // The old rows' pages are zeroed as they are freed: the records live on in the
+            // chunks, and a copy left in free pages would outlive a later purge (consent denied).
+            try zeroFreedPages(true)
             try db.exec("DROP TABLE records")
         }
+        try zeroFreedPages(false)
     }
 }

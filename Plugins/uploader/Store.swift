@@ -340,11 +340,15 @@ final class UploaderStore {
         try db.run(
             "UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
             [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
+        // The old body's pages are zeroed as they are freed: its records may be purged later
+        // (consent denied), and a copy left in free pages would outlive the purge.
+        try zeroFreedPages(true)
         let u = try db.prepare("UPDATE chunk_bodies SET body=?, idx=? WHERE seq=?")
         try u.bindBlob(1, bytes: tail.body)
         try u.bindBlob(2, bytes: tail.index)
         try u.bindInt(3, seq)
         while try u.step() {}
+        try zeroFreedPages(false)
         return (headSeq, head.count, head.bytes)
     }
 
@@ -379,7 +383,7 @@ final class UploaderStore {
     }
 
     /// Sets `PRAGMA secure_delete` for the deletes that follow (`zeroingFreedPages`).
-    private func zeroFreedPages(_ on: Bool) throws(SQLiteError) {
+    func zeroFreedPages(_ on: Bool) throws(SQLiteError) {
         guard on != zeroingFreedPages else { return }
         try db.exec(on ? "PRAGMA secure_delete=ON" : "PRAGMA secure_delete=FAST")
         zeroingFreedPages = on

@@ -189,7 +189,7 @@ extension StreamState {
             let delay = StreamState.retryDelay(attempts: attempts, policy: retry, retryAfterMs: retryAfter, random: random)
             notBeforeMs = now + delay
             lastRetryDelayMs = delay
-            if let ra = retryAfter { effects.append(.holdEndpoint(untilMs: now + ra)) }
+            if let ra = retryAfter { effects.append(.holdEndpoint(untilMs: now + retry.honoured(ra))) }
             lastResult = "retrying: \(reason)"
         case (.tooLarge, .unbatch):
             // Split: the batch's records are queued again and cut at half the size.
@@ -213,7 +213,10 @@ extension StreamState {
             removeSent(batch.key)
             deadLetters += UInt64(deadLettered)
             effects.append(.release(bytes: batch.bytes))
-            lastResult = "413 for a single record; set aside as a dead letter"
+            lastResult =
+                batch.count <= 1
+                ? "413 for a single record; set aside as a dead letter"
+                : "413 for a final batch; \(deadLettered) records set aside as dead letters"
         case (.rejected(_, let reason), _):
             removeSent(batch.key)
             deadLetters += UInt64(deadLettered)

@@ -16,6 +16,12 @@ struct RetryPolicy: Equatable {
     var initialMs: UInt64 = 1_000
     var maxMs: UInt64 = 300_000
     var jitter = 0.2
+    /// The longest server `Retry-After` honoured (config `maxRetryAfterMs`): a longer one waits
+    /// this long, so a wrong or hostile header cannot park a stream for years.
+    var maxRetryAfterMs: UInt64 = 3_600_000
+
+    /// `retryAfterMs` capped at `maxRetryAfterMs`.
+    func honoured(_ retryAfterMs: UInt64) -> UInt64 { min(retryAfterMs, maxRetryAfterMs) }
 }
 
 /// What one upload attempt came back with.
@@ -136,6 +142,6 @@ struct StreamState {
     static func retryDelay(attempts: Int, policy: RetryPolicy, retryAfterMs: UInt64?, random: Double) -> UInt64 {
         let d = BackoffPolicy(initialMs: policy.initialMs, maxMs: policy.maxMs, jitter: policy.jitter)
             .delay(attempt: attempts, random: random)
-        return max(d, retryAfterMs ?? 0)
+        return max(d, policy.honoured(retryAfterMs ?? 0))
     }
 }

@@ -553,8 +553,13 @@ final class Uploader {
 
     /// An upload came back: do what the machine says with the batch on disk, report it, and do
     /// the bookkeeping it returns.
-    func finished(stream: String, endpoint: String, batch: StreamState.SentBatch, outcome: UploadOutcome) {
+    func finished(stream: String, endpoint: String, batch sent: StreamState.SentBatch, outcome: UploadOutcome) {
         guard var st = streams[stream] else { return }
+        // Consent denied while the batch was at the backend made it final on disk: its one send
+        // is done, so a retry purges it, a 413 sets it aside and a delivery zeroes it, rather
+        // than sending it again or returning its records to the queue.
+        var batch = sent
+        if !batch.final, (try? store.isFinal(batch.key)) == true { batch.final = true }
         var diskOK = true
         var deadLettered = 0
         var dissolvedAhead = false

@@ -107,6 +107,7 @@ struct UploaderConfig {
         if let v = try int("requestTimeoutMs", min: 1) { limits.requestTimeoutMs = v }
         if let v = try int("retryInitialMs") { retry.initialMs = UInt64(v) }
         if let v = try int("retryMaxMs") { retry.maxMs = UInt64(v) }
+        if let v = try int("maxRetryAfterMs") { retry.maxRetryAfterMs = UInt64(v) }
         fsyncFull = c["fsync"]?.stringValue == "full"
         if let h = c["allowedHosts"], h != .null {
             guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {

@@ -26,10 +26,15 @@ public struct HTTPResponse: Sendable {
     public var body: [UInt8]
     public var bodyText: String { String(decoding: body, as: UTF8.self) }
 
-    /// `Retry-After` in milliseconds (delta-seconds form), if present.
-    public var retryAfterMs: UInt64? {
-        guard let v = headers["retry-after"], let s = UInt64(v.trimmingSpaces) else { return nil }
-        return s * 1000
+    /// `Retry-After` in milliseconds (delta-seconds form), if present; `UInt64.max` for more
+    /// seconds than that holds (the caller caps it).
+    public var retryAfterMs: UInt64? { headers["retry-after"].flatMap(HTTPResponse.retryAfterMs) }
+
+    /// A `Retry-After` value (delta-seconds) in milliseconds, `UInt64.max` when too large.
+    public static func retryAfterMs(_ value: String) -> UInt64? {
+        guard let s = UInt64(value.trimmingSpaces) else { return nil }
+        let (ms, overflow) = s.multipliedReportingOverflow(by: 1000)
+        return overflow ? .max : ms
     }
 }
 

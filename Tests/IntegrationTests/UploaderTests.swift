@@ -238,6 +238,30 @@ import Testing
         #expect(try b.request("GET", "/v1/inspect/stats").json["requestsByPath"] != nil)
     }
 
+    /// Consent denied while a batch is at the backend makes it final: that send was its one
+    /// send. A 503 then purges it (nothing goes after the denial) and a 413 sets its records
+    /// aside (they do not return to the queue to be cut and sent again).
+    @Test(arguments: [503, 413]) func aBatchInFlightWhenConsentIsDeniedIsNotSentAgain(status: Int) throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["ma.*": ["intervalMs": 600000]]])])
+        let c = try h.client()
+        _ = try enqueue(c, "ma.app5", records("g", 0..<4), consent: "ma:app5")
+        try b.faults(["failNext": 1, "status": .int(Int64(status)), "latencyMs": 1000])
+        _ = try c.call("uploader.flush", ["stream": "ma.app5"])
+        usleep(300_000)  // the batch is at the backend
+        _ = try c.call("consent.set", ["key": "ma:app5", "granted": false])
+        try waitUntil(timeout: 10) {
+            let st = try c.call("uploader.status")["streams"]?["ma.app5"]
+            return st?["queued"] == .int(0) && st?["pendingBatches"] == .int(0)
+        }
+        try b.clearFaults()
+        usleep(1_500_000)  // a retry (1 s backoff) or a split would have gone by now
+        #expect(try count(b, "ma.app5") == 0)
+        let dead = try c.call("uploader.deadLetters", ["stream": "ma.app5"])["deadLetters"]?.arrayValue ?? []
+        #expect(dead.count == (status == 413 ? 4 : 0))
+        #expect(try c.call("uploader.status")["streams"]?["ma.app5"]?["diskBytes"] == .int(0))
+    }
+
     @Test func diskCapRefusesNewRecordsAndKeepsOld() throws {
         let b = try TestBackend()
         try b.faults(["failNext": 1000, "status": 503])

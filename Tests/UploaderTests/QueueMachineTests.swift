@@ -1,3 +1,4 @@
+import PylonHTTP
 import Testing
 
 @testable import pylon_uploader
@@ -199,6 +200,26 @@ struct QueueMachineTests {
         #expect(st.notBeforeMs == 5_100 && st.lastRetryDelayMs == 5_000)
         #expect(run(&st, &disk, now: 5_200, hold: 6_000) == .idle, "the endpoint's hold is respected")
         #expect(run(&st, &disk, now: 6_000, hold: 6_000) == .send(batch: "b1"))
+    }
+
+    /// A huge Retry-After (18446744073709551 s crashed the uploader on `now + delay`; one more
+    /// second overflows `* 1000`) waits `maxRetryAfterMs`, like any longer than that.
+    @Test func aHugeRetryAfterWaitsTheCap() {
+        #expect(HTTPResponse.retryAfterMs(" 18446744073709551 ") == 18_446_744_073_709_551_000)
+        #expect(HTTPResponse.retryAfterMs("18446744073709552") == .max)
+        #expect(HTTPResponse.retryAfterMs("120") == 120_000)
+        #expect(HTTPResponse.retryAfterMs("-1") == nil && HTTPResponse.retryAfterMs("soon") == nil)
+        var disk = FakeDisk()
+        var st = stream()
+        disk.queued = [5]
+        st.committed(added: 1, bytes: 5, now: 0)
+        st.flush()
+        _ = run(&st, &disk, now: 0)
+        var policy = Self.noJitter
+        policy.maxRetryAfterMs = 60_000
+        let fx = st.uploadFinished(sent(st, disk), .retry(reason: "HTTP 503", retryAfterMs: .max), now: 100, retry: policy, random: 0.5)
+        #expect(fx == [.holdEndpoint(untilMs: 60_100)])
+        #expect(st.notBeforeMs == 60_100 && st.lastRetryDelayMs == 60_000)
     }
 
     @Test func aFlushSkipsTheRetryWait() {

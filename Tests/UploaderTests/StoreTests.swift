@@ -15,6 +15,15 @@ struct StoreTests {
         return dir + "/uploader.db"
     }
 
+    /// Whether `marker` is anywhere in the database file at `path`, once the WAL is emptied into it.
+    static func fileHolds(_ store: UploaderStore, _ path: String, _ marker: String) throws -> Bool {
+        try store.db.exec("PRAGMA wal_checkpoint(TRUNCATE)")
+        let file = try System.readFile(atPath: path, maxBytes: 64 << 20)
+        let m = Array(marker.utf8)
+        return file.count >= m.count
+            && (0...(file.count - m.count)).contains { i in file[i] == m[0] && file[i..<(i + m.count)].elementsEqual(m) }
+    }
+
     /// Enqueues `records` (id, data JSON text) to `stream` in one group commit.
     @discardableResult
     static func enqueue(
@@ -98,13 +107,24 @@ struct StoreTests {
         _ = try store.cutBatch(stream: "s", key: "b", maxCount: 10, maxBytes: 1 << 20, final: zero, nowMs: 1)
         try store.deleteBatch("b", zero: zero)
         // Everything in the database file, the WAL emptied.
-        try store.db.exec("PRAGMA wal_checkpoint(TRUNCATE)")
-        let file = try System.readFile(atPath: path, maxBytes: 64 << 20)
-        let m = Array(marker.utf8)
-        let found =
-            file.count >= m.count
-            && (0...(file.count - m.count)).contains { i in file[i] == m[0] && file[i..<(i + m.count)].elementsEqual(m) }
-        #expect(found == !zero)
+        #expect(try Self.fileHolds(store, path, marker) == !zero)
+    }
+
+    /// A cut that splits a chunk rewrites the rest of its body: the old body's pages are zeroed,
+    /// or records purged later (consent denied) would stay readable in the free pages.
+    @Test func aSplitChunkLeavesNoCopyOfItsRecordsForAPurge() throws {
+        let path = Self.tempPath()
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        let marker = "split-marker-"
+        let data = #"{"v":""# + String(repeating: marker, count: 100) + #""}"#
+        try Self.enqueue(store, "s", (0..<12).map { ("r\($0)", data) })
+        // Three cuts of 4: two of them split the one chunk.
+        for k in 0..<3 {
+            #expect(try store.cutBatch(stream: "s", key: "b\(k)", maxCount: 4, maxBytes: 1 << 20, final: true, nowMs: 1).count == 4)
+        }
+        for k in 0..<3 { try store.deleteBatch("b\(k)", zero: true) }
+        #expect(try !Self.fileHolds(store, path, marker))
     }
 
     @Test func duplicatesAreRefusedWhileQueuedAndAcceptedAfterDelivery() throws {
@@ -300,5 +320,29 @@ struct StoreTests {
         try Self.enqueue(store, "ma.app", [("e5", "5")])
         #expect(try store.cutBatch(stream: "ma.app", key: "n2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 2)
         #expect(try Self.records(store.batchBody("n2", stream: "ma.app").body).records.map(\.id) == ["e1", "e5"])
+    }
+
+    /// The format-1 table's pages are zeroed when the migration drops it: records purged after
+    /// the upgrade (consent denied) leave no copy from before it.
+    @Test func aMigratedQueuePurgedLaterLeavesNoOldCopy() throws {
+        let path = Self.tempPath()
+        let marker = "format-one-marker-"
+        do {
+            let old = try Database(path: path)
+            try old.exec("PRAGMA journal_mode=WAL")
+            try old.exec(Self.formatOneSchema)
+            for i in 0..<40 {
+                let body = #"{"v":""# + String(repeating: marker, count: 20) + #""}"#
+                try old.run(
+                    "INSERT INTO records(stream,id,consent,ts,bytes,body,batch,enqueued_ms) VALUES('s',?,'s',1,?,?,NULL,1)",
+                    [.text("r\(i)"), .int(Int64(body.utf8.count)), .text(body)])
+            }
+            old.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try store.cutBatch(stream: "s", key: "f", maxCount: 500, maxBytes: 1 << 20, final: true, nowMs: 1).count == 40)
+        try store.deleteBatch("f", zero: true)
+        #expect(try !Self.fileHolds(store, path, marker))
     }
 }

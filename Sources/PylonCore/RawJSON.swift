@@ -308,7 +308,11 @@ extension RawJSON {
             while true {
                 ws()
                 if keyed {
-                    guard i < t.count, t[i] == UInt8(ascii: "\""), string() != nil else { return false }
+                    let keyStart = i
+                    guard i < t.count, t[i] == UInt8(ascii: "\""), let escaped = string() else { return false }
+                    // json-c cuts a key at U+0000, other parsers do not: json-c's to judge
+                    // (the host refuses such keys).
+                    if escaped, RawJSON.jsonCKeyName(t, (keyStart + 1)..<(i - 1)).hadNUL { unsure = true; return false }
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
                     i += 1
@@ -457,6 +461,121 @@ extension RawJSON {
                 i = skipSpace(t, i + 1)
             }
             if let d = duplicateKey(t, &i, depth: depth + 1) { return d }
+        }
+    }
+}
+
+// MARK: - Top-level keys as json-c reads them
+
+extension RawJSON {
+    /// The name json-c gives key `key` (the bytes between its quotes, in validated JSON text):
+    /// escapes decoded, and cut at the first U+0000, since json-c keeps an object's keys as C
+    /// strings (`"id\u0000x"` is its `id`). `hadNUL` says the key held one.
+    public static func jsonCKeyName(_ t: UnsafeRawBufferPointer, _ key: Range<Int>) -> (name: [UInt8], hadNUL: Bool) {
+        var out: [UInt8] = []
+        var i = key.lowerBound
+        @inline(__always) func hex4(_ at: Int) -> UInt32? {
+            guard at + 4 <= key.upperBound else { return nil }
+            var v: UInt32 = 0
+            for j in at..<(at + 4) {
+                let c = t[j]
+                let d: UInt8
+                switch c {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): d = c - UInt8(ascii: "0")
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): d = c - UInt8(ascii: "a") + 10
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): d = c - UInt8(ascii: "A") + 10
+                default: return nil
+                }
+                v = v << 4 | UInt32(d)
+            }
+            return v
+        }
+        func append(scalar v: UInt32) {
+            let u = Unicode.Scalar(v) ?? "\u{FFFD}"
+            out.append(contentsOf: String(u).utf8)
+        }
+        while i < key.upperBound {
+            let c = t[i]
+            guard c == UInt8(ascii: "\\"), i + 1 < key.upperBound else {
+                if c == 0 { return (out, true) }
+                out.append(c)
+                i += 1
+                continue
+            }
+            let e = t[i + 1]
+            i += 2
+            switch e {
+            case UInt8(ascii: "b"): out.append(0x08)
+            case UInt8(ascii: "f"): out.append(0x0C)
+            case UInt8(ascii: "n"): out.append(0x0A)
+            case UInt8(ascii: "r"): out.append(0x0D)
+            case UInt8(ascii: "t"): out.append(0x09)
+            case UInt8(ascii: "u"):
+                guard var v = hex4(i) else { return (out, false) }
+                i += 4
+                if v == 0 { return (out, true) }
+                if (0xD800..<0xDC00).contains(v), i + 6 <= key.upperBound, t[i] == UInt8(ascii: "\\"), t[i + 1] == UInt8(ascii: "u"),
+                    let lo = hex4(i + 2), (0xDC00..<0xE000).contains(lo)
+                {
+                    v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00)
+                    i += 6
+                }
+                append(scalar: v)
+            default: out.append(e)  // \" \\ \/
+            }
+        }
+        return (out, false)
+    }
+
+    /// The value spans of every member of the top-level object of `line` (JSON json-c accepted)
+    /// that json-c reads as `name`, however its key is spelled (json-c keeps the last of them; a
+    /// byte search for the key finds only the plain spellings).
+    public static func topLevelMembers(_ line: UnsafeRawBufferPointer, named name: StaticString) -> [Range<Int>] {
+        let wanted = UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
+        var spans: [Range<Int>] = []
+        var members = MemberCursor(line, skipSpace(line, 0)..<line.count)
+        while let m = members.nextKey() {
+            let value = members.skipValue()
+            let named =
+                m.keyEscaped
+                ? jsonCKeyName(line, m.key).name.elementsEqual(wanted) : equals(line, m.key.lowerBound, m.key.upperBound, wanted)
+            if named { spans.append(value) }
+        }
+        return spans
+    }
+
+    /// Whether a key anywhere in `text` (JSON json-c accepted) holds U+0000: json-c cuts the key
+    /// there, other parsers do not, so `{"a":1,"a\u0000":2}` is one member to json-c and two to
+    /// them, and the host and a plugin would read different values.
+    public static func hasNULKey(_ text: UnsafeRawBufferPointer) -> Bool {
+        var i = skipSpace(text, 0)
+        return hasNULKey(text, &i, depth: 0)
+    }
+
+    private static func hasNULKey(_ t: UnsafeRawBufferPointer, _ i: inout Int, depth: Int) -> Bool {
+        guard i < t.count, depth < 1024 else { return false }
+        let open = t[i]
+        guard open == UInt8(ascii: "{") || open == UInt8(ascii: "[") else {
+            i = skipValue(t, i)
+            return false
+        }
+        let close = open == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
+        i += 1
+        while true {
+            i = skipSpace(t, i)
+            guard i < t.count else { return false }
+            if t[i] == close { i += 1; return false }
+            if t[i] == UInt8(ascii: ",") { i += 1; continue }
+            if open == UInt8(ascii: "{") {
+                guard t[i] == UInt8(ascii: "\"") else { return false }
+                let end = skipString(t, i)
+                let key = (i + 1)..<max(i + 1, end - 1)
+                if contains(t, key, UInt8(ascii: "\\")), jsonCKeyName(t, key).hadNUL { return true }
+                i = skipSpace(t, end)
+                guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
+                i = skipSpace(t, i + 1)
+            }
+            if hasNULKey(t, &i, depth: depth + 1) { return true }
         }
     }
 }

@@ -287,14 +287,27 @@ public final class Bus {
         }
         // The id's bytes, for the splice: found by the scan, else looked up in the line.
         var idSpan: Range<Int>?
-        if msg.has("id") {
-            if case .message(let spans) = scan { idSpan = spans.id } else { idSpan = RawJSON.memberValueSpan(line, key: "id") }
-            if idSpan == nil {
-                // An "id" key spelled with escapes cannot be spliced: route json-c's plain
-                // re-serialisation of the message instead (there the key is "id").
-                msg.withSerialized { handleLine(peer, $0) }
+        if case .message(let spans) = scan {
+            idSpan = spans.id
+        } else {
+            // The scan was not sure (a key with escapes, among others). json-c decodes escaped
+            // keys and cuts them at U+0000; a byte search does neither. So a second "id" spelled
+            // another way (`"i\u0064"`) would stay in the line past the splice, and the receiver
+            // would read it as the id: refused. A key holding U+0000 is one member to json-c and
+            // another to other parsers (the host and a plugin would read different values):
+            // refused anywhere in the message.
+            if RawJSON.hasNULKey(line) {
+                protocolErrors += 1
+                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "member names must not contain U+0000"))
                 return
             }
+            let ids = RawJSON.topLevelMembers(line, named: "id")
+            guard ids.count <= 1, msg.has("id") == (ids.count == 1) else {
+                protocolErrors += 1
+                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "\"id\" appears more than once (spelled differently)"))
+                return
+            }
+            idSpan = ids.first
         }
         dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan)
     }

@@ -199,6 +199,28 @@ import Testing
 
 extension SecurityTests {
     /// Host methods answer with the id as written, like routed requests.
+    /// The host splices its own id over the client's; json-c decodes escaped keys and cuts keys
+    /// at U+0000, a byte search does neither. A second "id" spelled with escapes would stay in the
+    /// forwarded line and be the id the plugin answers to (another client's pending request, or
+    /// `_onBehalfOf` as that client); a key with U+0000 is one member to json-c and another to
+    /// other parsers. Both are refused; one id written with escapes still works.
+    @Test func anIdSpelledTwiceOrAKeyHoldingNULIsRefused() throws {
+        let h = try TestHost(plugins: [TestHost.echo()])
+        let c = try h.client()
+        let ok = try c.roundTrip(#"{"jsonrpc":"2.0","i\u0064":5,"method":"echo.echo","params":{"a":1}}"#)
+        #expect(ok["id"] == .int(5) && ok["result"] == ["a": 1], "\(ok.serialized)")
+        for bad in [
+            #"{"jsonrpc":"2.0","id":"A-7","method":"echo.echo","params":{},"i\u0064":7}"#,
+            #"{"jsonrpc":"2.0","i\u0064":7,"method":"echo.echo","params":{},"id":8}"#,
+            #"{"jsonrpc":"2.0","id":9,"method":"echo.echo","id\u0000x":10}"#,
+            #"{"jsonrpc":"2.0","id":11,"method":"echo.echo","params":{"consent":"a","consent\u0000":"b"}}"#,
+        ] {
+            let r = try c.roundTrip(bad)
+            #expect(r.errorCode == -32600, "\(bad) → \(r.serialized)")
+        }
+        #expect(try c.call("echo.echo", ["still": true]) == ["still": true])
+    }
+
     @Test func hostRepliesEchoIdsAsWritten() throws {
         let h = try TestHost()
         let c = try h.client()

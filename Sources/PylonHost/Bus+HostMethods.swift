@@ -145,6 +145,10 @@ extension Bus {
     func subscribe(_ peer: Peer, _ params: JSON?, add: Bool) throws(RPCError) -> JSON {
         let pattern = try str(params, "pattern", aliases: ["topic"])
         guard !peer.isPlugin else { throw RPCError(.invalidRequest, "plugins subscribe through their manifest") }
+        // A publication is a notification whose method is the topic: patterns follow the same rule.
+        guard InboundEnvelope.isValidMethodName(pattern) else {
+            throw RPCError(.invalidParams, "pattern must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
+        }
         let p = TopicPattern(pattern)
         if add {
             if !peer.subscriptions.contains(p) {
@@ -163,6 +167,10 @@ extension Bus {
 
     func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         let topic = try str(params, "topic")
+        // It becomes the notification's method: the method-name rule.
+        guard InboundEnvelope.isValidMethodName(topic) else {
+            throw RPCError(.invalidParams, "topic must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
+        }
         guard !HostMethod.isHostNamespace(topic) else {
             throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
         }

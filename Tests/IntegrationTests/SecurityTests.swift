@@ -175,6 +175,20 @@ import Testing
         #expect(try c.call("echo.echo", [1]) == [1])
     }
 
+    /// Topics and patterns follow the method-name rule (a publication's topic is its method):
+    /// unbounded ones let one client hold the loop while matching (a review held it 34 s).
+    @Test func topicsAndPatternsFollowTheMethodNameRule() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let long = String(repeating: "a", count: 257)
+        for bad in [long, "a b", "x.\u{7F}", ""] {
+            #expect(try c.request("bus.subscribe", ["pattern": .string(bad)]).errorCode == -32602, "\(bad.prefix(9))")
+            #expect(try c.request("bus.publish", ["topic": .string(bad), "data": [:]]).errorCode == -32602)
+        }
+        let ok = String(repeating: "a", count: 254) + ".*"
+        #expect(try c.call("bus.subscribe", ["pattern": .string(ok)])["subscriptions"] == [.string(ok)])
+    }
+
     /// A second pylond on a live socket refuses to start and leaves the first one serving.
     @Test func aSecondHostDoesNotTakeOverALiveSocket() throws {
         let h = try TestHost()

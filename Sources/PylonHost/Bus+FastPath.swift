@@ -87,6 +87,18 @@ extension Bus {
     func relayResponse(_ line: UnsafeRawBufferPointer, idSpan: Range<Int>, to origin: Peer, originalId: String) {
         origin.inflight -= 1
         guard !origin.closed else { return }
+        // A client that does not read is not dispatched past `maxQueuedBytes`, but the answers to
+        // what it had in flight still come (a provider's may be far larger than the question):
+        // past `closeAboveQueuedBytes` it is disconnected rather than held in memory.
+        if !origin.isPlugin, origin.conn.queuedBytes + line.count > max(config.limits.closeAboveQueuedBytes, config.limits.maxQueuedBytes) {
+            slowReadersClosed += 1
+            log.warn(
+                "client disconnected: it does not read its replies",
+                ["peer": origin.label, "queued_bytes": origin.conn.queuedBytes, "limit": config.limits.closeAboveQueuedBytes])
+            origin.conn.close()
+            peerClosed(origin)
+            return
+        }
         var idText = originalId
         idText.withUTF8 { origin.conn.sendSpliced(line, idSpan, UnsafeRawBufferPointer($0)) }
         if origin.conn.peerShutdown { closeIfDone(origin) }

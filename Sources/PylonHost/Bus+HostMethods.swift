@@ -113,6 +113,7 @@ extension Bus {
                         })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
+                "slow_readers_closed": .int(Int64(slowReadersClosed)),
                 "connections_refused": .int(Int64(refusedTotal)),
             ],
             "limits": config.limits.json,

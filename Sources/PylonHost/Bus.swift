@@ -55,6 +55,8 @@ public final class Bus {
     var published: UInt64 = 0
     /// Times a client's input was held because the plugin it sent to was congested.
     var heldForCongestion: UInt64 = 0
+    /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
+    var slowReadersClosed: UInt64 = 0
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}

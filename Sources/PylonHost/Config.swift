@@ -21,6 +21,11 @@ public struct Limits: Equatable, Sendable {
     /// Bytes queued to a slow reader before the host stops reading its requests and drops
     /// notifications to it (counted in `bus.status`).
     public var maxQueuedBytes = 8 << 20
+    /// Bytes queued to a client that does not read, past which it is disconnected: the replies
+    /// to requests already in flight when it stopped reading (up to `maxInflightPerConnection`,
+    /// each up to `maxLineBytes`, and a provider's answer may be far larger than its question)
+    /// are not held beyond this. Never below `maxQueuedBytes` in effect.
+    public var closeAboveQueuedBytes = 64 << 20
     /// Topic patterns one connection may subscribe to.
     public var maxSubscriptionsPerConnection = 256
     /// Default time a routed request may wait for its reply (-32002).
@@ -35,7 +40,7 @@ public struct Limits: Equatable, Sendable {
             "maxLineBytes": .int(Int64(maxLineBytes)), "maxDepth": .int(Int64(maxDepth)),
             "maxConnections": .int(Int64(maxConnections)), "maxConnectionsPerUid": .int(Int64(maxConnectionsPerUid)),
             "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
-            "maxQueuedBytes": .int(Int64(maxQueuedBytes)),
+            "maxQueuedBytes": .int(Int64(maxQueuedBytes)), "closeAboveQueuedBytes": .int(Int64(closeAboveQueuedBytes)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
             "requestTimeoutMs": .int(Int64(requestTimeoutMs)), "flushAboveBytes": .int(Int64(flushAboveBytes)),
         ]
@@ -169,6 +174,7 @@ extension HostConfig {
             if let v = try lr.int("maxConnectionsPerUid", min: 1) { c.limits.maxConnectionsPerUid = v }
             if let v = try lr.int("maxInflightPerConnection", min: 1) { c.limits.maxInflightPerConnection = v }
             if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
+            if let v = try lr.int("closeAboveQueuedBytes", min: 4096) { c.limits.closeAboveQueuedBytes = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
             if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
             if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }

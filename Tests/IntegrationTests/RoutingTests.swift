@@ -77,6 +77,34 @@ import Testing
         #expect(try #require(try caller.readMessage())["result"]?["result"] == ["hello": "plugin"])
     }
 
+    /// A provider's answers can be far larger than the questions: a caller that asks and never
+    /// reads is disconnected once `closeAboveQueuedBytes` would be passed, instead of the host
+    /// holding every answer (a review held 300 MB this way). The provider goes on serving.
+    @Test func aCallerThatDoesNotReadIsDisconnectedNotHeldWithoutBound() throws {
+        let h = try TestHost(extra: ["limits": ["maxQueuedBytes": 65536, "closeAboveQueuedBytes": 524288]])
+        let provider = try h.client()
+        _ = try provider.call("bus.provide", ["method": "app.big"])
+        let caller = try h.client()
+        for i in 0..<64 { try caller.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"app.big"}"#) }
+        let big = JSON.string(String(repeating: "x", count: 64 * 1024))
+        var answered = 0
+        while answered < 64, let req = try provider.readMessage(timeoutMs: 2000), let id = req["id"] {
+            try provider.send(envelope: Envelope.result(id: .value(id), .value(big)))
+            answered += 1
+        }
+        // 64 answers of 64 KiB (4 MiB) cannot all be queued under 512 KiB plus the socket buffers.
+        try waitUntil(timeout: 10) { try provider.call("bus.status")["counters"]?["slow_readers_closed"] == .int(1) }
+        // The caller's connection is closed: reading drains what was written, then EOF.
+        var sawEOF = false
+        do { while try caller.readMessage(timeoutMs: 2000) != nil {} } catch { sawEOF = error.kind == .closed }
+        #expect(sawEOF, "the caller's connection was closed")
+        let other = try h.client()
+        try other.sendLine(#"{"jsonrpc":"2.0","id":"o","method":"app.big"}"#)
+        let req = try #require(try provider.readMessage())
+        try provider.send(envelope: Envelope.result(id: .value(req["id"]!), .value("small")))
+        #expect(try #require(try other.readMessage())["result"] == "small")
+    }
+
     @Test func providedMethodFailsPromptlyWhenProviderDisconnects() throws {
         let h = try TestHost()
         var provider: SyncClient? = try h.client()

@@ -213,6 +213,11 @@ extension Bus {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
         }
+        if add, peer.provided.union(names).count > config.limits.maxProvidesPerConnection {
+            throw RPCError(
+                .overloaded, "too many provided methods (limit \(config.limits.maxProvidesPerConnection))",
+                data: ["limit": "maxProvidesPerConnection", "value": .int(Int64(config.limits.maxProvidesPerConnection))])
+        }
         for n in names {
             if add {
                 provided[n] = peer

@@ -28,6 +28,8 @@ public struct Limits: Equatable, Sendable {
     public var closeAboveQueuedBytes = 64 << 20
     /// Topic patterns one connection may subscribe to.
     public var maxSubscriptionsPerConnection = 256
+    /// Methods one connection may provide (`bus.provide`): every answer lists them all.
+    public var maxProvidesPerConnection = 256
     /// Default time a routed request may wait for its reply (-32002).
     public var requestTimeoutMs: UInt64 = 30_000
     /// Not a limit but write batching: output to a connection is written once this many bytes
@@ -42,6 +44,7 @@ public struct Limits: Equatable, Sendable {
             "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
             "maxQueuedBytes": .int(Int64(maxQueuedBytes)), "closeAboveQueuedBytes": .int(Int64(closeAboveQueuedBytes)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
+            "maxProvidesPerConnection": .int(Int64(maxProvidesPerConnection)),
             "requestTimeoutMs": .int(Int64(requestTimeoutMs)), "flushAboveBytes": .int(Int64(flushAboveBytes)),
         ]
     }
@@ -176,6 +179,7 @@ extension HostConfig {
             if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
             if let v = try lr.int("closeAboveQueuedBytes", min: 4096) { c.limits.closeAboveQueuedBytes = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
+            if let v = try lr.int("maxProvidesPerConnection", min: 1) { c.limits.maxProvidesPerConnection = v }
             if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
             if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }
             try lr.finish()

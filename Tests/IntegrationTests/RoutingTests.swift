@@ -105,6 +105,16 @@ import Testing
         #expect(try #require(try other.readMessage())["result"] == "small")
     }
 
+    /// Every answer of `bus.provide` lists the connection's names: their number is bounded.
+    @Test func providedMethodsPerConnectionAreBounded() throws {
+        let h = try TestHost(extra: ["limits": ["maxProvidesPerConnection": 3]])
+        let c = try h.client()
+        #expect(try c.call("bus.provide", ["methods": ["app.a", "app.b"]])["provides"] == ["app.a", "app.b"])
+        let r = try c.request("bus.provide", ["methods": ["app.c", "app.d"]])
+        #expect(r.errorCode == -32004 && r["error"]?["data"]?["limit"] == "maxProvidesPerConnection")
+        #expect(try c.call("bus.provide", ["methods": ["app.a", "app.c"]])["provides"] == ["app.a", "app.b", "app.c"], "names held already do not count twice")
+    }
+
     @Test func providedMethodFailsPromptlyWhenProviderDisconnects() throws {
         let h = try TestHost()
         var provider: SyncClient? = try h.client()

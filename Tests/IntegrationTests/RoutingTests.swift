@@ -112,7 +112,8 @@ import Testing
         #expect(try c.call("bus.provide", ["methods": ["app.a", "app.b"]])["provides"] == ["app.a", "app.b"])
         let r = try c.request("bus.provide", ["methods": ["app.c", "app.d"]])
         #expect(r.errorCode == -32004 && r["error"]?["data"]?["limit"] == "maxProvidesPerConnection")
-        #expect(try c.call("bus.provide", ["methods": ["app.a", "app.c"]])["provides"] == ["app.a", "app.b", "app.c"], "names held already do not count twice")
+        let again = try c.call("bus.provide", ["methods": ["app.a", "app.c"]])
+        #expect(again["provides"] == ["app.a", "app.b", "app.c"], "names held already do not count twice")
     }
 
     @Test func providedMethodFailsPromptlyWhenProviderDisconnects() throws {

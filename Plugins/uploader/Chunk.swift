@@ -4,8 +4,12 @@ import PylonCore
 /// batch body's form, `{"id":…,"ts":…,"data":…}` joined by commas, so a batch's body is the
 /// concatenation of its chunks and sending is a read plus gzip. `index` holds, per record, the
 /// end offset of its text in `body` and the bytes of its `data` (both UInt32, little-endian):
-/// enough to split a chunk between records, to read one record back (dead letters) and to count
-/// the disk cap's bytes.
+/// enough to split a chunk between records and to read one record back (dead letters).
+///
+/// What a record counts in the disk cap (`bytes`, `charge`) is what it costs to keep: its text
+/// in the body (id, ts and data in the upload form) and its separator, its index entry, and its
+/// key in the in-memory duplicate check. Counting only `data` let records of `"data":0` with
+/// long ids take ~150 bytes of disk and memory per byte counted.
 struct Chunk {
     static let indexEntryBytes = 8
     /// A group commit starts another chunk for the same stream past this many bytes of body or
@@ -19,8 +23,21 @@ struct Chunk {
     var body: [UInt8] = []
     var index: [UInt8] = []
     var count = 0
-    /// Bytes of the records' `data` (what they count in the disk cap).
+    /// What the records count in the disk cap: the sum of their `charge`s.
     var bytes = 0
+
+    /// About what a record's key costs in the in-memory duplicate check (a 16-byte key in a
+    /// hash set at its load factor).
+    static let keyMemoryBytes = 32
+
+    /// What a record whose upload form is `textBytes` long counts in the disk cap: that text and
+    /// one separator, its index entry and its duplicate-check key. Additive: the charges of a
+    /// chunk's records add up to its `bytes` however it is split.
+    static func charge(textBytes: Int) -> Int { textBytes + 1 + indexEntryBytes + keyMemoryBytes }
+
+    /// A charge estimated before the record is stored (the admission check): `idBytes` as given
+    /// (escaping can only add), `dataBytes` as stored, and the longest `ts`.
+    static func estimatedCharge(idBytes: Int, dataBytes: Int) -> Int { charge(textBytes: idBytes + 2 + dataBytes + recordOverhead) }
 
     init() {}
 
@@ -35,16 +52,24 @@ struct Chunk {
         self.body = body
         self.index = index
         count = index.count / Chunk.indexEntryBytes
-        bytes = (0..<count).reduce(0) { $0 + Int(Chunk.u32(index, $1 * Chunk.indexEntryBytes + 4)) }
+        bytes = Chunk.bytes(bodyCount: body.count, count: count)
+    }
+
+    /// `bytes` of a chunk of `count` records whose body is `bodyCount` long: the records' texts
+    /// are the body but its `count - 1` separators.
+    static func bytes(bodyCount: Int, count: Int) -> Int {
+        count == 0 ? 0 : (bodyCount - (count - 1)) + count * charge(textBytes: 0)
     }
 
     var isEmpty: Bool { count == 0 }
     var isFull: Bool { body.count >= Chunk.targetBytes || count >= Chunk.targetRecords }
 
     /// Appends a record: `escapedID` is the id as a JSON string literal (quotes included),
-    /// `data` its JSON text.
-    mutating func append(escapedID: UnsafeRawBufferPointer, ts: Int64, data: UnsafeRawBufferPointer) {
+    /// `data` its JSON text. Returns its charge.
+    @discardableResult
+    mutating func append(escapedID: UnsafeRawBufferPointer, ts: Int64, data: UnsafeRawBufferPointer) -> Int {
         if count > 0 { body.append(UInt8(ascii: ",")) }
+        let start = body.count
         body.append(contentsOf: Chunk.idPrefix)
         body.append(contentsOf: escapedID)
         body.append(contentsOf: #","ts":"#.utf8)
@@ -55,8 +80,13 @@ struct Chunk {
         // The index entry as one 8-byte append (little-endian on every platform Pylon runs on).
         withUnsafeBytes(of: (UInt32(body.count).littleEndian, UInt32(data.count).littleEndian)) { index.append(contentsOf: $0) }
         count += 1
-        bytes += data.count
+        let c = Chunk.charge(textBytes: body.count - start)
+        bytes += c
+        return c
     }
+
+    /// The charge of record `i` (from the index alone).
+    static func charge(_ index: UnsafeRawBufferPointer, _ i: Int) -> Int { charge(textBytes: span(index, i).count) }
 
     /// Record `i`'s text span in `body`.
     static func span(_ index: UnsafeRawBufferPointer, _ i: Int) -> Range<Int> {

@@ -21,8 +21,9 @@ struct EnqueueParams {
     /// The stream, when it is a string and a valid stream name (`Uploader.validStream`).
     var stream: String?
     var consent: Consent
-    /// The records (pointing into the parsed tree, the params text or `storage`) and their body
-    /// bytes, or the first error found in them.
+    /// The records (pointing into the parsed tree, the params text or `storage`) and what they
+    /// are estimated to count in the disk cap (`Chunk.estimatedCharge`), or the first error found
+    /// in them.
     var records: Result<(list: [PendingRecord], bytes: Int), RPCError>
     /// Bodies the raw reader rewrote (compacted), kept alive with the records that point in.
     var storage: ByteBox?
@@ -101,7 +102,7 @@ struct EnqueueParams {
             if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
                 ts = json_object_get_int64(tsObj)
             }
-            bytes += bodyLen
+            bytes += Chunk.estimatedCharge(idBytes: Int(n), dataBytes: bodyLen)
             records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
         }
         return .success((records, bytes))
@@ -208,7 +209,7 @@ struct EnqueueParams {
                     return nil  // an integer beyond Int64: json-c clamps it
                 }
             }
-            bytes += bodyLen
+            bytes += Chunk.estimatedCharge(idBytes: idBytes.count, dataBytes: bodyLen)
             records.append(
                 PendingRecord(
                     id: (base + idBytes.lowerBound).assumingMemoryBound(to: CChar.self), idLength: Int32(idBytes.count),

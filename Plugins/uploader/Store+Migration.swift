@@ -45,7 +45,7 @@ extension UploaderStore {
                 escaped.removeAll(keepingCapacity: true)
                 rows.withText(2) { JSONText.appendString($0, to: &escaped) }
                 let ts = rows.int(3)
-                escaped.withUnsafeBytes { id in rows.withText(4) { d in open[stream]!.chunk.append(escapedID: id, ts: ts, data: d) } }
+                escaped.withUnsafeBytes { id in rows.withText(4) { d in _ = open[stream]!.chunk.append(escapedID: id, ts: ts, data: d) } }
                 position += 1
             }
             rows.reset()

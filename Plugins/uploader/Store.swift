@@ -29,8 +29,9 @@ final class UploaderStore {
     let db: Database
 
     /// The on-disk format this code writes (`PRAGMA user_version`); 0 or 1 is the per-record
-    /// `records` table of earlier releases, migrated at open.
-    static let format: Int64 = 2
+    /// `records` table of earlier releases, migrated at open; 2 counted only the records' `data`
+    /// in `chunks.bytes` (recomputed at open as `Chunk.bytes`).
+    static let format: Int64 = 3
 
     /// SQLite's page cache: the queue's recent pages stay in memory between commit, cut, read
     /// and delete.
@@ -66,6 +67,7 @@ final class UploaderStore {
         let synchronous = fsyncEveryCommit ? "FULL" : "NORMAL"
         try db.exec("PRAGMA synchronous=\(synchronous)")
         try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
+        let version = try db.query("PRAGMA user_version").first?[0].int ?? 0
         try zeroFreedPages(false)
         try db.exec(
             """
@@ -97,6 +99,14 @@ final class UploaderStore {
               stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
         try migrateRecordsTable()
+        if version == 2 {
+            // Format 2 counted only `data`: each chunk's bytes as this release counts them.
+            try db.exec(
+                """
+                UPDATE chunks SET bytes = (SELECT length(body) FROM chunk_bodies b WHERE b.seq = chunks.seq)
+                  - (count - 1) + count * \(Chunk.charge(textBytes: 0)) WHERE count > 0
+                """)
+        }
         // A chunk whose batch is gone (a batch row deleted by an earlier release opening this
         // database) is queued again rather than stranded.
         try db.exec("UPDATE chunks SET batch=NULL WHERE batch IS NOT NULL AND batch NOT IN (SELECT key FROM batches)")
@@ -210,22 +220,21 @@ final class UploaderStore {
             for r in e.records {
                 escaped.removeAll(keepingCapacity: true)
                 JSONText.appendString(UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)), to: &escaped)
-                let inserted = escaped.withUnsafeBytes { id -> Bool in
+                let charge = escaped.withUnsafeBytes { id -> Int? in
                     let key = RecordKey(id)
-                    guard current!.set.insert(key).inserted else { return false }
+                    guard current!.set.insert(key).inserted else { return nil }
                     b.added.append(key)
                     if slot == nil || b.chunks[slot!].chunk.isFull {
                         b.chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))
                         slot = b.chunks.count - 1
                     }
-                    b.chunks[slot!].chunk.append(
+                    return b.chunks[slot!].chunk.append(
                         escapedID: id, ts: r.ts,
                         data: UnsafeRawBufferPointer(start: r.body, count: Int(r.bodyLength)))
-                    return true
                 }
-                if inserted {
+                if let charge {
                     n += 1
-                    bytes += Int(r.bodyLength)
+                    bytes += charge
                 }
             }
             b.results.append((n, bytes))
@@ -327,7 +336,7 @@ final class UploaderStore {
         var b = 0
         chunk.index.withUnsafeBytes { ix in
             while k < min(maxCount, chunk.count) {
-                let n = Chunk.dataBytes(ix, k)
+                let n = Chunk.charge(ix, k)
                 if b + n > maxBytes && !(atLeastOne && k == 0) { break }
                 b += n
                 k += 1

@@ -102,9 +102,10 @@ import Testing
             TestHost.uploader(b, config: ["streams": ["s.rest": ["maxCount": 500, "maxBatchBytes": 1024, "intervalMs": 600000]]])
         ])
         let c = try h.client()
-        // 6 records of ≈500 bytes: the bytes trigger sends 2 per batch while ≥ 1024 bytes are
-        // queued; the last 2 (≈1000 bytes) are under it and wait for the interval or a flush.
-        _ = try enqueue(c, "s.rest", records("r", 0..<6, pad: 480))
+        // 6 records counting ≈500 bytes each (416 of data, the id and ts around it, 41 of
+        // keeping): the bytes trigger sends 2 per batch while ≥ 1024 bytes are queued; the last 2
+        // (≈990 bytes) are under it and wait for the interval or a flush.
+        _ = try enqueue(c, "s.rest", records("r", 0..<6, pad: 400))
         try waitUntil(timeout: 10) { try count(b, "s.rest") == 4 }
         usleep(500_000)
         #expect(try count(b, "s.rest") == 4)
@@ -260,6 +261,30 @@ import Testing
         let dead = try c.call("uploader.deadLetters", ["stream": "ma.app5"])["deadLetters"]?.arrayValue ?? []
         #expect(dead.count == (status == 413 ? 4 : 0))
         #expect(try c.call("uploader.status")["streams"]?["ma.app5"]?["diskBytes"] == .int(0))
+    }
+
+    /// A record counts what it costs to keep (its id, ts and data as stored, its index entry and
+    /// its duplicate-check key), not only its `data`: records of `"data":0` with 128-byte ids
+    /// counted 1 byte each, so one owner could queue ~150 times its share.
+    @Test func tinyRecordsWithLongIdsCountWhatTheyCost() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 1000, "status": 503])
+        let h = try TestHost(plugins: [
+            TestHost.uploader(
+                b, config: ["maxDiskBytes": 20000, "maxDiskBytesPerOwner": 20000, "streams": ["s.*": ["intervalMs": 600000]]])
+        ])
+        let c = try h.client()
+        var accepted = 0
+        var refused: JSON?
+        for call in 0..<10 {
+            let recs = JSON.array((0..<50).map { i in ["id": .string(String(repeating: "i", count: 120) + "-\(call)-\(i)"), "data": 0] })
+            let r = try c.request("uploader.enqueue", ["stream": "s.tiny", "records": recs])
+            if r["error"] != nil { refused = r; break }
+            accepted += r["result"]?["accepted"]?.intValue.map(Int.init) ?? 0
+        }
+        #expect(refused?.errorCode == -32004)
+        #expect(accepted <= 20000 / 150, "\(accepted) records of ~190 bytes under a 20,000-byte cap")
+        #expect((try c.call("uploader.status")["diskBytes"]?.intValue ?? 0) <= 20000)
     }
 
     @Test func diskCapRefusesNewRecordsAndKeepsOld() throws {

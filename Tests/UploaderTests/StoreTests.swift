@@ -54,18 +54,30 @@ struct StoreTests {
         r.map { ("\(prefix)\($0)", #"{"n":\#($0)}"#) }
     }
 
+    /// What a record with a plain `id` and `data` text counts in the disk cap: its upload form
+    /// `{"id":"…","ts":7,"data":…}` plus the fixed part of `Chunk.charge`.
+    static func charge(_ id: String, _ data: String, ts: Int64 = 7) -> Int {
+        Chunk.charge(
+            textBytes: #"{"id":""#.utf8.count + id.utf8.count + #"","ts":"#.utf8.count + "\(ts)".utf8.count + #","data":"#.utf8.count
+                + data.utf8.count + 1)
+    }
+    static func charge(_ records: [(String, String)], ts: Int64 = 7) -> Int { records.reduce(0) { $0 + charge($1.0, $1.1, ts: ts) } }
+
     @Test func oneCommitIsOneChunkAndBatchesAreCutFromItInOrder() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
         defer { store.db.close() }
-        #expect(try Self.enqueue(store, "s", Self.numbered("r", 0..<10)) == (10, 70), "{\"n\":N} is 7 bytes")
+        #expect(try Self.enqueue(store, "s", Self.numbered("r", 0..<10)) == (10, Self.charge(Self.numbered("r", 0..<10))))
         #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 1)
         var seen: [String] = []
+        var next = 0
         for key in ["k1", "k2", "k3"] {
             let (n, bytes) = try store.cutBatch(stream: "s", key: key, maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1)
             let body = try store.batchBody(key, stream: "s")
             let parsed = try Self.records(body.body)
             #expect(parsed.batch == key && parsed.stream == "s")
-            #expect(parsed.records.count == n && body.count == n && body.recordBytes == bytes && bytes == 7 * n)
+            #expect(parsed.records.count == n && body.count == n && body.recordBytes == bytes)
+            #expect(bytes == Self.charge(Self.numbered("r", next..<(next + n))), "the cut's bytes are its records' charges")
+            next += n
             seen += parsed.records.map(\.id)
             #expect(parsed.records.allSatisfy { $0.ts == 7 })
         }
@@ -87,9 +99,10 @@ struct StoreTests {
     @Test func theByteLimitSplitsAChunkButTakesAtLeastOneRecord() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
         defer { store.db.close() }
+        let a = Self.charge("a", "\"xxxxxxxxxx\""), b = Self.charge("b", "\"yyyyyyyyyy\""), c = Self.charge("c", "1")
         try Self.enqueue(store, "s", [("a", "\"xxxxxxxxxx\""), ("b", "\"yyyyyyyyyy\""), ("c", "1")])
-        #expect(try store.cutBatch(stream: "s", key: "k1", maxCount: 500, maxBytes: 5, final: false, nowMs: 1) == (1, 12))
-        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 13, final: false, nowMs: 1) == (2, 13))
+        #expect(try store.cutBatch(stream: "s", key: "k1", maxCount: 500, maxBytes: 5, final: false, nowMs: 1) == (1, a))
+        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: b + c, final: false, nowMs: 1) == (2, b + c))
         #expect(try Self.records(store.batchBody("k2", stream: "s").body).records.map(\.id) == ["b", "c"])
     }
 
@@ -151,7 +164,9 @@ struct StoreTests {
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         store.deleteDelivered("k")
         #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1, "waits for a transaction")
-        #expect(try Self.enqueue(store, "s", [("r1", "1"), ("r9", "9")]) == (2, 2), "r1 was deleted first")
+        #expect(
+            try Self.enqueue(store, "s", [("r1", "1"), ("r9", "9")]) == (2, Self.charge([("r1", "1"), ("r9", "9")])), "r1 was deleted first"
+        )
         #expect(store.deliveredQueue.isEmpty)
         #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 0)
         #expect(try store.db.query("SELECT SUM(count) FROM chunks").first?[0].int == 2)
@@ -186,7 +201,7 @@ struct StoreTests {
         #expect(store.deliveredQueue == ["k"])
         #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1)
         #expect(store.ids["s"]?.count == 2, "r0 and r1 still on disk; new not added")
-        #expect(try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) == (2, 2))
+        #expect(try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) == (2, Self.charge([("r0", "0"), ("new", "1")])))
         #expect(store.deliveredQueue.isEmpty && store.ids["s"]?.count == 2)
     }
 
@@ -220,11 +235,17 @@ struct StoreTests {
         try Self.enqueue(store, "s", consent: "old", [("a", "1")])
         try Self.enqueue(store, "s", consent: "s", [("b", "2")])
         #expect(try store.consentKeys().sorted() == ["old", "s"])
-        #expect(try store.cutBatch(stream: "s", key: "f", maxCount: 500, maxBytes: 1 << 20, final: true, consent: "s", nowMs: 1) == (1, 1))
+        #expect(
+            try store.cutBatch(stream: "s", key: "f", maxCount: 500, maxBytes: 1 << 20, final: true, consent: "s", nowMs: 1) == (
+                1, Self.charge("b", "2")
+            ))
         #expect(try store.isFinal("f"))
         #expect(try Self.records(store.batchBody("f", stream: "s").body).records.map(\.id) == ["b"])
         // A normal cut stops at a change of switch: one batch never mixes two.
-        #expect(try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 1))
+        #expect(
+            try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (
+                1, Self.charge("a", "1")
+            ))
     }
 
     @Test func aChunkWhoseBatchIsGoneIsQueuedAgainAtStart() throws {
@@ -296,7 +317,12 @@ struct StoreTests {
         let sums = try store.summaries()
         #expect(sums["ma.app"]?.pendingBatches == ["oldbatch"] && sums["ma.app"]?.queued == 2)
         #expect(sums["other"]?.queued == 2 && sums["other"]?.pendingBatches == [])
-        #expect(try store.totalBytes() == 13 + 3 + 13 + 13 + 3 + 3)
+        // Each record as this release counts it (the escaped id as written in the body).
+        let charges = [
+            Self.charge("e1", #"{"event":"a"}"#, ts: 1), Self.charge("o1", "[1]", ts: 2), Self.charge("e2", #"{"event":"b"}"#, ts: 3),
+            Self.charge(#"e\"3"#, #"{"event":"c"}"#, ts: 4), Self.charge("o2", "[2]", ts: 5), Self.charge("e4", #""d""#, ts: 6),
+        ]
+        #expect(try store.totalBytes() == charges.reduce(0, +))
         #expect(try store.recordedOwners()["other"] == "uid:1000" && store.deadLetterCount(stream: "ma.app") == 1)
         #expect(try store.consentKeys().sorted() == ["legacy", "ma.app", "other"])
 
@@ -313,13 +339,31 @@ struct StoreTests {
         // Their ids still count as queued (no duplicate is accepted), the delivered ones are free.
         #expect(try Self.enqueue(store, "ma.app", [("e4", "0"), ("e1", "0")]).added == 1)
         // The other stream's records keep their switches: a cut does not mix them.
-        #expect(try store.cutBatch(stream: "other", key: "o", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 3))
+        #expect(try store.cutBatch(stream: "other", key: "o", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, charges[1]))
         #expect(try Self.records(store.batchBody("o", stream: "other").body).records.map(\.id) == ["o1"])
-        #expect(try store.cutBatch(stream: "other", key: "o2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, 3))
+        #expect(try store.cutBatch(stream: "other", key: "o2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, charges[4]))
         // New records go after the migrated ones.
         try Self.enqueue(store, "ma.app", [("e5", "5")])
         #expect(try store.cutBatch(stream: "ma.app", key: "n2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 2)
         #expect(try Self.records(store.batchBody("n2", stream: "ma.app").body).records.map(\.id) == ["e1", "e5"])
+    }
+
+    /// Format 2 counted only `data` in `chunks.bytes`: reopened by this release, each chunk is
+    /// counted as its records' charges.
+    @Test func aFormatTwoQueueIsRecountedAtOpen() throws {
+        let path = Self.tempPath()
+        let recs = Self.numbered("r", 0..<5)
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            try Self.enqueue(store, "s", recs)
+            try store.db.exec("UPDATE chunks SET bytes = 35")  // 5 × {"n":N}, as format 2 wrote it
+            try store.db.exec("PRAGMA user_version=2")
+            store.db.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.db.close() }
+        #expect(try store.totalBytes() == Self.charge(recs))
+        #expect(try store.db.query("PRAGMA user_version").first?[0].int == 3)
     }
 
     /// The format-1 table's pages are zeroed when the migration drops it: records purged after

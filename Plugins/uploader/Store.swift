@@ -561,7 +561,9 @@ final class UploaderStore {
             out[s, default: StreamSummary()].queuedBytes = Int(r[2].int ?? 0)
             out[s, default: StreamSummary()].oldestMs = r[3].int
         }
-        for r in try db.query("SELECT stream, key FROM batches ORDER BY created_ms, rowid") {
+        // In the order they were cut (rowid: a new row's is above every row left), not by the
+        // wall clock, which may have stepped back between two cuts.
+        for r in try db.query("SELECT stream, key FROM batches ORDER BY rowid") {
             out[r[0].text ?? "", default: StreamSummary()].pendingBatches.append(r[1].text ?? "")
         }
         return out

@@ -348,6 +348,21 @@ struct StoreTests {
         #expect(try Self.records(store.batchBody("n2", stream: "ma.app").body).records.map(\.id) == ["e1", "e5"])
     }
 
+    /// Pending batches come back in the order they were cut, whatever the wall clock said.
+    @Test func pendingBatchesKeepTheirCutOrderWhenTheClockStepsBack() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
+        for (key, ms) in [("k1", Int64(5_000)), ("k2", 1_000), ("k3", 3_000)] {
+            _ = try store.cutBatch(stream: "s", key: key, maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: ms)
+        }
+        #expect(try store.summaries()["s"]?.pendingBatches == ["k1", "k2", "k3"])
+        try store.deleteBatch("k1")
+        _ = try Self.enqueue(store, "s", Self.numbered("q", 0..<2))
+        _ = try store.cutBatch(stream: "s", key: "k4", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 10)
+        #expect(try store.summaries()["s"]?.pendingBatches == ["k2", "k3", "k4"])
+    }
+
     /// Format 2 counted only `data` in `chunks.bytes`: reopened by this release, each chunk is
     /// counted as its records' charges.
     @Test func aFormatTwoQueueIsRecountedAtOpen() throws {

@@ -187,6 +187,11 @@ extension GTMService {
             call.fail(RPCError(.invalidParams, "data must be a JSON object"))
             return
         }
+        if let k = data.keys.first(where: { $0.utf8.lazy.filter { $0 == UInt8(ascii: ".") }.count >= DataLayer.maxKeyParts }) {
+            call.fail(
+                RPCError(.invalidParams, "data key \"\(k.prefix(64))…\" has more than \(DataLayer.maxKeyParts) dot-separated parts"))
+            return
+        }
         if let raw = call.paramRef("data") {
             let n = JSONRef(retaining: raw).withSerialized { $0.count }
             guard n <= limits.maxPushBytes else {

@@ -11,6 +11,11 @@ public struct DataLayer: Sendable, Equatable {
 
     public init(_ root: JSONObject = [:]) { self.root = root }
 
+    /// The most dot-separated parts a pushed key expands into (`a.b.c` has 3); a key with more
+    /// is kept as written, not expanded. Each part is a level of nesting, which the host's
+    /// `maxDepth` does not see in a key: 100,000 parts crashed the plugin in the recursive merge.
+    public static let maxKeyParts = 32
+
     /// The value at dotted `path`, or nil (a missing key, or a non-map on the way).
     public func get(_ path: String) -> JSON? {
         if let direct = root[path] { return direct }
@@ -32,8 +37,8 @@ public struct DataLayer: Sendable, Equatable {
     public static func expand(_ o: JSONObject) -> JSONObject {
         var out = JSONObject()
         for (k, v) in o {
-            let parts = k.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
-            guard parts.count > 1, !parts.contains(where: \.isEmpty) else {
+            let parts = k.split(separator: ".", maxSplits: maxKeyParts, omittingEmptySubsequences: false).map(String.init)
+            guard parts.count > 1, parts.count <= maxKeyParts, !parts.contains(where: \.isEmpty) else {
                 out[k] = merge(out[k], v)
                 continue
             }

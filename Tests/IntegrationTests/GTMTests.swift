@@ -224,6 +224,9 @@ extension SyncClient {
         _ = try c.open("GTM-DL")
         #expect(try c.call("gtm.push", ["data": ["user": ["prefs": ["color": "red"]], "temp": "x"]])["queued"] == true)
         _ = try c.call("gtm.push", ["data": ["user.level": 5, "gtm.lifetime": "1h"]])
+        // A key of more dotted parts than levels the data layer nests: refused, the plugin alive.
+        let deep = Array(repeating: "a", count: 100_000).joined(separator: ".")
+        #expect(try c.request("gtm.push", ["data": [deep: 1]]).errorCode == -32602)
         #expect(try c.value("GTM-DL", "level", "int64") == 5)
         #expect(try c.value("GTM-DL", "color") == "red", "deep merge keeps earlier keys")
         #expect(try c.value("GTM-DL", "temp") == "x")

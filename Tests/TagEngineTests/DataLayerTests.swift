@@ -21,6 +21,19 @@ import Testing
         #expect(d.get("a.b.c") == 1)
     }
 
+    /// Each part of a dotted key is a level of nesting: past `maxKeyParts` the key is kept as
+    /// written (100,000 parts, pushed twice, crashed the plugin in the recursive merge).
+    @Test func aKeyWithTooManyPartsIsNotExpanded() {
+        var d = DataLayer()
+        let deep = Array(repeating: "a", count: 100_000).joined(separator: ".")
+        d.push([deep: 1])
+        d.push([deep: 2])
+        #expect(d.root[deep] == 2 && d.root.count == 1)
+        let most = Array(repeating: "b", count: DataLayer.maxKeyParts).joined(separator: ".")
+        d.push([most: 3])
+        #expect(d.get(most) == 3 && d.root[most] == nil, "\(DataLayer.maxKeyParts) parts still expand")
+    }
+
     @Test func listsMergeIndexByIndex() {
         var d = DataLayer()
         d.push(["l": [1, ["x": 1], 3]])

@@ -150,6 +150,12 @@ extension PushService {
             call.reply(reply(PushCode.limit, "too many queued calls (maxQueuedOps \(config.maxQueuedOps))"))
             return
         }
+        // An activity stays with the app that bound it: another app (another uid's, say) binding
+        // the same id would have its updates delivered to itself.
+        if let b = activities.bound[aid], b.appId != appId {
+            call.reply(reply(PushCode.notPermitted, "activity \(aid) is bound to another app"))
+            return
+        }
         let key = LiveActivities.Key(activityId: aid, pushToken: pt)
         switch activities.decide(key, filter: filter) {
         case .dropSilently:

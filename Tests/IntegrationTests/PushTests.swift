@@ -345,6 +345,11 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         ])
         #expect(try app.receive()?["message"]?["liveActivity"]?["event"] == "end")
         #expect(try h.pushCounter("schemaMismatch") == 1)
+        // Another app cannot take the activity over: its updates would be delivered to it.
+        var other: JSONObject = ["activityId": "act1", "pushToken": "ptz", "filter": "call", "appId": "la2"]
+        #expect(pcode(try c.call("push.liveActivityBind", .object(other))) == 3003)
+        other["activityId"] = "act9"
+        #expect(pcode(try c.call("push.liveActivityBind", .object(other))) == 0, "a new activity binds to any app")
     }
 
     @Test func anotherUserCannotAttachOrReceiveAnAppsMessages() throws {

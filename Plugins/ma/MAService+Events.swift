@@ -49,11 +49,18 @@ extension MAService {
             call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
             return
         }
+        // The record's size, from above: its name, properties and tail, and room for the id,
+        // time, EUID and session around them.
+        let size = name.count + properties.count + eventTail(inst).count + Self.recordFrameBytes
+        guard size <= maxEventBytes else {
+            call?.reply(Self.result(MACode.invalidParams, "event larger than maxEventBytes (\(maxEventBytes))"))
+            return
+        }
         eventSeq &+= 1
         outboxCount += 1
         inst.eventsInFlight += 1
         let batch: EventBatch
-        if let open = outbox[inst.appKey]?.last, open.count < Self.maxRecordsPerEnqueue {
+        if let open = outbox[inst.appKey]?.last, open.count < Self.maxRecordsPerEnqueue, open.text.count + size <= maxEnqueueBytes {
             batch = open
         } else {
             batch = spareBatches.popLast() ?? EventBatch()
@@ -92,6 +99,10 @@ extension MAService {
         inst.eventTail = t
         return t
     }
+
+    /// Bytes of a record besides its name, properties and tail (id, time, EUID, session, keys):
+    /// an upper bound, so a batch stays under `maxEnqueueBytes`.
+    static let recordFrameBytes = 512
 
     /// Events per uploader enqueue. Small enough that the host, the uploader and this plugin
     /// work on consecutive chunks at the same time (measured: 1000 per enqueue ran the three

@@ -53,6 +53,14 @@ final class MAService {
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
     /// it new events are answered -1 at once instead of waiting.
     var maxHeldEvents = 100_000
+    /// The largest event record (config `maxEventBytes`), answered -3 beyond: it must stay under
+    /// the uploader's `maxRecordBytes` (256 KiB by default), which refuses the whole enqueue of a
+    /// record over it, the other apps' events with it.
+    var maxEventBytes = 128 * 1024
+    /// The largest `uploader.enqueue` this plugin sends (config `maxEnqueueBytes`): a batch is
+    /// closed before it would grow past it. It must stay under the host's `limits.maxLineBytes`
+    /// (1 MiB by default), which skips a longer line, and with it every event in it.
+    var maxEnqueueBytes = 512 * 1024
     /// Unanswered `uploader.enqueue` calls per AppKey, at most `maxEnqueuesInFlight`.
     var enqueuesInFlight: [String: Int] = [:]
     /// Enqueues one AppKey may have unanswered at once (config `maxEnqueuesInFlight`); its
@@ -90,6 +98,8 @@ final class MAService {
         if let v = c["retryInitialMs"]?.intValue { retryInitialMs = UInt64(v) }
         if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
         if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
+        if let v = c["maxEventBytes"]?.intValue, v > 0 { maxEventBytes = Int(v) }
+        if let v = c["maxEnqueueBytes"]?.intValue, v > 0 { maxEnqueueBytes = Int(v) }
         if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
         if let v = c["maxEnqueuesInFlight"]?.intValue, v > 0 { maxEnqueuesInFlight = Int(v) }
         do {

@@ -80,6 +80,29 @@ extension TestBackend {
         }
     }
 
+    /// Large valid events: one enqueue stays under the host's line limit (it skipped a 1.2 MB
+    /// enqueue, and with it every event in it), and an event over `maxEventBytes` is refused
+    /// alone (-3) instead of failing the uploader's whole enqueue with everyone's events.
+    @Test func largeEventsAreBatchedUnderTheLineLimitAndAnOversizedOneIsRefusedAlone() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "big"])
+        var props = JSONObject()
+        for i in 0..<45 { props["p\(i)"] = .string(String(repeating: "v", count: 200)) }
+        let params: JSON = ["eventName": "wide", "property": .object(props)]
+        for i in 0..<300 {
+            try c.sendLine(JSON.object(["jsonrpc": "2.0", "id": .int(Int64(i)), "method": "ma.eventRecord", "params": params]).serialized)
+        }
+        var codes: [Int64: Int] = [:]
+        for _ in 0..<300 { codes[code(try #require(try c.readMessage(timeoutMs: 30000))["result"] ?? .null) ?? 99, default: 0] += 1 }
+        #expect(codes == [0: 300], "\(codes)")
+        let huge = JSON.array(Array(repeating: .string(String(repeating: "x", count: 250)), count: 1_100))
+        #expect(code(try c.call("ma.eventRecord", ["eventName": "huge", "property": ["list": huge]])) == -3)
+        #expect(code(try c.call("ma.eventRecord", ["eventName": "small"])) == 0)
+        #expect(try b.maEvents("big", flushedBy: c).filter { $0["data"]?["event"] == "wide" }.count == 300)
+    }
+
     @Test func identifyWithNoValidFieldSendsNothing() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

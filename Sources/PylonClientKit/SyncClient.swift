@@ -56,7 +56,7 @@ public final class SyncClient {
 
     /// Reads one line (without `\n`), waiting at most `timeoutMs`; nil on timeout.
     public func readLine(timeoutMs: Int = 10_000) throws(ClientError) -> String? {
-        let deadline = Loop.hrtimeNs + UInt64(timeoutMs) * 1_000_000
+        let deadline = SyncClient.deadline(afterMs: timeoutMs)
         while true {
             if let nl = buffer.firstIndex(of: 0x0A) {
                 let line = String(decoding: buffer[..<nl], as: UTF8.self)
@@ -92,9 +92,9 @@ public final class SyncClient {
         let id = nextId
         nextId += 1
         try sendRaw(Envelope.request(id: .int(id), method: method, params: .params(params)) + [0x0A])
-        let deadline = Loop.hrtimeNs + UInt64(timeoutMs) * 1_000_000
+        let deadline = SyncClient.deadline(afterMs: timeoutMs)
         while true {
-            let left = Int((deadline &- Loop.hrtimeNs) / 1_000_000)
+            let left = SyncClient.msLeft(until: deadline)
             guard left > 0, let m = try readMessage(timeoutMs: left) else {
                 throw ClientError(.timeout, "no reply to \(method) within \(timeoutMs) ms")
             }
@@ -114,12 +114,22 @@ public final class SyncClient {
         return m["result"] ?? .null
     }
 
+    /// The monotonic time `ms` from now (a negative `ms` is now; at most ~35 years: no overflow).
+    static func deadline(afterMs ms: Int) -> UInt64 { Loop.hrtimeNs + UInt64(min(max(ms, 0), 1 << 40)) * 1_000_000 }
+
+    /// Milliseconds left until `deadline`, rounded up; 0 once it has passed (a line read just
+    /// after it must not wrap the difference around).
+    static func msLeft(until deadline: UInt64) -> Int {
+        let now = Loop.hrtimeNs
+        return now >= deadline ? 0 : Int((deadline - now + 999_999) / 1_000_000)
+    }
+
     /// Waits for a notification (already buffered or arriving within `timeoutMs`).
     public func nextNotification(timeoutMs: Int = 10_000) throws(ClientError) -> JSON? {
         if !notifications.isEmpty { return notifications.removeFirst() }
-        let deadline = Loop.hrtimeNs + UInt64(timeoutMs) * 1_000_000
+        let deadline = SyncClient.deadline(afterMs: timeoutMs)
         while true {
-            let left = Int((deadline &- Loop.hrtimeNs) / 1_000_000)
+            let left = SyncClient.msLeft(until: deadline)
             guard left > 0, let m = try readMessage(timeoutMs: left) else { return nil }
             if m["id"] == nil { return m }
         }

@@ -9,6 +9,7 @@ import Glibc
 /// table is in `usage` below, pylonctl(1) and docs/PROTOCOL.md.
 let usage = """
     usage: pylonctl [--socket PATH] [--timeout SECONDS] [--check] COMMAND [ARGS]
+           (the options may also follow the command)
 
     commands:
       call METHOD [PARAMS_JSON]   call any method; prints the result as JSON
@@ -49,17 +50,17 @@ var timeoutMs = 30_000
 var checkCodes = false
 var rest: [String] = []
 var it = CommandLine.arguments.dropFirst().makeIterator()
+// Options are read wherever they stand (`call M P --check` checks too); after the command, an
+// argument that is not one of them is the command's, even if it starts with "-" (a JSON number).
 while let a = it.next() {
-    if !rest.isEmpty {
-        rest.append(a)
-        continue
-    }
     switch a {
     case "--socket", "-s":
         guard let v = it.next() else { fail("--socket needs a path", code: 64) }
         socketPath = v
     case "--timeout", "-t":
-        guard let v = it.next(), let d = Double(v), d > 0 else { fail("--timeout needs a number of seconds", code: 64) }
+        guard let v = it.next(), let d = Double(v), d >= 0.001, d <= 1_000_000 else {
+            fail("--timeout needs a number of seconds from 0.001 to 1000000", code: 64)
+        }
         timeoutMs = Int(d * 1000)
     case "--check":
         checkCodes = true
@@ -70,7 +71,7 @@ while let a = it.next() {
         print("pylonctl \(pylonClientVersion)")
         exit(0)
     default:
-        if a.hasPrefix("-") { fail("unknown option \(a) (see pylonctl --help)", code: 64) }
+        if rest.isEmpty, a.hasPrefix("-") { fail("unknown option \(a) (see pylonctl --help)", code: 64) }
         rest.append(a)
     }
 }

@@ -27,6 +27,10 @@ def test_call_and_typed_errors(host):
             c.call("greeter.collect", {"appKey": "app1", "data": 1})
         assert e.value.data["switch"] == "greeter:app1"
         assert isinstance(e.value, pylon.PylonError)
+        # NaN is not JSON: refused here, not sent for a parse error no call would receive.
+        with pytest.raises(ValueError):
+            c.call("echo.echo", {"a": float("nan")})
+        assert c.call("bus.ping")["pong"] is True
 
 
 def test_subscribe_iterates_consent_changes(host):

@@ -17,7 +17,9 @@ def default_socket_path():
 
 
 def encode(msg):
-    return (json.dumps(msg, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    """One JSON-RPC line. NaN and the infinities are not JSON: ``ValueError`` here, rather than
+    a line the host answers with an ``id: null`` parse error no call would ever receive."""
+    return (json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n").encode()
 
 
 class Client:

@@ -67,8 +67,9 @@ extension MAService {
             }
             utm[k] = s
         }
-        // UTM is collection data: not kept while collection is disabled.
-        if inst.collectionEnabled != false {
+        // UTM is collection data: not kept while collection is disabled, by the app or by the
+        // host's switch (the operator's decision, or `device`).
+        if inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) {
             inst.utm = utm
             persist(inst)
         }
@@ -76,6 +77,15 @@ extension MAService {
     }
 
     // MARK: The switch
+
+    /// Clears, for good, the UTM of every AppKey whose host switch (`ma:<appKey>`, or `device`)
+    /// is denied, as disabling collection does: called when a switch is denied and at start.
+    func clearUtmWhereDenied() {
+        for inst in instances.values where !inst.utm.isEmpty && !plugin.isConsentGranted(inst.consentKey) {
+            inst.utm = [:]
+            persist(inst)
+        }
+    }
 
     /// Sets the host's switch for this AppKey (the host broadcasts `consent.changed`: the uploader
     /// sends what was queued once as a final batch, then purges it).

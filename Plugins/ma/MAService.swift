@@ -136,6 +136,7 @@ final class MAService {
         }
         plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
         pruneRestoredBindings()
+        clearUtmWhereDenied()  // a switch denied while this plugin was down
     }
 
     /// Bindings restored from disk after a restart of this plugin (or of the host).

@@ -47,5 +47,6 @@ plugin.method("status") { ma.status($0) }
 
 plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
 plugin.onReady = { ma.ready() }
+plugin.onConsentChanged = { _, granted in if !granted { ma.clearUtmWhereDenied() } }
 plugin.onShutdown = { ma.http.shutdown() }
 plugin.run()

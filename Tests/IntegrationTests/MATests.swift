@@ -530,6 +530,23 @@ extension TestBackend {
         #expect(code(try c.call("ma.setUtmProperties", ["properties": ["utm_bogus": "x"]])) == -3)
     }
 
+    /// The operator's denial of `ma:<appKey>` (or of `device`) clears the UTM like the app's own
+    /// disable, and UTM set while it is denied is not kept.
+    @Test func utmIsClearedByTheHostsSwitchToo() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.maPlugins(b))
+        let c = try h.client()
+        _ = try c.call("ma.start", ["appKey": "op"])
+        _ = try c.call("ma.setUtmProperties", ["properties": ["utm_source": "before-deny"]])
+        _ = try c.call("consent.set", ["key": "ma:op", "granted": false])
+        _ = try c.call("ma.setUtmProperties", ["properties": ["utm_campaign": "set-while-denied"]])
+        _ = try c.call("consent.set", ["key": "ma:op", "granted": true])
+        #expect(code(try c.call("ma.eventRecord", ["eventName": "after"])) == 0)
+        let recs = try b.maEvents("op", flushedBy: c)
+        let after = try #require(recs.first { $0["data"]?["event"] == .string("after") })
+        #expect(after["data"]?["utm"] == nil, "\(after.serialized)")
+    }
+
     @Test func switchingAppKeyRoutesLaterCallsToTheNewOne() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

@@ -20,13 +20,26 @@ extension MAService {
         if inst.pendingStarts == 0 {
             recordEvent(inst, call, params)
         } else {
-            inst.whenReady { [unowned self] in self.recordEvent(inst, call, params) }
+            // Behind a start still waiting for the backend: counted with the events waiting for
+            // the uploader, so an offline backend cannot make them grow without bound.
+            guard held + outboxCount + eventsWaitingForStart < maxHeldEvents else {
+                call.reply(Self.result(MACode.failed, "too many events waiting (maxHeldEvents \(maxHeldEvents))"))
+                return
+            }
+            eventsWaitingForStart += 1
+            inst.whenReady { [unowned self] in
+                self.eventsWaitingForStart -= 1
+                self.recordEvent(inst, call, params, admitted: true)
+            }
         }
     }
 
-    private func recordEvent(_ inst: MAInstance, _ call: RawCall, _ params: EventParams) {
+    /// `admitted`: it already took its place under `maxHeldEvents` while it waited for the start.
+    private func recordEvent(_ inst: MAInstance, _ call: RawCall, _ params: EventParams, admitted: Bool = false) {
         touchSession(inst)
-        params.withEvent(params: call.params) { name, properties in record(inst, name: name, properties: properties, for: call) }
+        params.withEvent(params: call.params) { name, properties in
+            record(inst, name: name, properties: properties, for: call, admitted: admitted)
+        }
     }
 
     /// Records one of the plugin's own events (`el_session_start`, `el_session_end`).
@@ -40,12 +53,14 @@ extension MAService {
     /// plugin's own events) is answered once the batch is durable in the uploader — or at once
     /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
     /// `properties` is the properties' JSON text (an object, as json-c prints it).
-    func record(_ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, for call: RawCall?) {
+    func record(
+        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, for call: RawCall?, admitted: Bool = false
+    ) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
             call?.reply(serialized: Self.okReply)  // collection disabled: dropped silently
             return
         }
-        guard held + outboxCount < maxHeldEvents else {
+        guard admitted || held + outboxCount + eventsWaitingForStart < maxHeldEvents else {
             call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
             return
         }

@@ -53,6 +53,9 @@ final class MAService {
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
     /// it new events are answered -1 at once instead of waiting.
     var maxHeldEvents = 100_000
+    /// `ma.eventRecord` calls waiting for their AppKey's start to complete (counted in
+    /// `maxHeldEvents`).
+    var eventsWaitingForStart = 0
     /// The largest event record (config `maxEventBytes`), answered -3 beyond: it must stay under
     /// the uploader's `maxRecordBytes` (256 KiB by default), which refuses the whole enqueue of a
     /// record over it, the other apps' events with it.

@@ -174,6 +174,33 @@ extension TestBackend {
         #expect(order == [1, 2])
     }
 
+    /// Events waiting behind a start that waits for the backend count against `maxHeldEvents`:
+    /// past it they are answered -1 at once (they grew without bound: 447 MB in a review).
+    @Test func eventsWaitingForAStartAreBounded() throws {
+        let b = try TestBackend()
+        try b.faults(["failNext": 1000, "status": 503])
+        let h = try TestHost(plugins: TestHost.maPlugins(b, ma: ["maxHeldEvents": 5]))
+        let c = try h.client()
+        try c.sendLine(#"{"jsonrpc":"2.0","id":0,"method":"ma.start","params":{"appKey":"off2"}}"#)
+        for i in 1...8 { try c.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"ma.eventRecord","params":{"appKey":"off2","eventName":"e"}}"#) }
+        var refused: [Int64] = []
+        for _ in 0..<3 {
+            let m = try #require(try c.readMessage(timeoutMs: 10000))
+            #expect(m["result"]?["code"] == .int(-1), "\(m.serialized)")
+            refused.append(m["id"]?.intValue ?? -1)
+        }
+        #expect(refused == [6, 7, 8])
+        let st = try h.client().call("ma.status")
+        #expect(st["eventsWaitingForStart"] == .int(5))
+        try b.clearFaults()
+        var answered = 0
+        while answered < 6, let m = try c.readMessage(timeoutMs: 15000) {
+            #expect(m["result"]?["code"] == .int(0), "\(m.serialized)")
+            answered += 1
+        }
+        #expect(answered == 6, "the start and the five waiting events")
+    }
+
     @Test func killDashNineOfMAUnderLoadLosesNoAcknowledgedEvent() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

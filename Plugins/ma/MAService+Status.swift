@@ -18,7 +18,8 @@ extension MAService {
         call.reply([
             "backend": .string(backendURL), "appKeys": .object(apps),
             "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents)),
-            "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(eventsWaitingForStart)), "maxEnqueuesInFlight": .int(Int64(maxEnqueuesInFlight)),
+            "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(eventsWaitingForStart)),
+            "maxEnqueuesInFlight": .int(Int64(maxEnqueuesInFlight)),
             "enqueues": .int(Int64(enqueuesSent)), "enqueuedEvents": .int(Int64(eventsEnqueued)),
         ])
     }

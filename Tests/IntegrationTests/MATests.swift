@@ -182,7 +182,9 @@ extension TestBackend {
         let h = try TestHost(plugins: TestHost.maPlugins(b, ma: ["maxHeldEvents": 5]))
         let c = try h.client()
         try c.sendLine(#"{"jsonrpc":"2.0","id":0,"method":"ma.start","params":{"appKey":"off2"}}"#)
-        for i in 1...8 { try c.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"ma.eventRecord","params":{"appKey":"off2","eventName":"e"}}"#) }
+        for i in 1...8 {
+            try c.sendLine(#"{"jsonrpc":"2.0","id":\#(i),"method":"ma.eventRecord","params":{"appKey":"off2","eventName":"e"}}"#)
+        }
         var refused: [Int64] = []
         for _ in 0..<3 {
             let m = try #require(try c.readMessage(timeoutMs: 10000))

@@ -51,8 +51,10 @@ Description: local JSON-RPC bus serving mobile-engagement SDK services
  The pylond service runs as the pylon system user, hardened; members of the
  pylon group may connect to /run/pylon/pylon.sock.
 CONTROL
-echo /etc/pylon/pylon.json > "$stage/DEBIAN/conffiles"
 rm -f "$stage/etc/pylon/pylon.json.dist"
+# Every file under /etc is the operator's to edit (the GTM default containers pylon.json points
+# to included): dpkg keeps their changes on upgrade and asks.
+(cd "$stage" && find etc -type f | sort | sed 's|^|/|') > "$stage/DEBIAN/conffiles"
 
 cat > "$stage/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh

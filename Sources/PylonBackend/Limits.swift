@@ -46,6 +46,9 @@ enum Limits {
     /// Largest page of `GET /v1/inspect/streams/{stream}/records` (and the default is 100).
     static let maxRecordsPage = 1000
     static let defaultRecordsPage = 100
+    /// A page of records ends after the record that brings its ids and data to this many bytes
+    /// (`next` goes on): 1000 records of 1 MiB made one 100 MB answer and a 430 MB peak.
+    static let maxRecordsPageBytes = 8 << 20
     /// Distinct keys of `requestsByPath` in `/v1/inspect/stats`; later paths count under "(other)".
     static let maxDistinctPaths = 1024
     /// Largest injectable latency. Exceeded: 400.

@@ -230,12 +230,21 @@ package final class Store {
         """
 
     /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
-    func records(stream: String, after: Int64, limit: Int) throws(SQLiteError) -> [StoredRecord] {
-        try db.query(
-            Store.pageSQL, [.text(stream), .int(after), .int(Int64(limit))]
-        ).map { row in
-            StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
+    /// Up to `limit` records after `after`, stopping after the one that brings the page's ids
+    /// and data to `maxBytes` (at least one record).
+    func records(stream: String, after: Int64, limit: Int, maxBytes: Int = .max) throws(SQLiteError) -> [StoredRecord] {
+        let s = try db.prepare(Store.pageSQL)
+        try s.bind([.text(stream), .int(after), .int(Int64(limit))])
+        defer { s.reset() }
+        var out: [StoredRecord] = []
+        var bytes = 0
+        while try s.step() {
+            let r = StoredRecord(seq: s.int(0), id: s.text(1), ts: s.int(2), data: s.value(3).text ?? "null")
+            out.append(r)
+            bytes += r.id.utf8.count + r.data.utf8.count
+            if bytes >= maxBytes { break }
         }
+        return out
     }
 
     /// Deletes everything.

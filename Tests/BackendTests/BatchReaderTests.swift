@@ -157,6 +157,25 @@ struct BatchReaderTests {
         }
     }
 
+    /// A page of records ends after the record that reaches the byte budget, and `after` goes on.
+    @Test func aPageOfRecordsIsBoundedInBytes() throws {
+        let store = try Store(path: ":memory:")
+        defer { store.close() }
+        let big = String(repeating: "x", count: 1000)
+        let body = #"{"batch":"k","stream":"s.events","records":["# + (0..<5).map { #"{"id":"r\#($0)","ts":1,"data":""# + big + #""}"# }
+            .joined(separator: ",") + "]}"
+        guard case .success(let batch)? = Batch.read(raw: Array(body.utf8), key: "k", stream: Self.stream) else {
+            Issue.record("the body was not read")
+            return
+        }
+        _ = try store.ingest(batch, receivedAt: 1)
+        let first = try store.records(stream: Self.stream, after: 0, limit: 100, maxBytes: 2500)
+        #expect(first.map(\.id) == ["r0", "r1", "r2"], "the third record passes 2,500 bytes and ends the page")
+        let rest = try store.records(stream: Self.stream, after: first.last!.seq, limit: 100, maxBytes: 2500)
+        #expect(rest.map(\.id) == ["r3", "r4"])
+        #expect(try store.records(stream: Self.stream, after: 0, limit: 100, maxBytes: 1).map(\.id) == ["r0"], "at least one")
+    }
+
     /// Bodies read either way are stored as the same rows, counted the same.
     @Test func bothReadersStoreTheSameRows() throws {
         var g = BatchGenerator(seed: 7)

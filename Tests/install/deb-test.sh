@@ -39,6 +39,9 @@ getent group pylon >/dev/null || fail "no pylon group"
 [ -x /usr/bin/pylond ] && [ -x /usr/lib/pylon/plugins/pylon-uploader ] || fail "binaries"
 [ ! -e /usr/lib/pylon/plugins/pylon-echo ] || fail "test plugin shipped"
 dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
+for f in $(cd / && find etc/pylon -type f); do
+    dpkg-query -W -f='${Conffiles}' pylon | grep -q " /$f " || fail "/$f is not a conffile"
+done
 [ -L /etc/systemd/system/multi-user.target.wants/pylond.service ] || fail "pylond.service not enabled"
 /usr/bin/pylond --check-config /etc/pylon/pylon.json || fail "pylond --check-config /etc/pylon/pylon.json"
 for m in man1/pylonctl.1 man5/pylon.json.5 man8/pylond.8; do [ -e /usr/share/man/$m.gz ] || fail "man page $m"; done

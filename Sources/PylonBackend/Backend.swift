@@ -138,7 +138,9 @@ package final class Backend {
             guard let n = Int64(a), n >= 0 else { throw .badRequest(.invalidRequest, "after must be a non-negative integer") }
             after = n
         }
-        let rows = try storage { () throws(SQLiteError) in try store.records(stream: stream, after: after, limit: limit, maxBytes: Limits.maxRecordsPageBytes) }
+        let rows = try storage { () throws(SQLiteError) in
+            try store.records(stream: stream, after: after, limit: limit, maxBytes: Limits.maxRecordsPageBytes)
+        }
         var list: [JSON] = []
         list.reserveCapacity(rows.count)
         for r in rows {

@@ -162,8 +162,8 @@ struct BatchReaderTests {
         let store = try Store(path: ":memory:")
         defer { store.close() }
         let big = String(repeating: "x", count: 1000)
-        let body = #"{"batch":"k","stream":"s.events","records":["# + (0..<5).map { #"{"id":"r\#($0)","ts":1,"data":""# + big + #""}"# }
-            .joined(separator: ",") + "]}"
+        let records = (0..<5).map { #"{"id":"r\#($0)","ts":1,"data":""# + big + #""}"# }
+        let body = #"{"batch":"k","stream":"s.events","records":["# + records.joined(separator: ",") + "]}"
         guard case .success(let batch)? = Batch.read(raw: Array(body.utf8), key: "k", stream: Self.stream) else {
             Issue.record("the body was not read")
             return

@@ -4,7 +4,9 @@ SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev libsystemd-dev python3-pip curl
 RUN_DIR ?= $(CURDIR)/run
-export PYLON_SOCKET ?= $(RUN_DIR)/pylon.sock
+# Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
+# point a second one (another RUN_DIR) at the first one's socket.
+export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
 .PHONY: all deps pydeps build release run test test-install test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 

@@ -166,13 +166,31 @@ extension GTMService {
             call.fail(RPCError(.overloaded, "too many function-call handlers (maxHandlers \(limits.maxHandlers))"))
             return
         }
-        if tag {
-            tagHandlers[name] = Handler(method: method, client: client)
-        } else {
-            macroHandlers[name] = Handler(method: method, client: client)
+        // A name another client registered stays its own: replacing it would send that client's
+        // calls (and the data layer values they carry) to the newcomer.
+        if let other = (tag ? tagHandlers[name] : macroHandlers[name]), other.client != client {
+            call.fail(RPCError(.notPermitted, "function-call \(tag ? "tag" : "macro") \(name) is registered by another client"))
+            return
         }
-        log.info("function-call \(tag ? "tag" : "macro") \(name) → \(method) (client \(client))")
-        call.reply(["registered": true])
+        // The method must be one the caller serves (`bus.provide`): the plugin calls it, and any
+        // other method (a host method, another plugin's) would run with this plugin's rights.
+        plugin.call("bus.describe", nil) { [unowned self] r in
+            guard case .success(let d) = r, d["provided"]?[method]?.intValue == client else {
+                call.fail(RPCError(.notPermitted, "\(method) is not a method this connection provides (bus.provide it first)"))
+                return
+            }
+            if let other = (tag ? self.tagHandlers[name] : self.macroHandlers[name]), other.client != client {
+                call.fail(RPCError(.notPermitted, "function-call \(tag ? "tag" : "macro") \(name) is registered by another client"))
+                return
+            }
+            if tag {
+                self.tagHandlers[name] = Handler(method: method, client: client)
+            } else {
+                self.macroHandlers[name] = Handler(method: method, client: client)
+            }
+            self.log.info("function-call \(tag ? "tag" : "macro") \(name) → \(method) (client \(client))")
+            call.reply(["registered": true])
+        }
     }
 
     func clientClosed(_ client: Int64) {

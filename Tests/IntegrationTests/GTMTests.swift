@@ -259,6 +259,11 @@ extension SyncClient {
         #expect(try appConn!.call("gtm.registerFunctionCallTag", ["name": "track", "method": "app.fn.tag"])["registered"] == true)
         #expect(try appConn!.call("gtm.registerFunctionCallMacro", ["name": "priceFor", "method": "app.fn.macro"])["registered"] == true)
         let c = try h.client()
+        // Another connection can neither take a registered name nor name a method it does not serve.
+        _ = try c.call("bus.provide", ["method": "evil.fn"])
+        #expect(try c.request("gtm.registerFunctionCallTag", ["name": "track", "method": "evil.fn"]).errorCode == -32005)
+        #expect(try c.request("gtm.registerFunctionCallMacro", ["name": "x", "method": "consent.set"]).errorCode == -32005)
+        #expect(try c.request("gtm.registerFunctionCallMacro", ["name": "y", "method": "app.fn.macro"]).errorCode == -32005)
         // An event pushed before the container is open fires nothing in it.
         _ = try c.call("gtm.push", ["data": ["event": "openScreen", "screenName": "Early"]])
         _ = try c.open("GTM-F")

@@ -28,6 +28,10 @@ struct GTMLimits {
     var maxQueuedPushes = 500
     /// Largest pushed map (serialized bytes).
     var maxPushBytes = 256 * 1024
+    /// The data layer's size as JSON text, pushes waiting in the queue included: a push that
+    /// would take it past this is refused (-32004). 400 pushes of 1,000 new keys each grew the
+    /// plugin to 172 MB with no bound.
+    var maxDataLayerBytes = 8 * 1024 * 1024
     /// Data-layer entries persisted through `gtm.lifetime`.
     var maxPersistedEntries = 10_000
     /// Manual refresh bucket (spec: 30 tokens, one per 15 min, 5 s spacing).
@@ -62,6 +66,7 @@ struct GTMLimits {
         if let v = int("maxHandlers") { maxHandlers = Int(v) }
         if let v = int("maxQueuedPushes") { maxQueuedPushes = Int(v) }
         if let v = int("maxPushBytes") { maxPushBytes = Int(v) }
+        if let v = int("maxDataLayerBytes") { maxDataLayerBytes = Int(v) }
         if let v = int("maxPersistedEntries") { maxPersistedEntries = Int(v) }
         if let v = int("refreshBucket") { refreshBucket = Int(v) }
         if let v = int("refreshRefillMs") { refreshRefillMs = v }

@@ -7,6 +7,8 @@ import PylonTagEngine
 struct QueuedPush: Sendable {
     let data: JSONObject
     let seq: UInt64
+    /// Its size as JSON text (counted in `maxDataLayerBytes` until it is merged).
+    var bytes = 0
 }
 
 extension GTMService {
@@ -210,15 +212,30 @@ extension GTMService {
                 RPCError(.invalidParams, "data key \"\(k.prefix(64))…\" has more than \(DataLayer.maxKeyParts) dot-separated parts"))
             return
         }
+        var bytes = 0
         if let raw = call.paramRef("data") {
             let n = JSONRef(retaining: raw).withSerialized { $0.count }
+            bytes = n
             guard n <= limits.maxPushBytes else {
                 call.fail(RPCError(.invalidParams, "data exceeds maxPushBytes \(limits.maxPushBytes)"))
                 return
             }
+            if dataLayerBytesBound + n > limits.maxDataLayerBytes {
+                // Measured again: the data layer as it is, and the pushes still queued.
+                dataLayerBytesBound =
+                    JSON.object(dataLayer.root).serialized.utf8.count + pushQueue.items.reduce(0) { $0 + $1.bytes }
+                guard dataLayerBytesBound + n <= limits.maxDataLayerBytes else {
+                    call.fail(
+                        RPCError(
+                            .overloaded, "the data layer is full (maxDataLayerBytes \(limits.maxDataLayerBytes))",
+                            data: ["limit": "maxDataLayerBytes"]))
+                    return
+                }
+            }
+            dataLayerBytesBound += n
         }
         pushSeq += 1
-        guard pushQueue.enqueue(QueuedPush(data: data, seq: pushSeq)) == .accepted else {
+        guard pushQueue.enqueue(QueuedPush(data: data, seq: pushSeq, bytes: bytes)) == .accepted else {
             log.error(
                 "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
             )

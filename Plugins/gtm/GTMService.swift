@@ -23,6 +23,10 @@ final class GTMService {
 
     // Data layer and tags (GTMService+DataLayer.swift).
     var dataLayer = DataLayer()
+    /// At least the data layer's size as JSON text with the queued pushes merged: raised by each
+    /// push's size, measured again when it would pass `maxDataLayerBytes` (a merge that replaces
+    /// keys adds less than the push's size).
+    var dataLayerBytesBound = 0
     var pushQueue = PushQueue<QueuedPush>(limit: 500)
     var pushSeq: UInt64 = 0
     var processing = false

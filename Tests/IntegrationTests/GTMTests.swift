@@ -219,7 +219,7 @@ extension SyncClient {
                 ["function": "_v", "instance_name": "temp", "name": "temp"],
             ])
         try b.publishContainer("GTM-DL", res)
-        let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
+        let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:]), gtm: ["maxDataLayerBytes": 65536]))
         let c = try h.client()
         _ = try c.open("GTM-DL")
         #expect(try c.call("gtm.push", ["data": ["user": ["prefs": ["color": "red"]], "temp": "x"]])["queued"] == true)
@@ -227,6 +227,13 @@ extension SyncClient {
         // A key of more dotted parts than levels the data layer nests: refused, the plugin alive.
         let deep = Array(repeating: "a", count: 100_000).joined(separator: ".")
         #expect(try c.request("gtm.push", ["data": [deep: 1]]).errorCode == -32602)
+        // The data layer is bounded in all (maxDataLayerBytes 64 KiB here): new keys past it are refused.
+        var full: JSON?
+        for i in 0..<40 {
+            let r = try c.request("gtm.push", ["data": ["k\(i)": .string(String(repeating: "v", count: 4000))]])
+            if r["error"] != nil { full = r; break }
+        }
+        #expect(full?.errorCode == -32004 && full?["error"]?["data"]?["limit"] == "maxDataLayerBytes")
         #expect(try c.value("GTM-DL", "level", "int64") == 5)
         #expect(try c.value("GTM-DL", "color") == "red", "deep merge keeps earlier keys")
         #expect(try c.value("GTM-DL", "temp") == "x")

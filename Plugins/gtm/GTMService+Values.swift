@@ -334,11 +334,12 @@ extension GTMService {
     }
 
     /// `_ua` hits (and `_img` pixels) go to the uploader under their own switch `gtm:hits`
-    /// (stream `gtm.hits`), which the host enforces.
+    /// (stream `gtm.hits`), which the host enforces, and only while the container's own switch
+    /// `gtm:<containerId>` is granted (one switch per container, as host.md asks).
     func hit(_ t: TagFiring, _ inst: ContainerInstance, event: String) {
-        guard plugin.isConsentGranted(GTMService.hitConsent) else {
+        for key in [GTMService.hitConsent, GTMService.containerConsent(inst.id)] where !plugin.isConsentGranted(key) {
             counters.hitsDroppedForConsent += 1
-            log.info("\(inst.id): hit not sent: consent \(GTMService.hitConsent) denied")
+            log.info("\(inst.id): hit not sent: consent \(key) denied")
             return
         }
         hitSeq += 1

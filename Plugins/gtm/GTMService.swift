@@ -53,6 +53,8 @@ final class GTMService {
 
     static let hitStream = "gtm.hits"
     static let hitConsent = "gtm:hits"
+    /// A container's own consent switch: its hits are collected only while it is granted.
+    static func containerConsent(_ containerId: String) -> String { "gtm:" + containerId }
 
     init(plugin: Plugin) { self.plugin = plugin }
 

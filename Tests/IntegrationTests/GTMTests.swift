@@ -324,6 +324,13 @@ extension SyncClient {
         #expect(recs.first?["data"]?["tag"]?["trackingId"] == "UA-1")
         #expect(recs.first?["data"]?["event"] == "purchase")
         #expect(recs.first?["data"]?["containerId"] == "GTM-H")
+        // The container's own switch: denied, its hits are not sent even with gtm:hits granted.
+        let dropped = try c.call("gtm.status")["hitsDroppedForConsent"]?.intValue ?? 0
+        _ = try c.call("consent.set", ["key": "gtm:GTM-H", "granted": false])
+        _ = try c.call("gtm.push", ["data": ["event": "purchase", "n": 3]])
+        try waitUntil(timeout: 5) { (try c.call("gtm.status")["hitsDroppedForConsent"]?.intValue ?? 0) == dropped + 1 }
+        _ = try c.call("uploader.flush", ["stream": "gtm.hits", "wait": true])
+        #expect(try b.records("gtm.hits").count == 1)
     }
 
     @Test func secondContainerIsIsolated() throws {

@@ -103,6 +103,10 @@ final class MAInstance {
 
     // MARK: Persistence
 
+    /// The uid that first started this AppKey (nil: not yet claimed, or only started by admins
+    /// and plugins): other non-admin uids may not use it (`MAService.mayUse`).
+    var ownerUid: Int64?
+
     var snapshot: JSON {
         var cc = JSONObject()
         for k in collectControl.keys.sorted() { cc[k] = .bool(collectControl[k]!) }
@@ -116,6 +120,7 @@ final class MAInstance {
             "collectControl": .object(cc), "utm": .object(u), "sessionTimeoutS": .int(sessionTimeoutS),
             "reportIntervalS": reportIntervalS.map { .int($0) } ?? .null,
             "sessionId": sessionId.map { .string($0) } ?? .null, "background": .bool(background),
+            "ownerUid": ownerUid.map { .int($0) } ?? .null,
         ]
     }
 
@@ -130,5 +135,6 @@ final class MAInstance {
         reportIntervalS = j["reportIntervalS"]?.intValue
         sessionId = j["sessionId"]?.stringValue
         background = j["background"]?.boolValue ?? false
+        ownerUid = j["ownerUid"]?.intValue
     }
 }

@@ -26,6 +26,10 @@ extension MAService {
             call.reply(Self.result(0, "", ["enabled": .null]))
             return
         }
+        guard mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false) else {
+            call.reply(Self.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
+            return
+        }
         call.reply(Self.result(0, "", ["enabled": inst.collectionEnabled.map { .bool($0) } ?? .null]))
     }
 

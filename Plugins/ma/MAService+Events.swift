@@ -11,7 +11,8 @@ import PylonPluginKit
 extension MAService {
     func eventRecord(_ call: RawCall) {
         let params = EventParams.read(call.params)
-        guard let inst = usable(appKey: params.appKey, client: call.callerInfo.client, call.reply) else { return }
+        let who = call.callerInfo
+        guard let inst = usable(appKey: params.appKey, client: who.client, uid: who.uid, admin: who.admin ?? false, call.reply) else { return }
         if let why = params.invalid {
             call.reply(Self.result(MACode.invalidParams, why))
             return

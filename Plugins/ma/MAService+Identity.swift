@@ -30,9 +30,17 @@ extension MAService {
             plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
         }
         let client = call.callerClient
+        let uid = call.caller?["uid"]?.intValue
+        let admin = call.caller?["admin"]?.boolValue ?? false
+        if let known = instances[appKey], !mayUse(known, uid: uid, admin: admin) {
+            call.reply(Self.result(MACode.failed, "AppKey \(appKey) belongs to another user"))
+            return
+        }
         touch(client, appKey)
         let inst = instances[appKey] ?? MAInstance(appKey: appKey)
         instances[appKey] = inst
+        // The first non-admin uid to start it owns it (persisted with the instance).
+        if inst.ownerUid == nil, !admin, let uid { inst.ownerUid = uid }
         identityOp(
             inst, call,
             prepare: { [unowned self] in
@@ -98,6 +106,10 @@ extension MAService {
 
     func euid(_ call: Call) {
         let inst = instance(for: call)
+        if let inst, !mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false) {
+            call.reply(Self.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
+            return
+        }
         call.reply(Self.result(0, "", ["euid": (inst?.started == true ? inst?.euid : nil).map { .string($0) } ?? .null]))
     }
 }

@@ -255,13 +255,30 @@ final class MAService {
         return inst
     }
 
-    /// Replies -2 unless the call's AppKey has a successful or in-flight start.
-    func usable(_ call: Call) -> MAInstance? { usable(appKey: Self.appKeyParam(call), client: call.callerClient, call.reply) }
+    /// Whether a caller may use `inst`: an admin, a caller that is no uid's (a plugin), the uid
+    /// that first started it, or anyone while no uid has. An AppKey's identity, profile and
+    /// switch are one app's: another local user reading its EUID or identifying it as someone
+    /// else is what push (appIds) and the uploader (streams) already refuse.
+    func mayUse(_ inst: MAInstance, uid: Int64?, admin: Bool) -> Bool {
+        admin || uid == nil || inst.ownerUid == nil || inst.ownerUid == uid
+    }
+
+    /// Replies -2 unless the call's AppKey has a successful or in-flight start, -1 when it
+    /// belongs to another uid.
+    func usable(_ call: Call) -> MAInstance? {
+        usable(
+            appKey: Self.appKeyParam(call), client: call.callerClient, uid: call.caller?["uid"]?.intValue,
+            admin: call.caller?["admin"]?.boolValue ?? false, call.reply)
+    }
 
     /// `usable` for a call served from its bytes (`appKey`, `client` as for `instance`).
-    func usable(appKey: String?, client: Int64?, _ reply: (JSON) -> Void) -> MAInstance? {
+    func usable(appKey: String?, client: Int64?, uid: Int64?, admin: Bool, _ reply: (JSON) -> Void) -> MAInstance? {
         guard let inst = instance(appKey: appKey, client: client), inst.isUsable else {
             reply(MAService.result(MACode.notStarted, "start not called for this AppKey"))
+            return nil
+        }
+        guard mayUse(inst, uid: uid, admin: admin) else {
+            reply(MAService.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
             return nil
         }
         return inst

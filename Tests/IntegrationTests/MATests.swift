@@ -103,6 +103,36 @@ extension TestBackend {
         #expect(try b.maEvents("big", flushedBy: c).filter { $0["data"]?["event"] == "wide" }.count == 300)
     }
 
+    /// An AppKey is its first uid's: another local user can neither read its EUID, identify it,
+    /// set its profile or switch, nor record into it (admins and the owner can).
+    @Test func anAppKeyBelongsToTheUidThatStartedIt() throws {
+        let b = try TestBackend()
+        let h = try TestHost.open(plugins: TestHost.maPlugins(b))
+        let owner = try h.runAs(
+            uid: 1000, gid: 1000, sequential: true,
+            [#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"mine"}}"#])
+        #expect(owner.replies.first?["result"]?["code"] == .int(0), "\(owner.replies)")
+        let r = try h.runAs(
+            uid: 65534, gid: 65534, sequential: true,
+            [
+                #"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"mine"}}"#,
+                #"{"jsonrpc":"2.0","id":2,"method":"ma.euid","params":{"appKey":"mine"}}"#,
+                #"{"jsonrpc":"2.0","id":3,"method":"ma.identifyAccount","params":{"appKey":"mine","userID":{"email":"x@evil.example"}}}"#,
+                #"{"jsonrpc":"2.0","id":4,"method":"ma.eventRecord","params":{"appKey":"mine","eventName":"spoof"}}"#,
+                #"{"jsonrpc":"2.0","id":5,"method":"ma.setDataCollectionEnabled","params":{"appKey":"mine","enabled":false}}"#,
+            ])
+        #expect(r.replies.count == 5, "\(r.replies.map(\.serialized))")
+        for reply in r.replies {
+            #expect(reply["result"]?["code"] == .int(-1), "\(reply.serialized)")
+            #expect(reply["result"]?["euid"] == nil)
+        }
+        let again = try h.runAs(uid: 1000, gid: 1000, [#"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"mine","eventName":"ok"}}"#])
+        #expect(again.replies.first?["result"]?["code"] == .int(0))
+        let c = try h.client()  // root: an admin
+        #expect(try c.call("ma.euid", ["appKey": "mine"])["euid"]?.stringValue != nil)
+        #expect(try b.maEvents("mine", flushedBy: c).allSatisfy { $0["data"]?["event"] != "spoof" })
+    }
+
     @Test func identifyWithNoValidFieldSendsNothing() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

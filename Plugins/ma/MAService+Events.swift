@@ -12,7 +12,9 @@ extension MAService {
     func eventRecord(_ call: RawCall) {
         let params = EventParams.read(call.params)
         let who = call.callerInfo
-        guard let inst = usable(appKey: params.appKey, client: who.client, uid: who.uid, admin: who.admin ?? false, call.reply) else { return }
+        guard let inst = usable(appKey: params.appKey, client: who.client, uid: who.uid, admin: who.admin ?? false, call.reply) else {
+            return
+        }
         if let why = params.invalid {
             call.reply(Self.result(MACode.invalidParams, why))
             return

@@ -126,7 +126,8 @@ extension TestBackend {
             #expect(reply["result"]?["code"] == .int(-1), "\(reply.serialized)")
             #expect(reply["result"]?["euid"] == nil)
         }
-        let again = try h.runAs(uid: 1000, gid: 1000, [#"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"mine","eventName":"ok"}}"#])
+        let again = try h.runAs(
+            uid: 1000, gid: 1000, [#"{"jsonrpc":"2.0","id":1,"method":"ma.eventRecord","params":{"appKey":"mine","eventName":"ok"}}"#])
         #expect(again.replies.first?["result"]?["code"] == .int(0))
         let c = try h.client()  // root: an admin
         #expect(try c.call("ma.euid", ["appKey": "mine"])["euid"]?.stringValue != nil)

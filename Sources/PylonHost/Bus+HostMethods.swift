@@ -234,6 +234,11 @@ extension Bus {
     func restartMethod(_ params: JSON?) throws(RPCError) -> JSON {
         let name = try str(params, "plugin")
         guard let slot = slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
+        // A new definition waiting for the old copy to exit starts then: starting it now would
+        // run two copies on one state directory.
+        if retiring.contains(where: { $0.successor === slot && $0.life.isAlive }) {
+            throw RPCError(.pluginUnavailable, "\(name) is waiting for its old copy to exit; it starts then")
+        }
         log.info("manual restart requested", ["plugin": name])
         supervise(slot) { $0.restartRequested(now: $1) }
         return ["plugin": .string(name), "state": .string(slot.life.state.rawValue)]

@@ -17,7 +17,7 @@ extension Bus {
     }
 
     func checkShutdownComplete() {
-        guard shuttingDown, slots.values.allSatisfy({ !$0.life.isAlive }) else { return }
+        guard shuttingDown, slots.values.allSatisfy({ !$0.life.isAlive }), retiring.allSatisfy({ !$0.life.isAlive }) else { return }
         for s in slots.values { s.closeTimers() }
         let cb = onShutdownComplete
         onShutdownComplete = {}
@@ -71,6 +71,7 @@ extension Bus {
     private func retire(_ slot: PluginSlot) {
         slots[slot.config.name] = nil
         slotOrder.removeAll { $0 == slot.config.name }
+        if slot.life.isAlive { retiring.append(slot) }
         stopPlugin(slot)
     }
 }

@@ -83,12 +83,15 @@ extension Bus {
         slot.output = PluginOutputFilter()
         for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
             let plog = Log("plugin")
-            stream.onLine = { [pid = process.pid, name = pc.name, unowned slot] line in
+            // Weak: a child of the plugin may hold the pipe open after a reload retired the slot
+            // and its process exited (an unowned reference then trapped the host).
+            stream.onLine = { [pid = process.pid, name = pc.name, weak slot] line in
                 // A plugin that already logs in Pylon's logfmt (the plugin kit does) is passed
                 // through with its name appended; anything else is wrapped as a message; blank
                 // lines and crash reports are condensed (PluginOutputFilter).
                 let text = String(decoding: line, as: UTF8.self)
-                switch slot.process?.pid == pid ? slot.output.take(text) : .relay {
+                let filtered = slot.flatMap { $0.process?.pid == pid ? $0.output.take(text) : nil } ?? .relay
+                switch filtered {
                 case .relay: Log.relayPluginLine(text, plugin: name, pid: pid, level: level)
                 case .debug: Log.relayPluginLine(text, plugin: name, pid: pid, level: .debug)
                 case .drop: break

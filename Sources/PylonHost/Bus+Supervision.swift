@@ -158,6 +158,10 @@ extension Bus {
                 ])
         }
         for action in actions { perform(slot, action) }
+        if !slot.life.isAlive, let i = retiring.firstIndex(where: { $0 === slot }) {
+            retiring.remove(at: i)
+            slot.closeTimers()
+        }
         if !slot.life.isAlive, let next = slot.successor {
             slot.successor = nil
             // Only if no later reload replaced or removed it meanwhile.

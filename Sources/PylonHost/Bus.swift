@@ -31,6 +31,10 @@ public final class Bus {
     var pending = PendingTable<Pending>()
     private var nextRequestId: Int64 = 1
     var slots: [String: PluginSlot] = [:]
+    /// Slots a reload removed or replaced whose process has not exited yet: kept until it has,
+    /// so shutdown waits for them too (a plugin never outlives the host) and a replacement does
+    /// not start beside them.
+    var retiring: [PluginSlot] = []
     var slotOrder: [String] = []
     /// Methods served by clients (`bus.provide`), by full name.
     var provided: [String: Peer] = [:]

@@ -54,9 +54,15 @@ public struct ConsentStore: Equatable, Sendable {
         case .app: appSwitches[key] = granted
         }
         let after = key == ConsentStore.master ? masterGranted : ownValue(key)
-        if before != after { epoch += 1 }
+        // Past `maxEpoch` (a file edited by hand could start near it) the epoch stays: it is JSON
+        // and Int64 wherever it is shown, and a counter of changes never gets there otherwise.
+        if before != after, epoch < ConsentStore.maxEpoch { epoch += 1 }
         return before != after
     }
+
+    /// The largest epoch a consent file may hold: an exact integer in every JSON reader (2^53),
+    /// far from Int64's end, where the next change would trap (a hand-edited file did).
+    public static let maxEpoch: Int64 = 1 << 53
 
     /// Rules for switch names: non-empty, at most 256 bytes, printable ASCII without spaces.
     public static func validate(key: String) -> String? {
@@ -103,7 +109,9 @@ public struct ConsentStore: Equatable, Sendable {
             if s.appSwitches[master] != nil { return .failure(RestoreError("app.\(master): the master switch has no app layer")) }
         }
         if let e = j["epoch"] {
-            guard let n = e.intValue, n >= 0 else { return .failure(RestoreError("epoch must be a non-negative integer")) }
+            guard let n = e.intValue, n >= 0, n <= ConsentStore.maxEpoch else {
+                return .failure(RestoreError("epoch must be an integer from 0 to \(ConsentStore.maxEpoch)"))
+            }
             s.epoch = UInt64(n)
         }
         return .success(s)

@@ -102,6 +102,12 @@ public final class Host {
     }
 
     func reload() {
+        // Stopping: a reload would start the plugins it adds, and the host would wait for them
+        // forever (a second SIGTERM is ignored once stopping).
+        guard !bus.shuttingDown else {
+            log.warn("reload ignored: the host is stopping")
+            return
+        }
         System.sdNotify("RELOADING=1")
         do throws(ConfigError) {
             var c = try HostConfig.load(path: configPath)

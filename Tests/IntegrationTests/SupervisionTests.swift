@@ -142,3 +142,64 @@ import Testing
         #expect(!log.contains("ignored SIGTERM"), "the default SIGTERM action stopped it; no SIGKILL needed")
     }
 }
+
+/// Reloads that retire a plugin while it is still running, a late line from its child, and the
+/// host's shutdown around them.
+@Suite(.serialized) struct RetiredPluginTests {
+    static func stubborn(_ extra: JSONObject = [:], grace: Int64 = 3000) -> JSON {
+        var o: JSONObject = [
+            "name": "py", "exec": .string(fixturesDir + "/fake_echo.py"), "stopGraceMs": .int(grace),
+            "env": ["FAKE_IGNORE_STOP": "1"],
+        ]
+        for (k, v) in extra { o[k] = v }
+        return .object(o)
+    }
+
+    func rewrite(_ h: TestHost, plugins: [JSON]) throws {
+        var cfg = try JSON.parse(String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
+        cfg["plugins"] = .array(plugins)
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+    }
+
+    /// A child of a removed plugin that writes to the inherited stderr after the plugin exited:
+    /// the host relays the line (it trapped on an unowned reference to the retired slot).
+    @Test func aRemovedPluginsChildWritingLateDoesNotCrashTheHost() throws {
+        let h = try TestHost(plugins: [
+            [
+                "name": "py", "exec": "/bin/sh",
+                "args": .array(["-c", .string("(sleep 1.5; echo 'late line' >&2) & exec " + fixturesDir + "/fake_echo.py")]),
+            ]
+        ])
+        try h.waitForPlugin("py")
+        try rewrite(h, plugins: [])
+        kill(h.pid, SIGHUP)
+        try waitUntil(timeout: 10) { h.logText.contains("late line") }
+        #expect(try h.client().call("bus.ping")["pong"] == .bool(true))
+    }
+
+    /// SIGTERM waits for a plugin a reload is still stopping: it never outlives the host.
+    @Test func shutdownWaitsForAPluginAReloadIsStopping() throws {
+        let h = try TestHost(plugins: [Self.stubborn()])
+        try h.waitForPlugin("py")
+        let oldPid = try #require(try h.plugin("py")["pid"]?.intValue)
+        try rewrite(h, plugins: [Self.stubborn(["config": ["generation": 2]])])
+        kill(h.pid, SIGHUP)
+        try waitUntil(timeout: 5) { h.logText.contains("waiting for the old copy to exit") }
+        // Meanwhile the new copy waits: a manual restart must not start it beside the old one.
+        #expect(try h.client().request("bus.restart", ["plugin": "py"]).errorCode == -32001)
+        #expect(h.stop() == 0)
+        #expect(kill(Int32(oldPid), 0) != 0, "the old copy was stopped before the host exited")
+    }
+
+    /// A reload that arrives while the host is stopping starts nothing, and the host exits.
+    @Test func aReloadWhileStoppingIsIgnored() throws {
+        let h = try TestHost(plugins: [Self.stubborn(grace: 1500)])
+        try h.waitForPlugin("py")
+        try rewrite(h, plugins: [Self.stubborn(grace: 1500), TestHost.echo()])
+        kill(h.pid, SIGTERM)
+        usleep(200_000)
+        kill(h.pid, SIGHUP)
+        #expect(h.stop() == 0, "pylond exits (it waited forever for the plugin the reload started)")
+        #expect(h.logText.contains("reload ignored"))
+    }
+}

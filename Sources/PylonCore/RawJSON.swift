@@ -432,35 +432,54 @@ extension RawJSON {
     /// (configuration, consent) are refused instead. Keys are compared as written, so two
     /// spellings of one key with escapes are not detected.
     public static func duplicateKey(in text: UnsafeRawBufferPointer) -> String? {
-        var i = skipSpace(text, 0)
-        return duplicateKey(text, &i, depth: 0)
+        var seen: [Int: Set<[UInt8]>] = [:]
+        var found: String?
+        forEachKey(in: text) { key, object in
+            let k = Array(text[key])
+            guard seen[object, default: []].insert(k).inserted else {
+                found = String(decoding: k, as: UTF8.self)
+                return false
+            }
+            return true
+        }
+        return found
     }
 
-    private static func duplicateKey(_ t: UnsafeRawBufferPointer, _ i: inout Int, depth: Int) -> String? {
-        guard i < t.count, depth < 1024 else { return nil }
+    /// Calls `visit` with every object key in `text` (JSON that json-c accepted, nested at most
+    /// 1024 levels), as written between its quotes, and the index of the object's `{` (which
+    /// object it is in), depth first in text order, until `visit` returns false.
+    static func forEachKey(in text: UnsafeRawBufferPointer, _ visit: (_ key: Range<Int>, _ object: Int) -> Bool) {
+        var i = skipSpace(text, 0)
+        _ = forEachKey(text, &i, depth: 0, visit)
+    }
+
+    /// Returns false once `visit` did.
+    private static func forEachKey(
+        _ t: UnsafeRawBufferPointer, _ i: inout Int, depth: Int, _ visit: (_ key: Range<Int>, _ object: Int) -> Bool
+    ) -> Bool {
+        guard i < t.count, depth < 1024 else { return true }
         let open = t[i]
         guard open == UInt8(ascii: "{") || open == UInt8(ascii: "[") else {
             i = skipValue(t, i)
-            return nil
+            return true
         }
+        let object = i
         let close = open == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
-        var seen = Set<[UInt8]>()
         i += 1
         while true {
             i = skipSpace(t, i)
-            guard i < t.count else { return nil }
-            if t[i] == close { i += 1; return nil }
+            guard i < t.count else { return true }
+            if t[i] == close { i += 1; return true }
             if t[i] == UInt8(ascii: ",") { i += 1; continue }
             if open == UInt8(ascii: "{") {
-                guard t[i] == UInt8(ascii: "\"") else { return nil }
+                guard t[i] == UInt8(ascii: "\"") else { return true }
                 let end = skipString(t, i)
-                let key = Array(t[(i + 1)..<max(i + 1, end - 1)])
-                if !seen.insert(key).inserted { return String(decoding: key, as: UTF8.self) }
+                guard visit((i + 1)..<max(i + 1, end - 1), object) else { return false }
                 i = skipSpace(t, end)
-                guard i < t.count, t[i] == UInt8(ascii: ":") else { return nil }
+                guard i < t.count, t[i] == UInt8(ascii: ":") else { return true }
                 i = skipSpace(t, i + 1)
             }
-            if let d = duplicateKey(t, &i, depth: depth + 1) { return d }
+            guard forEachKey(t, &i, depth: depth + 1, visit) else { return false }
         }
     }
 }
@@ -548,35 +567,12 @@ extension RawJSON {
     /// there, other parsers do not, so `{"a":1,"a\u0000":2}` is one member to json-c and two to
     /// them, and the host and a plugin would read different values.
     public static func hasNULKey(_ text: UnsafeRawBufferPointer) -> Bool {
-        var i = skipSpace(text, 0)
-        return hasNULKey(text, &i, depth: 0)
-    }
-
-    private static func hasNULKey(_ t: UnsafeRawBufferPointer, _ i: inout Int, depth: Int) -> Bool {
-        guard i < t.count, depth < 1024 else { return false }
-        let open = t[i]
-        guard open == UInt8(ascii: "{") || open == UInt8(ascii: "[") else {
-            i = skipValue(t, i)
-            return false
+        var found = false
+        forEachKey(in: text) { key, _ in
+            found = contains(text, key, UInt8(ascii: "\\")) && jsonCKeyName(text, key).hadNUL
+            return !found
         }
-        let close = open == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
-        i += 1
-        while true {
-            i = skipSpace(t, i)
-            guard i < t.count else { return false }
-            if t[i] == close { i += 1; return false }
-            if t[i] == UInt8(ascii: ",") { i += 1; continue }
-            if open == UInt8(ascii: "{") {
-                guard t[i] == UInt8(ascii: "\"") else { return false }
-                let end = skipString(t, i)
-                let key = (i + 1)..<max(i + 1, end - 1)
-                if contains(t, key, UInt8(ascii: "\\")), jsonCKeyName(t, key).hadNUL { return true }
-                i = skipSpace(t, end)
-                guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
-                i = skipSpace(t, i + 1)
-            }
-            if hasNULKey(t, &i, depth: depth + 1) { return true }
-        }
+        return found
     }
 }
 

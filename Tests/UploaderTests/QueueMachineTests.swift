@@ -187,13 +187,19 @@ struct QueueMachineTests {
         #expect(st.attempts == 0 && st.notBeforeMs == 0 && st.isDrained)
     }
 
-    @Test func retryAfterHoldsTheEndpointAndWinsWhenLonger() {
+    /// A stream whose one queued record (5 bytes) was flushed and sent: batch "b1" in flight.
+    func oneRecordInFlight() -> (StreamState, FakeDisk) {
         var disk = FakeDisk()
         var st = stream()
         disk.queued = [5]
         st.committed(added: 1, bytes: 5, now: 0)
         st.flush()
         _ = run(&st, &disk, now: 0)
+        return (st, disk)
+    }
+
+    @Test func retryAfterHoldsTheEndpointAndWinsWhenLonger() {
+        var (st, disk) = oneRecordInFlight()
         let b = sent(st, disk)
         let fx = st.uploadFinished(b, .retry(reason: "HTTP 429", retryAfterMs: 5_000), now: 100, retry: Self.noJitter, random: 0.5)
         #expect(fx == [.holdEndpoint(untilMs: 5_100)])
@@ -209,12 +215,7 @@ struct QueueMachineTests {
         #expect(HTTPResponse.retryAfterMs("18446744073709552") == .max)
         #expect(HTTPResponse.retryAfterMs("120") == 120_000)
         #expect(HTTPResponse.retryAfterMs("-1") == nil && HTTPResponse.retryAfterMs("soon") == nil)
-        var disk = FakeDisk()
-        var st = stream()
-        disk.queued = [5]
-        st.committed(added: 1, bytes: 5, now: 0)
-        st.flush()
-        _ = run(&st, &disk, now: 0)
+        var (st, disk) = oneRecordInFlight()
         var policy = Self.noJitter
         policy.maxRetryAfterMs = 60_000
         let fx = st.uploadFinished(sent(st, disk), .retry(reason: "HTTP 503", retryAfterMs: .max), now: 100, retry: policy, random: 0.5)
@@ -223,12 +224,7 @@ struct QueueMachineTests {
     }
 
     @Test func aFlushSkipsTheRetryWait() {
-        var disk = FakeDisk()
-        var st = stream()
-        disk.queued = [5]
-        st.committed(added: 1, bytes: 5, now: 0)
-        st.flush()
-        _ = run(&st, &disk, now: 0)
+        var (st, disk) = oneRecordInFlight()
         _ = st.uploadFinished(sent(st, disk), .retry(reason: "x", retryAfterMs: nil), now: 10, retry: Self.noJitter, random: 0.5)
         #expect(run(&st, &disk, now: 11) == .idle)
         st.flush()

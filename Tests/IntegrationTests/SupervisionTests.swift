@@ -191,6 +191,28 @@ import Testing
         #expect(kill(Int32(oldPid), 0) != 0, "the old copy was stopped before the host exited")
     }
 
+    /// Removed and added again (or changed twice) while the old copy is still stopping: the new
+    /// one starts only after the old one exited, never beside it.
+    @Test func aPluginAddedBackWhileItsOldCopyStopsWaitsForIt() throws {
+        let h = try TestHost(plugins: [Self.stubborn(grace: 1500)])
+        try h.waitForPlugin("py")
+        let oldPid = try #require(try h.plugin("py")["pid"]?.intValue)
+        try rewrite(h, plugins: [])
+        kill(h.pid, SIGHUP)
+        try waitUntil(timeout: 5) { h.logText.contains("reload: plugin removed") }
+        try rewrite(h, plugins: [Self.stubborn(grace: 1500)])
+        kill(h.pid, SIGHUP)
+        try waitUntil(timeout: 15) {
+            let p = try h.plugin("py")
+            return p["state"] == .string("running") && p["pid"]?.intValue != oldPid
+        }
+        let newPid = try #require(try h.plugin("py")["pid"]?.intValue)
+        let lines = h.logText.split(separator: "\n")
+        let exited = try #require(lines.firstIndex { $0.contains("msg=\"plugin exited\"") && $0.contains("pid=\(oldPid)") })
+        let spawned = try #require(lines.firstIndex { $0.contains("msg=\"plugin spawned\"") && $0.contains("pid=\(newPid)") })
+        #expect(exited < spawned, "two copies must never run on the same state directory")
+    }
+
     /// A reload that arrives while the host is stopping starts nothing, and the host exits.
     @Test func aReloadWhileStoppingIsIgnored() throws {
         let h = try TestHost(plugins: [Self.stubborn(grace: 1500)])

@@ -22,8 +22,8 @@ extension Bus {
         slotOrder.append(pc.name)
         // The copy to wait for: the one replaced, or one a reload removed or replaced before and
         // is still stopping (removed then added again, changed twice): never two at once.
-        let alive = predecessor.flatMap { $0.life.isAlive ? $0 : nil }
-            ?? retiring.last { $0.config.name == pc.name && $0.life.isAlive }
+        let replaced = predecessor?.life.isAlive == true ? predecessor : nil
+        let alive = replaced ?? retiring.last { $0.config.name == pc.name && $0.life.isAlive }
         if let old = alive {
             log.info("waiting for the old copy to exit before starting the new one", ["plugin": pc.name, "pid": old.life.pid ?? 0])
             old.successor = slot

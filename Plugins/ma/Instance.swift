@@ -103,8 +103,8 @@ final class MAInstance {
 
     // MARK: Persistence
 
-    /// The uid that first started this AppKey (nil: not yet claimed, or only started by admins
-    /// and plugins): other non-admin uids may not use it (`MAService.mayUse`).
+    /// The uid that first started this AppKey (nil: not yet started by a client, or started
+    /// before owners were recorded): other non-admin uids may not use it (`MAService.mayUse`).
     var ownerUid: Int64?
 
     var snapshot: JSON {

@@ -39,8 +39,9 @@ extension MAService {
         touch(client, appKey)
         let inst = instances[appKey] ?? MAInstance(appKey: appKey)
         instances[appKey] = inst
-        // The first non-admin uid to start it owns it (persisted with the instance).
-        if inst.ownerUid == nil, !admin, let uid { inst.ownerUid = uid }
+        // The first uid to start it owns it, an admin's included (persisted with the instance):
+        // an AppKey root's app started must not be left for another user to claim.
+        if inst.ownerUid == nil, let uid { inst.ownerUid = uid }
         identityOp(
             inst, call,
             prepare: { [unowned self] in

@@ -131,6 +131,16 @@ extension TestBackend {
         #expect(again.replies.first?["result"]?["code"] == .int(0))
         let c = try h.client()  // root: an admin
         #expect(try c.call("ma.euid", ["appKey": "mine"])["euid"]?.stringValue != nil)
+        // An AppKey root started is root's: another user can neither claim it nor see it listed.
+        _ = try c.call("ma.start", ["appKey": "rootapp"])
+        let spy = try h.runAs(
+            uid: 65534, gid: 65534, sequential: true,
+            [
+                #"{"jsonrpc":"2.0","id":1,"method":"ma.status"}"#,
+                #"{"jsonrpc":"2.0","id":2,"method":"ma.start","params":{"appKey":"rootapp"}}"#,
+            ])
+        #expect(spy.replies.first?["result"]?["appKeys"] == [:], "\(spy.replies.map(\.serialized))")
+        #expect(spy.replies.last?["result"]?["code"] == .int(-1))
         #expect(try b.maEvents("mine", flushedBy: c).allSatisfy { $0["data"]?["event"] != "spoof" })
     }
 

@@ -249,7 +249,12 @@ final class GTMService {
         var headers: [(String, String)] = [("Accept", "application/json")]
         if inst.preview == nil, inst.source != .default, let e = inst.etag { headers.append(("If-None-Match", e)) }
         let previewAtStart = inst.preview
-        http.send(HTTPRequest(method: "GET", url: containerURL(inst), headers: headers, timeoutMs: limits.fetchTimeoutMs)) {
+        // One byte over maxContainerBytes is kept, so the check below answers server_error; curl
+        // stops reading there, not at the end of whatever the server sends.
+        let req = HTTPRequest(
+            method: "GET", url: containerURL(inst), headers: headers, timeoutMs: limits.fetchTimeoutMs,
+            maxResponseBytes: limits.maxContainerBytes + 1)
+        http.send(req) {
             [weak self, weak inst] r in
             guard let self, let inst, self.instances[inst.id] === inst else { return }
             inst.loading = false
@@ -258,6 +263,8 @@ final class GTMService {
                 return
             }
             switch r {
+            case .failure(let e) where e.responseTooLarge:
+                self.networkFailed(inst, "server_error", "container larger than maxContainerBytes \(self.limits.maxContainerBytes)")
             case .failure(let e):
                 // curl 6/7: cannot resolve / connect — no network; anything else a network error.
                 self.networkFailed(inst, e.code == 6 || e.code == 7 ? "no_network" : "network_error", e.description)

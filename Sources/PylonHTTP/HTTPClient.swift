@@ -10,12 +10,25 @@ public struct HTTPRequest: Sendable {
     public var body: [UInt8]
     /// Whole-transfer timeout.
     public var timeoutMs: Int
-    public init(method: String = "GET", url: String, headers: [(String, String)] = [], body: [UInt8] = [], timeoutMs: Int = 30_000) {
+    /// The largest response body kept; a longer one fails the transfer ("response larger than
+    /// N bytes"). Without it a backend streaming gigabytes grew a plugin to 3 GB in 18 s.
+    public var maxResponseBytes: Int
+    /// The default `maxResponseBytes`: the backend's answers are small JSON documents.
+    public static let defaultMaxResponseBytes = 4 << 20
+    /// The most response header lines kept, and their bytes in all; past them the transfer fails.
+    public static let maxHeaderLines = 100
+    public static let maxHeaderBytes = 64 * 1024
+
+    public init(
+        method: String = "GET", url: String, headers: [(String, String)] = [], body: [UInt8] = [], timeoutMs: Int = 30_000,
+        maxResponseBytes: Int = HTTPRequest.defaultMaxResponseBytes
+    ) {
         self.method = method
         self.url = url
         self.headers = headers
         self.body = body
         self.timeoutMs = timeoutMs
+        self.maxResponseBytes = maxResponseBytes
     }
 }
 
@@ -42,6 +55,8 @@ public struct HTTPResponse: Sendable {
 public struct HTTPClientError: Error, CustomStringConvertible, Sendable {
     public let code: Int32
     public let description: String
+    /// The transfer was cut because the response passed `maxResponseBytes` or the header limits.
+    public var responseTooLarge = false
 }
 
 /// An asynchronous HTTP client on the process's libuv loop: libcurl's multi-socket API, with
@@ -105,12 +120,23 @@ public final class HTTPClient {
         _ = pylon_easy_setopt_str(easy, CURLOPT_USERAGENT, "pylon/0.1")
         _ = pylon_easy_setopt_write_cb(easy) { ptr, size, n, ud in
             let t = Unmanaged<Transfer>.fromOpaque(ud!).takeUnretainedValue()
+            // Past the limit: a short count makes curl abort the transfer (CURLE_WRITE_ERROR).
+            guard t.body.count + size * n <= t.maxResponseBytes else {
+                t.tooLarge = "response larger than \(t.maxResponseBytes) bytes"
+                return 0
+            }
             t.body.append(contentsOf: UnsafeRawBufferPointer(start: ptr, count: size * n))
             return size * n
         }
         _ = pylon_easy_setopt_ptr(easy, CURLOPT_WRITEDATA, tp)
         _ = pylon_easy_setopt_header_cb(easy) { ptr, size, n, ud in
             let t = Unmanaged<Transfer>.fromOpaque(ud!).takeUnretainedValue()
+            t.headerLines += 1
+            t.headerBytes += size * n
+            guard t.headerLines <= HTTPRequest.maxHeaderLines, t.headerBytes <= HTTPRequest.maxHeaderBytes else {
+                t.tooLarge = "response headers beyond \(HTTPRequest.maxHeaderLines) lines or \(HTTPRequest.maxHeaderBytes) bytes"
+                return 0
+            }
             t.headerLine(UnsafeRawBufferPointer(start: ptr, count: size * n))
             return size * n
         }
@@ -201,6 +227,8 @@ public final class HTTPClient {
             let result: Result<HTTPResponse, HTTPClientError>
             if code == CURLE_OK {
                 result = .success(HTTPResponse(status: status, headers: t.headers, body: t.body))
+            } else if let why = t.tooLarge {
+                result = .failure(HTTPClientError(code: Int32(code.rawValue), description: why, responseTooLarge: true))
             } else {
                 result = .failure(HTTPClientError(code: Int32(code.rawValue), description: String(cString: curl_easy_strerror(code))))
             }
@@ -233,12 +261,18 @@ final class Transfer {
     let done: (Result<HTTPResponse, HTTPClientError>) -> Void
     var body: [UInt8] = []
     var headers: [String: String] = [:]
+    let maxResponseBytes: Int
+    var headerLines = 0
+    var headerBytes = 0
+    /// Why the transfer was cut short by a limit, if it was.
+    var tooLarge: String?
     var headerList: UnsafeMutablePointer<curl_slist>?
     let bodyPointer: UnsafeMutableRawPointer?
     let bodyCount: Int
 
     init(request: HTTPRequest, done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
         self.done = done
+        maxResponseBytes = request.maxResponseBytes
         bodyCount = request.body.count
         if request.body.isEmpty {
             bodyPointer = nil

@@ -1,3 +1,4 @@
+import Foundation
 import PylonCore
 import PylonHTTP
 import Testing
@@ -8,16 +9,22 @@ nonisolated(unsafe) private let loop = Loop()
 
 /// The HTTP client speaks HTTP(S) only: a URL with another scheme fails before any I/O.
 @Suite(.serialized) struct HTTPClientProtocolTests {
-    func send(_ url: String) -> Result<HTTPResponse, HTTPClientError>? {
+    func send(_ url: String, maxResponseBytes: Int = HTTPRequest.defaultMaxResponseBytes) -> Result<HTTPResponse, HTTPClientError>? {
         let client = HTTPClient(loop: loop)
         var result: Result<HTTPResponse, HTTPClientError>?
-        client.send(HTTPRequest(method: "POST", url: url, body: Array("x".utf8), timeoutMs: 2000)) { r in
+        let req = HTTPRequest(method: "POST", url: url, body: Array("x".utf8), timeoutMs: 10_000, maxResponseBytes: maxResponseBytes)
+        client.send(req) { r in
             result = r
             loop.stop()
         }
+        // A guard: a transfer that never completes fails the test instead of hanging it.
+        var guardTimer = loop.after(ms: 20_000, unref: true) { loop.stop() }
         loop.run()
+        guardTimer.stop()
         client.shutdown()
+        guardTimer = loop.after(ms: 5_000, unref: true) { loop.stop() }
         loop.run()
+        guardTimer.stop()
         return result
     }
 

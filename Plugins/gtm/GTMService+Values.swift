@@ -181,8 +181,14 @@ extension GTMService {
                 call.fail(RPCError(.notPermitted, "\(method) is not a method this connection provides (bus.provide it first)"))
                 return
             }
-            if let other = (tag ? self.tagHandlers[name] : self.macroHandlers[name]), other.client != client {
+            let existing = tag ? self.tagHandlers[name] : self.macroHandlers[name]
+            if let other = existing, other.client != client {
                 call.fail(RPCError(.notPermitted, "function-call \(tag ? "tag" : "macro") \(name) is registered by another client"))
+                return
+            }
+            // Checked again: registrations sent together all passed the first check.
+            guard existing != nil || self.macroHandlers.count + self.tagHandlers.count < self.limits.maxHandlers else {
+                call.fail(RPCError(.overloaded, "too many function-call handlers (maxHandlers \(self.limits.maxHandlers))"))
                 return
             }
             if tag {

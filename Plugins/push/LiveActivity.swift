@@ -15,6 +15,17 @@ struct LiveActivities {
     private(set) var submissions: [Key: SubmissionState] = [:]
     /// activityId → the app that bound it and its declared content-state schema.
     private(set) var bound: [String: (appId: String, schema: [String: String]?)] = [:]
+    /// activityId → the app whose first bind of it is in flight: it is that app's from the
+    /// moment its bind is admitted, so another app's bind cannot overtake it.
+    private(set) var claimed: [String: String] = [:]
+
+    /// The app an activity belongs to: the one that bound it, or whose bind is in flight.
+    func owner(of activityId: String) -> String? { bound[activityId]?.appId ?? claimed[activityId] }
+
+    /// Admits `appId`'s bind of `activityId` (`owner(of:)` is nil or `appId`).
+    mutating func claim(_ activityId: String, for appId: String) {
+        if bound[activityId] == nil { claimed[activityId] = appId }
+    }
 
     mutating func decide(_ key: Key, filter: Filter) -> Decision {
         if filter != .refuse, submissions[key] != nil { return filter == .abandon ? .dropSilently : .failRepeat }
@@ -29,6 +40,10 @@ struct LiveActivities {
             bound[key.activityId] = (appId, schema ?? bound[key.activityId]?.schema)
         } else {
             submissions[key] = nil
+        }
+        // Bound, or free again if this was the claim's bind and it failed (with none in flight).
+        if claimed[key.activityId] == appId, ok || !submissions.keys.contains(where: { $0.activityId == key.activityId }) {
+            claimed[key.activityId] = nil
         }
     }
 

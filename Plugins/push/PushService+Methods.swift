@@ -152,7 +152,7 @@ extension PushService {
         }
         // An activity stays with the app that bound it: another app (another uid's, say) binding
         // the same id would have its updates delivered to itself.
-        if let b = activities.bound[aid], b.appId != appId {
+        if let owner = activities.owner(of: aid), owner != appId {
             call.reply(reply(PushCode.notPermitted, "activity \(aid) is bound to another app"))
             return
         }
@@ -164,7 +164,7 @@ extension PushService {
         case .failRepeat:
             call.reply(reply(PushCode.callRepeat, "callRepeat"))
             return
-        case .submit: break
+        case .submit: activities.claim(aid, for: appId)
         }
         enqueueOp(timedOut: { [unowned self] in
             self.activities.finished(key, ok: false, appId: appId, schema: schemaOpt)

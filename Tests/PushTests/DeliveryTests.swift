@@ -157,6 +157,23 @@ struct LiveActivityTests {
         #expect(l.decide(k, filter: .call) == .failRepeat)
     }
 
+    /// An activity is its first app's from the moment that app's bind is admitted: another
+    /// app's bind cannot overtake one still in flight. A failed first bind frees it.
+    @Test func anActivityIsClaimedWhileItsFirstBindIsInFlight() {
+        var l = LiveActivities()
+        let bank = LiveActivities.Key(activityId: "order", pushToken: "tokA")
+        #expect(l.owner(of: "order") == nil)
+        #expect(l.decide(bank, filter: .call) == .submit)
+        l.claim("order", for: "bank")
+        #expect(l.owner(of: "order") == "bank", "claimed while in flight")
+        l.finished(bank, ok: false, appId: "bank", schema: nil)
+        #expect(l.owner(of: "order") == nil, "a failed first bind frees the activity")
+        #expect(l.decide(bank, filter: .call) == .submit)
+        l.claim("order", for: "bank")
+        l.finished(bank, ok: true, appId: "bank", schema: nil)
+        #expect(l.owner(of: "order") == "bank" && l.claimed.isEmpty)
+    }
+
     @Test func contentStateMustMatchTheSchema() {
         let s = ["score": "integer", "team": "string"]
         #expect(LiveActivities.mismatch(["score": 1, "team": "r"], s) == nil)

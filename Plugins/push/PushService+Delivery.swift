@@ -91,7 +91,8 @@ extension PushService {
         } catch {
             // libmosquitto acknowledged the message before this callback ran, so the broker does
             // not send it again: it is lost (disk full or I/O error). Said as it is.
-            log.error("cannot store a message; it is lost (the broker already has its acknowledgement)", ["id": id, "error": error.description])
+            log.error(
+                "cannot store a message; it is lost (the broker already has its acknowledgement)", ["id": id, "error": error.description])
         }
         arm()
     }

@@ -40,6 +40,8 @@ public final class MQTTClient {
     private var poll: SocketPoll?
     private var timer: Timer!
     private var backoff: Backoff
+    /// When the current connection was accepted (its CONNACK), while connected.
+    private var connectedAtMs: UInt64?
     private var subscriptions: [String: Int32] = [:]
     private var publishDone: [Int32: (Bool) -> Void] = [:]
     private var startedOnce = false
@@ -182,7 +184,9 @@ public final class MQTTClient {
         state = .connected
         lastError = nil
         connects += 1
-        backoff.reset()
+        // The backoff starts over only once the connection has lasted (see `lost`): a broker that
+        // accepts and drops at once (a client id used twice) is not hammered every 250 ms.
+        connectedAtMs = loop.nowMs
         for (t, q) in subscriptions { mosquitto_subscribe(mosq, nil, t, q) }
         timer.start(after: UInt64(options.keepaliveS) * 1000, repeat: UInt64(options.keepaliveS) * 1000)
         onConnect(sessionPresent)
@@ -196,6 +200,8 @@ public final class MQTTClient {
         let wasConnected = state == .connected
         if rc != 0, lastError == nil || wasConnected { lastError = String(cString: mosquitto_strerror(rc)) }
         if wasConnected { disconnects += 1 }
+        if wasConnected, let at = connectedAtMs, loop.nowMs >= at + UInt64(options.keepaliveS) * 1000 { backoff.reset() }
+        connectedAtMs = nil
         state = .disconnected
         onDisconnect(lastError ?? "disconnected")
         scheduleReconnect()

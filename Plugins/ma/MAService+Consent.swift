@@ -26,8 +26,8 @@ extension MAService {
             call.reply(Self.result(0, "", ["enabled": .null]))
             return
         }
-        guard mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false) else {
-            call.reply(Self.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
+        guard mayUse(inst, call) else {
+            call.reply(Self.notYours(inst.appKey))
             return
         }
         call.reply(Self.result(0, "", ["enabled": inst.collectionEnabled.map { .bool($0) } ?? .null]))

@@ -31,9 +31,8 @@ extension MAService {
         }
         let client = call.callerClient
         let uid = call.caller?["uid"]?.intValue
-        let admin = call.caller?["admin"]?.boolValue ?? false
-        if let known = instances[appKey], !mayUse(known, uid: uid, admin: admin) {
-            call.reply(Self.result(MACode.failed, "AppKey \(appKey) belongs to another user"))
+        if let known = instances[appKey], !mayUse(known, call) {
+            call.reply(Self.notYours(appKey))
             return
         }
         touch(client, appKey)
@@ -107,8 +106,8 @@ extension MAService {
 
     func euid(_ call: Call) {
         let inst = instance(for: call)
-        if let inst, !mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false) {
-            call.reply(Self.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
+        if let inst, !mayUse(inst, call) {
+            call.reply(Self.notYours(inst.appKey))
             return
         }
         call.reply(Self.result(0, "", ["euid": (inst?.started == true ? inst?.euid : nil).map { .string($0) } ?? .null]))

@@ -7,9 +7,7 @@ extension MAService {
     func status(_ call: Call) {
         var apps = JSONObject()
         // Only the AppKeys the caller may use: another user's are not listed.
-        let uid = call.caller?["uid"]?.intValue
-        let admin = call.caller?["admin"]?.boolValue ?? false
-        for (k, i) in instances.sorted(by: { $0.key < $1.key }) where mayUse(i, uid: uid, admin: admin) {
+        for (k, i) in instances.sorted(by: { $0.key < $1.key }) where mayUse(i, call) {
             apps[k] = [
                 "started": .bool(i.started), "collectionEnabled": i.collectionEnabled.map { .bool($0) } ?? .null,
                 "pendingStarts": .int(Int64(i.pendingStarts)), "queuedChannelValues": .int(Int64(i.channelQueue.count)),

@@ -263,6 +263,14 @@ final class MAService {
         admin || uid == nil || inst.ownerUid == nil || inst.ownerUid == uid
     }
 
+    /// `mayUse` for the caller of `call` (its `_pylon` uid and admin flag).
+    func mayUse(_ inst: MAInstance, _ call: Call) -> Bool {
+        mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false)
+    }
+
+    /// The answer to a caller that may not use `appKey` (-1).
+    static func notYours(_ appKey: String) -> JSON { result(MACode.failed, "AppKey \(appKey) belongs to another user") }
+
     /// Replies -2 unless the call's AppKey has a successful or in-flight start, -1 when it
     /// belongs to another uid.
     func usable(_ call: Call) -> MAInstance? {
@@ -278,7 +286,7 @@ final class MAService {
             return nil
         }
         guard mayUse(inst, uid: uid, admin: admin) else {
-            reply(MAService.result(MACode.failed, "AppKey \(inst.appKey) belongs to another user"))
+            reply(MAService.notYours(inst.appKey))
             return nil
         }
         return inst

@@ -255,12 +255,13 @@ final class MAService {
         return inst
     }
 
-    /// Whether a caller may use `inst`: an admin, a caller that is no uid's (a plugin), the uid
-    /// that first started it, or anyone while no uid has. An AppKey's identity, profile and
-    /// switch are one app's: another local user reading its EUID or identifying it as someone
+    /// Whether a caller may use `inst`: an admin, the uid that first started it, or anyone while
+    /// no uid has. A caller without a uid — a plugin acting on its own, or a message without
+    /// caller information — is not the owner of a user's AppKey. An AppKey's identity, profile
+    /// and switch are one app's: another local user reading its EUID or identifying it as someone
     /// else is what push (appIds) and the uploader (streams) already refuse.
     func mayUse(_ inst: MAInstance, uid: Int64?, admin: Bool) -> Bool {
-        admin || uid == nil || inst.ownerUid == nil || inst.ownerUid == uid
+        admin || inst.ownerUid == nil || (uid != nil && inst.ownerUid == uid)
     }
 
     /// `mayUse` for the caller of `call` (its `_pylon` uid and admin flag).

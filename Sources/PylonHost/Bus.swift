@@ -575,13 +575,26 @@ public final class Bus {
         switch route(peer, principal, method, field: Bus.paramField(msg)) {
         case .forward(let target, _, provider: false):
             if deferIfCongested(peer, target) { return }  // held like a request (see forward)
-            target.conn.sendLine(line)
+            forwardNotification(line, principal, to: target)
             routed += 1
         case .denied(_, let key):
             consentRefused[key, default: 0] += 1
         case .host, .refused, .forward:
             break
         }
+    }
+
+    /// Sends a client's notification to a plugin method. A plugin that wants caller info gets
+    /// `"_pylon":{…}` as the object's first member, as a request would carry it: a notification
+    /// acts for its sender exactly as a request does (the kit runs no handler for a notification
+    /// without one).
+    func forwardNotification(_ line: UnsafeRawBufferPointer, _ principal: Principal, to target: Peer) {
+        guard target.slot?.wantsCallerInfo == true, let open = line.firstIndex(of: UInt8(ascii: "{")) else {
+            target.conn.sendLine(line)
+            return
+        }
+        var member = #""_pylon":"# + callerJSON(principal) + ","
+        member.withUTF8 { target.conn.sendSpliced(line, (open + 1)..<(open + 1), UnsafeRawBufferPointer($0)) }
     }
 
     /// Delivers one notification line, as it is, to every subscriber of `topic` but the sender.

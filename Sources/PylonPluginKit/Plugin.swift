@@ -29,7 +29,8 @@ public final class Call {
     /// Who called, when the plugin set `wantsCallerInfo`: `{"client": N, "uid", "gid", "pid"}`
     /// for a client connection, `{"plugin": name}` for another plugin, both for a plugin acting
     /// for a client, plus `"admin": true` for an admin client; nil otherwise. Written by the host
-    /// only (a sender's own `_pylon` is refused).
+    /// only (a sender's own `_pylon` is refused), on requests and notifications alike. A caller
+    /// without a `uid` is no user: it owns nothing a user owns.
     public lazy var caller: JSON? = msg.has("_pylon") ? JSONRef.toJSON(msg.member("_pylon")) : nil
     /// The calling client's connection id, if known (read from json-c: it is on every routed
     /// request of a plugin that wants caller info, so `caller` is not converted for it).
@@ -481,7 +482,14 @@ public final class Plugin {
             exitNow()
         default:
             if let spec = methods[method] {
-                // A client notification to one of our methods: run it, discard the reply.
+                // A client notification to one of our methods: run it, discard the reply. The host
+                // writes the caller into every one it forwards to a plugin that wants caller info;
+                // a line without it is no client's call (a publication on a topic that happens to
+                // name a method), and "no caller" is never read as "trusted".
+                if wantsCallerInfo && !msg.has("_pylon") {
+                    log.debug("notification without caller information ignored", ["method": method])
+                    return
+                }
                 let call = Call(method: method, msg: msg, id: JSONRef(owning: nil), plugin: self)
                 call.isNotification = true
                 spec.handler(call)

@@ -144,6 +144,52 @@ extension TestBackend {
         #expect(try b.maEvents("mine", flushedBy: c).allSatisfy { $0["data"]?["event"] != "spoof" })
     }
 
+    /// A notification acts for its sender as a request does: another uid's notifications cannot
+    /// switch an owner's collection back on, record into its AppKey or re-identify it; nor can a
+    /// plugin acting on its own (it is no uid, so not the owner).
+    @Test func notificationsAndPluginsOnTheirOwnAreNotTheOwner() throws {
+        let b = try TestBackend()
+        let h = try TestHost.open(plugins: TestHost.maPlugins(b) + [TestHost.echo()])
+        let owner = try h.runAs(
+            uid: 4242, gid: 4242, sequential: true,
+            [
+                #"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"victim"}}"#,
+                #"{"jsonrpc":"2.0","id":2,"method":"ma.setDataCollectionEnabled","params":{"appKey":"victim","enabled":false}}"#,
+            ])
+        #expect(owner.replies.map { $0["result"]?["code"] } == [.int(0), .int(0)], "\(owner.replies.map(\.serialized))")
+        let c = try h.client()
+        let euid = try #require(try c.call("ma.euid", ["appKey": "victim"])["euid"]?.stringValue)
+        var lines = [
+            #"{"jsonrpc":"2.0","method":"ma.setDataCollectionEnabled","params":{"appKey":"victim","enabled":true}}"#,
+            #"{"jsonrpc":"2.0","method":"ma.identifyAccount","params":{"appKey":"victim","userID":{"email":"x@evil.example"}}}"#,
+        ]
+        for n in 0..<5 { lines.append(#"{"jsonrpc":"2.0","method":"ma.eventRecord","params":{"appKey":"victim","eventName":"spoof\#(n)"}}"#) }
+        // A request after the notifications: MA serves one connection's lines in order.
+        lines.append(#"{"jsonrpc":"2.0","id":9,"method":"ma.status"}"#)
+        let r = try h.runAs(uid: 65534, gid: 65534, lines)
+        #expect(r.replies.count == 1, "\(r.replies.map(\.serialized))")
+        #expect(try c.call("consent.get", ["key": "ma:victim"])["granted"] == .bool(false), "still off")
+        #expect(try c.call("ma.isDataCollectionEnabled", ["appKey": "victim"])["enabled"] == .bool(false))
+        #expect(try c.call("ma.euid", ["appKey": "victim"])["euid"]?.stringValue == euid, "not re-identified")
+        // A plugin acting on its own is not the owner either.
+        let own = try c.call(
+            "echo.callAsPlugin", ["method": "ma.setDataCollectionEnabled", "params": ["appKey": "victim", "enabled": true]])
+        #expect(own["result"]?["code"] == .int(-1), "\(own.serialized)")
+        #expect(try c.call("consent.get", ["key": "ma:victim"])["granted"] == .bool(false))
+        // The owner's own notification still works.
+        _ = try h.runAs(
+            uid: 4242, gid: 4242,
+            [
+                #"{"jsonrpc":"2.0","method":"ma.setDataCollectionEnabled","params":{"appKey":"victim","enabled":true}}"#,
+                #"{"jsonrpc":"2.0","id":3,"method":"ma.status"}"#,
+            ])
+        #expect(try c.call("consent.get", ["key": "ma:victim"])["granted"] == .bool(true))
+        _ = try c.call("ma.eventRecord", ["appKey": "victim", "eventName": "real"])
+        let names = try b.maEvents("victim", flushedBy: c).compactMap { $0["data"]?["event"]?.stringValue }
+        #expect(names.contains("real"))
+        #expect(!names.contains { $0.hasPrefix("spoof") }, "\(names)")
+    }
+
     @Test func identifyWithNoValidFieldSendsNothing() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: TestHost.maPlugins(b))

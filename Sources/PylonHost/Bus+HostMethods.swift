@@ -109,11 +109,11 @@ extension Bus {
                 "inflight": .int(
                     Int64(
                         pending.values.reduce(0) {
-                            if case .peer = $1.origin { return $0 + 1 }; return $0
+                            $1.isHostCall ? $0 : $0 + 1
                         })),
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
-                "slow_readers_closed": .int(Int64(slowReadersClosed)),
+                "slow_readers_closed": .int(Int64(slowReadersClosed)), "batches": .int(Int64(batches)),
                 "connections_refused": .int(Int64(refusedTotal)),
             ],
             "limits": config.limits.json,

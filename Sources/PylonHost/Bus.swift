@@ -59,6 +59,9 @@ public final class Bus {
     var published: UInt64 = 0
     /// Times a client's input was held because the plugin it sent to was congested.
     var heldForCongestion: UInt64 = 0
+    /// JSON-RPC batches received, and the one whose members are being handled now.
+    var batches: UInt64 = 0
+    var currentBatch: BatchReply?
     /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
     var slowReadersClosed: UInt64 = 0
 
@@ -291,6 +294,10 @@ public final class Bus {
             sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
             return
         }
+        if json_object_get_type(msg.ptr) == json_type_array, currentBatch == nil {
+            handleBatch(peer, line, count: Int(json_object_array_length(msg.ptr)))
+            return
+        }
         // The id's bytes, for the splice: found by the scan, else looked up in the line.
         var idSpan: Range<Int>?
         if case .message(let spans) = scan {
@@ -507,9 +514,14 @@ public final class Bus {
         } else {
             target.conn.sendSpliced(line, span, int: hostId)
         }
-        addPending(
-            hostId, Pending(origin: .peer(peer, originalId: original), target: target, principal: principal),
-            deadlineMs: loop.nowMs + timeoutMs)
+        let origin: Pending.Origin
+        if let b = currentBatch, b.peer === peer {
+            b.outstanding += 1
+            origin = .batch(b, originalId: original)
+        } else {
+            origin = .peer(peer, originalId: original)
+        }
+        addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -519,6 +531,12 @@ public final class Bus {
     /// target drains; returns true (the caller routes nothing now).
     func deferIfCongested(_ peer: Peer, _ target: Peer) -> Bool {
         guard target.conn.isCongested else { return false }
+        // A batch member cannot wait alone (the line holds the members already sent): the
+        // batch goes through, and the peer's input is held after it (`handleBatch`).
+        if let b = currentBatch, b.peer === peer {
+            b.congested = target
+            return false
+        }
         peer.conn.hold(until: target.conn)
         peer.conn.deferCurrentLine()
         heldForCongestion += 1
@@ -544,6 +562,7 @@ public final class Bus {
         }
         switch p.origin {
         case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
+        case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
         case .host(let done): done(msg.responseResult)
         }
     }
@@ -577,9 +596,13 @@ public final class Bus {
             if deferIfCongested(peer, target) { return }  // held like a request (see forward)
             forwardNotification(line, principal, to: target)
             routed += 1
+        case .host:
+            // Done as the request would be; the answer, error or not, is nobody's.
+            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
+            _ = hostMethod(peer, principal, method, msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil)
         case .denied(_, let key):
             consentRefused[key, default: 0] += 1
-        case .host, .refused, .forward:
+        case .refused, .forward:
             break
         }
     }
@@ -648,6 +671,9 @@ public final class Bus {
             guard !origin.closed else { return }
             sendError(origin.conn, idText: originalId, error)
             if origin.conn.peerShutdown { closeIfDone(origin) }
+        case .batch(let b, let originalId):
+            var idText = originalId
+            idText.withUTF8 { id in Envelope.error(id: .text(UnsafeRawBufferPointer(id)), error).withUnsafeBytes { batchMemberAnswered(b, $0) } }
         case .host(let done):
             done(.failure(error))
         }
@@ -675,7 +701,7 @@ public final class Bus {
 
     private func sweepTimeouts() {
         for (_, p) in pending.expired(nowMs: loop.nowMs) {
-            if case .peer = p.origin { timeouts += 1 }
+            if !p.isHostCall { timeouts += 1 }
             finish(p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
         }
         armSweep()
@@ -683,28 +709,34 @@ public final class Bus {
 
     // MARK: Output helpers
 
+    /// Sends one reply line, or takes it into the batch being handled for `conn`'s peer.
+    func sendReply(_ conn: Connection, _ envelope: [UInt8]) {
+        if currentBatch != nil, takeIntoBatch(conn, envelope) { return }
+        conn.send(envelope: envelope)
+    }
+
     func sendResult(_ conn: Connection, id: OpaquePointer?, _ result: JSON) {
-        conn.send(envelope: Envelope.result(id: .ref(id), .value(result)))
+        sendReply(conn, Envelope.result(id: .ref(id), .value(result)))
     }
 
     func sendError(_ conn: Connection, id: OpaquePointer?, _ e: RPCError) {
-        conn.send(envelope: Envelope.error(id: .ref(id), e))
+        sendReply(conn, Envelope.error(id: .ref(id), e))
     }
 
     /// An error response for an id kept as JSON text (the caller's own bytes).
     func sendError(_ conn: Connection, idText: String, _ e: RPCError) {
         var idText = idText
-        idText.withUTF8 { conn.send(envelope: Envelope.error(id: .text(UnsafeRawBufferPointer($0)), e)) }
+        idText.withUTF8 { sendReply(conn, Envelope.error(id: .text(UnsafeRawBufferPointer($0)), e)) }
     }
 
     /// A result for an id kept as JSON text (the caller's own bytes).
     func sendResult(_ conn: Connection, idText: String, _ result: JSON) {
         var idText = idText
-        idText.withUTF8 { conn.send(envelope: Envelope.result(id: .text(UnsafeRawBufferPointer($0)), .value(result))) }
+        idText.withUTF8 { sendReply(conn, Envelope.result(id: .text(UnsafeRawBufferPointer($0)), .value(result))) }
     }
 
     func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {
-        conn.send(envelope: Envelope.error(id: id.map { .value($0) } ?? .null, e))
+        sendReply(conn, Envelope.error(id: id.map { .value($0) } ?? .null, e))
     }
 
     /// Best effort: the `id` of a message whose line was too long, from its first bytes.

@@ -30,6 +30,8 @@ public struct Limits: Equatable, Sendable {
     public var maxSubscriptionsPerConnection = 256
     /// Methods one connection may provide (`bus.provide`): every answer lists them all.
     public var maxProvidesPerConnection = 256
+    /// Messages one JSON-RPC batch (an array on one line) may hold (-32600 beyond it).
+    public var maxBatchMembers = 128
     /// Default time a routed request may wait for its reply (-32002).
     public var requestTimeoutMs: UInt64 = 30_000
     /// Not a limit but write batching: output to a connection is written once this many bytes
@@ -45,6 +47,7 @@ public struct Limits: Equatable, Sendable {
             "maxQueuedBytes": .int(Int64(maxQueuedBytes)), "closeAboveQueuedBytes": .int(Int64(closeAboveQueuedBytes)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
             "maxProvidesPerConnection": .int(Int64(maxProvidesPerConnection)),
+            "maxBatchMembers": .int(Int64(maxBatchMembers)),
             "requestTimeoutMs": .int(Int64(requestTimeoutMs)), "flushAboveBytes": .int(Int64(flushAboveBytes)),
         ]
     }
@@ -180,6 +183,7 @@ extension HostConfig {
             if let v = try lr.int("closeAboveQueuedBytes", min: 4096) { c.limits.closeAboveQueuedBytes = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
             if let v = try lr.int("maxProvidesPerConnection", min: 1) { c.limits.maxProvidesPerConnection = v }
+            if let v = try lr.int("maxBatchMembers", min: 1, max: 65_536) { c.limits.maxBatchMembers = v }
             if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
             if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }
             try lr.finish()

@@ -80,11 +80,18 @@ struct Pending {
     enum Origin {
         /// Forwarded for a peer: its own id (as JSON text) is restored on the reply.
         case peer(Peer, originalId: String)
+        /// Forwarded for a member of a batch: its reply, with its own id, goes into the batch.
+        case batch(BatchReply, originalId: String)
         /// Issued by the host itself (heartbeats, callbacks).
         case host((Result<JSON, RPCError>) -> Void)
     }
     let origin: Origin
     let target: Peer
+    /// Issued by the host itself, not forwarded for anyone.
+    var isHostCall: Bool {
+        if case .host = origin { return true }
+        return false
+    }
     /// Whom the request acts for; inherited by calls the target makes on its behalf.
     var principal = Principal.host
 }

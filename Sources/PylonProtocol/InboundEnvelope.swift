@@ -36,7 +36,7 @@ public enum InboundEnvelope {
             return .invalid(
                 RPCError(
                     .invalidRequest,
-                    isArray ? "batch requests are not supported; send one request per line" : "a message must be a JSON object"),
+                    isArray ? "a batch member must be a JSON object, not another batch" : "a message must be a JSON object"),
                 id: nil, answer: true)
         }
         let hasId = msg.has("id")

@@ -104,7 +104,7 @@ import Testing
         (#"{"jsonrpc":"2.0","id":1,"method":"bus.ping","params":"str"}"#, -32600),
         (#"{"id":1,"method":"bus.ping"}"#, -32600),
         (#"{"jsonrpc":"1.0","id":1,"method":"bus.ping"}"#, -32600),
-        (#"[{"jsonrpc":"2.0","id":1,"method":"bus.ping"}]"#, -32600),
+        (#"[]"#, -32600),
         (#""just a string""#, -32600),
         (#"{"jsonrpc":"2.0","id":1}"#, -32600),
         (#"{"jsonrpc":"2.0","id":1,"method":"nosuch.method"}"#, -32601),

@@ -12,6 +12,8 @@ import PylonPluginKit
 ///   (plugin→plugin routing).
 /// - `echo.callAsPlugin {method, params}`: the same call made as the plugin itself.
 /// - `echo.publish {topic, data}`: publishes a notification.
+/// - `echo.repeat {text, times}`: replies with `text` repeated `times` times (at most 64 MiB):
+///   a reply far larger than its request.
 let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 
 // Answered from the request's bytes: the params' text is the result.
@@ -55,6 +57,15 @@ plugin.method("publish") { call in
     }
     plugin.publish(t, call.params["data"] ?? .null)
     call.reply(["published": .string(t)])
+}
+plugin.method("repeat") { call in
+    let text = call.params["text"]?.stringValue ?? "x"
+    let times = call.params["times"]?.intValue ?? 1
+    guard times >= 0, !text.isEmpty, Int64(text.utf8.count) * times <= 64 << 20 else {
+        call.fail(RPCError(.invalidParams, "text repeated times must be at most 64 MiB"))
+        return
+    }
+    call.reply(.string(String(repeating: text, count: Int(times))))
 }
 var consentLog: [JSON] = []
 plugin.onConsentChanged = { key, granted in

@@ -14,7 +14,7 @@ extension Bus {
             switch method {
             case HostMethod.ping: return .success(["pong": true, "version": .string(pylonVersion)])
             case HostMethod.status: return .success(status(for: peer, principal))
-            case HostMethod.describe: return .success(describe())
+            case HostMethod.describe: return .success(describe(for: peer, principal))
             case HostMethod.subscribe: return .success(try subscribe(peer, params, add: true))
             case HostMethod.unsubscribe: return .success(try subscribe(peer, params, add: false))
             case HostMethod.publish: return .success(try publishMethod(peer, params))
@@ -35,7 +35,7 @@ extension Bus {
                         .notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
                 }
                 return .success(try consentSet(params, layer: .app))
-            case HostMethod.consentList: return .success(consentJSON())
+            case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
             case HostMethod.hello:
                 throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
             default:
@@ -96,8 +96,8 @@ extension Bus {
         }
         var refused = JSONObject()
         for k in consentRefused.keys.sorted() { refused[k] = .int(Int64(consentRefused[k]!)) }
-        var consentInfo = consentJSON().objectValue!
-        consentInfo["refused"] = .object(refused)
+        var consentInfo = consentJSON(all: all).objectValue!
+        if all { consentInfo["refused"] = .object(refused) }
         return [
             "version": .string(pylonVersion), "pid": .int(Int64(System.pid)),
             "uptime_s": .double(Double(now - startedAtMs) / 1000), "socket": .string(config.socketPath),
@@ -114,6 +114,7 @@ extension Bus {
                 "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
                 "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
                 "slow_readers_closed": .int(Int64(slowReadersClosed)), "batches": .int(Int64(batches)),
+                "dropped_for_uid_queue": .int(Int64(droppedForUidQueue)),
                 "connections_refused": .int(Int64(refusedTotal)),
             ],
             "limits": config.limits.json,
@@ -121,7 +122,11 @@ extension Bus {
         ]
     }
 
-    func describe() -> JSON {
+    /// The manifests, the host's methods, and the methods clients provide: every provider to
+    /// those who see everything, only the caller's own to others (a provider is a client: its
+    /// methods say what another user runs).
+    func describe(for requester: Peer?, _ principal: Principal) -> JSON {
+        let all = seesEverything(principal)
         var plugins = JSONObject()
         for name in slotOrder {
             guard let s = slots[name] else { continue }
@@ -134,7 +139,7 @@ extension Bus {
             }
         }
         var prov = JSONObject()
-        for k in provided.keys.sorted() { prov[k] = .int(Int64(provided[k]!.id)) }
+        for k in provided.keys.sorted() where all || provided[k] === requester { prov[k] = .int(Int64(provided[k]!.id)) }
         return [
             "host": .array(Bus.hostMethods.map { .string($0) }),
             "plugins": .object(plugins),
@@ -248,10 +253,13 @@ extension Bus {
 
     /// `switches`: each switch's own value (both layers; plugins read this); `operator` and
     /// `app`: each layer as set.
-    func consentJSON() -> JSON {
+    /// The consent state. `all` false (a client that is not an admin): only the `device` master
+    /// switch — the other switches name other users' apps (`ma:<appKey>`, `gtm:<containerId>`);
+    /// `consent.get` answers for a switch the caller names.
+    func consentJSON(all: Bool = true) -> JSON {
         func map(_ d: [String: Bool]) -> JSON {
             var o = JSONObject()
-            for k in d.keys.sorted() { o[k] = .bool(d[k]!) }
+            for k in d.keys.sorted() where all || k == ConsentStore.master { o[k] = .bool(d[k]!) }
             return .object(o)
         }
         return [

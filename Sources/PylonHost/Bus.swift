@@ -64,6 +64,8 @@ public final class Bus {
     var currentBatch: BatchReply?
     /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
     var slowReadersClosed: UInt64 = 0
+    /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
+    var droppedForUidQueue: UInt64 = 0
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
@@ -84,7 +86,9 @@ public final class Bus {
 
     /// Connected clients, in all and per uid.
     public private(set) var clientCount = 0
-    var clientsByUid: [UInt32: Int] = [:]
+    /// Each uid's client connections (their count is the per-uid connection limit's; their
+    /// queued bytes are the per-uid queue bound's).
+    var clientsByUid: [UInt32: [Peer]] = [:]
     /// Refused connections not yet reported in the log (reported at most every `refusalLogMs`).
     var refusedUnlogged: [String: Int] = [:]
     var refusedTotal: UInt64 = 0
@@ -114,7 +118,7 @@ public final class Bus {
                     .overloaded, "too many connections (limit \(limits.maxConnections))",
                     data: ["limit": "maxConnections", "value": .int(Int64(limits.maxConnections))])
             )
-        } else if let uid = creds?.uid, clientsByUid[uid, default: 0] >= limits.maxConnectionsPerUid {
+        } else if let uid = creds?.uid, clientsByUid[uid, default: []].count >= limits.maxConnectionsPerUid {
             refusal = (
                 "maxConnectionsPerUid",
                 RPCError(
@@ -129,7 +133,7 @@ public final class Bus {
         }
         let peer = newPeer(kind: .client(creds), conn: conn)
         clientCount += 1
-        if let uid = creds?.uid { clientsByUid[uid, default: 0] += 1 }
+        if let uid = creds?.uid { clientsByUid[uid, default: []].append(peer) }
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
         // answer what is in flight, then close.
         conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
@@ -239,8 +243,9 @@ public final class Bus {
         if !peer.isPlugin {
             clientCount -= 1
             if let uid = peer.credentials?.uid {
-                let n = clientsByUid[uid, default: 1] - 1
-                clientsByUid[uid] = n > 0 ? n : nil
+                var same = clientsByUid[uid, default: []]
+                same.removeAll { $0 === peer }
+                clientsByUid[uid] = same.isEmpty ? nil : same
             }
             clientGone()
         }
@@ -265,6 +270,21 @@ public final class Bus {
         protocolErrors += 1
         log.warn("message too large", ["peer": peer.label, "bytes": n, "limit": config.limits.maxLineBytes])
         let id = Bus.scanId(head)
+        // An answer too large to relay (a plugin's, or a provider's): whoever asked gets the
+        // error now instead of waiting for its timeout; the sender gets nothing back (an answer
+        // is not answered).
+        if case .int(let hostId)? = id, let p = pending[hostId], p.target === peer, Bus.looksLikeResponse(head) {
+            complete(
+                hostId,
+                RPCError(
+                    .messageTooLarge,
+                    "the reply from \(peer.label) was \(n) bytes, over the limit of \(config.limits.maxLineBytes) bytes",
+                    data: [
+                        "limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n)),
+                        "target": .string(peer.label),
+                    ]))
+            return
+        }
         sendError(
             peer.conn, jsonId: id,
             RPCError(
@@ -626,6 +646,9 @@ public final class Bus {
         published += 1
         var delivered = 0
         let adminOnly = isAdminTopic(topic)
+        // What each uid has queued, summed when first needed and kept up to date as this
+        // publication is queued (one pass over that uid's connections per publication).
+        var uidQueued: [UInt32: Int] = [:]
         for peer in peers.values where peer !== sender && !peer.closed {
             let subs: [TopicPattern]
             if let slot = peer.slot {
@@ -640,10 +663,25 @@ public final class Bus {
                 peer.droppedNotifications += 1
                 continue
             }
+            if let uid = peer.credentials?.uid {
+                let queued = uidQueued[uid] ?? queuedBytes(ofUid: uid)
+                guard queued + line.count <= config.limits.maxQueuedBytesPerUid else {
+                    uidQueued[uid] = queued
+                    peer.droppedNotifications += 1
+                    droppedForUidQueue += 1
+                    continue
+                }
+                uidQueued[uid] = queued + line.count + 1
+            }
             peer.conn.sendLine(line)
             delivered += 1
         }
         return delivered
+    }
+
+    /// Bytes queued to all client connections of `uid`.
+    func queuedBytes(ofUid uid: UInt32) -> Int {
+        clientsByUid[uid, default: []].reduce(0) { $0 + $1.conn.queuedBytes }
     }
 
     func publish(topic: String, params: JSON, from sender: Peer? = nil) {
@@ -737,6 +775,13 @@ public final class Bus {
 
     func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {
         sendReply(conn, Envelope.error(id: id.map { .value($0) } ?? .null, e))
+    }
+
+    /// Best effort: whether the first bytes of a too-long line are those of a response (a
+    /// `result` or `error` member and no `method` among them).
+    static func looksLikeResponse(_ head: [UInt8]) -> Bool {
+        let s = String(decoding: head, as: UTF8.self)
+        return (s.contains("\"result\"") || s.contains("\"error\"")) && !s.contains("\"method\"")
     }
 
     /// Best effort: the `id` of a message whose line was too long, from its first bytes.

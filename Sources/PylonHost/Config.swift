@@ -26,6 +26,10 @@ public struct Limits: Equatable, Sendable {
     /// each up to `maxLineBytes`, and a provider's answer may be far larger than its question)
     /// are not held beyond this. Never below `maxQueuedBytes` in effect.
     public var closeAboveQueuedBytes = 64 << 20
+    /// Bytes queued to all client connections of one uid together: beyond it publications to
+    /// them are dropped (counted), and one of them that does not read its replies is
+    /// disconnected. So many connections of one user cannot hold `maxQueuedBytes` each.
+    public var maxQueuedBytesPerUid = 64 << 20
     /// Topic patterns one connection may subscribe to.
     public var maxSubscriptionsPerConnection = 256
     /// Methods one connection may provide (`bus.provide`): every answer lists them all.
@@ -45,6 +49,7 @@ public struct Limits: Equatable, Sendable {
             "maxConnections": .int(Int64(maxConnections)), "maxConnectionsPerUid": .int(Int64(maxConnectionsPerUid)),
             "maxInflightPerConnection": .int(Int64(maxInflightPerConnection)),
             "maxQueuedBytes": .int(Int64(maxQueuedBytes)), "closeAboveQueuedBytes": .int(Int64(closeAboveQueuedBytes)),
+            "maxQueuedBytesPerUid": .int(Int64(maxQueuedBytesPerUid)),
             "maxSubscriptionsPerConnection": .int(Int64(maxSubscriptionsPerConnection)),
             "maxProvidesPerConnection": .int(Int64(maxProvidesPerConnection)),
             "maxBatchMembers": .int(Int64(maxBatchMembers)),
@@ -181,6 +186,7 @@ extension HostConfig {
             if let v = try lr.int("maxInflightPerConnection", min: 1) { c.limits.maxInflightPerConnection = v }
             if let v = try lr.int("maxQueuedBytes", min: 4096) { c.limits.maxQueuedBytes = v }
             if let v = try lr.int("closeAboveQueuedBytes", min: 4096) { c.limits.closeAboveQueuedBytes = v }
+            if let v = try lr.int("maxQueuedBytesPerUid", min: 4096) { c.limits.maxQueuedBytesPerUid = v }
             if let v = try lr.int("maxSubscriptionsPerConnection", min: 1) { c.limits.maxSubscriptionsPerConnection = v }
             if let v = try lr.int("maxProvidesPerConnection", min: 1) { c.limits.maxProvidesPerConnection = v }
             if let v = try lr.int("maxBatchMembers", min: 1, max: 65_536) { c.limits.maxBatchMembers = v }

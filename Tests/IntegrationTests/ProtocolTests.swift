@@ -120,6 +120,19 @@ import Testing
         #expect(r.errorCode == code, "\(line) → \(r.serialized)")
     }
 
+    /// A plugin's reply over `maxLineBytes` cannot be relayed: the caller gets `-32006` at once,
+    /// not `-32002` at its timeout (30 s, past this read's deadline).
+    @Test func aReplyOverTheLineLimitIsAnsweredAtOnce() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let r = try c.roundTrip(
+            #"{"jsonrpc":"2.0","id":"big","method":"echo.repeat","params":{"text":"0123456789","times":200000}}"#, timeoutMs: 10_000)
+        #expect(r["id"] == "big")
+        #expect(r.errorCode == -32006, "\(r.serialized)")
+        #expect(r["error"]?["data"]?["limit"] == "maxLineBytes")
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":2,"method":"echo.echo","params":[1]}"#)["result"] == [1])
+    }
+
     @Test func notificationsGetNoReply() throws {
         let h = try TestHost()
         let c = try h.client()

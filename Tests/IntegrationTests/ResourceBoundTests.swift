@@ -44,6 +44,32 @@ import Testing
         #expect(answered == n, "every request answered once the client reads")
     }
 
+    /// Many connections of one uid that subscribe and never read cannot hold `maxQueuedBytes`
+    /// each: together they hold at most `maxQueuedBytesPerUid` (plus one publication), and
+    /// the rest is dropped and counted.
+    @Test func whatOneUidHasQueuedIsBoundedInTotal() throws {
+        let perConnection = 262_144
+        let perUid = 524_288
+        let h = try TestHost(
+            extra: ["limits": ["maxQueuedBytes": .int(Int64(perConnection)), "maxQueuedBytesPerUid": .int(Int64(perUid))]])
+        var sleepers: [SyncClient] = []
+        for _ in 0..<12 {
+            let c = try h.client()
+            _ = try c.call("bus.subscribe", ["pattern": "flood.*"])
+            sleepers.append(c)
+        }
+        let pub = try h.client()
+        let big: JSON = ["s": .string(String(repeating: "x", count: 16_384))]
+        for _ in 0..<400 { _ = try pub.call("bus.publish", ["topic": "flood.x", "data": big]) }
+        let status = try h.status()
+        let queued = (status["clients"]?.arrayValue ?? []).reduce(0) { $0 + Int($1["queued_bytes"]?.intValue ?? 0) }
+        #expect(queued <= perUid + 20_000, "one uid holds \(queued) bytes")
+        #expect((status["counters"]?["dropped_for_uid_queue"]?.intValue ?? 0) > 0)
+        // The uid's connections that read are still served.
+        #expect(try pub.call("bus.ping")["pong"] == .bool(true))
+        _ = sleepers
+    }
+
     /// Clients sending to a plugin that cannot keep up are held while its queue is over the
     /// bound (the host's memory stays bounded), and a plugin that is busy — answering, just
     /// slowly — is not taken for hung although its heartbeat waits behind the queue.

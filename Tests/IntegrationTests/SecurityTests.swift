@@ -146,6 +146,35 @@ import Testing
         }
     }
 
+    /// `consent.list`, `bus.status`'s consent and `bus.describe`'s providers name other users'
+    /// apps and programs: an unprivileged client sees only the master switch and its own
+    /// provided methods; an admin sees everything.
+    @Test func consentListAndProvidersAreNotDisclosedToOtherUsers() throws {
+        let h = try TestHost.open()
+        let root = try h.client()
+        _ = try root.call("consent.set", ["key": "ma:victimapp", "granted": false])
+        _ = try root.call("bus.provide", ["method": "rootsvc.secret"])
+        let r = try h.runAs(
+            sequential: true,
+            [
+                req(0, "bus.provide", ["method": "mysvc.hello"]), req(1, "consent.list"), req(2, "bus.describe"),
+                req(3, "bus.status"), req(4, "consent.get", ["key": "device"]),
+            ])
+        let list = try #require(r.replies.first { $0["id"] == .int(1) }?["result"])
+        #expect(list["switches"]?.objectValue?.keys.contains("ma:victimapp") == false, "\(list.serialized)")
+        #expect(list["operator"]?.objectValue?.keys.contains("ma:victimapp") == false)
+        #expect(!list.serialized.contains("victimapp"))
+        let described = try #require(r.replies.first { $0["id"] == .int(2) }?["result"])
+        #expect(described["provided"]?["rootsvc.secret"] == nil, "\(described["provided"]?.serialized ?? "")")
+        #expect(described["provided"]?["mysvc.hello"] != nil, "its own")
+        let status = try #require(r.replies.first { $0["id"] == .int(3) }?["result"])
+        #expect(!status["consent"]!.serialized.contains("victimapp"))
+        #expect(r.replies.first { $0["id"] == .int(4) }?["result"]?["granted"] == .bool(true))
+        // An admin sees everything.
+        #expect(try root.call("consent.list")["operator"]?["ma:victimapp"] == .bool(false))
+        #expect(try root.call("bus.describe")["provided"]?["rootsvc.secret"] != nil)
+    }
+
     @Test func hostTopicsReachOnlyAdminsUnlessConfigured() throws {
         for (extra, expectDelivered) in [(JSONObject(), false), (["disclosure": ["adminTopics": []]], true)] {
             let h = try TestHost.open(extra: extra)

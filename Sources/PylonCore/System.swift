@@ -153,9 +153,22 @@ public enum System {
 
     /// Writes a file atomically: a temporary file beside it, `fsync`, `rename` over `path`, then
     /// `fsync` of the directory (best effort: the rename is already done).
+    ///
+    /// The temporary file `<path>.tmp` is always a new file (`O_CREAT|O_EXCL|O_NOFOLLOW`): one
+    /// left behind, or a symlink someone planted there in a directory they may write, is removed
+    /// first (the link itself, never its target), so the write never goes through a link. If it
+    /// is planted again in between, the write fails instead. `rename` replaces `path` itself,
+    /// a symlink included, without following it. The file gets exactly `mode` (not the umask's).
     public static func writeFileAtomically(atPath path: String, contents bytes: [UInt8], mode: mode_t = 0o600) throws(IOError) {
         let tmp = path + ".tmp"
-        let fd = try syscall("open \(tmp)") { open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode) }
+        let flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC
+        var fd = open(tmp, flags, mode)
+        if fd < 0, errno == EEXIST {
+            _ = unlink(tmp)
+            fd = open(tmp, flags, mode)
+        }
+        if fd < 0 { throw IOError(errnoCode: errno, reason: "open \(tmp)") }
+        _ = fchmod(fd, mode)
         do throws(IOError) {
             var off = 0
             while off < bytes.count {

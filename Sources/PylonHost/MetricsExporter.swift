@@ -16,6 +16,9 @@ final class MetricsExporter {
     private var inRound = false
     private let log = Log("metrics")
     static let pluginReplyTimeoutMs: UInt64 = 5_000
+    /// 0640: the metrics name every user's AppKeys and streams, so only the host's user and
+    /// group read them (add node_exporter's user to the `pylon` group).
+    static let fileMode: mode_t = 0o640
 
     init(bus: Bus, path: String, intervalMs: UInt64) {
         self.bus = bus
@@ -64,7 +67,7 @@ final class MetricsExporter {
     private func write(_ text: String) {
         // Mode 0644: node_exporter runs as its own user.
         do throws(IOError) {
-            try System.writeFileAtomically(atPath: path, contents: Array(text.utf8), mode: 0o644)
+            try System.writeFileAtomically(atPath: path, contents: Array(text.utf8), mode: MetricsExporter.fileMode)
         } catch {
             log.warn("cannot write metrics textfile", ["path": path, "error": error.description])
         }

@@ -400,6 +400,16 @@ private func pattern(_ n: Int, offset: Int = 0) -> [UInt8] {
             #expect(error.errnoCode == ENOENT)
         }
 
+        // A symlink planted at `<path>.tmp` (the metrics textfile's directory may be writable by
+        // others) is replaced, never written through: its target is unchanged.
+        try System.writeFileAtomically(atPath: dir + "/victim", contents: Array("keep".utf8))
+        #expect(symlink(dir + "/victim", dir + "/m.prom.tmp") == 0)
+        try System.writeFileAtomically(atPath: dir + "/m.prom", contents: Array("metrics".utf8), mode: 0o640)
+        #expect(try System.readFile(atPath: dir + "/victim") == Array("keep".utf8))
+        #expect(try System.readFile(atPath: dir + "/m.prom") == Array("metrics".utf8))
+        var st = stat()
+        #expect(stat(dir + "/m.prom", &st) == 0 && st.st_mode & 0o777 == 0o640, "the mode asked for, not the umask's")
+
         let big = pattern(200_000)
         try System.writeFileAtomically(atPath: dir + "/big", contents: big)
         #expect(try System.readFile(atPath: dir + "/big", maxBytes: 200_000) == big)

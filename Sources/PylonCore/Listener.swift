@@ -31,8 +31,9 @@ public final class Listener: UVHandleOwner {
         // to a live server (another pylond): never take it over.
         var st = stat()
         if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK {
-            if let fd = try? System.connectUnixSocket(path) {
-                System.close(fd)
+            // Non-blocking: a listener whose backlog is full (a connect flood) is live too, and
+            // must not make this start wait forever.
+            if System.unixSocketIsLive(path) {
                 close(unlinking: false)
                 throw UVError(-EADDRINUSE, "\(path) is served by another live process (is another pylond running?)")
             }

@@ -149,6 +149,17 @@ extension Log {
     /// Relays one stderr/stdout line of a plugin: a line in Pylon's logfmt (the plugin kit's) keeps
     /// its level, component and fields and gains the plugin's name and pid (journal: `PLUGIN`,
     /// `PLUGIN_PID`); any other line becomes the message of an event at `level`.
+    /// `line` with every character `isDisguising` finds (U+2028, C1 controls, bidi controls,
+    /// DEL, …) written as `\u{…}`: a plugin's own logfmt line is relayed as it is otherwise.
+    static func escapingDisguises(_ line: String) -> String {
+        guard line.utf8.contains(where: { $0 >= 0x7F || $0 < 0x20 }) else { return line }
+        var out = ""
+        for ch in line.unicodeScalars {
+            if isDisguising(ch) { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
+        }
+        return out
+    }
+
     public static func relayPluginLine(_ line: String, plugin: String, pid: Int32, level: Level) {
         let tags = [("PLUGIN", plugin), ("PLUGIN_PID", String(pid))]
         guard line.hasPrefix("ts=") else {
@@ -157,7 +168,7 @@ extension Log {
             return
         }
         if output == .logfmt {
-            writeRaw(line + " plugin=\(plugin) pid=\(pid)\n")
+            writeRaw(escapingDisguises(line) + " plugin=\(plugin) pid=\(pid)\n")
             return
         }
         var lv = level, component = "plugin", msg = ""

@@ -54,10 +54,12 @@ public struct Log: Sendable {
         l.withUTF8 { b in _ = write(2, b.baseAddress, b.count) }
     }
 
-    /// Quotes a value when it holds spaces, quotes, `=` or control characters.
+    /// Quotes a value when it holds spaces, quotes, `=`, or anything that is not printable
+    /// ASCII; inside quotes, characters that could forge or disguise a log line are escaped as
+    /// `\u{…}` (see `isDisguising`).
     public static func quote(_ s: String) -> String {
         var needs = s.isEmpty
-        for u in s.utf8 where u <= 0x20 || u == 0x22 || u == 0x3D || u == 0x5C { needs = true; break }
+        for u in s.utf8 where u <= 0x20 || u >= 0x7F || u == 0x22 || u == 0x3D || u == 0x5C { needs = true; break }
         guard needs else { return s }
         var out = "\""
         for ch in s.unicodeScalars {
@@ -68,10 +70,21 @@ public struct Log: Sendable {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             default:
-                if ch.value < 0x20 { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
+                if isDisguising(ch) { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
             }
         }
         return out + "\""
+    }
+
+    /// Characters a log value must not carry raw: C0 controls, DEL and C1 controls (terminal
+    /// escapes), line and paragraph separators (U+2028/9: new lines to some viewers), and the
+    /// bidirectional controls and marks (U+202A–E, U+2066–9, U+200E/F, U+061C: text shown
+    /// reversed), and U+FEFF.
+    public static func isDisguising(_ ch: Unicode.Scalar) -> Bool {
+        switch ch.value {
+        case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x202A...0x202E, 0x2066...0x2069, 0x200E, 0x200F, 0x061C, 0xFEFF: return true
+        default: return false
+        }
     }
 
     /// UTC time as RFC 3339 with milliseconds.

@@ -80,7 +80,25 @@ public enum System {
     /// A connected, close-on-exec Unix stream socket (`socket` + blocking `connect`; an
     /// interrupted `connect` of an `AF_UNIX` socket left it unconnected and is retried).
     public static func connectUnixSocket(_ path: String) throws(IOError) -> Int32 {
-        let fd = try syscall("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        try connectUnixSocket(path, nonBlocking: false)
+    }
+
+    /// Whether a live process listens on the Unix socket `path`: a non-blocking connect that is
+    /// accepted, or refused only because the listener's backlog is full (`EAGAIN`), says yes —
+    /// it never waits, even when the listener is flooded. `ECONNREFUSED` (a stale socket file)
+    /// and every other error say no.
+    public static func unixSocketIsLive(_ path: String) -> Bool {
+        do throws(IOError) {
+            close(try connectUnixSocket(path, nonBlocking: true))
+            return true
+        } catch {
+            return error.errnoCode == EAGAIN || error.errnoCode == EINPROGRESS
+        }
+    }
+
+    static func connectUnixSocket(_ path: String, nonBlocking: Bool) throws(IOError) -> Int32 {
+        let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | (nonBlocking ? Int32(SOCK_NONBLOCK.rawValue) : 0)
+        let fd = try syscall("socket") { socket(AF_UNIX, type, 0) }
         var sa = sockaddr_un()
         sa.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)

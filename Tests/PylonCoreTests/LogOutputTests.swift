@@ -35,4 +35,12 @@ import Glibc
     @Test func syslogPriorities() {
         #expect([Log.Level.debug, .info, .warn, .error].map(\.syslogPriority) == [7, 6, 4, 3])
     }
+
+    /// Characters that forge or disguise a log line are escaped; other text is kept.
+    @Test func disguisingCharactersAreEscaped() {
+        #expect(Log.quote("a\u{2028}b\u{202E}c\u{7F}d\u{85}e\u{2066}f") == #""a\u{2028}b\u{202e}c\u{7f}d\u{85}e\u{2066}f""#)
+        #expect(Log.quote("plain") == "plain")
+        #expect(Log.quote("café") == #""café""#, "other text is kept (quoted)")
+        #expect(Log.escapingDisguises("ts=1 msg=\"x\u{2029}y\"") == #"ts=1 msg="x\u{2029}y""#)
+    }
 }

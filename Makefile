@@ -115,7 +115,8 @@ install-files:
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json ]; then \
 	  echo "kept $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; the shipped one is pylon.json.dist"; \
 	else mv $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json.dist $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; \
-	  chmod 644 $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; fi
+	  chmod 640 $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; \
+	  if [ -z "$(DESTDIR)" ] && getent group pylon >/dev/null; then chgrp pylon $(SYSCONFDIR)/pylon/pylon.json; fi; fi
 	for u in pylond pylon-backend; do \
 	  sed 's|/usr/local/bin/|$(BINDIR)/|' etc/$$u.service > $(DESTDIR)$(UNITDIR)/$$u.service; \
 	  chmod 644 $(DESTDIR)$(UNITDIR)/$$u.service; done

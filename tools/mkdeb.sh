@@ -65,6 +65,11 @@ if [ "$1" = configure ]; then
         adduser --system --quiet --ingroup pylon --home /var/lib/pylon --no-create-home \
             --shell /usr/sbin/nologin --gecos "Pylon daemon" pylon
     fi
+    # The configuration holds credentials (broker, backend): readable by root and the pylon
+    # group only. Set once, while it is still the shipped root:root file.
+    if [ "$(stat -c %G /etc/pylon/pylon.json 2>/dev/null)" = root ]; then
+        chgrp pylon /etc/pylon/pylon.json && chmod 0640 /etc/pylon/pylon.json
+    fi
     # Enabled, not started: the operator sets the backend URL in /etc/pylon/pylon.json first.
     deb-systemd-helper unmask pylond.service >/dev/null || true
     deb-systemd-helper enable pylond.service >/dev/null || true

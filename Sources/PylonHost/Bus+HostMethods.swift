@@ -217,6 +217,15 @@ extension Bus {
             if add, let other = provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
+            // A namespace is one user's while any of its methods is provided: another uid cannot
+            // add methods beside them and catch calls meant for that user's program.
+            if add, let uid = peer.credentials?.uid,
+                let other = provided.first(where: { $0.key.hasPrefix(ns + ".") && $0.value.credentials?.uid != uid })
+            {
+                throw RPCError(
+                    .notPermitted, "cannot provide \(n): \(ns).* is provided by another user (client#\(other.value.id))",
+                    data: ["namespace": .string(ns)])
+            }
         }
         if add, peer.provided.union(names).count > config.limits.maxProvidesPerConnection {
             throw RPCError(

@@ -175,6 +175,21 @@ import Testing
         #expect(try root.call("bus.describe")["provided"]?["rootsvc.secret"] != nil)
     }
 
+    /// A namespace a user provides methods in is that user's: another uid cannot provide more
+    /// methods in it to catch calls meant for the first user's program.
+    @Test func aProvidedNamespaceIsOneUsers() throws {
+        let h = try TestHost.open()
+        let owner = try h.client()  // uid 0
+        _ = try owner.call("bus.provide", ["method": "kiosk.render"])
+        let r = try h.runAs(
+            sequential: true,
+            [req(0, "bus.provide", ["method": "kiosk.pay"]), req(1, "bus.provide", ["method": "mine.hello"])])
+        #expect(r.replies.first?.errorCode == -32005, "\(r.replies.map(\.serialized))")
+        #expect(r.replies.last?["result"] != nil, "a namespace nobody provides in is free")
+        // The same uid may add methods beside its own on another connection.
+        #expect(try h.client().call("bus.provide", ["method": "kiosk.pay"])["provides"] != nil)
+    }
+
     @Test func hostTopicsReachOnlyAdminsUnlessConfigured() throws {
         for (extra, expectDelivered) in [(JSONObject(), false), (["disclosure": ["adminTopics": []]], true)] {
             let h = try TestHost.open(extra: extra)

@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// eventRecord's checks (docs/MA.md, `ma.eventRecord`): `eventName` required, non-empty, not starting with `el`; at
-/// most 500 properties; property keys start with a letter and contain only lowercase letters,
+/// most 500 properties; property keys start with a lowercase letter and contain only lowercase letters,
 /// digits and `_`; every string, keys included, at most 256 UTF-8 bytes (nested values too);
 /// every number finite.
 ///
@@ -50,7 +50,9 @@ enum EventValidation {
 
     /// A top-level property key's rules, on its bytes.
     static func checkKey(_ k: UnsafeRawBufferPointer) -> String? {
-        guard let f = k.first, (f >= 0x61 && f <= 0x7A) || (f >= 0x41 && f <= 0x5A) else { return "must start with a letter" }
+        // ma.md §3: a lowercase letter first, then lowercase letters, digits and `_` (the key
+        // contains only those: an uppercase first letter is refused like one later on).
+        guard let f = k.first, f >= 0x61 && f <= 0x7A else { return "must start with a lowercase letter" }
         for u in k.dropFirst() {
             guard (u >= 0x61 && u <= 0x7A) || (u >= 0x30 && u <= 0x39) || u == 0x5F else {
                 return "only lowercase letters, digits and _ are allowed"

@@ -101,7 +101,10 @@ struct EventParamsTests {
             (#"{"eventName":"el_x"}"#, #"eventName must not start with "el""#),
             (#"{"eventName":"\#(long)"}"#, "eventName is longer than 256 bytes"),
             (#"{"eventName":"e","property":[1]}"#, "property must be an object"),
-            (#"{"eventName":"e","property":{"1a":1}}"#, #"property key "1a": must start with a letter"#),
+            (#"{"eventName":"e","property":{"1a":1}}"#, #"property key "1a": must start with a lowercase letter"#),
+            // ma.md §3: an uppercase letter anywhere, the first included, is refused (-3).
+            (#"{"eventName":"e","property":{"Price":1}}"#, #"property key "Price": must start with a lowercase letter"#),
+            (#"{"eventName":"e","property":{"_a":1}}"#, #"property key "_a": must start with a lowercase letter"#),
             (#"{"eventName":"e","property":{"aB":1}}"#, #"property key "aB": only lowercase letters, digits and _ are allowed"#),
             (#"{"eventName":"e","property":{"a\#(long)":1}}"#, #"longer than 256 bytes"#),
             (#"{"eventName":"e","property":{"s":"\#(long)"}}"#, #"property "s": string longer than 256 bytes"#),

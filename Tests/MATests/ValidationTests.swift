@@ -75,7 +75,8 @@ struct EventValidationTests {
         #expect(EventValidation.check(eventName: "e", property: ["1abc": 1])?.contains("1abc") == true)
         #expect(EventValidation.check(eventName: "e", property: ["aBc": 1]) != nil)
         #expect(EventValidation.check(eventName: "e", property: ["a-b": 1]) != nil)
-        #expect(EventValidation.check(eventName: "e", property: ["Abc": 1]) == nil, "a leading capital letter is a letter")
+        #expect(EventValidation.check(eventName: "e", property: ["Abc": 1]) != nil, "keys hold lowercase letters only (ma.md §3)")
+        #expect(EventValidation.check(eventName: "e", property: ["abc_1": 1]) == nil)
     }
 
     @Test func atMost500Properties() {

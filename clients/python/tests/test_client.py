@@ -271,3 +271,38 @@ def test_journal_entries_carry_priority_plugin_and_fields(tmp_path):
         os.unlink(JOURNAL_SOCKET)
         if made_dir:
             os.rmdir(os.path.dirname(JOURNAL_SOCKET))
+
+
+FLOOD = r"""
+import socket, sys, threading, time
+path, seconds = sys.argv[1], float(sys.argv[2])
+stop = time.time() + seconds
+def one():
+    while time.time() < stop:
+        try:
+            s = socket.socket(socket.AF_UNIX); s.connect(path); s.close()
+        except OSError:
+            pass
+ts = [threading.Thread(target=one) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+"""
+
+
+def test_async_client_connects_through_a_connect_flood(host):
+    """Another local program floods the host with connect/close (the listen backlog is full most
+    of the time, so a plain non-blocking connect gets EAGAIN): AsyncClient waits it out."""
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, host.socket, "4"])
+    try:
+        time.sleep(0.3)
+
+        async def main():
+            ok = 0
+            for _ in range(40):
+                async with pylon.AsyncClient(host.socket, timeout=10) as bus:
+                    if (await bus.call("bus.ping"))["pong"]:
+                        ok += 1
+            return ok
+
+        assert asyncio.run(main()) == 40
+    finally:
+        flood.wait(30)

@@ -1,11 +1,41 @@
 """The asyncio client: concurrent calls on one connection, notifications, bus.provide handlers."""
 import asyncio
+import errno
 import inspect
 import itertools
 import json
+import socket
 
 from .client import Notification, default_socket_path, encode
 from .errors import ConnectionClosed, PylonError, Timeout, from_wire
+
+
+async def _connect_unix(path, timeout):
+    """A non-blocking connect to ``path`` that waits out a full listen backlog.
+
+    A Unix socket's non-blocking ``connect`` fails with ``EAGAIN`` while the listener's backlog
+    is full (another local user flooding the host with connects, say) instead of waiting as a
+    blocking one does; asyncio then mistakes the socket for connected. So it is retried, every
+    1 ms at first and at most every 50 ms, until ``timeout`` seconds have passed.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if loop.time() + delay > deadline:
+                raise OSError(errno.EAGAIN, "the host's listen backlog stayed full") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        except BaseException:
+            sock.close()
+            raise
 
 
 class AsyncClient:
@@ -25,9 +55,13 @@ class AsyncClient:
         self._reader = self._writer = self._task = None
         self.closed = False
 
+    #: How long ``connect`` keeps retrying a host whose listen backlog is full (seconds).
+    connect_timeout = 5.0
+
     async def connect(self):
         try:
-            self._reader, self._writer = await asyncio.open_unix_connection(self.path, limit=64 << 20)
+            sock = await _connect_unix(self.path, self.connect_timeout)
+            self._reader, self._writer = await asyncio.open_unix_connection(sock=sock, limit=64 << 20)
         except OSError as e:
             raise ConnectionClosed(f"cannot connect to {self.path}: {e}") from e
         self._task = asyncio.get_running_loop().create_task(self._read_loop())

@@ -16,6 +16,8 @@ struct PreviewState: Equatable {
 /// callers waiting for it (the opener).
 final class ContainerInstance {
     let id: String
+    /// Whose container this is (each owner opens its own instances).
+    let owner: Owner
     var container: Container
     var source: ContainerSource = .default
     /// Fetch time of the container in use; 0 while it is the default (the SDK's `isDefault`).
@@ -38,8 +40,9 @@ final class ContainerInstance {
 
     var isDefault: Bool { lastRefreshMs == 0 }
 
-    init(id: String, container: Container, openedAfterPush: UInt64, limiter: RefreshRateLimiter) {
+    init(id: String, owner: Owner, container: Container, openedAfterPush: UInt64, limiter: RefreshRateLimiter) {
         self.id = id
+        self.owner = owner
         self.container = container
         self.openedAfterPush = openedAfterPush
         self.limiter = limiter

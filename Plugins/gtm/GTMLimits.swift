@@ -16,13 +16,20 @@ struct GTMLimits {
     var fetchTimeoutMs = 10_000
     /// Largest container accepted (default file, network body or saved copy).
     var maxContainerBytes = 4 << 20
-    /// Containers open at once.
+    /// Containers open at once, per owner (each uid opens its own).
     var maxOpenContainers = 64
+    /// Owners (uids, plugins) with tag-manager state at once: one more is refused (-32004).
+    var maxOwners = 1_024
+    /// Recent log lines kept per owner for `gtm.logLines`.
+    var maxLogLinesPerOwner = 256
+    /// Publish owner lines on `gtm.log` too (only for a host whose `disclosure.adminTopics`
+    /// covers `gtm.log`: the host delivers a publication to every subscriber).
+    var publishOwnerLogLines = false
     /// Longest a function-call macro or tag handler is waited for before its type default is used.
     var functionCallTimeoutMs: Int64 = 1_000
     /// Function-call rounds per evaluation (a macro whose answer makes another one needed).
     var maxFunctionCallRounds = 4
-    /// Function-call handlers registered at once.
+    /// Function-call handlers registered at once, per owner.
     var maxHandlers = 1_024
     /// Pushes queued behind the one being handled before a loop is assumed (spec: 500).
     var maxQueuedPushes = 500
@@ -61,6 +68,9 @@ struct GTMLimits {
         if let v = int("fetchTimeoutMs") { fetchTimeoutMs = Int(v) }
         if let v = int("maxContainerBytes") { maxContainerBytes = Int(v) }
         if let v = int("maxOpenContainers") { maxOpenContainers = Int(v) }
+        if let v = int("maxOwners") { maxOwners = Int(v) }
+        if let v = int("maxLogLinesPerOwner") { maxLogLinesPerOwner = Int(v) }
+        if let b = c["publishOwnerLogLines"]?.boolValue { publishOwnerLogLines = b }
         if let v = int("functionCallTimeoutMs") { functionCallTimeoutMs = v }
         if let v = int("maxFunctionCallRounds") { maxFunctionCallRounds = Int(v) }
         if let v = int("maxHandlers") { maxHandlers = Int(v) }

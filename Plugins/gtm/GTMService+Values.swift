@@ -14,17 +14,20 @@ struct QueuedPush: Sendable {
 extension GTMService {
     // MARK: Values
 
-    func context(event: String? = nil, params: JSON? = nil) -> EvaluationContext {
+    /// An evaluation context over `tenant`'s data layer and handler names only.
+    func context(_ tenant: Tenant, event: String? = nil, params: JSON? = nil) -> EvaluationContext {
         let t = now()
         return EvaluationContext(
-            environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: dataLayer,
-            event: event, nowMs: t, seed: UInt64(bitPattern: t) &+ pushSeq, registeredMacros: macroNames)
+            environment: params.map { environment.overridden(by: $0) } ?? environment, dataLayer: tenant.dataLayer,
+            event: event, nowMs: t, seed: UInt64(bitPattern: t) &+ tenant.pushSeq, registeredMacros: tenant.macroNames)
     }
 
     /// Params that override device facts for one call.
     static let factParams = ["app", "language", "resolution", "deviceType"]
 
     func getValue(_ call: Call) {
+        guard let who = caller(call) else { return }
+        let owner = who.owner
         // Read from json-c without converting the params: this is the hot method.
         guard let id = call.stringParam("containerId"), let key = call.stringParam("key") else {
             call.fail(RPCError(.invalidParams, "containerId and key (strings) are required"))
@@ -38,8 +41,8 @@ extension GTMService {
             }
             type = vt
         }
-        guard let inst = instances[id] else {
-            log.warning("getValue (\(type.rawValue)) called for a container that is not open: \(id)")
+        guard let tenant = tenants[owner], let inst = tenant.instances[id] else {
+            log.warning(owner, "getValue (\(type.rawValue)) called for a container that is not open: \(id)")
             call.reply(["value": type.defaultValue])
             return
         }
@@ -49,20 +52,22 @@ extension GTMService {
             if facts == nil { facts = [:] }
             facts?[k] = JSONRef.toJSON(call.paramRef(k))
         }
-        let ctx = context(params: facts.map { .object($0) })
+        let ctx = context(tenant, params: facts.map { .object($0) })
         // The common case answers synchronously: no function-call macro is waiting.
         let first = inst.container.value(named: key, context: ctx)
         if first.pending.isEmpty {
-            for w in first.warnings { log.warning("\(key): \(w)") }
-            replyValue(call, first, type, id, key)
+            for w in first.warnings { log.warning(owner, "\(key): \(w)") }
+            replyValue(call, owner, first, type, id, key)
             return
         }
-        evaluateValue(inst.container, key, ctx, round: 0) { [unowned self] e in self.replyValue(call, e, type, id, key) }
+        evaluateValue(tenant, inst.container, key, ctx, round: 0) { [unowned self] e in
+            self.replyValue(call, owner, e, type, id, key)
+        }
     }
 
-    private func replyValue(_ call: Call, _ e: Evaluation, _ type: ValueType, _ id: String, _ key: String) {
+    private func replyValue(_ call: Call, _ owner: Owner, _ e: Evaluation, _ type: ValueType, _ id: String, _ key: String) {
         let (v, w) = e.converted(to: type)
-        if let w { log.warning("\(id) \(key): \(w)") }
+        if let w { log.warning(owner, "\(id) \(key): \(w)") }
         if let bytes = GTMService.valueReply(v) {
             call.reply(serialized: bytes)
         } else {
@@ -93,20 +98,25 @@ extension GTMService {
 
     /// Evaluates `key`, asking function-call macro handlers and re-evaluating with their
     /// answers (at most `maxFunctionCallRounds` rounds).
-    func evaluateValue(_ c: Container, _ key: String, _ ctx: EvaluationContext, round: Int, _ done: @escaping (Evaluation) -> Void) {
+    func evaluateValue(
+        _ tenant: Tenant, _ c: Container, _ key: String, _ ctx: EvaluationContext, round: Int, _ done: @escaping (Evaluation) -> Void
+    ) {
         let e = c.value(named: key, context: ctx)
         if e.pending.isEmpty || round >= limits.maxFunctionCallRounds {
-            for w in e.warnings { log.warning("\(key): \(w)") }
+            for w in e.warnings { log.warning(tenant.owner, "\(key): \(w)") }
             done(e)
             return
         }
-        resolve(e.pending, ctx) { [unowned self] ctx2 in self.evaluateValue(c, key, ctx2, round: round + 1, done) }
+        resolve(tenant, e.pending, ctx) { [unowned self] ctx2 in self.evaluateValue(tenant, c, key, ctx2, round: round + 1, done) }
     }
 
     /// Calls the handlers of `reqs` (through the host, to the clients that registered them)
     /// and waits at most `functionCallTimeoutMs`; a missing, failing or slow handler answers
     /// null (→ the type default), with a warning.
-    func resolve(_ reqs: [FunctionCallRequest], _ ctx: EvaluationContext, _ done: @escaping (EvaluationContext) -> Void) {
+    func resolve(
+        _ tenant: Tenant, _ reqs: [FunctionCallRequest], _ ctx: EvaluationContext, _ done: @escaping (EvaluationContext) -> Void
+    ) {
+        let owner = tenant.owner
         var ctx = ctx
         var remaining = Set(reqs.map(\.key))
         var finished = false
@@ -118,10 +128,10 @@ extension GTMService {
             done(ctx)
         }
         for r in reqs {
-            guard let h = macroHandlers[r.name] else {
+            guard let h = tenant.macroHandlers[r.name] else {
                 ctx.functionResults[r.key] = .null
                 remaining.remove(r.key)
-                log.warning("No function-call macro handler registered for \(r.name)")
+                log.warning(owner, "No function-call macro handler registered for \(r.name)")
                 continue
             }
             plugin.call(h.method, ["name": .string(r.name), "parameters": r.parameters]) { [unowned self] res in
@@ -130,8 +140,8 @@ extension GTMService {
                 case .success(let j): ctx.functionResults[r.key] = j["value"] ?? .null
                 case .failure(let e):
                     ctx.functionResults[r.key] = .null
-                    self.counters.functionCallFailures += 1
-                    self.log.warning("Custom macro \(r.name) threw exception: \(e.message) (type default used)")
+                    tenant.counters.functionCallFailures += 1
+                    self.log.warning(owner, "Custom macro \(r.name) threw exception: \(e.message) (type default used)")
                 }
                 if remaining.isEmpty { finish() }
             }
@@ -143,10 +153,10 @@ extension GTMService {
         timer = plugin.loop.after(ms: UInt64(limits.functionCallTimeoutMs)) { [unowned self] in
             for k in remaining {
                 ctx.functionResults[k] = .null
-                self.counters.functionCallFailures += 1
+                tenant.counters.functionCallFailures += 1
             }
             self.log.warning(
-                "function-call macro handler did not answer within \(self.limits.functionCallTimeoutMs) ms (type default used)")
+                owner, "function-call macro handler did not answer within \(self.limits.functionCallTimeoutMs) ms (type default used)")
             remaining.removeAll()
             finish()
         }
@@ -160,17 +170,25 @@ extension GTMService {
             call.fail(RPCError(.invalidParams, "name and method (non-empty strings) are required"))
             return
         }
-        guard let client = call.callerClient else {
+        guard let who = caller(call) else { return }
+        guard let client = who.client else {
             call.fail(RPCError(.invalidParams, "only a client connection can register a handler (it serves method through bus.provide)"))
             return
         }
-        guard macroHandlers.count + tagHandlers.count < limits.maxHandlers || (tag ? tagHandlers[name] : macroHandlers[name]) != nil else {
+        // Handler names are per owner: another uid's registration of the same name is another
+        // name (its own tags call it), so registering first takes nothing from anyone.
+        guard let tenant = tenant(who.owner, create: true, call) else { return }
+        let owner = tenant.owner
+        guard
+            tenant.macroHandlers.count + tenant.tagHandlers.count < limits.maxHandlers
+                || (tag ? tenant.tagHandlers[name] : tenant.macroHandlers[name]) != nil
+        else {
             call.fail(RPCError(.overloaded, "too many function-call handlers (maxHandlers \(limits.maxHandlers))"))
             return
         }
         // A name another client registered stays its own: replacing it would send that client's
         // calls (and the data layer values they carry) to the newcomer.
-        if let other = (tag ? tagHandlers[name] : macroHandlers[name]), other.client != client {
+        if let other = (tag ? tenant.tagHandlers[name] : tenant.macroHandlers[name]), other.client != client {
             call.fail(RPCError(.notPermitted, "function-call \(tag ? "tag" : "macro") \(name) is registered by another client"))
             return
         }
@@ -181,34 +199,41 @@ extension GTMService {
                 call.fail(RPCError(.notPermitted, "\(method) is not a method this connection provides (bus.provide it first)"))
                 return
             }
-            let existing = tag ? self.tagHandlers[name] : self.macroHandlers[name]
+            let existing = tag ? tenant.tagHandlers[name] : tenant.macroHandlers[name]
             if let other = existing, other.client != client {
                 call.fail(RPCError(.notPermitted, "function-call \(tag ? "tag" : "macro") \(name) is registered by another client"))
                 return
             }
             // Checked again: registrations sent together all passed the first check.
-            guard existing != nil || self.macroHandlers.count + self.tagHandlers.count < self.limits.maxHandlers else {
+            guard existing != nil || tenant.macroHandlers.count + tenant.tagHandlers.count < self.limits.maxHandlers else {
                 call.fail(RPCError(.overloaded, "too many function-call handlers (maxHandlers \(self.limits.maxHandlers))"))
                 return
             }
             if tag {
-                self.tagHandlers[name] = Handler(method: method, client: client)
+                tenant.tagHandlers[name] = Handler(method: method, client: client)
             } else {
-                self.macroHandlers[name] = Handler(method: method, client: client)
+                tenant.macroHandlers[name] = Handler(method: method, client: client)
             }
-            self.log.info("function-call \(tag ? "tag" : "macro") \(name) → \(method) (client \(client))")
+            self.log.info(owner, "function-call \(tag ? "tag" : "macro") \(name) → \(method) (client \(client))")
             call.reply(["registered": true])
         }
     }
 
     func clientClosed(_ client: Int64) {
-        macroHandlers = macroHandlers.filter { $0.value.client != client }
-        tagHandlers = tagHandlers.filter { $0.value.client != client }
+        for t in tenants.values {
+            if t.macroHandlers.values.contains(where: { $0.client == client }) {
+                t.macroHandlers = t.macroHandlers.filter { $0.value.client != client }
+            }
+            if t.tagHandlers.values.contains(where: { $0.client == client }) {
+                t.tagHandlers = t.tagHandlers.filter { $0.value.client != client }
+            }
+        }
     }
 
     // MARK: Data layer
 
     func push(_ call: Call) {
+        guard let who = caller(call) else { return }
         guard let data = call.params["data"]?.objectValue else {
             call.fail(RPCError(.invalidParams, "data must be a JSON object"))
             return
@@ -218,6 +243,7 @@ extension GTMService {
                 RPCError(.invalidParams, "data key \"\(k.prefix(64))…\" has more than \(DataLayer.maxKeyParts) dot-separated parts"))
             return
         }
+        guard let t = tenant(who.owner, create: true, call) else { return }
         var bytes = 0
         if let raw = call.paramRef("data") {
             let n = JSONRef(retaining: raw).withSerialized { $0.count }
@@ -226,11 +252,11 @@ extension GTMService {
                 call.fail(RPCError(.invalidParams, "data exceeds maxPushBytes \(limits.maxPushBytes)"))
                 return
             }
-            if dataLayerBytesBound + n > limits.maxDataLayerBytes {
+            if t.dataLayerBytesBound + n > limits.maxDataLayerBytes {
                 // Measured again: the data layer as it is, and the pushes still queued.
-                dataLayerBytesBound =
-                    JSON.object(dataLayer.root).serialized.utf8.count + pushQueue.items.reduce(0) { $0 + $1.bytes }
-                guard dataLayerBytesBound + n <= limits.maxDataLayerBytes else {
+                t.dataLayerBytesBound =
+                    JSON.object(t.dataLayer.root).serialized.utf8.count + t.pushQueue.items.reduce(0) { $0 + $1.bytes }
+                guard t.dataLayerBytesBound + n <= limits.maxDataLayerBytes else {
                     call.fail(
                         RPCError(
                             .overloaded, "the data layer is full (maxDataLayerBytes \(limits.maxDataLayerBytes))",
@@ -238,50 +264,52 @@ extension GTMService {
                     return
                 }
             }
-            dataLayerBytesBound += n
+            t.dataLayerBytesBound += n
         }
-        pushSeq += 1
-        guard pushQueue.enqueue(QueuedPush(data: data, seq: pushSeq, bytes: bytes)) == .accepted else {
+        t.pushSeq += 1
+        guard t.pushQueue.enqueue(QueuedPush(data: data, seq: t.pushSeq, bytes: bytes)) == .accepted else {
             log.error(
-                "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
+                t.owner, "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
             )
             call.fail(
                 RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
             return
         }
-        counters.pushes += 1
+        t.counters.pushes += 1
         call.reply(["queued": true])
-        if !processing { drain() }
+        if !t.processing { drain(t) }
     }
 
     /// Handles queued pushes in order; a push whose tags wait for function-call macros holds
     /// the ones behind it.
-    func drain() {
-        processing = true
-        while let p = pushQueue.next() {
+    func drain(_ t: Tenant) {
+        t.processing = true
+        while let p = t.pushQueue.next() {
             var completedInline = false
             var returned = false
-            handle(p) { [unowned self] in
-                if returned { self.drain() } else { completedInline = true }
+            handle(t, p) { [unowned self] in
+                if returned { self.drain(t) } else { completedInline = true }
             }
             returned = true
             if !completedInline { return }  // waiting for handlers: the callback resumes
         }
-        processing = false
+        t.processing = false
     }
 
-    func handle(_ p: QueuedPush, _ done: @escaping () -> Void) {
+    func handle(_ t: Tenant, _ p: QueuedPush, _ done: @escaping () -> Void) {
         var data = p.data
         let lifetime = data.removeValue("gtm.lifetime")
-        dataLayer.push(data)
+        t.dataLayer.push(data)
         if let lifetime {
             if let ms = DataLayer.lifetimeMs(lifetime) {
                 let entries = DataLayer.flatten(DataLayer.expand(data))
-                do { try store?.persist(entries, expiresAtMs: now() + ms, maxEntries: limits.maxPersistedEntries) } catch {
-                    log.error("cannot persist gtm.lifetime values: \(error.description)")
+                do {
+                    try store?.persist(t.owner, entries, expiresAtMs: now() + ms, maxEntries: limits.maxPersistedEntries)
+                } catch {
+                    log.error(t.owner, "cannot persist gtm.lifetime values: \(error.description)")
                 }
             } else {
-                log.warning("unknown or non-positive gtm.lifetime \(lifetime.serialized): values not persisted")
+                log.warning(t.owner, "unknown or non-positive gtm.lifetime \(lifetime.serialized): values not persisted")
             }
         }
         guard let ev = data["event"] else {
@@ -289,63 +317,70 @@ extension GTMService {
             return
         }
         let event = TagConversion.toString(ev)
-        let targets = instances.keys.sorted().compactMap { instances[$0] }.filter { $0.openedAfterPush < p.seq }
-        fireAll(targets[...], event: event, seq: p.seq, done)
+        // Only this owner's containers: another uid's pushes never fire them.
+        let targets = t.instances.keys.sorted().compactMap { t.instances[$0] }.filter { $0.openedAfterPush < p.seq }
+        fireAll(t, targets[...], event: event, seq: p.seq, done)
     }
 
-    private func fireAll(_ targets: ArraySlice<ContainerInstance>, event: String, seq: UInt64, _ done: @escaping () -> Void) {
+    private func fireAll(
+        _ tenant: Tenant, _ targets: ArraySlice<ContainerInstance>, event: String, seq: UInt64, _ done: @escaping () -> Void
+    ) {
         guard let inst = targets.first else {
             done()
             return
         }
         let rest = targets.dropFirst()
-        evaluateTags(inst, context(event: event), round: 0) { [unowned self] tags in
-            for t in tags { self.fire(t, inst, event: event) }
-            self.fireAll(rest, event: event, seq: seq, done)
+        evaluateTags(tenant, inst, context(tenant, event: event), round: 0) { [unowned self] tags in
+            for t in tags { self.fire(tenant, t, inst, event: event) }
+            self.fireAll(tenant, rest, event: event, seq: seq, done)
         }
     }
 
-    func evaluateTags(_ inst: ContainerInstance, _ ctx: EvaluationContext, round: Int, _ done: @escaping ([TagFiring]) -> Void) {
+    func evaluateTags(
+        _ tenant: Tenant, _ inst: ContainerInstance, _ ctx: EvaluationContext, round: Int, _ done: @escaping ([TagFiring]) -> Void
+    ) {
         let t = inst.container.tagsToFire(context: ctx)
         if t.pending.isEmpty || round >= limits.maxFunctionCallRounds {
-            for w in t.warnings { log.warning("\(inst.id) event \(ctx.event ?? ""): \(w)") }
+            for w in t.warnings { log.warning(tenant.owner, "\(inst.id) event \(ctx.event ?? ""): \(w)") }
             done(t.tags)
             return
         }
-        resolve(t.pending, ctx) { [unowned self] ctx2 in self.evaluateTags(inst, ctx2, round: round + 1, done) }
+        resolve(tenant, t.pending, ctx) { [unowned self] ctx2 in self.evaluateTags(tenant, inst, ctx2, round: round + 1, done) }
     }
 
-    func fire(_ t: TagFiring, _ inst: ContainerInstance, event: String) {
-        counters.tagsFired += 1
+    func fire(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String) {
+        let owner = tenant.owner
+        tenant.counters.tagsFired += 1
         switch t.function {
         case .functionCall:
             let name = TagConversion.toString(t.properties["name"] ?? t.properties["function_call_macro_name"])
-            guard let h = tagHandlers[name] else {
-                log.warning("\(inst.id): no function-call tag handler registered for \(name)")
+            guard let h = tenant.tagHandlers[name] else {
+                log.warning(owner, "\(inst.id): no function-call tag handler registered for \(name)")
                 return
             }
             let params: JSON = t.properties["additional_params"].flatMap { $0.objectValue != nil ? $0 : nil } ?? .object([:])
-            log.debug("\(inst.id): firing function-call tag \(name)")
+            log.debug(owner, "\(inst.id): firing function-call tag \(name)")
             plugin.call(h.method, ["name": .string(name), "parameters": params]) { [unowned self] r in
                 if case .failure(let e) = r {
-                    self.counters.functionCallFailures += 1
-                    self.log.warning("Custom tag \(name) threw exception: \(e.message)")
+                    tenant.counters.functionCallFailures += 1
+                    self.log.warning(owner, "Custom tag \(name) threw exception: \(e.message)")
                 }
             }
         case .analyticsHit, .pixel:
-            hit(t, inst, event: event)
+            hit(tenant, t, inst, event: event)
         default:
-            log.warning("\(inst.id): tag \(t.index) (\(t.functionId)) has no backing implementation")
+            log.warning(owner, "\(inst.id): tag \(t.index) (\(t.functionId)) has no backing implementation")
         }
     }
 
     /// `_ua` hits (and `_img` pixels) go to the uploader under their own switch `gtm:hits`
     /// (stream `gtm.hits`), which the host enforces, and only while the container's own switch
     /// `gtm:<containerId>` is granted (one switch per container, as host.md asks).
-    func hit(_ t: TagFiring, _ inst: ContainerInstance, event: String) {
+    func hit(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String) {
+        let owner = tenant.owner
         for key in [GTMService.hitConsent, GTMService.containerConsent(inst.id)] where !plugin.isConsentGranted(key) {
-            counters.hitsDroppedForConsent += 1
-            log.info("\(inst.id): hit not sent: consent \(key) denied")
+            tenant.counters.hitsDroppedForConsent += 1
+            log.info(owner, "\(inst.id): hit not sent: consent \(key) denied")
             return
         }
         hitSeq += 1
@@ -365,22 +400,26 @@ extension GTMService {
             ]
         ) { [unowned self] r in
             switch r {
-            case .success: self.counters.hitsQueued += 1
+            case .success: tenant.counters.hitsQueued += 1
             case .failure(let e):
-                if e.code == RPCError.Code.consentDenied.rawValue { self.counters.hitsDroppedForConsent += 1 }
-                self.log.warning("\(inst.id): hit not queued: \(e.message)")
+                if e.code == RPCError.Code.consentDenied.rawValue { tenant.counters.hitsDroppedForConsent += 1 }
+                self.log.warning(owner, "\(inst.id): hit not queued: \(e.message)")
             }
         }
     }
 
     // MARK: Persistence
 
+    /// Each owner's unexpired `gtm.lifetime` values back into its own data layer.
     func restoreLifetimeValues() {
         guard let store else { return }
         do {
-            for (k, v) in try store.lifetimeValues(nowMs: now()) { dataLayer.push([k: v]) }
+            for (ownerKey, k, v) in try store.lifetimeValues(nowMs: now()) {
+                guard let o = Owner(key: ownerKey), let t = tenant(o, create: true) else { continue }
+                t.dataLayer.push([k: v])
+            }
         } catch {
-            log.error("cannot load persisted data-layer values: \(error.description)")
+            log.error(nil, "cannot load persisted data-layer values: \(error.description)")
         }
     }
 }

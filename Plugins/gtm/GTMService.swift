@@ -14,27 +14,11 @@ final class GTMService {
     lazy var http = HTTPClient(loop: plugin.loop)
     var store: SavedStore?
     lazy var log = GTMLog(plugin: plugin, level: .warning)
-    var instances: [String: ContainerInstance] = [:]
-    /// Preview URLs given before (or while) their container is open, by container id.
-    var previews: [String: PreviewState] = [:]
+    /// Every owner's state (Tenant.swift): a call sees only its owner's.
+    var tenants: [Owner: Tenant] = [:]
     var environment = TagEnvironment()
     /// The clock (wall time, ms); injected so the machines stay testable.
     var now: () -> Int64 = { System.wallClockMs() }
-
-    // Data layer and tags (GTMService+DataLayer.swift).
-    var dataLayer = DataLayer()
-    /// At least the data layer's size as JSON text with the queued pushes merged: raised by each
-    /// push's size, measured again when it would pass `maxDataLayerBytes` (a merge that replaces
-    /// keys adds less than the push's size).
-    var dataLayerBytesBound = 0
-    var pushQueue = PushQueue<QueuedPush>(limit: 500)
-    var pushSeq: UInt64 = 0
-    var processing = false
-    var macroHandlers: [String: Handler] = [:] { didSet { macroNames = Set(macroHandlers.keys) } }
-    /// The names in `macroHandlers` (what evaluation contexts carry).
-    var macroNames = Set<String>()
-    var tagHandlers: [String: Handler] = [:]
-    var counters = Counters()
     lazy var runPrefix = System.randomHex(6)
     var hitSeq: UInt64 = 0
 
@@ -49,6 +33,20 @@ final class GTMService {
         var hitsQueued = 0
         var hitsDroppedForConsent = 0
         var functionCallFailures = 0
+
+        static func + (a: Counters, b: Counters) -> Counters {
+            Counters(
+                pushes: a.pushes + b.pushes, tagsFired: a.tagsFired + b.tagsFired, hitsQueued: a.hitsQueued + b.hitsQueued,
+                hitsDroppedForConsent: a.hitsDroppedForConsent + b.hitsDroppedForConsent,
+                functionCallFailures: a.functionCallFailures + b.functionCallFailures)
+        }
+
+        var json: JSONObject {
+            [
+                "pushes": .int(Int64(pushes)), "tagsFired": .int(Int64(tagsFired)), "hitsQueued": .int(Int64(hitsQueued)),
+                "hitsDroppedForConsent": .int(Int64(hitsDroppedForConsent)), "functionCallFailures": .int(Int64(functionCallFailures)),
+            ]
+        }
     }
 
     static let hitStream = "gtm.hits"
@@ -61,19 +59,21 @@ final class GTMService {
     func start() {
         limits = GTMLimits(plugin.config)
         log.level = limits.logLevel
-        pushQueue = PushQueue(limit: limits.maxQueuedPushes)
+        log.maxLinesPerOwner = limits.maxLogLinesPerOwner
+        log.publishOwnerLines = limits.publishOwnerLogLines
         environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")
             restoreLifetimeValues()
         } catch {
-            log.error("cannot open the saved-container store: \(error.description) (saved containers disabled)")
+            log.error(nil, "cannot open the saved-container store: \(error.description) (saved containers disabled)")
         }
     }
 
     // MARK: Opening
 
     func open(_ call: Call) {
+        guard let who = caller(call) else { return }
         guard let id = call.params["containerId"]?.stringValue, GTMLimits.validContainerId(id) else {
             call.fail(RPCError(.invalidParams, "containerId must be 1-\(GTMLimits.maxContainerIdBytes) characters of [A-Za-z0-9._-]"))
             return
@@ -87,9 +87,11 @@ final class GTMService {
             type = ot
         }
         let timeout = OpenerRule.timeout(call.params["timeoutMs"]?.intValue)
+        guard let tenant = tenant(who.owner, create: true, call) else { return }
+        let owner = tenant.owner
         // Opening an id that is already open returns the open one (waiting only while a load
         // the open type cares about is in flight).
-        if let inst = instances[id] {
+        if let inst = tenant.instances[id] {
             if type == .lowLevel || (!inst.loading && inst.savedPhaseDone) {
                 replyOpen(call, inst)
             } else {
@@ -97,12 +99,15 @@ final class GTMService {
             }
             return
         }
-        guard instances.count < limits.maxOpenContainers else {
-            call.fail(RPCError(.overloaded, "too many open containers (maxOpenContainers \(limits.maxOpenContainers))"))
+        guard tenant.instances.count < limits.maxOpenContainers else {
+            call.fail(
+                RPCError(
+                    .overloaded, "too many open containers (maxOpenContainers \(limits.maxOpenContainers) per owner)",
+                    data: ["limit": "maxOpenContainers"]))
             return
         }
         let inst = ContainerInstance(
-            id: id, container: .empty(limits: limits.engine), openedAfterPush: pushSeq,
+            id: id, owner: owner, container: .empty(limits: limits.engine), openedAfterPush: tenant.pushSeq,
             limiter: RefreshRateLimiter(
                 capacity: limits.refreshBucket, refillMs: limits.refreshRefillMs,
                 minSpacingMs: limits.refreshMinSpacingMs))
@@ -110,14 +115,14 @@ final class GTMService {
         case .success(let d)?:
             inst.container = d.container
             inst.defaultFile = d.file
-            for w in d.container.warnings.prefix(20) { log.warning("\(id) default container: \(w)") }
+            for w in d.container.warnings.prefix(20) { log.warning(owner, "\(id) default container: \(w)") }
         case .failure(let e)?:
-            log.error("default container for \(id) not usable: \(e.description)")
+            log.error(owner, "default container for \(id) not usable: \(e.description)")
         case nil:
-            log.warning("no default container for \(id) in \(limits.defaultsDir.isEmpty ? "(no defaultsDir)" : limits.defaultsDir)")
+            log.warning(owner, "no default container for \(id) in \(limits.defaultsDir.isEmpty ? "(no defaultsDir)" : limits.defaultsDir)")
         }
-        inst.preview = previews[id]
-        instances[id] = inst
+        inst.preview = tenant.previews[id]
+        tenant.instances[id] = inst
         if type == .lowLevel {
             replyOpen(call, inst)
         } else {
@@ -153,24 +158,24 @@ final class GTMService {
 
     private func replyOpen(_ call: Call, _ inst: ContainerInstance) {
         call.reply(openResult(inst))
-        plugin.publish(
-            "gtm.container.available",
-            [
-                "containerId": .string(inst.id), "isDefault": .bool(inst.isDefault),
-                "source": .string(inst.source.rawValue),
-            ])
+        var p: JSONObject = [
+            "containerId": .string(inst.id), "isDefault": .bool(inst.isDefault), "source": .string(inst.source.rawValue),
+        ]
+        for (k, v) in inst.owner.json { p[k] = v }
+        plugin.publish("gtm.container.available", .object(p))
     }
 
     /// Reports a lifecycle event and releases the waiters whose open type it satisfies.
     private func report(_ inst: ContainerInstance, _ e: RefreshEvent) {
         var p: JSONObject = ["containerId": .string(inst.id)]
+        for (k, v) in inst.owner.json { p[k] = v }
         switch e {
         case .begin(let k): p["status"] = "begin"; p["type"] = .string(k.rawValue)
         case .success(let k, _): p["status"] = "success"; p["type"] = .string(k.rawValue)
         case .failure(let k, let why): p["status"] = "failure"; p["type"] = .string(k.rawValue); p["reason"] = .string(why)
         }
         log.debug(
-            "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
+            inst.owner, "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
         )
         plugin.publish("gtm.container.refresh", .object(p))
         for w in inst.waiters where OpenerRule.releases(w.type, e, startMs: w.startMs) { release(w, inst) }
@@ -189,7 +194,7 @@ final class GTMService {
         report(inst, .begin(.saved))
         let saved: SavedStore.Saved?
         do throws(SQLiteError) {
-            saved = try store?.load(inst.id)
+            saved = try store?.load(inst.owner, inst.id)
         } catch {
             inst.savedPhaseDone = true
             report(inst, .failure(.saved, reason: "io_error"))
@@ -256,7 +261,7 @@ final class GTMService {
             maxResponseBytes: limits.maxContainerBytes + 1)
         http.send(req) {
             [weak self, weak inst] r in
-            guard let self, let inst, self.instances[inst.id] === inst else { return }
+            guard let self, let inst, self.tenants[inst.owner]?.instances[inst.id] === inst else { return }
             inst.loading = false
             guard inst.preview == previewAtStart else {
                 self.networkLoad(inst)  // the preview changed while loading: fetch what is wanted now
@@ -271,8 +276,8 @@ final class GTMService {
             case .success(let resp) where resp.status == 304:
                 inst.lastRefreshMs = self.now()
                 if inst.source == .saved { inst.source = .network }
-                try? self.store?.touch(inst.id, fetchedAtMs: inst.lastRefreshMs)
-                self.log.info("\(inst.id): not modified (ETag \(inst.etag ?? ""))")
+                try? self.store?.touch(inst.owner, inst.id, fetchedAtMs: inst.lastRefreshMs)
+                self.log.info(inst.owner, "\(inst.id): not modified (ETag \(inst.etag ?? ""))")
                 self.report(inst, .success(.network, lastRefreshMs: inst.lastRefreshMs))
                 self.schedule(inst, self.limits.refreshPeriodMs)
             case .success(let resp) where resp.status == 200:
@@ -286,7 +291,7 @@ final class GTMService {
                     self.networkFailed(inst, "server_error", "container not usable: \(error.description)")
                     return
                 }
-                for w in c.warnings.prefix(20) { self.log.warning("\(inst.id) v\(c.version): \(w)") }
+                for w in c.warnings.prefix(20) { self.log.warning(inst.owner, "\(inst.id) v\(c.version): \(w)") }
                 inst.container = c
                 inst.source = .network
                 inst.lastRefreshMs = self.now()
@@ -294,12 +299,12 @@ final class GTMService {
                     inst.etag = resp.headers["etag"]
                     do throws(SQLiteError) {
                         try self.store?.save(
-                            inst.id, .init(body: text, version: c.version, etag: inst.etag, fetchedAtMs: inst.lastRefreshMs))
+                            inst.owner, inst.id, .init(body: text, version: c.version, etag: inst.etag, fetchedAtMs: inst.lastRefreshMs))
                     } catch {
-                        self.log.error("\(inst.id): cannot save the container: \(error.description)")
+                        self.log.error(inst.owner, "\(inst.id): cannot save the container: \(error.description)")
                     }
                 }
-                self.log.info("\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
+                self.log.info(inst.owner, "\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
                 self.report(inst, .success(.network, lastRefreshMs: inst.lastRefreshMs))
                 self.schedule(inst, self.limits.refreshPeriodMs)
             case .success(let resp):
@@ -311,7 +316,7 @@ final class GTMService {
     }
 
     private func networkFailed(_ inst: ContainerInstance, _ reason: String, _ detail: String) {
-        log.warning("\(inst.id): network load failed: \(reason) (\(detail))")
+        log.warning(inst.owner, "\(inst.id): network load failed: \(reason) (\(detail))")
         report(inst, .failure(.network, reason: reason))
         schedule(inst, limits.retryAfterFailureMs)
     }
@@ -319,17 +324,18 @@ final class GTMService {
     // MARK: Refresh, close, preview
 
     func refresh(_ call: Call) {
+        guard let who = caller(call) else { return }
         guard let id = call.params["containerId"]?.stringValue else {
             call.fail(RPCError(.invalidParams, "containerId is required"))
             return
         }
-        guard let inst = instances[id] else {
+        guard let inst = tenants[who.owner]?.instances[id] else {
             call.reply(["accepted": false, "reason": "not_open: open the container first"])
             return
         }
         let d = inst.limiter.request(nowMs: now())
         guard d == .accepted else {
-            log.warning("\(id): refresh called too often. Ignored. (\(d.reason ?? ""))")
+            log.warning(who.owner, "\(id): refresh called too often. Ignored. (\(d.reason ?? ""))")
             var r: JSONObject = ["accepted": false, "reason": .string(d.reason ?? "rate_limited")]
             if case .tooSoon(let ms) = d { r["retryInMs"] = .int(ms) }
             if case .noTokens(let ms) = d { r["retryInMs"] = .int(ms) }
@@ -341,7 +347,10 @@ final class GTMService {
     }
 
     func close(_ call: Call) {
-        guard let id = call.params["containerId"]?.stringValue, let inst = instances.removeValue(forKey: id) else {
+        guard let who = caller(call) else { return }
+        guard let id = call.params["containerId"]?.stringValue, let tenant = tenants[who.owner],
+            let inst = tenant.instances.removeValue(forKey: id)
+        else {
             call.reply(["closed": false])
             return
         }
@@ -353,36 +362,66 @@ final class GTMService {
     }
 
     func preview(_ call: Call) {
+        guard let who = caller(call) else { return }
+        let owner = who.owner
         guard let url = call.params["url"]?.stringValue, let p = PreviewURL.parse(url) else {
-            log.warning("not a preview URL: \(call.params["url"]?.stringValue?.prefix(120) ?? "(none)")")
+            log.warning(owner, "not a preview URL: \(call.params["url"]?.stringValue?.prefix(120) ?? "(none)")")
             call.reply(["preview": false])
             return
         }
+        guard let tenant = tenant(owner, create: true, call) else { return }
         let id: String
         switch p {
         case .enter(let cid, let auth, let n, let debug):
             guard GTMLimits.validContainerId(cid) else { call.reply(["preview": false]); return }
             id = cid
-            previews[cid] = PreviewState(auth: auth, preview: n, debug: debug)
-            log.info("\(cid): preview of draft \(n) entered")
+            tenant.previews[cid] = PreviewState(auth: auth, preview: n, debug: debug)
+            log.info(owner, "\(cid): preview of draft \(n) entered")
         case .exit(let cid):
+            guard GTMLimits.validContainerId(cid) else { call.reply(["preview": false]); return }
             id = cid
-            previews[cid] = nil
-            log.info("\(cid): preview exited")
+            tenant.previews[cid] = nil
+            log.info(owner, "\(cid): preview exited")
         }
         call.reply(["preview": true])
-        // An open container switches now (the SDK refreshed the matching container).
-        if let inst = instances[id], inst.preview != previews[id] {
-            inst.preview = previews[id]
+        // An open container of this owner switches now (the SDK refreshed the matching container).
+        if let inst = tenant.instances[id], inst.preview != tenant.previews[id] {
+            inst.preview = tenant.previews[id]
             if inst.preview == nil { inst.etag = nil }
             networkLoad(inst)
         }
     }
 
-    func status() -> JSON {
+    /// The caller's own state (or, for an admin with `uid`, that uid's); an admin also gets
+    /// `owners`, every owner's summary, and `totals`. Nobody else's handler names, container
+    /// ids or counters are shown to a non-admin.
+    func status(_ call: Call) {
+        guard let who = caller(call) else { return }
+        var out = tenantStatus(tenants[who.owner])
+        for (k, v) in who.owner.json { out[k] = v }
+        out["logLevel"] = .string(log.level(of: who.owner).rawValue)
+        if who.admin {
+            var owners: [JSON] = []
+            var totals = Counters()
+            for o in tenants.keys.sorted(by: Owner.ordered) {
+                let t = tenants[o]!
+                var e = tenantStatus(t)
+                for (k, v) in o.json { e[k] = v }
+                e["logLevel"] = .string(log.level(of: o).rawValue)
+                owners.append(.object(e))
+                totals = totals + t.counters
+            }
+            out["owners"] = .array(owners)
+            out["totals"] = .object(totals.json)
+            out["pluginLogLevel"] = .string(log.level.rawValue)
+        }
+        call.reply(.object(out))
+    }
+
+    private func tenantStatus(_ t: Tenant?) -> JSONObject {
         var list: [JSON] = []
-        for id in instances.keys.sorted() {
-            let inst = instances[id]!
+        for id in (t?.instances.keys.sorted() ?? []) {
+            let inst = t!.instances[id]!
             var o = openResult(inst).objectValue!
             o["loading"] = .bool(inst.loading)
             o["refreshDueMs"] = inst.refreshDueMs.map { .int($0) } ?? .null
@@ -394,15 +433,14 @@ final class GTMService {
             o["defaultFile"] = inst.defaultFile.map { .string($0) } ?? .null
             list.append(.object(o))
         }
-        return [
-            "containers": .array(list), "logLevel": .string(log.level.rawValue),
-            "macroHandlers": .array(macroHandlers.keys.sorted().map { .string($0) }),
-            "tagHandlers": .array(tagHandlers.keys.sorted().map { .string($0) }),
-            "pushes": .int(Int64(counters.pushes)), "queuedPushes": .int(Int64(pushQueue.items.count)),
-            "tagsFired": .int(Int64(counters.tagsFired)), "hitsQueued": .int(Int64(counters.hitsQueued)),
-            "hitsDroppedForConsent": .int(Int64(counters.hitsDroppedForConsent)),
-            "functionCallFailures": .int(Int64(counters.functionCallFailures)),
+        var out: JSONObject = [
+            "containers": .array(list),
+            "macroHandlers": .array((t?.macroHandlers.keys.sorted() ?? []).map { .string($0) }),
+            "tagHandlers": .array((t?.tagHandlers.keys.sorted() ?? []).map { .string($0) }),
+            "queuedPushes": .int(Int64(t?.pushQueue.items.count ?? 0)),
         ]
+        for (k, v) in (t?.counters ?? Counters()).json { out[k] = v }
+        return out
     }
 
     static func queryEscape(_ s: String) -> String {

@@ -19,14 +19,8 @@ plugin.method("refresh") { gtm.refresh($0) }
 plugin.method("preview") { gtm.preview($0) }
 plugin.method("registerFunctionCallMacro") { gtm.register($0, tag: false) }
 plugin.method("registerFunctionCallTag") { gtm.register($0, tag: true) }
-plugin.method("setLogLevel") { call in
-    guard let s = call.params["level"]?.stringValue, let l = GTMLogLevel(rawValue: s) else {
-        call.fail(RPCError(.invalidParams, "level must be verbose, debug, info, warning, error or none"))
-        return
-    }
-    gtm.log.level = l
-    call.reply(["level": .string(l.rawValue)])
-}
-plugin.method("status") { $0.reply(gtm.status()) }
+plugin.method("setLogLevel") { gtm.setLogLevel($0) }
+plugin.method("logLines") { gtm.logLines($0) }
+plugin.method("status") { gtm.status($0) }
 
 plugin.run()

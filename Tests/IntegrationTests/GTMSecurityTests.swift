@@ -1,0 +1,173 @@
+import Foundation
+import PylonClientKit
+import PylonProtocol
+import TestSupport
+import Testing
+
+/// An in-process client connected as another uid: `Tests/fixtures/uid_relay.py` runs as that
+/// uid and relays a socket of its own to the host's, so the host sees the uid (SO_PEERCRED).
+final class UidClient {
+    let relay: Process
+    private let input = Pipe()
+    private let output = Pipe()
+    let client: SyncClient
+
+    init(_ host: TestHost, uid: UInt32) throws {
+        let dir = NSTemporaryDirectory() + "gtm-relay-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o777])
+        let path = dir + "/relay.sock"
+        let script = try String(contentsOfFile: fixturesDir + "/uid_relay.py", encoding: .utf8)
+        relay = Process()
+        relay.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        relay.arguments = ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", script, host.socket, path]
+        relay.standardInput = input
+        relay.standardOutput = output
+        let errPath = dir + "/relay.err"
+        _ = FileManager.default.createFile(atPath: errPath, contents: nil)
+        relay.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errPath))
+        try relay.run()
+        // The relay prints "ready" once it listens.
+        var seen = Data()
+        while !String(decoding: seen, as: UTF8.self).contains("ready") {
+            let d = output.fileHandleForReading.availableData
+            if d.isEmpty { throw TestFailure(description: "uid relay for \(uid) exited") }
+            seen.append(d)
+        }
+        client = try SyncClient(path: path)
+    }
+
+    deinit {
+        try? input.fileHandleForWriting.close()
+        relay.terminate()
+        relay.waitUntilExit()
+    }
+}
+
+extension SyncClient {
+    /// Sends a request and reads until its reply, returning the reply and every other message
+    /// (incoming calls, notifications) that arrived before it, in order.
+    func requestCollecting(_ method: String, _ params: JSON? = nil, id: Int64) throws -> (reply: JSON, before: [JSON]) {
+        try send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params)))
+        var before: [JSON] = []
+        while let m = try readMessage(timeoutMs: 10_000) {
+            if m["id"] == .int(id) && m["method"] == nil { return (m, before) }
+            before.append(m)
+        }
+        throw TestFailure(description: "no reply to \(method)")
+    }
+}
+
+@Suite(.serialized) struct GTMSecurityTests {
+    /// Issue 21 item 4 and item 12: the hostile local user (65534) of the report against a
+    /// victim (4242), both unprivileged. Every step the attacker took is tried again.
+    @Test func oneUidCannotReadOrChangeAnotherUidsTagManagerState() throws {
+        let b = try TestBackend()
+        try b.publishContainer(
+            "GTM-V",
+            gtmResource(
+                ["title": "v1"],
+                macros: [
+                    ["function": "_v", "instance_name": "email", "name": "email"],
+                    ["function": "_e", "instance_name": "event"],
+                ],
+                predicates: [["function": "_eq", "arg0": ["macro", 2], "arg1": "openScreen"]],
+                tags: [["function": "_func", "name": "track", "additional_params": ["email": ["macro", 1]]]],
+                rules: [[["if", 0], ["add", 0]]]))
+        try b.publishContainer(
+            "GTM-SPY",
+            gtmResource(
+                [:],
+                macros: [
+                    ["function": "_v", "instance_name": "email", "name": "email"],
+                    ["function": "_v", "instance_name": "token", "name": "session.token"],
+                ]))
+        let h = try TestHost.open(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
+        let victimRelay = try UidClient(h, uid: 4242)
+        let attackerRelay = try UidClient(h, uid: 65534)
+        defer { withExtendedLifetime((victimRelay, attackerRelay)) {} }
+        let victim = victimRelay.client
+        let attacker = attackerRelay.client
+
+        // The attacker registers the victim's tag name first: in its own namespace only.
+        _ = try attacker.call("bus.provide", ["method": "evil.tag"])
+        #expect(try attacker.call("gtm.registerFunctionCallTag", ["name": "track", "method": "evil.tag"])["registered"] == true)
+        _ = try victim.call("bus.provide", ["method": "victim.tag"])
+        _ = try victim.call("bus.provide", ["method": "victim.macro"])
+        #expect(try victim.call("gtm.registerFunctionCallTag", ["name": "track", "method": "victim.tag"])["registered"] == true)
+        #expect(
+            try victim.call("gtm.registerFunctionCallMacro", ["name": "victimSecretMacro", "method": "victim.macro"])["registered"]
+                == true)
+
+        #expect(try victim.open("GTM-V")["source"] == "network")
+        _ = try victim.call("gtm.push", ["data": ["email": "victim@example.com", "session": ["token": "s3cret"]]])
+        #expect(try victim.value("GTM-V", "email") == "victim@example.com")
+
+        // Reading the victim's data layer through a container of the attacker's own.
+        #expect(try attacker.open("GTM-SPY")["source"] == "network")
+        #expect(try attacker.value("GTM-SPY", "email") == "")
+        #expect(try attacker.value("GTM-SPY", "token") == "")
+        // The victim's container, asked for by the attacker: not the victim's values.
+        #expect(try attacker.request("gtm.getValue", ["containerId": "GTM-V", "key": "email"])["result"]?["value"] != "victim@example.com")
+        // Overwriting the victim's keys: only the attacker's own data layer changes.
+        _ = try attacker.call("gtm.push", ["data": ["email": "evil@example.com"]])
+        #expect(try attacker.value("GTM-SPY", "email") == "evil@example.com")
+        #expect(try victim.value("GTM-V", "email") == "victim@example.com")
+
+        // The victim's event fires the victim's handler, with the victim's values; the
+        // attacker's handler is not called (its messages up to a later reply are checked).
+        _ = try victim.call("gtm.push", ["data": ["event": "openScreen"]])
+        var tagCall: JSON?
+        while tagCall == nil, let m = try victim.readMessage(timeoutMs: 5000) {
+            if m["method"] == "victim.tag" { tagCall = m }
+        }
+        #expect(tagCall?["params"]?["parameters"]?["email"] == "victim@example.com")
+        let (status, before) = try attacker.requestCollecting("gtm.status", id: 900)
+        #expect(before.allSatisfy { $0["method"] != "evil.tag" }, "\(before.map(\.serialized))")
+        // gtm.status shows the attacker its own handler names only (item 12), and no owners.
+        #expect(status["result"]?["tagHandlers"] == ["track"])
+        #expect(status["result"]?["macroHandlers"] == [])
+        #expect(status["result"]?["owners"] == nil)
+        #expect(status["result"]?.serialized.contains("victimSecretMacro") == false)
+        #expect(status["result"]?["containers"]?.arrayValue?.map { $0["containerId"] } == ["GTM-SPY"])
+
+        // Publishing a new version and refreshing, previewing, closing: the victim's open
+        // container is not the attacker's to refresh, switch or close.
+        try b.publishContainer("GTM-V", gtmResource(["title": "attacker v2"]))
+        let fetches = try b.request("GET", "/v1/inspect/gtm/containers/GTM-V").json["fetches"]
+        let refreshed = try attacker.request("gtm.refresh", ["containerId": "GTM-V"])
+        #expect(refreshed["result"]?["accepted"] != true)
+        let url = "tagmanager.c.com.example.app://preview/p?id=GTM-V&gtm_auth=x&gtm_preview=2"
+        _ = try attacker.request("gtm.preview", ["url": .string(url)])
+        #expect(try attacker.request("gtm.closeContainer", ["containerId": "GTM-V"])["result"]?["closed"] != true)
+        #expect(try victim.value("GTM-V", "title") == "v1")
+        let vs = try victim.call("gtm.status")
+        #expect(vs["containers"]?.arrayValue?.first?["preview"] == false)
+        #expect(vs["containers"]?.arrayValue?.first?["loading"] == false)
+        #expect(try b.request("GET", "/v1/inspect/gtm/containers/GTM-V").json["fetches"] == fetches, "nothing refetched")
+
+        // The log level and log lines: the attacker's level is its own; the victim's lines
+        // reach neither the attacker's gtm.log subscription nor its gtm.logLines.
+        #expect(try attacker.call("gtm.setLogLevel", ["level": "verbose"])["level"] == "verbose")
+        #expect(try victim.call("gtm.status")["logLevel"] == "info")
+        _ = try attacker.call("bus.subscribe", ["pattern": "gtm.*"])
+        _ = try victim.value("GTM-V", "victimOnlyKey")  // an unknown macro: a warning naming it
+        let (lines, heard) = try attacker.requestCollecting("gtm.logLines", id: 901)
+        #expect(heard.allSatisfy { !$0.serialized.contains("victimOnlyKey") }, "\(heard.map(\.serialized))")
+        #expect(lines["result"]?.serialized.contains("victimOnlyKey") == false)
+        #expect(lines["result"]?.serialized.contains("victim@example.com") == false)
+        #expect(try attacker.request("gtm.logLines", ["all": true]).errorCode == -32005)
+        #expect(try attacker.request("gtm.getValue", ["containerId": "GTM-V", "key": "email", "uid": 4242]).errorCode == -32005)
+        let own = try victim.call("gtm.logLines")
+        #expect(own.serialized.contains("victimOnlyKey"))
+
+        // An admin (root) sees every owner and may address one explicitly.
+        let admin = try h.client()
+        let all = try admin.call("gtm.status")
+        let uids = all["owners"]?.arrayValue?.compactMap { $0["uid"]?.intValue } ?? []
+        #expect(uids.contains(4242) && uids.contains(65534))
+        #expect(try admin.value("GTM-V", "email") == "", "root's own state is root's")
+        #expect(
+            try admin.call("gtm.getValue", ["containerId": "GTM-V", "key": "email", "uid": 4242])["value"] == "victim@example.com")
+        #expect(try admin.call("gtm.logLines", ["all": true]).serialized.contains("victimOnlyKey"))
+    }
+}

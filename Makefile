@@ -37,10 +37,19 @@ MQTT_LISTEN ?= 127.0.0.1:1883
 MQTT_PORT = $(lastword $(subst :, ,$(MQTT_LISTEN)))
 run: build
 	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
-	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": 1883|"port": $(MQTT_PORT)|' etc/pylon.json > $(RUN_DIR)/pylon.json
-	@sed -e 's|^listener 1883 127.0.0.1|listener $(MQTT_PORT) 127.0.0.1|' etc/mosquitto.conf > $(RUN_DIR)/mosquitto.conf
+	@# Secrets (mode 0600, kept across runs): the operator token, the enrolment secret every plugin
+	@# presents (credentialFile) and the backend's broker password; the broker's dynsec file.
+	@umask 077; for f in operator.token device.key broker.password; do [ -s $(RUN_DIR)/$$f ] \
+	  || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > $(RUN_DIR)/$$f; chmod 600 $(RUN_DIR)/$$f; done
+	@[ -s $(RUN_DIR)/dynsec.json ] || tools/pylon-dynsec-init $(RUN_DIR)/dynsec.json pylon-backend $(RUN_DIR)/broker.password
+	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": 1883|"port": $(MQTT_PORT)|' \
+	  -e 's|/etc/pylon/device.key|$(RUN_DIR)/device.key|g' etc/pylon.json > $(RUN_DIR)/pylon.json
+	@sed -e 's|^listener 1883 127.0.0.1|listener $(MQTT_PORT) 127.0.0.1|' -e 's|^plugin_opt_config_file .*|plugin_opt_config_file $(RUN_DIR)/dynsec.json|' \
+	  -e "s|^plugin /usr/lib/.*|plugin $$(ls /usr/lib/*/mosquitto_dynamic_security.so | head -n1)|" etc/mosquitto.conf > $(RUN_DIR)/mosquitto.conf
 	@(cd $(RUN_DIR) && exec mosquitto -c $(RUN_DIR)/mosquitto.conf 2>>$(RUN_DIR)/mosquitto.log) & broker=$$!; \
-	.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db --mqtt $(MQTT_LISTEN) > $(RUN_DIR)/backend.out & backend=$$!; \
+	.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db --mqtt $(MQTT_LISTEN) \
+	  --operator-token-file $(RUN_DIR)/operator.token --enrol-secret-file $(RUN_DIR)/device.key \
+	  --mqtt-username pylon-backend --mqtt-password-file $(RUN_DIR)/broker.password --mqtt-dynsec > $(RUN_DIR)/backend.out & backend=$$!; \
 	trap 'kill $$backend $$broker 2>/dev/null' EXIT INT TERM; \
 	for i in $$(seq 50); do grep -q listening $(RUN_DIR)/backend.out 2>/dev/null && break; \
 	  kill -0 $$backend 2>/dev/null || break; sleep 0.1; done; \
@@ -48,6 +57,8 @@ run: build
 	  echo "make run: pylon-backend could not listen on $(BACKEND_LISTEN) (in use by another 'make run'?); choose another: make run BACKEND_LISTEN=127.0.0.1:8790 MQTT_LISTEN=127.0.0.1:1884 RUN_DIR=..." >&2; exit 1; fi; \
 	echo "mosquitto: $(MQTT_LISTEN)   pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"; \
 	echo "use: export PYLON_SOCKET=$(PYLON_SOCKET) PATH=$(CURDIR)/.build/debug:\$$PATH   then: pylonctl status"; \
+	echo "operator API (token in $(RUN_DIR)/operator.token, mode 0600):"; \
+	echo "  curl -H \"Authorization: Bearer \$$(cat $(RUN_DIR)/operator.token)\" http://$(BACKEND_LISTEN)/v1/inspect/stats"; \
 	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config $(RUN_DIR)/pylon.json
 
 ## pytest for the Python client tests (pip, as the issue asks; Debian's python3 needs --break-system-packages).

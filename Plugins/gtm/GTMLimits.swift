@@ -6,6 +6,8 @@ import PylonTagEngine
 struct GTMLimits {
     /// Base URL of the container backend (`GET /v1/gtm/containers/{id}`).
     var backend = "http://127.0.0.1:8780"
+    /// The device credential file sent as `Authorization: Bearer` (config `credentialFile`).
+    var credentialFile: String?
     /// Directory of default containers (`<id>`, `<id>.plist`, `<id>.json`).
     var defaultsDir = ""
     /// Automatic refresh period (a saved container older than this is stale).
@@ -58,6 +60,7 @@ struct GTMLimits {
 
     init(_ c: JSON) {
         if let s = c["backend"]?.stringValue { backend = s }
+        credentialFile = c["credentialFile"]?.stringValue
         if let s = c["defaultsDir"]?.stringValue { defaultsDir = s }
         func int(_ k: String, _ min: Int64 = 1) -> Int64? {
             guard let v = c[k]?.intValue, v >= min else { return nil }

@@ -12,7 +12,8 @@ extension MAService {
     /// One attempt with the body serialised once for all retries.
     private func post(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, _ done: @escaping (Result<JSON, MAError>) -> Void) {
         let req = HTTPRequest(
-            method: "POST", url: backendURL + path, headers: [("Content-Type", "application/json")],
+            method: "POST", url: backendURL + path,
+            headers: [("Content-Type", "application/json")] + DeviceCredential.headers(credentialFile, log: plugin.log),
             body: body, timeoutMs: 10_000)
         http.send(req) { [unowned self] r in
             switch r {

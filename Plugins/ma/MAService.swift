@@ -24,6 +24,8 @@ final class MAService {
     /// connected. (The host delivers a client's requests before its `bus.client.closed`.)
     var liveClients: [Int64: Set<String>] = [:]
     var backendURL = "http://127.0.0.1:8780"
+    /// The device credential file sent as `Authorization: Bearer` (config `credentialFile`).
+    var credentialFile: String?
     var defaultProject: String?
     /// Per-install vendor id (`idfv` on Linux), persisted.
     var vendorId = ""
@@ -95,6 +97,7 @@ final class MAService {
     func ready() {
         let c = plugin.config
         if let u = c["backend"]?.stringValue { backendURL = u }
+        credentialFile = c["credentialFile"]?.stringValue
         defaultProject = c["project"]?.stringValue
         advertisingId = c["advertisingId"]?.stringValue
         carrier = c["carrier"]?.stringValue

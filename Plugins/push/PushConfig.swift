@@ -27,6 +27,15 @@ enum PushCode {
 /// Configuration (plugin `config` in pylon.json); every limit is named here.
 struct PushConfig {
     var backend = "http://127.0.0.1:8780"
+    /// The enrolment credential presented to `POST /v1/devices/register` (the fleet-level device
+    /// key the other plugins' `credentialFile` names too); none: the backend's open enrolment.
+    var credentialFile: String?
+    /// Where the device token the backend issues is kept (mode 0600); default
+    /// `<stateDir>/device.token`. Other plugins may name it as their `credentialFile`.
+    var deviceTokenFile: String?
+    /// Uids (besides admin clients) that may change this device's push identity
+    /// (`push.bind`, `push.unbind`, `push.setDeviceToken`) and see it in `push.status`.
+    var ownerUids: Set<Int64> = []
     var broker: JSON = .object([:])
     /// Registration waits for `push.register` ("privacy control at startup").
     var deferRegistration = false
@@ -50,6 +59,9 @@ struct PushConfig {
 
     init(_ j: JSON) {
         if let v = j["backend"]?.stringValue { backend = v }
+        credentialFile = j["credentialFile"]?.stringValue
+        deviceTokenFile = j["deviceTokenFile"]?.stringValue
+        if let a = j["ownerUids"]?.arrayValue { ownerUids = Set(a.compactMap { $0.intValue }.filter { $0 >= 0 }) }
         if let v = j["broker"], v.objectValue != nil { broker = v }
         if let v = j["deferRegistration"]?.boolValue { deferRegistration = v }
         func int(_ k: String, _ range: ClosedRange<Int64>) -> Int64? {

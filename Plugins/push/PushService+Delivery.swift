@@ -156,11 +156,11 @@ extension PushService {
             store.commit()
             pendingDeletes.removeAll(keepingCapacity: true)
         }
-        guard !pendingAcks.isEmpty, let token = reg.token, let mqtt, mqtt.state == .connected else { return }
+        guard !pendingAcks.isEmpty, let device = deviceId, let mqtt, mqtt.state == .connected else { return }
         let ids = pendingAcks
         pendingAcks = []
         let body = JSON.object(["ids": .array(ids.map { .string($0) })]).serialized
-        mqtt.publish("pylon/push/ack/" + token, Array(body.utf8), qos: 1)
+        mqtt.publish("pylon/push/ack/" + device, Array(body.utf8), qos: 1)
     }
 
     // MARK: Attach / detach

@@ -2,14 +2,38 @@ import PylonPluginKit
 import PylonStore
 
 /// The bus methods other than attach/detach (push.md's table).
+///
+/// The device's push identity (its token and bound user) is the device owner's: `push.bind`,
+/// `push.unbind` and `push.setDeviceToken` need an admin client (host `disclosure.admins`) or a
+/// uid in the plugin's `ownerUids` (or another plugin calling on its own); others get 3003.
+/// `push.status` and `push.register` show the token, install id, device id and bound user to
+/// those callers only; other callers see the connection and counters and their own apps.
 extension PushService {
+    /// Whether `call`'s caller may change or see the device's push identity.
+    func isOwner(_ call: Call) -> Bool {
+        guard let c = call.caller else { return false }
+        if c["admin"]?.boolValue == true { return true }
+        if c["client"] == nil, c["plugin"] != nil { return true }  // a plugin on its own behalf
+        guard let uid = c["uid"]?.intValue else { return false }
+        return config.ownerUids.contains(uid)
+    }
+
+    /// 3003 unless the caller owns the device's push identity (`isOwner`).
+    func requireOwner(_ call: Call) -> Bool {
+        guard isOwner(call) else {
+            call.reply(reply(PushCode.notPermitted, "changing this device's push identity needs an admin client or a uid in ownerUids"))
+            return false
+        }
+        return true
+    }
+
     /// `push.register {timeoutMs?}` → `{code, token}`; 3001 when no token within the wait.
     func registerCall(_ call: Call) {
         let timeout = call.params["timeoutMs"]?.intValue.map { min(max($0, 1), 600_000) } ?? config.tokenWaitMs
         perform(reg.requestRegistration())
         waitForToken(timeoutMs: timeout) { [unowned self] token in
             if let token {
-                call.reply(self.reply(PushCode.ok, "", ["token": .string(token)]))
+                call.reply(self.reply(PushCode.ok, "", self.isOwner(call) ? ["token": .string(token)] : [:]))
             } else {
                 call.reply(self.reply(PushCode.needToken, "NEED_DELIVERYTOKEN"))
             }
@@ -18,10 +42,21 @@ extension PushService {
 
     /// `push.setDeviceToken {token}`: a token obtained elsewhere (hex), registered for this install.
     func setDeviceToken(_ call: Call) {
+        guard requireOwner(call) else { return }
         guard let t = call.params["token"]?.stringValue?.lowercased(), (16...128).contains(t.utf8.count),
             t.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
         else {
             call.reply(reply(PushCode.invalidParams, "token must be 16 to 128 hex digits"))
+            return
+        }
+        guard deviceToken != nil else {
+            registerDevice { [unowned self] ok in
+                if ok {
+                    self.setDeviceToken(call)
+                } else {
+                    call.reply(self.reply(PushCode.backend, "the device could not register with the push backend"))
+                }
+            }
             return
         }
         post("/v1/push/register", ["installId": .string(installId), "token": .string(t)]) { [unowned self] r in
@@ -37,7 +72,6 @@ extension PushService {
     private func tokenFromApp(_ t: String) {
         let old = reg.token
         try? store.set("token", t)
-        subscribe(t)
         perform(reg.setToken(t))
         if old != nil, old != t, let user = boundUser {
             enqueueOp(timedOut: {}) { [unowned self] tok, finish in
@@ -49,6 +83,7 @@ extension PushService {
     /// `push.bind` / `push.unbind {userId}` → `{code, message}`, in call order, each after a token
     /// exists (3001 when the wait times out), 3012 without a user id.
     func bind(_ call: Call, unbind: Bool) {
+        guard requireOwner(call) else { return }
         guard let user = call.params["userId"]?.stringValue?.trimmedPush, !user.isEmpty else {
             call.reply(reply(PushCode.needUserId, "NEED_USERID"))
             return
@@ -195,19 +230,21 @@ extension PushService {
         }
     }
 
-    /// `push.status`: connection, registration, attachments, inbox and counters (no message content).
-    func status() -> JSON {
+    /// `push.status`: connection, registration, attachments, inbox and counters (no message
+    /// content). The identity (token, install id, device id, bound user) and other uids' apps
+    /// only for an owner (`isOwner`).
+    func status(for call: Call) -> JSON {
+        let owner = isOwner(call)
+        let uid = call.caller?["uid"]?.intValue
         let d = delivery.counters
         let c = counters
-        return [
+        var o: JSONObject = [
             "code": 0,
             "connection": .string(mqtt?.state.rawValue ?? "disconnected"),
             "lastError": mqtt?.lastError.map { .string($0) } ?? .null,
             "registration": .string(reg.phase.rawValue),
-            "token": reg.token.map { .string($0) } ?? .null,
-            "installId": .string(installId),
-            "boundUser": boundUser.map { .string($0) } ?? .null,
-            "attachedApps": .array(attached.keys.sorted().map { .string($0) }),
+            "deviceRegistered": .bool(deviceToken != nil),
+            "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),
             "inbox": [
                 "count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
                 "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes)),
@@ -222,6 +259,13 @@ extension PushService {
                 "brokerConnects": .int(Int64(mqtt?.connects ?? 0)), "brokerDisconnects": .int(Int64(mqtt?.disconnects ?? 0)),
             ],
         ]
+        if owner {
+            o["token"] = reg.token.map { .string($0) } ?? .null
+            o["installId"] = .string(installId)
+            o["deviceId"] = deviceId.map { .string($0) } ?? .null
+            o["boundUser"] = boundUser.map { .string($0) } ?? .null
+        }
+        return .object(o)
     }
 }
 

@@ -4,6 +4,10 @@ import PylonMQTT
 import PylonPluginKit
 import PylonStore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The push plugin's shell: it feeds the `Registration` and `Delivery` machines with events
 /// from the bus, the broker, the backend and the clock, and performs their actions (HTTP calls,
 /// SQLite writes, app callbacks, one timer armed for the next deadline).
@@ -18,6 +22,11 @@ final class PushService {
     var activities = LiveActivities()
     var counters = PushCounters()
     var installId = ""
+    /// This device's token from `POST /v1/devices/register` (`pd1.<deviceId>.<secret>`): the
+    /// bearer credential of the push calls and the broker password; nil until registered.
+    var deviceToken: String?
+    var deviceId: String?
+    var deviceTokenPath = ""
     var boundUser: String?
     var subscribedTopic: String?
     var seq: Int64 = 0
@@ -57,13 +66,18 @@ final class PushService {
 
     func start() {
         config = PushConfig(plugin.config)
-        let path = (plugin.stateDir.isEmpty ? "." : plugin.stateDir) + "/push.db"
+        let dir = plugin.stateDir.isEmpty ? "." : plugin.stateDir
+        let path = dir + "/push.db"
         do throws(SQLiteError) {
             store = try PushStore(path: path, maxSeen: config.maxSeen)
         } catch {
             log.error("cannot open the push database", ["path": path, "error": error.description])
             System.exit(1)
         }
+        // Messages and the install id are this device's: owner-only (SQLite gives -wal/-shm the same mode).
+        for f in [path, path + "-wal", path + "-shm"] { _ = chmod(f, 0o600) }
+        deviceTokenPath = config.deviceTokenFile ?? dir + "/device.token"
+        if case .success(let t) = DeviceCredential.load(deviceTokenPath) { useDeviceToken(t) }
         http = HTTPClient(loop: plugin.loop)
         timer = Timer(loop: plugin.loop) { [unowned self] in self.tick() }
         ackFlush = Timer(loop: plugin.loop) { [unowned self] in self.flushAcks() }
@@ -86,8 +100,38 @@ final class PushService {
             let schema = a.schema.flatMap { try? JSON.parse($0) }.flatMap { LiveActivities.parseSchema($0) } ?? nil
             activities.restore(activityId: a.id, pushToken: a.pushToken, appId: a.appId, schema: schema)
         }
+        if deviceToken != nil { startBroker() }
+        restoreAttachments()
+        perform(reg.start())
+        arm()
+        log.info(
+            "push ready",
+            [
+                "deviceRegistered": deviceToken != nil, "pushToken": token != nil, "deferred": config.deferRegistration,
+                "inbox": delivery.count,
+            ])
+        log.debug("push identity", ["installId": installId, "deviceId": deviceId ?? "none"])
+    }
+
+    /// Adopts a device token (`pd1.<deviceId>.<secret>`): its device id names the topics.
+    func useDeviceToken(_ t: String) {
+        let parts = t.split(separator: ".")
+        guard parts.count == 3, parts[0] == "pd1" else {
+            log.warn("stored device token malformed; registering again")
+            return
+        }
+        deviceToken = t
+        deviceId = String(parts[1])
+    }
+
+    /// Connects to the broker with the device's credential (username = device id, password = the
+    /// device token, client id `pylon-push-<installId>`, which the broker binds to the credential).
+    func startBroker() {
+        guard mqtt == nil, let deviceToken, let deviceId else { return }
         var o = MQTTOptions(json: config.broker, clientId: "pylon-push-" + installId)
         o.cleanSession = false
+        o.username = deviceId
+        o.password = deviceToken
         let client = MQTTClient(loop: plugin.loop, options: o)
         client.onMessage = { [unowned self] topic, payload in self.received(topic: topic, payload) }
         client.onReadBatchBegin = { [unowned self] in self.store.begin() }
@@ -98,17 +142,8 @@ final class PushService {
         }
         client.onDisconnect = { [unowned self] why in self.log.warn("broker connection lost", ["reason": why]) }
         mqtt = client
-        if let token { subscribe(token) }
+        subscribe()
         client.start()
-        restoreAttachments()
-        perform(reg.start())
-        arm()
-        log.info(
-            "push ready",
-            [
-                "installId": installId, "token": token ?? "none", "deferred": config.deferRegistration,
-                "inbox": delivery.count,
-            ])
     }
 
     func shutdown() {
@@ -147,11 +182,10 @@ final class PushService {
 
     // MARK: Registration
 
-    func subscribe(_ token: String) {
-        let topic = "pylon/push/d/" + token
-        guard topic != subscribedTopic else { return }
-        // The old token is retired by the backend: nothing more arrives on its topic.
-        if let old = subscribedTopic { mqtt?.unsubscribe(old) }
+    /// The device's own topic (by device id: a new push token keeps it).
+    func subscribe() {
+        guard let deviceId, subscribedTopic == nil else { return }
+        let topic = "pylon/push/d/" + deviceId
         subscribedTopic = topic
         mqtt?.subscribe(topic, qos: 1)
     }
@@ -175,7 +209,20 @@ final class PushService {
         kickOps()
     }
 
+    /// Registers the device first when it has no device token (`POST /v1/devices/register`
+    /// with the enrolment credential), then its push token.
     private func register(given: String? = nil) {
+        guard deviceToken != nil else {
+            registerDevice { [unowned self] ok in
+                if ok {
+                    self.register(given: given)
+                } else {
+                    self.reg.failed(now: self.now)
+                    self.arm()
+                }
+            }
+            return
+        }
         var body: JSONObject = ["installId": .string(installId)]
         if let g = given { body["token"] = .string(g) }
         post("/v1/push/register", .object(body)) { [unowned self] r in
@@ -184,6 +231,11 @@ final class PushService {
                 self.tokenChanged(j["token"]!.stringValue!)
             case .success(let j):
                 self.log.warn("registration refused", ["reply": j.serialized])
+                self.reg.failed(now: self.now)
+            case .failure(let why) where why.status == 401:
+                // The backend no longer knows this device token: enrol again on the next attempt.
+                self.log.warn("device token refused; registering the device again")
+                self.forgetDeviceToken()
                 self.reg.failed(now: self.now)
             case .failure(let why):
                 self.log.warn("registration failed; retrying", ["error": why])
@@ -196,7 +248,6 @@ final class PushService {
     private func tokenChanged(_ token: String) {
         let old = reg.token
         try? store.set("token", token)
-        subscribe(token)
         perform(reg.succeeded(token: token))
         if old != nil, old != token, let user = boundUser {
             log.info("device token changed: rebinding", ["userId": user])
@@ -246,10 +297,43 @@ final class PushService {
 
     // MARK: Backend
 
-    /// POSTs JSON to the backend; `.failure` for network errors and non-2xx (counted).
-    func post(_ path: String, _ body: JSON, _ done: @escaping (Result<JSON, PushFailure>) -> Void) {
+    /// `POST /v1/devices/register {installId}` with the enrolment credential (`credentialFile`;
+    /// none: open enrolment); stores the device token (0600) and connects to the broker with it.
+    func registerDevice(_ done: @escaping (Bool) -> Void) {
+        let headers = DeviceCredential.headers(config.credentialFile, log: log)
+        post("/v1/devices/register", ["installId": .string(installId)], headers: headers) { [unowned self] r in
+            guard case .success(let j) = r, let t = j["token"]?.stringValue else {
+                if case .failure(let e) = r { self.log.warn("device registration failed", ["error": e.description]) }
+                done(false)
+                return
+            }
+            guard DeviceCredential.store(t, at: self.deviceTokenPath) else {
+                self.log.error("cannot store the device token", ["path": self.deviceTokenPath])
+                done(false)
+                return
+            }
+            self.useDeviceToken(t)
+            guard self.deviceToken != nil else { done(false); return }
+            self.log.info("device registered")
+            self.startBroker()
+            done(true)
+        }
+    }
+
+    /// Drops a device token the backend refused (the next registration enrols again).
+    func forgetDeviceToken() {
+        deviceToken = nil
+        unlink(deviceTokenPath)
+    }
+
+    /// POSTs JSON to the backend with the device token (or `headers`); `.failure` for network
+    /// errors and non-2xx (counted).
+    func post(
+        _ path: String, _ body: JSON, headers: [(String, String)]? = nil, _ done: @escaping (Result<JSON, PushFailure>) -> Void
+    ) {
+        let auth = headers ?? deviceToken.map { [("Authorization", "Bearer " + $0)] } ?? []
         let req = HTTPRequest(
-            method: "POST", url: config.backend + path, headers: [("Content-Type", "application/json")],
+            method: "POST", url: config.backend + path, headers: [("Content-Type", "application/json")] + auth,
             body: Array(body.serialized.utf8), timeoutMs: config.httpTimeoutMs)
         http.send(req) { [unowned self] r in
             switch r {
@@ -258,7 +342,7 @@ final class PushService {
             case .success(let resp):
                 self.counters.backendErrors += 1
                 self.log.warn("backend error", ["path": path, "status": resp.status])
-                done(.failure(PushFailure("backend answered \(resp.status)")))
+                done(.failure(PushFailure("backend answered \(resp.status)", status: resp.status)))
             case .failure(let e):
                 self.counters.backendErrors += 1
                 done(.failure(PushFailure(e.description)))
@@ -286,5 +370,10 @@ final class PushService {
 /// Why a backend call failed.
 struct PushFailure: Error, CustomStringConvertible {
     let description: String
-    init(_ d: String) { description = d }
+    /// The HTTP status when the backend answered (nil: network error).
+    var status: Int?
+    init(_ d: String, status: Int? = nil) {
+        description = d
+        self.status = status
+    }
 }

@@ -19,6 +19,6 @@ plugin.method("openLogReport", consent: "push:opens") { call in push.openLogRepo
 plugin.method("liveActivityBind") { call in push.liveActivityBind(call) }
 plugin.method("attach") { call in push.attach(call) }
 plugin.method("detach") { call in push.detach(call) }
-plugin.method("status") { call in call.reply(push.status()) }
+plugin.method("status") { call in call.reply(push.status(for: call)) }
 
 plugin.run()

@@ -538,7 +538,7 @@ final class Uploader {
             method: "POST", url: url,
             headers: [
                 ("Content-Type", "application/json"), ("Content-Encoding", "gzip"), ("Idempotency-Key", key),
-            ], body: gz, timeoutMs: limits.requestTimeoutMs)
+            ] + DeviceCredential.headers(config.credentialFile, log: plugin.log), body: gz, timeoutMs: limits.requestTimeoutMs)
         http.send(req) { [unowned self] r in
             let outcome: UploadOutcome
             switch r {

@@ -88,6 +88,8 @@ struct UploaderConfig {
     /// Hosts endpoints may name (lower-case); nil: any.
     var allowedHosts: Set<String>?
     var catalog = StreamCatalog()
+    /// The device credential file sent as `Authorization: Bearer` (docs/SECURITY.md, "Backend").
+    var credentialFile: String?
 
     init() {}
 
@@ -100,6 +102,10 @@ struct UploaderConfig {
         if let e = c["endpoint"] {
             guard let s = e.stringValue else { throw UploaderConfigError("endpoint must be a string") }
             defaultEndpoint = s
+        }
+        if let v = c["credentialFile"], v != .null {
+            guard let s = v.stringValue, !s.isEmpty else { throw UploaderConfigError("credentialFile must be a path") }
+            credentialFile = s
         }
         if let v = try int("maxDiskBytes", min: 1) { limits.maxDiskBytes = v }
         if let v = try int("maxDiskBytesPerOwner", min: 1) { limits.maxDiskBytesPerOwnerSetting = v }

@@ -32,6 +32,8 @@ struct APIError: Error {
     var allow: String? = nil
     /// Seconds for a `Retry-After` header (injected faults).
     var retryAfter: Int? = nil
+    /// For 401: the `WWW-Authenticate` challenge.
+    var wwwAuthenticate: String? = nil
 
     var body: JSON { ["error": .string(message), "code": .string(code.rawValue)] }
 

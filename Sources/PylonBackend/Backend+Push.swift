@@ -2,10 +2,12 @@ import PylonCore
 import PylonMQTT
 import PylonStore
 
-/// The push API: device registration, user and Live Activity bindings (device side), the admin
-/// send API that publishes to the broker with QoS 1, and inspection. Wire topics:
-/// `pylon/push/d/{token}` carries a device's messages, `pylon/push/ack/{token}` its apps'
-/// delivery acknowledgements (`{"ids": [msgId, ...]}`).
+/// The push API: push-token registration, user and Live Activity bindings (device side, each
+/// with the calling device's own token), the admin send API that publishes to the broker with
+/// QoS 1, and inspection. Wire topics, by the device id of `POST /v1/devices/register`:
+/// `pylon/push/d/{deviceId}` carries a device's messages, `pylon/push/ack/{deviceId}` its apps'
+/// delivery acknowledgements (`{"ids": [msgId, ...]}`); the broker lets each device read and
+/// write only its own (`Backend+Broker.swift`).
 extension Backend {
     /// Push limits (named, answered with 400/413 when exceeded).
     enum PushLimits {
@@ -19,23 +21,29 @@ extension Backend {
         static let defaultExpiredSeconds: Int64 = 3 * 86400
     }
 
-    static func deviceTopic(_ token: String) -> String { "pylon/push/d/" + token }
+    static func deviceTopic(_ deviceId: String) -> String { "pylon/push/d/" + deviceId }
+    static func ackTopic(_ deviceId: String) -> String { "pylon/push/ack/" + deviceId }
     static let ackTopicFilter = "pylon/push/ack/+"
 
     /// Connects the backend to the broker and records acknowledgements the devices publish.
     package func attachBroker(_ client: MQTTClient) {
         mqtt = client
         client.subscribe(Backend.ackTopicFilter, qos: 1)
+        if dynsec { client.subscribe(Backend.dynsecResponseTopic, qos: 1) }
         client.onMessage = { [unowned self] topic, payload in
+            if topic.hasPrefix(Backend.dynsecResponseTopic) {
+                self.dynsecResponse(payload)
+                return
+            }
             guard topic.hasPrefix("pylon/push/ack/") else { return }
-            let token = String(topic.dropFirst("pylon/push/ack/".count))
+            let device = String(topic.dropFirst("pylon/push/ack/".count))
             guard let j = try? JSONRef.parse(payload, maxDepth: 8).json, let ids = j["ids"]?.arrayValue else {
-                self.log.warn("push: malformed ack", ["token": token])
+                self.log.warn("push: malformed ack", ["deviceId": device])
                 return
             }
             let now = System.wallClockMs()
             for id in ids.compactMap(\.stringValue) {
-                do throws(SQLiteError) { try self.store.pushMark("acked_at", msgId: id, token: token, now: now) } catch {
+                do throws(SQLiteError) { try self.store.pushMarkAcked(msgId: id, deviceId: device, now: now) } catch {
                     self.log.error("push: ack not stored", ["error": error.description])
                 }
             }
@@ -43,6 +51,7 @@ extension Backend {
         // PUBACKs and acks read together are recorded in one transaction.
         client.onReadBatchBegin = { [unowned self] in try? self.store.db.exec("BEGIN") }
         client.onReadBatchEnd = { [unowned self] in try? self.store.db.exec("COMMIT") }
+        client.onConnect = { [unowned self] _ in self.brokerConnected() }
         client.start()
     }
 
@@ -57,7 +66,12 @@ extension Backend {
 
     /// `POST /v1/push/{register|bind|unbind|liveactivity}`: replies `{code, message}` with the
     /// service's codes (3012 no user id, 3001 no/unknown device token).
-    func pushCall(_ request: HTTPRequest, _ call: String) throws(APIError) -> HTTPResponse {
+    ///
+    /// The caller is a registered device (`Access.pushDevice`): it registers push tokens for its
+    /// own install only, and binds users and Live Activities to its own active tokens only; a
+    /// Live Activity bound by another device stays with that device (3003).
+    func pushCall(_ request: HTTPRequest, _ call: String, _ principal: Principal) throws(APIError) -> HTTPResponse {
+        guard case .device(_, let ownInstall) = principal else { throw .forbidden("push calls need a device token") }
         let body = try jsonBody(request)
         guard body.objectValue != nil else { throw .badRequest(.invalidRequest, "body must be a JSON object") }
         let now = System.wallClockMs()
@@ -67,9 +81,8 @@ extension Backend {
             return HTTPResponse(.object(o))
         }
         if call == "register" {
-            guard let install = try field(body, "installId"), !install.isEmpty else {
-                throw .badRequest(.invalidRequest, "installId is required")
-            }
+            let install = try field(body, "installId") ?? ownInstall
+            guard install == ownInstall else { throw .forbidden("installId is not the calling device's") }
             let renew = body["renew"]?.boolValue ?? false
             let given = try field(body, "token")
             if let g = given,
@@ -86,7 +99,7 @@ extension Backend {
             return reply(0, "", ["token": .string(r.token), "previous": r.previous.map { .string($0) } ?? .null])
         }
         guard let token = try field(body, "token"), !token.isEmpty,
-            try storage({ () throws(SQLiteError) in try store.pushDeviceActive(token) })
+            try storage({ () throws(SQLiteError) in try store.pushTokenBelongs(token, installId: ownInstall) })
         else {
             return reply(3001, "NEED_DELIVERYTOKEN")
         }
@@ -105,9 +118,14 @@ extension Backend {
             else {
                 return reply(3002, "activityId, pushToken and appId are required")
             }
-            try storage { () throws(SQLiteError) in
-                try store.pushBindActivity(activityId: act, pushToken: pt, token: token, appId: app, now: now)
+            let taken = try storage { () throws(SQLiteError) in
+                try store.transaction { () throws(SQLiteError) -> Bool in
+                    if let holder = try store.pushActivityInstall(act), holder != ownInstall { return true }
+                    try store.pushBindActivity(activityId: act, pushToken: pt, token: token, appId: app, now: now)
+                    return false
+                }
             }
+            if taken { return reply(3003, "activity \(act) is bound to another device") }
             return reply(0, "")
         }
     }
@@ -181,7 +199,7 @@ extension Backend {
         guard payload.utf8.count <= PushLimits.maxPayloadBytes else {
             throw .tooLarge("the message exceeds \(PushLimits.maxPayloadBytes) bytes")
         }
-        let tokens = resolved.tokens
+        let tokens = resolved.devices.map(\.token)
         try storage { () throws(SQLiteError) in
             try store.transaction { () throws(SQLiteError) in
                 try store.pushRecordSend(
@@ -190,8 +208,8 @@ extension Backend {
             }
         }
         let bytes = Array(payload.utf8)
-        for t in tokens {
-            mqtt.publish(Backend.deviceTopic(t), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
+        for (t, device) in resolved.devices {
+            mqtt.publish(Backend.deviceTopic(device), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
                 guard ok else { self.log.warn("push: publish failed", ["msgId": msgId, "token": t]); return }
                 do throws(SQLiteError) { try self.store.pushMark("puback_at", msgId: msgId, token: t, now: System.wallClockMs()) } catch {}
             }

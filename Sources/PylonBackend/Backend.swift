@@ -18,17 +18,38 @@ package final class Backend {
     let log = Log("backend")
     /// The broker connection push sends are published through (`--mqtt`); nil without one.
     package var mqtt: MQTTClient?
+    /// The secrets requests are authenticated with (`Auth.swift`).
+    package var credentials = Credentials()
+    /// `/v1/faults` exists only with `--enable-fault-injection` (tests); otherwise it is 404.
+    package var faultsEnabled = false
+    /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
+    package var dynsec = false
+    /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
+    var pendingDynsec: [String: [UInt8]] = [:]
 
     package init(store: Store, maxBody: Int) {
         self.store = store
         self.maxBody = maxBody
     }
 
-    /// Counts the request, applies injected faults unless the path is exempt, then routes.
-    /// A request answered by a fault never reaches its handler, so it stores nothing.
+    /// Counts the request, routes it, authenticates the caller (`Auth.swift`), applies injected
+    /// faults unless the path is exempt, then runs the handler. A request refused or answered by
+    /// a fault never reaches its handler, so it stores nothing.
     package func handle(_ request: HTTPRequest) -> Disposition {
         let path = request.path
         stats.count(path: path)
+        // A refused credential is answered at once (it consumes no injected fault); routing
+        // errors (404, 405, 400) are subject to faults like any request.
+        let admitted: Result<(Endpoint, Principal), APIError>
+        do throws(APIError) {
+            admitted = .success(try admit(request))
+        } catch {
+            if error.status == 401 || error.status == 403 {
+                log.info("refused", ["method": request.method, "path": path, "status": error.status])
+                return .respond(HTTPResponse(error), delayMs: 0)
+            }
+            admitted = .failure(error)
+        }
         var delay: UInt64 = 0
         if !Router.isFaultExempt(path) {
             delay = UInt64(faults.latencyMs)
@@ -47,7 +68,8 @@ package final class Backend {
         }
         let response: HTTPResponse
         do throws(APIError) {
-            response = try route(request)
+            let (endpoint, principal) = try admitted.get()
+            response = try route(request, endpoint, principal)
         } catch {
             response = HTTPResponse(error)
         }
@@ -55,14 +77,23 @@ package final class Backend {
         return .respond(response, delayMs: delay)
     }
 
-    private func route(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
+    /// The endpoint and the authenticated caller, or the error to answer: 404/405/400 from
+    /// routing, 404 for the fault API unless `faultsEnabled`, 401/403 from `authorize`.
+    private func admit(_ request: HTTPRequest) throws(APIError) -> (Endpoint, Principal) {
         switch Router.match(method: request.method, path: request.path) {
         case .notFound: throw .notFound(request.path)
         case .methodNotAllowed(let allowed): throw .methodNotAllowed(request.method, allowed: allowed)
         case .badParameter(let why): throw .badRequest(.invalidRequest, why)
         case .endpoint(let e):
+            if !faultsEnabled, e == .getFaults || e == .setFaults || e == .clearFaults { throw .notFound(request.path) }
+            return (e, try authorize(request, e.access))
+        }
+    }
+
+    private func route(_ request: HTTPRequest, _ e: Endpoint, _ principal: Principal) throws(APIError) -> HTTPResponse {
             switch e {
             case .health: return HTTPResponse(["ok": true])
+            case .deviceRegister: return try registerDevice(request, principal)
             case .ingest(let stream): return try ingest(request, stream: stream)
             case .inspectStream(let stream): return try inspect(stream: stream)
             case .inspectRecords(let stream): return try records(request, stream: stream)
@@ -83,7 +114,7 @@ package final class Backend {
             case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
             case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
             case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
-            case .pushCall(let call): return try pushCall(request, call)
+            case .pushCall(let call): return try pushCall(request, call, principal)
             case .pushSend: return try pushSend(request)
             case .pushInspect(let what): return try pushInspect(request, what)
             case .gtmPublished(let id): return try gtmPublished(request, id: id)
@@ -91,7 +122,6 @@ package final class Backend {
             case .gtmPublish(let id): return try gtmPublish(request, id: id)
             case .gtmInspect(let id): return try gtmInspect(id: id)
             }
-        }
     }
 
     // MARK: Endpoints

@@ -52,6 +52,7 @@ package struct HTTPResponse {
         var h: [(String, String)] = []
         if let allow = error.allow { h.append(("Allow", allow)) }
         if let ra = error.retryAfter { h.append(("Retry-After", String(ra))) }
+        if let w = error.wwwAuthenticate { h.append(("WWW-Authenticate", w)) }
         self.init(status: error.status, headers: h, error.body)
     }
 

@@ -12,11 +12,29 @@ package struct Options {
     package var logLevel = Log.Level.info
     /// The MQTT broker push sends are published to (`--mqtt HOST:PORT`); none by default.
     package var mqtt: (host: String, port: UInt16)?
+    /// `--mqtt-username` / `--mqtt-password-file`: the backend's broker login.
+    package var mqttUsername: String?
+    package var mqttPasswordFile: String?
+    /// `--mqtt-dynsec`: the broker runs mosquitto's dynamic-security plugin with this login as
+    /// its admin; registering a device creates its broker client and role.
+    package var mqttDynsec = false
+    /// `--operator-token-file`: the admin and inspection endpoints' bearer token (0600 file).
+    package var operatorTokenFile: String?
+    /// `--enrol-secret-file`: the enrolment secret devices register with (0600 file), also
+    /// accepted as a fleet-level device key on ingest, MA and container fetches.
+    package var enrolSecretFile: String?
+    /// `--open-enrolment`: anyone may register a new device (no enrolment secret).
+    package var openEnrolment = false
+    /// `--enable-fault-injection`: serve `/v1/faults` (tests); 404 otherwise.
+    package var faultInjection = false
 
     package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
-                             [--log-level LEVEL] [--mqtt HOST:PORT]
+                             [--log-level LEVEL] [--mqtt HOST:PORT] [--mqtt-username USER]
+                             [--mqtt-password-file PATH] [--mqtt-dynsec]
+                             [--operator-token-file PATH] [--enrol-secret-file PATH | --open-enrolment]
+                             [--enable-fault-injection]
 
           --listen HOST:PORT  address to listen on (default 127.0.0.1:8780; port 0 picks a free port;
                               IPv6 as [::1]:PORT)
@@ -32,6 +50,23 @@ package struct Options {
           --log-level LEVEL   debug, info, warn or error (default info)
           --mqtt HOST:PORT    MQTT broker for the push API (MQTT 5, QoS 1); without it push sends
                               answer 503
+          --mqtt-username USER, --mqtt-password-file PATH
+                              the backend's broker login (password file mode 0600)
+          --mqtt-dynsec       the broker runs mosquitto's dynamic-security plugin and USER is its
+                              admin: registering a device creates its broker client (username =
+                              device id, password = device token, fixed client id) and a role
+                              limited to the device's own topics
+          --operator-token-file PATH
+                              the operator token (a 0600 file): /v1/admin/*, /v1/inspect/* and
+                              /v1/faults need "Authorization: Bearer <token>"; without this
+                              option they answer 403
+          --enrol-secret-file PATH
+                              the enrolment secret (a 0600 file) POST /v1/devices/register needs;
+                              also accepted as the fleet-level device key on ingest, MA and
+                              container fetches
+          --open-enrolment    anyone may register a new device (no secret; see docs/SECURITY.md)
+          --enable-fault-injection
+                              serve /v1/faults (tests only; 404 without it)
 
         Prints "pylon-backend listening on HOST:PORT" on stdout once it accepts connections.
         """
@@ -76,11 +111,24 @@ package struct Options {
                 let v = try value()
                 guard let hp = splitHostPort(v) else { throw UsageError(description: "--mqtt expects HOST:PORT, got \(v)") }
                 o.mqtt = hp
+            case "--mqtt-username": o.mqttUsername = try value()
+            case "--mqtt-password-file": o.mqttPasswordFile = try value()
+            case "--mqtt-dynsec": o.mqttDynsec = true
+            case "--operator-token-file": o.operatorTokenFile = try value()
+            case "--enrol-secret-file": o.enrolSecretFile = try value()
+            case "--open-enrolment": o.openEnrolment = true
+            case "--enable-fault-injection": o.faultInjection = true
             case "-h", "--help":
                 throw UsageError(description: "")
             default:
                 throw UsageError(description: "unknown argument \(a)")
             }
+        }
+        if o.openEnrolment && o.enrolSecretFile != nil {
+            throw UsageError(description: "--open-enrolment and --enrol-secret-file exclude each other")
+        }
+        if o.mqttDynsec && (o.mqtt == nil || o.mqttUsername == nil) {
+            throw UsageError(description: "--mqtt-dynsec needs --mqtt and --mqtt-username")
         }
         return o
     }

@@ -3,6 +3,8 @@ import PylonProtocol
 /// The backend's endpoints, one case per (method, path template).
 enum Endpoint: Equatable {
     case health
+    /// `POST /v1/devices/register`: a device credential for an install (`Backend+Devices.swift`).
+    case deviceRegister
     case ingest(stream: String)
     case inspectStream(String)
     case inspectRecords(String)
@@ -56,6 +58,7 @@ enum Router {
         func starts(_ fixed: String...) -> Bool { segs.starts(with: fixed) }
         switch segs.count {
         case 1 where starts("healthz"): return pick([("GET", .health)])
+        case 3 where starts("v1", "devices", "register"): return pick([("POST", .deviceRegister)])
         case 3 where starts("v1", "batches"): return stream(segs[2]) { [("POST", .ingest(stream: $0))] }
         case 3 where starts("v1", "inspect", "stats"): return pick([("GET", .stats)])
         case 3 where starts("v1", "admin", "reset"): return pick([("POST", .reset)])

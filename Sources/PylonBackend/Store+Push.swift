@@ -104,24 +104,54 @@ extension Store {
             [.text(activityId), .text(pushToken), .text(token), .text(appId), .int(now)])
     }
 
-    /// The device tokens a target resolves to (and, for an activity, the app that bound it).
-    func pushResolve(targetType: String, target: String) throws(SQLiteError) -> (tokens: [String], appId: String?) {
+    /// The active push tokens a target resolves to, each with the device id of its install
+    /// (whose topic carries the message), and for an activity the app that bound it. Tokens of
+    /// installs without a device (none since device registration is required) are left out.
+    func pushResolve(targetType: String, target: String) throws(SQLiteError) -> (
+        devices: [(token: String, deviceId: String)], appId: String?
+    ) {
+        let join = """
+            SELECT p.token, d.device_id FROM push_devices p JOIN devices d ON d.install_id = p.install_id
+            WHERE p.active = 1
+            """
+        func rows(_ sql: String, _ args: [SQLValue]) throws(SQLiteError) -> [(token: String, deviceId: String)] {
+            try db.query(sql, args).compactMap { r in r[0].text.flatMap { t in r[1].text.map { (t, $0) } } }
+        }
         switch targetType {
         case "device":
-            return (try pushDeviceActive(target) ? [target] : [], nil)
+            return (try rows(join + " AND p.token = ?", [.text(target)]), nil)
         case "user":
             return (
-                try db.query("SELECT token FROM push_bindings WHERE user_id = ? ORDER BY token", [.text(target)]).compactMap { $0[0].text },
+                try rows(
+                    join + " AND p.token IN (SELECT token FROM push_bindings WHERE user_id = ?) ORDER BY p.token", [.text(target)]),
                 nil
             )
         case "activity":
             guard let r = try db.query("SELECT token, app_id FROM push_activities WHERE activity_id = ?", [.text(target)]).first else {
                 return ([], nil)
             }
-            return ([r[0].text ?? ""], r[1].text)
+            return (try rows(join + " AND p.token = ?", [r[0]]), r[1].text)
         default:  // broadcast: every active device
-            return (try db.query("SELECT token FROM push_devices WHERE active = 1 ORDER BY token").compactMap { $0[0].text }, nil)
+            return (try rows(join + " ORDER BY p.token", []), nil)
         }
+    }
+
+    /// The install whose token holds Live Activity `activityId`, if any.
+    func pushActivityInstall(_ activityId: String) throws(SQLiteError) -> String? {
+        try db.query(
+            "SELECT p.install_id FROM push_activities a JOIN push_devices p ON p.token = a.token WHERE a.activity_id = ?",
+            [.text(activityId)]
+        ).first?.first?.text
+    }
+
+    /// Records a device's acknowledgement of `msgId` (on whichever of its tokens it was sent to).
+    func pushMarkAcked(msgId: String, deviceId: String, now: Int64) throws(SQLiteError) {
+        try db.run(
+            """
+            UPDATE push_deliveries SET acked_at = coalesce(acked_at, ?) WHERE msg_id = ? AND token IN
+                (SELECT p.token FROM push_devices p JOIN devices d ON d.install_id = p.install_id WHERE d.device_id = ?)
+            """,
+            [.int(now), .text(msgId), .text(deviceId)])
     }
 
     /// The msgId of an earlier send with the same app, target and msgKey.

@@ -103,6 +103,7 @@ package final class Store {
                 try db.exec(Store.maSchema)
                 try db.exec(Store.pushSchema)
                 try db.exec(Store.gtmSchema)
+                try db.exec(Store.devicesSchema)
             }
         } catch {
             db.close()

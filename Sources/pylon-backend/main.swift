@@ -37,6 +37,27 @@ do {
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
+func secret(_ path: String?, _ what: String) -> [UInt8]? {
+    guard let path else { return nil }
+    do throws(Credentials.FileError) {
+        return try Credentials.readSecret(path)
+    } catch {
+        log.error("cannot use the \(what) file", ["error": error.description])
+        System.exit(1)
+    }
+}
+backend.credentials.operatorToken = secret(options.operatorTokenFile, "operator token")
+backend.credentials.enrolSecret = secret(options.enrolSecretFile, "enrolment secret")
+backend.credentials.openEnrolment = options.openEnrolment
+backend.faultsEnabled = options.faultInjection
+backend.dynsec = options.mqttDynsec
+if backend.credentials.operatorToken == nil {
+    log.warn("no --operator-token-file: the admin and inspection endpoints answer 403")
+}
+if backend.credentials.enrolSecret == nil && !options.openEnrolment {
+    log.warn("no --enrol-secret-file or --open-enrolment: devices cannot register")
+}
+if options.faultInjection { log.warn("fault injection enabled (/v1/faults): for tests only") }
 if let m = options.mqtt {
     var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
     o.host = m.host
@@ -44,6 +65,8 @@ if let m = options.mqtt {
     o.cleanSession = true
     o.protocolVersion = 5
     o.keepaliveS = 30
+    o.username = options.mqttUsername
+    if let pw = secret(options.mqttPasswordFile, "broker password") { o.password = String(decoding: pw, as: UTF8.self) }
     o.backoffInitialMs = 100
     o.backoffMaxMs = 5000
     backend.attachBroker(MQTTClient(loop: loop, options: o))
@@ -67,7 +90,9 @@ log.info(
     [
         "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
         "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
-        "bodyTimeoutMs": options.timeouts.bodyMs,
+        "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
+        "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),
+        "faultInjection": options.faultInjection, "dynsec": options.mqttDynsec,
     ])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.

@@ -2,6 +2,36 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
+/// The secrets every `BackendProcess` is started with (`auth: true`): `RawHTTPClient.message`
+/// sends the operator token to /v1/admin, /v1/inspect and /v1/faults and the enrolment secret
+/// (the fleet-level device key) to the other /v1 paths unless a request names its own
+/// `Authorization` header (an empty value sends none).
+enum TestCredentials {
+    static let operatorToken = "test-operator-token-0123456789abcdef"
+    static let deviceKey = "test-device-key-0123456789abcdef"
+
+    /// Writes both (mode 0600) into `dir`; the backend arguments that use them.
+    static func arguments(_ dir: String, faults: Bool = true) throws -> [String] {
+        for (name, v) in [("operator.token", operatorToken), ("enrol.secret", deviceKey)] {
+            let p = dir + "/" + name
+            try (v + "\n").write(toFile: p, atomically: true, encoding: .utf8)
+            chmod(p, 0o600)
+        }
+        return ["--operator-token-file", dir + "/operator.token", "--enrol-secret-file", dir + "/enrol.secret"]
+            + (faults ? ["--enable-fault-injection"] : [])
+    }
+
+    /// The header `RawHTTPClient.message` adds for `target`.
+    static func header(for target: String) -> (String, String)? {
+        let raw = target.split(separator: "?").first.map(String.init) ?? target
+        let path = raw.removingPercentEncoding ?? raw
+        for p in ["/v1/admin/", "/v1/inspect/", "/v1/faults"] where path.hasPrefix(p) {
+            return ("Authorization", "Bearer " + operatorToken)
+        }
+        return path.hasPrefix("/v1/") ? ("Authorization", "Bearer " + deviceKey) : nil
+    }
+}
+
 /// A real `pylon-backend` on 127.0.0.1 with a free port, its stderr in a temporary log file.
 final class BackendProcess {
     let process = Process()
@@ -11,9 +41,11 @@ final class BackendProcess {
 
     /// Starts the binary with `--listen 127.0.0.1:0` plus `arguments` and waits for its
     /// `pylon-backend listening on HOST:PORT` line.
-    init(_ arguments: [String] = [], dir existing: String? = nil) throws {
+    /// `auth`: with `TestCredentials` and the fault API.
+    init(_ arguments: [String] = [], dir existing: String? = nil, auth: Bool = true) throws {
         dir = existing ?? NSTemporaryDirectory() + "pylon-backend-test-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let arguments = (auth ? try TestCredentials.arguments(dir) : []) + arguments
         logPath = dir + "/backend.log"
         process.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
         process.arguments = ["--listen", "127.0.0.1:0", "--log-level", "debug"] + arguments

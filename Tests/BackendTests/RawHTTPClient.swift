@@ -40,7 +40,11 @@ final class RawHTTPClient {
     /// Serialises a request; `Content-Length` is added for a non-empty body unless given.
     static func message(_ method: String, _ target: String, headers: [(String, String)] = [], body: [UInt8] = []) -> [UInt8] {
         var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        for (k, v) in headers { head += "\(k): \(v)\r\n" }
+        var headers = headers
+        if !headers.contains(where: { $0.0.lowercased() == "authorization" }), let h = TestCredentials.header(for: target) {
+            headers.append(h)
+        }
+        for (k, v) in headers where !(k.lowercased() == "authorization" && v.isEmpty) { head += "\(k): \(v)\r\n" }
         let hasLength = headers.contains { $0.0.lowercased() == "content-length" || $0.0.lowercased() == "transfer-encoding" }
         if !hasLength && (!body.isEmpty || method == "POST") { head += "Content-Length: \(body.count)\r\n" }
         head += "\r\n"

@@ -10,13 +10,13 @@ final class PushWorld {
 
     init() throws {
         broker = try TestBroker()
-        backend = try TestBackend(mqttPort: broker.port)
+        backend = try TestBackend(broker: broker)
     }
 
     /// The uploader and the push plugin against this world, fast retries for tests.
     func plugins(_ extra: JSONObject = [:]) -> [JSON] {
         var cfg: JSONObject = [
-            "backend": .string(backend.baseURL),
+            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile),
             "broker": [
                 "host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500,
             ],
@@ -400,7 +400,7 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         let h = try TestHost(plugins: w.plugins(["maxPayloadBytes": 1024, "ackTimeoutMs": 400]))
         let token = try h.pushToken()
         let pid = try h.plugin("push")["pid"]?.intValue
-        let topic = "pylon/push/d/" + token
+        let topic = "pylon/push/d/" + (try #require(try h.pushStatus()["deviceId"]?.stringValue))
         try w.broker.publishRaw(topic: topic, Array("not json".utf8))
         try w.broker.publishRaw(topic: topic, Array(#"{"id":"x"}"#.utf8))
         try w.broker.publishRaw(topic: topic, [UInt8](repeating: 0x7B, count: 4096))
@@ -447,5 +447,92 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         var titles: [String] = []
         while let p = try app.receive(timeoutMs: 1000) { titles.append(p["message"]?["title"]?.stringValue ?? "") }
         #expect(titles == ["m2", "m3", "m4"])
+    }
+}
+
+/// The broker as Pylon configures it (issue 21 item 2): dynamic security, no anonymous clients,
+/// one credential and client id per device, each device limited to its own topics. The hostile
+/// clients run as uid 65534.
+@Suite(.serialized) struct PushBrokerSecurityTests {
+    @Test func anonymousAndForeignClientsGetNothingAndForgeNothing() throws {
+        let w = try PushWorld()
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        let status = try h.pushStatus()
+        let victim = try #require(status["deviceId"]?.stringValue)
+        let clientId = "pylon-push-" + (try #require(status["installId"]?.stringValue))
+        let connects = try #require(status["counters"]?["brokerConnects"]?.intValue)
+
+        // Anonymous: refused (CONNACK 5, not authorised), also with the device's client id.
+        #expect(try w.broker.probe(["--sub", "#"])["connack"] == 5)
+        #expect(try w.broker.probe(["--client-id", clientId, "--sub", "#"])["connack"] == 5)
+        // The victim's username with a wrong password: refused.
+        #expect(try w.broker.probe(["--user", victim, "--password", "guess-0123456789"])["connack"] == 5)
+
+        // Another device, registered with the backend: its credential works only with its own
+        // client id, and it may neither read the victim's topic (nor `#`) nor publish to it.
+        let reg = try w.backend.request("POST", "/v1/devices/register", body: ["installId": "attacker"])
+        #expect(reg.status == 200)
+        let attackerId = try #require(reg.json["deviceId"]?.stringValue)
+        let attackerToken = try #require(reg.json["token"]?.stringValue)
+        let creds = ["--user", attackerId, "--password", attackerToken]
+        #expect(try w.broker.probe(creds + ["--client-id", clientId])["connack"] == 5, "the victim's client id is not its")
+        #expect(try w.broker.probe(creds)["connack"] == 5, "a device credential needs its own client id")
+        let probe = try w.broker.probe(
+            creds + [
+                "--client-id", "pylon-push-attacker", "--sub", "#", "--sub", "pylon/push/d/" + victim, "--sub", "pylon/push/ack/+",
+                "--sub", "pylon/push/d/" + attackerId,
+                "--pub", "pylon/push/d/" + victim, #"{"id":"forged1","appId":"demo","title":"forged"}"#,
+                "--pub", "pylon/push/ack/" + victim, #"{"ids":["forged-ack"]}"#,
+            ])
+        #expect(probe["connack"] == 0)
+        #expect(probe["suback"] == [128, 128, 128, 1], "only its own topic")
+
+        // A genuine push reaches the victim's app; the forged one never did.
+        let app = try PushApp(h, appId: "demo")
+        let sent = try w.send(["appId": "demo", "target": .string(token), "title": "genuine"])
+        let got = try #require(try app.receive())
+        #expect(got["message"]?["title"] == "genuine")
+        #expect(try app.next(timeoutMs: 300) == nil, "no forged message")
+        #expect(try h.pushCounter("received") == 1)
+        let msgId = try #require(sent["msgId"]?.stringValue)
+        try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["ackedAt"]?.intValue != nil }
+        // An eavesdropper with its own credential saw nothing of it.
+        let late = try w.broker.probe(creds + ["--client-id", "pylon-push-attacker", "--sub", "#", "--wait-ms", "300"])
+        #expect(late["messages"] == [])
+        // The device's session was never taken over.
+        #expect(try h.pushCounter("brokerConnects") == connects)
+        #expect(try h.pushStatus()["connection"] == "connected")
+    }
+}
+
+/// Who may change the device's push identity and what `push.status` shows (issue 21 items 10,
+/// 12, 17): admins (and `ownerUids`) only.
+@Suite(.serialized) struct PushIdentityTests {
+    @Test func onlyAdminsOrOwnersChangeThePushIdentityAndSeeIt() throws {
+        let w = try PushWorld()
+        let h = try TestHost.open(plugins: w.plugins(["ownerUids": [4242]]))
+        let token = try h.pushToken()
+        #expect(pcode(try h.client().call("push.bind", ["userId": "alice"])) == 0)
+        let lines = [
+            #"{"jsonrpc":"2.0","id":1,"method":"push.bind","params":{"userId":"mallory"}}"#,
+            #"{"jsonrpc":"2.0","id":2,"method":"push.unbind","params":{"userId":"alice"}}"#,
+            #"{"jsonrpc":"2.0","id":3,"method":"push.setDeviceToken","params":{"token":"00112233445566778899aabbccddeeff"}}"#,
+            #"{"jsonrpc":"2.0","id":4,"method":"push.status"}"#,
+            #"{"jsonrpc":"2.0","id":5,"method":"push.register"}"#,
+        ]
+        let (r, _) = try h.runAs(uid: 65534, sequential: true, lines)
+        for i in 0..<3 { #expect(r[i]["result"]?["code"] == 3003, "\(r[i].serialized)") }
+        let st = try #require(r[3]["result"])
+        for k in ["token", "installId", "deviceId", "boundUser"] { #expect(st[k] == nil, "status shows \(k) to uid 65534") }
+        #expect(r[4]["result"]?["code"] == 0)
+        #expect(r[4]["result"]?["token"] == nil)
+        // Nothing changed at the backend or on the device.
+        #expect(try w.bindings()["bindings"] == [["token": .string(token), "userId": "alice"]])
+        #expect(try h.pushStatus()["token"] == .string(token))
+        // The configured owner uid may.
+        let (o, _) = try h.runAs(uid: 4242, sequential: true, [#"{"jsonrpc":"2.0","id":0,"method":"push.unbind","params":{"userId":"alice"}}"#])
+        #expect(o.first?["result"]?["code"] == 0)
+        #expect(try w.bindings()["bindings"] == [])
     }
 }

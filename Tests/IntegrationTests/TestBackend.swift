@@ -2,22 +2,42 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
-/// A real `pylon-backend` on a free loopback port with its own database.
+/// A real `pylon-backend` on a free loopback port with its own database, an operator token and
+/// an enrolment secret (the fleet-level device key plugins name as `credentialFile`), and the
+/// fault API (`--enable-fault-injection`).
 final class TestBackend {
     let dir: String
     let process: Process
     let port: Int
     var baseURL: String { "http://127.0.0.1:\(port)" }
+    static let operatorToken = "itest-operator-token-0123456789abcdef"
+    static let deviceKey = "itest-device-key-0123456789abcdef"
+    /// The device key file (0600) plugins present (`credentialFile`).
+    var credentialFile: String { dir + "/device.key" }
 
     /// - Parameter mqttPort: a broker on loopback for the push API (`--mqtt`).
-    init(maxBody: Int? = nil, mqttPort: Int? = nil) throws {
+    /// - Parameter broker: a broker on loopback for the push API (`--mqtt`), whose dynsec admin
+    ///   this backend is.
+    init(maxBody: Int? = nil, broker: TestBroker? = nil) throws {
         dir = NSTemporaryDirectory() + "pylon-backend-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        for (name, v) in [("operator.token", TestBackend.operatorToken), ("device.key", TestBackend.deviceKey)] {
+            try (v + "\n").write(toFile: dir + "/" + name, atomically: true, encoding: .utf8)
+            chmod(dir + "/" + name, 0o600)
+        }
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
         p.arguments =
-            ["--listen", "127.0.0.1:0", "--db", dir + "/backend.db"] + (maxBody.map { ["--max-body", String($0)] } ?? [])
-            + (mqttPort.map { ["--mqtt", "127.0.0.1:\($0)"] } ?? [])
+            [
+                "--listen", "127.0.0.1:0", "--db", dir + "/backend.db", "--operator-token-file", dir + "/operator.token",
+                "--enrol-secret-file", dir + "/device.key", "--enable-fault-injection",
+            ] + (maxBody.map { ["--max-body", String($0)] } ?? [])
+            + (broker.map {
+                [
+                    "--mqtt", "127.0.0.1:\($0.port)", "--mqtt-username", TestBroker.adminUser, "--mqtt-password-file",
+                    $0.adminPasswordFile, "--mqtt-dynsec",
+                ]
+            } ?? [])
         let out = Pipe()
         p.standardOutput = out
         _ = FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
@@ -47,7 +67,16 @@ final class TestBackend {
     }
 
     /// A minimal HTTP/1.1 exchange over a fresh connection (Connection: close).
-    func request(_ method: String, _ path: String, body: JSON? = nil) throws -> (status: Int, json: JSON) {
+    /// `auth`: the bearer token sent (nil: none); by default the operator token for /v1/admin,
+    /// /v1/inspect and /v1/faults and the device key for the other /v1 paths.
+    func request(_ method: String, _ path: String, body: JSON? = nil, auth: String?? = .none) throws -> (status: Int, json: JSON) {
+        let token: String? =
+            switch auth {
+            case .some(let t): t
+            case .none:
+                ["/v1/admin/", "/v1/inspect/", "/v1/faults"].contains(where: { path.hasPrefix($0) })
+                    ? TestBackend.operatorToken : (path.hasPrefix("/v1/") ? TestBackend.deviceKey : nil)
+            }
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }
         var addr = sockaddr_in()
@@ -61,6 +90,7 @@ final class TestBackend {
         let payload = body.map { Array($0.serialized.utf8) } ?? []
         var req = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n"
         if body != nil { req += "Content-Type: application/json\r\n" }
+        if let token { req += "Authorization: Bearer \(token)\r\n" }
         req += "\r\n"
         let bytes = Array(req.utf8) + payload
         _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
@@ -102,7 +132,7 @@ extension TestHost {
     /// The uploader plugin against `backend`, with per-stream overrides.
     static func uploader(_ backend: TestBackend, config extra: JSONObject = [:], _ plugin: JSONObject = [:]) -> JSON {
         var cfg: JSONObject = [
-            "endpoint": .string(backend.baseURL + "/v1/batches/{stream}"),
+            "endpoint": .string(backend.baseURL + "/v1/batches/{stream}"), "credentialFile": .string(backend.credentialFile),
             "retryInitialMs": 100, "retryMaxMs": 2000,
         ]
         for (k, v) in extra { cfg[k] = v }

@@ -2,19 +2,45 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
-/// A real mosquitto broker on a free loopback port, persistence on in its own directory.
+/// A real mosquitto broker on a free loopback port, persistence on in its own directory, with
+/// the configuration Pylon ships: no anonymous clients, mosquitto's dynamic-security plugin with
+/// `adminUser` (the backend's login) as its admin, initialised by `tools/pylon-dynsec-init`.
 final class TestBroker {
     let dir: String
     let port: Int
     private(set) var process: Process?
+    static let adminUser = "pylon-backend"
+    static let adminPassword = "itest-broker-admin-0123456789"
+    var adminPasswordFile: String { dir + "/admin.password" }
+
+    /// Debian's multiarch path of the dynamic-security plugin.
+    static var dynsecPlugin: String {
+        let dirs = (try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib")) ?? []
+        for d in dirs.sorted() where FileManager.default.fileExists(atPath: "/usr/lib/\(d)/mosquitto_dynamic_security.so") {
+            return "/usr/lib/\(d)/mosquitto_dynamic_security.so"
+        }
+        return "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+    }
 
     init() throws {
         dir = NSTemporaryDirectory() + "pylon-broker-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         port = try TestBroker.freePort()
+        try (TestBroker.adminPassword + "\n").write(toFile: adminPasswordFile, atomically: true, encoding: .utf8)
+        chmod(adminPasswordFile, 0o600)
+        let initTool = Process()
+        initTool.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        initTool.arguments = [
+            fixturesDir + "/../../tools/pylon-dynsec-init", dir + "/dynsec.json", TestBroker.adminUser, adminPasswordFile,
+        ]
+        try initTool.run()
+        initTool.waitUntilExit()
+        guard initTool.terminationStatus == 0 else { throw TestFailure(description: "pylon-dynsec-init failed") }
         let conf = """
             listener \(port) 127.0.0.1
-            allow_anonymous true
+            allow_anonymous false
+            plugin \(TestBroker.dynsecPlugin)
+            plugin_opt_config_file \(dir)/dynsec.json
             persistence true
             persistence_location \(dir)/
             autosave_interval 1
@@ -86,7 +112,7 @@ final class TestBroker {
     }
 
     /// Publishes raw bytes with QoS 0 from a throwaway MQTT 3.1.1 connection (hand-built
-    /// packets, so tests can send what no well-behaved publisher would).
+    /// packets, so tests can send what no well-behaved publisher would), logged in as the admin.
     func publishRaw(topic: String, _ payload: [UInt8]) throws {
         guard let fd = TestBroker.connect(port) else { throw TestFailure(description: "cannot connect to the broker") }
         defer { close(fd) }
@@ -101,7 +127,9 @@ final class TestBroker {
             return out
         }
         func str(_ s: String) -> [UInt8] { let u = Array(s.utf8); return [UInt8(u.count >> 8), UInt8(u.count & 0xFF)] + u }
-        let connectBody = str("MQTT") + [4, 0x02, 0, 60] + str("raw-" + UUID().uuidString.prefix(8))
+        let connectBody =
+            str("MQTT") + [4, 0xC2, 0, 60] + str("raw-" + UUID().uuidString.prefix(8)) + str(TestBroker.adminUser)
+            + str(TestBroker.adminPassword)
         let connect = [0x10] + remaining(connectBody.count) + connectBody
         let pubBody = str(topic) + payload
         let publish = [0x30] + remaining(pubBody.count) + pubBody
@@ -110,5 +138,23 @@ final class TestBroker {
         var buf = [UInt8](repeating: 0, count: 16)
         _ = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4, 0) }  // CONNACK
         usleep(50_000)
+    }
+}
+
+extension TestBroker {
+    /// Runs `Tests/fixtures/mqtt_probe.py` as `uid` (an unprivileged local user by default) against
+    /// this broker and returns its JSON result (`connack`, `suback`, `puback`, `messages`).
+    func probe(uid: UInt32 = 65534, _ arguments: [String]) throws -> JSON {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        p.arguments =
+            ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c",
+             try String(contentsOfFile: fixturesDir + "/mqtt_probe.py", encoding: .utf8), String(port)] + arguments
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return try JSON.parse(String(decoding: data, as: UTF8.self))
     }
 }

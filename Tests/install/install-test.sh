@@ -57,6 +57,8 @@ c.pop("socketGroup")
 for p in c["plugins"]:
     if p["name"] == "gtm":
         p["config"]["defaultsDir"] = sys.argv[4] + "/root/etc/pylon/gtm"
+    if "credentialFile" in p["config"]:
+        p["config"]["credentialFile"] = sys.argv[4] + "/device.key"
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 # PATH without the build directory: plugins come from pluginDir.
@@ -67,7 +69,10 @@ python3 -c "import json,sys; c=json.load(open('$tmp/pylon.json')); c['plugins'][
 if "$root/usr/bin/pylond" --check-config "$tmp/bad.json" 2>"$tmp/err"; then fail "check-config accepted a missing executable"; fi
 grep -q "pylon-nope not found" "$tmp/err" || fail "check-config did not name the missing executable"
 
-"$root/usr/bin/pylon-backend" --listen "127.0.0.1:$port" --db "$tmp/backend.db" >"$tmp/backend.out" 2>"$tmp/backend.log" & pids+=($!)
+# The backend's secrets (0600): the operator token and the enrolment secret the plugins present.
+(umask 077; echo "install-test-operator-token-0123" > "$tmp/operator.token"; echo "install-test-device-key-0123456" > "$tmp/device.key")
+"$root/usr/bin/pylon-backend" --listen "127.0.0.1:$port" --db "$tmp/backend.db" \
+    --operator-token-file "$tmp/operator.token" --enrol-secret-file "$tmp/device.key" >"$tmp/backend.out" 2>"$tmp/backend.log" & pids+=($!)
 "$root/usr/bin/pylond" --config "$tmp/pylon.json" 2>"$tmp/pylond.log" & pids+=($!)
 export PYLON_SOCKET=$tmp/pylon.sock
 ctl=$root/usr/bin/pylonctl
@@ -76,7 +81,7 @@ for i in $(seq 100); do "$ctl" ping >/dev/null 2>&1 && break; sleep 0.1; done
 for i in $(seq 100); do "$ctl" status --json | grep -q '"state":"running".*"state":"running"' && break; sleep 0.1; done
 "$ctl" call uploader.enqueue '{"stream":"install-test","records":[{"id":"r1","data":{"hello":1}}]}' >/dev/null || fail "enqueue"
 "$ctl" call uploader.flush '{"stream":"install-test","wait":true}' >/dev/null || fail "flush"
-out=$(curl -sf "http://127.0.0.1:$port/v1/inspect/streams/install-test") || fail "backend inspect"; echo "$out" | grep -q "\"records\":1" || fail "record not at the backend: $out"
+out=$(curl -sf -H "Authorization: Bearer $(cat "$tmp/operator.token")" "http://127.0.0.1:$port/v1/inspect/streams/install-test") || fail "backend inspect"; echo "$out" | grep -q "\"records\":1" || fail "record not at the backend: $out"
 "$ctl" metrics > "$tmp/metrics" || fail "pylonctl metrics"; grep -q "^pylon_plugin_up{plugin=\"uploader\"} 1" "$tmp/metrics" || { head -40 "$tmp/metrics"; fail "metrics"; }
 # bash completion: method names from the running host (bus.describe).
 comp=$(PATH="$root/usr/bin:$PATH" bash -c 'source "$1"; COMP_WORDS=(pylonctl call uploader.e); COMP_CWORD=2; _pylonctl; echo "${COMPREPLY[*]}"' _ \

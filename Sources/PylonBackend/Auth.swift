@@ -1,0 +1,176 @@
+import PylonCore
+import PylonStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who may call an endpoint (docs/SECURITY.md, "Backend"; the OpenAPI document's security
+/// schemes).
+///
+/// - `open`: anyone (`/healthz`).
+/// - `enrolment`: `POST /v1/devices/register`: the enrolment secret (`--enrol-secret-file`) as
+///   `Authorization: Bearer`, or nothing under `--open-enrolment`.
+/// - `device`: a device credential: a device token issued at registration, or the enrolment
+///   secret (the fleet-level device key every device is provisioned with).
+/// - `pushDevice`: a device token only: the push calls act on that device's own push identity.
+/// - `operator`: the operator token (`--operator-token-file`); without one configured these
+///   endpoints answer 403.
+enum Access: Equatable {
+    case open, enrolment, device, pushDevice, `operator`
+}
+
+extension Endpoint {
+    var access: Access {
+        switch self {
+        case .health: .open
+        case .deviceRegister: .enrolment
+        case .ingest, .maCall, .gtmPublished, .gtmDraft: .device
+        case .pushCall: .pushDevice
+        case .inspectStream, .inspectRecords, .stats, .reset, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
+            .maGetMetadata, .maSetMetadata, .maFindUser, .maInspectUser, .pushSend, .pushInspect, .gtmPublish, .gtmInspect:
+            .operator
+        }
+    }
+}
+
+/// The caller a request was authenticated as.
+enum Principal: Equatable {
+    case anonymous
+    case enrolment
+    /// A registered device (its id and install id).
+    case device(id: String, installId: String)
+    case `operator`
+}
+
+/// The secrets the backend checks requests against, read once at start.
+package struct Credentials {
+    package var operatorToken: [UInt8]?
+    package var enrolSecret: [UInt8]?
+    package var openEnrolment = false
+
+    package init() {}
+
+    /// Shortest and longest secret accepted in a token file (after trailing whitespace).
+    static let minSecretBytes = 16
+    static let maxSecretBytes = 4096
+
+    package struct FileError: Error, CustomStringConvertible { package let description: String }
+
+    /// Reads a secret file: it must be a regular file with no group or other permission bits
+    /// (0600 or 0400) and hold 16 to 4096 printable bytes (a trailing newline is dropped).
+    package static func readSecret(_ path: String) throws(FileError) -> [UInt8] {
+        var st = stat()
+        guard stat(path, &st) == 0 else { throw FileError(description: "\(path): \(String(cString: strerror(errno)))") }
+        guard (st.st_mode & S_IFMT) == S_IFREG else { throw FileError(description: "\(path) is not a regular file") }
+        guard st.st_mode & 0o077 == 0 else {
+            throw FileError(description: "\(path) is readable by group or others (mode must be 0600 or 0400)")
+        }
+        guard let raw = System.readFile(path, limit: maxSecretBytes + 2) else {
+            throw FileError(description: "\(path) cannot be read")
+        }
+        var b = raw[...]
+        while let l = b.last, l == 0x0A || l == 0x0D || l == 0x20 || l == 0x09 { b = b.dropLast() }
+        guard (minSecretBytes...maxSecretBytes).contains(b.count), b.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+            throw FileError(
+                description: "\(path) must hold \(minSecretBytes) to \(maxSecretBytes) printable ASCII characters without spaces")
+        }
+        return Array(b)
+    }
+
+    /// Constant-time comparison (the time depends on the lengths only).
+    static func equal(_ a: some Collection<UInt8>, _ b: [UInt8]) -> Bool {
+        guard a.count == b.count else { return false }
+        var d: UInt8 = 0
+        for (x, y) in zip(a, b) { d |= x ^ y }
+        return d == 0
+    }
+}
+
+/// Device tokens: `pd1.<deviceId>.<secret>`, the device id 16 hex digits, the secret 64.
+enum DeviceToken {
+    static let prefix = "pd1."
+
+    static func make(deviceId: String, secret: String) -> String { prefix + deviceId + "." + secret }
+
+    /// The device id and secret of a well-formed token.
+    static func parse(_ t: Substring) -> (deviceId: String, secret: String)? {
+        guard t.hasPrefix(prefix) else { return nil }
+        let rest = t.dropFirst(prefix.count)
+        guard let dot = rest.firstIndex(of: ".") else { return nil }
+        let id = rest[..<dot], secret = rest[rest.index(after: dot)...]
+        guard id.utf8.count == 16, secret.utf8.count == 64, isHex(id), isHex(secret) else { return nil }
+        return (String(id), String(secret))
+    }
+
+    static func isHex(_ s: Substring) -> Bool {
+        s.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    }
+}
+
+extension Backend {
+    /// The bearer token of `Authorization: Bearer <token>`, or nil.
+    static func bearer(_ request: HTTPRequest) -> Substring? {
+        guard let h = request.header("authorization") else { return nil }
+        let v = Substring(h)
+        guard v.count > 7, v.prefix(7).lowercased() == "bearer " else { return nil }
+        var t = v.dropFirst(7)
+        while t.first == " " { t = t.dropFirst() }
+        while t.last == " " { t = t.dropLast() }
+        return t.isEmpty ? nil : t
+    }
+
+    /// Authenticates `request` for an endpoint needing `access`: the principal, or 401 (no or
+    /// unknown credential) / 403 (a credential that may not call this endpoint, or the
+    /// endpoint's secret is not configured).
+    func authorize(_ request: HTTPRequest, _ access: Access) throws(APIError) -> Principal {
+        if access == .open { return .anonymous }
+        let token = Backend.bearer(request)
+        if access == .operator {
+            guard let op = credentials.operatorToken else {
+                throw .forbidden("the operator API is disabled: start the backend with --operator-token-file")
+            }
+            guard let token else { throw .unauthorized("the operator token is required (Authorization: Bearer)") }
+            guard Credentials.equal(token.utf8, op) else { throw .unauthorized("invalid operator token") }
+            return .operator
+        }
+        if access == .enrolment, token == nil {
+            guard credentials.openEnrolment else {
+                throw .unauthorized("the enrolment secret is required (Authorization: Bearer)")
+            }
+            return .anonymous
+        }
+        guard let token else { throw .unauthorized("a device credential is required (Authorization: Bearer)") }
+        if let (id, secret) = DeviceToken.parse(token) {
+            let row = try storage { () throws(SQLiteError) in try store.device(id) }
+            guard let row, Credentials.equal(secret.utf8, Array(row.secret.utf8)) else {
+                throw .unauthorized("invalid device token")
+            }
+            return .device(id: id, installId: row.installId)
+        }
+        if let e = credentials.enrolSecret, Credentials.equal(token.utf8, e) {
+            guard access != .pushDevice else {
+                throw .forbidden("push calls need this device's own token (POST /v1/devices/register)")
+            }
+            return .enrolment
+        }
+        if let op = credentials.operatorToken, Credentials.equal(token.utf8, op) {
+            throw .forbidden("the operator token is not a device credential")
+        }
+        throw .unauthorized("invalid credential")
+    }
+}
+
+extension APIError.Code {
+    static let unauthorized = APIError.Code(rawValue: "unauthorized")
+    static let forbidden = APIError.Code(rawValue: "forbidden")
+}
+
+extension APIError {
+    static func unauthorized(_ message: String) -> APIError {
+        APIError(status: 401, code: .unauthorized, message: message, wwwAuthenticate: "Bearer realm=\"pylon\"")
+    }
+    static func forbidden(_ message: String) -> APIError {
+        APIError(status: 403, code: .forbidden, message: message)
+    }
+}

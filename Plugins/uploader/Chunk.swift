@@ -113,6 +113,24 @@ struct Chunk {
         )
     }
 
+    /// Record `i`'s `ts` (written by `append` as decimal digits after the id).
+    static func ts(_ body: UnsafeRawBufferPointer, _ index: UnsafeRawBufferPointer, _ i: Int) -> Int64 {
+        let id = record(body, index, i).escapedID
+        var j = id.baseAddress! - body.baseAddress! + id.count + #","ts":"#.utf8.count
+        let end = span(index, i).upperBound
+        var negative = false
+        if j < end, body[j] == UInt8(ascii: "-") {
+            negative = true
+            j += 1
+        }
+        var v: Int64 = 0
+        while j < end, body[j] >= 0x30, body[j] <= 0x39 {
+            v = v &* 10 &+ Int64(body[j] - 0x30)
+            j += 1
+        }
+        return negative ? -v : v
+    }
+
     /// Splits after the first `k` records (0 < k < count): the head and the rest.
     func split(at k: Int) -> (head: Chunk, tail: Chunk) {
         index.withUnsafeBytes { ix in

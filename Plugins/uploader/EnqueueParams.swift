@@ -43,13 +43,28 @@ struct EnqueueParams {
         RPCError(.invalidParams, "at most \(limits.maxRecordsPerCall) records per call")
     }
     static func idError(_ i: Int) -> RPCError {
-        RPCError(.invalidParams, "records[\(i)].id must be a non-empty string of at most 128 bytes")
+        RPCError(
+            .invalidParams,
+            "records[\(i)].id must be a string of 1-\(maxIdBytes) bytes without control characters (U+0000-U+001F, U+007F)")
+    }
+    static func tsError(_ i: Int) -> RPCError {
+        RPCError(.invalidParams, "records[\(i)].ts must be a non-negative integer (milliseconds since the epoch)")
     }
     static func sizeError(_ i: Int, _ limits: UploaderLimits) -> RPCError {
         RPCError(.invalidParams, "records[\(i)] is larger than \(limits.maxRecordBytes) bytes")
     }
     /// The longest record id, in bytes.
     static let maxIdBytes = 128
+
+    /// Whether `id` (its UTF-8 bytes, unescaped) is an id the uploader stores: 1-128 bytes and no
+    /// control character (U+0000-U+001F, U+007F). The backend refuses a batch holding any other
+    /// (`Router.invalidName` in Sources/PylonBackend: at most 256 bytes, no byte below 0x20 or
+    /// 0x7F) with a 400, which set the whole batch aside: ids it would refuse are refused here,
+    /// at the enqueue, instead.
+    static func isValidID(_ id: UnsafeRawBufferPointer) -> Bool {
+        guard !id.isEmpty, id.count <= maxIdBytes else { return false }
+        return !id.contains { $0 < 0x20 || $0 == 0x7F }
+    }
 
     // MARK: From a json-c tree
 
@@ -89,7 +104,8 @@ struct EnqueueParams {
             var dataObj: OpaquePointer?
             var tsObj: OpaquePointer?
             guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
-                case let n = json_object_get_string_len(idObj), n > 0, n <= maxIdBytes, let id = json_object_get_string(idObj)
+                case let n = json_object_get_string_len(idObj), let id = json_object_get_string(idObj),
+                isValidID(UnsafeRawBufferPointer(start: id, count: Int(n)))
             else { return .failure(idError(i)) }
             // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
             // else); a record without `data` is stored whole.
@@ -101,6 +117,8 @@ struct EnqueueParams {
             var ts = wall
             if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
                 ts = json_object_get_int64(tsObj)
+                // The backend refuses a negative ts (400), as it does a bad id.
+                guard ts >= 0 else { return .failure(tsError(i)) }
             }
             bytes += Chunk.estimatedCharge(idBytes: Int(n), dataBytes: bodyLen)
             records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
@@ -181,7 +199,7 @@ struct EnqueueParams {
             }
             let idBytes = (id.lowerBound + 1)..<(id.upperBound - 1)
             guard !RawJSON.contains(t, idBytes, UInt8(ascii: "\\")) else { return nil }
-            guard idBytes.count > 0, idBytes.count <= maxIdBytes else {
+            guard isValidID(UnsafeRawBufferPointer(rebasing: t[idBytes])) else {
                 p.records = .failure(idError(i))
                 return p
             }
@@ -204,6 +222,10 @@ struct EnqueueParams {
             var ts = wall
             if let s = r.ts, RawJSON.isNumber(t[s.lowerBound]) {
                 if let v = RawJSON.plainInt(t, s) {
+                    guard v >= 0 else {
+                        p.records = .failure(tsError(i))
+                        return p
+                    }
                     ts = v
                 } else if !RawJSON.isFraction(t, s) {
                     return nil  // an integer beyond Int64: json-c clamps it

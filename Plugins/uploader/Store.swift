@@ -42,9 +42,9 @@ final class UploaderStore {
     static let inBatch = "stream=(SELECT stream FROM batches WHERE key=?1) AND batch=?1"
 
     /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
-    private(set) var ids: [String: Set<RecordKey>] = [:]
+    var ids: [String: Set<RecordKey>] = [:]
     /// Queue position of the next record (chunks are ordered by their first record's position).
-    private var nextPosition: Int64 = 0
+    var nextPosition: Int64 = 0
 
     /// Whether pages freed by the next delete are overwritten with zeros (`PRAGMA
     /// secure_delete=ON`, Debian's default) or only the bytes on pages written anyway (`FAST`).
@@ -88,7 +88,7 @@ final class UploaderStore {
             CREATE TABLE IF NOT EXISTS dead_letters(
               seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
               body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
-              at_ms INTEGER NOT NULL);
+              at_ms INTEGER NOT NULL, ts INTEGER);
             -- endpoint: no longer written or read (endpoints are operator configuration only;
             -- one saved by a caller before is ignored); kept so existing queues open unchanged.
             CREATE TABLE IF NOT EXISTS stream_settings(
@@ -99,6 +99,7 @@ final class UploaderStore {
               stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
         try migrateRecordsTable()
+        try addDeadLetterTS()
         if version == 2 {
             // Format 2 counted only `data`: each chunk's bytes as this release counts them.
             try db.exec(
@@ -456,60 +457,17 @@ final class UploaderStore {
     /// Deletes batch `key`'s chunks and its `batches` row, once the caller has deleted the
     /// chunks' bodies. Inside a transaction; the chunks go before the row, as `inBatch` finds
     /// them through it.
-    private func dropRows(ofBatch key: String) throws(SQLiteError) {
+    func dropRows(ofBatch key: String) throws(SQLiteError) {
         try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
         try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
     }
 
     /// Records of `stream` left the disk: their ids may be enqueued again. (A batch's records
     /// are all of one stream.)
-    private func forget(_ gone: [RecordKey], of stream: String) {
+    func forget(_ gone: [RecordKey], of stream: String) {
         guard var set = ids.removeValue(forKey: stream) else { return }
         for k in gone { set.remove(k) }
         if !set.isEmpty { ids[stream] = set }
-    }
-
-    /// Sets a rejected batch aside record by record: kept for inspection, never retried.
-    func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws(SQLiteError) -> Int {
-        // A batch's records are all of one stream.
-        var gone: [RecordKey] = []
-        var stream = ""
-        let n = try db.transaction { () throws(SQLiteError) -> Int in
-            var rows: [(stream: String, chunk: Chunk)] = []
-            let s = try db.prepare(
-                "SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first"
-            )
-            try s.bind([.text(key)])
-            while try s.step() { rows.append((s.text(0), Chunk(body: s.withBlob(1) { Array($0) }, index: s.withBlob(2) { Array($0) }))) }
-            s.reset()
-            var letters: [(stream: String, id: String, data: String)] = []
-            for r in rows {
-                r.chunk.body.withUnsafeBytes { body in
-                    r.chunk.index.withUnsafeBytes { index in
-                        for i in 0..<r.chunk.count {
-                            let rec = Chunk.record(body, index, i)
-                            gone.append(RecordKey(rec.escapedID))
-                            stream = r.stream
-                            // The id as the caller sent it (the chunk holds it JSON-escaped).
-                            let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
-                            letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self)))
-                        }
-                    }
-                }
-            }
-            let ins = try db.prepare("INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms) VALUES(?,?,?,?,?,?,?)")
-            for l in letters {
-                ins.reset()
-                try ins.bind([.text(l.stream), .text(l.id), .text(l.data), .text(key), .int(Int64(status)), .text(reason), .int(nowMs)])
-                while try ins.step() {}
-            }
-            let n = letters.count
-            try db.run("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch))", [.text(key)])
-            try dropRows(ofBatch: key)
-            return n
-        }
-        forget(gone, of: stream)
-        return n
     }
 
     /// Dissolves batches, in one transaction, so their records are cut again (after a 413):
@@ -578,24 +536,6 @@ final class UploaderStore {
 
     func totalBytes() throws(SQLiteError) -> Int {
         Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM chunks").first?[0].int ?? 0)
-    }
-
-    func deadLetterCount(stream: String) throws(SQLiteError) -> Int {
-        Int(try db.query("SELECT COUNT(*) FROM dead_letters WHERE stream=?", [.text(stream)]).first?[0].int ?? 0)
-    }
-
-    /// Dead letters of `streams` (nil: every stream), oldest first.
-    func deadLetters(streams: [String]?, limit: Int) throws(SQLiteError) -> [[SQLValue]] {
-        let cols = "SELECT stream,id,body,batch,status,reason,at_ms FROM dead_letters"
-        guard let streams else { return try db.query("\(cols) ORDER BY seq LIMIT ?", [.int(Int64(limit))]) }
-        if streams.isEmpty { return [] }
-        let marks = Array(repeating: "?", count: streams.count).joined(separator: ",")
-        return try db.query("\(cols) WHERE stream IN (\(marks)) ORDER BY seq LIMIT ?", streams.map { .text($0) } + [.int(Int64(limit))])
-    }
-
-    /// Streams holding dead letters.
-    func deadLetterStreams() throws(SQLiteError) -> [String] {
-        try db.query("SELECT DISTINCT stream FROM dead_letters").compactMap { $0[0].text }
     }
 
     /// Records `owner` as the owner of `stream` (the first writer wins; later calls change nothing).

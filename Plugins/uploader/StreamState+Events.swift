@@ -43,6 +43,8 @@ extension StreamState {
     enum Effect: Equatable {
         /// These record bytes left the disk (the disk cap and the owner's share shrink).
         case release(bytes: Int)
+        /// Dead letters of these bytes were written (the disk cap and the owner's share grow).
+        case charge(bytes: Int)
         /// Nothing may be sent to the stream's endpoint before this time (Retry-After).
         case holdEndpoint(untilMs: UInt64)
     }
@@ -159,10 +161,11 @@ extension StreamState {
     /// The upload of `batch` (the oldest pending) came back with `outcome` and the shell did
     /// `disposal(of:)` on disk: `diskOK` false when that failed (the batch stays pending and goes
     /// again after `storeErrorRetryMs`), `deadLettered` the records it set aside,
-    /// `dissolvedAhead` whether an `.unbatch` dissolved `cutAhead` too (it does unless that batch
-    /// became final). `random` in [0, 1) jitters the backoff. Returns the bookkeeping to do.
+    /// `deadLetterBytes` what they count in the disk cap, `dissolvedAhead` whether an `.unbatch`
+    /// dissolved `cutAhead` too (it does unless that batch became final). `random` in [0, 1)
+    /// jitters the backoff. Returns the bookkeeping to do.
     mutating func uploadFinished(
-        _ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0,
+        _ batch: SentBatch, _ outcome: UploadOutcome, diskOK: Bool = true, deadLettered: Int = 0, deadLetterBytes: Int = 0,
         dissolvedAhead: Bool = false, now: UInt64, retry: RetryPolicy, random: Double
     ) -> [Effect] {
         inFlight = false
@@ -211,21 +214,36 @@ extension StreamState {
             lastResult = "413: splitting \(batch.count) records into batches of \(max(1, batch.count / 2))"
         case (.tooLarge, _):
             removeSent(batch.key)
-            deadLetters += UInt64(deadLettered)
             effects.append(.release(bytes: batch.bytes))
+            effects += setAside(deadLettered, bytes: deadLetterBytes)
             lastResult =
                 batch.count <= 1
                 ? "413 for a single record; set aside as a dead letter"
                 : "413 for a final batch; \(deadLettered) records set aside as dead letters"
         case (.rejected(_, let reason), _):
             removeSent(batch.key)
-            deadLetters += UInt64(deadLettered)
             effects.append(.release(bytes: batch.bytes))
+            effects += setAside(deadLettered, bytes: deadLetterBytes)
             lastResult = "rejected (\(reason)); \(deadLettered) records set aside as dead letters"
         }
         if pendingBatches.isEmpty && queued == 0 { countCap = nil }
         if case .release(let b) = effects.first { diskBytes = max(0, diskBytes - b) }
         return effects
+    }
+
+    /// `count` dead letters of `bytes` were written: they stay charged until re-queued or
+    /// discarded (`deadLettersRemoved`).
+    private mutating func setAside(_ count: Int, bytes: Int) -> [Effect] {
+        deadLetters += UInt64(count)
+        setAside += UInt64(count)
+        deadLetterBytes += bytes
+        return bytes > 0 ? [.charge(bytes: bytes)] : []
+    }
+
+    /// Dead letters were re-queued or discarded: `count` of them, `bytes` of the disk cap.
+    mutating func deadLettersRemoved(count: Int, bytes: Int) {
+        deadLetters -= min(deadLetters, UInt64(count))
+        deadLetterBytes = max(0, deadLetterBytes - bytes)
     }
 
     // MARK: Internals

@@ -27,20 +27,25 @@ struct RetryPolicy: Equatable {
 /// What one upload attempt came back with.
 enum UploadOutcome: Equatable {
     case delivered
-    /// Network error, 5xx, 408 or 429: try again later (`retryAfterMs` from the server wins if longer).
+    /// Network error, 5xx, 408, 429, 401, 403 or a 3xx: try again later (`retryAfterMs` from the
+    /// server wins if longer).
     case retry(reason: String, retryAfterMs: UInt64?)
     /// 413: the batch is too large for the endpoint.
     case tooLarge
-    /// Any other 4xx, or a 3xx (redirects are never followed: the operator's endpoint is where
-    /// data may go): the batch will never be accepted there.
+    /// Any other 4xx: the batch will never be accepted there.
     case rejected(status: Int, reason: String)
 
-    /// Classifies an HTTP status (nil = no response at all).
+    /// Classifies an HTTP status (nil = no response at all). 401 and 403 say nothing about the
+    /// records: an expired or missing token at a proxy or the backend, which the operator fixes;
+    /// a 3xx is a proxy or a moved endpoint (redirects are never followed: the operator's
+    /// endpoint is where data may go). Both are retried with backoff, shown in `status`, rather
+    /// than setting a kiosk's whole queue aside while its token is renewed.
     static func classify(status: Int?, retryAfterMs: UInt64?, error: String?) -> UploadOutcome {
         guard let status else { return .retry(reason: error ?? "network error", retryAfterMs: nil) }
         switch status {
         case 200..<300: return .delivered
-        case 300..<400: return .rejected(status: status, reason: "HTTP \(status) (redirects are not followed)")
+        case 300..<400: return .retry(reason: "HTTP \(status) (redirects are not followed)", retryAfterMs: retryAfterMs)
+        case 401, 403: return .retry(reason: "HTTP \(status) (credentials refused)", retryAfterMs: retryAfterMs)
         case 408, 429: return .retry(reason: "HTTP \(status)", retryAfterMs: retryAfterMs)
         case 413: return .tooLarge
         case 400..<500: return .rejected(status: status, reason: "HTTP \(status)")
@@ -88,7 +93,12 @@ struct StreamState {
     var lastResult = "none"
     var lastRetryDelayMs: UInt64 = 0
     var delivered: UInt64 = 0
+    /// Dead letters of the stream on disk, and what they count in the disk cap (its owner's
+    /// share included) until they are re-queued or discarded.
     var deadLetters: UInt64 = 0
+    var deadLetterBytes = 0
+    /// Records set aside since start (what a waiting flush reports).
+    var setAside: UInt64 = 0
     var refusedConsent: UInt64 = 0
     /// A persisted batch not yet delivered (from before a crash, or awaiting retry).
     var pendingBatches: [String] = []

@@ -26,12 +26,36 @@ extension Uploader {
         }
     }
 
+    /// What a waiting flush's streams delivered and set aside since the flush: totals, and the
+    /// records set aside per stream (only streams that set some aside).
+    func drainReport(_ w: DrainWaiter) -> (delivered: UInt64, setAside: UInt64, byStream: JSONObject) {
+        var delivered: UInt64 = 0
+        var setAside: UInt64 = 0
+        var byStream = JSONObject()
+        for (name, b) in w.base {
+            guard let st = streams[name] else { continue }
+            delivered += st.delivered - min(st.delivered, b.delivered)
+            let n = st.setAside - min(st.setAside, b.setAside)
+            setAside += n
+            if n > 0 { byStream[name] = .int(Int64(n)) }
+        }
+        return (delivered, setAside, byStream)
+    }
+
     /// Answers flush waiters whose streams are all drained.
     func answerMultiDrainWaiters() {
         guard !multiDrainWaiters.isEmpty else { return }
-        var keep: [(call: Call, streams: Set<String>)] = []
+        var keep: [DrainWaiter] = []
         for w in multiDrainWaiters {
-            if w.streams.allSatisfy({ streams[$0]?.isDrained ?? true }) { w.call.reply(["drained": true]) } else { keep.append(w) }
+            guard w.base.keys.allSatisfy({ streams[$0]?.isDrained ?? true }) else {
+                keep.append(w)
+                continue
+            }
+            let r = drainReport(w)
+            w.call.reply([
+                "drained": true, "delivered": .int(Int64(r.delivered)), "deadLettered": .int(Int64(r.setAside)),
+                "deadLetteredByStream": .object(r.byStream),
+            ])
         }
         multiDrainWaiters = keep
     }
@@ -39,7 +63,14 @@ extension Uploader {
     func answerDrainWaiters(_ stream: String, _ st: StreamState) {
         answerMultiDrainWaiters()
         guard st.isDrained, let waiters = drainWaiters.removeValue(forKey: stream) else { return }
-        for w in waiters { w.reply(["stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult)]) }
+        for w in waiters {
+            let r = drainReport(w)
+            w.call.reply([
+                "stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult),
+                "delivered": .int(Int64(r.delivered)), "deadLettered": .int(Int64(r.setAside)),
+                "deadLetters": .int(Int64(st.deadLetters)), "deadLetterBytes": .int(Int64(st.deadLetterBytes)),
+            ])
+        }
     }
 
     /// `{stream?, wait?}`: upload now (skipping a retry wait). Without a stream: every stream the
@@ -74,10 +105,13 @@ extension Uploader {
         }
         let wait = call.params["wait"]?.boolValue ?? false
         if wait {
+            var base: [String: (delivered: UInt64, setAside: UInt64)] = [:]
+            for n in names { base[n] = (streams[n]?.delivered ?? 0, streams[n]?.setAside ?? 0) }
+            let w = DrainWaiter(call: call, base: base)
             if let s = one {
-                drainWaiters[s, default: []].append(call)
+                drainWaiters[s, default: []].append(w)
             } else {
-                multiDrainWaiters.append((call, Set(names)))
+                multiDrainWaiters.append(w)
                 answerMultiDrainWaiters()
             }
         } else {
@@ -96,13 +130,15 @@ extension Uploader {
             let st = streams[name]!
             o[name] = [
                 "owner": st.owner.map { .string($0.description) } ?? .null, "consent": .string(st.consentKey),
-                "queued": .int(Int64(st.queued)), "queuedBytes": .int(Int64(st.queuedBytes)), "diskBytes": .int(Int64(st.diskBytes)),
+                "queued": .int(Int64(st.queued)), "queuedBytes": .int(Int64(st.queuedBytes)),
+                "diskBytes": .int(Int64(st.diskBytes + st.deadLetterBytes)),
                 "oldestAgeMs": st.oldestMs.map { .int(Int64(t - min(t, $0))) } ?? .null,
                 "inFlight": .int(st.inFlight ? 1 : 0), "pendingBatches": .int(Int64(st.pendingBatches.count)),
                 "lastResult": .string(st.lastResult), "retryDelayMs": .int(Int64(st.lastRetryDelayMs)),
                 "retryInMs": .int(Int64(st.notBeforeMs > t ? st.notBeforeMs - t : 0)),
                 "attempts": .int(Int64(st.attempts)),
                 "delivered": .int(Int64(st.delivered)), "deadLetters": .int(Int64(st.deadLetters)),
+                "deadLetterBytes": .int(Int64(st.deadLetterBytes)),
                 "refusedConsent": .int(Int64(st.refusedConsent)),
                 "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
                 "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
@@ -128,37 +164,6 @@ extension Uploader {
             "maxDiskBytesPerOwner": .int(Int64(limits.diskBytes(for: o))),
             "streams": .int(Int64(u.streams)), "maxStreamsPerOwner": .int(Int64(limits.streams(for: o))),
         ]
-    }
-
-    /// `{stream?, limit?}`: the records set aside for a 4xx. A stream's owner or an admin only;
-    /// without a stream, those of the caller's streams.
-    func deadLetters(_ call: Call) {
-        let limit = Int(max(1, min(call.params["limit"]?.intValue ?? 100, 10_000)))
-        let caller = Principal(caller: call.caller)
-        do {
-            let names: [String]?
-            if let s = call.params["stream"]?.stringValue {
-                guard permit(call, s, "read the dead letters of") else { return }
-                names = [s]
-            } else if caller.isAdmin {
-                names = nil
-            } else {
-                names = try store.deadLetterStreams().filter { mayUse($0, caller) }
-            }
-            let rows = try store.deadLetters(streams: names, limit: limit)
-            call.reply([
-                "deadLetters": .array(
-                    rows.map { r in
-                        [
-                            "stream": .string(r[0].text ?? ""), "id": .string(r[1].text ?? ""),
-                            "data": (try? JSON.parse(r[2].text ?? "null")) ?? .null, "batch": .string(r[3].text ?? ""),
-                            "status": .int(r[4].int ?? 0), "reason": .string(r[5].text ?? ""), "atMs": .int(r[6].int ?? 0),
-                        ]
-                    })
-            ])
-        } catch {
-            call.fail(RPCError(.internalError, "\(error)"))
-        }
     }
 
     /// `{stream, maxCount?, intervalMs?, maxBatchBytes?}`: MA's setMaxEventCacheCount and

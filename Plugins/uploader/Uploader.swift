@@ -40,11 +40,17 @@ final class Uploader {
     }
     private var commitQueue: [QueuedEnqueue] = []
     private var commitQueueBytes = 0
+    /// A `uploader.flush {wait: true}` caller and, per stream it flushed, the stream's
+    /// `delivered` and `setAside` counters at the flush: its answer reports the difference.
+    struct DrainWaiter {
+        let call: Call
+        var base: [String: (delivered: UInt64, setAside: UInt64)]
+    }
     /// `uploader.flush {wait:true}` callers, answered when their stream is drained.
-    var drainWaiters: [String: [Call]] = [:]
+    var drainWaiters: [String: [DrainWaiter]] = [:]
     /// `uploader.flush {wait: true}` without a stream: answered when every stream it flushed (the
     /// caller's) is drained.
-    var multiDrainWaiters: [(call: Call, streams: Set<String>)] = []
+    var multiDrainWaiters: [DrainWaiter] = []
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
     var commits: UInt64 = 0
@@ -101,7 +107,6 @@ final class Uploader {
                 st.queuedBytes = s.queuedBytes
                 st.oldestMs = s.oldestMs.map { monotonic(fromWall: $0) }
                 st.pendingBatches = s.pendingBatches
-                st.deadLetters = UInt64(try store.deadLetterCount(stream: name))
                 streams[name] = st
             }
             // Saved settings override only what they hold; maxBatchBytes and the endpoint come
@@ -117,6 +122,15 @@ final class Uploader {
                 var st = state(name)
                 st.diskBytes = bytes
                 if let o = st.owner { ledger.add(o, bytes) }
+                streams[name] = st
+            }
+            // Dead letters count in the disk cap and their owner's share until re-queued or discarded.
+            for (name, d) in try store.deadLetterSummaries() {
+                var st = state(name)
+                st.deadLetters = UInt64(d.count)
+                st.deadLetterBytes = d.bytes
+                diskBytes += d.bytes
+                if let o = st.owner { ledger.add(o, d.bytes) }
                 streams[name] = st
             }
             for name in recordedOwners.keys { if let o = state(name).owner { ledger.addStream(o) } }
@@ -174,6 +188,12 @@ final class Uploader {
     func release(owner: StreamOwner?, bytes: Int) {
         diskBytes = max(0, diskBytes - bytes)
         if let o = owner { ledger.remove(o, bytes) }
+    }
+
+    /// Records of a stream of `owner` were set aside: they stay on disk as dead letters.
+    func charge(owner: StreamOwner?, bytes: Int) {
+        diskBytes += bytes
+        if let o = owner { ledger.add(o, bytes) }
     }
 
     // MARK: Enqueue (group commit)
@@ -290,7 +310,7 @@ final class Uploader {
         if st.owner == nil {
             // A stream queued before owners were recorded: its bytes are now its owner's.
             st.owner = owner
-            ledger.add(owner, st.diskBytes)
+            ledger.add(owner, st.diskBytes + st.deadLetterBytes)
         }
         streams[stream] = st
         return true
@@ -561,7 +581,7 @@ final class Uploader {
         var batch = sent
         if !batch.final, (try? store.isFinal(batch.key)) == true { batch.final = true }
         var diskOK = true
-        var deadLettered = 0
+        var deadLettered = (count: 0, bytes: 0)
         var dissolvedAhead = false
         do {
             switch StreamState.disposal(of: batch, outcome) {
@@ -590,11 +610,13 @@ final class Uploader {
         }
         let t = now
         for effect in st.uploadFinished(
-            batch, outcome, diskOK: diskOK, deadLettered: deadLettered, dissolvedAhead: dissolvedAhead, now: t,
+            batch, outcome, diskOK: diskOK, deadLettered: deadLettered.count, deadLetterBytes: deadLettered.bytes,
+            dissolvedAhead: dissolvedAhead, now: t,
             retry: retry, random: rng.nextUnit())
         {
             switch effect {
             case .release(let bytes): release(owner: st.owner, bytes: bytes)
+            case .charge(let bytes): charge(owner: st.owner, bytes: bytes)
             case .holdEndpoint(let until): endpointNotBefore[endpoint] = until
             }
         }

@@ -19,6 +19,8 @@ plugin.deferredRawMethod("enqueue", consent: "{consent}") { uploader.enqueue($0)
 plugin.method("flush") { uploader.flush($0) }
 plugin.method("status") { uploader.status($0) }
 plugin.method("deadLetters") { uploader.deadLetters($0) }
+plugin.method("requeue") { uploader.requeue($0) }
+plugin.method("discard") { uploader.discard($0) }
 plugin.method("configureStream") { uploader.configureStream($0) }
 plugin.onReady = { uploader.start() }
 plugin.onConsentChanged = { key, granted in uploader.consentChanged(key: key, granted: granted) }

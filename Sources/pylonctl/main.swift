@@ -222,6 +222,8 @@ case "sub":
     } catch {
         fail("\(error)", code: 69)
     }
+case "dead-letters":  // the uploader's dead letters: list, requeue, discard (DeadLetters.swift)
+    deadLettersCommand(args)
 default:
     fail("unknown command \(command) (see pylonctl --help)", code: 64)
 }

@@ -111,6 +111,31 @@ struct EnqueueParamsTests {
         }
     }
 
+    /// Issue 21 item 8: a record the backend refuses (an id with a control character, a
+    /// negative ts) made it refuse the whole batch with a 400, which set the batch aside; an
+    /// owner enqueueing such records grew the database without bound. Both readers refuse them
+    /// at the enqueue.
+    @Test func idsAndTimesTheBackendRefusesAreRefusedAtTheEnqueue() throws {
+        let l = UploaderLimits()
+        let idError = "records[1].id must be a string of 1-128 bytes without control characters"
+        let cases: [(String, String)] = [
+            (#"{"stream":"s","records":[{"id":"a"},{"id":"x\u0001y"}]}"#, idError),
+            (#"{"stream":"s","records":[{"id":"a"},{"id":"x\u0000"}]}"#, idError),
+            (#"{"stream":"s","records":[{"id":"a"},{"id":"x\ny"}]}"#, idError),
+            (#"{"stream":"s","records":[{"id":"a"},{"id":"x\u007f"}]}"#, idError),
+            ("{\"stream\":\"s\",\"records\":[{\"id\":\"a\"},{\"id\":\"x\u{7F}\"}]}", idError),
+            (#"{"stream":"s","records":[{"id":"a"},{"id":"b","ts":-1}]}"#, "records[1].ts must be a non-negative integer"),
+            (#"{"stream":"s","records":[{"id":"é\u00e9","ts":0}]}"#, "[éé|0|"),
+        ]
+        for (text, expected) in cases {
+            let (viaJSONC, viaRaw) = try Self.outcomes(text, l)
+            #expect(viaJSONC.contains(expected), "\(text) -> \(viaJSONC)")
+            if let viaRaw { #expect(viaRaw == viaJSONC, "\(text)") }
+        }
+        // The raw reader decides a literal DEL itself (valid JSON; no escape to hand to json-c).
+        #expect(try Self.outcomes("{\"stream\":\"s\",\"records\":[{\"id\":\"a\"},{\"id\":\"x\u{7F}\"}]}", l).raw != nil)
+    }
+
     @Test func errorsAreWordedAsBefore() throws {
         let l = Self.smallLimits
         let cases: [(String, String)] = [
@@ -118,8 +143,11 @@ struct EnqueueParamsTests {
             (#"{"stream":"s","records":[]}"#, "params.records must be a non-empty array"),
             (#"{"stream":"s","records":{"id":"a"}}"#, "params.records must be a non-empty array"),
             (#"{"stream":"s","records":[1,2,3,4,5]}"#, "at most 4 records per call"),
-            (#"{"stream":"s","records":[{"id":"a"},{"id":""}]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
-            (#"{"stream":"s","records":[{"id":"a"},7]}"#, "records[1].id must be a non-empty string of at most 128 bytes"),
+            (
+                #"{"stream":"s","records":[{"id":"a"},{"id":""}]}"#,
+                "records[1].id must be a string of 1-128 bytes without control characters"
+            ),
+            (#"{"stream":"s","records":[{"id":"a"},7]}"#, "records[1].id must be a string of 1-128 bytes without control characters"),
             (
                 #"{"stream":"s","records":[{"id":"a","data":"0123456789012345678901234567890123456789012345678"}]}"#,
                 "records[0] is larger than 48 bytes"
@@ -177,7 +205,7 @@ struct EnqueueGenerator {
     }
 
     mutating func id() -> String? {
-        switch text.int(20) {
+        switch text.int(40) {
         case 0: return nil
         case 1: return "\"\""
         case 2: return "\"" + String(repeating: "x", count: 128) + "\""
@@ -187,6 +215,8 @@ struct EnqueueGenerator {
         case 6: return text.number()
         case 7: return "null"
         case 8: return "\"é😀\""
+        case 9: return #""a\u0001b""#
+        case 10: return "\"del\u{7F}\""
         default: return "\"r\(text.int(50))\""
         }
     }
@@ -195,7 +225,7 @@ struct EnqueueGenerator {
         if text.chance(4) { return text.value() }
         var members: [String] = []
         if let id = id() { members.append("\"id\"" + text.space() + ":" + text.space() + id) }
-        if text.chance(40) { members.append("\"ts\":" + (text.chance(70) ? text.number() : text.value())) }
+        if text.chance(40) { members.append("\"ts\":" + (text.chance(70) ? text.number() : text.chance(10) ? "-5" : text.value())) }
         if text.chance(85) { members.append("\"data\":" + text.space() + text.value()) }
         if text.chance(10) { members.append("\"extra\":" + text.value()) }
         if text.chance(3) { members.append(#""\u0069d":"z""#) }

@@ -298,6 +298,42 @@ struct QueueMachineTests {
         #expect(st.lastResult == "rejected (HTTP 400); 3 records set aside as dead letters")
     }
 
+    /// Issue 21 item 8: dead letters stay on disk, so they stay charged (the disk cap and the
+    /// owner's share) until they are re-queued or discarded; released at the set-aside, one uid
+    /// grew the queue to 2.78 GB against a 64 MiB cap.
+    @Test func deadLettersStayChargedUntilRemoved() {
+        var st = stream()
+        st.committed(added: 3, bytes: 30, now: 0)
+        st.cut(batch: "k", count: 3, bytes: 30)
+        #expect(st.poll(now: 0) == .send(batch: "k"))
+        let b = StreamState.SentBatch(key: "k", count: 3, bytes: 30, final: false)
+        let effects = st.uploadFinished(
+            b, .rejected(status: 400, reason: "HTTP 400"), deadLettered: 3, deadLetterBytes: 36, now: 1, retry: Self.noJitter,
+            random: 0.5)
+        #expect(effects == [.release(bytes: 30), .charge(bytes: 36)])
+        #expect(st.deadLetters == 3 && st.deadLetterBytes == 36 && st.setAside == 3)
+        st.deadLettersRemoved(count: 2, bytes: 24)
+        #expect(st.deadLetters == 1 && st.deadLetterBytes == 12 && st.setAside == 3)
+    }
+
+    /// A 401, 403 or 3xx (an expired proxy token, a moved endpoint) keeps the batch and retries
+    /// it with backoff, shown in `lastResult`; the batch then goes and is delivered.
+    @Test(arguments: [401, 403, 302]) func credentialAndRedirectAnswersAreRetried(status: Int) {
+        var st = stream()
+        st.committed(added: 2, bytes: 20, now: 0)
+        st.cut(batch: "k", count: 2, bytes: 20)
+        #expect(st.poll(now: 0) == .send(batch: "k"))
+        let b = StreamState.SentBatch(key: "k", count: 2, bytes: 20, final: false)
+        let outcome = UploadOutcome.classify(status: status, retryAfterMs: nil, error: nil)
+        #expect(StreamState.disposal(of: b, outcome) == .keep)
+        #expect(st.uploadFinished(b, outcome, now: 1, retry: Self.noJitter, random: 0.5) == [])
+        #expect(st.attempts == 1 && st.lastResult.hasPrefix("retrying: HTTP \(status)") && st.deadLetters == 0)
+        #expect(st.poll(now: 50) == .idle, "backoff")
+        #expect(st.poll(now: 101) == .send(batch: "k"))
+        _ = st.uploadFinished(b, .delivered, now: 102, retry: Self.noJitter, random: 0.5)
+        #expect(st.delivered == 2 && st.isDrained)
+    }
+
     // MARK: Local failures
 
     @Test func aFailedDiskUpdateKeepsTheBatchAndRetriesAfterAPause() {

@@ -221,12 +221,55 @@ struct StoreTests {
         defer { store.db.close() }
         try Self.enqueue(store, "s", [("q\"uote\\d", #"{"a":[1,2]}"#), ("plain", "null")])
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
-        #expect(try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5) == 2)
+        let set = try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5)
+        #expect(set.count == 2)
         let rows = try store.deadLetters(streams: ["s"], limit: 10)
         #expect(rows.map { $0[1].text ?? "" } == ["q\"uote\\d", "plain"])
         #expect(rows.map { $0[2].text ?? "" } == [#"{"a":[1,2]}"#, "null"])
         #expect(try store.totalBytes() == 0)
+        // What they count in the disk cap: their rows, as `deadLetterSummaries` finds them again.
+        let expected =
+            UploaderStore.deadLetterCharge(stream: "s", id: "q\"uote\\d", data: 11, batch: "k", reason: "HTTP 400")
+            + UploaderStore.deadLetterCharge(stream: "s", id: "plain", data: 4, batch: "k", reason: "HTTP 400")
+        #expect(set.bytes == expected)
+        #expect(try store.deadLetterSummaries()["s"]! == (2, expected))
         #expect(try Self.enqueue(store, "s", [("plain", "1")]).added == 1)
+    }
+
+    /// Re-queued dead letters go back to the end of the queue with their id, ts and data (a
+    /// batch cut from them is what was set aside); one whose id is queued already is a duplicate
+    /// (removed); one whose id the enqueue refuses today stays; the room is respected; a discard
+    /// deletes what is left and reports what it counted.
+    @Test func deadLettersAreRequeuedAndDiscarded() throws {
+        let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
+        defer { store.db.close() }
+        try Self.enqueue(store, "s", [("a", #"{"n":1}"#), ("b", #"{"n":2}"#), ("c", "3")], ts: 42)
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        let set = try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5)
+        // A dead letter of an earlier release, with a control character in its id.
+        try store.db.run(
+            "INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms) VALUES('s',?,'0','old',400,'HTTP 400',9)", [.text("x\u{1}")]
+        )
+        try Self.enqueue(store, "s", [("b", "99")])  // b is queued again meanwhile
+        let before = try store.totalBytes()
+        // No room: nothing changes.
+        let (refused, done) = try store.requeue(stream: "s", consent: "s", ids: ["a"], room: -1_000_000, nowMs: 7)
+        #expect(!done && refused.requeued == 1)
+        #expect(try store.totalBytes() == before && store.deadLetterSummaries()["s"]?.count == 4)
+        let (r, ok) = try store.requeue(stream: "s", consent: "s", ids: nil, room: 1 << 20, nowMs: 7)
+        #expect(ok && r.requeued == 2 && r.duplicates == 1 && r.invalid == 1)
+        #expect(r.removedBytes == set.bytes)
+        #expect(try store.totalBytes() == before + r.addedBytes)
+        #expect(try Self.enqueue(store, "s", [("a", "0")]).added == 0, "a re-queued id is a duplicate while queued")
+        _ = try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 8)
+        let recs = try Self.records(store.batchBody("k2", stream: "s").body).records
+        #expect(recs.map(\.id) == ["b", "a", "c"] && recs.map(\.ts) == [7, 42, 42])
+        #expect(recs.map(\.data) == ["99", #"{"n":1}"#, "3"])
+        let left = try store.deadLetterSummaries()["s"]!
+        #expect(left.count == 1)
+        #expect(try store.discard(stream: "s", ids: ["nope"]) == (0, 0))
+        #expect(try store.discard(stream: "s", ids: nil) == (1, left.bytes))
+        #expect(try store.deadLetterSummaries()["s"] == nil)
     }
 
     @Test func aFinalCutTakesOnlyTheDeniedSwitch() throws {
@@ -323,7 +366,7 @@ struct StoreTests {
             Self.charge(#"e\"3"#, #"{"event":"c"}"#, ts: 4), Self.charge("o2", "[2]", ts: 5), Self.charge("e4", #""d""#, ts: 6),
         ]
         #expect(try store.totalBytes() == charges.reduce(0, +))
-        #expect(try store.recordedOwners()["other"] == "uid:1000" && store.deadLetterCount(stream: "ma.app") == 1)
+        #expect(try store.recordedOwners()["other"] == "uid:1000" && store.deadLetterSummaries()["ma.app"]?.count == 1)
         #expect(try store.consentKeys().sorted() == ["legacy", "ma.app", "other"])
 
         // The pending batch is resent as the same batch: same key, same records.

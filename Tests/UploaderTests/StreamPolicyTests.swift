@@ -152,9 +152,11 @@ struct StreamPolicyTests {
         #expect(limits.streams(for: ma) == 5 && limits.diskBytes(for: ma) == 1_048_576)
     }
 
+    /// A redirect is not followed (the operator's endpoint is where data may go), nor does it
+    /// set the batch aside: it is retried (a proxy in front of the endpoint, issue 21 item 8).
     @Test func redirectsAreNotFollowed() {
         #expect(
             UploadOutcome.classify(status: 302, retryAfterMs: nil, error: nil)
-                == .rejected(status: 302, reason: "HTTP 302 (redirects are not followed)"))
+                == .retry(reason: "HTTP 302 (redirects are not followed)", retryAfterMs: nil))
     }
 }

@@ -75,6 +75,12 @@ struct StreamStateTests {
         (408, .retry(reason: "HTTP 408", retryAfterMs: nil)), (429, .retry(reason: "HTTP 429", retryAfterMs: nil)),
         (500, .retry(reason: "HTTP 500", retryAfterMs: nil)), (503, .retry(reason: "HTTP 503", retryAfterMs: nil)),
         (413, .tooLarge), (400, .rejected(status: 400, reason: "HTTP 400")), (404, .rejected(status: 404, reason: "HTTP 404")),
+        // An expired proxy token or a moved endpoint says nothing about the records: retried,
+        // not set aside (issue 21 item 8).
+        (401, .retry(reason: "HTTP 401 (credentials refused)", retryAfterMs: nil)),
+        (403, .retry(reason: "HTTP 403 (credentials refused)", retryAfterMs: nil)),
+        (302, .retry(reason: "HTTP 302 (redirects are not followed)", retryAfterMs: nil)),
+        (307, .retry(reason: "HTTP 307 (redirects are not followed)", retryAfterMs: nil)),
     ])
     func classifiesStatuses(status: Int, expected: UploadOutcome) {
         #expect(UploadOutcome.classify(status: status, retryAfterMs: nil, error: nil) == expected)

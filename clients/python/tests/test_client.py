@@ -169,7 +169,8 @@ def test_metrics_textfile_is_written_atomically(host):
     assert "# TYPE pylon_plugin_restarts_total counter" in text
     assert "pylon_plugin_requests_total" in text
     assert not os.path.exists(host.prom + ".tmp")
-    assert oct(os.stat(host.prom).st_mode & 0o777) == "0o644"
+    # 0640: the metrics name every user's AppKeys and streams (docs/SECURITY.md).
+    assert oct(os.stat(host.prom).st_mode & 0o777) == "0o640"
 
 
 def test_log_format_prefixed(tmp_path):

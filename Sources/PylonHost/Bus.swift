@@ -711,7 +711,9 @@ public final class Bus {
             if origin.conn.peerShutdown { closeIfDone(origin) }
         case .batch(let b, let originalId):
             var idText = originalId
-            idText.withUTF8 { id in Envelope.error(id: .text(UnsafeRawBufferPointer(id)), error).withUnsafeBytes { batchMemberAnswered(b, $0) } }
+            idText.withUTF8 { id in
+                Envelope.error(id: .text(UnsafeRawBufferPointer(id)), error).withUnsafeBytes { batchMemberAnswered(b, $0) }
+            }
         case .host(let done):
             done(.failure(error))
         }

@@ -48,7 +48,8 @@ import Testing
         // The first line back is the empty batch's error: the notifications got nothing.
         #expect(empty.arrayValue == nil && empty.errorCode == -32600, "one error, not an array: \(empty.serialized)")
         #expect(empty["id"] == .null)
-        let big = try c.roundTrip("[" + Array(repeating: #"{"jsonrpc":"2.0","id":1,"method":"bus.ping"}"#, count: 4).joined(separator: ",") + "]")
+        let big = try c.roundTrip(
+            "[" + Array(repeating: #"{"jsonrpc":"2.0","id":1,"method":"bus.ping"}"#, count: 4).joined(separator: ",") + "]")
         #expect(big.errorCode == -32600 && big["error"]?["data"]?["limit"] == "maxBatchMembers", "\(big.serialized)")
     }
 

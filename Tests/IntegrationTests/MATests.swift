@@ -7,7 +7,10 @@ import Testing
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.
     static func maPlugins(_ backend: TestBackend, ma extra: JSONObject = [:]) -> [JSON] {
-        var config: JSONObject = ["backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "retryInitialMs": 100, "retryMaxMs": 500]
+        var config: JSONObject = [
+            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "retryInitialMs": 100,
+            "retryMaxMs": 500,
+        ]
         for (k, v) in extra { config[k] = v }
         return [
             uploader(backend, config: ["streams": ["ma.*": ["maxCount": 50, "intervalMs": 600000]]]),
@@ -75,7 +78,8 @@ extension TestBackend {
         let h = try TestHost(plugins: TestHost.maPlugins(b))
         let c = try h.client()
         _ = try c.call("ma.start", ["appKey": "app2"])
-        for p: JSON in [["eventName": ""], ["eventName": "el_x"], ["property": ["a": 1]], ["eventName": "e", "property": ["Bad-Key": 1]],
+        for p: JSON in [
+            ["eventName": ""], ["eventName": "el_x"], ["property": ["a": 1]], ["eventName": "e", "property": ["Bad-Key": 1]],
             ["eventName": "e", "property": ["Price": 1]], ["eventName": "e", "property": ["priCe": 1]],
         ] {
             #expect(code(try c.call("ma.eventRecord", p)) == -3, "\(p.serialized)")
@@ -165,7 +169,9 @@ extension TestBackend {
             #"{"jsonrpc":"2.0","method":"ma.setDataCollectionEnabled","params":{"appKey":"victim","enabled":true}}"#,
             #"{"jsonrpc":"2.0","method":"ma.identifyAccount","params":{"appKey":"victim","userID":{"email":"x@evil.example"}}}"#,
         ]
-        for n in 0..<5 { lines.append(#"{"jsonrpc":"2.0","method":"ma.eventRecord","params":{"appKey":"victim","eventName":"spoof\#(n)"}}"#) }
+        for n in 0..<5 {
+            lines.append(#"{"jsonrpc":"2.0","method":"ma.eventRecord","params":{"appKey":"victim","eventName":"spoof\#(n)"}}"#)
+        }
         // A request after the notifications: MA serves one connection's lines in order.
         lines.append(#"{"jsonrpc":"2.0","id":9,"method":"ma.status"}"#)
         let r = try h.runAs(uid: 65534, gid: 65534, lines)

@@ -47,8 +47,13 @@ struct GTMLimits {
     var refreshBucket = RefreshRateLimiter.defaultCapacity
     var refreshRefillMs = RefreshRateLimiter.defaultRefillMs
     var refreshMinSpacingMs = RefreshRateLimiter.defaultMinSpacingMs
-    /// Evaluation budgets (depth, steps, regex limits).
+    /// Evaluation budgets (depth, steps, bytes produced and hashed, value size, regex limits).
     var engine = EngineLimits()
+    /// Loop time one turn may spend on evaluations (getValue, pushes) before the rest waits for
+    /// the next turn (`Pacer`): the loop keeps answering heartbeats.
+    var maxBusyMsPerTurn: Int64 = 50
+    /// Evaluations waiting for a later turn at once: one more is refused (-32004).
+    var maxDeferredEvaluations = 10_000
     /// Device facts not known to the system (`appName`, `resolution`, `deviceType`, ...).
     var environment = JSONObject()
     /// Initial log level.
@@ -85,6 +90,10 @@ struct GTMLimits {
         if let v = int("refreshRefillMs") { refreshRefillMs = v }
         if let v = int("refreshMinSpacingMs", 0) { refreshMinSpacingMs = v }
         if let v = int("maxEvaluationSteps") { engine.maxSteps = Int(v) }
+        if let v = int("maxEvaluationBytes") { engine.maxWorkBytes = Int(v) }
+        if let v = int("maxValueBytes") { engine.maxValueBytes = Int(v) }
+        if let v = int("maxBusyMsPerTurn") { maxBusyMsPerTurn = v }
+        if let v = int("maxDeferredEvaluations") { maxDeferredEvaluations = Int(v) }
         if let v = int("maxMacroDepth") { engine.maxDepth = Int(v) }
         if let v = int("regexMatchLimit") { engine.regexMatchLimit = UInt32(clamping: v) }
         if let o = c["environment"]?.objectValue { environment = o }

@@ -26,6 +26,16 @@ extension GTMService {
     static let factParams = ["app", "language", "resolution", "deviceType"]
 
     func getValue(_ call: Call) {
+        guard pacer.run({ [unowned self] in self.getValueNow(call) }) else {
+            call.fail(
+                RPCError(
+                    .overloaded, "too many evaluations waiting (maxDeferredEvaluations \(limits.maxDeferredEvaluations))",
+                    data: ["limit": "maxDeferredEvaluations"]))
+            return
+        }
+    }
+
+    private func getValueNow(_ call: Call) {
         guard let who = caller(call) else { return }
         let owner = who.owner
         // Read from json-c without converting the params: this is the hot method.
@@ -66,13 +76,36 @@ extension GTMService {
     }
 
     private func replyValue(_ call: Call, _ owner: Owner, _ e: Evaluation, _ type: ValueType, _ id: String, _ key: String) {
+        if let stop = e.stop {
+            call.fail(GTMService.stopped(stop, limits.engine, key))
+            return
+        }
         let (v, w) = e.converted(to: type)
         if let w { log.warning(owner, "\(id) \(key): \(w)") }
+        // The answer as sent (a list or map asked for as a string is its JSON text, escaped
+        // once more) stays under maxValueBytes: the host drops a reply over its line limit.
+        guard TagConversion.jsonSize(v, limit: limits.engine.maxValueBytes) != nil else {
+            call.fail(GTMService.stopped(.valueBytes, limits.engine, key))
+            return
+        }
         if let bytes = GTMService.valueReply(v) {
             call.reply(serialized: bytes)
         } else {
             call.reply(["value": v])
         }
+    }
+
+    /// The error for an evaluation a limit stopped: -32004 naming the limit.
+    static func stopped(_ s: EvaluationStop, _ l: EngineLimits, _ key: String) -> RPCError {
+        let (value, what): (Int, String)
+        switch s {
+        case .steps: (value, what) = (l.maxSteps, "its evaluation took more than \(l.maxSteps) steps")
+        case .workBytes: (value, what) = (l.maxWorkBytes, "its evaluation produced or hashed more than \(l.maxWorkBytes) bytes")
+        case .valueBytes: (value, what) = (l.maxValueBytes, "its value is larger than \(l.maxValueBytes) bytes as JSON")
+        }
+        return RPCError(
+            .overloaded, "value of \(key.prefix(64)) not answered: \(what) (\(s.limitName))",
+            data: ["limit": .string(s.limitName), "value": .int(Int64(value))])
     }
 
     /// `{"value":<v>}` written directly for scalars that need no escaping (the hot path builds
@@ -277,7 +310,10 @@ extension GTMService {
         }
         t.counters.pushes += 1
         call.reply(["queued": true])
-        if !t.processing { drain(t) }
+        if !t.processing {
+            t.processing = true
+            if !pacer.run({ [unowned self] in self.drain(t) }) { drain(t) }
+        }
     }
 
     /// Handles queued pushes in order; a push whose tags wait for function-call macros holds
@@ -292,6 +328,8 @@ extension GTMService {
             }
             returned = true
             if !completedInline { return }  // waiting for handlers: the callback resumes
+            // Over this turn's budget: the rest of the queue in a later turn.
+            if !t.pushQueue.items.isEmpty, pacer.shouldYield, pacer.run({ [unowned self] in self.drain(t) }) { return }
         }
         t.processing = false
     }

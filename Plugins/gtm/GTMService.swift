@@ -14,6 +14,7 @@ final class GTMService {
     lazy var http = HTTPClient(loop: plugin.loop)
     var store: SavedStore?
     lazy var log = GTMLog(plugin: plugin, level: .warning)
+    lazy var pacer = Pacer(loop: plugin.loop, budgetMs: limits.maxBusyMsPerTurn, maxQueued: limits.maxDeferredEvaluations)
     /// Every owner's state (Tenant.swift): a call sees only its owner's.
     var tenants: [Owner: Tenant] = [:]
     var environment = TagEnvironment()

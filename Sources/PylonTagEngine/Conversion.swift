@@ -117,6 +117,38 @@ public enum TagConversion {
         }
     }
 
+    /// The length of `v` as JSON text, or an upper bound of it (numbers count their widest
+    /// form, every `/` and control byte its escape), nil as soon as it passes `limit`: the walk
+    /// stops there, so it costs O(limit) whatever `v` holds.
+    public static func jsonSize(_ v: JSON, limit: Int) -> Int? {
+        var total = 0
+        func add(_ s: String) -> Bool {
+            total += s.utf8.count + 2
+            if total > limit { return false }
+            for b in s.utf8 where b < 0x20 || b == 0x22 || b == 0x5C || b == 0x2F || b == 0x7F { total += 5 }
+            return total <= limit
+        }
+        func walk(_ v: JSON) -> Bool {
+            switch v {
+            case .null, .bool: total += 5
+            case .int, .double: total += 24
+            case .string(let s): return add(s)
+            case .array(let a):
+                total += 2 + a.count
+                if total > limit { return false }
+                for x in a where !walk(x) { return false }
+            case .object(let o):
+                total += 2 + 2 * o.count
+                if total > limit { return false }
+                for (k, x) in o {
+                    if !add(k) || !walk(x) { return false }
+                }
+            }
+            return total <= limit
+        }
+        return walk(v) ? total : nil
+    }
+
     /// Shortest round-trip text of a double (Swift's `description`: `1.5`, `2.0`, `1e+20`).
     static func doubleText(_ d: Double) -> String { d.description }
 }

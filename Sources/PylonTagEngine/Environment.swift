@@ -80,6 +80,8 @@ public struct Evaluation: Sendable {
     public var value: JSON?
     public var warnings: [String]
     public var pending: [FunctionCallRequest]
+    /// Set when a limit stopped the evaluation: `value` is then nil (callers answer an error).
+    public var stop: EvaluationStop? = nil
 
     /// The value converted to `type` (the type default when unresolved).
     public func converted(to type: ValueType) -> (value: JSON, warning: String?) {
@@ -102,4 +104,25 @@ public struct TagEvaluation: Sendable {
     public var tags: [TagFiring]
     public var warnings: [String]
     public var pending: [FunctionCallRequest]
+    /// Set when a limit stopped the evaluation: `tags` is then empty (nothing fires half-evaluated).
+    public var stop: EvaluationStop? = nil
+}
+
+/// Why an evaluation stopped before its end.
+public enum EvaluationStop: Sendable, Equatable {
+    /// `EngineLimits.maxSteps` work units.
+    case steps
+    /// `EngineLimits.maxWorkBytes` bytes produced and hashed.
+    case workBytes
+    /// The value's JSON text is larger than `EngineLimits.maxValueBytes`.
+    case valueBytes
+
+    /// The limit's name in the gtm plugin's config (and in its error's `data.limit`).
+    public var limitName: String {
+        switch self {
+        case .steps: return "maxEvaluationSteps"
+        case .workBytes: return "maxEvaluationBytes"
+        case .valueBytes: return "maxValueBytes"
+        }
+    }
 }

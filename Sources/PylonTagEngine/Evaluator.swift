@@ -5,8 +5,12 @@ extension Container {
     /// definition by its rules, then evaluates it.
     public func value(named name: String, context: EvaluationContext) -> Evaluation {
         let e = Evaluator(self, context)
-        let v = e.valueOf(name: name)
-        return Evaluation(value: v, warnings: e.warnings, pending: e.pendingList)
+        var v = e.valueOf(name: name)
+        if e.stop == nil, let x = v, TagConversion.jsonSize(x, limit: limits.maxValueBytes) == nil {
+            e.stopValue("the value of \(name.prefix(64)) is larger than \(limits.maxValueBytes) bytes as JSON")
+        }
+        if e.stop != nil { v = nil }
+        return Evaluation(value: v, warnings: e.warnings, pending: e.stop == nil ? e.pendingList : [], stop: e.stop)
     }
 
     /// The tags that fire for the event `context.event`: the union of the passing rules' `add`
@@ -26,8 +30,14 @@ extension Container {
             for k in t.properties.keys.sorted() { props[k] = e.eval(t.properties[k]!) ?? .null }
             if let n = t.name { props["instance_name"] = .string(n) }
             if case .unknown(let id) = t.function { e.warn("tag \(ti): \(id.isEmpty ? "no function" : id) has no backing implementation") }
+            if e.stop != nil { break }
+            guard TagConversion.jsonSize(.object(props), limit: limits.maxValueBytes) != nil else {
+                e.warn("tag \(ti) not fired: its properties are larger than \(limits.maxValueBytes) bytes as JSON")
+                continue
+            }
             out.append(TagFiring(index: ti, function: t.function, functionId: t.id, properties: props))
         }
+        if e.stop != nil { return TagEvaluation(tags: [], warnings: e.warnings, pending: [], stop: e.stop) }
         return TagEvaluation(tags: out, warnings: e.warnings, pending: e.pendingList)
     }
 
@@ -54,7 +64,14 @@ final class Evaluator {
     private var pending: [FunctionCallRequest] = []
     private var pendingKeys = Set<String>()
     private var steps = 0
+    /// Bytes produced and hashed so far (`maxWorkBytes`).
+    private var bytes = 0
     private var exhausted = false
+    /// The limit that stopped this evaluation, if one did.
+    private(set) var stop: EvaluationStop?
+    /// Frames of `inProgress` from this index up are in a reference cycle (or past the depth
+    /// limit): their values are unresolved, whatever they had built.
+    private var poisonFrom: Int?
     private var depth = 0
     /// Name ids being evaluated (an unnamed macro i is -(i + 1)).
     /// A stack, not a set: it is at most `maxDepth` deep, and most evaluations never allocate one.
@@ -85,10 +102,47 @@ final class Evaluator {
         steps += 1
         if steps > c.limits.maxSteps {
             exhausted = true
+            stop = .steps
             warn("evaluation stopped: work limit of \(c.limits.maxSteps) steps reached")
             return false
         }
         return true
+    }
+
+    /// Counts `n` bytes produced or hashed; false once `maxWorkBytes` is spent.
+    private func charge(_ n: Int) -> Bool {
+        if exhausted { return false }
+        bytes += n
+        if bytes > c.limits.maxWorkBytes {
+            exhausted = true
+            stop = .workBytes
+            warn("evaluation stopped: work limit of \(c.limits.maxWorkBytes) bytes produced and hashed reached")
+            return false
+        }
+        return true
+    }
+
+    /// Stops the evaluation because its value is too large.
+    func stopValue(_ why: String) {
+        exhausted = true
+        stop = .valueBytes
+        warn(why)
+    }
+
+    /// The string form of `v` (`TagConversion.toString`) with its bytes charged; "" once the
+    /// budget is spent. A list or map is measured (bounded) before it is serialised.
+    private func str(_ v: JSON?) -> String {
+        if exhausted { return "" }
+        switch v {
+        case .array?, .object?:
+            guard TagConversion.jsonSize(v!, limit: max(0, c.limits.maxWorkBytes - bytes)) != nil else {
+                _ = charge(c.limits.maxWorkBytes + 1)
+                return ""
+            }
+        default: break
+        }
+        let s = TagConversion.toString(v)
+        return charge(s.utf8.count) ? s : ""
     }
 
     // MARK: Macros
@@ -106,35 +160,48 @@ final class Evaluator {
         guard step() else { return nil }
         if let cached = macroCache[id] { return cached }
         let name = c.names[id]
-        return entering(id, label: name) {
+        var random = false
+        let (v, poisoned) = entering(id, label: name) { () -> JSON? in
             guard let idx = select(name, c.definitionsById[id]) else { return nil }
-            let v = evalMacro(idx)
-            // Only scalars are cached: a list or map is rebuilt on each use, so every node of a
-            // produced value costs a step and the work limit bounds its size (a macro listing the
-            // previous one twice, thirty times over, cannot build 2^30 nodes through the cache).
-            if c.macros[idx].function != .random, !v.isCompound { macroCache[id] = .some(v) }
-            return v
+            random = c.macros[idx].function == .random
+            return evalMacro(idx)
         }
+        // Only scalars are cached: a list or map is rebuilt on each use, so every node of a
+        // produced value costs a step and the work limit bounds its size (a macro listing the
+        // previous one twice, thirty times over, cannot build 2^30 nodes through the cache).
+        if !poisoned, !exhausted, !random, !v.isCompound { macroCache[id] = .some(v) }
+        return v
     }
 
     /// Runs `body` for macro `key` (a name id, or a negative definition key) unless that would
     /// close a reference cycle or nest deeper than the limit: then one warning and no value.
-    private func entering(_ key: Int, label: String, _ body: () -> JSON?) -> JSON? {
-        if inProgress.contains(key) {
+    /// A macro in a cycle is unresolved however the cycle is reached (directly, through a
+    /// template, a list, a map, an argument): every frame from the one the cycle returns to up
+    /// is poisoned, so none of them keeps what it had built. Past the depth limit every frame
+    /// is (a ring longer than the limit is a cycle the stack cannot show). `poisoned` is true
+    /// for a frame whose value was dropped.
+    private func entering(_ key: Int, label: String, _ body: () -> JSON?) -> (JSON?, poisoned: Bool) {
+        if let j = inProgress.firstIndex(of: key) {
             warn("Macro cycle detected: \(label)")
-            return nil
+            poisonFrom = min(poisonFrom ?? j, j)
+            return (nil, true)
         }
         guard depth < c.limits.maxDepth else {
             warn("macro nesting deeper than \(c.limits.maxDepth) at \(label)")
-            return nil
+            poisonFrom = 0
+            return (nil, true)
         }
+        let frame = inProgress.count
         depth += 1
         inProgress.append(key)
-        defer {
-            inProgress.removeLast()
-            depth -= 1
+        let v = body()
+        inProgress.removeLast()
+        depth -= 1
+        if let p = poisonFrom, frame >= p {
+            if frame == p { poisonFrom = nil }
+            return (nil, true)
         }
-        return body()
+        return (v, false)
     }
 
     /// A `["macro", i]` reference: the macro's name when it has one (so its rules choose among
@@ -143,7 +210,13 @@ final class Evaluator {
         let id = c.nameIds[i]
         if id >= 0 { return valueOf(nameId: id) }
         guard step() else { return nil }
-        return entering(-(i + 1), label: "macro \(i)") { evalMacro(i) }
+        // Unnamed definitions are cached like named ones (scalars only, never `_r`): an unnamed
+        // `_hsh` listed 30,000 times is hashed once.
+        let key = -(i + 1)
+        if let cached = macroCache[key] { return cached }
+        let (v, poisoned) = entering(key, label: "macro \(i)") { evalMacro(i) }
+        if !poisoned, !exhausted, c.macros[i].function != .random, !v.isCompound { macroCache[key] = .some(v) }
+        return v
     }
 
     /// The enabled definition: `add_macro` of passing rules minus `block_macro`; none → the
@@ -195,7 +268,7 @@ final class Evaluator {
             return eval(v)
         case .dataLayer:
             guard require(m, "name") else { return nil }
-            let path = TagConversion.toString(eval(m["name"]!))
+            let path = str(eval(m["name"]!))
             if let v = ctx.dataLayer.get(path), v != .null { return v }
             return m["default_value"].flatMap { eval($0) }
         case .event: return ctx.event.map { .string($0) }
@@ -230,7 +303,7 @@ final class Evaluator {
 
     private func functionCall(_ m: FunctionCall) -> JSON? {
         guard require(m, "function_call_macro_name") else { return nil }
-        let name = TagConversion.toString(eval(m["function_call_macro_name"]!))
+        let name = str(eval(m["function_call_macro_name"]!))
         var params = JSON.object([:])
         if let p = m["additional_params"] {
             guard let v = eval(p), case .object = v else {
@@ -238,6 +311,10 @@ final class Evaluator {
                 return nil
             }
             params = v
+        }
+        guard TagConversion.jsonSize(params, limit: c.limits.maxValueBytes) != nil else {
+            warn("additional_params of function-call macro \(name) are larger than \(c.limits.maxValueBytes) bytes as JSON")
+            return nil
         }
         let req = FunctionCallRequest(name: name, parameters: params)
         if let answer = ctx.functionResults[req.key] { return answer == .null ? nil : answer }
@@ -252,23 +329,29 @@ final class Evaluator {
     private func joiner(_ m: FunctionCall) -> JSON? {
         guard require(m, "arg0") else { return nil }
         guard let v = eval(m["arg0"]!) else { return nil }
-        let sep = m["item_separator"].flatMap { eval($0) }.map { TagConversion.toString($0) } ?? ","
-        let kv = m["key_value_separator"].flatMap { eval($0) }.map { TagConversion.toString($0) } ?? "="
+        let sep = m["item_separator"].flatMap { eval($0) }.map { str($0) } ?? ","
+        let kv = m["key_value_separator"].flatMap { eval($0) }.map { str($0) } ?? "="
         switch v {
-        case .array(let a): return .string(cap(a.map { TagConversion.toString($0) }.joined(separator: sep)))
-        case .object(let o): return .string(cap(o.map { $0.key + kv + TagConversion.toString($0.value) }.joined(separator: sep)))
-        default: return .string(TagConversion.toString(v))
+        case .array(let a):
+            guard charge(sep.utf8.count * a.count) else { return nil }
+            let s = cap(a.map { str($0) }.joined(separator: sep))
+            return exhausted ? nil : .string(s)
+        case .object(let o):
+            guard charge((sep.utf8.count + kv.utf8.count) * o.count) else { return nil }
+            let s = cap(o.map { str(.string($0.key)) + kv + str($0.value) }.joined(separator: sep))
+            return exhausted ? nil : .string(s)
+        default: return .string(str(v))
         }
     }
 
     private func simpleMap(_ m: FunctionCall) -> JSON? {
         guard require(m, "arg0", "map") else { return nil }
-        let input = TagConversion.toString(eval(m["arg0"]!))
+        let input = str(eval(m["arg0"]!))
         switch eval(m["map"]!) {
         case .object(let o)?:
             if let v = o[input] { return v }
         case .array(let a)?:
-            for entry in a where TagConversion.toString(entry["key"]) == input { return entry["value"] }
+            for entry in a where str(entry["key"]) == input { return entry["value"] }
         default:
             warn("map of \(m.id) is not a map or a list of {key, value}")
         }
@@ -280,7 +363,7 @@ final class Evaluator {
         guard let input = eval(m["arg0"]!) else { return nil }
         guard let re = regex(m) else { return nil }
         let group = m["group"].flatMap { eval($0) }.flatMap { TagConversion.toInt64($0) } ?? 1
-        let subject = TagConversion.toString(input)
+        let subject = str(input)
         guard subject.utf8.count <= c.limits.maxRegexSubjectBytes else {
             warn("regex subject exceeds \(c.limits.maxRegexSubjectBytes) bytes")
             return nil
@@ -300,7 +383,7 @@ final class Evaluator {
         guard require(m, "arg0") else { return nil }
         guard let v = eval(m["arg0"]!) else { return nil }
         guard let bytes = inputBytes(m, v) else { return nil }
-        let alg = m["algorithm"].flatMap { eval($0) }.map { TagConversion.toString($0).uppercased() } ?? "MD5"
+        let alg = m["algorithm"].flatMap { eval($0) }.map { str($0).uppercased() } ?? "MD5"
         let digest: [UInt8]
         switch alg {
         case "MD5": digest = Digest.md5(bytes)
@@ -314,8 +397,9 @@ final class Evaluator {
     }
 
     private func inputBytes(_ m: FunctionCall, _ v: JSON) -> [UInt8]? {
-        let s = TagConversion.toString(v)
-        let f = m["input_format"].flatMap { eval($0) }.map { TagConversion.toString($0) } ?? "text"
+        let s = str(v)
+        guard !exhausted else { return nil }
+        let f = m["input_format"].flatMap { eval($0) }.map { str($0) } ?? "text"
         switch f {
         case "text": return Array(s.utf8)
         case "base16":
@@ -328,7 +412,7 @@ final class Evaluator {
     }
 
     private func output(_ m: FunctionCall, _ b: [UInt8], defaultFormat: String) -> JSON? {
-        let f = m["output_format"].flatMap { eval($0) }.map { TagConversion.toString($0) } ?? defaultFormat
+        let f = m["output_format"].flatMap { eval($0) }.map { str($0) } ?? defaultFormat
         switch f {
         case "base16": return .string(Digest.hex(b))
         case "base64": return .string(Digest.base64(b, url: false, pad: true))
@@ -357,12 +441,12 @@ final class Evaluator {
         case .list(let a): return .array(a.map { eval($0) ?? .null })
         case .map(let ps):
             var o = JSONObject()
-            for p in ps { o[TagConversion.toString(eval(p.key))] = eval(p.value) ?? .null }
+            for p in ps { o[str(eval(p.key))] = eval(p.value) ?? .null }
             return .object(o)
         case .template(let parts):
             var s = ""
             for p in parts {
-                s += TagConversion.toString(eval(p))
+                s += str(eval(p))
                 if s.utf8.count > c.limits.maxStringBytes { return .string(cap(s)) }
             }
             return .string(s)
@@ -409,8 +493,9 @@ final class Evaluator {
         let r: Bool
         switch p.function {
         case .equals, .contains, .startsWith, .endsWith:
-            var sa = TagConversion.toString(a)
-            var sb = TagConversion.toString(b)
+            var sa = str(a)
+            var sb = str(b)
+            if exhausted { return false }
             if p.ignoreCase {
                 sa = sa.lowercased()
                 sb = sb.lowercased()
@@ -423,7 +508,8 @@ final class Evaluator {
             }
         case .regex:
             guard let re = regex(p) else { return false }
-            let subject = TagConversion.toString(a)
+            let subject = str(a)
+            if exhausted { return false }
             guard subject.utf8.count <= c.limits.maxRegexSubjectBytes else {
                 warn("regex subject exceeds \(c.limits.maxRegexSubjectBytes) bytes (predicate \(i) false)")
                 return false
@@ -460,7 +546,7 @@ final class Evaluator {
         if f.regexError != nil { return nil }
         guard let pv = eval(f["arg1"]!) else { return nil }
         do {
-            return try TagRegex(TagConversion.toString(pv), ignoreCase: f.ignoreCase, limits: c.limits)
+            return try TagRegex(str(pv), ignoreCase: f.ignoreCase, limits: c.limits)
         } catch {
             warn("\(f.id): \(error.description)")
             return nil

@@ -20,6 +20,15 @@ public struct EngineLimits: Sendable, Equatable {
     public var maxWarnings = 32
     /// Longest string a template or joiner builds (bytes); longer output is cut.
     public var maxStringBytes = 1 << 20
+    /// Bytes an evaluation may produce and hash in all (template and joiner output, string
+    /// forms compared or matched, `_hsh`/`_enc` input): the work bound that steps alone are not
+    /// (one step can copy or hash a 1 MiB string). Past it the evaluation stops
+    /// (`EvaluationStop.workBytes`).
+    public var maxWorkBytes = 8 << 20
+    /// Largest value an evaluation may answer, as JSON text (a `getValue` value, a tag's
+    /// properties, a function call's parameters): larger is `EvaluationStop.valueBytes`. Keep it
+    /// under a quarter of the host's `maxLineBytes` (a string answer is escaped once more).
+    public var maxValueBytes = 256 << 10
 
     public init() {}
 }

@@ -171,3 +171,77 @@ extension SyncClient {
         #expect(try admin.call("gtm.logLines", ["all": true]).serialized.contains("victimOnlyKey"))
     }
 }
+
+/// Macros `m0 = "a"`, `m<i> = m<i-1> + m<i-1>` for i in 1...n (m20 is 1 MiB).
+func gtmDoubling(_ n: Int) -> [JSON] {
+    var macros: [JSON] = [["function": "_c", "instance_name": "m0", "value": "a"]]
+    for i in 1...n {
+        macros.append([
+            "function": "_c", "instance_name": .string("m\(i)"),
+            "value": ["template", ["macro", .int(Int64(i - 1))], ["macro", .int(Int64(i - 1))]],
+        ])
+    }
+    return macros
+}
+
+@Suite(.serialized) struct GTMBoundsTests {
+    /// Issue 21 item 5 and issue 22 item 4: expensive and huge values are answered at once with
+    /// a -32004 naming the limit, and a pipeline of expensive evaluations does not hold the
+    /// plugin's loop past its heartbeat.
+    @Test func expensiveAndHugeValuesGetALimitErrorAndTheLoopKeepsBeating() throws {
+        var macros = gtmDoubling(20)  // 0...20
+        macros.append(["function": "_hsh", "arg0": ["macro", 20]])  // 21, unnamed
+        macros.append([  // 22: the report's joiner
+            "function": "_jn", "instance_name": "j", "arg0": .array([.string("list")] + Array(repeating: ["macro", 21], count: 30_000)),
+        ])
+        var distinct: [JSON] = ["list"]
+        for i in 0..<12 {
+            macros.append(["function": "_hsh", "arg0": ["template", ["macro", 20], .string("\(i)")]])
+            distinct.append(["macro", .int(Int64(macros.count - 1))])
+        }
+        macros.append(["function": "_jn", "instance_name": "w", "arg0": .array(distinct)])
+        let base = macros.count
+        macros.append(["function": "_c", "instance_name": "l0", "value": "x"])
+        for i in 1..<30 {
+            macros.append([
+                "function": "_c", "instance_name": .string("l\(i)"),
+                "value": ["list", ["macro", .int(Int64(base + i - 1))], ["macro", .int(Int64(base + i - 1))]],
+            ])
+        }
+        let text = JSON.object(["resource": ["version": "hog", "macros": .array(macros)]]).serialized
+        let b = try TestBackend()
+        var plugins = TestHost.gtmPlugins(b, defaults: try defaultsDir(["GTM-HOG": text]))
+        if case .object(var o) = plugins[1] {
+            o["heartbeatIntervalMs"] = 200
+            o["heartbeatTimeoutMs"] = 2000
+            plugins[1] = .object(o)
+        }
+        let h = try TestHost(plugins: plugins)
+        let c = try h.client()
+        _ = try c.open("GTM-HOG", "default")
+        func limitOf(_ key: String) throws -> String? {
+            let r = try c.request("gtm.getValue", ["containerId": "GTM-HOG", "key": .string(key)], timeoutMs: 10_000)
+            #expect(r.errorCode == -32004, "\(key): \(r.serialized.prefix(200))")
+            return r["error"]?["data"]?["limit"]?.stringValue
+        }
+        #expect(try limitOf("j") != nil)
+        #expect(try limitOf("w") == "maxEvaluationBytes")
+        #expect(try limitOf("m20") == "maxValueBytes", "1 MiB: over the limit, not dropped by the host")
+        #expect(try limitOf("l29") != nil)
+        #expect(try c.value("GTM-HOG", "m10").stringValue?.utf8.count == 1024)
+        // A pipeline of the most expensive evaluation: every one answered, the plugin never
+        // missed a heartbeat (it was not restarted).
+        for i in 0..<60 {
+            try c.sendLine(#"{"jsonrpc":"2.0","id":\#(1000 + i),"method":"gtm.getValue","params":{"containerId":"GTM-HOG","key":"w"}}"#)
+        }
+        var answered = 0
+        while answered < 60, let m = try c.readMessage(timeoutMs: 30_000) {
+            guard m["id"] != nil else { continue }
+            #expect(m.errorCode == -32004, "\(m.serialized.prefix(300))")
+            answered += 1
+        }
+        #expect(answered == 60)
+        let restarts = try h.plugin("gtm")["restarts"]
+        #expect(restarts == 0, "\(h.logText.split(separator: "\n").filter { $0.contains("gtm") }.suffix(8).joined(separator: "\n"))")
+    }
+}

@@ -153,7 +153,7 @@ import Testing
             ["function": "_c", "instance_name": "self", "value": ["macro", 2]],
         ])
         let e = c.value(named: "a", context: ctx())
-        #expect(e.value == "ab")
+        #expect(e.value == nil, "a macro in a cycle is unresolved, not what it built before the cycle closed")
         #expect(e.warnings.contains { $0.contains("Macro cycle detected: a") })
         let s = c.value(named: "self", context: ctx())
         #expect(s.value == nil)
@@ -170,7 +170,7 @@ import Testing
             predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "2"]],
             rules: [[["if", 0], ["add_macro", 0]]])
         let e = c.value(named: "x", context: ctx())
-        #expect(e.value == "2")
+        #expect(e.value == nil, "x's selection reads x: a cycle, so the type default")
         #expect(e.warnings.contains { $0.contains("Macro cycle detected: x") })
     }
 

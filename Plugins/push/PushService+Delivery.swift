@@ -148,6 +148,13 @@ extension PushService {
         }
     }
 
+    /// After connecting (the subscription is sent first): asks the backend to publish again what
+    /// this device has not acknowledged, in case the broker lost it (duplicates are dropped by id).
+    func hello() {
+        guard let device = deviceId, let mqtt, mqtt.state == .connected else { return }
+        mqtt.publish("pylon/push/ack/" + device, Array(#"{"ids":[],"hello":true}"#.utf8), qos: 1)
+    }
+
     /// Reports acknowledged ids to the backend (QoS 1 on the device's ack topic).
     func flushAcks() {
         if !pendingDeletes.isEmpty {

@@ -139,6 +139,7 @@ final class PushService {
         client.onConnect = { [unowned self] present in
             self.log.info("broker connected", ["sessionPresent": present])
             self.flushAcks()
+            self.hello()
         }
         client.onDisconnect = { [unowned self] why in self.log.warn("broker connection lost", ["reason": why]) }
         mqtt = client

@@ -23,6 +23,7 @@ struct APIError: Error {
         static let requestTimeout = Code(rawValue: "request_timeout")
         static let httpVersionNotSupported = Code(rawValue: "http_version_not_supported")
         static let storage = Code(rawValue: "storage_error")
+        static let serverBusy = Code(rawValue: "server_busy")
     }
 
     var status: Int

@@ -19,6 +19,10 @@ extension Backend {
         static let maxPayloadBytes = 16 * 1024
         static let maxExpiredSeconds: Int64 = 30 * 86400
         static let defaultExpiredSeconds: Int64 = 3 * 86400
+        /// Unacknowledged sends published again when the backend reconnects to the broker (all
+        /// devices) or a device says hello after connecting (that device), newest first.
+        static let maxRepublish = 10_000
+        static let maxRepublishPerDevice = 1000
     }
 
     static func deviceTopic(_ deviceId: String) -> String { "pylon/push/d/" + deviceId }
@@ -41,6 +45,7 @@ extension Backend {
                 self.log.warn("push: malformed ack", ["deviceId": device])
                 return
             }
+            if j["hello"]?.boolValue == true { self.republish(deviceId: device) }
             let now = System.wallClockMs()
             for id in ids.compactMap(\.stringValue) {
                 do throws(SQLiteError) { try self.store.pushMarkAcked(msgId: id, deviceId: device, now: now) } catch {
@@ -51,8 +56,36 @@ extension Backend {
         // PUBACKs and acks read together are recorded in one transaction.
         client.onReadBatchBegin = { [unowned self] in try? self.store.db.exec("BEGIN") }
         client.onReadBatchEnd = { [unowned self] in try? self.store.db.exec("COMMIT") }
-        client.onConnect = { [unowned self] _ in self.brokerConnected() }
+        client.onConnect = { [unowned self] _ in
+            self.brokerConnected()
+            self.republish(deviceId: nil)
+        }
         client.start()
+    }
+
+    /// Publishes again every send its device has not acknowledged (not yet expired), with the
+    /// same message id, so one the broker lost (mosquitto saves its queue only every
+    /// `autosave_interval`: a kill -9 loses what it acknowledged since) still arrives; the device
+    /// drops repeats by message id. Run when the backend (re)connects and when a device reports
+    /// `{"ids": [], "hello": true}` after connecting (its subscription is in place then).
+    func republish(deviceId: String?) {
+        guard let mqtt, mqtt.state == .connected else { return }
+        let limit = deviceId == nil ? PushLimits.maxRepublish : PushLimits.maxRepublishPerDevice
+        let rows: [(msgId: String, token: String, deviceId: String, payload: String)]
+        do throws(SQLiteError) { rows = try store.pushUnacked(deviceId: deviceId, limit: limit) } catch {
+            log.error("push: unacknowledged sends not read", ["error": error.description])
+            return
+        }
+        let now = System.wallClockMs()
+        var n = 0
+        for r in rows {
+            let bytes = Array(r.payload.utf8)
+            let expiresAt = (try? JSON.parse(r.payload))?["expiresAt"]?.intValue ?? 0
+            guard expiresAt > now else { continue }
+            mqtt.publish(Backend.deviceTopic(r.deviceId), bytes, qos: 1, expirySeconds: UInt32(max(1, (expiresAt - now) / 1000)))
+            n += 1
+        }
+        if n > 0 { log.info("push: republished unacknowledged sends", ["count": n, "deviceId": deviceId ?? "all"]) }
     }
 
     private func field(_ body: JSON, _ key: String) throws(APIError) -> String? {

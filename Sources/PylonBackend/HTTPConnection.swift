@@ -65,6 +65,10 @@ final class HTTPConnection: UVHandleOwner {
     private let writer: StreamWriter
     /// `writer.pending`: responses are serialized into it.
     private let pending: ByteBuffer
+    /// The server-wide budget of queued response bytes (`Limits.defaultMaxOutputBytes`).
+    var budget: OutputBudget?
+    /// This connection's share of `budget.used` (its `writer.queuedBytes` when last accounted).
+    private var accounted = 0
     private var reading = false
     private(set) var state = State.open
     /// The client shut down its sending side (EOF).
@@ -386,9 +390,24 @@ final class HTTPConnection: UVHandleOwner {
 
     /// Queues a response; a closing one ends the connection and discards anything after it.
     private func emit(_ response: HTTPResponse, _ framing: Framing) {
-        let bytes = response.serialized(close: framing.close, headOnly: framing.headOnly)
+        var bytes = response.serialized(close: framing.close, headOnly: framing.headOnly)
+        if let b = budget, bytes.count > Limits.smallResponseBytes, b.used > 0, b.used + bytes.count > b.limit {
+            b.refused += 1
+            let busy = APIError(
+                status: 503, code: .serverBusy,
+                message: "\(b.used) response bytes are waiting for their clients (limit \(b.limit)); retry", retryAfter: 1)
+            bytes = HTTPResponse(busy).serialized(close: framing.close, headOnly: framing.headOnly)
+        }
         bytes.withUnsafeBytes { pending.append($0) }
+        account()
         if framing.close { discardQueue() }
+    }
+
+    /// Brings `budget.used` up to date with this connection's queued bytes.
+    private func account() {
+        let q = state == .closed ? 0 : writer.queuedBytes
+        budget?.used += q - accounted
+        accounted = q
     }
 
     private func discardQueue() {
@@ -409,6 +428,7 @@ final class HTTPConnection: UVHandleOwner {
             close()
             return
         }
+        account()
         // Bytes the kernel took at once count as progress for the deadlines.
         if writer.queuedBytes < before { deadlines.wrote(at: loop.nowMs) }
     }
@@ -420,6 +440,7 @@ final class HTTPConnection: UVHandleOwner {
             return
         }
         deadlines.wrote(at: loop.nowMs)
+        account()
         pump()
     }
 
@@ -500,6 +521,7 @@ final class HTTPConnection: UVHandleOwner {
         let cb = onClose
         onClose = {}
         handler = { _ in .drop }
+        account()
         handle.close()
         cb()
     }

@@ -28,6 +28,16 @@ enum Limits {
     /// plus one response, however much the client pipelines. (Unbounded, 4 connections that
     /// pipelined 64 KiB of `GET /v1/inspect/stats` each took the backend from 10 to 404 MB.)
     static let maxPendingOutput = 1 << 20
+    /// Default for `--max-output-bytes`: response bytes queued for writing across all
+    /// connections. A response larger than `smallResponseBytes` that would take the total
+    /// over it, while other responses are queued, is answered 503 `server_busy` with
+    /// `Retry-After: 1` instead (one response is always let through, so a page larger than the
+    /// budget is not refused forever). Unbounded, 120 connections that asked for 8 MiB record
+    /// pages and read nothing held 1,041 MB.
+    static let defaultMaxOutputBytes = 64 << 20
+    /// Responses up to this size are never refused by the output budget (errors, health,
+    /// small pages): at most `--max-connections` of them are held.
+    static let smallResponseBytes = 64 << 10
     static let pendingOutputLowWater = 256 << 10
     /// Default for `--idle-timeout-ms`: between requests, a connection with no complete
     /// request and no completed write for this long is closed (partial bytes do not count).

@@ -8,6 +8,7 @@ package struct Options {
     package var dbPath = ":memory:"
     package var maxBody = Limits.defaultMaxBody
     package var maxConnections = Limits.defaultMaxConnections
+    package var maxOutputBytes = Limits.defaultMaxOutputBytes
     package var timeouts = Timeouts()
     package var logLevel = Log.Level.info
     /// The MQTT broker push sends are published to (`--mqtt HOST:PORT`); none by default.
@@ -30,6 +31,7 @@ package struct Options {
 
     package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
+                             [--max-output-bytes N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT] [--mqtt-username USER]
                              [--mqtt-password-file PATH] [--mqtt-dynsec]
@@ -42,6 +44,9 @@ package struct Options {
           --max-body BYTES    largest request body, as sent and after gunzip (default 1048576)
           --max-connections N open connections; at the limit the least recently active one that
                               is not answering is closed to make room (default 1024)
+          --max-output-bytes N  response bytes waiting for slow or non-reading clients, all
+                              connections together; beyond it a response over 64 KiB is
+                              answered 503 server_busy, Retry-After: 1 (default 67108864)
           --idle-timeout-ms MS    close a connection idle between requests (default 120000)
           --header-timeout-ms MS  408 when a request head is not complete this long after its
                                   first byte (default 20000)
@@ -97,6 +102,8 @@ package struct Options {
                 o.maxBody = try positive(try value(), a)
             case "--max-connections":
                 o.maxConnections = try positive(try value(), a)
+            case "--max-output-bytes":
+                o.maxOutputBytes = try positive(try value(), a)
             case "--idle-timeout-ms":
                 o.timeouts.idleMs = UInt64(try positive(try value(), a))
             case "--header-timeout-ms":

@@ -24,6 +24,8 @@ package final class Server: UVHandleOwner {
     let handler: (HTTPRequest) -> Disposition
     private var connections: [ObjectIdentifier: HTTPConnection] = [:]
     private var accepted: UInt64 = 0
+    /// Response bytes queued across connections (`--max-output-bytes`).
+    package let outputBudget = OutputBudget(limit: Limits.defaultMaxOutputBytes)
     private var closed = false
     private let log = Log("server")
 
@@ -85,6 +87,7 @@ package final class Server: UVHandleOwner {
         }
         accepted += 1
         let c = HTTPConnection(loop: loop, maxBody: maxBody, timeouts: timeouts, serial: accepted)
+        c.budget = outputBudget
         let rc = uv_accept(asStream(handle.pointer), c.stream)
         guard rc == 0 else {
             log.warn("accept failed", ["error": UVError(rc).description])

@@ -189,5 +189,28 @@ extension Store {
             [.int(now), .text(msgId), .text(token)])
     }
 
+    /// Sends not yet acknowledged by their device (an active token of it), newest first, at
+    /// most `limit`; `deviceId` nil: every device. With each its device id and payload.
+    func pushUnacked(deviceId: String?, limit: Int) throws(SQLiteError) -> [(msgId: String, token: String, deviceId: String, payload: String)] {
+        var sql = """
+            SELECT d.msg_id, d.token, dv.device_id, s.payload FROM push_deliveries d
+            JOIN push_sends s ON s.msg_id = d.msg_id
+            JOIN push_devices p ON p.token = d.token AND p.active = 1
+            JOIN devices dv ON dv.install_id = p.install_id
+            WHERE d.acked_at IS NULL
+            """
+        var args: [SQLValue] = []
+        if let deviceId {
+            sql += " AND dv.device_id = ?"
+            args.append(.text(deviceId))
+        }
+        sql += " ORDER BY d.published_at DESC LIMIT ?"
+        args.append(.int(Int64(limit)))
+        return try db.query(sql, args).compactMap { r in
+            guard let m = r[0].text, let t = r[1].text, let d = r[2].text, let p = r[3].text else { return nil }
+            return (m, t, d, p)
+        }
+    }
+
     func pushQuery(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> [[SQLValue]] { try db.query(sql, args) }
 }

@@ -81,6 +81,8 @@ do {
     System.exit(1)
 }
 
+server.outputBudget.limit = options.maxOutputBytes
+
 // The one line tests and scripts wait for, written unbuffered.
 let address = server.boundAddress
 var ready = "pylon-backend listening on \(address)\n"

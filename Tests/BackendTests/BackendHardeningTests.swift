@@ -136,6 +136,38 @@ import Testing
         for _ in 0..<10 { #expect(try greedy[0].readResponse()?.status == 200) }
     }
 
+    // MARK: Output budget (issue 21 item 7)
+
+    /// Record pages a client does not read stay queued in the backend; beyond
+    /// `--max-output-bytes` in total, large responses are answered 503 until they are read.
+    @Test func unreadRecordPagesAreBoundedInTotal() throws {
+        let b = try BackendProcess(["--max-output-bytes", "1048576"])
+        let pad = String(repeating: "x", count: 900_000)
+        for i in 0..<9 {
+            let body: JSON = ["records": [["id": .string("r\(i)"), "ts": 1, "data": ["pad": .string(pad)]]]]
+            #expect(try b.postBatch("big", key: "k\(i)", body).status == 200)
+        }
+        let page = RawHTTPClient.message("GET", "/v1/inspect/streams/big/records?limit=1000")
+        let slow = try RawHTTPClient(port: b.port, receiveBuffer: 4096)
+        try slow.send(page)  // ~8 MB answer, never read for now
+        var busy: HTTPReply?
+        try waitUntil(timeout: 10) {
+            let r = try b.client().request("GET", "/v1/inspect/streams/big/records?limit=1000")
+            busy = r
+            return r.status == 503
+        }
+        #expect(try busy?.json()["code"] == "server_busy")
+        #expect(busy?.headers["retry-after"] == "1")
+        // Small answers are still served.
+        #expect(try b.request("GET", "/healthz").status == 200)
+        #expect(try b.request("GET", "/v1/inspect/streams/big").status == 200)
+        // Once the slow client reads its page, large answers go out again.
+        let mine = try #require(try slow.readResponse(timeoutMs: 30_000))
+        #expect(mine.status == 200)
+        #expect(try mine.json()["records"]?.arrayValue?.count == 9)
+        try waitUntil(timeout: 10) { try b.request("GET", "/v1/inspect/streams/big/records?limit=1000").status == 200 }
+    }
+
     // MARK: HTTP versions
 
     @Test func unsupportedHTTPVersionsAre505() throws {

@@ -19,9 +19,12 @@ final class RawHTTPClient {
     let fd: Int32
     private var buffer: [UInt8] = []
 
-    init(port: UInt16) throws {
+    /// `receiveBuffer`: `SO_RCVBUF` set before connecting (a small window keeps unread
+    /// responses in the server rather than in the kernel).
+    init(port: UInt16, receiveBuffer: Int32? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestFailure(description: "socket: \(errno)") }
+        if var n = receiveBuffer { setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &n, socklen_t(MemoryLayout<Int32>.size)) }
         var sa = sockaddr_in()
         sa.sin_family = sa_family_t(AF_INET)
         sa.sin_port = port.bigEndian

@@ -8,8 +8,8 @@ final class PushWorld {
     let broker: TestBroker
     let backend: TestBackend
 
-    init() throws {
-        broker = try TestBroker()
+    init(autosaveInterval: Int = 1) throws {
+        broker = try TestBroker(autosaveInterval: autosaveInterval)
         backend = try TestBackend(broker: broker)
     }
 
@@ -198,6 +198,27 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
             if titles.count == 3 { break }
         }
         #expect(titles == ["m0", "m1", "m2"], "the broker kept the persistent session's messages")
+    }
+
+    /// Issue 21 item 14: mosquitto acknowledges a send and keeps it in memory until its next
+    /// save; kill -9 before that loses it. The backend keeps every send until the device
+    /// acknowledges it and publishes it again when the device reconnects (its hello).
+    @Test func aSendTheBrokerLostInAKill9StillArrives() throws {
+        let w = try PushWorld(autosaveInterval: 3600)
+        let h = try TestHost(plugins: w.plugins())
+        let token = try h.pushToken()
+        h.stop()  // the device is offline: the broker queues the send in memory only
+        let sent = try w.send(["appId": "lost", "target": .string(token), "title": "survives"])
+        let msgId = try #require(sent["msgId"]?.stringValue)
+        try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["pubackAt"]?.intValue != nil }
+        w.broker.stop()  // SIGKILL: nothing saved since the broker started
+        try w.broker.start()
+        try h.start()
+        let app = try PushApp(h, appId: "lost")
+        let p = try #require(try app.receive(timeoutMs: 10_000), "the send the broker acknowledged and lost arrives")
+        #expect(p["message"]?["id"] == .string(msgId))
+        try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["ackedAt"]?.intValue != nil }
+        #expect(try app.next(timeoutMs: 500) == nil, "delivered once")
     }
 
     @Test func killingThePluginBeforeTheAckRedeliversOnceAndNeverAfterTheAck() throws {

@@ -22,7 +22,8 @@ final class TestBroker {
         return "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
     }
 
-    init() throws {
+    /// `autosaveInterval`: seconds between saves of the broker's database (what a kill -9 loses).
+    init(autosaveInterval: Int = 1) throws {
         dir = NSTemporaryDirectory() + "pylon-broker-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         port = try TestBroker.freePort()
@@ -43,7 +44,7 @@ final class TestBroker {
             plugin_opt_config_file \(dir)/dynsec.json
             persistence true
             persistence_location \(dir)/
-            autosave_interval 1
+            autosave_interval \(autosaveInterval)
             set_tcp_nodelay true
             \(getuid() == 0 ? "user root" : "")
             log_dest file \(dir)/mosquitto.log

@@ -5,6 +5,18 @@ import PylonCore
 /// records and `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
 struct StreamSettings: Equatable {
     static let maxCountLimit = 500
+    /// The bounds of each setting, wherever it is set (a `streams` entry of the config, or
+    /// `uploader.configureStream`); a value outside them is refused with an error naming the
+    /// setting and its bounds (config: exit 78; call: -32602), never clamped.
+    static let maxCountRange: ClosedRange<Int64> = 1...Int64(maxCountLimit)
+    /// At most a day: MA's report interval is seconds to minutes, and a larger value only
+    /// parks records until a count, a flush or a restart.
+    static let intervalMsRange: ClosedRange<Int64> = 0...86_400_000
+    /// 1 KiB to 8 MiB of records before compression. The stream holds up to two bodies of this
+    /// size in memory (the one in flight and the one prepared ahead), and the reference backend
+    /// takes 1 MiB per request by default (a larger batch is split after its 413): 1e15 was
+    /// accepted, and a flush then read the whole queue into one body.
+    static let maxBatchBytesRange: ClosedRange<Int64> = 1024...(8 << 20)
     var endpoint: String
     var maxCount = 50
     var intervalMs: UInt64 = 10_000

@@ -142,6 +142,7 @@ extension Uploader {
                 "refusedConsent": .int(Int64(st.refusedConsent)),
                 "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
                 "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
+                "delivery": st.settings.getHosts == nil ? "post" : "get",
             ]
         }
         var r: JSONObject = [

@@ -184,6 +184,28 @@ struct UploaderConfig {
                 e.maxBatchBytes = try ConfigBounds.int(v["maxBatchBytes"], key + "maxBatchBytes", StreamSettings.maxBatchBytesRange).map {
                     Int($0)
                 }
+                switch v["delivery"] {
+                case nil, .null?, .string("post")?:
+                    if v["allowedHosts"] != nil {
+                        throw UploaderConfigError("streams[\(pattern)].allowedHosts is for \"delivery\": \"get\" streams")
+                    }
+                case .string("get")?:
+                    var hosts = allowedHosts
+                    if let h = v["allowedHosts"], h != .null {
+                        guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
+                            throw UploaderConfigError("streams[\(pattern)].allowedHosts must be an array of host names")
+                        }
+                        hosts = Set(list.compactMap { $0.stringValue?.lowercased() })
+                    }
+                    guard let hosts, !hosts.isEmpty else {
+                        throw UploaderConfigError(
+                            "streams[\(pattern)]: \"delivery\": \"get\" needs allowedHosts (the stream's or the plugin's): the hosts its URLs may name"
+                        )
+                    }
+                    e.getHosts = hosts
+                default:
+                    throw UploaderConfigError("streams[\(pattern)].delivery must be \"post\" or \"get\"")
+                }
                 if let cv = v["consent"] {
                     guard let k = cv.stringValue, !k.isEmpty else {
                         throw UploaderConfigError("streams[\(pattern)].consent must be a switch name")

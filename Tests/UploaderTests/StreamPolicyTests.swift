@@ -191,6 +191,34 @@ struct StreamPolicyTests {
         #expect(ok.catalog.settings(for: "s.x", defaultEndpoint: ok.defaultEndpoint).maxBatchBytes == 8 << 20)
     }
 
+    /// `"delivery": "get"` streams (GTM's `_img` pixels, issue 22 item 2): hosts from the entry,
+    /// else the plugin's `allowedHosts`, else a configuration error; a batch is one record; a
+    /// 3xx answer to the GET is a delivery; a record's URL must be http/https to an allowed host.
+    @Test func getStreamsNeedAllowedHostsAndSendOneRecordPerRequest() throws {
+        let c = try UploaderConfig([
+            "allowedHosts": ["127.0.0.1"],
+            "streams": ["gtm.pixels": ["delivery": "get", "allowedHosts": ["Pixel.Example.com"]], "p2": ["delivery": "get"]],
+        ])
+        let s = c.catalog.settings(for: "gtm.pixels", defaultEndpoint: c.defaultEndpoint)
+        #expect(s.getHosts == ["pixel.example.com"])
+        #expect(c.catalog.settings(for: "p2", defaultEndpoint: c.defaultEndpoint).getHosts == ["127.0.0.1"])
+        #expect(c.catalog.settings(for: "ma.x", defaultEndpoint: c.defaultEndpoint).getHosts == nil)
+        var st = StreamState(settings: s)
+        st.committed(added: 3, bytes: 30, now: 0)
+        st.flush()
+        #expect(st.poll(now: 0) == .cut(maxCount: 1, maxBytes: s.maxBatchBytes))
+        for bad: JSON in [
+            ["streams": ["p": ["delivery": "get"]]], ["streams": ["p": ["delivery": "get", "allowedHosts": []]]],
+            ["streams": ["p": ["delivery": "put", "allowedHosts": ["h"]]]], ["streams": ["p": ["allowedHosts": ["h"]]]],
+        ] {
+            #expect(throws: UploaderConfigError.self, "\(bad.serialized)") { try UploaderConfig(bad) }
+        }
+        #expect(UploadOutcome.classifyGet(status: 302, retryAfterMs: nil, error: nil) == .delivered)
+        #expect(UploadOutcome.classifyGet(status: 204, retryAfterMs: nil, error: nil) == .delivered)
+        #expect(UploadOutcome.classifyGet(status: 404, retryAfterMs: nil, error: nil) == .rejected(status: 404, reason: "HTTP 404"))
+        #expect(UploadOutcome.classifyGet(status: 503, retryAfterMs: nil, error: nil) == .retry(reason: "HTTP 503", retryAfterMs: nil))
+    }
+
     /// A redirect is not followed (the operator's endpoint is where data may go), nor does it
     /// set the batch aside: it is retried (a proxy in front of the endpoint, issue 21 item 8).
     @Test func redirectsAreNotFollowed() {

@@ -87,6 +87,9 @@ struct StreamCatalog: Sendable {
         var maxBatchBytes: Int?
         var consent: String?
         var owner: StreamOwner?
+        /// `"delivery": "get"` with the hosts its URLs may name (the entry's `allowedHosts`, else
+        /// the plugin's): `StreamSettings.getHosts`.
+        var getHosts: Set<String>?
     }
 
     /// Most specific first.
@@ -117,6 +120,7 @@ struct StreamCatalog: Sendable {
         if let n = value(stream, \.maxCount) { s.maxCount = n }
         if let n = value(stream, \.intervalMs) { s.intervalMs = n }
         if let n = value(stream, \.maxBatchBytes) { s.maxBatchBytes = n }
+        s.getHosts = value(stream, \.getHosts)
         return s
     }
 

@@ -5,10 +5,26 @@ import PylonCore
 /// records and `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
 struct StreamSettings: Equatable {
     static let maxCountLimit = 500
+    /// The bounds of each setting, wherever it is set (a `streams` entry of the config, or
+    /// `uploader.configureStream`); a value outside them is refused with an error naming the
+    /// setting and its bounds (config: exit 78; call: -32602), never clamped.
+    static let maxCountRange: ClosedRange<Int64> = 1...Int64(maxCountLimit)
+    /// At most a day: MA's report interval is seconds to minutes, and a larger value only
+    /// parks records until a count, a flush or a restart.
+    static let intervalMsRange: ClosedRange<Int64> = 0...86_400_000
+    /// 1 KiB to 8 MiB of records before compression. The stream holds up to two bodies of this
+    /// size in memory (the one in flight and the one prepared ahead), and the reference backend
+    /// takes 1 MiB per request by default (a larger batch is split after its 413): 1e15 was
+    /// accepted, and a flush then read the whole queue into one body.
+    static let maxBatchBytesRange: ClosedRange<Int64> = 1024...(8 << 20)
     var endpoint: String
     var maxCount = 50
     var intervalMs: UInt64 = 10_000
     var maxBatchBytes = 512 * 1024
+    /// A GET stream (config `"delivery": "get"`): each record is one HTTP GET of its `data.url`,
+    /// whose host must be in this set (the stream's `allowedHosts`, else the plugin's); nil: the
+    /// records go in POSTed batches to `endpoint`.
+    var getHosts: Set<String>?
 }
 
 /// Retry tunables for failed uploads.
@@ -34,6 +50,14 @@ enum UploadOutcome: Equatable {
     case tooLarge
     /// Any other 4xx: the batch will never be accepted there.
     case rejected(status: Int, reason: String)
+
+    /// Classifies the answer to a GET stream's request (a pixel): as `classify`, but a 3xx counts
+    /// as delivered. The request reached the host the operator allowed; its redirect (often to
+    /// another tracker's host) is not followed, and retrying the GET would count the hit again.
+    static func classifyGet(status: Int?, retryAfterMs: UInt64?, error: String?) -> UploadOutcome {
+        if let status, (300..<400).contains(status) { return .delivered }
+        return classify(status: status, retryAfterMs: retryAfterMs, error: error)
+    }
 
     /// Classifies an HTTP status (nil = no response at all). 401 and 403 say nothing about the
     /// records: an expired or missing token at a proxy or the backend, which the operator fixes;
@@ -116,7 +140,8 @@ struct StreamState {
     }
     /// How many records one batch may carry: everything queued (as MA's SDK reports "all data"
     /// once the cache count is exceeded), up to 500 and `maxBatchBytes`, or the cap after a 413.
-    var batchLimit: Int { countCap ?? StreamSettings.maxCountLimit }
+    /// A GET stream's batch is one record: one request each, one in flight per stream.
+    var batchLimit: Int { settings.getHosts != nil ? 1 : countCap ?? StreamSettings.maxCountLimit }
 
     /// Whether to send now: a pending batch whose wait is over, or a new batch because the count,
     /// the bytes or the interval says so (or a flush was asked for).

@@ -142,6 +142,7 @@ extension Uploader {
                 "refusedConsent": .int(Int64(st.refusedConsent)),
                 "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
                 "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
+                "delivery": st.settings.getHosts == nil ? "post" : "get",
             ]
         }
         var r: JSONObject = [
@@ -193,23 +194,29 @@ extension Uploader {
         }
         // null restores the configured default (MA's report interval lasts one app session).
         let configured = config.catalog.settings(for: name, defaultEndpoint: config.defaultEndpoint)
+        /// The param as an integer within `range` (nil: absent or null), or nil after answering
+        /// the -32602 that names it and its bounds.
+        func bounded(_ key: String, _ range: ClosedRange<Int64>) -> Int64?? {
+            guard let v = p[key], v != .null else { return .some(nil) }
+            guard let n = v.intValue, range.contains(n) else {
+                call.fail(
+                    RPCError(
+                        .invalidParams, "\(key) must be an integer from \(range.lowerBound) to \(range.upperBound)",
+                        data: ["param": .string(key), "min": .int(range.lowerBound), "max": .int(range.upperBound)]))
+                return nil
+            }
+            return .some(n)
+        }
+        guard let maxCount = bounded("maxCount", StreamSettings.maxCountRange),
+            let intervalMs = bounded("intervalMs", StreamSettings.intervalMsRange),
+            let maxBatchBytes = bounded("maxBatchBytes", StreamSettings.maxBatchBytesRange)
+        else { return }
         if p["maxCount"] == JSON.null { st.settings.maxCount = configured.maxCount }
         if p["intervalMs"] == JSON.null { st.settings.intervalMs = configured.intervalMs }
-        if let n = p["maxCount"], n != JSON.null {
-            guard let v = n.intValue, v >= 1, v <= Int64(StreamSettings.maxCountLimit) else {
-                call.fail(RPCError(.invalidParams, "maxCount must be an integer from 1 to \(StreamSettings.maxCountLimit)"))
-                return
-            }
-            st.settings.maxCount = Int(v)
-        }
-        if let n = p["intervalMs"], n != JSON.null {
-            guard let v = n.intValue, v >= 0 else {
-                call.fail(RPCError(.invalidParams, "intervalMs must be a non-negative integer"))
-                return
-            }
-            st.settings.intervalMs = UInt64(v)
-        }
-        if let b = p["maxBatchBytes"]?.intValue, b >= 1024 { st.settings.maxBatchBytes = Int(b) }
+        if p["maxBatchBytes"] == JSON.null { st.settings.maxBatchBytes = configured.maxBatchBytes }
+        if let v = maxCount { st.settings.maxCount = Int(v) }
+        if let v = intervalMs { st.settings.intervalMs = UInt64(v) }
+        if let v = maxBatchBytes { st.settings.maxBatchBytes = Int(v) }
         if recordedOwners[name] == nil {
             if let e = ledger.admit(owner, bytes: 0, newStream: true, totalBytes: 0, limits: limits) {
                 call.fail(e)

@@ -246,9 +246,12 @@ final class Uploader {
         }
         // The stream's owner and switch, read in place (one lookup, no copy of its state).
         let known = streams.index(forKey: stream)
-        let (streamOwner, consent) =
-            known.map { (streams.values[$0].owner, streams.values[$0].consentKey) }
-            ?? (config.catalog.owner(of: stream, recorded: recordedOwners[stream]), config.catalog.consentKey(for: stream))
+        let (streamOwner, consent, getHosts) =
+            known.map { (streams.values[$0].owner, streams.values[$0].consentKey, streams.values[$0].settings.getHosts) }
+            ?? (
+                config.catalog.owner(of: stream, recorded: recordedOwners[stream]), config.catalog.consentKey(for: stream),
+                config.catalog.value(stream, \.getHosts)
+            )
         let owner: StreamOwner
         switch StreamAccess.decide(stream, owner: streamOwner, caller: caller, action: "enqueue to", claims: true) {
         case .refused(let e): call.fail(e); return
@@ -274,6 +277,10 @@ final class Uploader {
         switch p.records {
         case .failure(let e): call.fail(e); return
         case .success(let r): (records, bytes) = r
+        }
+        if let getHosts, let e = Uploader.getURLError(records, hosts: getHosts) {
+            call.fail(e)
+            return
         }
         let newStream = recordedOwners[stream] == nil
         if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: diskBytes + commitQueueBytes, limits: limits) {
@@ -441,7 +448,11 @@ final class Uploader {
                 }
             case .send(let key):
                 streams[name] = st
-                send(stream: name, key: key, endpoint: st.settings.endpoint)
+                if let hosts = st.settings.getHosts {
+                    sendGet(stream: name, key: key, hosts: hosts)
+                } else {
+                    send(stream: name, key: key, endpoint: st.settings.endpoint)
+                }
                 // The work ahead waits for the next turn: curl writes the request from a zero
                 // timer, which runs first then; done now, the cut and read of the next batch
                 // would hold the request back.
@@ -452,7 +463,8 @@ final class Uploader {
                 return
             case .prepare(let key):
                 streams[name] = st
-                prepare(stream: name, key: key)
+                // A GET stream's request has no body to read and compress ahead.
+                if st.settings.getHosts == nil { prepare(stream: name, key: key) }
             }
         }
     }

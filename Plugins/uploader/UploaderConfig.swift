@@ -30,6 +30,37 @@ struct UploaderLimits {
     }
 }
 
+/// The bounds of the uploader's numeric configuration (`plugins[uploader].config`). A value
+/// outside them, or not an integer, is a configuration error (the plugin exits 78 naming the
+/// key and its bounds); nothing is clamped. The per-stream settings' bounds are
+/// `StreamSettings.maxCountRange`, `intervalMsRange` and `maxBatchBytesRange`.
+enum ConfigBounds {
+    /// `maxDiskBytes`, and an `owners` entry's `maxDiskBytes`: up to 1 TiB.
+    static let maxDiskBytes: ClosedRange<Int64> = 1...(1 << 40)
+    /// `maxDiskBytesPerOwner`: up to `maxDiskBytes` (checked against the value in effect).
+    static let maxDiskBytesPerOwner: ClosedRange<Int64> = 1...(1 << 40)
+    /// `maxStreamsPerOwner`, and an `owners` entry's `maxStreams` (0 there: no stream at all).
+    static let maxStreamsPerOwner: ClosedRange<Int64> = 1...65_536
+    static let ownerMaxStreams: ClosedRange<Int64> = 0...65_536
+    static let ownerMaxDiskBytes: ClosedRange<Int64> = 0...(1 << 40)
+    /// `requestTimeoutMs`: up to 10 minutes.
+    static let requestTimeoutMs: ClosedRange<Int64> = 1...600_000
+    /// `retryInitialMs` (up to an hour), `retryMaxMs` and `maxRetryAfterMs` (up to a day).
+    static let retryInitialMs: ClosedRange<Int64> = 0...3_600_000
+    static let retryMaxMs: ClosedRange<Int64> = 0...86_400_000
+    static let maxRetryAfterMs: ClosedRange<Int64> = 0...86_400_000
+
+    /// `v` as an integer within `range`, nil when absent or `null`; otherwise the error naming
+    /// `key` and the bounds. Whole-valued numbers such as `5.0` count as integers.
+    static func int(_ v: JSON?, _ key: String, _ range: ClosedRange<Int64>) throws(UploaderConfigError) -> Int64? {
+        guard let v, v != .null else { return nil }
+        guard let n = v.intValue, range.contains(n) else {
+            throw UploaderConfigError("\(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+        }
+        return n
+    }
+}
+
 /// An invalid `plugins[uploader].config`: the plugin logs it and exits 78 (EX_CONFIG), so the
 /// host marks it failed instead of restarting it in a loop.
 struct UploaderConfigError: Error, Equatable, CustomStringConvertible {
@@ -94,10 +125,8 @@ struct UploaderConfig {
     init() {}
 
     init(_ c: JSON) throws(UploaderConfigError) {
-        func int(_ k: String, min lo: Int64 = 0) throws(UploaderConfigError) -> Int? {
-            guard let v = c[k], v != .null else { return nil }
-            guard let n = v.intValue, n >= lo else { throw UploaderConfigError("\(k) must be an integer ≥ \(lo)") }
-            return Int(n)
+        func int(_ k: String, _ range: ClosedRange<Int64>) throws(UploaderConfigError) -> Int? {
+            try ConfigBounds.int(c[k], k, range).map { Int($0) }
         }
         if let e = c["endpoint"] {
             guard let s = e.stringValue else { throw UploaderConfigError("endpoint must be a string") }
@@ -107,13 +136,21 @@ struct UploaderConfig {
             guard let s = v.stringValue, !s.isEmpty else { throw UploaderConfigError("credentialFile must be a path") }
             credentialFile = s
         }
-        if let v = try int("maxDiskBytes", min: 1) { limits.maxDiskBytes = v }
-        if let v = try int("maxDiskBytesPerOwner", min: 1) { limits.maxDiskBytesPerOwnerSetting = v }
-        if let v = try int("maxStreamsPerOwner", min: 1) { limits.maxStreamsPerOwner = v }
-        if let v = try int("requestTimeoutMs", min: 1) { limits.requestTimeoutMs = v }
-        if let v = try int("retryInitialMs") { retry.initialMs = UInt64(v) }
-        if let v = try int("retryMaxMs") { retry.maxMs = UInt64(v) }
-        if let v = try int("maxRetryAfterMs") { retry.maxRetryAfterMs = UInt64(v) }
+        if let v = try int("maxDiskBytes", ConfigBounds.maxDiskBytes) { limits.maxDiskBytes = v }
+        if let v = try int("maxDiskBytesPerOwner", ConfigBounds.maxDiskBytesPerOwner) {
+            guard v <= limits.maxDiskBytes else {
+                throw UploaderConfigError("maxDiskBytesPerOwner (\(v)) must not exceed maxDiskBytes (\(limits.maxDiskBytes))")
+            }
+            limits.maxDiskBytesPerOwnerSetting = v
+        }
+        if let v = try int("maxStreamsPerOwner", ConfigBounds.maxStreamsPerOwner) { limits.maxStreamsPerOwner = v }
+        if let v = try int("requestTimeoutMs", ConfigBounds.requestTimeoutMs) { limits.requestTimeoutMs = v }
+        if let v = try int("retryInitialMs", ConfigBounds.retryInitialMs) { retry.initialMs = UInt64(v) }
+        if let v = try int("retryMaxMs", ConfigBounds.retryMaxMs) { retry.maxMs = UInt64(v) }
+        if let v = try int("maxRetryAfterMs", ConfigBounds.maxRetryAfterMs) { retry.maxRetryAfterMs = UInt64(v) }
+        guard retry.maxMs >= retry.initialMs else {
+            throw UploaderConfigError("retryMaxMs (\(retry.maxMs)) must be at least retryInitialMs (\(retry.initialMs))")
+        }
         fsyncFull = c["fsync"]?.stringValue == "full"
         if let h = c["allowedHosts"], h != .null {
             guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
@@ -125,9 +162,10 @@ struct UploaderConfig {
             guard let obj = o.objectValue else { throw UploaderConfigError("owners must be an object of \"plugin:NAME\"/\"uid:N\" keys") }
             for (k, v) in obj {
                 guard let owner = StreamOwner(k) else { throw UploaderConfigError("owners: \(k) is not \"plugin:NAME\" or \"uid:N\"") }
-                let d = v["maxDiskBytes"]?.intValue.map { Int(max(0, $0)) }
-                let s = v["maxStreams"]?.intValue.map { Int(max(0, $0)) }
-                limits.ownerOverrides[owner] = (d, s)
+                guard v.objectValue != nil else { throw UploaderConfigError("owners[\(k)] must be an object {maxDiskBytes?, maxStreams?}") }
+                let d = try ConfigBounds.int(v["maxDiskBytes"], "owners[\(k)].maxDiskBytes", ConfigBounds.ownerMaxDiskBytes)
+                let s = try ConfigBounds.int(v["maxStreams"], "owners[\(k)].maxStreams", ConfigBounds.ownerMaxStreams)
+                limits.ownerOverrides[owner] = (d.map { Int($0) }, s.map { Int($0) })
             }
         }
         var namespaces: Set<String>?
@@ -141,11 +179,39 @@ struct UploaderConfig {
         if let s = c["streams"], s != .null {
             guard let obj = s.objectValue else { throw UploaderConfigError("streams must be an object of pattern → settings") }
             for (pattern, v) in obj {
+                guard v.objectValue != nil else { throw UploaderConfigError("streams[\(pattern)] must be an object of settings") }
                 var e = StreamCatalog.Entry(pattern: pattern)
                 e.endpoint = v["endpoint"]?.stringValue
-                e.maxCount = v["maxCount"]?.intValue.map { min(max(1, Int($0)), StreamSettings.maxCountLimit) }
-                e.intervalMs = v["intervalMs"]?.intValue.map { UInt64(max(0, $0)) }
-                e.maxBatchBytes = v["maxBatchBytes"]?.intValue.map { max(1024, Int($0)) }
+                let key = "streams[\(pattern)]."
+                e.maxCount = try ConfigBounds.int(v["maxCount"], key + "maxCount", StreamSettings.maxCountRange).map { Int($0) }
+                e.intervalMs = try ConfigBounds.int(v["intervalMs"], key + "intervalMs", StreamSettings.intervalMsRange).map {
+                    UInt64($0)
+                }
+                e.maxBatchBytes = try ConfigBounds.int(v["maxBatchBytes"], key + "maxBatchBytes", StreamSettings.maxBatchBytesRange).map {
+                    Int($0)
+                }
+                switch v["delivery"] {
+                case nil, .null?, .string("post")?:
+                    if v["allowedHosts"] != nil {
+                        throw UploaderConfigError("streams[\(pattern)].allowedHosts is for \"delivery\": \"get\" streams")
+                    }
+                case .string("get")?:
+                    var hosts = allowedHosts
+                    if let h = v["allowedHosts"], h != .null {
+                        guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
+                            throw UploaderConfigError("streams[\(pattern)].allowedHosts must be an array of host names")
+                        }
+                        hosts = Set(list.compactMap { $0.stringValue?.lowercased() })
+                    }
+                    guard let hosts, !hosts.isEmpty else {
+                        throw UploaderConfigError(
+                            "streams[\(pattern)]: \"delivery\": \"get\" needs allowedHosts (the stream's or the plugin's): the hosts its URLs may name"
+                        )
+                    }
+                    e.getHosts = hosts
+                default:
+                    throw UploaderConfigError("streams[\(pattern)].delivery must be \"post\" or \"get\"")
+                }
                 if let cv = v["consent"] {
                     guard let k = cv.stringValue, !k.isEmpty else {
                         throw UploaderConfigError("streams[\(pattern)].consent must be a switch name")

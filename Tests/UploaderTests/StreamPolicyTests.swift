@@ -152,6 +152,73 @@ struct StreamPolicyTests {
         #expect(limits.streams(for: ma) == 5 && limits.diskBytes(for: ma) == 1_048_576)
     }
 
+    /// Issue 21 item 17: every numeric setting has named bounds and a value outside them is a
+    /// configuration error naming the key and the bounds, not a silent clamp (a stream's
+    /// `maxBatchBytes` of 1e15 was accepted; `maxCount` 0 became 1).
+    @Test func numericSettingsOutsideTheirBoundsAreConfigurationErrors() throws {
+        let bad: [(JSON, String)] = [
+            (["streams": ["s.*": ["maxBatchBytes": 1e15]]], "streams[s.*].maxBatchBytes must be an integer from 1024 to 8388608"),
+            (["streams": ["s.*": ["maxBatchBytes": 1000]]], "streams[s.*].maxBatchBytes must be an integer from 1024"),
+            (["streams": ["s.*": ["maxCount": 0]]], "streams[s.*].maxCount must be an integer from 1 to 500"),
+            (["streams": ["s.*": ["maxCount": 501]]], "streams[s.*].maxCount must be an integer from 1 to 500"),
+            (["streams": ["s.*": ["intervalMs": -1]]], "streams[s.*].intervalMs must be an integer from 0 to 86400000"),
+            (["streams": ["s.*": ["intervalMs": "10"]]], "streams[s.*].intervalMs must be an integer"),
+            (["streams": ["s.*": 5]], "streams[s.*] must be an object"),
+            (["maxDiskBytes": 1e13], "maxDiskBytes must be an integer from 1 to 1099511627776"),
+            (["maxDiskBytes": 1000, "maxDiskBytesPerOwner": 2000], "maxDiskBytesPerOwner (2000) must not exceed maxDiskBytes (1000)"),
+            (["maxStreamsPerOwner": 100_000], "maxStreamsPerOwner must be an integer from 1 to 65536"),
+            (["requestTimeoutMs": 0], "requestTimeoutMs must be an integer from 1 to 600000"),
+            (["retryInitialMs": 3_600_001], "retryInitialMs must be an integer from 0 to 3600000"),
+            (["retryMaxMs": 1e12], "retryMaxMs must be an integer from 0 to 86400000"),
+            (["retryInitialMs": 5000, "retryMaxMs": 100], "retryMaxMs (100) must be at least retryInitialMs (5000)"),
+            (["maxRetryAfterMs": -5], "maxRetryAfterMs must be an integer from 0 to 86400000"),
+            (["owners": ["uid:5": ["maxDiskBytes": -1]]], "owners[uid:5].maxDiskBytes must be an integer from 0"),
+            (["owners": ["uid:5": ["maxStreams": 1.5]]], "owners[uid:5].maxStreams must be an integer from 0 to 65536"),
+        ]
+        for (config, message) in bad {
+            do {
+                _ = try UploaderConfig(config)
+                Issue.record("accepted \(config.serialized)")
+            } catch {
+                #expect(error.description.hasPrefix(message), "\(config.serialized): \(error.description)")
+            }
+        }
+        // The bounds themselves are accepted.
+        let ok = try UploaderConfig([
+            "streams": ["s.*": ["maxBatchBytes": 8_388_608, "maxCount": 500, "intervalMs": 86_400_000]], "maxDiskBytes": 1_099_511_627_776,
+            "retryMaxMs": 86_400_000, "owners": ["uid:5": ["maxDiskBytes": 0, "maxStreams": 0]],
+        ])
+        #expect(ok.catalog.settings(for: "s.x", defaultEndpoint: ok.defaultEndpoint).maxBatchBytes == 8 << 20)
+    }
+
+    /// `"delivery": "get"` streams (GTM's `_img` pixels, issue 22 item 2): hosts from the entry,
+    /// else the plugin's `allowedHosts`, else a configuration error; a batch is one record; a
+    /// 3xx answer to the GET is a delivery; a record's URL must be http/https to an allowed host.
+    @Test func getStreamsNeedAllowedHostsAndSendOneRecordPerRequest() throws {
+        let c = try UploaderConfig([
+            "allowedHosts": ["127.0.0.1"],
+            "streams": ["gtm.pixels": ["delivery": "get", "allowedHosts": ["Pixel.Example.com"]], "p2": ["delivery": "get"]],
+        ])
+        let s = c.catalog.settings(for: "gtm.pixels", defaultEndpoint: c.defaultEndpoint)
+        #expect(s.getHosts == ["pixel.example.com"])
+        #expect(c.catalog.settings(for: "p2", defaultEndpoint: c.defaultEndpoint).getHosts == ["127.0.0.1"])
+        #expect(c.catalog.settings(for: "ma.x", defaultEndpoint: c.defaultEndpoint).getHosts == nil)
+        var st = StreamState(settings: s)
+        st.committed(added: 3, bytes: 30, now: 0)
+        st.flush()
+        #expect(st.poll(now: 0) == .cut(maxCount: 1, maxBytes: s.maxBatchBytes))
+        for bad: JSON in [
+            ["streams": ["p": ["delivery": "get"]]], ["streams": ["p": ["delivery": "get", "allowedHosts": []]]],
+            ["streams": ["p": ["delivery": "put", "allowedHosts": ["h"]]]], ["streams": ["p": ["allowedHosts": ["h"]]]],
+        ] {
+            #expect(throws: UploaderConfigError.self, "\(bad.serialized)") { try UploaderConfig(bad) }
+        }
+        #expect(UploadOutcome.classifyGet(status: 302, retryAfterMs: nil, error: nil) == .delivered)
+        #expect(UploadOutcome.classifyGet(status: 204, retryAfterMs: nil, error: nil) == .delivered)
+        #expect(UploadOutcome.classifyGet(status: 404, retryAfterMs: nil, error: nil) == .rejected(status: 404, reason: "HTTP 404"))
+        #expect(UploadOutcome.classifyGet(status: 503, retryAfterMs: nil, error: nil) == .retry(reason: "HTTP 503", retryAfterMs: nil))
+    }
+
     /// A redirect is not followed (the operator's endpoint is where data may go), nor does it
     /// set the batch aside: it is retried (a proxy in front of the endpoint, issue 21 item 8).
     @Test func redirectsAreNotFollowed() {

@@ -1,0 +1,115 @@
+import Foundation
+import PylonClientKit
+import PylonProtocol
+import TestSupport
+import Testing
+
+/// Issue 22 item 2: GTM's `_img` pixel is an HTTP GET of its URL, and the uploader makes it: a
+/// `"delivery": "get"` stream (`gtm.pixels`) whose records each carry a `url`, requested one by
+/// one, durably, under the stream's consent switch, only to its `allowedHosts`, with retry. A
+/// local test server receives the GETs.
+@Suite(.serialized) struct UploaderPixelTests {
+    func host(_ server: UploaderTestServer, config extra: JSONObject = [:]) throws -> TestHost {
+        var cfg: JSONObject = [
+            "endpoint": .string(server.baseURL + "/v1/batches/{stream}"), "retryInitialMs": 100, "retryMaxMs": 2000,
+            "streams": [
+                "gtm.pixels": ["delivery": "get", "allowedHosts": ["127.0.0.1"], "consent": "gtm:hits", "intervalMs": 600_000]
+            ],
+        ]
+        for (k, v) in extra { cfg[k] = v }
+        let h = try TestHost(plugins: [
+            [
+                "name": "uploader", "exec": "pylon-uploader", "config": .object(cfg), "backoffInitialMs": 50,
+                "heartbeatIntervalMs": 500, "heartbeatTimeoutMs": 5000,
+            ]
+        ])
+        try h.waitForPlugin("uploader")
+        return h
+    }
+
+    func pixel(_ c: SyncClient, _ id: String, _ url: String) throws -> JSON {
+        try c.call(
+            "uploader.enqueue",
+            [
+                "stream": "gtm.pixels", "consent": "gtm:hits",
+                "records": [["id": .string(id), "data": ["kind": "pixel", "url": .string(url)]]],
+            ])
+    }
+
+    func gets(_ server: UploaderTestServer) throws -> [String] {
+        try server.log().filter { $0["method"] == "GET" }.compactMap { $0["path"]?.stringValue }
+    }
+
+    @Test func eachPixelRecordIsAGetOfItsURL() throws {
+        let server = try UploaderTestServer()
+        let h = try host(server)
+        let c = try h.client()
+        #expect(try pixel(c, "p1", server.baseURL + "/px?n=1&e=page_view")["accepted"] == .int(1))
+        #expect(try pixel(c, "p2", server.baseURL + "/px?n=2")["accepted"] == .int(1))
+        let r = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(r["delivered"] == .int(2) && r["deadLettered"] == .int(0), "\(r)")
+        #expect(try gets(server) == ["/px?n=1&e=page_view", "/px?n=2"])
+        #expect(try server.log().allSatisfy { $0["method"] == "GET" }, "no batch is POSTed for a GET stream")
+        #expect(try c.call("uploader.status")["streams"]?["gtm.pixels"]?["delivery"] == "get")
+    }
+
+    /// Only http/https URLs whose host the stream allows, checked at the enqueue.
+    @Test func urlsOutsideTheAllowedHostsAreRefusedAtTheEnqueue() throws {
+        let server = try UploaderTestServer()
+        let h = try host(server)
+        let c = try h.client()
+        for url in ["http://evil.example/x", "ftp://127.0.0.1/x", "http://user:pw@127.0.0.1/x", "127.0.0.1/x"] {
+            do {
+                _ = try pixel(c, "bad", url)
+                Issue.record("\(url) accepted")
+            } catch let e as RPCError {
+                #expect(e.code == -32602 && e.message.hasPrefix("records[0].data.url is not allowed"), "\(url): \(e)")
+            }
+        }
+        do {
+            _ = try c.call("uploader.enqueue", ["stream": "gtm.pixels", "records": [["id": "nourl", "data": ["kind": "pixel"]]]])
+            Issue.record("a record without url accepted")
+        } catch let e as RPCError {
+            #expect(e.code == -32602 && e.message.contains("data.url is required"))
+        }
+        #expect(try server.log().isEmpty)
+    }
+
+    /// A 5xx is retried; a redirect counts as delivered (not followed, not requested again); a
+    /// 4xx sets the pixel aside.
+    @Test func pixelsAreRetriedOnServerErrorsAndSetAsideOn4xx() throws {
+        let server = try UploaderTestServer()
+        try server.answer([503, 302, 404])
+        let h = try host(server)
+        let c = try h.client()
+        _ = try pixel(c, "p3", server.baseURL + "/px?n=3")
+        let r = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(r["delivered"] == .int(1) && r["deadLettered"] == .int(0), "\(r)")
+        _ = try pixel(c, "p4", server.baseURL + "/px?n=4")
+        let r4 = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(r4["delivered"] == .int(0) && r4["deadLettered"] == .int(1), "\(r4)")
+        #expect(try server.log().compactMap { $0["status"]?.intValue } == [503, 302, 404])
+        #expect(try gets(server) == ["/px?n=3", "/px?n=3", "/px?n=4"])
+        let dead = try c.call("uploader.deadLetters", ["stream": "gtm.pixels"])["deadLetters"]?.arrayValue ?? []
+        #expect(dead.map { $0["id"] } == [.string("p4")] && dead.first?["status"] == .int(404))
+    }
+
+    /// A pixel still queued when its switch is denied is purged without its GET: requesting it
+    /// after the denial would hand the hit to the URL's host.
+    @Test func aDeniedSwitchPurgesQueuedPixelsWithoutRequestingThem() throws {
+        let server = try UploaderTestServer()
+        try server.answer([503])
+        let h = try host(server, config: ["retryInitialMs": 600_000, "retryMaxMs": 600_000])
+        let c = try h.client()
+        _ = try pixel(c, "p5", server.baseURL + "/px?n=5")
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels"])
+        try waitUntil(timeout: 10) { try c.call("uploader.status")["streams"]?["gtm.pixels"]?["attempts"] == .int(1) }
+        _ = try c.call("consent.set", ["key": "gtm:hits", "granted": false])
+        try waitUntil(timeout: 10) {
+            let st = try c.call("uploader.status")["streams"]?["gtm.pixels"]
+            return st?["pendingBatches"] == .int(0) && st?["queued"] == .int(0)
+        }
+        #expect(try gets(server) == ["/px?n=5"], "only the attempt made before the denial")
+        #expect(throws: RPCError.self) { try pixel(c, "p6", server.baseURL + "/px?n=6") }
+    }
+}

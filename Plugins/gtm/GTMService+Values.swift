@@ -303,7 +303,8 @@ extension GTMService {
         t.pushSeq += 1
         guard t.pushQueue.enqueue(QueuedPush(data: data, seq: t.pushSeq, bytes: bytes)) == .accepted else {
             log.error(
-                t.owner, "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
+                t.owner,
+                "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
             )
             call.fail(
                 RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
@@ -457,7 +458,8 @@ extension GTMService {
             case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
                 guard self.hitsHeld < self.limits.maxHeldHits else {
                     tenant.counters.hitsDropped += 1
-                    self.log.warning(owner, "\(containerId): hit dropped: uploader unavailable and maxHeldHits \(self.limits.maxHeldHits) held")
+                    self.log.warning(
+                        owner, "\(containerId): hit dropped: uploader unavailable and maxHeldHits \(self.limits.maxHeldHits) held")
                     return
                 }
                 self.hitsHeld += 1

@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import PylonCore
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
 import PylonTagEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The gtm plugin's service: open containers (default → saved → network, the opener), their
 /// refresh schedule, preview, values, the data layer and tags.
@@ -188,7 +189,8 @@ final class GTMService {
         case .failure(let k, let why): p["status"] = "failure"; p["type"] = .string(k.rawValue); p["reason"] = .string(why)
         }
         log.debug(
-            inst.owner, "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
+            inst.owner,
+            "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
         )
         plugin.publish("gtm.container.refresh", .object(p))
         for w in inst.waiters where OpenerRule.releases(w.type, e, startMs: w.startMs) { release(w, inst) }
@@ -317,7 +319,8 @@ final class GTMService {
                         self.log.error(inst.owner, "\(inst.id): cannot save the container: \(error.description)")
                     }
                 }
-                self.log.info(inst.owner, "\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
+                self.log.info(
+                    inst.owner, "\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
                 self.report(inst, .success(.network, lastRefreshMs: inst.lastRefreshMs))
                 self.schedule(inst, self.limits.refreshPeriodMs)
             case .success(let resp):

@@ -78,6 +78,8 @@ final class GTMService {
         log.burst = limits.logBurst
         log.perSecond = limits.logLinesPerSecond
         environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
+        // Clients learn of a restart (their containers and handlers are gone): no uid's data.
+        plugin.publish("gtm.started", ["run": .string(runPrefix), "ts": .int(now())])
         if environment.osVersion.isEmpty { log.warning(nil, "OS version unknown (uname failed): the _ov macro is unresolved") }
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")

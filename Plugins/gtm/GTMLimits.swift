@@ -27,10 +27,16 @@ struct GTMLimits {
     /// Publish owner lines on `gtm.log` too (only for a host whose `disclosure.adminTopics`
     /// covers `gtm.log`: the host delivers a publication to every subscriber).
     var publishOwnerLogLines = false
+    /// Log lines per owner: a burst, then this many a second (the rest are counted, and the next
+    /// line says how many were dropped).
+    var logBurst = 50
+    var logLinesPerSecond = 10
     /// Longest a function-call macro or tag handler is waited for before its type default is used.
     var functionCallTimeoutMs: Int64 = 1_000
     /// Function-call rounds per evaluation (a macro whose answer makes another one needed).
     var maxFunctionCallRounds = 4
+    /// Hits held (plugin-wide) while the uploader restarts: one more is dropped and counted.
+    var maxHeldHits = 1_000
     /// Function-call handlers registered at once, per owner.
     var maxHandlers = 1_024
     /// Pushes queued behind the one being handled before a loop is assumed (spec: 500).
@@ -60,6 +66,8 @@ struct GTMLimits {
     var logLevel = GTMLogLevel.warning
 
     static let maxContainerIdBytes = 64
+    /// Longest `getValue` key (a macro name).
+    static let maxKeyBytes = 1024
 
     init() {}
 
@@ -79,9 +87,12 @@ struct GTMLimits {
         if let v = int("maxOwners") { maxOwners = Int(v) }
         if let v = int("maxLogLinesPerOwner") { maxLogLinesPerOwner = Int(v) }
         if let b = c["publishOwnerLogLines"]?.boolValue { publishOwnerLogLines = b }
+        if let v = int("logBurst") { logBurst = Int(v) }
+        if let v = int("logLinesPerSecond") { logLinesPerSecond = Int(v) }
         if let v = int("functionCallTimeoutMs") { functionCallTimeoutMs = v }
         if let v = int("maxFunctionCallRounds") { maxFunctionCallRounds = Int(v) }
         if let v = int("maxHandlers") { maxHandlers = Int(v) }
+        if let v = int("maxHeldHits") { maxHeldHits = Int(v) }
         if let v = int("maxQueuedPushes") { maxQueuedPushes = Int(v) }
         if let v = int("maxPushBytes") { maxPushBytes = Int(v) }
         if let v = int("maxDataLayerBytes") { maxDataLayerBytes = Int(v) }
@@ -99,6 +110,8 @@ struct GTMLimits {
         if let o = c["environment"]?.objectValue { environment = o }
         if let s = c["logLevel"]?.stringValue, let l = GTMLogLevel(rawValue: s) { logLevel = l }
     }
+
+    static let containerIdRule = "containerId must be 1-\(maxContainerIdBytes) characters of [A-Za-z0-9._-] (not . or ..)"
 
     /// `[A-Za-z0-9._-]{1,64}`: a container id names files, URL path segments and rows.
     static func validContainerId(_ s: String) -> Bool {

@@ -1,5 +1,6 @@
 import PylonCore
 import PylonPluginKit
+import PylonTagEngine
 
 /// The plugin's logger: the SDK's levels (default warnings and errors), changeable at run time,
 /// one level per owner (docs/SECURITY.md, "Tag manager").
@@ -21,6 +22,11 @@ final class GTMLog {
     var maxLinesPerOwner = 256
     var maxLineBytes = 2048
     var publishOwnerLines = false
+    /// Each owner's lines are rate-limited (`logBurst`, `logLinesPerSecond`): a caller repeating
+    /// a failing call cannot flood the host's log. Plugin-wide lines are not.
+    var burst = 50
+    var perSecond = 10
+    private var limiters: [Owner: LineRateLimiter] = [:]
     private var seq: Int64 = 0
     static let topic = "gtm.log"
 
@@ -43,6 +49,9 @@ final class GTMLog {
         self.level = level
     }
 
+    /// Lines of `owner` suppressed by the rate limit so far.
+    func suppressed(_ owner: Owner) -> Int { limiters[owner]?.totalSuppressed ?? 0 }
+
     func level(of owner: Owner?) -> GTMLogLevel { owner.flatMap { levels[$0] } ?? level }
 
     func setLevel(_ l: GTMLogLevel, for owner: Owner) { levels[owner] = l }
@@ -54,8 +63,20 @@ final class GTMLog {
 
     func emit(_ owner: Owner?, _ l: GTMLogLevel, _ message: @autoclosure () -> String) {
         guard enabled(l, owner) else { return }
+        var note: String?
+        if let owner {
+            var lim = limiters[owner] ?? LineRateLimiter(burst: burst, perSecond: perSecond)
+            let d = lim.request(nowMs: Int64(Loop.hrtimeNs / 1_000_000))
+            limiters[owner] = lim
+            switch d {
+            case .suppress: return
+            case .emit(let n) where n > 0: note = " (\(n) earlier lines of \(owner) suppressed: log rate limit)"
+            case .emit: break
+            }
+        }
         var m = message()
         if m.utf8.count > maxLineBytes { m = String(decoding: m.utf8.prefix(maxLineBytes), as: UTF8.self) + "…" }
+        if let note { m += note }
         let text = owner.map { "[\($0)] " + m } ?? m
         switch l {
         case .error: plugin.log.error(text)

@@ -39,8 +39,9 @@ extension GTMService {
         guard let who = caller(call) else { return }
         let owner = who.owner
         // Read from json-c without converting the params: this is the hot method.
-        guard let id = call.stringParam("containerId"), let key = call.stringParam("key") else {
-            call.fail(RPCError(.invalidParams, "containerId and key (strings) are required"))
+        guard let id = containerId(call) else { return }
+        guard let key = call.stringParam("key"), key.utf8.count <= GTMLimits.maxKeyBytes else {
+            call.fail(RPCError(.invalidParams, "key must be a string of at most \(GTMLimits.maxKeyBytes) bytes"))
             return
         }
         var type = ValueType.string
@@ -53,7 +54,7 @@ extension GTMService {
         }
         guard let tenant = tenants[owner], let inst = tenant.instances[id] else {
             log.warning(owner, "getValue (\(type.rawValue)) called for a container that is not open: \(id)")
-            call.reply(["value": type.defaultValue])
+            call.fail(GTMService.notOpen(id))
             return
         }
         // Only the fact members are converted (not the whole params).
@@ -302,14 +303,17 @@ extension GTMService {
         t.pushSeq += 1
         guard t.pushQueue.enqueue(QueuedPush(data: data, seq: t.pushSeq, bytes: bytes)) == .accepted else {
             log.error(
-                t.owner, "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
+                t.owner,
+                "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
             )
             call.fail(
                 RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
             return
         }
         t.counters.pushes += 1
-        call.reply(["queued": true])
+        // How many containers this push can fire tags in: 0 after a tag-manager restart tells
+        // the client to open its containers again.
+        call.reply(["queued": true, "containers": .int(Int64(t.instances.count))])
         if !t.processing {
             t.processing = true
             if !pacer.run({ [unowned self] in self.drain(t) }) { drain(t) }
@@ -430,6 +434,16 @@ extension GTMService {
             "tag": .object(props), "ts": .int(now()),
         ]
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
+        sendHit(tenant, inst.id, rec, attempt: 1)
+    }
+
+    /// One hit to the uploader. While the uploader is restarting (-32001) or does not answer in
+    /// time (-32002) the hit is held and sent again after a backoff (the record id is unique, so
+    /// the uploader never stores it twice), as the MA plugin does with its events. At most
+    /// `maxHeldHits` are held at once (plugin-wide): a hit beyond that is dropped and counted
+    /// (`hitsDropped` in `gtm.status`).
+    func sendHit(_ tenant: Tenant, _ containerId: String, _ rec: JSON, attempt: Int) {
+        let owner = tenant.owner
         plugin.call(
             "uploader.enqueue",
             [
@@ -437,11 +451,25 @@ extension GTMService {
                 "records": [rec],
             ]
         ) { [unowned self] r in
+            if attempt > 1 { self.hitsHeld -= 1 }
             switch r {
-            case .success: tenant.counters.hitsQueued += 1
+            case .success:
+                tenant.counters.hitsQueued += 1
+            case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
+                guard self.hitsHeld < self.limits.maxHeldHits else {
+                    tenant.counters.hitsDropped += 1
+                    self.log.warning(
+                        owner, "\(containerId): hit dropped: uploader unavailable and maxHeldHits \(self.limits.maxHeldHits) held")
+                    return
+                }
+                self.hitsHeld += 1
+                tenant.counters.hitsRetried += 1
+                if attempt == 1 { self.log.info(owner, "\(containerId): uploader unavailable (\(e.message)); hit held") }
+                let delay = GTMService.uploaderRetry.delay(attempt: attempt)
+                _ = self.plugin.loop.after(ms: delay) { [unowned self] in self.sendHit(tenant, containerId, rec, attempt: attempt + 1) }
             case .failure(let e):
                 if e.code == RPCError.Code.consentDenied.rawValue { tenant.counters.hitsDroppedForConsent += 1 }
-                self.log.warning(owner, "\(inst.id): hit not queued: \(e.message)")
+                self.log.warning(owner, "\(containerId): hit not queued: \(e.message)")
             }
         }
     }

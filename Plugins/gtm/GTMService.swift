@@ -4,6 +4,10 @@ import PylonPluginKit
 import PylonStore
 import PylonTagEngine
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The gtm plugin's service: open containers (default → saved → network, the opener), their
 /// refresh schedule, preview, values, the data layer and tags.
 final class GTMService {
@@ -20,6 +24,9 @@ final class GTMService {
     var environment = TagEnvironment()
     /// The clock (wall time, ms); injected so the machines stay testable.
     var now: () -> Int64 = { System.wallClockMs() }
+    /// Hits waiting to be sent again (the uploader restarting), plugin-wide (`maxHeldHits`).
+    var hitsHeld = 0
+    static let uploaderRetry = BackoffPolicy(initialMs: 50, maxMs: 1_600)
     lazy var runPrefix = System.randomHex(6)
     var hitSeq: UInt64 = 0
 
@@ -34,18 +41,24 @@ final class GTMService {
         var hitsQueued = 0
         var hitsDroppedForConsent = 0
         var functionCallFailures = 0
+        /// Hits sent again because the uploader was restarting or slow.
+        var hitsRetried = 0
+        /// Hits dropped because `maxHeldHits` were held already.
+        var hitsDropped = 0
 
         static func + (a: Counters, b: Counters) -> Counters {
             Counters(
                 pushes: a.pushes + b.pushes, tagsFired: a.tagsFired + b.tagsFired, hitsQueued: a.hitsQueued + b.hitsQueued,
                 hitsDroppedForConsent: a.hitsDroppedForConsent + b.hitsDroppedForConsent,
-                functionCallFailures: a.functionCallFailures + b.functionCallFailures)
+                functionCallFailures: a.functionCallFailures + b.functionCallFailures, hitsRetried: a.hitsRetried + b.hitsRetried,
+                hitsDropped: a.hitsDropped + b.hitsDropped)
         }
 
         var json: JSONObject {
             [
                 "pushes": .int(Int64(pushes)), "tagsFired": .int(Int64(tagsFired)), "hitsQueued": .int(Int64(hitsQueued)),
                 "hitsDroppedForConsent": .int(Int64(hitsDroppedForConsent)), "functionCallFailures": .int(Int64(functionCallFailures)),
+                "hitsRetried": .int(Int64(hitsRetried)), "hitsDropped": .int(Int64(hitsDropped)),
             ]
         }
     }
@@ -62,7 +75,12 @@ final class GTMService {
         log.level = limits.logLevel
         log.maxLinesPerOwner = limits.maxLogLinesPerOwner
         log.publishOwnerLines = limits.publishOwnerLogLines
+        log.burst = limits.logBurst
+        log.perSecond = limits.logLinesPerSecond
         environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
+        // Clients learn of a restart (their containers and handlers are gone): no uid's data.
+        plugin.publish("gtm.started", ["run": .string(runPrefix), "ts": .int(now())])
+        if environment.osVersion.isEmpty { log.warning(nil, "OS version unknown (uname failed): the _ov macro is unresolved") }
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")
             restoreLifetimeValues()
@@ -75,10 +93,7 @@ final class GTMService {
 
     func open(_ call: Call) {
         guard let who = caller(call) else { return }
-        guard let id = call.params["containerId"]?.stringValue, GTMLimits.validContainerId(id) else {
-            call.fail(RPCError(.invalidParams, "containerId must be 1-\(GTMLimits.maxContainerIdBytes) characters of [A-Za-z0-9._-]"))
-            return
-        }
+        guard let id = containerId(call) else { return }
         var type = OpenType.preferNonDefault
         if let t = call.params["openType"] {
             guard let s = t.stringValue, let ot = OpenType(rawValue: s) else {
@@ -176,7 +191,8 @@ final class GTMService {
         case .failure(let k, let why): p["status"] = "failure"; p["type"] = .string(k.rawValue); p["reason"] = .string(why)
         }
         log.debug(
-            inst.owner, "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
+            inst.owner,
+            "\(inst.id): refresh \(p["status"]!.stringValue!) (\(p["type"]!.stringValue!))\(p["reason"].map { ": " + $0.stringValue! } ?? "")"
         )
         plugin.publish("gtm.container.refresh", .object(p))
         for w in inst.waiters where OpenerRule.releases(w.type, e, startMs: w.startMs) { release(w, inst) }
@@ -305,7 +321,8 @@ final class GTMService {
                         self.log.error(inst.owner, "\(inst.id): cannot save the container: \(error.description)")
                     }
                 }
-                self.log.info(inst.owner, "\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
+                self.log.info(
+                    inst.owner, "\(inst.id): loaded version \(c.version) from the network\(inst.preview != nil ? " (preview draft)" : "")")
                 self.report(inst, .success(.network, lastRefreshMs: inst.lastRefreshMs))
                 self.schedule(inst, self.limits.refreshPeriodMs)
             case .success(let resp):
@@ -324,12 +341,31 @@ final class GTMService {
 
     // MARK: Refresh, close, preview
 
+    /// The call's `containerId` if it follows the rule (`GTMLimits.validContainerId`); else the
+    /// call is answered -32602 and nil (nothing about it is logged: it is the caller's input).
+    func containerId(_ call: Call) -> String? {
+        guard let id = call.stringParam("containerId"), GTMLimits.validContainerId(id) else {
+            call.fail(RPCError(.invalidParams, GTMLimits.containerIdRule))
+            return nil
+        }
+        return id
+    }
+
+    /// `-32010`: the container is not open for this caller. After a tag-manager restart every
+    /// container (and function-call handler) is gone: the client opens (registers) them again.
+    static let notOpenCode: Int32 = -32010
+
+    static func notOpen(_ id: String) -> RPCError {
+        RPCError(
+            code: notOpenCode,
+            message:
+                "container \(id) is not open for this caller: open it with gtm.openContainer (after a tag-manager restart, open every container and register every handler again)",
+            data: ["containerId": .string(id), "reason": "not_open"])
+    }
+
     func refresh(_ call: Call) {
         guard let who = caller(call) else { return }
-        guard let id = call.params["containerId"]?.stringValue else {
-            call.fail(RPCError(.invalidParams, "containerId is required"))
-            return
-        }
+        guard let id = containerId(call) else { return }
         guard let inst = tenants[who.owner]?.instances[id] else {
             call.reply(["accepted": false, "reason": "not_open: open the container first"])
             return
@@ -349,9 +385,8 @@ final class GTMService {
 
     func close(_ call: Call) {
         guard let who = caller(call) else { return }
-        guard let id = call.params["containerId"]?.stringValue, let tenant = tenants[who.owner],
-            let inst = tenant.instances.removeValue(forKey: id)
-        else {
+        guard let id = containerId(call) else { return }
+        guard let tenant = tenants[who.owner], let inst = tenant.instances.removeValue(forKey: id) else {
             call.reply(["closed": false])
             return
         }
@@ -401,6 +436,8 @@ final class GTMService {
         var out = tenantStatus(tenants[who.owner])
         for (k, v) in who.owner.json { out[k] = v }
         out["logLevel"] = .string(log.level(of: who.owner).rawValue)
+        out["logLinesSuppressed"] = .int(Int64(log.suppressed(who.owner)))
+        out["hitsHeld"] = .int(Int64(hitsHeld))
         if who.admin {
             var owners: [JSON] = []
             var totals = Counters()
@@ -471,7 +508,9 @@ final class GTMService {
             (try? System.readFile(atPath: p, maxBytes: 256)).map { String(decoding: $0, as: UTF8.self).trimmingCharacters(in: " \n\t") }
                 ?? ""
         }
-        e.osVersion = file("/proc/sys/kernel/osrelease")
+        // uname(2), not /proc/sys/kernel/osrelease: the shipped unit's ProcSubset=pid hides
+        // /proc/sys (the macro was "" there). /sys/class/dmi stays readable under the unit.
+        e.osVersion = GTMService.kernelRelease() ?? file("/proc/sys/kernel/osrelease")
         let vendor = file("/sys/class/dmi/id/sys_vendor")
         let product = file("/sys/class/dmi/id/product_name")
         // The SDK's device name: the model, prefixed by the manufacturer unless the model starts
@@ -496,6 +535,18 @@ final class GTMService {
         if let s = o["resolution"]?.stringValue { e.resolution = s }
         if let s = o["platform"]?.stringValue { e.platform = s }
         return e
+    }
+}
+
+extension GTMService {
+    /// The kernel release from uname(2) (what `/proc/sys/kernel/osrelease` says), nil if empty.
+    static func kernelRelease() -> String? {
+        var u = utsname()
+        guard uname(&u) == 0 else { return nil }
+        let s = withUnsafeBytes(of: &u.release) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        return s.isEmpty ? nil : s
     }
 }
 

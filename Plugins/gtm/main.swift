@@ -10,6 +10,7 @@ plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue
 plugin.declarePublishes("gtm.container.refresh")
 plugin.declarePublishes("gtm.container.available")
 plugin.declarePublishes(GTMLog.topic)
+plugin.declarePublishes("gtm.started")
 
 plugin.method("openContainer") { gtm.open($0) }
 plugin.method("closeContainer") { gtm.close($0) }

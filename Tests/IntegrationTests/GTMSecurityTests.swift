@@ -165,7 +165,8 @@ extension SyncClient {
         let all = try admin.call("gtm.status")
         let uids = all["owners"]?.arrayValue?.compactMap { $0["uid"]?.intValue } ?? []
         #expect(uids.contains(4242) && uids.contains(65534))
-        #expect(try admin.value("GTM-V", "email") == "", "root's own state is root's")
+        #expect(
+            try admin.request("gtm.getValue", ["containerId": "GTM-V", "key": "email"]).errorCode == -32010, "root's own state is root's")
         #expect(
             try admin.call("gtm.getValue", ["containerId": "GTM-V", "key": "email", "uid": 4242])["value"] == "victim@example.com")
         #expect(try admin.call("gtm.logLines", ["all": true]).serialized.contains("victimOnlyKey"))
@@ -243,5 +244,120 @@ func gtmDoubling(_ n: Int) -> [JSON] {
         #expect(answered == 60)
         let restarts = try h.plugin("gtm")["restarts"]
         #expect(restarts == 0, "\(h.logText.split(separator: "\n").filter { $0.contains("gtm") }.suffix(8).joined(separator: "\n"))")
+    }
+}
+
+@Suite(.serialized) struct GTMInputAndRestartTests {
+    /// Issue 21 item 11: container ids are validated everywhere (-32602, nothing logged), and a
+    /// caller repeating a failing call is rate-limited in the log.
+    @Test func containerIdsAreValidatedAndRepeatedWarningsRateLimited() throws {
+        let b = try TestBackend()
+        let h = try TestHost(
+            plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:]), gtm: ["logBurst": 20, "logLinesPerSecond": 1]))
+        let c = try h.client()
+        let huge = JSON.string(String(repeating: "G", count: 15_000))
+        for m in ["gtm.getValue", "gtm.refresh", "gtm.closeContainer", "gtm.openContainer"] {
+            #expect(try c.request(m, ["containerId": huge, "key": "k"]).errorCode == -32602, "\(m)")
+        }
+        #expect(try c.request("gtm.getValue", ["containerId": "../etc", "key": "k"]).errorCode == -32602)
+        #expect(
+            try c.request("gtm.getValue", ["containerId": "GTM-1", "key": .string(String(repeating: "k", count: 5000))]).errorCode == -32602
+        )
+        #expect(
+            try c.call(
+                "gtm.preview", ["url": .string("tagmanager.c.app://preview/p?id=\(String(repeating: "G", count: 15_000))&gtm_preview=")])[
+                    "preview"] == false)
+        #expect(!h.logText.contains(String(repeating: "G", count: 200)), "the unvalidated id is never logged")
+        // 300 calls for a valid id that is not open: each answered, at most a burst logged.
+        for i in 0..<300 {
+            try c.sendLine(#"{"jsonrpc":"2.0","id":\#(5000 + i),"method":"gtm.getValue","params":{"containerId":"GTM-NOPE","key":"k"}}"#)
+        }
+        var answered = 0
+        while answered < 300, let m = try c.readMessage(timeoutMs: 10_000) {
+            if m["id"] != nil { answered += 1 }
+        }
+        #expect(answered == 300)
+        let st = try c.call("gtm.status")
+        #expect((st["logLinesSuppressed"]?.intValue ?? 0) >= 200)
+        let lines = try c.call("gtm.logLines")["lines"]?.arrayValue ?? []
+        #expect(lines.filter { $0["message"]?.stringValue?.contains("GTM-NOPE") == true }.count < 100)
+        #expect(h.logText.components(separatedBy: "GTM-NOPE").count - 1 < 100, "the host's log got a burst, not 300 lines")
+    }
+
+    /// Issue 21 item 15 (GTM half): after a tag-manager restart a call on a container that is
+    /// not open is a documented error (-32010) telling the client to open it again, pushes say
+    /// how many containers they can fire in, and hits fired while the uploader restarts are
+    /// held and sent.
+    @Test func aRestartIsVisibleAndHitsSurviveAnUploaderRestart() throws {
+        let b = try TestBackend()
+        let res = gtmResource(
+            ["title": "t"], macros: [["function": "_e", "instance_name": "event"]],
+            predicates: [["function": "_eq", "arg0": ["macro", 1], "arg1": "buy"]],
+            tags: [["function": "_ua", "trackingId": "UA-9"]], rules: [[["if", 0], ["add", 0]]])
+        try b.publishContainer("GTM-RS", res)
+        var plugins = TestHost.gtmPlugins(b, defaults: try defaultsDir([:]))
+        plugins[0] = TestHost.uploader(b, config: ["streams": ["gtm.*": ["intervalMs": 100]]], ["backoffInitialMs": 1500])
+        let h = try TestHost(plugins: plugins)
+        let c = try h.client()
+        let never = try c.request("gtm.getValue", ["containerId": "GTM-RS", "key": "title"])
+        #expect(never.errorCode == -32010)
+        #expect(never["error"]?["data"]?["reason"] == "not_open")
+        _ = try c.open("GTM-RS")
+        #expect(try c.value("GTM-RS", "title") == "t")
+        #expect(try c.call("gtm.push", ["data": ["x": 1]])["containers"] == 1)
+        let watcher = try h.client()
+        _ = try watcher.call("bus.subscribe", ["pattern": "gtm.started"])
+        _ = try c.call("bus.restart", ["plugin": "gtm"])
+        let started = try #require(try watcher.nextNotification(timeoutMs: 10_000))
+        #expect(started["method"] == "gtm.started")
+        try h.waitForPlugin("gtm", restartsAtLeast: 1)
+        #expect(try c.request("gtm.getValue", ["containerId": "GTM-RS", "key": "title"]).errorCode == -32010)
+        #expect(try c.call("gtm.push", ["data": ["x": 2]])["containers"] == 0)
+        _ = try c.open("GTM-RS")
+        #expect(try c.value("GTM-RS", "title") == "t", "re-opened: served again")
+
+        // The uploader is killed; it comes back after its 1.5 s backoff. A hit fired meanwhile
+        // is held and sent once it is back.
+        let pid = try #require(try h.plugin("uploader")["pid"]?.intValue)
+        kill(pid_t(pid), SIGKILL)
+        try waitUntil(timeout: 5) { (try h.plugin("uploader")["state"]?.stringValue) != "running" }
+        _ = try c.call("gtm.push", ["data": ["event": "buy"]])
+        try waitUntil(timeout: 10) { (try c.call("gtm.status")["hitsRetried"]?.intValue ?? 0) >= 1 }
+        try waitUntil(timeout: 15) { (try b.records("gtm.hits")).count >= 1 }
+        let st = try c.call("gtm.status")
+        #expect(st["hitsDropped"] == 0)
+        #expect(st["hitsQueued"] == 1)
+        #expect(st["hitsHeld"] == 0)
+    }
+
+    /// Issue 22 item 5: `_ov` under the hardened unit's view of /proc (`ProcSubset=pid` hides
+    /// /proc/sys): the plugin runs in a mount namespace with such a /proc and still reads it.
+    @Test func theOSVersionMacroWorksWithoutProcSys() throws {
+        let probe = Process()
+        probe.executableURL = URL(fileURLWithPath: "/usr/bin/unshare")
+        probe.arguments = [
+            "-m", "--propagation", "private", "/bin/sh", "-c", "mount -t proc -o subset=pid proc /proc && test ! -e /proc/sys",
+        ]
+        try probe.run()
+        probe.waitUntilExit()
+        try #require(probe.terminationStatus == 0, "this machine cannot make a private mount namespace")
+        let b = try TestBackend()
+        let res = #"{"resource":{"version":"1","macros":[{"function":"_ov","instance_name":"os"}]}}"#
+        var plugins = TestHost.gtmPlugins(b, defaults: try defaultsDir(["GTM-OS": res]))
+        if case .object(var o) = plugins[1] {
+            o["exec"] = "/usr/bin/unshare"
+            o["args"] = [
+                "-m", "--propagation", "private", "/bin/sh", "-c",
+                .string("mount -t proc -o subset=pid proc /proc && test ! -e /proc/sys && exec \(binDir)/pylon-gtm"),
+            ]
+            plugins[1] = .object(o)
+        }
+        let h = try TestHost(plugins: plugins)
+        let c = try h.client()
+        _ = try c.open("GTM-OS", "default")
+        var u = utsname()
+        _ = uname(&u)
+        let release = withUnsafeBytes(of: &u.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        #expect(try c.value("GTM-OS", "os").stringValue == release)
     }
 }

@@ -345,7 +345,7 @@ extension SyncClient {
         #expect(try c.value("GTM-2", "title") == "two")
         #expect(try c.value("GTM-2", "only1", "bool") == false)
         #expect(try c.call("gtm.closeContainer", ["containerId": "GTM-1"])["closed"] == true)
-        #expect(try c.value("GTM-1", "title") == "", "a closed container serves defaults")
+        #expect(try c.request("gtm.getValue", ["containerId": "GTM-1", "key": "title"]).errorCode == -32010, "closed: not open")
         #expect(try c.value("GTM-2", "title") == "two")
         #expect(try c.call("gtm.setLogLevel", ["level": "verbose"])["level"] == "verbose")
         #expect(throws: (any Error).self) { try c.call("gtm.setLogLevel", ["level": "loud"]) }

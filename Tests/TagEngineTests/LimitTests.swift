@@ -135,3 +135,18 @@ func doubling(_ n: Int) -> [JSON] {
         #expect(TagConversion.jsonSize(wide, limit: 1 << 20) == nil)
     }
 }
+
+@Suite struct LineRateLimiterTests {
+    @Test func aBurstThenARateAndTheSuppressedCountIsReported() {
+        var l = LineRateLimiter(burst: 3, perSecond: 2)
+        #expect(l.request(nowMs: 0) == .emit(suppressedBefore: 0))
+        #expect(l.request(nowMs: 0) == .emit(suppressedBefore: 0))
+        #expect(l.request(nowMs: 0) == .emit(suppressedBefore: 0))
+        for _ in 0..<100 { #expect(l.request(nowMs: 10) == .suppress) }
+        #expect(l.request(nowMs: 510) == .emit(suppressedBefore: 100), "one token after 500 ms at 2/s")
+        #expect(l.request(nowMs: 510) == .suppress)
+        #expect(l.totalSuppressed == 101)
+        // A clock that goes back does not mint tokens.
+        #expect(l.request(nowMs: 0) == .suppress)
+    }
+}

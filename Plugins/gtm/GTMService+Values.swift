@@ -54,7 +54,9 @@ extension GTMService {
         }
         guard let tenant = tenants[owner], let inst = tenant.instances[id] else {
             log.warning(owner, "getValue (\(type.rawValue)) called for a container that is not open: \(id)")
-            call.fail(GTMService.notOpen(id))
+            // The type default, as before (the spec's `{value}`), marked `open: false` with the
+            // reason: after a tag-manager restart the client learns it must open it again.
+            call.reply(["value": type.defaultValue, "open": false, "reason": "not_open"])
             return
         }
         // Only the fact members are converted (not the whole params).

@@ -351,18 +351,6 @@ final class GTMService {
         return id
     }
 
-    /// `-32010`: the container is not open for this caller. After a tag-manager restart every
-    /// container (and function-call handler) is gone: the client opens (registers) them again.
-    static let notOpenCode: Int32 = -32010
-
-    static func notOpen(_ id: String) -> RPCError {
-        RPCError(
-            code: notOpenCode,
-            message:
-                "container \(id) is not open for this caller: open it with gtm.openContainer (after a tag-manager restart, open every container and register every handler again)",
-            data: ["containerId": .string(id), "reason": "not_open"])
-    }
-
     func refresh(_ call: Call) {
         guard let who = caller(call) else { return }
         guard let id = containerId(call) else { return }

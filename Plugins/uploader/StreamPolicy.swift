@@ -52,8 +52,10 @@ struct Principal: Equatable, Sendable, CustomStringConvertible {
         adminFlag = caller.admin ?? false
     }
 
-    /// An admin may use every stream: the host's flag, or root.
-    var isAdmin: Bool { adminFlag || uid == 0 }
+    /// An admin may use every stream: the host's flag only (`disclosure.admins`, uid 0 by
+    /// default). A uid is never an admin by itself: an operator who takes root off the list
+    /// takes it off here too.
+    var isAdmin: Bool { adminFlag }
 
     /// The owner this caller acts as: a plugin (on its own or a client's behalf) acts as that
     /// plugin, a client as its uid; an anonymous caller as nobody.

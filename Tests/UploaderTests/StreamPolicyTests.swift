@@ -10,7 +10,8 @@ struct StreamPolicyTests {
     let ma = Principal(plugin: "ma")
     let app = Principal(uid: 1000)
     let other = Principal(uid: 65534)
-    let root = Principal(uid: 0)
+    /// Root as the host describes it by default (`disclosure.admins`: uid 0).
+    let root = Principal(uid: 0, admin: true)
 
     @Test func consentKeyIsFixedByNameOrConfig() throws {
         let c = try UploaderConfig(["streams": ["pinned.*": ["consent": "tracking"], "ma.special": ["maxCount": 3]]])
@@ -31,6 +32,17 @@ struct StreamPolicyTests {
         let pinned = StreamCatalog(entries: [.init(pattern: "shared.*", owner: .uid(42))], pluginNamespaces: ["ma"])
         #expect(pinned.owner(of: "shared.a", recorded: .uid(1)) == .uid(42))
         #expect(pinned.owner(of: "push.a", recorded: nil) == nil, "namespaces are configurable")
+    }
+
+    /// "Admin" is the host's word only: uid 0 without the host's flag (an operator who took
+    /// root off `disclosure.admins`) is an ordinary caller.
+    @Test func adminComesFromTheHostOnly() {
+        #expect(!Principal(uid: 0).isAdmin)
+        #expect(Principal(uid: 1000, admin: true).isAdmin)
+        let owner = StreamOwner.uid(1000)
+        #expect(
+            StreamAccess.decide("mine.x", owner: owner, caller: Principal(uid: 0), action: "read", claims: false)
+                != .allowed(owner: owner, claim: false))
     }
 
     @Test func onlyTheOwnerOrAnAdminMayUseAStream() {
@@ -80,7 +92,7 @@ struct StreamPolicyTests {
         #expect(Principal(caller: ["plugin": "ma"]) == Principal(plugin: "ma"))
         #expect(Principal(caller: ["client": 3, "uid": 1000, "gid": 1000, "pid": 9]).identity == .uid(1000))
         #expect(Principal(caller: ["client": 3, "uid": 1000, "admin": true]).isAdmin)
-        #expect(Principal(caller: ["client": 3, "uid": 0]).isAdmin)
+        #expect(!Principal(caller: ["client": 3, "uid": 0]).isAdmin, "admin is the host's flag, not the uid")
         #expect(!Principal(caller: ["plugin": "ma"]).isAdmin)
         #expect(Principal(caller: nil).identity == nil)
         #expect(StreamOwner("plugin:ma") == .plugin("ma") && StreamOwner("uid:12") == .uid(12))

@@ -33,7 +33,8 @@ MQTT_LISTEN ?= 127.0.0.1:1883
 ## Start the MQTT broker (MQTT_LISTEN), the reference backend (BACKEND_LISTEN) and the host with every
 ## plugin, wired to them. Every backend URL and the broker port in etc/pylon.json are rewritten
 ## (into $(RUN_DIR)/pylon.json), so a second `make run RUN_DIR=... BACKEND_LISTEN=... MQTT_LISTEN=...`
-## is fully separate from the first.
+## is fully separate from the first. Everything stops with its session: Ctrl-C, or closing the
+## terminal (SIGHUP, which pylond alone would take as "reload"), stops pylond, backend and broker.
 MQTT_PORT = $(lastword $(subst :, ,$(MQTT_LISTEN)))
 run: build
 	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
@@ -50,7 +51,7 @@ run: build
 	.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db --mqtt $(MQTT_LISTEN) \
 	  --operator-token-file $(RUN_DIR)/operator.token --enrol-secret-file $(RUN_DIR)/device.key \
 	  --mqtt-username pylon-backend --mqtt-password-file $(RUN_DIR)/broker.password --mqtt-dynsec > $(RUN_DIR)/backend.out & backend=$$!; \
-	trap 'kill $$backend $$broker 2>/dev/null' EXIT INT TERM; \
+	trap 'kill $$backend $$broker 2>/dev/null' EXIT INT TERM HUP; \
 	for i in $$(seq 50); do grep -q listening $(RUN_DIR)/backend.out 2>/dev/null && break; \
 	  kill -0 $$backend 2>/dev/null || break; sleep 0.1; done; \
 	if ! grep -q listening $(RUN_DIR)/backend.out 2>/dev/null; then \
@@ -59,7 +60,9 @@ run: build
 	echo "use: export PYLON_SOCKET=$(PYLON_SOCKET) PATH=$(CURDIR)/.build/debug:\$$PATH   then: pylonctl status"; \
 	echo "operator API (token in $(RUN_DIR)/operator.token, mode 0600):"; \
 	echo "  curl -H \"Authorization: Bearer \$$(cat $(RUN_DIR)/operator.token)\" http://$(BACKEND_LISTEN)/v1/inspect/stats"; \
-	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config $(RUN_DIR)/pylon.json
+	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config $(RUN_DIR)/pylon.json & pylond=$$!; \
+	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
+	wait $$pylond
 
 ## pytest for the Python client tests (pip, as the issue asks; Debian's python3 needs --break-system-packages).
 pydeps: deps

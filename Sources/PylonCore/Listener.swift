@@ -33,9 +33,10 @@ public final class Listener: UVHandleOwner {
         if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFSOCK {
             // Non-blocking: a listener whose backlog is full (a connect flood) is live too, and
             // must not make this start wait forever.
-            if System.unixSocketIsLive(path) {
+            if case .live(let pid) = System.probeUnixSocket(path) {
                 close(unlinking: false)
-                throw UVError(-EADDRINUSE, "\(path) is served by another live process (is another pylond running?)")
+                let who = pid.map { "process \($0)" } ?? "another live process (its backlog is full)"
+                throw UVError(-EADDRINUSE, "\(path) is served by \(who): is another pylond running? Stop it first")
             }
             unlink(path)
         }

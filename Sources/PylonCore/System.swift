@@ -88,11 +88,24 @@ public enum System {
     /// it never waits, even when the listener is flooded. `ECONNREFUSED` (a stale socket file)
     /// and every other error say no.
     public static func unixSocketIsLive(_ path: String) -> Bool {
+        if case .live = probeUnixSocket(path) { return true }
+        return false
+    }
+
+    /// What `unixSocketIsLive` finds, with the listener's pid when the connect was accepted into
+    /// its backlog (`SO_PEERCRED` of the connection: the process that called `listen`).
+    public enum SocketProbe: Equatable, Sendable {
+        case stale
+        case live(pid: Int32?)
+    }
+
+    public static func probeUnixSocket(_ path: String) -> SocketProbe {
         do throws(IOError) {
-            close(try connectUnixSocket(path, nonBlocking: true))
-            return true
+            let fd = try connectUnixSocket(path, nonBlocking: true)
+            defer { close(fd) }
+            return .live(pid: PeerCredentials.of(fd: fd).map(\.pid).flatMap { $0 > 0 ? $0 : nil })
         } catch {
-            return error.errnoCode == EAGAIN || error.errnoCode == EINPROGRESS
+            return error.errnoCode == EAGAIN || error.errnoCode == EINPROGRESS ? .live(pid: nil) : .stale
         }
     }
 

@@ -25,6 +25,17 @@ import Glibc
 
     /// A listener whose backlog is full answers at once (live), instead of making the caller
     /// wait in `connect()` forever; a socket file nobody listens on is not live.
+    /// A live listener with room in its backlog is named by its pid.
+    @Test func aLiveListenerIsNamedByItsPid() throws {
+        let path = "/tmp/pylon-probe-pid-\(getpid()).sock"
+        unlink(path)
+        defer { unlink(path) }
+        let listener = bindUnix(path)
+        defer { close(listener) }
+        #expect(listen(listener, 8) == 0)
+        #expect(System.probeUnixSocket(path) == .live(pid: getpid()))
+    }
+
     @Test func aFullBacklogIsLiveAndAStaleSocketIsNot() throws {
         let path = "/tmp/pylon-probe-\(getpid()).sock"
         unlink(path)
@@ -40,6 +51,7 @@ import Glibc
         }
         #expect(throws: IOError.self) { try System.connectUnixSocket(path, nonBlocking: true) }
         #expect(System.unixSocketIsLive(path), "a flooded listener is live")
+        #expect(System.probeUnixSocket(path) == .live(pid: nil), "a full backlog names no pid")
         close(listener)
         #expect(!System.unixSocketIsLive(path), "a socket file without a listener is stale")
         #expect(!System.unixSocketIsLive(path + ".missing"))

@@ -91,37 +91,37 @@ package final class Backend {
     }
 
     private func route(_ request: HTTPRequest, _ e: Endpoint, _ principal: Principal) throws(APIError) -> HTTPResponse {
-            switch e {
-            case .health: return HTTPResponse(["ok": true])
-            case .deviceRegister: return try registerDevice(request, principal)
-            case .ingest(let stream): return try ingest(request, stream: stream)
-            case .inspectStream(let stream): return try inspect(stream: stream)
-            case .inspectRecords(let stream): return try records(request, stream: stream)
-            case .stats: return try statsResponse()
-            case .reset: return try reset()
-            case .getFaults: return HTTPResponse(faults.json)
-            case .setFaults:
-                try faults.merge(try jsonBody(request))
-                log.info("faults set", ["state": faults.json.serialized])
-                return HTTPResponse(faults.json)
-            case .clearFaults:
-                faults = FaultState()
-                return HTTPResponse(faults.json)
-            case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
-            case .maGetApp(let appKey): return try maApp(appKey: appKey)
-            case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
-            case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
-            case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
-            case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
-            case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
-            case .pushCall(let call): return try pushCall(request, call, principal)
-            case .pushSend: return try pushSend(request)
-            case .pushInspect(let what): return try pushInspect(request, what)
-            case .gtmPublished(let id): return try gtmPublished(request, id: id)
-            case .gtmDraft(let id): return try gtmDraft(request, id: id)
-            case .gtmPublish(let id): return try gtmPublish(request, id: id)
-            case .gtmInspect(let id): return try gtmInspect(id: id)
-            }
+        switch e {
+        case .health: return HTTPResponse(["ok": true])
+        case .deviceRegister: return try registerDevice(request, principal)
+        case .ingest(let stream): return try ingest(request, stream: stream)
+        case .inspectStream(let stream): return try inspect(stream: stream)
+        case .inspectRecords(let stream): return try records(request, stream: stream)
+        case .stats: return try statsResponse()
+        case .reset: return try reset()
+        case .getFaults: return HTTPResponse(faults.json)
+        case .setFaults:
+            try faults.merge(try jsonBody(request))
+            log.info("faults set", ["state": faults.json.serialized])
+            return HTTPResponse(faults.json)
+        case .clearFaults:
+            faults = FaultState()
+            return HTTPResponse(faults.json)
+        case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
+        case .maGetApp(let appKey): return try maApp(appKey: appKey)
+        case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
+        case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
+        case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
+        case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
+        case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
+        case .pushCall(let call): return try pushCall(request, call, principal)
+        case .pushSend: return try pushSend(request)
+        case .pushInspect(let what): return try pushInspect(request, what)
+        case .gtmPublished(let id): return try gtmPublished(request, id: id)
+        case .gtmDraft(let id): return try gtmDraft(request, id: id)
+        case .gtmPublish(let id): return try gtmPublish(request, id: id)
+        case .gtmInspect(let id): return try gtmInspect(id: id)
+        }
     }
 
     // MARK: Endpoints

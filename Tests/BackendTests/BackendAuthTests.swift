@@ -101,7 +101,8 @@ import Testing
         #expect(v.status == 200)
         let victim = try #require(try v.json()["token"]?.stringValue)
         #expect(try v.json()["mqtt"]?["clientId"] == "pylon-push-victim")
-        let attacker = try #require(try register("attacker", BackendAuthTests.bearer(TestCredentials.deviceKey)).json()["token"]?.stringValue)
+        let attacker = try #require(
+            try register("attacker", BackendAuthTests.bearer(TestCredentials.deviceKey)).json()["token"]?.stringValue)
 
         func push(_ call: String, _ token: String?, _ body: JSON) throws -> HTTPReply {
             try b.request(

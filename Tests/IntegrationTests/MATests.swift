@@ -7,7 +7,10 @@ import Testing
 extension TestHost {
     /// The MA plugin and the uploader, both against `backend`.
     static func maPlugins(_ backend: TestBackend, ma extra: JSONObject = [:]) -> [JSON] {
-        var config: JSONObject = ["backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "retryInitialMs": 100, "retryMaxMs": 500]
+        var config: JSONObject = [
+            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "retryInitialMs": 100,
+            "retryMaxMs": 500,
+        ]
         for (k, v) in extra { config[k] = v }
         return [
             uploader(backend, config: ["streams": ["ma.*": ["maxCount": 50, "intervalMs": 600000]]]),

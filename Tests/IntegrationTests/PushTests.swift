@@ -552,7 +552,8 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         #expect(try w.bindings()["bindings"] == [["token": .string(token), "userId": "alice"]])
         #expect(try h.pushStatus()["token"] == .string(token))
         // The configured owner uid may.
-        let (o, _) = try h.runAs(uid: 4242, sequential: true, [#"{"jsonrpc":"2.0","id":0,"method":"push.unbind","params":{"userId":"alice"}}"#])
+        let (o, _) = try h.runAs(
+            uid: 4242, sequential: true, [#"{"jsonrpc":"2.0","id":0,"method":"push.unbind","params":{"userId":"alice"}}"#])
         #expect(o.first?["result"]?["code"] == 0)
         #expect(try w.bindings()["bindings"] == [])
     }

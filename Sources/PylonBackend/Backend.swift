@@ -24,6 +24,8 @@ package final class Backend {
     package var faultsEnabled = false
     /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
     package var dynsec = false
+    /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
+    package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
     var pendingDynsec: [String: [UInt8]] = [:]
 
@@ -45,7 +47,8 @@ package final class Backend {
             admitted = .success(try admit(request))
         } catch {
             if error.status == 401 || error.status == 403 {
-                log.info("refused", ["method": request.method, "path": path, "status": error.status])
+                stats.refused += 1
+                log.debug("refused", ["method": request.method, "path": path, "status": error.status])
                 return .respond(HTTPResponse(error), delayMs: 0)
             }
             admitted = .failure(error)
@@ -189,7 +192,8 @@ package final class Backend {
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
             "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
-            "faultsInjected": .int(Int64(stats.faultsInjected)),
+            "faultsInjected": .int(Int64(stats.faultsInjected)), "refused": .int(Int64(stats.refused)),
+            "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
         ])
     }
 

@@ -40,6 +40,8 @@ import Testing
         let ok = try b.request("GET", "/v1/inspect/streams/s", headers: BackendAuthTests.bearer(TestCredentials.operatorToken))
         #expect(ok.status == 200)
         #expect(try ok.json()["records"] == 1)
+        let refused = Int64(BackendAuthTests.operatorEndpoints.count * 4)
+        #expect(try b.get("/v1/inspect/stats")["refused"] == .int(refused))
     }
 
     @Test func withoutAnOperatorTokenFileTheOperatorAPIIsDisabled() throws {

@@ -54,12 +54,15 @@ func pushBench() throws {
     startHost(plugins: [
         [
             "name": "uploader", "exec": "pylon-uploader",
-            "config": ["endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}")],
+            "config": [
+                "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "credentialFile": .string(benchCredentialFile),
+            ],
         ],
         [
             "name": "push", "exec": "pylon-push",
             "config": [
                 "backend": .string("http://127.0.0.1:\(port)"), "maxInFlightPerApp": 1024,
+                "credentialFile": .string(benchCredentialFile),
                 "broker": ["host": "127.0.0.1", "port": .int(Int64(mqttPort)), "keepaliveS": 60],
             ],
         ],
@@ -110,7 +113,8 @@ func pushBench() throws {
     let url = "http://127.0.0.1:\(port)/v1/admin/push/send"
     var httpErrors = 0
     func send(_ done: @escaping () -> Void) {
-        http.send(HTTPRequest(method: "POST", url: url, headers: [("Content-Type", "application/json")], body: body)) { r in
+        http.send(HTTPRequest(method: "POST", url: url, headers: [("Content-Type", "application/json"), benchOperatorHeader], body: body)) {
+            r in
             if case .success(let resp) = r, resp.status == 200 {} else { httpErrors += 1 }
             done()
         }
@@ -188,7 +192,8 @@ func pushBench() throws {
     onCallback = {
         if !sending && callbacks - dStartCallbacks >= published { loop.stop() }
     }
-    let topic = "pylon/push/d/" + token
+    let deviceId = (try? SyncClient(path: socketPath).call("push.status"))?["deviceId"]?.stringValue ?? ""
+    let topic = "pylon/push/d/" + deviceId  // the device's topic is named by its device id
     func publishOne() {
         published += 1
         let m =

@@ -5,10 +5,20 @@ import PylonHTTP
 import Glibc
 #endif
 
+/// The backend's secrets for the benches (docs/SECURITY.md, "Backend"): the plugins present
+/// `benchCredentialFile`, the operator calls `benchOperatorHeader`.
+let benchOperatorToken = "bench-operator-token-0123456789"
+var benchCredentialFile: String { tmp + "/device.key" }
+var benchOperatorHeader: (String, String) { ("Authorization", "Bearer " + benchOperatorToken) }
+
 /// Starts `pylon-backend` on a free loopback port; returns it and the port it printed.
 func startBackend(_ extraArgs: [String] = []) throws -> (ChildProcess, Int) {
     guard let dir = System.executableDirectory() else { fatalError("cannot find my directory") }
     _ = System.makeDirectories(tmp)
+    for (f, v) in [("/operator.token", benchOperatorToken), ("/device.key", "bench-device-key-0123456789abcdef")] {
+        _ = System.writeFileAtomically(tmp + f, Array(v.utf8))
+        chmod(tmp + f, 0o600)
+    }
     let out = Connection(loop: loop, maxLineBytes: 4096)
     var port = 0
     out.onLine = { line in
@@ -16,7 +26,11 @@ func startBackend(_ extraArgs: [String] = []) throws -> (ChildProcess, Int) {
         if let p = s.split(separator: ":").last, let n = Int(p) { port = n; loop.stop() }
     }
     var o = ChildProcess.Options(exec: dir + "/pylon-backend")
-    o.args = ["--listen", "127.0.0.1:0", "--db", tmp + "/backend.db"] + extraArgs
+    o.args =
+        [
+            "--listen", "127.0.0.1:0", "--db", tmp + "/backend.db", "--operator-token-file", tmp + "/operator.token",
+            "--enrol-secret-file", benchCredentialFile,
+        ] + extraArgs
     o.env = System.environment()
     o.stdout = out
     o.detached = false
@@ -38,6 +52,7 @@ func uploaderBench() throws {
             "name": "uploader", "exec": "pylon-uploader",
             "config": [
                 "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "fsync": .string(fsyncMode),
+                "credentialFile": .string(benchCredentialFile),
                 "maxDiskBytes": .int(1 << 30),
                 "streams": ["bench.*": ["maxCount": 500, "intervalMs": 1000, "maxBatchBytes": 1_048_576]],
             ],
@@ -110,7 +125,7 @@ func uploaderBench() throws {
     let bcpu1 = cpuTicks(backend.pid)
     let http = HTTPClient(loop: loop)
     var delivered = 0
-    http.send(HTTPRequest(url: "http://127.0.0.1:\(port)/v1/inspect/streams/\(stream)")) { r in
+    http.send(HTTPRequest(url: "http://127.0.0.1:\(port)/v1/inspect/streams/\(stream)", headers: [benchOperatorHeader])) { r in
         if case .success(let resp) = r, let j = try? JSON.parse(resp.bodyText) { delivered = Int(j["records"]?.intValue ?? 0) }
         loop.stop()
     }

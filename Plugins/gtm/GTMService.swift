@@ -268,7 +268,8 @@ final class GTMService {
         inst.loading = true
         inst.refreshTimer?.stop()
         report(inst, .begin(.network))
-        var headers: [(String, String)] = [("Accept", "application/json")] + DeviceCredential.headers(limits.credentialFile, log: plugin.log)
+        var headers: [(String, String)] =
+            [("Accept", "application/json")] + DeviceCredential.headers(limits.credentialFile, log: plugin.log)
         if inst.preview == nil, inst.source != .default, let e = inst.etag { headers.append(("If-None-Match", e)) }
         let previewAtStart = inst.preview
         // One byte over maxContainerBytes is kept, so the check below answers server_error; curl

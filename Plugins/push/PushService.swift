@@ -314,6 +314,12 @@ final class PushService {
                 return
             }
             self.useDeviceToken(t)
+            // A renewed token is a new broker password: reconnect with it.
+            if let old = self.mqtt {
+                old.stop()
+                self.mqtt = nil
+                self.subscribedTopic = nil
+            }
             guard self.deviceToken != nil else { done(false); return }
             self.log.info("device registered")
             self.startBroker()

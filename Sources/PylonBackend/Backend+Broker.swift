@@ -40,7 +40,9 @@ extension Backend {
             ],
         ]
         if renewed {
-            cmds.append(["command": "setClientPassword", "username": .string(id), "password": .string(password), "correlationData": .string(id)])
+            cmds.append([
+                "command": "setClientPassword", "username": .string(id), "password": .string(password), "correlationData": .string(id),
+            ])
         }
         return ["commands": .array(cmds)]
     }
@@ -48,7 +50,8 @@ extension Backend {
     /// Gives a (re)registered device its broker identity; kept until the broker confirms it.
     func brokerAddDevice(deviceId: String, installId: String, password: String, renewed: Bool) {
         guard dynsec, mqtt != nil else { return }
-        let payload = Array(Backend.dynsecCommands(deviceId: deviceId, installId: installId, password: password, renewed: renewed).serialized.utf8)
+        let payload = Array(
+            Backend.dynsecCommands(deviceId: deviceId, installId: installId, password: password, renewed: renewed).serialized.utf8)
         pendingDynsec[deviceId] = payload
         sendDynsec(deviceId, payload)
     }
@@ -79,7 +82,8 @@ extension Backend {
             seen.insert(id)
             if let e = r["error"]?.stringValue, !e.lowercased().contains("already exists") {
                 failed.insert(id)
-                log.error("broker: dynamic-security command failed", ["deviceId": id, "command": r["command"]?.stringValue ?? "?", "error": e])
+                log.error(
+                    "broker: dynamic-security command failed", ["deviceId": id, "command": r["command"]?.stringValue ?? "?", "error": e])
             }
         }
         for id in seen where !failed.contains(id) { pendingDynsec[id] = nil }

@@ -24,6 +24,8 @@ package final class Backend {
     package var faultsEnabled = false
     /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
     package var dynsec = false
+    /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
+    package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
     var pendingDynsec: [String: [UInt8]] = [:]
 
@@ -45,7 +47,8 @@ package final class Backend {
             admitted = .success(try admit(request))
         } catch {
             if error.status == 401 || error.status == 403 {
-                log.info("refused", ["method": request.method, "path": path, "status": error.status])
+                stats.refused += 1
+                log.debug("refused", ["method": request.method, "path": path, "status": error.status])
                 return .respond(HTTPResponse(error), delayMs: 0)
             }
             admitted = .failure(error)
@@ -91,37 +94,37 @@ package final class Backend {
     }
 
     private func route(_ request: HTTPRequest, _ e: Endpoint, _ principal: Principal) throws(APIError) -> HTTPResponse {
-            switch e {
-            case .health: return HTTPResponse(["ok": true])
-            case .deviceRegister: return try registerDevice(request, principal)
-            case .ingest(let stream): return try ingest(request, stream: stream)
-            case .inspectStream(let stream): return try inspect(stream: stream)
-            case .inspectRecords(let stream): return try records(request, stream: stream)
-            case .stats: return try statsResponse()
-            case .reset: return try reset()
-            case .getFaults: return HTTPResponse(faults.json)
-            case .setFaults:
-                try faults.merge(try jsonBody(request))
-                log.info("faults set", ["state": faults.json.serialized])
-                return HTTPResponse(faults.json)
-            case .clearFaults:
-                faults = FaultState()
-                return HTTPResponse(faults.json)
-            case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
-            case .maGetApp(let appKey): return try maApp(appKey: appKey)
-            case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
-            case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
-            case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
-            case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
-            case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
-            case .pushCall(let call): return try pushCall(request, call, principal)
-            case .pushSend: return try pushSend(request)
-            case .pushInspect(let what): return try pushInspect(request, what)
-            case .gtmPublished(let id): return try gtmPublished(request, id: id)
-            case .gtmDraft(let id): return try gtmDraft(request, id: id)
-            case .gtmPublish(let id): return try gtmPublish(request, id: id)
-            case .gtmInspect(let id): return try gtmInspect(id: id)
-            }
+        switch e {
+        case .health: return HTTPResponse(["ok": true])
+        case .deviceRegister: return try registerDevice(request, principal)
+        case .ingest(let stream): return try ingest(request, stream: stream)
+        case .inspectStream(let stream): return try inspect(stream: stream)
+        case .inspectRecords(let stream): return try records(request, stream: stream)
+        case .stats: return try statsResponse()
+        case .reset: return try reset()
+        case .getFaults: return HTTPResponse(faults.json)
+        case .setFaults:
+            try faults.merge(try jsonBody(request))
+            log.info("faults set", ["state": faults.json.serialized])
+            return HTTPResponse(faults.json)
+        case .clearFaults:
+            faults = FaultState()
+            return HTTPResponse(faults.json)
+        case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
+        case .maGetApp(let appKey): return try maApp(appKey: appKey)
+        case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
+        case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
+        case .maSetMetadata(let appKey): return try setMAMetadata(request, appKey: appKey)
+        case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
+        case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
+        case .pushCall(let call): return try pushCall(request, call, principal)
+        case .pushSend: return try pushSend(request)
+        case .pushInspect(let what): return try pushInspect(request, what)
+        case .gtmPublished(let id): return try gtmPublished(request, id: id)
+        case .gtmDraft(let id): return try gtmDraft(request, id: id)
+        case .gtmPublish(let id): return try gtmPublish(request, id: id)
+        case .gtmInspect(let id): return try gtmInspect(id: id)
+        }
     }
 
     // MARK: Endpoints
@@ -189,7 +192,8 @@ package final class Backend {
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
             "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
-            "faultsInjected": .int(Int64(stats.faultsInjected)),
+            "faultsInjected": .int(Int64(stats.faultsInjected)), "refused": .int(Int64(stats.refused)),
+            "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
         ])
     }
 

@@ -6,6 +6,8 @@ struct Stats {
     var requests = 0
     var requestsByPath: [String: Int] = [:]
     var faultsInjected = 0
+    /// Requests answered 401 or 403 (logged at debug level only, so a flood costs no log volume).
+    var refused = 0
 
     /// Counts one request; after `Limits.maxDistinctPaths` distinct paths the rest count under
     /// "(other)" so the table stays bounded.

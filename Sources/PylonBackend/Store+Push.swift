@@ -191,7 +191,9 @@ extension Store {
 
     /// Sends not yet acknowledged by their device (an active token of it), newest first, at
     /// most `limit`; `deviceId` nil: every device. With each its device id and payload.
-    func pushUnacked(deviceId: String?, limit: Int) throws(SQLiteError) -> [(msgId: String, token: String, deviceId: String, payload: String)] {
+    func pushUnacked(deviceId: String?, limit: Int) throws(SQLiteError) -> [(
+        msgId: String, token: String, deviceId: String, payload: String
+    )] {
         var sql = """
             SELECT d.msg_id, d.token, dv.device_id, s.payload FROM push_deliveries d
             JOIN push_sends s ON s.msg_id = d.msg_id

@@ -82,6 +82,7 @@ do {
 }
 
 server.outputBudget.limit = options.maxOutputBytes
+backend.outputBudget = server.outputBudget
 
 // The one line tests and scripts wait for, written unbuffered.
 let address = server.boundAddress

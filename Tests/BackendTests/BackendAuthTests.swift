@@ -40,6 +40,8 @@ import Testing
         let ok = try b.request("GET", "/v1/inspect/streams/s", headers: BackendAuthTests.bearer(TestCredentials.operatorToken))
         #expect(ok.status == 200)
         #expect(try ok.json()["records"] == 1)
+        let refused = Int64(BackendAuthTests.operatorEndpoints.count * 4)
+        #expect(try b.get("/v1/inspect/stats")["refused"] == .int(refused))
     }
 
     @Test func withoutAnOperatorTokenFileTheOperatorAPIIsDisabled() throws {
@@ -101,7 +103,8 @@ import Testing
         #expect(v.status == 200)
         let victim = try #require(try v.json()["token"]?.stringValue)
         #expect(try v.json()["mqtt"]?["clientId"] == "pylon-push-victim")
-        let attacker = try #require(try register("attacker", BackendAuthTests.bearer(TestCredentials.deviceKey)).json()["token"]?.stringValue)
+        let attacker = try #require(
+            try register("attacker", BackendAuthTests.bearer(TestCredentials.deviceKey)).json()["token"]?.stringValue)
 
         func push(_ call: String, _ token: String?, _ body: JSON) throws -> HTTPReply {
             try b.request(

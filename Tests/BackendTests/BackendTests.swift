@@ -113,7 +113,9 @@ import Testing
         let c = try b.client()
         let body = Array(batchBody(key: "ch", stream: "s", ids: ["1", "2"]).serialized.utf8)
         let half = body.count / 2
-        var msg = Array("POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestCredentials.deviceKey)\r\nIdempotency-Key: ch\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+        var msg = Array(
+            "POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestCredentials.deviceKey)\r\nIdempotency-Key: ch\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .utf8)
         for part in [body[..<half], body[half...]] {
             msg += Array(String(part.count, radix: 16).utf8) + [13, 10] + part + [13, 10]
         }
@@ -207,7 +209,8 @@ import Testing
         let c = try b.client()
         let body = Array(batchBody(key: "e", stream: "s", ids: (0..<500).map { "id-\($0)" }).serialized.utf8)
         try c.send(
-            "POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestCredentials.deviceKey)\r\nIdempotency-Key: e\r\nExpect: 100-continue\r\nContent-Length: \(body.count)\r\n\r\n")
+            "POST /v1/batches/s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(TestCredentials.deviceKey)\r\nIdempotency-Key: e\r\nExpect: 100-continue\r\nContent-Length: \(body.count)\r\n\r\n"
+        )
         let interim = try #require(try c.readResponse())
         #expect(interim.status == 100)
         try c.send(body)

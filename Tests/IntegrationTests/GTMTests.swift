@@ -8,7 +8,8 @@ extension TestHost {
     /// The gtm plugin (and the uploader, for hits) against `backend`, defaults from `defaults`.
     static func gtmPlugins(_ backend: TestBackend, defaults: String, gtm extra: JSONObject = [:]) -> [JSON] {
         var config: JSONObject = [
-            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "defaultsDir": .string(defaults), "logLevel": "info",
+            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "defaultsDir": .string(defaults),
+            "logLevel": "info",
             "fetchTimeoutMs": 3000,
         ]
         for (k, v) in extra { config[k] = v }

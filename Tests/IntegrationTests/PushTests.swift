@@ -512,11 +512,18 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         // A genuine push reaches the victim's app; the forged one never did.
         let app = try PushApp(h, appId: "demo")
         let sent = try w.send(["appId": "demo", "target": .string(token), "title": "genuine"])
-        let got = try #require(try app.receive())
+        let (cbId, got) = try #require(try app.next())
         #expect(got["message"]?["title"] == "genuine")
+        let msgId = try #require(sent["msgId"]?.stringValue)
+        // A forged acknowledgement of the real message, before the app acknowledges it.
+        let forged = try w.broker.probe(
+            creds + ["--client-id", "pylon-push-attacker", "--pub", "pylon/push/ack/" + victim, #"{"ids":["\#(msgId)"]}"#])
+        #expect(forged["puback"] == 1)
+        try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["pubackAt"]?.intValue != nil }
+        #expect(try w.deliveries(msgId).first?["ackedAt"] == .null, "the forged ack was not recorded")
+        try app.ack(cbId)
         #expect(try app.next(timeoutMs: 300) == nil, "no forged message")
         #expect(try h.pushCounter("received") == 1)
-        let msgId = try #require(sent["msgId"]?.stringValue)
         try waitUntil(timeout: 5) { try w.deliveries(msgId).first?["ackedAt"]?.intValue != nil }
         // An eavesdropper with its own credential saw nothing of it.
         let late = try w.broker.probe(creds + ["--client-id", "pylon-push-attacker", "--sub", "#", "--wait-ms", "300"])
@@ -552,7 +559,8 @@ func pcode(_ j: JSON) -> Int64? { j["code"]?.intValue }
         #expect(try w.bindings()["bindings"] == [["token": .string(token), "userId": "alice"]])
         #expect(try h.pushStatus()["token"] == .string(token))
         // The configured owner uid may.
-        let (o, _) = try h.runAs(uid: 4242, sequential: true, [#"{"jsonrpc":"2.0","id":0,"method":"push.unbind","params":{"userId":"alice"}}"#])
+        let (o, _) = try h.runAs(
+            uid: 4242, sequential: true, [#"{"jsonrpc":"2.0","id":0,"method":"push.unbind","params":{"userId":"alice"}}"#])
         #expect(o.first?["result"]?["code"] == 0)
         #expect(try w.bindings()["bindings"] == [])
     }

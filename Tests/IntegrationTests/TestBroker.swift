@@ -149,8 +149,10 @@ extension TestBroker {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
         p.arguments =
-            ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c",
-             try String(contentsOfFile: fixturesDir + "/mqtt_probe.py", encoding: .utf8), String(port)] + arguments
+            [
+                "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c",
+                try String(contentsOfFile: fixturesDir + "/mqtt_probe.py", encoding: .utf8), String(port),
+            ] + arguments
         let out = Pipe()
         p.standardOutput = out
         try p.run()

@@ -430,11 +430,15 @@ extension GTMService {
         hitSeq += 1
         var props = t.properties
         props["function"] = nil
-        let data: JSON = [
+        let pixel = t.function == .pixel
+        var fields: JSONObject = [
             "containerId": .string(inst.id), "containerVersion": .string(inst.container.version),
-            "kind": t.function == .pixel ? "pixel" : "analytics", "event": .string(event),
+            "kind": pixel ? "pixel" : "analytics", "event": .string(event),
             "tag": .object(props), "ts": .int(now()),
         ]
+        // A pixel goes to the uploader's GET stream, which requests its `url`.
+        if pixel { fields["url"] = .string(TagConversion.toString(props["url"])) }
+        let data = JSON.object(fields)
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
         sendHit(tenant, inst.id, rec, attempt: 1)
     }
@@ -449,7 +453,7 @@ extension GTMService {
         plugin.call(
             "uploader.enqueue",
             [
-                "stream": .string(GTMService.hitStream), "consent": .string(GTMService.hitConsent),
+                "stream": .string(pixel ? GTMService.pixelStream : GTMService.hitStream), "consent": .string(GTMService.hitConsent),
                 "records": [rec],
             ]
         ) { [unowned self] r in

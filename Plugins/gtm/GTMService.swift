@@ -64,6 +64,8 @@ final class GTMService {
     }
 
     static let hitStream = "gtm.hits"
+    /// `_img` pixels: a `"delivery": "get"` stream of the uploader, which GETs each record's `url`.
+    static let pixelStream = "gtm.pixels"
     static let hitConsent = "gtm:hits"
     /// A container's own consent switch: its hits are collected only while it is granted.
     static func containerConsent(_ containerId: String) -> String { "gtm:" + containerId }

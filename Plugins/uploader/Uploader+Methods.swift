@@ -68,7 +68,7 @@ extension Uploader {
             w.call.reply([
                 "stream": .string(stream), "drained": true, "lastResult": .string(st.lastResult),
                 "delivered": .int(Int64(r.delivered)), "deadLettered": .int(Int64(r.setAside)),
-                "deadLetters": .int(Int64(st.deadLetters)), "deadLetterBytes": .int(Int64(st.deadLetterBytes)),
+                "deadLetters": .int(Int64(st.deadLetters)),
             ])
         }
     }
@@ -138,7 +138,7 @@ extension Uploader {
                 "retryInMs": .int(Int64(st.notBeforeMs > t ? st.notBeforeMs - t : 0)),
                 "attempts": .int(Int64(st.attempts)),
                 "delivered": .int(Int64(st.delivered)), "deadLetters": .int(Int64(st.deadLetters)),
-                "deadLetterBytes": .int(Int64(st.deadLetterBytes)),
+                "deadLetterBytes": .int(Int64(st.deadLetterBytes)), "setAside": .int(Int64(st.setAside)),
                 "refusedConsent": .int(Int64(st.refusedConsent)),
                 "maxCount": .int(Int64(st.settings.maxCount)), "intervalMs": .int(Int64(st.settings.intervalMs)),
                 "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),

@@ -76,6 +76,8 @@ import Testing
         // A discard gives the room back.
         let d = try c.call("uploader.discard", ["stream": "flood"])
         #expect(d["discarded"] == .int(setAside) && d["deadLetters"] == .int(0))
+        let after = try c.call("uploader.status")["streams"]?["flood"]
+        #expect(after?["setAside"] == .int(setAside), "a counter, not lowered: \(String(describing: after))")
         #expect(try c.call("uploader.status")["streams"]?["flood"]?["deadLetterBytes"] == .int(0))
         #expect(try enqueue(c, "flood", records("after", 0..<10, pad: 200))["accepted"] == .int(10))
     }

@@ -112,4 +112,37 @@ import Testing
         #expect(try gets(server) == ["/px?n=5"], "only the attempt made before the denial")
         #expect(throws: RPCError.self) { try pixel(c, "p6", server.baseURL + "/px?n=6") }
     }
+
+    /// End to end: a container's `_img` tag fires in the gtm plugin, which queues the pixel on
+    /// `gtm.pixels`; the uploader GETs its URL from the test server.
+    @Test func aGTMPixelTagReachesItsURL() throws {
+        let b = try TestBackend()
+        let server = try UploaderTestServer()
+        let res = gtmResource(
+            [:], macros: [["function": "_e", "instance_name": "event"]],
+            predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "purchase"]],
+            tags: [["function": "_img", "url": .string(server.baseURL + "/px?e=purchase")]],
+            rules: [[["if", 0], ["add", 0]]])
+        try b.publishContainer("GTM-PX", res)
+        let h = try TestHost(plugins: [
+            TestHost.uploader(
+                b,
+                config: [
+                    "streams": [
+                        "gtm.pixels": ["delivery": "get", "allowedHosts": ["127.0.0.1"], "consent": "gtm:hits", "intervalMs": 0]
+                    ]
+                ]),
+            [
+                "name": "gtm", "exec": "pylon-gtm", "backoffInitialMs": 50,
+                "config": ["backend": .string(b.baseURL), "defaultsDir": .string(try defaultsDir([:])), "fetchTimeoutMs": 3000],
+            ],
+        ])
+        let c = try h.client()
+        _ = try c.open("GTM-PX")
+        _ = try c.call("gtm.push", ["data": ["event": "purchase"]])
+        try waitUntil(timeout: 10) { try gets(server) == ["/px?e=purchase"] }
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(try c.call("uploader.status")["streams"]?["gtm.pixels"]?["delivered"] == .int(1))
+        #expect(try b.records("gtm.hits").isEmpty, "a pixel is not an analytics hit")
+    }
 }

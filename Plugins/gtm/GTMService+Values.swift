@@ -440,7 +440,7 @@ extension GTMService {
         if pixel { fields["url"] = .string(TagConversion.toString(props["url"])) }
         let data = JSON.object(fields)
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
-        sendHit(tenant, inst.id, rec, attempt: 1)
+        sendHit(tenant, inst.id, rec, stream: pixel ? GTMService.pixelStream : GTMService.hitStream, attempt: 1)
     }
 
     /// One hit to the uploader. While the uploader is restarting (-32001) or does not answer in
@@ -448,12 +448,12 @@ extension GTMService {
     /// the uploader never stores it twice), as the MA plugin does with its events. At most
     /// `maxHeldHits` are held at once (plugin-wide): a hit beyond that is dropped and counted
     /// (`hitsDropped` in `gtm.status`).
-    func sendHit(_ tenant: Tenant, _ containerId: String, _ rec: JSON, attempt: Int) {
+    func sendHit(_ tenant: Tenant, _ containerId: String, _ rec: JSON, stream: String, attempt: Int) {
         let owner = tenant.owner
         plugin.call(
             "uploader.enqueue",
             [
-                "stream": .string(pixel ? GTMService.pixelStream : GTMService.hitStream), "consent": .string(GTMService.hitConsent),
+                "stream": .string(stream), "consent": .string(GTMService.hitConsent),
                 "records": [rec],
             ]
         ) { [unowned self] r in
@@ -472,7 +472,9 @@ extension GTMService {
                 tenant.counters.hitsRetried += 1
                 if attempt == 1 { self.log.info(owner, "\(containerId): uploader unavailable (\(e.message)); hit held") }
                 let delay = GTMService.uploaderRetry.delay(attempt: attempt)
-                _ = self.plugin.loop.after(ms: delay) { [unowned self] in self.sendHit(tenant, containerId, rec, attempt: attempt + 1) }
+                _ = self.plugin.loop.after(ms: delay) { [unowned self] in
+                    self.sendHit(tenant, containerId, rec, stream: stream, attempt: attempt + 1)
+                }
             case .failure(let e):
                 if e.code == RPCError.Code.consentDenied.rawValue { tenant.counters.hitsDroppedForConsent += 1 }
                 self.log.warning(owner, "\(containerId): hit not queued: \(e.message)")

@@ -70,6 +70,13 @@ if [ "$1" = configure ]; then
     if [ "$(stat -c %G /etc/pylon/pylon.json 2>/dev/null)" = root ]; then
         chgrp pylon /etc/pylon/pylon.json && chmod 0640 /etc/pylon/pylon.json
     fi
+    # The device credential every plugin presents to the backend (credentialFile), and the
+    # enrolment secret of the reference backend on this machine (pylon-backend.service loads
+    # it): created once, never overwritten (a fleet's operator puts the fleet's key there).
+    if [ ! -e /etc/pylon/device.key ]; then
+        (umask 077; od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > /etc/pylon/device.key)
+        chown pylon:pylon /etc/pylon/device.key
+    fi
     # Enabled, not started: the operator sets the backend URL in /etc/pylon/pylon.json first.
     deb-systemd-helper unmask pylond.service >/dev/null || true
     deb-systemd-helper enable pylond.service >/dev/null || true
@@ -97,6 +104,7 @@ if [ "$1" = purge ]; then
     deb-systemd-helper unmask pylond.service >/dev/null || true
     # State (consent, queues, MA identities) and the service identity go with a purge.
     rm -rf /var/lib/pylon /var/lib/private/pylon-backend /var/lib/pylon-backend /run/pylon
+    rm -f /etc/pylon/device.key
     rmdir /etc/pylon 2>/dev/null || true
     if getent passwd pylon >/dev/null; then deluser --system --quiet pylon >/dev/null 2>&1 || userdel pylon || true; fi
     if getent group pylon >/dev/null; then delgroup --system --quiet pylon >/dev/null 2>&1 || groupdel pylon || true; fi

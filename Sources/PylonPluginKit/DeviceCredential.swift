@@ -42,21 +42,10 @@ public enum DeviceCredential {
         }
     }
 
-    /// Writes `token` to `path` with mode 0600 (a temporary file renamed over it).
+    /// Writes `token` to `path` with mode 0600 (`System.writeFileAtomically`: a new temporary
+    /// file, never one a link points to, renamed over it).
     public static func store(_ token: String, at path: String) -> Bool {
-        let tmp = path + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return false }
-        _ = fchmod(fd, 0o600)
-        let bytes = Array((token + "\n").utf8)
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let ok = n == bytes.count && fsync(fd) == 0
-        close(fd)
-        guard ok, rename(tmp, path) == 0 else {
-            unlink(tmp)
-            return false
-        }
-        return true
+        System.writeFileAtomically(path, Array((token + "\n").utf8), mode: 0o600)
     }
 
     public struct CredentialError: Error, CustomStringConvertible {

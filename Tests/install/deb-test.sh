@@ -39,6 +39,7 @@ getent group pylon >/dev/null || fail "no pylon group"
 [ -x /usr/bin/pylond ] && [ -x /usr/lib/pylon/plugins/pylon-uploader ] || fail "binaries"
 [ ! -e /usr/lib/pylon/plugins/pylon-echo ] || fail "test plugin shipped"
 dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
+[ "$(stat -c '%a %U:%G' /etc/pylon/device.key)" = "600 pylon:pylon" ] || fail "device.key is not 600 pylon:pylon"
 [ "$(stat -c '%a %U:%G' /etc/pylon/pylon.json)" = "640 root:pylon" ] || fail "pylon.json is $(stat -c '%a %U:%G' /etc/pylon/pylon.json), not 640 root:pylon"
 for f in $(cd / && find etc/pylon -type f); do
     dpkg-query -W -f='${Conffiles}' pylon | grep -q " /$f " || fail "/$f is not a conffile"

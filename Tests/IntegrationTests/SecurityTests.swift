@@ -250,7 +250,7 @@ import Testing
         let out = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         p.waitUntilExit()
         #expect(p.terminationStatus != 0)
-        #expect(out.contains("another live process"), "\(out)")
+        #expect(out.contains("is served by process"), "names the live pid: \(out)")
         #expect(try h.client().call("echo.echo", [7]) == [7], "the first host still serves its socket")
     }
 }

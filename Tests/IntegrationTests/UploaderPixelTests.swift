@@ -134,7 +134,10 @@ import Testing
                 ]),
             [
                 "name": "gtm", "exec": "pylon-gtm", "backoffInitialMs": 50,
-                "config": ["backend": .string(b.baseURL), "defaultsDir": .string(try defaultsDir([:])), "fetchTimeoutMs": 3000],
+                "config": [
+                    "backend": .string(b.baseURL), "credentialFile": .string(b.credentialFile),
+                    "defaultsDir": .string(try defaultsDir([:])), "fetchTimeoutMs": 3000,
+                ],
             ],
         ])
         let c = try h.client()

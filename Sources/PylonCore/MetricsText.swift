@@ -59,9 +59,10 @@ public struct MetricsText {
 
     /// A plugin's status: numbers at the top level become `pylon_<plugin>_<key>`, numbers one
     /// object deeper (`streams.demo.queued`) `pylon_<plugin>_<container>_<key>{<container>="demo"}`;
-    /// cumulative counts (delivered, deadLetters, refusedConsent, attempts, commits) are counters.
+    /// cumulative counts (delivered, setAside, refusedConsent, attempts, commits) are counters.
+    /// (`deadLetters` is how many are held now: it falls when they are re-queued or discarded.)
     mutating func addPluginStatus(_ plugin: String, _ s: JSON) {
-        let counters: Set<String> = ["delivered", "deadLetters", "refusedConsent", "attempts", "commits"]
+        let counters: Set<String> = ["delivered", "setAside", "refusedConsent", "attempts", "commits"]
         func metric(_ parts: [String], _ key: String) -> (String, String) {
             let base = "pylon_" + (parts + [MetricsText.snake(key)]).joined(separator: "_")
             return counters.contains(key) ? (base + "_total", "counter") : (base, "gauge")

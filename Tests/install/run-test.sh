@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make run` stops with its session: a hang-up (closing the terminal) stops pylond, the backend
+# and the broker, and the next `make run` on the same RUN_DIR starts (it used to refuse: pylond
+# took SIGHUP as "reload" and kept the socket). Runs `make run` in a session of its own on free
+# loopback ports, so it never touches another instance.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+fail() { echo "run-test: FAIL: $*" >&2; exit 1; }
+tmp=$(mktemp -d /tmp/pylon-run-test.XXXXXX)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+bport=$(free_port); mport=$(free_port)
+args=(RUN_DIR="$tmp/run" BACKEND_LISTEN=127.0.0.1:$bport MQTT_LISTEN=127.0.0.1:$mport)
+pg=""
+cleanup() { [ -n "$pg" ] && kill -KILL -- "-$pg" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+start() {
+    setsid make --no-print-directory run "${args[@]}" > "$tmp/run$1.log" 2>&1 < /dev/null & pg=$!
+    for _ in $(seq 1200); do
+        grep -q 'msg=ready' "$tmp/run$1.log" 2>/dev/null && return 0
+        kill -0 "$pg" 2>/dev/null || { cat "$tmp/run$1.log" >&2; fail "make run (start $1) exited"; }
+        sleep 0.1
+    done
+    cat "$tmp/run$1.log" >&2; fail "make run (start $1) did not become ready"
+}
+# Every process of the session (make, the shell, pylond and its plugins, backend, broker).
+alive() { pgrep -s "$pg" > /dev/null; }
+
+start 1
+kill -HUP -- "-$pg"
+for _ in $(seq 100); do alive || break; sleep 0.1; done
+if alive; then ps -o pid,args -s "$pg" >&2; fail "processes of make run outlived the hang-up"; fi
+[ ! -S "$tmp/run/pylon.sock" ] || fail "the socket was left behind"
+start 2
+kill -INT -- "-$pg"
+for _ in $(seq 100); do alive || break; sleep 0.1; done
+alive && fail "Ctrl-C did not stop make run"
+pg=""
+echo "run-test: ok (a hang-up stops pylond, backend and broker; make run starts again; Ctrl-C stops it)"

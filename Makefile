@@ -148,7 +148,7 @@ DEB_FILE := $(CURDIR)/.build/deb/pylon_$(VERSION)_$(DEB_ARCH).deb
 deb: release
 	tools/mkdeb.sh $(VERSION) $(DEB_ARCH) $(DEB_FILE)
 
-## Release-mode benchmarks (numbers go to README.md).
+## Release-mode benchmarks (numbers go to docs/BENCHMARKS.md; the latest to the README).
 bench: release
 	.build/release/pylon-bench bus
 	.build/release/pylon-bench uploader

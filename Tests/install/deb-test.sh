@@ -41,7 +41,9 @@ getent group pylon >/dev/null || fail "no pylon group"
 dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
 [ "$(stat -c '%a %U:%G' /etc/pylon/device.key)" = "600 pylon:pylon" ] || fail "device.key is not 600 pylon:pylon"
 [ "$(stat -c '%a %U:%G' /etc/pylon/pylon.json)" = "640 root:pylon" ] || fail "pylon.json is $(stat -c '%a %U:%G' /etc/pylon/pylon.json), not 640 root:pylon"
-for f in $(cd / && find etc/pylon -type f); do
+# Every shipped file under /etc/pylon is a conffile; device.key is not shipped but made once by
+# the postinst (a per-machine secret, removed by purge).
+for f in $(cd / && find etc/pylon -type f ! -name device.key); do
     dpkg-query -W -f='${Conffiles}' pylon | grep -q " /$f " || fail "/$f is not a conffile"
 done
 [ -L /etc/systemd/system/multi-user.target.wants/pylond.service ] || fail "pylond.service not enabled"

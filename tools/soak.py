@@ -350,7 +350,7 @@ class Pipeline:
 
 class PushApp:
     """The app: serves `soakapp.onPush`, attaches, acknowledges every message with a success reply.
-    Attaches again every second (a restarted push plugin has forgotten who was attached)."""
+    Attaches again every second (a safeguard: a restarted push plugin keeps its attached apps)."""
 
     def run(self):
         while not stop_push_app.is_set():

@@ -431,7 +431,8 @@ def push_sender(token):
                 with lock:
                     push_sent[r["msgId"]] = str(seq)
             else:
-                stats["push_send_errors"] += 1
+                with lock:
+                    stats["push_send_errors"] += 1
         except (OSError, ValueError, urllib.error.URLError):
             with lock:
                 stats["push_send_errors"] += 1

@@ -192,8 +192,9 @@ test-asan: deps
 	  echo "AddressSanitizer reports:"; head -50 $(ASAN_BUILD)/reports/asan.*; exit 1; \
 	else echo "test-asan: no AddressSanitizer report"; fi
 
-## Chaos soak (loopback only, bounded): release build, backend + pylond with uploader and MA,
-## pipelined load while processes are killed with kill -9; fails if an acknowledged record is lost.
+## Chaos soak (loopback only, bounded): release build, mosquitto + backend + pylond (uploader, MA,
+## push, gtm) with make run's credentials, load while every process is killed with kill -9; fails if
+## an acknowledged record, push send or tag-manager hit is lost or stored twice.
 SOAK_SECONDS ?= 120
 soak: release
 	python3 tools/soak.py --bin-dir .build/release --seconds $(SOAK_SECONDS)

@@ -8,7 +8,7 @@ RUN_DIR ?= $(CURDIR)/run
 # point a second one (another RUN_DIR) at the first one's socket.
 export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build release run test test-install test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build release run test test-install test-run test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -76,7 +76,7 @@ pydeps: deps
 ## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it.
 test: build pydeps
 	$(SWIFT) test --no-parallel
-	$(MAKE) --no-print-directory test-python test-install
+	$(MAKE) --no-print-directory test-python test-install test-run
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \
 	else echo "make test: .deb test skipped (not root, no dpkg, pylon installed, or PYLON_TEST_DEB=0)"; fi
@@ -84,6 +84,11 @@ test: build pydeps
 test-python: build pydeps
 	cd clients/python && PYLON_BUILD_DIR=$(CURDIR)/.build/debug PYTHONPATH=$(CURDIR)/clients/python/src \
 	  python3 -m pytest -q -p no:cacheprovider tests
+
+## `make run` on free loopback ports in a session of its own: a hang-up stops pylond, the backend
+## and the broker, and it starts again on the same RUN_DIR; Ctrl-C stops it.
+test-run: build
+	Tests/install/run-test.sh
 
 ## Installs the debug build into a temporary DESTDIR and runs the installed tree end to end.
 test-install: build

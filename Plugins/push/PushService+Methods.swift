@@ -234,6 +234,9 @@ extension PushService {
     /// content). The identity (token, install id, device id, bound user) and other uids' apps
     /// only for an owner (`isOwner`).
     func status(for call: Call) -> JSON {
+        // The counters say what is durable: acknowledgements of this loop turn are deleted from
+        // the inbox first (else `acknowledged` could count one a kill -9 now would redeliver).
+        if !pendingDeletes.isEmpty { flushAcks() }
         let owner = isOwner(call)
         let uid = call.caller?["uid"]?.intValue
         let d = delivery.counters

@@ -131,8 +131,19 @@ extension Backend {
                 throw .forbidden("the operator API is disabled: start the backend with --operator-token-file")
             }
             guard let token else { throw .unauthorized("the operator token is required (Authorization: Bearer)") }
-            guard Credentials.equal(token.utf8, op) else { throw .unauthorized("invalid operator token") }
-            return .operator
+            if Credentials.equal(token.utf8, op) { return .operator }
+            // A valid credential of another kind is known but not allowed here: 403, as for the
+            // device endpoints (docs/SECURITY.md, "Backend").
+            if let e = credentials.enrolSecret, Credentials.equal(token.utf8, e) {
+                throw .forbidden("the enrolment secret is a device credential, not the operator token")
+            }
+            if let (id, secret) = DeviceToken.parse(token),
+                let row = try storage({ () throws(SQLiteError) in try store.device(id) }),
+                Credentials.equal(secret.utf8, Array(row.secret.utf8))
+            {
+                throw .forbidden("a device token is not the operator token")
+            }
+            throw .unauthorized("invalid operator token")
         }
         if access == .enrolment, token == nil {
             guard credentials.openEnrolment else {

@@ -26,14 +26,18 @@ import Testing
         let b = try BackendProcess()
         for (m, path) in BackendAuthTests.operatorEndpoints {
             for headers in [
-                BackendAuthTests.none, BackendAuthTests.bearer("wrong-token-0123456789"),
-                BackendAuthTests.bearer(TestCredentials.deviceKey), [("Authorization", "Basic dXNlcjpwYXNz")],
+                BackendAuthTests.none, BackendAuthTests.bearer("wrong-token-0123456789"), [("Authorization", "Basic dXNlcjpwYXNz")],
             ] {
                 let r = try b.request(m, path, headers: headers, body: m == "POST" ? Array("{}".utf8) : [])
                 #expect(r.status == 401, "\(m) \(path) with \(headers)")
                 #expect(try r.json()["code"] == "unauthorized")
                 #expect(r.headers["www-authenticate"]?.hasPrefix("Bearer") == true)
             }
+            // A valid credential of another kind (the device key) is known but not allowed: 403.
+            let r = try b.request(
+                m, path, headers: BackendAuthTests.bearer(TestCredentials.deviceKey), body: m == "POST" ? Array("{}".utf8) : [])
+            #expect(r.status == 403, "\(m) \(path) with the device key")
+            #expect(try r.json()["code"] == "forbidden")
         }
         // Nothing was reset, no fault set: a batch stored before is still there.
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["a"])).status == 200)

@@ -17,6 +17,8 @@ import Glibc
 /// (the backend answers or closes within its deadlines, set short here); every response starts
 /// with an HTTP/1.1 status line.
 struct Harness {
+    static let operatorToken = "fuzz-operator-token-0123456789"
+    static let deviceKey = "fuzz-device-key-0123456789"
     let loop = Loop()
     let server: Server
     let backend: Backend
@@ -33,6 +35,11 @@ struct Harness {
         ])
         let store = try! Store(path: options.dbPath)
         backend = Backend(store: store, maxBody: options.maxBody)
+        // The credentials the corpus presents (`Authorization: Bearer …`), so that inputs reach
+        // the handlers behind the authentication, and the fault API the corpus drives.
+        backend.credentials.operatorToken = Array(Harness.operatorToken.utf8)
+        backend.credentials.enrolSecret = Array(Harness.deviceKey.utf8)
+        backend.faultsEnabled = true
         server = try! Server(
             loop: loop, host: options.host, port: options.port, maxBody: options.maxBody,
             maxConnections: options.maxConnections, timeouts: options.timeouts,

@@ -65,7 +65,7 @@ final class MetricsExporter {
     }
 
     private func write(_ text: String) {
-        // Mode 0644: node_exporter runs as its own user.
+        // `fileMode` (0640): node_exporter's user reads it as a member of the host's group.
         do throws(IOError) {
             try System.writeFileAtomically(atPath: path, contents: Array(text.utf8), mode: MetricsExporter.fileMode)
         } catch {

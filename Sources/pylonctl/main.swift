@@ -19,7 +19,7 @@ let usage = """
       sub PATTERN...              print notifications on matching topics, one JSON line each
       publish TOPIC [DATA_JSON]   bus.publish
       restart PLUGIN              restart a plugin (also clears 'failed')
-      consent list                all consent switches
+      consent list                consent switches (non-admins: the device switch only)
       consent get KEY             one switch
       consent set KEY VALUE       VALUE: allow, grant, true (granted) or deny, revoke, false
       metrics                     bus and plugin status as Prometheus/OpenMetrics text

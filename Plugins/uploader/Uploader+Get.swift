@@ -38,16 +38,11 @@ extension Uploader {
             body = try store.batchBody(key, stream: stream)
             final = try store.isFinal(key)
         } catch {
-            plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
-            streams[stream]?.storeFailed(now: now)
-            armWake()
+            batchLoadFailed(stream, key, error)
             return
         }
         guard body.count > 0 else {
-            try? store.deleteBatch(key)
-            streams[stream]?.batchWasEmpty(key)
-            pump(stream, now: now)
-            armWake()
+            dropEmptyBatch(stream, key)
             return
         }
         let sent = StreamState.SentBatch(key: key, count: body.count, bytes: body.recordBytes, final: final)

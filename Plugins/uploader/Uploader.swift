@@ -542,10 +542,7 @@ final class Uploader {
     /// the next one goes.
     private func upload(_ loaded: Loaded, key: String, stream: String, endpoint: String) {
         guard loaded.count > 0 else {
-            try? store.deleteBatch(key)
-            streams[stream]?.batchWasEmpty(key)
-            pump(stream, now: now)
-            armWake()
+            dropEmptyBatch(stream, key)
             return
         }
         // Read now, not when it was prepared: consent denied meanwhile makes it final.
@@ -553,13 +550,27 @@ final class Uploader {
         do {
             final = try store.isFinal(key)
         } catch {
-            plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
-            streams[stream]?.storeFailed(now: now)
-            armWake()
+            batchLoadFailed(stream, key, error)
             return
         }
         let sent = StreamState.SentBatch(key: key, count: loaded.count, bytes: loaded.recordBytes, final: final)
         post(loaded.gz, stream: stream, endpoint: endpoint, batch: sent)
+    }
+
+    /// A batch that could not be read from the store: logged; the stream backs off as after any
+    /// store failure.
+    func batchLoadFailed(_ stream: String, _ key: String, _ error: any Error) {
+        plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
+        streams[stream]?.storeFailed(now: now)
+        armWake()
+    }
+
+    /// A batch that holds no records (delivered before a crash): deleted, and the next one goes.
+    func dropEmptyBatch(_ stream: String, _ key: String) {
+        try? store.deleteBatch(key)
+        streams[stream]?.batchWasEmpty(key)
+        pump(stream, now: now)
+        armWake()
     }
 
     /// Sends a cut batch's compressed body; `finished` gets the outcome.

@@ -38,26 +38,11 @@ final class TestBackend {
                     $0.adminPasswordFile, "--mqtt-dynsec",
                 ]
             } ?? [])
-        let out = Pipe()
-        p.standardOutput = out
         _ = FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
         p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/backend.log"))
-        try p.run()
         process = p
         // First stdout line: "pylon-backend listening on 127.0.0.1:PORT".
-        var line = Data()
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline {
-            let b = out.fileHandleForReading.availableData
-            if b.isEmpty { break }
-            line.append(b)
-            if line.contains(0x0A) { break }
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard let portText = text.split(separator: ":").last?.split(separator: "\n").first, let port = Int(portText) else {
-            p.terminate()
-            throw TestFailure(description: "backend did not report its port: \(text)")
-        }
+        let port = try runReportingPort(p, "backend")
         self.port = port
     }
 

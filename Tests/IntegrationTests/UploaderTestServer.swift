@@ -59,23 +59,8 @@ final class UploaderTestServer {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
         p.arguments = [dir + "/server.py"]
-        let out = Pipe()
-        p.standardOutput = out
-        try p.run()
         process = p
-        var line = Data()
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline {
-            let b = out.fileHandleForReading.availableData
-            if b.isEmpty { break }
-            line.append(b)
-            if line.contains(0x0A) { break }
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard let portText = text.split(separator: ":").last?.split(separator: "\n").first, let port = Int(portText) else {
-            p.terminate()
-            throw TestFailure(description: "test server did not report its port: \(text)")
-        }
+        let port = try runReportingPort(p, "test server")
         self.port = port
     }
 

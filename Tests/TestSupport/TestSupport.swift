@@ -41,3 +41,29 @@ public func stop(_ p: Process, graceSeconds: Double) -> Int32 {
     }
     return p.terminationStatus
 }
+
+/// Starts `p` (its executable, arguments and stderr already set) with a pipe on stdout and
+/// returns the port its first stdout line ends with (`… listening on 127.0.0.1:PORT`: a server
+/// bound to port 0 says which one it got). `what` names it in the error. If no port comes within
+/// 10 s the process is killed (SIGKILL: a child spawned from a test thread may have SIGTERM
+/// blocked) and an error is thrown.
+public func runReportingPort(_ p: Process, _ what: String) throws -> Int {
+    let out = Pipe()
+    p.standardOutput = out
+    try p.run()
+    var line = Data()
+    let deadline = Date().addingTimeInterval(10)
+    while Date() < deadline {
+        let b = out.fileHandleForReading.availableData
+        if b.isEmpty { break }
+        line.append(b)
+        if line.contains(0x0A) { break }
+    }
+    let text = String(decoding: line, as: UTF8.self)
+    guard let portText = text.split(separator: ":").last?.split(separator: "\n").first, let port = Int(portText) else {
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        throw TestFailure(description: "\(what) did not report its port: \(text)")
+    }
+    return port
+}

@@ -33,6 +33,8 @@ let usage = """
     exit status:
        0  success
        1  the host or a plugin answered with a JSON-RPC error
+       2  status: a plugin is not running yet or again (starting, backing off, stopping)
+       3  status: a plugin is failed (its restart intensity was spent; bus.restart clears it)
       64  usage error (EX_USAGE): unknown command or option, bad arguments, invalid JSON
       65  with --check: the reply's "code" is not 0 (EX_DATAERR)
       69  the host cannot be reached, or went away (sub) (EX_UNAVAILABLE)
@@ -154,9 +156,13 @@ case "metrics":
     print(MetricsText.render(bus: bus, plugins: statuses), terminator: "")
 case "status":
     let s = call(HostMethod.status, nil)
+    // Like `systemctl is-failed`, for scripts: 3 when a plugin is failed, 2 when one is not
+    // running yet or again (starting, backing off after a crash, stopping), 0 when all run.
+    let states = (s["plugins"]?.arrayValue ?? []).compactMap { $0["state"]?.stringValue }
+    let statusCode: Int32 = states.contains("failed") ? 3 : states.allSatisfy { $0 == "running" } ? 0 : 2
     if args.contains("--json") {
         print(s.serialized)
-        break
+        exit(statusCode)
     }
     print(
         "pylond \(fmt(s["version"])) pid \(fmt(s["pid"])) \(fmt(s["state"])) up \(fmt(s["uptime_s"]))s socket \(fmt(s["socket"])) rss \(fmt(s["rss_kib"]))KiB"
@@ -183,6 +189,7 @@ case "status":
     print(
         "consent: master \(c?["master"]?.boolValue == false ? "denied" : "granted")" + (sw.isEmpty ? "" : "; " + sw.joined(separator: ", "))
     )
+    exit(statusCode)
 case "publish":
     guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }
     let data = args.count > 1 ? parseJSON(args[1], what: "DATA") : JSON.null

@@ -31,6 +31,22 @@ import Testing
         #expect(try ctl(h, ["ping"]).status == 0)
     }
 
+    /// `pylonctl status` tells a script what `systemctl is-failed` would: 0 all running, 3 a
+    /// plugin failed (it used to exit 0), 0 again after a restart clears it.
+    @Test func statusExitsThreeWithAFailedPlugin() throws {
+        let h = try TestHost(plugins: [TestHost.echo(name: "echo", ["maxRestarts": 0, "intensityWindowMs": 60000])])
+        try h.waitForPlugin(state: "running")
+        #expect(try ctl(h, ["status"]).status == 0)
+        _ = try? h.client().call("echo.crash", nil, timeoutMs: 2000)
+        try h.waitForPlugin(state: "failed")
+        let failed = try ctl(h, ["status"])
+        #expect(failed.status == 3 && failed.out.contains("failed"), "exit \(failed.status)")
+        #expect(try ctl(h, ["status", "--json"]).status == 3)
+        _ = try h.client().call("bus.restart", ["plugin": "echo"])
+        try h.waitForPlugin(state: "running")
+        #expect(try ctl(h, ["status"]).status == 0)
+    }
+
     /// Options after the command apply too: `--check` last still fails on a non-zero code.
     @Test func optionsAfterTheCommandApply() throws {
         let h = try TestHost(plugins: [TestHost.echo()])

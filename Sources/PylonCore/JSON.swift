@@ -41,6 +41,8 @@ public enum JSON: Equatable, Sendable {
         let ref = JSONRef(self)
         return ref.serialized
     }
+    /// `serialized`, indented for a person.
+    public var prettySerialized: String { JSONRef(self).prettySerialized }
 
     /// Parses one complete JSON text with json-c (strict, UTF-8 validated).
     public static func parse(_ text: String, maxDepth: Int32 = 64) throws(JSONParseError) -> JSON {

@@ -98,6 +98,13 @@ public final class JSONRef {
     public var serialized: String {
         withSerialized { String(decoding: $0, as: UTF8.self) }
     }
+    /// Indented for a person (json-c's `JSON_C_TO_STRING_PRETTY`, two spaces), slashes unescaped.
+    public var prettySerialized: String {
+        var len = 0
+        let flags = JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE
+        guard let c = json_object_to_json_string_length(ptr, flags, &len) else { return "null" }
+        return String(decoding: UnsafeRawBufferPointer(start: c, count: len), as: UTF8.self)
+    }
 
     /// Parses exactly one JSON text occupying all of `bytes` (surrounding whitespace allowed).
     public static func parse(_ bytes: UnsafeRawBufferPointer, maxDepth: Int32 = 64) throws(JSONParseError) -> JSONRef {

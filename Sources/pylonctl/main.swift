@@ -12,7 +12,8 @@ let usage = """
            (the options may also follow the command)
 
     commands:
-      call METHOD [PARAMS_JSON]   call any method; prints the result as JSON
+      call METHOD [PARAMS_JSON]   call any method; prints the result as JSON (PARAMS_JSON "-": read
+                                  the params from standard input)
       ping                        bus.ping
       status [--json]             plugins, clients and counters (a table; --json for scripts)
       describe [--json|--names]   methods each plugin serves, with their consent switches
@@ -28,6 +29,7 @@ let usage = """
       -s, --socket PATH    the host's socket: --socket, else $PYLON_SOCKET, else /run/pylon/pylon.sock
       -t, --timeout SECS   how long to wait for a reply (default 30)
       --check              exit 65 when a plugin's reply carries a non-zero "code" (MA's result codes)
+      --pretty             print JSON results indented
       --version, --help
 
     exit status:
@@ -50,6 +52,7 @@ func fail(_ msg: String, code: Int32) -> Never {
 var socketPath = defaultSocketPath()
 var timeoutMs = 30_000
 var checkCodes = false
+var pretty = false
 var rest: [String] = []
 var it = CommandLine.arguments.dropFirst().makeIterator()
 // Options are read wherever they stand (`call M P --check` checks too); after the command, an
@@ -66,6 +69,8 @@ while let a = it.next() {
         timeoutMs = Int(d * 1000)
     case "--check":
         checkCodes = true
+    case "--pretty":
+        pretty = true
     case "-h", "--help", "help":
         print(usage)
         exit(0)
@@ -88,8 +93,21 @@ func parseJSON(_ s: String, what: String) -> JSON {
 }
 
 @MainActor func connect() -> SyncClient {
-    do { return try SyncClient(path: socketPath) } catch { fail(error.description, code: 69) }
+    do { return try SyncClient(path: socketPath) } catch {
+        // The socket is there but not ours to open: say whose group lets one in.
+        if access(socketPath, F_OK) == 0, access(socketPath, W_OK) != 0 {
+            var st = stat()
+            let group = stat(socketPath, &st) == 0 ? getgrgid(st.st_gid).map { String(cString: $0.pointee.gr_name) } : nil
+            fail(
+                "permission denied on \(socketPath): members of group \(group ?? "of the socket") may connect"
+                    + " (usermod -aG \(group ?? "GROUP") $USER, then log in again)", code: 69)
+        }
+        fail(error.description, code: 69)
+    }
 }
+
+/// A result as JSON text: compact, or indented with --pretty.
+@MainActor func text(_ j: JSON) -> String { pretty ? j.prettySerialized : j.serialized }
 
 /// Calls and exits with the conventional status on failure.
 @MainActor func call(_ method: String, _ params: JSON?, client: SyncClient? = nil) -> JSON {
@@ -109,7 +127,7 @@ func parseJSON(_ s: String, what: String) -> JSON {
 
 /// Prints a plugin's reply; with --check a non-zero `code` member is exit status 65.
 @MainActor func printChecked(_ r: JSON) {
-    print(r.serialized)
+    print(text(r))
     if checkCodes, let c = r["code"]?.intValue, c != 0 {
         fail("reply code \(c)" + (r["message"]?.stringValue.map { ": " + $0 } ?? ""), code: 65)
     }
@@ -131,14 +149,24 @@ func fmt(_ j: JSON?) -> String {
 switch command {
 case "call":
     guard let method = args.first else { fail("call needs a METHOD", code: 64) }
-    let params = args.count > 1 ? parseJSON(args[1], what: "PARAMS") : nil
+    var params: JSON?
+    if args.count > 1 {
+        if args[1] == "-" {
+            var input: [UInt8] = []
+            var buf = [UInt8](repeating: 0, count: 65_536)
+            while case let n = read(0, &buf, buf.count), n > 0 { input += buf[0..<n] }
+            params = parseJSON(String(decoding: input, as: UTF8.self), what: "PARAMS (standard input)")
+        } else {
+            params = parseJSON(args[1], what: "PARAMS")
+        }
+    }
     printChecked(call(method, params))
 case "ping":
-    print(call(HostMethod.ping, nil).serialized)
+    print(text(call(HostMethod.ping, nil)))
 case "describe":
     let d = call(HostMethod.describe, nil)
     if args.contains("--json") {
-        print(d.serialized)
+        print(text(d))
     } else if args.contains("--names") {
         for m in describedMethods(d) { print(m.name) }
     } else {
@@ -161,7 +189,7 @@ case "status":
     let states = (s["plugins"]?.arrayValue ?? []).compactMap { $0["state"]?.stringValue }
     let statusCode: Int32 = states.contains("failed") ? 3 : states.allSatisfy { $0 == "running" } ? 0 : 2
     if args.contains("--json") {
-        print(s.serialized)
+        print(text(s))
         exit(statusCode)
     }
     print(
@@ -193,22 +221,22 @@ case "status":
 case "publish":
     guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }
     let data = args.count > 1 ? parseJSON(args[1], what: "DATA") : JSON.null
-    print(call(HostMethod.publish, ["topic": .string(topic), "data": data]).serialized)
+    print(text(call(HostMethod.publish, ["topic": .string(topic), "data": data])))
 case "restart":
     guard let p = args.first else { fail("restart needs a PLUGIN", code: 64) }
-    print(call(HostMethod.restart, ["plugin": .string(p)]).serialized)
+    print(text(call(HostMethod.restart, ["plugin": .string(p)])))
 case "consent":
     switch args.first {
-    case "list": print(call(HostMethod.consentList, nil).serialized)
+    case "list": print(text(call(HostMethod.consentList, nil)))
     case "get":
         guard args.count == 2 else { fail("usage: consent get KEY", code: 64) }
-        print(call(HostMethod.consentGet, ["key": .string(args[1])]).serialized)
+        print(text(call(HostMethod.consentGet, ["key": .string(args[1])])))
     case "set":
         let values = ["allow": true, "grant": true, "true": true, "deny": false, "revoke": false, "false": false]
         guard args.count == 3, let g = values[args[2]] else {
             fail("usage: consent set KEY allow|deny|grant|revoke|true|false", code: 64)
         }
-        print(call(HostMethod.consentSet, ["key": .string(args[1]), "granted": .bool(g)]).serialized)
+        print(text(call(HostMethod.consentSet, ["key": .string(args[1]), "granted": .bool(g)])))
     default:
         fail("usage: consent list | get KEY | set KEY allow|deny|grant|revoke|true|false", code: 64)
     }

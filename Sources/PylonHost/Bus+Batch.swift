@@ -6,7 +6,9 @@ import PylonProtocol
 /// filled in any order, sent as one array once every slot is filled. Members that are
 /// notifications (or responses) take no slot; a batch without a request gets no reply at all.
 final class BatchReply {
-    unowned let peer: Peer
+    /// Held strongly, as a lone request's `Pending.Origin.peer` holds its peer: a member's
+    /// reply can come after the client closed (and left `Bus.peers`).
+    let peer: Peer
     /// The replies so far, each one compact JSON object.
     private(set) var parts: [[UInt8]] = []
     private(set) var bytes = 0

@@ -51,33 +51,6 @@ package struct Credentials {
 
     package init() {}
 
-    /// Shortest and longest secret accepted in a token file (after trailing whitespace).
-    static let minSecretBytes = 16
-    static let maxSecretBytes = 4096
-
-    package struct FileError: Error, CustomStringConvertible { package let description: String }
-
-    /// Reads a secret file: it must be a regular file with no group or other permission bits
-    /// (0600 or 0400) and hold 16 to 4096 printable bytes (a trailing newline is dropped).
-    package static func readSecret(_ path: String) throws(FileError) -> [UInt8] {
-        var st = stat()
-        guard stat(path, &st) == 0 else { throw FileError(description: "\(path): \(String(cString: strerror(errno)))") }
-        guard (st.st_mode & S_IFMT) == S_IFREG else { throw FileError(description: "\(path) is not a regular file") }
-        guard st.st_mode & 0o077 == 0 else {
-            throw FileError(description: "\(path) is readable by group or others (mode must be 0600 or 0400)")
-        }
-        guard let raw = System.readFile(path, limit: maxSecretBytes + 2) else {
-            throw FileError(description: "\(path) cannot be read")
-        }
-        var b = raw[...]
-        while let l = b.last, l == 0x0A || l == 0x0D || l == 0x20 || l == 0x09 { b = b.dropLast() }
-        guard (minSecretBytes...maxSecretBytes).contains(b.count), b.allSatisfy({ (0x21...0x7E).contains($0) }) else {
-            throw FileError(
-                description: "\(path) must hold \(minSecretBytes) to \(maxSecretBytes) printable ASCII characters without spaces")
-        }
-        return Array(b)
-    }
-
     /// Constant-time comparison (the time depends on the lengths only).
     static func equal(_ a: some Collection<UInt8>, _ b: [UInt8]) -> Bool {
         guard a.count == b.count else { return false }

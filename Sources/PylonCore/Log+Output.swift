@@ -154,9 +154,7 @@ extension Log {
     static func escapingDisguises(_ line: String) -> String {
         guard line.utf8.contains(where: { $0 >= 0x7F || $0 < 0x20 }) else { return line }
         var out = ""
-        for ch in line.unicodeScalars {
-            if isDisguising(ch) { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
-        }
+        for ch in line.unicodeScalars { appendShown(ch, to: &out) }
         return out
     }
 

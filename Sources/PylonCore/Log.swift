@@ -69,8 +69,7 @@ public struct Log: Sendable {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            default:
-                if isDisguising(ch) { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
+            default: appendShown(ch, to: &out)
             }
         }
         return out + "\""
@@ -80,6 +79,11 @@ public struct Log: Sendable {
     /// escapes), line and paragraph separators (U+2028/9: new lines to some viewers), and the
     /// bidirectional controls and marks (U+202A–E, U+2066–9, U+200E/F, U+061C: text shown
     /// reversed), and U+FEFF.
+    /// Appends `ch`, written as `\u{…}` when `isDisguising`.
+    static func appendShown(_ ch: Unicode.Scalar, to out: inout String) {
+        if isDisguising(ch) { out += "\\u{\(String(ch.value, radix: 16))}" } else { out.unicodeScalars.append(ch) }
+    }
+
     public static func isDisguising(_ ch: Unicode.Scalar) -> Bool {
         switch ch.value {
         case 0..<0x20, 0x7F...0x9F, 0x2028, 0x2029, 0x202A...0x202E, 0x2066...0x2069, 0x200E, 0x200F, 0x061C, 0xFEFF: return true

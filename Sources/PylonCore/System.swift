@@ -83,17 +83,11 @@ public enum System {
         try connectUnixSocket(path, nonBlocking: false)
     }
 
-    /// Whether a live process listens on the Unix socket `path`: a non-blocking connect that is
-    /// accepted, or refused only because the listener's backlog is full (`EAGAIN`), says yes —
-    /// it never waits, even when the listener is flooded. `ECONNREFUSED` (a stale socket file)
-    /// and every other error say no.
-    public static func unixSocketIsLive(_ path: String) -> Bool {
-        if case .live = probeUnixSocket(path) { return true }
-        return false
-    }
-
-    /// What `unixSocketIsLive` finds, with the listener's pid when the connect was accepted into
-    /// its backlog (`SO_PEERCRED` of the connection: the process that called `listen`).
+    /// Whether a live process listens on a Unix socket, found by a non-blocking connect that never
+    /// waits, even when the listener is flooded: accepted into its backlog (live, with the pid
+    /// `SO_PEERCRED` names: the process that called `listen`), or refused only because the
+    /// backlog is full (`EAGAIN`: live, pid unknown). `ECONNREFUSED` (a stale socket file) and
+    /// every other error: stale.
     public enum SocketProbe: Equatable, Sendable {
         case stale
         case live(pid: Int32?)

@@ -39,10 +39,10 @@ do {
 let backend = Backend(store: store, maxBody: options.maxBody)
 func secret(_ path: String?, _ what: String) -> [UInt8]? {
     guard let path else { return nil }
-    do throws(Credentials.FileError) {
-        return try Credentials.readSecret(path)
-    } catch {
-        log.error("cannot use the \(what) file", ["error": error.description])
+    switch SecretFile.read(path) {
+    case .success(let s): return s
+    case .failure(let e):
+        log.error("cannot use the \(what) file", ["error": e.description])
         System.exit(1)
     }
 }

@@ -6,7 +6,7 @@ import Testing
 import Glibc
 #endif
 
-/// `System.unixSocketIsLive`: the check a second pylond makes before it takes a socket path.
+/// `System.probeUnixSocket`: the check a second pylond makes before it takes a socket path.
 @Suite struct SocketProbeTests {
     func bindUnix(_ path: String) -> Int32 {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
@@ -50,10 +50,9 @@ import Glibc
             filled.append(fd)
         }
         #expect(throws: IOError.self) { try System.connectUnixSocket(path, nonBlocking: true) }
-        #expect(System.unixSocketIsLive(path), "a flooded listener is live")
-        #expect(System.probeUnixSocket(path) == .live(pid: nil), "a full backlog names no pid")
+        #expect(System.probeUnixSocket(path) == .live(pid: nil), "a flooded listener is live; a full backlog names no pid")
         close(listener)
-        #expect(!System.unixSocketIsLive(path), "a socket file without a listener is stale")
-        #expect(!System.unixSocketIsLive(path + ".missing"))
+        #expect(System.probeUnixSocket(path) == .stale, "a socket file without a listener is stale")
+        #expect(System.probeUnixSocket(path + ".missing") == .stale)
     }
 }

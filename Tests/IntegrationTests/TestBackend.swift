@@ -62,35 +62,9 @@ final class TestBackend {
                 ["/v1/admin/", "/v1/inspect/", "/v1/faults"].contains(where: { path.hasPrefix($0) })
                     ? TestBackend.operatorToken : (path.hasPrefix("/v1/") ? TestBackend.deviceKey : nil)
             }
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = UInt16(port).bigEndian
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { throw TestFailure(description: "cannot connect to backend") }
-        let payload = body.map { Array($0.serialized.utf8) } ?? []
-        var req = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n"
-        if body != nil { req += "Content-Type: application/json\r\n" }
-        if let token { req += "Authorization: Bearer \(token)\r\n" }
-        req += "\r\n"
-        let bytes = Array(req.utf8) + payload
-        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
-        var resp = [UInt8]()
-        var buf = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 65536, 0) }
-            if n <= 0 { break }
-            resp.append(contentsOf: buf[0..<n])
-        }
-        let text = String(decoding: resp, as: UTF8.self)
-        guard let sep = text.range(of: "\r\n\r\n") else { throw TestFailure(description: "bad HTTP response: \(text.prefix(200))") }
-        let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
-        let bodyText = String(text[sep.upperBound...])
-        return (status, bodyText.isEmpty ? .null : ((try? JSON.parse(bodyText)) ?? .string(bodyText)))
+        let r = try httpExchange(
+            port: port, method, path, body: body, headers: token.map { [("Authorization", "Bearer \($0)")] } ?? [])
+        return (r.status, r.body.isEmpty ? .null : ((try? JSON.parse(r.body)) ?? .string(r.body)))
     }
 
     func stream(_ name: String) throws -> JSON { try request("GET", "/v1/inspect/streams/\(name)").json }

@@ -83,29 +83,6 @@ final class UploaderTestServer {
 
     /// One HTTP/1.1 exchange over a fresh connection (Connection: close); the body as JSON.
     func request(_ method: String, _ path: String, body: JSON? = nil) throws -> JSON {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = UInt16(port).bigEndian
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { throw TestFailure(description: "cannot connect to the test server") }
-        let payload = body.map { Array($0.serialized.utf8) } ?? []
-        let head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n\r\n"
-        let bytes = Array(head.utf8) + payload
-        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
-        var resp = [UInt8]()
-        var buf = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 65536, 0) }
-            if n <= 0 { break }
-            resp.append(contentsOf: buf[0..<n])
-        }
-        let text = String(decoding: resp, as: UTF8.self)
-        guard let sep = text.range(of: "\r\n\r\n") else { throw TestFailure(description: "bad HTTP response: \(text.prefix(200))") }
-        return (try? JSON.parse(String(text[sep.upperBound...]))) ?? .null
+        (try? JSON.parse(try httpExchange(port: port, method, path, body: body).body)) ?? .null
     }
 }

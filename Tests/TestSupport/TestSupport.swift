@@ -1,4 +1,5 @@
 import Foundation
+import PylonCore
 
 /// Helpers shared by the test targets that start real processes (IntegrationTests,
 /// BackendTests); `RandomJSONText` is the differential tests' generator (BackendTests,
@@ -66,4 +67,38 @@ public func runReportingPort(_ p: Process, _ what: String) throws -> Int {
         throw TestFailure(description: "\(what) did not report its port: \(text)")
     }
     return port
+}
+
+/// One HTTP/1.1 exchange with a server on 127.0.0.1:`port` over a fresh connection
+/// (`Connection: close`): the status and the body as text. `body` is sent as JSON.
+public func httpExchange(
+    port: Int, _ method: String, _ path: String, body: JSON? = nil, headers: [(String, String)] = []
+) throws -> (status: Int, body: String) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_port = UInt16(port).bigEndian
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let rc = withUnsafePointer(to: &addr) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard rc == 0 else { throw TestFailure(description: "cannot connect to 127.0.0.1:\(port)") }
+    let payload = body.map { Array($0.serialized.utf8) } ?? []
+    var req = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(payload.count)\r\n"
+    if body != nil { req += "Content-Type: application/json\r\n" }
+    for (k, v) in headers { req += "\(k): \(v)\r\n" }
+    req += "\r\n"
+    let bytes = Array(req.utf8) + payload
+    _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+    var resp = [UInt8]()
+    var buf = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 65536, 0) }
+        if n <= 0 { break }
+        resp.append(contentsOf: buf[0..<n])
+    }
+    let text = String(decoding: resp, as: UTF8.self)
+    guard let sep = text.range(of: "\r\n\r\n") else { throw TestFailure(description: "bad HTTP response: \(text.prefix(200))") }
+    return (Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0, String(text[sep.upperBound...]))
 }

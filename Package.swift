@@ -31,6 +31,10 @@ let package = Package(
         .systemLibrary(name: "CPlist", pkgConfig: "libplist-2.0", providers: [.apt(["libplist-dev"])]),
         // Native journal entries (sd_journal_sendv) when stderr is the journal.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // The fleet's server side: PostgreSQL (libpq) for shared state, NATS JetStream (libnats,
+        // with its libuv adapter) for the ingest stream.
+        .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
+        .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),

@@ -10,6 +10,8 @@ import Testing
 @Suite(.serialized) struct FleetStateTests {
     /// Rounds per race: each is one chance for the two instances to interleave.
     static let rounds = 25
+    /// Records per raced batch (a longer transaction: more overlap).
+    static let batchRecords = 200
 
     /// Two instances on one new database (with `extra` arguments each).
     static func pair(_ extra: [String] = []) throws -> (BackendProcess, BackendProcess) {
@@ -39,17 +41,17 @@ import Testing
         let (a, b) = try FleetStateTests.pair()
         for round in 0..<FleetStateTests.rounds {
             let key = "batch-\(round)"
-            let body = batchBody(key: key, stream: "s", ids: (0..<5).map { "r\(round)-\($0)" })
+            let body = batchBody(key: key, stream: "s", ids: (0..<FleetStateTests.batchRecords).map { "r\(round)-\($0)" })
             let replies = try race([a.port, b.port]) { _ in ("POST", "/v1/batches/s", body, key) }
             let json = try replies.map { r -> JSON in
                 guard r.status == 200 else { throw TestFailure(description: "round \(round): \(r.status) \(r.text)") }
                 return try r.json()
             }
-            #expect(json.compactMap { $0["accepted"]?.intValue }.reduce(0, +) == 5, "\(json)")
+            #expect(json.compactMap { $0["accepted"]?.intValue }.reduce(0, +) == Int64(FleetStateTests.batchRecords), "\(json)")
             #expect(json.filter { $0["duplicateBatch"] == true }.count == 1, "\(json)")
         }
         let s = try a.get("/v1/inspect/streams/s")
-        #expect(s["records"] == .int(Int64(5 * FleetStateTests.rounds)) && s["batches"] == .int(Int64(FleetStateTests.rounds)))
+        #expect(s["records"] == .int(Int64(FleetStateTests.batchRecords * FleetStateTests.rounds)) && s["batches"] == .int(Int64(FleetStateTests.rounds)))
         #expect(s["duplicateBatches"] == .int(Int64(FleetStateTests.rounds)))
     }
 

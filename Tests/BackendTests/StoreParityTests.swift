@@ -47,7 +47,8 @@ import Testing
         #expect(first["duplicate"] == false && first["devices"] == 1)
         let again = try b.post("/v1/admin/push/send", send)
         #expect(again["duplicate"] == true && again["msgId"] == first["msgId"])
-        let other = try b.post("/v1/admin/push/send", ["appId": "a1", "targetType": "device", "target": .string(pushToken), "msgKey": "k2"])
+        let other = try b.post(
+            "/v1/admin/push/send", ["appId": "a1", "targetType": "device", "target": .string(pushToken), "msgKey": "k2"])
         #expect(other["duplicate"] == false)
         #expect(try b.get("/v1/inspect/push/sends")["sends"]?.arrayValue?.count == 2)
         let msgId = try #require(first["msgId"]?.stringValue)

@@ -145,6 +145,7 @@ install-files:
 	gzip -9n < docs/man/pylonctl.1 > $(DESTDIR)$(MANDIR)/man1/pylonctl.1.gz
 	gzip -9n < docs/man/pylon.json.5 > $(DESTDIR)$(MANDIR)/man5/pylon.json.5.gz
 	gzip -9n < docs/man/pylond.8 > $(DESTDIR)$(MANDIR)/man8/pylond.8.gz
+	gzip -9n < docs/man/pylon-backend.8 > $(DESTDIR)$(MANDIR)/man8/pylon-backend.8.gz
 	install -m 644 etc/completion/pylonctl.bash $(DESTDIR)$(BASHCOMPDIR)/pylonctl
 	install -m 644 etc/completion/_pylonctl $(DESTDIR)$(ZSHCOMPDIR)/_pylonctl
 

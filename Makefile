@@ -65,10 +65,10 @@ run: build
 	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
 	wait $$pylond
 
-## pytest for the Python client tests (pip, as the issue asks; Debian's python3 needs --break-system-packages).
+## pytest and mypy for the Python client tests (pip; Debian's python3 needs --break-system-packages).
 pydeps: deps
-	@python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest 2>/dev/null \
-	  || python3 -m pip install -q --break-system-packages pytest
+	@for m in pytest mypy; do python3 -c "import $$m" 2>/dev/null || python3 -m pip install -q $$m 2>/dev/null \
+	  || python3 -m pip install -q --break-system-packages $$m; done
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
 ## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,

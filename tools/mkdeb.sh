@@ -72,6 +72,11 @@ install -d "$stage/etc/mosquitto/conf.d" "$stage/usr/lib/pylon"
 } > "$stage/etc/mosquitto/conf.d/pylon-push.conf"
 install -m 755 tools/pylon-dynsec-init "$stage/usr/lib/pylon/pylon-dynsec-init"
 
+# The Python client and plugin helper, for the system Python (standard library only; typed).
+pydir="$stage/usr/lib/python3/dist-packages/pylon"
+install -d "$pydir"
+install -m 644 clients/python/src/pylon/*.py clients/python/src/pylon/py.typed "$pydir/"
+
 # Documentation: what the man pages and unit files point to, the copyright file and a changelog.
 docdir="$stage/usr/share/doc/pylon"
 install -d "$docdir"

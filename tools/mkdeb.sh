@@ -52,8 +52,10 @@ Priority: optional
 Homepage: https://example.invalid/pylon
 Description: local JSON-RPC bus serving mobile-engagement SDK services
  pylond routes newline-delimited JSON-RPC 2.0 between local clients on a Unix
- socket and supervised plugin executables (uploader, MA analytics). pylonctl is
- its command-line client; pylon-backend is the reference HTTP backend.
+ socket and supervised plugin executables: the batch uploader, MA analytics,
+ push (over MQTT) and the tag manager. pylonctl is its command-line client;
+ pylon-backend is the reference HTTP backend; the Python package "pylon" is the
+ client and plugin helper for the system Python.
  The pylond service runs as the pylon system user, hardened; members of the
  pylon group may connect to /run/pylon/pylon.sock.
 CONTROL

@@ -64,6 +64,10 @@ package final class JetStreamPublisher: UVHandleOwner {
     let settings: NATSSettings
     private var nc: OpaquePointer?
     private var sub: OpaquePointer?
+    /// Replies to stream setup requests (`<inbox>.api.*`): apart from publish acks, so a
+    /// "no responders" status (JetStream not up yet), which libnats reports without its
+    /// subject, is known to be about setup.
+    private var apiSub: OpaquePointer?
     private let inboxPrefix: String
     private let check = UVHandle<uv_check_t>()
     private var timer: Timer?
@@ -145,6 +149,15 @@ package final class JetStreamPublisher: UVHandleOwner {
             throw StartError(description: NATS.describe(ss, "subscribe"))
         }
         sub = sp
+        var ap: OpaquePointer?
+        let asr = natsConnection_SubscribeSync(&ap, nc, inboxPrefix + ".api.*")
+        guard asr == NATS_OK else {
+            natsSubscription_Destroy(sub)
+            natsConnection_Destroy(nc)
+            nc = nil
+            throw StartError(description: NATS.describe(asr, "subscribe"))
+        }
+        apiSub = ap
         // Replies for a publisher that cannot keep up pile up here rather than being dropped.
         _ = natsSubscription_SetPendingLimits(sub, -1, Int32(Limits.natsMaxReplyBytes))
         uv_check_init(loop.uv, check.pointer)
@@ -208,13 +221,29 @@ package final class JetStreamPublisher: UVHandleOwner {
     /// Runs after every poll phase: notes connection changes, then hands every reply that
     /// arrived to its publish (or to stream setup).
     private func drain() {
-        guard !stopped, let sub else { return }
+        guard !stopped, let sub, let apiSub else { return }
         refreshStatus()
-        while true {
+        drain(apiSub) { [unowned self] in
+            if setupDeadline != nil {
+                setup = .idle
+                retryLater("JetStream is not available yet (no responders)")
+            }
+        }
+        drain(sub) {}  // unattributable: its publish times out
+    }
+
+    /// Hands each queued reply of `sub` to `reply(token:_:)`; `noResponders` for a "no
+    /// responders" status.
+    private func drain(_ sub: OpaquePointer, noResponders: () -> Void) {
+        while !stopped {
             var m: OpaquePointer?
             let s = natsSubscription_NextMsg(&m, sub, 0)
             if s == NATS_TIMEOUT { break }  // nothing more queued
-            if s == NATS_NO_RESPONDERS || s == NATS_SLOW_CONSUMER { continue }  // unattributable: its publish times out
+            if s == NATS_NO_RESPONDERS {
+                noResponders()
+                continue
+            }
+            if s == NATS_SLOW_CONSUMER { continue }
             guard s == NATS_OK, let m else { break }
             let subject = String(cString: natsMsg_GetSubject(m))
             let len = Int(natsMsg_GetDataLength(m))
@@ -283,7 +312,7 @@ package final class JetStreamPublisher: UVHandleOwner {
         }
         let token = nextAPIToken()
         let body = Array(JetStreamWire.createRequest(settings.stream).serialized.utf8)
-        let s = send(nc, subject: JetStreamWire.createSubject(settings.stream.name), reply: "\(inboxPrefix).\(token)", body: body, headers: [])
+        let s = send(nc, subject: JetStreamWire.createSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(token)", body: body, headers: [])
         guard s == NATS_OK else {
             retryLater(NATS.describe(s, "stream create"))
             return
@@ -304,7 +333,7 @@ package final class JetStreamPublisher: UVHandleOwner {
                 // backend): use it as it is.
                 guard let nc else { return }
                 let t2 = nextAPIToken()
-                let s = send(nc, subject: JetStreamWire.infoSubject(settings.stream.name), reply: "\(inboxPrefix).\(t2)", body: [], headers: [])
+                let s = send(nc, subject: JetStreamWire.infoSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(t2)", body: [], headers: [])
                 if s == NATS_OK {
                     setup = .checking(token: t2, deadline: loop.nowMs + Limits.natsAPITimeoutMs)
                 } else {
@@ -378,7 +407,9 @@ package final class JetStreamPublisher: UVHandleOwner {
         retryTimer?.close()
         check.close()
         if let sub { natsSubscription_Destroy(sub) }
+        if let apiSub { natsSubscription_Destroy(apiSub) }
         sub = nil
+        apiSub = nil
         if let nc {
             natsConnection_Close(nc)
             natsConnection_Destroy(nc)
@@ -417,7 +448,7 @@ extension Limits {
     /// was answered 503.
     static let natsLateAckMs: UInt64 = 30_000
     /// A stream create/info request unanswered this long is sent again.
-    static let natsAPITimeoutMs: UInt64 = 5_000
+    static let natsAPITimeoutMs: UInt64 = 2_000
     /// Between stream setup attempts that failed.
     static let natsSetupRetryMs: UInt64 = 1_000
     /// libnats: between reconnect attempts to one server, and the connect timeout.

@@ -50,7 +50,8 @@ extension Backend {
         case .acked(let seq, let duplicate, let late):
             var fresh = !duplicate
             do throws(SQLiteError) {
-                fresh = try store.ledgerRecord(key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate)
+                fresh =
+                    try store.ledgerRecord(key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate)
                     && !duplicate
             } catch {
                 // The batch is in the stream: the device is told so. Its key is not in the

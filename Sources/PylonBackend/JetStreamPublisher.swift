@@ -312,7 +312,8 @@ package final class JetStreamPublisher: UVHandleOwner {
         }
         let token = nextAPIToken()
         let body = Array(JetStreamWire.createRequest(settings.stream).serialized.utf8)
-        let s = send(nc, subject: JetStreamWire.createSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(token)", body: body, headers: [])
+        let s = send(
+            nc, subject: JetStreamWire.createSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(token)", body: body, headers: [])
         guard s == NATS_OK else {
             retryLater(NATS.describe(s, "stream create"))
             return
@@ -333,7 +334,8 @@ package final class JetStreamPublisher: UVHandleOwner {
                 // backend): use it as it is.
                 guard let nc else { return }
                 let t2 = nextAPIToken()
-                let s = send(nc, subject: JetStreamWire.infoSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(t2)", body: [], headers: [])
+                let s = send(
+                    nc, subject: JetStreamWire.infoSubject(settings.stream.name), reply: "\(inboxPrefix).api.\(t2)", body: [], headers: [])
                 if s == NATS_OK {
                     setup = .checking(token: t2, deadline: loop.nowMs + Limits.natsAPITimeoutMs)
                 } else {

@@ -73,7 +73,8 @@ extension Backend {
                 HTTPResponse(
                     APIError(
                         status: 503, code: .streamUnavailable,
-                        message: "JetStream did not acknowledge the batch within \(ms) ms; retry", retryAfter: 1)))
+                        message: "JetStream did not acknowledge the batch within \(ms) ms or before the connection was lost; retry",
+                        retryAfter: 1)))
         }
     }
 

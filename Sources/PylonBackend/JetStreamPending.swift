@@ -93,6 +93,19 @@ struct PendingPublishes<Payload> {
         return out
     }
 
+    /// The connection was lost: no ack for an entry in flight can come any more on it (the
+    /// server sent it to the old connection, or never got the publish). Every one is made late
+    /// now (returned in publish order), as if its deadline were `now`.
+    mutating func expireAll(now: UInt64) -> [Payload] {
+        for i in expireCursor..<order.count {
+            if var e = entries[order[i]] {
+                e.deadline = min(e.deadline, now)
+                entries[order[i]] = e
+            }
+        }
+        return expire(now: now)
+    }
+
     /// When `expire` has something to do next, or nil when nothing is pending.
     var nextWake: UInt64? {
         var wake: UInt64?

@@ -265,7 +265,14 @@ package final class JetStreamPublisher: UVHandleOwner {
             counters.reconnects += 1
             if case .ready = setup {} else { startSetup() }
         } else {
-            log.warn("NATS connection lost: ingest answers 503 until it is back")
+            // Acks for what is in flight would have come on the lost connection: answer now.
+            let lost = pending.expireAll(now: loop.nowMs)
+            log.warn("NATS connection lost: ingest answers 503 until it is back", ["inFlight": lost.count])
+            for done in lost {
+                counters.timedOut += 1
+                done(.timedOut)
+            }
+            armTimer()
         }
     }
 

@@ -215,5 +215,12 @@ import Testing
         #expect(p.resolve(t3) == nil)  // forgotten
         #expect(p.nextWake == nil)
         #expect(p.entries.isEmpty)
+        // A lost connection makes everything in flight late at once.
+        let t4 = p.add("d", now: 2000)!
+        _ = p.add("e", now: 2001)!
+        #expect(p.expireAll(now: 2002) == ["d", "e"])
+        #expect(p.inFlight == 0)
+        #expect(p.resolve(t4)?.late == true)
+        #expect(p.nextWake == 3002)
     }
 }

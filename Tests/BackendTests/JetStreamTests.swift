@@ -195,6 +195,23 @@ import Testing
         if case .invalid = JetStreamWire.parseReply(Array(#"{"seq":"x"}"#.utf8)) {} else { Issue.record("odd reply accepted") }
     }
 
+    @Test func natsFlagsParseAndConflictsAreRefused() throws {
+        let o = try Options.parse(["--nats", "nats://a:1, nats://b:2", "--nats-replicas", "3", "--max-body", "2048"])
+        #expect(o.nats?.urls == ["nats://a:1", "nats://b:2"])
+        #expect(o.nats?.stream.replicas == 3)
+        #expect(o.nats?.stream.name == "PYLON_INGEST")
+        #expect(o.nats?.stream.maxMessageBytes == 2048)
+        #expect(try Options.parse([]).nats == nil)
+        for bad in [
+            ["--nats-stream", "S"], ["--nats", "a:1"], ["--nats", "nats://a:1", "--nats-stream", "A.B"],
+            ["--nats", "nats://a:1", "--nats-user", "u"], ["--nats", "nats://a:1", "--nats-replicas", "6"],
+            ["--nats", "nats://a:1", "--nats-creds", "c", "--nats-user", "u", "--nats-password-file", "p"],
+            ["--nats", "nats://a:1", "--nats-subject-prefix", "a.>"],
+        ] {
+            #expect(throws: Options.UsageError.self, "\(bad)") { try Options.parse(bad) }
+        }
+    }
+
     @Test func pendingPublishesExpireInOrderAndStayBounded() {
         var p = PendingPublishes<String>(maxInFlight: 2, ackTimeoutMs: 100, lateAckMs: 1000)
         let t1 = p.add("a", now: 0)!

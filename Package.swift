@@ -35,6 +35,8 @@ let package = Package(
         // with its libuv adapter) for the ingest stream.
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
+        // ed25519 for the NATS JWTs the backend mints as device broker credentials (libcrypto).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -90,7 +92,7 @@ let package = Package(
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
-            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
+            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CCrypto"],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 

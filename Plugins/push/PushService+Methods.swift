@@ -245,6 +245,8 @@ extension PushService {
             "code": 0,
             "connection": .string(mqtt?.state.rawValue ?? "disconnected"),
             "lastError": mqtt?.lastError.map { .string($0) } ?? .null,
+            "broker": mqtt.map { .string($0.broker.description) } ?? .null,
+            "brokerProtocol": mqtt.map { .string($0.protocolVersion == 5 ? "5" : "3.1.1") } ?? .null,
             "registration": .string(reg.phase.rawValue),
             "deviceRegistered": .bool(deviceToken != nil),
             "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),

@@ -15,6 +15,11 @@ import PylonCore
 /// exponential backoff and jitter after any loss, and re-subscribes every topic on each CONNACK.
 /// QoS 1 publishes complete when the broker's PUBACK arrives; libmosquitto resends unacknowledged
 /// ones after a reconnect.
+///
+/// With several broker addresses (`MQTTOptions.brokers`, the nodes of a cluster) every failed
+/// connect and every lost connection moves on to the next address, so a persistent session the
+/// cluster keeps is resumed on another node when one dies. With `protocolFallback`, a broker
+/// that refuses MQTT 5 makes the client speak 3.1.1 from then on (at once, without backoff).
 public final class MQTTClient {
     public enum State: String, Sendable { case disconnected, connecting, connected, stopped }
 
@@ -24,6 +29,10 @@ public final class MQTTClient {
     public private(set) var lastError: String?
     public private(set) var connects = 0
     public private(set) var disconnects = 0
+    /// The protocol level spoken now (4: 3.1.1, 5); starts at `options.protocolVersion`.
+    public private(set) var protocolVersion: Int32
+    /// The address of the current (or next) connection attempt.
+    public var broker: MQTTOptions.Broker { addresses[brokerIndex] }
 
     /// CONNACK accepted; `sessionPresent`: the broker kept this client's session.
     public var onConnect: (_ sessionPresent: Bool) -> Void = { _ in }
@@ -44,7 +53,10 @@ public final class MQTTClient {
     private var connectedAtMs: UInt64?
     private var subscriptions: [String: Int32] = [:]
     private var publishDone: [Int32: (Bool) -> Void] = [:]
-    private var startedOnce = false
+    private let addresses: [MQTTOptions.Broker]
+    private var brokerIndex = 0
+    /// The broker refused MQTT 5: reconnect at once in 3.1.1.
+    private var retryNow = false
 
     nonisolated(unsafe) private static var libInitialized = false
 
@@ -55,13 +67,13 @@ public final class MQTTClient {
         }
         self.loop = loop
         self.options = options
+        protocolVersion = options.protocolVersion == 5 ? 5 : 4
+        addresses = options.addresses
         backoff = Backoff(
             initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
             seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
         mosq = mosquitto_new(options.clientId, options.cleanSession, nil)!
         mosquitto_user_data_set(mosq, Unmanaged.passUnretained(self).toOpaque())
-        mosquitto_int_option(
-            mosq, MOSQ_OPT_PROTOCOL_VERSION, options.protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
         // Small packets (PUBACK, acks) must not wait for Nagle behind a delayed TCP ACK.
         mosquitto_int_option(mosq, MOSQ_OPT_TCP_NODELAY, 1)
         if let u = options.username { mosquitto_username_pw_set(mosq, u, options.password) }
@@ -124,7 +136,7 @@ public final class MQTTClient {
         }
         var mid: Int32 = 0
         var props: OpaquePointer? = nil
-        if let e = expirySeconds, options.protocolVersion == 5 {
+        if let e = expirySeconds, protocolVersion == 5 {
             mosquitto_property_add_int32(&props, Int32(MQTT_PROP_MESSAGE_EXPIRY_INTERVAL.rawValue), e)
         }
         let rc = payload.withUnsafeBytes { b in
@@ -156,11 +168,10 @@ public final class MQTTClient {
 
     private func connect() {
         state = .connecting
-        let rc =
-            startedOnce
-            ? mosquitto_reconnect_async(mosq)
-            : mosquitto_connect_async(mosq, options.host, options.port, options.keepaliveS)
-        startedOnce = startedOnce || rc == MOSQ_ERR_SUCCESS.rawValue
+        mosquitto_int_option(mosq, MOSQ_OPT_PROTOCOL_VERSION, protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
+        // connect_async (not reconnect_async) every time: the address may have changed.
+        let b = broker
+        let rc = mosquitto_connect_async(mosq, b.host, b.port, options.keepaliveS)
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
             failed(String(cString: mosquitto_strerror(rc)))
             return
@@ -178,7 +189,15 @@ public final class MQTTClient {
 
     private func connected(rc: Int32, sessionPresent: Bool) {
         guard rc == 0 else {
-            lastError = String(cString: mosquitto_connack_string(rc))
+            // 1: "unacceptable protocol version" (3.1.1 CONNACK); 132: the same as an MQTT 5
+            // reason code (libmosquitto's reading of a 3.1.1 refusal to a v5 CONNECT).
+            if protocolVersion == 5, options.protocolFallback, rc == 1 || rc == 132 {
+                protocolVersion = 4
+                retryNow = true
+                lastError = "\(broker) refused MQTT 5; speaking 3.1.1"
+                return
+            }
+            lastError = String(cString: rc < 128 ? mosquitto_connack_string(rc) : mosquitto_reason_string(rc))
             return  // libmosquitto drops the connection; lost() reconnects
         }
         state = .connected
@@ -214,8 +233,15 @@ public final class MQTTClient {
         scheduleReconnect()
     }
 
+    /// The next attempt, on the next address (a single address: the same one).
     private func scheduleReconnect() {
         guard state != .stopped else { return }
+        if retryNow {
+            retryNow = false
+            timer.start(after: 0)
+            return
+        }
+        brokerIndex = (brokerIndex + 1) % addresses.count
         timer.start(after: backoff.next())
     }
 

@@ -66,6 +66,18 @@ final class ClusterWorld {
         return Device(id: id, password: pw, clientId: cid, pushToken: t)
     }
 
+    /// Copies the nodes', the backend's and the host's logs to /tmp/pylon-cluster-logs (the
+    /// test directories go when the test ends) for a failure to be read.
+    func keepLogs(_ h: TestHost) {
+        let d = "/tmp/pylon-cluster-logs"
+        let fm = FileManager.default
+        try? fm.removeItem(atPath: d)
+        try? fm.createDirectory(atPath: d, withIntermediateDirectories: true)
+        for n in cluster.nodes { try? fm.copyItem(atPath: cluster.dir + "/\(n.name).log", toPath: d + "/\(n.name).log") }
+        try? fm.copyItem(atPath: backend.dir + "/backend.log", toPath: d + "/backend.log")
+        try? fm.copyItem(atPath: h.logPath, toPath: d + "/pylond.log")
+    }
+
     func deliveries(_ msgId: String) throws -> [JSON] {
         try backend.request("GET", "/v1/inspect/push/deliveries?msgId=\(msgId)").json["deliveries"]?.arrayValue ?? []
     }
@@ -103,13 +115,7 @@ final class ClusterWorld {
         do {
             for id in sent { try waitUntil(timeout: 30) { try w.deliveries(id).first?["ackedAt"]?.intValue != nil } }
         } catch {
-            let d = "/tmp/pylon-cluster-debug"
-            try? FileManager.default.removeItem(atPath: d)
-            try? FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true)
-            for f in ["n1.log", "n2.log", "n3.log"] { try? FileManager.default.copyItem(atPath: w.cluster.dir + "/" + f, toPath: d + "/" + f) }
-            try? FileManager.default.copyItem(atPath: w.backend.dir + "/backend.log", toPath: d + "/backend.log")
-            try? FileManager.default.copyItem(atPath: h.logPath, toPath: d + "/pylond.log")
-            print("DELIVERIES", try w.backend.request("GET", "/v1/inspect/push/deliveries").json.serialized)
+            w.keepLogs(h)
             throw error
         }
         try waitUntil(timeout: 10) { try h.pushCounter("acknowledged") == 4 }
@@ -138,7 +144,9 @@ final class ClusterWorld {
         #expect(try c.probe(node: 1, ["--user", b.id, "--password", forged])["connack"] == 5, "a forged JWT is refused")
 
         // B's persistent session exists (subscribed), then goes offline.
-        let bSub = try c.probe(node: 2, ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--sub", "pylon/push/d/" + b.id, "--wait-ms", "3000"])
+        let bSub = try c.probe(
+            node: 2,
+            ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--sub", "pylon/push/d/" + b.id, "--wait-ms", "3000"])
         #expect(bSub["suback"] == [1])
         // A: its own topic yes; B's topic, wildcards and the delivery subjects no.
         let r = try c.probe(
@@ -153,7 +161,9 @@ final class ClusterWorld {
         // A send to B, then A "acknowledges" it on B's ack topic: the backend must not record it.
         let sent = try w.send(["appId": "acl", "target": .string(b.pushToken), "title": "for b"])
         let msgId = try #require(sent["msgId"]?.stringValue)
-        _ = try c.probe(node: 1, ["--user", a.id, "--password", a.password, "--pub", "pylon/push/ack/" + b.id, #"{"ids":["\#(msgId)"]}"#, "--wait-ms", "500"])
+        _ = try c.probe(
+            node: 1,
+            ["--user", a.id, "--password", a.password, "--pub", "pylon/push/ack/" + b.id, #"{"ids":["\#(msgId)"]}"#, "--wait-ms", "500"])
         // B comes back: it gets the backend's send and not A's forged publish.
         let bBack = try c.probe(node: 0, ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--wait-ms", "3000"])
         let topics = bBack["messages"]?.arrayValue ?? []
@@ -172,7 +182,9 @@ final class ClusterWorld {
         let a = try w.register("inst-a")
         let b = try w.register("inst-b")
         let c = w.cluster
-        let aSub = try c.probe(node: 1, ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", "pylon/push/d/" + a.id, "--wait-ms", "3000"])
+        let aSub = try c.probe(
+            node: 1,
+            ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", "pylon/push/d/" + a.id, "--wait-ms", "3000"])
         #expect(aSub["suback"] == [1])
         let token = a.pushToken
         // B holds A's client id (A's session) while the backend sends to A.
@@ -185,7 +197,9 @@ final class ClusterWorld {
         #expect(stolen["connack"] == 0, "a valid credential may use any client id (and so kick its holder)")
         #expect(stolen["messages"] == [], "but it receives nothing of A's session")
         let aBack = try c.probe(node: 0, ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--wait-ms", "3000"])
-        #expect(aBack["messages"]?.arrayValue?.contains { $0.arrayValue?.last?.stringValue?.contains(msgId) == true } == true, "\(aBack.serialized)")
+        #expect(
+            aBack["messages"]?.arrayValue?.contains { $0.arrayValue?.last?.stringValue?.contains(msgId) == true } == true,
+            "\(aBack.serialized)")
     }
 
     private func base64(_ s: String) -> String {

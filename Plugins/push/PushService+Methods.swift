@@ -262,6 +262,7 @@ extension PushService {
                 "schemaMismatch": .int(Int64(c.schemaMismatch)), "unknownFields": .int(Int64(c.unknownFields)),
                 "backendErrors": .int(Int64(c.backendErrors)), "opensReported": .int(Int64(c.opensReported)),
                 "brokerConnects": .int(Int64(mqtt?.connects ?? 0)), "brokerDisconnects": .int(Int64(mqtt?.disconnects ?? 0)),
+                "brokerSubscribeRefusals": .int(Int64(mqtt?.subscribeRefusals ?? 0)),
             ],
         ]
         if owner {

@@ -37,6 +37,8 @@ let package = Package(
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
         // libnats's libuv adapter, compiled once (its header defines non-static functions).
         .target(name: "CNATSLoop", dependencies: ["CNATS", "CLibUV"]),
+        // ed25519 for the NATS JWTs the backend mints as device broker credentials (libcrypto).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -93,7 +95,7 @@ let package = Package(
         // what `main` uses is `package`.
         .target(
             name: "PylonBackend", dependencies: [
-                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop",
+                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop", "CCrypto",
             ],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),

@@ -95,7 +95,9 @@ def wait_port(port, what, timeout=30, proc=None):
 
 def write_pids():
     with lock:
-        lines = [f"{n} {pr.pid}" for n, pr in sorted(procs.items()) if pr.poll() is None]
+        lines = [f"{n} {pr.pid}" for n, pr in sorted(procs.items()) if pr.poll() is None and not n.startswith("__")]
+    if "pid" in pg:
+        lines.append(f"postgres {pg['pid']}")
     tmp = pids_file + ".new"
     with open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -615,9 +617,6 @@ def main():
         start_backend(i)
     start_haproxy()
     write_pids()
-    with open(pids_file, "a") as f:
-        if "pid" in pg:
-            f.write(f"postgres {pg['pid']}\n")
     pylonds = [Pylond(i) for i in range(args.pylonds)]
     for d in pylonds:
         d.start()

@@ -173,10 +173,13 @@ final class Fleet {
 
     var queuedHTTP: Int { queue.count - queueHead }
 
-    func post(_ path: String, bearer: String?, json: JSON, _ done: @escaping (Int, JSON?) -> Void) {
+    func post(_ path: String, bearer: String?, json: JSON, queued: Bool = true, _ done: @escaping (Int, JSON?) -> Void) {
         var headers = [("Content-Type", "application/json")]
         if let bearer { headers.append(("Authorization", "Bearer " + bearer)) }
-        request(
+        typealias Done = (Result<HTTPResponse, HTTPClientError>) -> Void
+        let send: (HTTPRequest, @escaping Done) -> Void =
+            queued ? { [unowned self] r, d in self.request(r, d) } : { [unowned self] r, d in self.http.send(r, d) }
+        send(
             HTTPRequest(method: "POST", url: options.backend + path, headers: headers, body: Array(json.serialized.utf8), timeoutMs: 30_000)
         ) {
             r in
@@ -313,8 +316,10 @@ final class Fleet {
         o.keepaliveS = options.keepaliveS
         o.username = d.mqttUsername
         o.password = d.mqttPassword
-        o.backoffInitialMs = 500
-        o.backoffMaxMs = 10_000
+        // pylon-push's defaults but a slower first retry: a device refused because the broker
+        // has not yet applied its credential must not turn K devices into a reconnect storm.
+        o.backoffInitialMs = 1000
+        o.backoffMaxMs = 30_000
         let c = MQTTClient(loop: loop, options: o)
         c.subscribe(d.deviceTopic, qos: 1)
         c.onConnect = { [unowned self, unowned d, unowned c] _ in
@@ -449,7 +454,10 @@ final class Fleet {
     /// answer is not a second send. The expected deliveries are counted here: the fleet's own
     /// devices the target resolves to.
     func sendPush(kind: String) {
-        guard phase == .load, operatorToken != nil else { return }
+        // Pushes start once every device connected (or a minute after the ramp ended without
+        // that), so their latency is delivery, not the ramp's connect time.
+        let rampDoneMs = startMs + Int64(Double(devices.count) / options.rampPerSecond * 1000)
+        guard phase == .load, operatorToken != nil, readyAllAtMs != nil || now > rampDoneMs + 60_000 else { return }
         var body: JSONObject = ["appId": .string(options.appId), "title": .string("fleet " + kind)]
         var expected = 0
         switch kind {
@@ -476,8 +484,9 @@ final class Fleet {
         postSend(fsid, .object(body), attempt: 1)
     }
 
+    /// Sent at once, not behind the devices' queue: the operator is another client.
     private func postSend(_ fsid: String, _ body: JSON, attempt: Int) {
-        post("/v1/admin/push/send", bearer: operatorToken, json: body) { [unowned self] st, j in
+        post("/v1/admin/push/send", bearer: operatorToken, json: body, queued: false) { [unowned self] st, j in
             if st == 200 {
                 if let m = j?["msgId"]?.stringValue { self.sends[fsid]?.msgId = m }
                 return
@@ -538,9 +547,12 @@ final class Fleet {
         if options.verify { verify(after: 0) } else { finish() }
     }
 
-    /// Reads the stream back through the inspection API, page by page.
-    private func verify(after: Int64) {
-        if tally == nil { tally = StoredTally(devices: devices.count) }
+    /// Reads the stream back through the inspection API, page by page (a failed page is asked
+    /// again, up to `verifyAttempts` times).
+    static let verifyAttempts = 5
+
+    private func verify(after: Int64, attempt: Int = 1) {
+        if tally == nil, after == 0 { tally = StoredTally(devices: devices.count) }
         guard let op = operatorToken else {
             verifyError = "no operator token: the stream was not read back"
             finish()
@@ -552,7 +564,15 @@ final class Fleet {
             guard case .success(let resp) = r, resp.status == 200, let j = try? JSON.parse(resp.bodyText),
                 let recs = j["records"]?.arrayValue
             else {
-                self.verifyError = "reading the stream back failed"
+                if attempt < Fleet.verifyAttempts {
+                    self.loop.after(ms: UInt64(Fleet.backoff(attempt + 2))) { self.verify(after: after, attempt: attempt + 1) }
+                    return
+                }
+                var why = "no answer"
+                if case .success(let resp) = r { why = "HTTP \(resp.status)" }
+                if case .failure(let e) = r { why = e.description }
+                self.verifyError = "reading the stream back failed after \(after): \(why)"
+                self.tally = nil
                 self.finish()
                 return
             }

@@ -17,8 +17,9 @@ extension Fleet {
         let loadS = Double(min(now, startMs + Int64(options.durationS) * 1000) - startMs) / 1000
         let acked = ackedEvents
         let generated = generatedEvents
-        var lost: Int64 = 0
-        if let tally { for d in devices { lost += tally.lost(device: d.index, acked: d.acked) } }
+        // Unknown (nil) when the stream was not read back.
+        var lost: Int64?
+        if let tally { lost = devices.reduce(0) { $0 + tally.lost(device: $1.index, acked: $1.acked) } }
         let unacked = devices.reduce(Int64(0)) { $0 + $1.pendingEvents }
         let rejected = devices.reduce(Int64(0)) { $0 + $1.rejected }
         let throttled = devices.reduce(Int64(0)) { $0 + $1.throttled }
@@ -59,7 +60,7 @@ extension Fleet {
         let storedRead = tally?.read
         let dup = tally?.duplicates ?? 0
         var code: Int32 = 0
-        if lost > 0 || dup > 0 || pushAppDuplicates > 0 {
+        if (lost ?? 0) > 0 || dup > 0 || pushAppDuplicates > 0 {
             code = 1
         } else if unacked > 0 || pushLost > 0 || tally == nil || verifyError != nil {
             code = 3
@@ -75,7 +76,7 @@ extension Fleet {
             "fdLimit": fdNote.map { .string($0) } ?? .null,
             "events": [
                 "generated": .int(generated), "acked": .int(acked), "unacked": .int(unacked), "rejected": .int(rejected),
-                "throttled": .int(throttled), "storedRead": storedRead.map { .int($0) } ?? .null, "lost": .int(lost),
+                "throttled": .int(throttled), "storedRead": storedRead.map { .int($0) } ?? .null, "lost": lost.map { .int($0) } ?? .null,
                 "duplicates": .int(dup), "foreign": .int(tally?.foreign ?? 0),
                 "ackedPerS": .double(ackRate.rounded()), "peakAckedPerS": .double(peakAckedRate.rounded()),
                 "peakStoredPerS": .double(peakStoredRate.rounded()),
@@ -87,7 +88,8 @@ extension Fleet {
                 "malformed": .int(Int64(pushMalformed)), "latency": .object(lat),
             ],
             "mqtt": [
-                "connects": .int(Int64(mqttConnects)), "disconnects": .int(Int64(mqttDisconnects)), "brokerMoves": .int(Int64(brokerMoves)),
+                "connects": .int(Int64(mqttConnects)), "lostOrRefused": .int(Int64(mqttDisconnects)),
+                "brokerMoves": .int(Int64(brokerMoves)),
             ],
             "outages": .array(outages),
             "httpErrors": .object(errs),
@@ -103,13 +105,13 @@ extension Fleet {
         t += "  events: generated \(generated), acknowledged \(acked) (\(Format.fixed(ackRate, 0))/s over the run"
         t += ", peak \(Format.fixed(peakAckedRate, 0))/s), stored peak \(Format.fixed(peakStoredRate, 0))/s\n"
         t +=
-            "  read back: \(storedRead.map(String.init) ?? "not read") — lost \(lost), duplicates \(dup), unacknowledged at the end \(unacked)"
+            "  read back: \(storedRead.map(String.init) ?? "not read") — lost \(lost.map(String.init) ?? "unknown"), duplicates \(dup), unacknowledged at the end \(unacked)"
         t += ", refused \(rejected), throttled \(throttled)\n"
         if let verifyError { t += "  verify: \(verifyError)\n" }
         t += "  push: \(pushDelivered)/\(pushExpected) delivered, lost \(pushLost), duplicate deliveries to apps \(pushAppDuplicates)"
         t += " (redelivered and dropped by id: \(pushRedelivered))\n"
         t += latText
-        t += "  mqtt: \(mqttConnects) connects, \(mqttDisconnects) disconnects, \(brokerMoves) broker moves\n"
+        t += "  mqtt: \(mqttConnects) connects, \(mqttDisconnects) connections lost or refused, \(brokerMoves) broker moves\n"
         t += outText
         if !httpErrors.isEmpty {
             t += "  http errors: " + httpErrors.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ") + "\n"

@@ -49,6 +49,7 @@ final class Fleet {
 
     // Counters.
     var connectedCount = 0
+    var everConnectedCount = 0
     var registered = 0
     var setupFailures = 0
     var batchesPosted = 0
@@ -236,7 +237,14 @@ final class Fleet {
                 moveBroker(d)
             }
         }
-        connectivity.update(nowMs: t, connected: connectedCount, target: devices.count)
+        connectivity.update(nowMs: t, connected: connectedCount, target: everConnectedCount)
+        if tickNo % (1000 / Fleet.tickMs) == 0, let f = options.statusFile {
+            let j: JSON = [
+                "phase": .string(phase.rawValue), "elapsedMs": .int(t - startMs), "devices": .int(Int64(devices.count)),
+                "connected": .int(Int64(connectedCount)), "everConnected": .int(Int64(everConnectedCount)),
+            ]
+            _ = System.writeFileAtomically(f, Array(j.serialized.utf8), mode: 0o644)
+        }
         if readyAllAtMs == nil, connectedCount == devices.count { readyAllAtMs = t }
         if phase == .draining { checkDrained() }
     }
@@ -325,6 +333,7 @@ final class Fleet {
         c.onConnect = { [unowned self, unowned d, unowned c] _ in
             guard d.mqtt === c else { return }
             if !d.connected { self.connectedCount += 1 }
+            if !d.everConnected { self.everConnectedCount += 1 }
             d.connected = true
             d.everConnected = true
             d.disconnectedSinceMs = nil

@@ -46,6 +46,9 @@ struct FleetOptions: Equatable {
     var enrolSecretFile: String?
     /// `NAME PID` lines (re-read at every progress line): the servers whose CPU and RSS are shown.
     var watchFile: String?
+    /// Written every second: `{"phase", "elapsedMs", "devices", "connected", "everConnected"}`
+    /// (the fleet script waits for every device before it injects faults).
+    var statusFile: String?
     var appKey = "fleet"
     var appId = "fleet.app"
     var devicesPerUser = 2
@@ -65,7 +68,7 @@ struct FleetOptions: Equatable {
                            [--ramp DEVICES_PER_S] [--batch-interval-ms MS] [--max-batch N]
                            [--max-inflight N] [--progress S] [--drain-timeout S] [--devices-per-user N]
                            [--operator-token-file PATH] [--enrol-secret-file PATH] [--watch-file PATH]
-                           [--app-key KEY] [--app-id ID] [--keepalive S] [--run-id ID] [--no-verify]
+                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--run-id ID] [--no-verify]
                            [--no-gzip] [--json]
 
         Simulates K devices on one libuv loop speaking the device protocols of pylon-backend and
@@ -93,6 +96,7 @@ struct FleetOptions: Equatable {
           --operator-token-file PATH, --enrol-secret-file PATH
                                  the backend's operator token and enrolment secret (0600 files)
           --watch-file PATH      lines "NAME PID": processes whose CPU and RSS are reported
+          --status-file PATH     written every second: phase, elapsedMs, devices, connected
           --keepalive S          MQTT keepalive (default 30)
           --no-verify            do not read the stream back at the end
           --json                 the summary as one JSON object
@@ -145,6 +149,7 @@ struct FleetOptions: Equatable {
             case "--operator-token-file": o.operatorTokenFile = try value()
             case "--enrol-secret-file": o.enrolSecretFile = try value()
             case "--watch-file": o.watchFile = try value()
+            case "--status-file": o.statusFile = try value()
             case "--app-key":
                 let v = try value()
                 guard isName(v) else { throw UsageError(description: "--app-key must be 1 to 64 of [A-Za-z0-9_-]") }

@@ -93,31 +93,32 @@ struct StoredTally: Equatable {
     }
 }
 
-/// Periods when fewer devices were connected than had connected: each starts at the first drop
-/// below the target and ends when all are back. A value type; time from arguments.
+/// Periods when clearly fewer devices were connected than had connected so far: one starts when
+/// the connected count falls below `target` less `slack` (1 %, at least one device, so a lone
+/// device reconnecting is not an outage) and ends when the count is back to the target it had
+/// at the start. A value type; time from arguments.
 struct Connectivity: Equatable {
     struct Outage: Equatable {
         var startMs: Int64
         var endMs: Int64?
         var lowest: Int
+        /// The devices connected before it began (the count that ends it).
+        var target: Int
         var durationMs: Int64? { endMs.map { $0 - startMs } }
     }
     private(set) var outages: [Outage] = []
-    /// Outages are tracked once every device connected once.
-    private(set) var armed = false
 
+    static func slack(_ target: Int) -> Int { max(1, target / 100) }
+
+    /// `target`: the devices that connected at least once so far.
     mutating func update(nowMs: Int64, connected: Int, target: Int) {
         guard target > 0 else { return }
-        if !armed {
-            if connected >= target { armed = true }
-            return
-        }
         if var o = outages.last, o.endMs == nil {
             o.lowest = min(o.lowest, connected)
-            if connected >= target { o.endMs = nowMs }
+            if connected >= o.target { o.endMs = nowMs }
             outages[outages.count - 1] = o
-        } else if connected < target {
-            outages.append(Outage(startMs: nowMs, endMs: nil, lowest: connected))
+        } else if connected < target - Connectivity.slack(target) {
+            outages.append(Outage(startMs: nowMs, endMs: nil, lowest: connected, target: target))
         }
     }
 }

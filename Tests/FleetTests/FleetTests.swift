@@ -101,16 +101,19 @@ struct LedgerTests {
         #expect(t.foreign == 3)
     }
 
-    @Test func outagesStartAfterEveryDeviceConnectedOnce() {
+    @Test func outagesAreClearDropsBelowWhatHadConnected() {
         var c = Connectivity()
-        c.update(nowMs: 0, connected: 3, target: 10)  // the ramp: not an outage
-        c.update(nowMs: 100, connected: 10, target: 10)
-        c.update(nowMs: 200, connected: 6, target: 10)
-        c.update(nowMs: 300, connected: 2, target: 10)
-        c.update(nowMs: 900, connected: 10, target: 10)
-        c.update(nowMs: 1000, connected: 9, target: 10)
+        c.update(nowMs: 0, connected: 3, target: 3)  // the ramp: connected keeps up with the target
+        c.update(nowMs: 50, connected: 299, target: 300)  // one device reconnecting: within the slack
+        #expect(c.outages.isEmpty)
+        c.update(nowMs: 100, connected: 300, target: 300)
+        c.update(nowMs: 200, connected: 180, target: 300)
+        c.update(nowMs: 300, connected: 20, target: 310)
+        c.update(nowMs: 800, connected: 299, target: 320)
+        c.update(nowMs: 900, connected: 300, target: 320)  // back to what it had before
+        c.update(nowMs: 1000, connected: 100, target: 320)
         #expect(c.outages.count == 2)
-        #expect(c.outages[0] == Connectivity.Outage(startMs: 200, endMs: 900, lowest: 2))
+        #expect(c.outages[0] == Connectivity.Outage(startMs: 200, endMs: 900, lowest: 20, target: 300))
         #expect(c.outages[0].durationMs == 700)
         #expect(c.outages[1].endMs == nil)
     }

@@ -17,7 +17,7 @@ script runs the embedded default today and the full fleet once every piece is in
   haproxy    one address: leastconn, health checks on /healthz, retries and redispatch on
              connection failure (requests not yet sent), so any request may land on any instance
 
-Faults (--faults): at 25 %, 50 % and 75 % of the load, kill -9 of one broker node (restarted
+Faults (--faults): once every device is connected, at 20, 45 and 70 % of the remaining load: kill -9 of one broker node (restarted
 5 s later), kill -9 of one backend instance (restarted 5 s later), a PostgreSQL restart
 (`pg_ctl restart -m immediate`, a crash and recovery). pylon-fleet measures what they cost.
 
@@ -54,6 +54,7 @@ os.makedirs(run, exist_ok=True)
 os.chmod(run, 0o755)
 procs = {}          # name -> Popen (servers this script started)
 pids_file = os.path.join(run, "pids")
+status_file = os.path.join(run, "fleet-status.json")
 stopping = threading.Event()
 lock = threading.Lock()
 
@@ -529,7 +530,7 @@ faults = []
 
 def fault(at, name, action):
     def go():
-        if stopping.wait(at):
+        if stopping.wait(max(0.0, fleet_start + at - time.time())):
             return
         t = time.time()
         try:
@@ -540,6 +541,30 @@ def fault(at, name, action):
             faults.append({"fault": name, "atS": round(t - fleet_start, 1), "error": str(e)})
             log(f"fault {name} failed: {e}")
     threading.Thread(target=go, daemon=True).start()
+
+
+def fleet_status():
+    try:
+        return json.load(open(status_file))
+    except (OSError, ValueError):
+        return {}
+
+
+def schedule_faults():
+    """Faults start once every device is connected (or half the load has passed), then come at
+    20 %, 45 % and 70 % of the load that remains, so each has time to heal before the next."""
+    half = fleet_start + args.duration / 2
+    while time.time() < half and not stopping.is_set():
+        st = fleet_status()
+        if st.get("devices") and st.get("connected") == st.get("devices"):
+            break
+        time.sleep(0.5)
+    t0 = time.time() - fleet_start
+    rest = max(0.0, args.duration - t0)
+    log(f"faults: all devices connected at {t0:.1f} s" if time.time() < half else "faults: not every device connected; injecting anyway")
+    fault(t0 + rest * 0.20, "kill -9 broker node", kill_broker_node)
+    fault(t0 + rest * 0.45, "kill -9 backend instance", kill_backend)
+    fault(t0 + rest * 0.70, "PostgreSQL restart", restart_postgres)
 
 
 def kill_broker_node():
@@ -631,16 +656,13 @@ def main():
     fleet_argv = [os.path.join(BIN, "pylon-fleet"), "--backend", LB, "--broker", ",".join(broker_list()),
                   "--devices", str(args.devices), "--rate", str(args.rate), "--duration", str(args.duration),
                   "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
-                  "--watch-file", pids_file, "--json"] + args.fleet_args
+                  "--watch-file", pids_file, "--status-file", status_file, "--json"] + args.fleet_args
     log("starting: " + " ".join(fleet_argv[1:]))
     fleet_start = time.time()
     fl = subprocess.Popen(fleet_argv, stdout=subprocess.PIPE)
     procs["__fleet"] = fl
     if args.faults:
-        d = args.duration
-        fault(d * 0.25, "kill -9 broker node", kill_broker_node)
-        fault(d * 0.50, "kill -9 backend instance", kill_backend)
-        fault(d * 0.75, "PostgreSQL restart", restart_postgres)
+        threading.Thread(target=schedule_faults, daemon=True).start()
     out = fl.stdout.read()
     code = fl.wait()
     procs.pop("__fleet", None)

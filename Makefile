@@ -77,7 +77,7 @@ pydeps: deps
 ## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it.
 test: build pydeps
 	$(SWIFT) test --no-parallel
-	$(MAKE) --no-print-directory test-python test-install test-run
+	$(MAKE) --no-print-directory test-python test-install test-run fleet-test
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \
 	else echo "make test: .deb test skipped (not root, no dpkg, pylon installed, or PYLON_TEST_DEB=0)"; fi

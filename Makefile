@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev libsystemd-dev python3-pip curl \
-	libpq-dev postgresql-15 libnats-dev nats-server haproxy
+	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.
@@ -65,10 +65,10 @@ run: build
 	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
 	wait $$pylond
 
-## pytest for the Python client tests (pip, as the issue asks; Debian's python3 needs --break-system-packages).
+## pytest and mypy for the Python client tests (pip; Debian's python3 needs --break-system-packages).
 pydeps: deps
-	@python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest 2>/dev/null \
-	  || python3 -m pip install -q --break-system-packages pytest
+	@for m in pytest mypy; do python3 -c "import $$m" 2>/dev/null || python3 -m pip install -q $$m 2>/dev/null \
+	  || python3 -m pip install -q --break-system-packages $$m; done
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
 ## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,
@@ -145,6 +145,7 @@ install-files:
 	gzip -9n < docs/man/pylonctl.1 > $(DESTDIR)$(MANDIR)/man1/pylonctl.1.gz
 	gzip -9n < docs/man/pylon.json.5 > $(DESTDIR)$(MANDIR)/man5/pylon.json.5.gz
 	gzip -9n < docs/man/pylond.8 > $(DESTDIR)$(MANDIR)/man8/pylond.8.gz
+	gzip -9n < docs/man/pylon-backend.8 > $(DESTDIR)$(MANDIR)/man8/pylon-backend.8.gz
 	install -m 644 etc/completion/pylonctl.bash $(DESTDIR)$(BASHCOMPDIR)/pylonctl
 	install -m 644 etc/completion/_pylonctl $(DESTDIR)$(ZSHCOMPDIR)/_pylonctl
 

@@ -90,7 +90,7 @@ let package = Package(
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
-            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
+            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ"],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 

@@ -136,7 +136,7 @@ package final class Backend {
         if let why = Router.invalidName(key, what: "Idempotency-Key") { throw .badRequest(.invalidRequest, why) }
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
-        do throws(SQLiteError) {
+        do throws(StoreError) {
             r = try store.ingest(batch, receivedAt: System.wallClockMs())
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
@@ -150,7 +150,7 @@ package final class Backend {
     }
 
     private func inspect(stream: String) throws(APIError) -> HTTPResponse {
-        let s = try storage { () throws(SQLiteError) in try store.summary(stream: stream) }
+        let s = try storage { () throws(StoreError) in try store.summary(stream: stream) }
         return HTTPResponse([
             "stream": .string(stream), "records": .int(s.records), "batches": .int(s.batches),
             "duplicateRecords": .int(s.duplicateRecords), "duplicateBatches": .int(s.duplicateBatches),
@@ -171,7 +171,7 @@ package final class Backend {
             guard let n = Int64(a), n >= 0 else { throw .badRequest(.invalidRequest, "after must be a non-negative integer") }
             after = n
         }
-        let rows = try storage { () throws(SQLiteError) in
+        let rows = try storage { () throws(StoreError) in
             try store.records(stream: stream, after: after, limit: limit, maxBytes: Limits.maxRecordsPageBytes)
         }
         var list: [JSON] = []
@@ -187,7 +187,7 @@ package final class Backend {
     }
 
     private func statsResponse() throws(APIError) -> HTTPResponse {
-        let t = try storage { () throws(SQLiteError) in try store.totals() }
+        let t = try storage { () throws(StoreError) in try store.totals() }
         return HTTPResponse([
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
@@ -198,7 +198,7 @@ package final class Backend {
     }
 
     private func reset() throws(APIError) -> HTTPResponse {
-        try storage { () throws(SQLiteError) in try store.reset() }
+        try storage { () throws(StoreError) in try store.reset() }
         faults = FaultState()
         stats = Stats()
         gtmFetches = [:]
@@ -233,8 +233,8 @@ package final class Backend {
         try parseJSONBody(try decodedBody(request))
     }
 
-    func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
-        do throws(SQLiteError) {
+    func storage<T>(_ body: () throws(StoreError) -> T) throws(APIError) -> T {
+        do throws(StoreError) {
             return try body()
         } catch {
             log.error("storage failed", ["error": error.description])

@@ -5,7 +5,10 @@ package struct Options {
     package var host = "127.0.0.1"
     package var port: UInt16 = 8780
     /// SQLite database path; `:memory:` keeps everything in memory for the life of the process.
+    /// A `postgresql://` (or `postgres://`) connection string uses PostgreSQL instead.
     package var dbPath = ":memory:"
+    /// `--db-timeout-ms`: PostgreSQL's `statement_timeout` for every statement.
+    package var dbTimeoutMs = StoreLimits.defaultStatementTimeoutMs
     package var maxBody = Limits.defaultMaxBody
     package var maxConnections = Limits.defaultMaxConnections
     package var maxOutputBytes = Limits.defaultMaxOutputBytes
@@ -30,7 +33,8 @@ package struct Options {
     package var faultInjection = false
 
     package static let usage = """
-        usage: pylon-backend [--listen HOST:PORT] [--db PATH] [--max-body BYTES] [--max-connections N]
+        usage: pylon-backend [--listen HOST:PORT] [--db PATH | --db postgresql://...] [--db-timeout-ms MS]
+                             [--max-body BYTES] [--max-connections N]
                              [--max-output-bytes N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT] [--mqtt-username USER]
@@ -41,6 +45,12 @@ package struct Options {
           --listen HOST:PORT  address to listen on (default 127.0.0.1:8780; port 0 picks a free port;
                               IPv6 as [::1]:PORT)
           --db PATH           SQLite database (default :memory:, i.e. nothing survives a restart)
+          --db postgresql://[USER[:PASSWORD]@][HOST][:PORT]/DBNAME[?PARAM=VALUE...]
+                              shared state on PostgreSQL (libpq connection URI; several
+                              instances may use one database; see docs/FLEET.md). Prefer a
+                              password in PGPASSFILE (or ~/.pgpass) to one in the URI
+          --db-timeout-ms MS  PostgreSQL statement_timeout: a statement running longer is
+                              cancelled and its request answered 503 (default 5000)
           --max-body BYTES    largest request body, as sent and after gunzip (default 1048576)
           --max-connections N open connections; at the limit the least recently active one that
                               is not answering is closed to make room (default 1024)
@@ -98,6 +108,8 @@ package struct Options {
                 o.port = p
             case "--db":
                 o.dbPath = try value()
+            case "--db-timeout-ms":
+                o.dbTimeoutMs = try positive(try value(), a)
             case "--max-body":
                 o.maxBody = try positive(try value(), a)
             case "--max-connections":

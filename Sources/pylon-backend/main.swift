@@ -31,9 +31,9 @@ let log = Log("backend")
 let loop = Loop()
 let store: Store
 do {
-    store = try Store(path: options.dbPath)
+    store = try Store.open(options.dbPath, statementTimeoutMs: options.dbTimeoutMs)
 } catch {
-    log.error("cannot open the database", ["path": options.dbPath, "error": "\(error)"])
+    log.error("cannot open the database", ["db": Store.redacted(options.dbPath), "error": "\(error)"])
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
@@ -91,7 +91,7 @@ ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
 log.info(
     "listening",
     [
-        "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+        "address": address, "db": Store.redacted(options.dbPath), "maxBody": options.maxBody, "maxConnections": options.maxConnections,
         "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
         "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
         "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),

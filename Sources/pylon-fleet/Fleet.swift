@@ -553,7 +553,13 @@ final class Fleet {
         guard (eventsDone && pushDone) || now >= drainDeadlineMs else { return }
         if !(eventsDone && pushDone) { say("drain timed out: some batches or push deliveries are outstanding") }
         phase = .verifying
-        if options.verify { verify(after: 0) } else { finish() }
+        if !options.verify {
+            finish()
+        } else if let cmd = options.verifyExec {
+            verifyFromProgram(cmd)
+        } else {
+            verify(after: 0)
+        }
     }
 
     /// Reads the stream back through the inspection API, page by page (a failed page is asked
@@ -590,7 +596,48 @@ final class Fleet {
         }
     }
 
+    /// The largest line read from a `--verify-exec` program (one stream message).
+    static let maxVerifyLineBytes = 64 << 20
+    private var verifier: ChildProcess?
+    private var verifierOut: Connection?
+
+    /// Reads the stream back from a program's stdout: one JSON object a line, a record (`id`)
+    /// or a stream message whose `batch` holds the records as posted.
+    private func verifyFromProgram(_ cmd: [String]) {
+        tally = StoredTally(devices: devices.count)
+        var o = ChildProcess.Options(exec: cmd[0])
+        o.args = Array(cmd.dropFirst())
+        o.env = System.environment()
+        let out = Connection(loop: loop, maxLineBytes: Fleet.maxVerifyLineBytes)
+        o.stdout = out
+        out.onLine = { [unowned self] line in
+            guard let ref = try? JSONRef.parse(line, maxDepth: 64) else { return }
+            let j = ref.json
+            let recs = j["batch"]?["records"]?.arrayValue ?? j["records"]?.arrayValue ?? (j["id"] != nil ? [j] : [])
+            for r in recs { if let id = r["id"]?.stringValue { self.tally!.add(id: Substring(id), runId: self.options.runId) } }
+        }
+        out.onOversized = { [unowned self] n, _ in self.verifyError = "a line of \(n) bytes from the verify program was skipped" }
+        do throws(UVError) {
+            verifier = try ChildProcess(loop: loop, options: o) { [unowned self] status, sig in
+                if status != 0 || sig != 0 {
+                    self.verifyError = "the verify program exited with status \(status) signal \(sig)"
+                    self.tally = nil
+                }
+                // Its last lines may still be in the pipe: finish on the next turns.
+                self.loop.after(ms: 200) { self.finish() }
+            }
+            verifierOut = out
+            out.startReading()
+        } catch {
+            verifyError = "cannot run \(cmd[0]): \(error)"
+            tally = nil
+            out.close()
+            finish()
+        }
+    }
+
     private func finish() {
+        guard phase != .done else { return }
         phase = .done
         ticker.close()
         progressTimer.close()

@@ -56,6 +56,10 @@ struct FleetOptions: Equatable {
     var runId = ""
     /// Read the stream back at the end and compare with what was acknowledged.
     var verify = true
+    /// `--verify-exec "PROGRAM ARG..."`: read the stream back from this program's stdout (one
+    /// JSON object a line: a record `{"id"}` or a stream message `{"batch": {"records": [...]}}`,
+    /// as tools/pylon-stream-consumer prints) instead of the backend's inspection API.
+    var verifyExec: [String]?
     var gzip = true
     /// With several brokers: a device not connected this long moves to the next one.
     var brokerFailoverMs: Int64 = 5000
@@ -68,7 +72,7 @@ struct FleetOptions: Equatable {
                            [--ramp DEVICES_PER_S] [--batch-interval-ms MS] [--max-batch N]
                            [--max-inflight N] [--progress S] [--drain-timeout S] [--devices-per-user N]
                            [--operator-token-file PATH] [--enrol-secret-file PATH] [--watch-file PATH]
-                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--run-id ID] [--no-verify]
+                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--run-id ID] [--no-verify | --verify-exec CMD]
                            [--no-gzip] [--json]
 
         Simulates K devices on one libuv loop speaking the device protocols of pylon-backend and
@@ -99,6 +103,8 @@ struct FleetOptions: Equatable {
           --status-file PATH     written every second: phase, elapsedMs, devices, connected
           --keepalive S          MQTT keepalive (default 30)
           --no-verify            do not read the stream back at the end
+          --verify-exec CMD      read it back from CMD's stdout (absolute path, space-separated
+                                 arguments; JSON lines: records or JetStream messages)
           --json                 the summary as one JSON object
         """
 
@@ -164,6 +170,12 @@ struct FleetOptions: Equatable {
                 guard isName(v) else { throw UsageError(description: "--run-id must be 1 to 64 of [A-Za-z0-9_-]") }
                 o.runId = v
             case "--no-verify": o.verify = false
+            case "--verify-exec":
+                let v = try value().split(separator: " ").map(String.init)
+                guard let first = v.first, first.hasPrefix("/") else {
+                    throw UsageError(description: "--verify-exec expects an absolute program path and its arguments")
+                }
+                o.verifyExec = v
             case "--no-gzip": o.gzip = false
             case "--json": o.json = true
             case "-h", "--help": throw UsageError(description: "")

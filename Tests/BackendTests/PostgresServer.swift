@@ -92,10 +92,10 @@ final class PostgresServer {
         p.currentDirectoryURL = URL(fileURLWithPath: dir)
         let out = dir + "/" + tool + ".out"
         if getuid() == 0, let pw = getpwnam("nobody") {
-            FileManager.default.createFile(atPath: out, contents: nil)
+            _ = FileManager.default.createFile(atPath: out, contents: nil)
             chown(out, pw.pointee.pw_uid, pw.pointee.pw_gid)
         } else {
-            FileManager.default.createFile(atPath: out, contents: nil)
+            _ = FileManager.default.createFile(atPath: out, contents: nil)
         }
         let h = try FileHandle(forWritingTo: URL(fileURLWithPath: out))
         defer { try? h.close() }

@@ -669,23 +669,54 @@ final class Fleet {
         }
     }
 
+    /// CPU and RSS of this process and every watched one, each with its children (a pylond's
+    /// plugins, PostgreSQL's backends): summed, so shared memory counts once per process.
     func sampleProcesses() {
         let t = now
         var list: [(String, Int32)] = [("pylon-fleet", getpid())]
         if let f = options.watchFile, let b = System.readFile(f, limit: 1 << 20) {
             list += ProcStat.parseWatchList(String(decoding: b, as: UTF8.self)).map { ($0.name, $0.pid) }
         }
-        var out: [(String, Int32, Double, Int)] = []
-        for (name, pid) in list {
-            guard let sb = System.readFile("/proc/\(pid)/stat", limit: 1 << 16),
-                let ticks = ProcStat.cpuTicks(stat: String(decoding: sb, as: UTF8.self))
-            else { continue }
+        func read(_ pid: Int32) -> (ticks: Int64, ppid: Int32, rss: Int)? {
+            guard let sb = System.readFile("/proc/\(pid)/stat", limit: 1 << 16) else { return nil }
+            let stat = String(decoding: sb, as: UTF8.self)
+            guard let ticks = ProcStat.cpuTicks(stat: stat), let ppid = ProcStat.parentPid(stat: stat) else { return nil }
             let rss =
                 System.readFile("/proc/\(pid)/status", limit: 1 << 16).flatMap {
                     ProcStat.rssKiB(status: String(decoding: $0, as: UTF8.self))
                 } ?? 0
+            return (ticks, ppid, rss)
+        }
+        // Every process's parent, once per sample.
+        var children: [Int32: [Int32]] = [:]
+        var info: [Int32: (ticks: Int64, ppid: Int32, rss: Int)] = [:]
+        var dirs: [Int32] = []
+        if let d = opendir("/proc") {
+            while let e = readdir(d) {
+                let name = withUnsafeBytes(of: e.pointee.d_name) { b in String(decoding: b.prefix { $0 != 0 }, as: UTF8.self) }
+                if let pid = Int32(name) { dirs.append(pid) }
+            }
+            closedir(d)
+        }
+        let watched = Set(list.map(\.1))
+        for pid in dirs {
+            guard let i = read(pid) else { continue }
+            if watched.contains(i.ppid) || watched.contains(pid) {
+                info[pid] = i
+                children[i.ppid, default: []].append(pid)
+            }
+        }
+        var out: [(String, Int32, Double, Int)] = []
+        for (name, pid) in list {
+            guard let own = info[pid] else { continue }
+            var ticks = own.ticks
+            var rss = own.rss
+            for c in children[pid] ?? [] where !watched.contains(c) {
+                ticks += info[c]?.ticks ?? 0
+                rss += info[c]?.rss ?? 0
+            }
             var cpu = 0.0
-            if let p = procPrev[pid] {
+            if let p = procPrev[pid], ticks >= p.ticks {
                 cpu = ProcStat.cpuShare(ticks: ticks, previous: p.ticks, intervalMs: t - p.ms, ticksPerSecond: ticksPerSecond)
             }
             procPrev[pid] = (ticks, t)

@@ -148,6 +148,14 @@ enum ProcStat {
         return u + s
     }
 
+    /// The parent pid in the text of /proc/PID/stat (field 4).
+    static func parentPid(stat: String) -> Int32? {
+        guard let close = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 1 else { return nil }
+        return Int32(fields[1])
+    }
+
     /// VmRSS in KiB in the text of /proc/PID/status.
     static func rssKiB(status: String) -> Int? {
         for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {

@@ -131,6 +131,7 @@ struct ProcAndOptionsTests {
         let stat = "4242 (pylon (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 12345 1000000 500 0"
         #expect(ProcStat.cpuTicks(stat: stat) == 300)
         #expect(ProcStat.cpuTicks(stat: "garbage") == nil)
+        #expect(ProcStat.parentPid(stat: stat) == 1)
         #expect(ProcStat.rssKiB(status: "Name:\tx\nVmRSS:\t  12345 kB\n") == 12345)
         #expect(ProcStat.cpuShare(ticks: 300, previous: 100, intervalMs: 2000, ticksPerSecond: 100) == 1.0)
         let w = ProcStat.parseWatchList("backend1 100\nbad\nnats2 x\nbroker 7\n")

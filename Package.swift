@@ -100,6 +100,11 @@ let package = Package(
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 
+        // The fleet simulator (`make fleet`, docs/FLEET.md): K devices on one libuv loop through
+        // the plugins' own HTTP and MQTT clients.
+        .executableTarget(
+            name: "pylon-fleet", dependencies: ["PylonCore", "PylonHTTP", "PylonMQTT", "PylonStore"], swiftSettings: strict),
+
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
             name: "pylon-bench", dependencies: ["PylonClientKit", "PylonHTTP", "PylonMQTT", "PylonTagEngine"],
@@ -132,6 +137,7 @@ let package = Package(
         .testTarget(name: "MATests", dependencies: ["pylon-ma", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
+        .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
         .testTarget(
             name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]

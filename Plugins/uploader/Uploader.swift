@@ -98,7 +98,10 @@ final class Uploader {
             System.exit(exitStatusConfigError)
         }
         do {
-            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull, loop: plugin.loop)
+            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull)
+            if store.damagedRecords > 0 {
+                plugin.log.error("damaged records dropped from the queue", ["records": store.damagedRecords])
+            }
             diskBytes = try store.totalBytes()
             for (name, o) in try store.recordedOwners() { recordedOwners[name] = StreamOwner(o) }
             for (name, s) in try store.summaries() {
@@ -283,7 +286,10 @@ final class Uploader {
             return
         }
         let newStream = recordedOwners[stream] == nil
-        if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: diskBytes + commitQueueBytes, limits: limits) {
+        // The cap counts the records held and, when more, the segment files' bytes (records
+        // delivered but in a segment not yet removed).
+        let held = max(diskBytes, store.log.fileBytes) + commitQueueBytes
+        if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: held, limits: limits) {
             call.fail(e)
             return
         }

@@ -40,8 +40,13 @@ final class UploaderStore {
     /// The on-disk format this code writes (`PRAGMA user_version` of the database); 3 and below
     /// kept the records in the database and are migrated at open (`Store+Migration.swift`).
     static let format: Int64 = 4
-    /// A segment is closed past this many bytes.
+    /// A segment is closed past this many bytes (`segmentBytes(maxDiskBytes:)`).
     static let defaultSegmentBytes = 4 << 20
+    static let minSegmentBytes = 64 << 10
+
+    /// The segment size for a disk cap: at most an eighth of it, so the bytes of delivered
+    /// records waiting in segments stay small beside the cap.
+    static func segmentBytes(maxDiskBytes: Int) -> Int { min(defaultSegmentBytes, max(minSegmentBytes, maxDiskBytes / 8)) }
     /// The oldest segment, closed and still holding live records, is copied forward and removed
     /// once its live records take less than 1/`compactLiveFraction` of it.
     static let compactLiveFraction = 4
@@ -860,16 +865,26 @@ final class UploaderStore {
     /// oldest one mostly dead is copied forward first (its live records and live cut frames
     /// appended again, fdatasynced), so one stuck record does not keep every later segment.
     /// Only the oldest goes: a `done` frame is never removed while the records it ended are on
-    /// disk.
+    /// disk. Also copied forward, whatever its live part, while the files hold more than twice
+    /// the live records plus two segments; and an active segment past a quarter of its size
+    /// with nothing live in it is closed, so it goes too.
     func reclaim() throws {
-        while let head = log.numbers.first, head != log.active {
+        while let head = log.numbers.first {
             let use = segmentUse[head] ?? SegmentUse()
-            if use.recs <= 0 && use.cuts <= 0 {
+            let dead = use.recs <= 0 && use.cuts <= 0
+            if head == log.active {
+                guard dead, log.numbers.count == 1, (log.sizes[head] ?? 0) > log.maxSegmentBytes / 4 else { return }
+                try log.startSegment()
+                continue
+            }
+            if dead {
                 try log.remove(head)
                 segmentUse[head] = nil
                 continue
             }
-            guard use.bytes * UploaderStore.compactLiveFraction < (log.sizes[head] ?? 0) else { return }
+            let live = segmentUse.values.reduce(0) { $0 + $1.bytes }
+            let pressed = log.fileBytes > 2 * live + 2 * log.maxSegmentBytes
+            guard pressed || use.bytes * UploaderStore.compactLiveFraction < (log.sizes[head] ?? 0) else { return }
             try copyForward(head)
         }
     }

@@ -98,7 +98,9 @@ final class Uploader {
             System.exit(exitStatusConfigError)
         }
         do {
-            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull)
+            store = try UploaderStore(
+                path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull,
+                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: limits.maxDiskBytes))
             if store.damagedRecords > 0 {
                 plugin.log.error("damaged records dropped from the queue", ["records": store.damagedRecords])
             }
@@ -286,10 +288,7 @@ final class Uploader {
             return
         }
         let newStream = recordedOwners[stream] == nil
-        // The cap counts the records held and, when more, the segment files' bytes (records
-        // delivered but in a segment not yet removed).
-        let held = max(diskBytes, store.log.fileBytes) + commitQueueBytes
-        if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: held, limits: limits) {
+        if let e = ledger.admit(owner, bytes: bytes, newStream: newStream, totalBytes: diskBytes + commitQueueBytes, limits: limits) {
             call.fail(e)
             return
         }

@@ -66,9 +66,18 @@ public final class Bus {
     var slowReadersClosed: UInt64 = 0
     /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
     var droppedForUidQueue: UInt64 = 0
+    /// Connections watching traffic (`bus.monitor`, Bus+Monitor); empty costs one test per hook.
+    var monitors: [MonitorEntry] = []
+    /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
+    var monitorsDropped: UInt64 = 0
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
+    /// Set by `Host`: re-reads the configuration file and applies it (`bus.reload`).
+    public var onReloadRequest: (() -> Result<JSON, RPCError>)?
+    /// `bus.reload` requests waiting for the next loop turn (`deferReload`).
+    var reloadWaiters: [(Peer, String?)] = []
+    var reloadTimer: Timer?
     var readyReported = false
     var addingPlugins = false
 
@@ -250,6 +259,7 @@ public final class Bus {
             clientGone()
         }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }
+        if !monitors.isEmpty { monitorRemove(peer) }
         // Requests that peer was serving fail now, not at their timeout.
         failPending(
             targeting: peer,
@@ -413,22 +423,44 @@ public final class Bus {
             // in this loop turn (a flood of them cannot stall everyone else).
             if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-            switch hostMethod(peer, principal, method, params) {
+            if method == HostMethod.reload {
+                do throws(RPCError) {
+                    try reloadAllowed(peer, principal)
+                    if currentBatch != nil { throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch") }
+                    deferReload(peer, idText: idText)
+                } catch {
+                    sendError(peer.conn, idText: idText, error)
+                }
+                return
+            }
+            let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
+            let answer = hostMethod(peer, principal, method, params)
+            switch answer {
             case .success(let v): sendResult(peer.conn, idText: idText, v)
             case .failure(let e): sendError(peer.conn, idText: idText, e)
             }
+            if !monitors.isEmpty, method != HostMethod.monitor {
+                var error: RPCError?
+                if case .failure(let e) = answer { error = e }
+                monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: error)
+            }
         case .refused(let e):
             sendError(peer.conn, idText: idText, e)
+            if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e) }
         case .denied(let spec, let key):
             consentRefused[key, default: 0] += 1
+            let error = RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)])
             if spec.dropWhenDenied {
                 sendResult(peer.conn, idText: idText, spec.deniedResult)
             } else {
-                sendError(
-                    peer.conn, idText: idText, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
+                sendError(peer.conn, idText: idText, error)
+            }
+            if !monitors.isEmpty {
+                monitorHostAnswer(
+                    peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
             }
         case .forward(let target, let timeoutMs, _):
-            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
+            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         }
     }
 
@@ -502,7 +534,7 @@ public final class Bus {
     /// replaced (a parsed message is never re-serialised).
     func forward(
         _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
-        timeoutMs: UInt64
+        timeoutMs: UInt64, method: String
     ) {
         // Backpressure reaches whoever fills a congested target: a client's request waits (the
         // line is dispatched again later) and its input is held until the target drains, so a
@@ -541,7 +573,12 @@ public final class Bus {
         } else {
             origin = .peer(peer, originalId: original)
         }
-        addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
+        var p = Pending(origin: origin, target: target, principal: principal)
+        if !monitors.isEmpty {
+            p.trace = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
+            monitorRequest(peer, principal, method, line, id: original, to: target.label)
+        }
+        addPending(hostId, p, deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -580,6 +617,7 @@ public final class Bus {
             log.debug("reply to an unknown request ignored", ["peer": peer.label])
             return
         }
+        if let t = p.trace, !monitors.isEmpty { monitorReply(p, t, line) }
         switch p.origin {
         case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
@@ -616,6 +654,7 @@ public final class Bus {
             if deferIfCongested(peer, target) { return }  // held like a request (see forward)
             forwardNotification(line, principal, to: target)
             routed += 1
+            if !monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
         case .host:
             // Done as the request would be; the answer, error or not, is nobody's.
             if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
@@ -676,6 +715,7 @@ public final class Bus {
             peer.conn.sendLine(line)
             delivered += 1
         }
+        if !monitors.isEmpty { monitorPublication(topic, line, from: sender, delivered: delivered) }
         return delivered
     }
 
@@ -703,6 +743,7 @@ public final class Bus {
     }
 
     private func finish(_ p: Pending, _ error: RPCError) {
+        if let t = p.trace, !monitors.isEmpty { monitorReply(p, t, error: error) }
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1

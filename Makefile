@@ -3,7 +3,8 @@
 SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev libsystemd-dev python3-pip curl \
-	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian
+	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian \
+	prometheus
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.

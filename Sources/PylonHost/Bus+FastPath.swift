@@ -77,7 +77,7 @@ extension Bus {
                 }),
             case .peer(let origin, let originalId) = p.origin
         else { return false }
-        if let t = p.trace, !monitors.isEmpty { monitorReply(p, t, line) }
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         fastRouted += 1
         return true

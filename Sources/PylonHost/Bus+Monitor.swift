@@ -7,7 +7,7 @@ struct MonitorEntry {
     var sink: MonitorSink
 }
 
-/// Where a forwarded request's monitor events come from: set on a pending request only while a
+/// Where a forwarded request's monitor events come from: kept by host id (`Bus.monitorTraces`) only while a
 /// monitor is connected (so its answer can be reported with the method and latency).
 struct MonitorTrace {
     let method: String
@@ -52,6 +52,7 @@ extension Bus {
     func monitorRemove(_ peer: Peer) {
         guard monitors.contains(where: { $0.peer === peer }) else { return }
         monitors.removeAll { $0.peer === peer }
+        if monitors.isEmpty { monitorTraces = [:] }
         log.info("monitor stopped", ["client": peer.id])
     }
 

@@ -70,6 +70,9 @@ public final class Bus {
     var monitors: [MonitorEntry] = []
     /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
     var monitorsDropped: UInt64 = 0
+    /// Forwarded requests' method and start, by host id, kept only while a monitor is connected
+    /// (so `Pending` and the routing path stay as they are without one).
+    var monitorTraces: [Int64: MonitorTrace] = [:]
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
@@ -573,12 +576,11 @@ public final class Bus {
         } else {
             origin = .peer(peer, originalId: original)
         }
-        var p = Pending(origin: origin, target: target, principal: principal)
         if !monitors.isEmpty {
-            p.trace = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
+            monitorTraces[hostId] = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
             monitorRequest(peer, principal, method, line, id: original, to: target.label)
         }
-        addPending(hostId, p, deadlineMs: loop.nowMs + timeoutMs)
+        addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
         routed += 1
@@ -613,11 +615,13 @@ public final class Bus {
     }
 
     func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>) {
-        guard json_object_get_type(id) == json_type_int, let p = takePending(json_object_get_int64(id), answeredBy: peer) else {
+        guard json_object_get_type(id) == json_type_int, case let hostId = json_object_get_int64(id),
+            let p = takePending(hostId, answeredBy: peer)
+        else {
             log.debug("reply to an unknown request ignored", ["peer": peer.label])
             return
         }
-        if let t = p.trace, !monitors.isEmpty { monitorReply(p, t, line) }
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         switch p.origin {
         case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
@@ -739,11 +743,11 @@ public final class Bus {
     /// Answers a pending request with an error (plugin death, timeout).
     func complete(_ id: Int64, _ error: RPCError) {
         guard let p = pending.remove(id) else { return }
-        finish(p, error)
+        finish(id, p, error)
     }
 
-    private func finish(_ p: Pending, _ error: RPCError) {
-        if let t = p.trace, !monitors.isEmpty { monitorReply(p, t, error: error) }
+    private func finish(_ id: Int64, _ p: Pending, _ error: RPCError) {
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
@@ -781,9 +785,9 @@ public final class Bus {
     }
 
     private func sweepTimeouts() {
-        for (_, p) in pending.expired(nowMs: loop.nowMs) {
+        for (id, p) in pending.expired(nowMs: loop.nowMs) {
             if !p.isHostCall { timeouts += 1 }
-            finish(p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
+            finish(id, p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
         }
         armSweep()
     }

@@ -94,6 +94,4 @@ struct Pending {
     }
     /// Whom the request acts for; inherited by calls the target makes on its behalf.
     var principal = Principal.host
-    /// Set only while a monitor is connected (`bus.monitor`): the method and when it was routed.
-    var trace: MonitorTrace?
 }

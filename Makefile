@@ -6,6 +6,8 @@ DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqli
 	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian
 # The broker cluster: libcrypto (ed25519 for the devices' NATS JWTs) and the openssl CLI (tools/pylon-nats-auth).
 DEB_PACKAGES += libssl-dev openssl
+# promtool (Debian's prometheus) checks the metrics exporter's output in the tests.
+DEB_PACKAGES += prometheus
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.

@@ -21,8 +21,8 @@ extension HostConfig {
             if let obj { json_object_put(obj) }
             json_tokener_free(tok)
         }
-        // parse_end points just past the offending byte.
-        let stop = max(0, min(end, bytes.count) - 1)
+        // parse_end is the offending byte's offset (the column counts the bytes before it).
+        let stop = max(0, min(end, bytes.count))
         var line = 1, column = 1
         for i in 0..<stop {
             if bytes[i] == 0x0A { line += 1; column = 1 } else if bytes[i] & 0xC0 != 0x80 { column += 1 }

@@ -480,6 +480,19 @@ public final class Plugin {
             }
         case HostMethod.shutdown:
             exitNow()
+        case HostMethod.logLevel:
+            // The host's run-time log level for this plugin (`pylonctl log-level LEVEL --plugin`).
+            let p = JSONRef.toJSON(msg.member("params"))
+            if let name = p["level"]?.stringValue, let level = Log.Level(name: name) {
+                Log.minimum = level
+                // Said at the new level itself, so it shows whatever the level is.
+                switch level {
+                case .debug: log.debug("log level set by the host", ["level": name])
+                case .info: log.info("log level set by the host", ["level": name])
+                case .warn: log.warn("log level set by the host", ["level": name])
+                case .error: log.error("log level set by the host", ["level": name])
+                }
+            }
         default:
             if let spec = methods[method] {
                 // A client notification to one of our methods: run it, discard the reply. The host

@@ -6,7 +6,12 @@ extension Plugin {
     /// Answers `--version` / `--help` (exit 0) and refuses other arguments when the plugin was not
     /// started by the host (exit 64, EX_USAGE); under the host (`PYLON_BUS_FD` set) arguments
     /// are the configured `args` and are left to the plugin.
-    func handleCommandLine(_ arguments: [String] = CommandLine.arguments) {
+    /// The program's command line: `CommandLine.arguments`, or what the multi-call `pylon`
+    /// binary sets before `run()` (`pylon pylon-ma --help` is `pylon-ma --help`). Read once, on
+    /// the loop thread, before the loop starts.
+    nonisolated(unsafe) public static var commandLine: [String] = CommandLine.arguments
+
+    func handleCommandLine(_ arguments: [String] = Plugin.commandLine) {
         let exe = arguments.first.map { String($0.split(separator: "/").last ?? Substring($0)) } ?? "pylon-\(name)"
         let args = arguments.dropFirst()
         if args.contains("--version") {

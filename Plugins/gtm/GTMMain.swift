@@ -9,6 +9,7 @@ public enum GTMMain {
         let plugin = Plugin(name: "gtm", version: "0.1.0")
         plugin.wantsCallerInfo = true
         let gtm = GTMService(plugin: plugin)
+        plugin.checkConfig = { j throws(ConfigProblems) in try GTMLimits(j).warnings }
 
         plugin.onReady = { gtm.start() }
         plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { gtm.clientClosed(c) } }

@@ -15,6 +15,7 @@ public enum MAMain {
         // Calls act on the caller's AppKey: `appKey`, else the AppKey its connection last started.
         plugin.wantsCallerInfo = true
         let ma = MAService(plugin: plugin)
+        plugin.checkConfig = { j throws(ConfigProblems) in try MAConfig(j).warnings }
 
         // Identity: start and identifyAccount run strictly in call order per AppKey.
         plugin.method("start") { ma.start($0) }

@@ -16,6 +16,15 @@ public enum UploaderMain {
     public static func run() -> Never {
         let plugin = Plugin(name: "uploader", version: "0.1.0")
         let uploader = Uploader(plugin: plugin)
+        // The reader the uploader starts with (`UploaderConfig`), for `--check-config`.
+        plugin.checkConfig = { j throws(ConfigProblems) in
+            do throws(UploaderConfigError) {
+                _ = try UploaderConfig(j)
+            } catch {
+                throw ConfigProblems("config: " + error.description)
+            }
+            return []
+        }
         // Every request carries the host's `_pylon` caller info: streams are owned (docs/UPLOADER.md).
         plugin.wantsCallerInfo = true
 

@@ -85,7 +85,12 @@ public enum Pylond {
         }
         Log.minimum = level
         if checkOnly {
-            let problems = config.executableProblems()
+            // The host's settings were read above; then each plugin's executable, then each
+            // plugin's own strict reader of its `config` (`PLUGIN --check-config`).
+            var problems = config.executableProblems()
+            let plugins = config.pluginConfigChecks()
+            problems += plugins.problems
+            for w in plugins.warnings { Log.writeRaw("pylond: \(configPath): warning: \(w)\n") }
             for p in problems { Log.writeRaw("pylond: \(configPath): \(p)\n") }
             if !problems.isEmpty { System.exit(exitStatusConfigError) }
             print("configuration ok: \(config.plugins.count) plugins, socket \(config.socketPath)")

@@ -123,6 +123,20 @@ import Testing
         #expect(try StreamReader.readAll(urls: nats.urls, durable: "t-late").map(\.msgId) == ["k-late"])
     }
 
+    @Test func aBatchOfMaxBodyFitsAndOneOverMaxPayloadIs413() throws {
+        let nats = try NATSCluster(nodes: 1)  // max_payload 2 MB (tools/pylon-nats-cluster)
+        let b = try natsBackend(nats, ["--max-body", String(4 << 20)])
+        func body(_ key: String, bytes: Int) -> [UInt8] {
+            Array(#"{"records":[{"id":"a","ts":1,"data":"\#(String(repeating: "x", count: bytes))"}]}"#.utf8)
+        }
+        let fits = try b.request("POST", "/v1/batches/events", headers: [("Idempotency-Key", "big")], body: body("big", bytes: 1 << 20))
+        #expect(fits.status == 200)
+        let over = try b.request("POST", "/v1/batches/events", headers: [("Idempotency-Key", "huge")], body: body("huge", bytes: 3 << 20))
+        #expect(over.status == 413)
+        #expect(try over.json()["code"] == "payload_too_large")
+        #expect(try StreamReader.readAll(urls: nats.urls, durable: "t-big").map(\.msgId) == ["big"])
+    }
+
     /// Stream R3 on three nodes; the stream leader is killed with SIGKILL during a run of
     /// posts that a device would make (each retried on 503 until acknowledged). Afterwards
     /// every acknowledged batch is in the stream exactly once, and nothing else is.
@@ -200,7 +214,7 @@ import Testing
         #expect(o.nats?.urls == ["nats://a:1", "nats://b:2"])
         #expect(o.nats?.stream.replicas == 3)
         #expect(o.nats?.stream.name == "PYLON_INGEST")
-        #expect(o.nats?.stream.maxMessageBytes == 2048)
+        #expect(o.nats?.stream.maxMessageBytes == 2048 + Limits.natsHeaderAllowance)
         #expect(try Options.parse([]).nats == nil)
         for bad in [
             ["--nats-stream", "S"], ["--nats", "a:1"], ["--nats", "nats://a:1", "--nats-stream", "A.B"],

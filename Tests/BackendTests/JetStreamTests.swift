@@ -253,5 +253,16 @@ import Testing
         #expect(p.inFlight == 0)
         #expect(p.resolve(t4)?.late == true)
         #expect(p.nextWake == 3002)
+
+        // At most 2 × maxInFlight entries: the oldest late one is forgotten to make room.
+        var q = PendingPublishes<String>(maxInFlight: 1, ackTimeoutMs: 100, lateAckMs: 10_000)
+        let a = q.add("a", now: 0)!
+        #expect(q.expire(now: 100) == ["a"])
+        let b = q.add("b", now: 100)!
+        #expect(q.expire(now: 200) == ["b"])
+        _ = q.add("c", now: 200)!
+        #expect(q.entries.count == 2)
+        #expect(q.resolve(a) == nil)
+        #expect(q.resolve(b)?.late == true)
     }
 }

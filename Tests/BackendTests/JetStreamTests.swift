@@ -123,6 +123,29 @@ import Testing
         #expect(try StreamReader.readAll(urls: nats.urls, durable: "t-late").map(\.msgId) == ["k-late"])
     }
 
+    /// An `authorization` block given as extra node configuration (the generator's hook for
+    /// accounts and listeners): the right login publishes, a wrong one never gets ready.
+    @Test func natsLoginFromAPasswordFile() throws {
+        let password = "nats-password-0123456789"
+        let nats = try NATSCluster(nodes: 1) { _ in "authorization { user: pylon, password: \"\(password)\" }" }
+        let pw = nats.dir + "/nats.password"
+        try (password + "\n").write(toFile: pw, atomically: true, encoding: .utf8)
+        chmod(pw, 0o600)
+        let b = try natsBackend(nats, ["--nats-user", "pylon", "--nats-password-file", pw])
+        #expect(try b.postBatch("events", key: "k-auth", batchBody(key: "k-auth", stream: "events", ids: ["a"])).status == 200)
+        #expect(
+            try StreamReader.readAll(urls: nats.urls, durable: "t-auth", login: ("pylon", pw)).map(\.msgId) == ["k-auth"])
+
+        let wrong = nats.dir + "/wrong.password"
+        try "not-the-password-0123456789\n".write(toFile: wrong, atomically: true, encoding: .utf8)
+        chmod(wrong, 0o600)
+        let refused = try BackendProcess(["--nats", nats.urls, "--nats-user", "pylon", "--nats-password-file", wrong])
+        let r = try refused.postBatch("events", key: "k-no", batchBody(key: "k-no", stream: "events", ids: ["a"]))
+        #expect(r.status == 503)
+        #expect(try r.json()["code"] == "stream_unavailable")
+        #expect(try stats(refused)["nats"]?["ready"] == false)
+    }
+
     @Test func aBatchOfMaxBodyFitsAndOneOverMaxPayloadIs413() throws {
         let nats = try NATSCluster(nodes: 1)  // max_payload 2 MB (tools/pylon-nats-cluster)
         let b = try natsBackend(nats, ["--max-body", String(4 << 20)])

@@ -37,6 +37,8 @@ let package = Package(
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
         // libnats's libuv adapter, compiled once (its header defines non-static functions).
         .target(name: "CNATSLoop", dependencies: ["CNATS", "CLibUV"]),
+        // ed25519 for the NATS JWTs the backend mints as device broker credentials (libcrypto).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -93,10 +95,15 @@ let package = Package(
         // what `main` uses is `package`.
         .target(
             name: "PylonBackend", dependencies: [
-                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CNATS", "CNATSLoop",
+                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop", "CCrypto",
             ],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
+
+        // The fleet simulator (`make fleet`, docs/FLEET.md): K devices on one libuv loop through
+        // the plugins' own HTTP and MQTT clients.
+        .executableTarget(
+            name: "pylon-fleet", dependencies: ["PylonCore", "PylonHTTP", "PylonMQTT", "PylonStore"], swiftSettings: strict),
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
@@ -130,6 +137,7 @@ let package = Package(
         .testTarget(name: "MATests", dependencies: ["pylon-ma", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
+        .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
         .testTarget(
             name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]

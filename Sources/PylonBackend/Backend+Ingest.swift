@@ -19,7 +19,7 @@ extension Backend {
         let key = try idempotencyKey(request)
         let body = try decodedBody(request)
         let records = try Batch.parse(body, key: key, stream: stream).records.count
-        if try storage({ () throws(SQLiteError) in try store.ledgerSeen(key, stream: stream) }) {
+        if try storage({ () throws(StoreError) in try store.ledgerSeen(key, stream: stream) }) {
             log.debug("batch: key already recorded", ["stream": stream, "key": key])
             return .respond(Backend.ingestAnswer(accepted: 0, duplicates: records, duplicateBatch: true, seq: nil), delayMs: 0)
         }
@@ -51,7 +51,7 @@ extension Backend {
         switch outcome {
         case .acked(let seq, let duplicate, let late):
             var fresh = !duplicate
-            do throws(SQLiteError) {
+            do throws(StoreError) {
                 fresh =
                     try store.ledgerRecord(key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate)
                     && !duplicate

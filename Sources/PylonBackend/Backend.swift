@@ -24,6 +24,9 @@ package final class Backend {
     package var faultsEnabled = false
     /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
     package var dynsec = false
+    /// The broker is a nats-server cluster with JWT auth (`--mqtt-nats-auth`): registration
+    /// mints each device's broker credential (`NATSAuth.swift`).
+    package var natsAuth: NATSAuth?
     /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
     package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
@@ -138,7 +141,7 @@ package final class Backend {
         let key = try idempotencyKey(request)
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
-        do throws(SQLiteError) {
+        do throws(StoreError) {
             r = try store.ingest(batch, receivedAt: System.wallClockMs())
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
@@ -149,7 +152,7 @@ package final class Backend {
     }
 
     private func inspect(stream: String) throws(APIError) -> HTTPResponse {
-        let s = try storage { () throws(SQLiteError) in try store.summary(stream: stream) }
+        let s = try storage { () throws(StoreError) in try store.summary(stream: stream) }
         return HTTPResponse([
             "stream": .string(stream), "records": .int(s.records), "batches": .int(s.batches),
             "duplicateRecords": .int(s.duplicateRecords), "duplicateBatches": .int(s.duplicateBatches),
@@ -170,7 +173,7 @@ package final class Backend {
             guard let n = Int64(a), n >= 0 else { throw .badRequest(.invalidRequest, "after must be a non-negative integer") }
             after = n
         }
-        let rows = try storage { () throws(SQLiteError) in
+        let rows = try storage { () throws(StoreError) in
             try store.records(stream: stream, after: after, limit: limit, maxBytes: Limits.maxRecordsPageBytes)
         }
         var list: [JSON] = []
@@ -186,7 +189,7 @@ package final class Backend {
     }
 
     private func statsResponse() throws(APIError) -> HTTPResponse {
-        let t = try storage { () throws(SQLiteError) in try store.totals() }
+        let t = try storage { () throws(StoreError) in try store.totals() }
         var o: JSONObject = [
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
@@ -199,7 +202,7 @@ package final class Backend {
     }
 
     private func reset() throws(APIError) -> HTTPResponse {
-        try storage { () throws(SQLiteError) in try store.reset() }
+        try storage { () throws(StoreError) in try store.reset() }
         faults = FaultState()
         stats = Stats()
         gtmFetches = [:]
@@ -234,8 +237,8 @@ package final class Backend {
         try parseJSONBody(try decodedBody(request))
     }
 
-    func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
-        do throws(SQLiteError) {
+    func storage<T>(_ body: () throws(StoreError) -> T) throws(APIError) -> T {
+        do throws(StoreError) {
             return try body()
         } catch {
             log.error("storage failed", ["error": error.description])

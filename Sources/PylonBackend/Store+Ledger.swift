@@ -16,8 +16,8 @@ import PylonStore
 /// Only the existing schema is used (`batches`, `streams`, `counters` of `Store.schema`).
 extension Store {
     /// True, counting one duplicate batch for `stream`, when `key` was recorded before.
-    func ledgerSeen(_ key: String, stream: String) throws(SQLiteError) -> Bool {
-        try transaction { () throws(SQLiteError) -> Bool in
+    func ledgerSeen(_ key: String, stream: String) throws(StoreError) -> Bool {
+        try transaction(.readCommitted) { () throws(StoreError) -> Bool in
             guard !(try db.query("SELECT 1 FROM batches WHERE key = ?", [.text(key)])).isEmpty else { return false }
             try ledgerBump(stream, "duplicateBatches")
             return true
@@ -26,29 +26,29 @@ extension Store {
 
     /// Records an acknowledged batch. `duplicate`: JetStream reported it already stored.
     /// Returns false when the key was already recorded; a duplicate either way counts one
-    /// duplicate batch.
+    /// duplicate batch. The unique key settles two instances recording one key at once.
     @discardableResult
-    func ledgerRecord(key: String, stream: String, receivedAt: Int64, records: Int, duplicate: Bool) throws(SQLiteError) -> Bool {
-        try transaction { () throws(SQLiteError) -> Bool in
+    func ledgerRecord(key: String, stream: String, receivedAt: Int64, records: Int, duplicate: Bool) throws(StoreError) -> Bool {
+        try transaction(.readCommitted) { () throws(StoreError) -> Bool in
             try db.run("INSERT INTO streams (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [.text(stream)])
-            try db.run(
-                """
-                INSERT INTO batches (key, stream, received_at, record_count, accepted)
-                SELECT ?, id, ?, ?, ? FROM streams WHERE name = ?
-                ON CONFLICT (key) DO NOTHING
-                """,
-                [.text(key), .int(receivedAt), .int(Int64(records)), .int(duplicate ? 0 : Int64(records)), .text(stream)])
-            let fresh = db.changes > 0
+            let fresh =
+                try db.run(
+                    """
+                    INSERT INTO batches (key, stream, received_at, record_count, accepted)
+                    SELECT ?, id, ?, ?, ? FROM streams WHERE name = ?
+                    ON CONFLICT (key) DO NOTHING
+                    """,
+                    [.text(key), .int(receivedAt), .int(Int64(records)), .int(duplicate ? 0 : Int64(records)), .text(stream)]) > 0
             if duplicate || !fresh { try ledgerBump(stream, "duplicateBatches") }
             return fresh
         }
     }
 
-    private func ledgerBump(_ stream: String, _ name: String) throws(SQLiteError) {
+    private func ledgerBump(_ stream: String, _ name: String) throws(StoreError) {
         try db.run(
             """
             INSERT INTO counters (stream, name, value) VALUES (?, ?, 1)
-            ON CONFLICT (stream, name) DO UPDATE SET value = value + 1
+            ON CONFLICT (stream, name) DO UPDATE SET value = counters.value + 1
             """, [.text(stream), .text(name)])
     }
 }

@@ -31,9 +31,9 @@ let log = Log("backend")
 let loop = Loop()
 let store: Store
 do {
-    store = try Store(path: options.dbPath)
+    store = try Store.open(options.dbPath, statementTimeoutMs: options.dbTimeoutMs)
 } catch {
-    log.error("cannot open the database", ["path": options.dbPath, "error": "\(error)"])
+    log.error("cannot open the database", ["db": Store.redacted(options.dbPath), "error": "\(error)"])
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
@@ -58,12 +58,20 @@ if backend.credentials.enrolSecret == nil && !options.openEnrolment {
     log.warn("no --enrol-secret-file or --open-enrolment: devices cannot register")
 }
 if options.faultInjection { log.warn("fault injection enabled (/v1/faults): for tests only") }
-if let m = options.mqtt {
+if let path = options.mqttNatsAuth {
+    switch NATSAuth.load(path) {
+    case .success(let a): backend.natsAuth = a
+    case .failure(let e):
+        log.error("cannot use the --mqtt-nats-auth file", ["error": e.description])
+        System.exit(1)
+    }
+}
+if !options.mqtt.isEmpty {
     var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
-    o.host = m.host
-    o.port = Int32(m.port)
+    o.brokers = options.mqtt
     o.cleanSession = true
-    o.protocolVersion = 5
+    o.protocolVersion = options.mqttProtocol == "3.1.1" ? 4 : 5
+    o.protocolFallback = options.mqttProtocol == "auto"
     o.keepaliveS = 30
     o.username = options.mqttUsername
     if let pw = secret(options.mqttPasswordFile, "broker password") { o.password = String(decoding: pw, as: UTF8.self) }
@@ -100,7 +108,7 @@ ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
 log.info(
     "listening",
     [
-        "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+        "address": address, "db": Store.redacted(options.dbPath), "maxBody": options.maxBody, "maxConnections": options.maxConnections,
         "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
         "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
         "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),

@@ -20,7 +20,7 @@ extension Backend {
         guard let install = body["installId"]?.stringValue, Backend.isValidInstallId(install) else {
             throw .badRequest(.invalidRequest, "installId must be 1 to 64 of [A-Za-z0-9._-]")
         }
-        let existing = try storage { () throws(SQLiteError) in try store.deviceId(installId: install) }
+        let existing = try storage { () throws(StoreError) in try store.deviceId(installId: install) }
         switch principal {
         case .device(_, let own) where own != install:
             throw .forbidden("a device token registers its own install only")
@@ -33,7 +33,7 @@ extension Backend {
         let id = existing ?? System.randomHex(8)
         let secret = System.randomHex(32)
         let now = System.wallClockMs()
-        try storage { () throws(SQLiteError) in try store.saveDevice(id: id, installId: install, secret: secret, now: now) }
+        try storage { () throws(StoreError) in try store.saveDevice(id: id, installId: install, secret: secret, now: now) }
         let token = DeviceToken.make(deviceId: id, secret: secret)
         brokerAddDevice(deviceId: id, installId: install, password: token, renewed: existing != nil)
         var mqtt: JSONObject = [

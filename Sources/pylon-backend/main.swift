@@ -31,9 +31,9 @@ let log = Log("backend")
 let loop = Loop()
 let store: Store
 do {
-    store = try Store(path: options.dbPath)
+    store = try Store.open(options.dbPath, statementTimeoutMs: options.dbTimeoutMs)
 } catch {
-    log.error("cannot open the database", ["path": options.dbPath, "error": "\(error)"])
+    log.error("cannot open the database", ["db": Store.redacted(options.dbPath), "error": "\(error)"])
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
@@ -79,6 +79,15 @@ if !options.mqtt.isEmpty {
     o.backoffMaxMs = 5000
     backend.attachBroker(MQTTClient(loop: loop, options: o))
 }
+if var n = options.nats {
+    if let pw = secret(options.natsPasswordFile, "NATS password") { n.password = String(decoding: pw, as: UTF8.self) }
+    do throws(JetStreamPublisher.StartError) {
+        backend.jetstream = try JetStreamPublisher(loop: loop, settings: n)
+    } catch {
+        log.error("cannot start the NATS client", ["error": error.description])
+        System.exit(1)
+    }
+}
 let server: Server
 do {
     server = try Server(
@@ -99,11 +108,13 @@ ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
 log.info(
     "listening",
     [
-        "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+        "address": address, "db": Store.redacted(options.dbPath), "maxBody": options.maxBody, "maxConnections": options.maxConnections,
         "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
         "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
         "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),
         "faultInjection": options.faultInjection, "dynsec": options.mqttDynsec,
+        "nats": options.nats.map { $0.urls.joined(separator: ",") } ?? "off",
+        "natsStream": options.nats?.stream.name ?? "-",
     ])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
@@ -114,6 +125,7 @@ for sig in [SIGTERM, SIGINT] {
             log.info("stopping", ["signal": s])
             server.close()
             backend.mqtt?.stop()
+            backend.jetstream?.stop()
             for w in signals { w.close() }
         })
 }

@@ -35,6 +35,8 @@ let package = Package(
         // with its libuv adapter) for the ingest stream.
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
+        // libnats's libuv adapter, compiled once (its header defines non-static functions).
+        .target(name: "CNATSLoop", dependencies: ["CNATS", "CLibUV"]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -90,7 +92,9 @@ let package = Package(
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
-            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ"],
+            name: "PylonBackend", dependencies: [
+                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop",
+            ],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
 

@@ -24,6 +24,8 @@ struct APIError: Error {
         static let httpVersionNotSupported = Code(rawValue: "http_version_not_supported")
         static let storage = Code(rawValue: "storage_error")
         static let serverBusy = Code(rawValue: "server_busy")
+        /// NATS mode: not connected, the stream not ready, or no acknowledgement in time.
+        static let streamUnavailable = Code(rawValue: "stream_unavailable")
     }
 
     var status: Int

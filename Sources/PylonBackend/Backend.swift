@@ -28,6 +28,8 @@ package final class Backend {
     package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
     var pendingDynsec: [String: [UInt8]] = [:]
+    /// NATS mode (`--nats`): batches go to the JetStream ingest stream (`Backend+Ingest.swift`).
+    package var jetstream: JetStreamPublisher?
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -72,6 +74,9 @@ package final class Backend {
         let response: HTTPResponse
         do throws(APIError) {
             let (endpoint, principal) = try admitted.get()
+            if case .ingest(let stream) = endpoint, let js = jetstream {
+                return try ingestToStream(request, stream: stream, js)
+            }
             response = try route(request, endpoint, principal)
         } catch {
             response = HTTPResponse(error)
@@ -130,10 +135,7 @@ package final class Backend {
     // MARK: Endpoints
 
     private func ingest(_ request: HTTPRequest, stream: String) throws(APIError) -> HTTPResponse {
-        guard let key = request.header("idempotency-key") else {
-            throw .badRequest(.missingIdempotencyKey, "the Idempotency-Key header is required")
-        }
-        if let why = Router.invalidName(key, what: "Idempotency-Key") { throw .badRequest(.invalidRequest, why) }
+        let key = try idempotencyKey(request)
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
         do throws(StoreError) {
@@ -143,10 +145,7 @@ package final class Backend {
             throw .storage(error)
         }
         log.debug("batch", ["stream": stream, "key": key, "accepted": r.accepted, "duplicates": r.duplicates])
-        return HTTPResponse([
-            "accepted": .int(Int64(r.accepted)), "duplicates": .int(Int64(r.duplicates)),
-            "duplicateBatch": .bool(r.duplicateBatch),
-        ])
+        return Backend.ingestAnswer(accepted: r.accepted, duplicates: r.duplicates, duplicateBatch: r.duplicateBatch, seq: nil)
     }
 
     private func inspect(stream: String) throws(APIError) -> HTTPResponse {
@@ -188,13 +187,15 @@ package final class Backend {
 
     private func statsResponse() throws(APIError) -> HTTPResponse {
         let t = try storage { () throws(StoreError) in try store.totals() }
-        return HTTPResponse([
+        var o: JSONObject = [
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
             "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
             "faultsInjected": .int(Int64(stats.faultsInjected)), "refused": .int(Int64(stats.refused)),
             "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
-        ])
+        ]
+        if let n = natsStatsJSON { o["nats"] = n }
+        return HTTPResponse(.object(o))
     }
 
     private func reset() throws(APIError) -> HTTPResponse {
@@ -209,7 +210,7 @@ package final class Backend {
     // MARK: Helpers
 
     /// The body after `Content-Encoding` (identity or gzip; gunzipped to at most `maxBody`).
-    private func decodedBody(_ request: HTTPRequest) throws(APIError) -> [UInt8] {
+    func decodedBody(_ request: HTTPRequest) throws(APIError) -> [UInt8] {
         let encoding = request.header("content-encoding")?.lowercased() ?? "identity"
         switch encoding {
         case "identity", "": return request.body

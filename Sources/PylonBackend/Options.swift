@@ -31,6 +31,11 @@ package struct Options {
     package var openEnrolment = false
     /// `--enable-fault-injection`: serve `/v1/faults` (tests); 404 otherwise.
     package var faultInjection = false
+    /// NATS mode (`--nats URL[,URL…]` and the other `--nats-*` flags): batches are published to
+    /// JetStream; nil keeps them in the database.
+    package var nats: NATSSettings?
+    /// `--nats-password-file`: read by `main` into `nats.password`.
+    package var natsPasswordFile: String?
 
     package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH | --db postgresql://...] [--db-timeout-ms MS]
@@ -41,6 +46,11 @@ package struct Options {
                              [--mqtt-password-file PATH] [--mqtt-dynsec]
                              [--operator-token-file PATH] [--enrol-secret-file PATH | --open-enrolment]
                              [--enable-fault-injection]
+                             [--nats URL[,URL...] [--nats-user USER --nats-password-file PATH |
+                              --nats-creds PATH] [--nats-stream NAME] [--nats-subject-prefix P]
+                              [--nats-replicas N] [--nats-duplicate-window-ms MS]
+                              [--nats-max-age-s S] [--nats-max-bytes N]
+                              [--nats-ack-timeout-ms MS] [--nats-max-pending N]]
 
           --listen HOST:PORT  address to listen on (default 127.0.0.1:8780; port 0 picks a free port;
                               IPv6 as [::1]:PORT)
@@ -83,6 +93,34 @@ package struct Options {
           --enable-fault-injection
                               serve /v1/faults (tests only; 404 without it)
 
+        Ingest into NATS JetStream (docs/FLEET.md "Ingest stream (JetStream)"):
+          --nats URL[,URL...] nats://HOST:PORT of one or more servers (comma-separated; the
+                              connection fails over and reconnects through all of them). Each
+                              accepted batch is published to JetStream, Nats-Msg-Id = its
+                              Idempotency-Key, and answered only once JetStream acknowledged it;
+                              the database keeps the keys (long-span dedup) and counters, not
+                              records. Without --nats batches are stored in --db as before
+          --nats-user USER, --nats-password-file PATH
+                              NATS login (password file mode 0600)
+          --nats-creds PATH   a NATS .creds file (user JWT and seed) instead
+          --nats-stream NAME  the JetStream stream (default PYLON_INGEST), created if absent
+          --nats-subject-prefix P
+                              a batch of stream S is published on P.S (default pylon.ingest;
+                              bytes of S other than A-Z a-z 0-9 - _ as %HH); the stream takes P.>
+          --nats-replicas N   stream replicas when creating it (default 1; 3 on a 3-node cluster)
+          --nats-duplicate-window-ms MS
+                              the stream's duplicate window (default 120000)
+          --nats-max-age-s S  messages older than this are removed (default 604800; 0 = never)
+          --nats-max-bytes N  the stream's size bound, oldest removed first (default: none)
+          --nats-ack-timeout-ms MS
+                              no acknowledgement this long after the publish: 503
+                              stream_unavailable, Retry-After: 1 (default 5000)
+          --nats-max-pending N
+                              publishes waiting for acknowledgements; beyond: 503 server_busy,
+                              Retry-After: 1 (default 4096)
+          Until connected and the stream exists, and while the connection is lost, ingest
+          answers 503 stream_unavailable, Retry-After: 1.
+
         Prints "pylon-backend listening on HOST:PORT" on stdout once it accepts connections.
         """
 
@@ -90,6 +128,9 @@ package struct Options {
 
     /// Parses `arguments` (without the program name). `--help` is reported as a `UsageError`
     /// with an empty description.
+    /// The `--nats-*` values while parsing (`nats` once `--nats` is known to be given).
+    private var natsSettings = NATSSettings()
+
     package static func parse(_ arguments: [String]) throws(UsageError) -> Options {
         var o = Options()
         var it = arguments.makeIterator()
@@ -137,6 +178,37 @@ package struct Options {
             case "--enrol-secret-file": o.enrolSecretFile = try value()
             case "--open-enrolment": o.openEnrolment = true
             case "--enable-fault-injection": o.faultInjection = true
+            case "--nats":
+                let v = try value()
+                let urls = v.split(separator: ",").map { String($0).trimmingSpaces }
+                for u in urls where !(u.hasPrefix("nats://") || u.hasPrefix("tls://")) || u.count <= 7 {
+                    throw UsageError(description: "--nats expects nats://HOST:PORT[,nats://HOST:PORT...], got \(u)")
+                }
+                guard !urls.isEmpty else { throw UsageError(description: "--nats needs at least one URL") }
+                o.natsSettings.urls = urls
+            case "--nats-user": o.natsSettings.user = try value()
+            case "--nats-password-file": o.natsPasswordFile = try value()
+            case "--nats-creds": o.natsSettings.credsFile = try value()
+            case "--nats-stream":
+                let v = try value()
+                if let why = JetStreamWire.invalidStreamName(v) { throw UsageError(description: "--nats-stream: \(why)") }
+                o.natsSettings.stream.name = v
+            case "--nats-subject-prefix":
+                let v = try value()
+                if let why = JetStreamWire.invalidPrefix(v) { throw UsageError(description: "--nats-subject-prefix: \(why)") }
+                o.natsSettings.stream.subjectPrefix = v
+            case "--nats-replicas":
+                let n = try positive(try value(), a)
+                guard n <= 5 else { throw UsageError(description: "--nats-replicas is 1...5 (JetStream's limit)") }
+                o.natsSettings.stream.replicas = n
+            case "--nats-duplicate-window-ms": o.natsSettings.stream.duplicateWindowMs = try positive(try value(), a)
+            case "--nats-max-age-s":
+                let v = try value()
+                guard let n = Int(v), n >= 0 else { throw UsageError(description: "--nats-max-age-s expects a non-negative integer") }
+                o.natsSettings.stream.maxAgeS = n
+            case "--nats-max-bytes": o.natsSettings.stream.maxBytes = Int64(try positive(try value(), a))
+            case "--nats-ack-timeout-ms": o.natsSettings.ackTimeoutMs = UInt64(try positive(try value(), a))
+            case "--nats-max-pending": o.natsSettings.maxPending = try positive(try value(), a)
             case "-h", "--help":
                 throw UsageError(description: "")
             default:
@@ -148,6 +220,21 @@ package struct Options {
         }
         if o.mqttDynsec && (o.mqtt == nil || o.mqttUsername == nil) {
             throw UsageError(description: "--mqtt-dynsec needs --mqtt and --mqtt-username")
+        }
+        if o.natsSettings.urls.isEmpty {
+            if o.natsSettings != NATSSettings() || o.natsPasswordFile != nil {
+                throw UsageError(description: "the --nats-* options need --nats")
+            }
+        } else {
+            let s = o.natsSettings
+            if s.credsFile != nil && (s.user != nil || o.natsPasswordFile != nil) {
+                throw UsageError(description: "--nats-creds and --nats-user/--nats-password-file exclude each other")
+            }
+            if (s.user == nil) != (o.natsPasswordFile == nil) {
+                throw UsageError(description: "--nats-user and --nats-password-file go together")
+            }
+            o.natsSettings.stream.maxMessageBytes = o.maxBody
+            o.nats = o.natsSettings
         }
         return o
     }
@@ -165,5 +252,11 @@ package struct Options {
         if host == "localhost" { host = "127.0.0.1" }
         guard !host.isEmpty else { return nil }
         return (host, port)
+    }
+}
+
+extension String {
+    fileprivate var trimmingSpaces: String {
+        String(drop { $0 == " " }.reversed().drop { $0 == " " }.reversed())
     }
 }

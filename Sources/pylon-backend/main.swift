@@ -71,6 +71,15 @@ if let m = options.mqtt {
     o.backoffMaxMs = 5000
     backend.attachBroker(MQTTClient(loop: loop, options: o))
 }
+if var n = options.nats {
+    if let pw = secret(options.natsPasswordFile, "NATS password") { n.password = String(decoding: pw, as: UTF8.self) }
+    do throws(JetStreamPublisher.StartError) {
+        backend.jetstream = try JetStreamPublisher(loop: loop, settings: n)
+    } catch {
+        log.error("cannot start the NATS client", ["error": error.description])
+        System.exit(1)
+    }
+}
 let server: Server
 do {
     server = try Server(
@@ -96,6 +105,8 @@ log.info(
         "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
         "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),
         "faultInjection": options.faultInjection, "dynsec": options.mqttDynsec,
+        "nats": options.nats.map { $0.urls.joined(separator: ",") } ?? "off",
+        "natsStream": options.nats?.stream.name ?? "-",
     ])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
@@ -106,6 +117,7 @@ for sig in [SIGTERM, SIGINT] {
             log.info("stopping", ["signal": s])
             server.close()
             backend.mqtt?.stop()
+            backend.jetstream?.stop()
             for w in signals { w.close() }
         })
 }

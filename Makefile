@@ -3,8 +3,11 @@
 SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev libsystemd-dev python3-pip curl \
-	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian \
-	prometheus
+	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian
+# The broker cluster: libcrypto (ed25519 for the devices' NATS JWTs) and the openssl CLI (tools/pylon-nats-auth).
+DEB_PACKAGES += libssl-dev openssl
+# promtool (Debian's prometheus package) checks the metrics text in MetricsTests.
+DEB_PACKAGES += prometheus
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.
@@ -80,10 +83,10 @@ run: build
 	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
 	wait $$pylond
 
-## pytest for the Python client tests (pip, as the issue asks; Debian's python3 needs --break-system-packages).
+## pytest and mypy for the Python client tests (pip; Debian's python3 needs --break-system-packages).
 pydeps: deps
-	@python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest 2>/dev/null \
-	  || python3 -m pip install -q --break-system-packages pytest
+	@for m in pytest mypy; do python3 -c "import $$m" 2>/dev/null || python3 -m pip install -q $$m 2>/dev/null \
+	  || python3 -m pip install -q --break-system-packages $$m; done
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
 ## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,
@@ -92,7 +95,7 @@ pydeps: deps
 ## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it.
 test: build pydeps
 	$(SWIFT) test --no-parallel
-	$(MAKE) --no-print-directory test-python test-install test-run
+	$(MAKE) --no-print-directory test-python test-install test-run fleet-test
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \
 	else echo "make test: .deb test skipped (not root, no dpkg, pylon installed, or PYLON_TEST_DEB=0)"; fi
@@ -220,6 +223,35 @@ test-asan: deps
 SOAK_SECONDS ?= 120
 soak: release
 	python3 tools/soak.py --bin-dir .build/release --seconds $(SOAK_SECONDS)
+
+# ---- Fleet (docs/FLEET.md) ------------------------------------------------------------------------
+.PHONY: fleet fleet-test
+FLEET_DEVICES ?= 1000
+FLEET_RATE ?= 1
+FLEET_DURATION ?= 120
+FLEET_BACKENDS ?= 2
+FLEET_PYLONDS ?= 2
+## FLEET_FAULTS=1: kill -9 a broker node and a backend, restart PostgreSQL during the load.
+FLEET_FAULTS ?=
+## More pylon-fleet options (pylon-fleet --help), e.g. FLEET_ARGS="--push-every 2 --ramp 500".
+FLEET_ARGS ?=
+
+## Release build, then the server side (PostgreSQL, three nats-server nodes, FLEET_BACKENDS
+## pylon-backend instances behind haproxy, or the embedded default where a piece is missing),
+## FLEET_PYLONDS real pylond instances and pylon-fleet with FLEET_DEVICES devices. Progress on
+## stderr, the JSON summary on stdout; everything stops at the end and on Ctrl-C.
+fleet: deps
+	$(SWIFT) build -c release
+	python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/release --devices $(FLEET_DEVICES) --rate $(FLEET_RATE) \
+	  --duration $(FLEET_DURATION) --backends $(FLEET_BACKENDS) --pylonds $(FLEET_PYLONDS) $(if $(FLEET_FAULTS),--faults) \
+	  -- $(FLEET_ARGS)
+
+## The fleet's smoke test (debug build, about a minute): 50 devices x 5 events/s for 30 s with the
+## three faults, one pylond; fails on any acknowledged event lost or stored twice, a push lost or
+## delivered twice.
+fleet-test: build
+	python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/debug --devices 50 --rate 5 --duration 30 --pylonds 1 --faults \
+	  -- --push-every 1 --broadcast-every 5 --progress 5 --drain-timeout 90 >/dev/null
 
 ## The comparison harness (docs/BENCHMARKS.md), kept outside this repository: ANCHORS=/path/to/it.
 anchors:

@@ -35,6 +35,10 @@ let package = Package(
         // with its libuv adapter) for the ingest stream.
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
+        // libnats's libuv adapter, compiled once (its header defines non-static functions).
+        .target(name: "CNATSLoop", dependencies: ["CNATS", "CLibUV"]),
+        // ed25519 for the NATS JWTs the backend mints as device broker credentials (libcrypto).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -90,9 +94,16 @@ let package = Package(
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
-            name: "PylonBackend", dependencies: ["PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT"],
+            name: "PylonBackend", dependencies: [
+                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop", "CCrypto",
+            ],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
+
+        // The fleet simulator (`make fleet`, docs/FLEET.md): K devices on one libuv loop through
+        // the plugins' own HTTP and MQTT clients.
+        .executableTarget(
+            name: "pylon-fleet", dependencies: ["PylonCore", "PylonHTTP", "PylonMQTT", "PylonStore"], swiftSettings: strict),
 
         // Release-mode benchmark, run by hand (`make bench`).
         .executableTarget(
@@ -126,6 +137,7 @@ let package = Package(
         .testTarget(name: "MATests", dependencies: ["pylon-ma", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
+        .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
         .testTarget(
             name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]

@@ -52,8 +52,10 @@ Priority: optional
 Homepage: https://example.invalid/pylon
 Description: local JSON-RPC bus serving mobile-engagement SDK services
  pylond routes newline-delimited JSON-RPC 2.0 between local clients on a Unix
- socket and supervised plugin executables (uploader, MA analytics). pylonctl is
- its command-line client; pylon-backend is the reference HTTP backend.
+ socket and supervised plugin executables: the batch uploader, MA analytics,
+ push (over MQTT) and the tag manager. pylonctl is its command-line client;
+ pylon-backend is the reference HTTP backend; the Python package "pylon" is the
+ client and plugin helper for the system Python.
  The pylond service runs as the pylon system user, hardened; members of the
  pylon group may connect to /run/pylon/pylon.sock.
 CONTROL
@@ -71,6 +73,11 @@ install -d "$stage/etc/mosquitto/conf.d" "$stage/usr/lib/pylon"
         | sed "s|^plugin /usr/lib/[^/]*/|plugin /usr/lib/$multiarch/|"
 } > "$stage/etc/mosquitto/conf.d/pylon-push.conf"
 install -m 755 tools/pylon-dynsec-init "$stage/usr/lib/pylon/pylon-dynsec-init"
+
+# The Python client and plugin helper, for the system Python (standard library only; typed).
+pydir="$stage/usr/lib/python3/dist-packages/pylon"
+install -d "$pydir"
+install -m 644 clients/python/src/pylon/*.py clients/python/src/pylon/py.typed "$pydir/"
 
 # Documentation: what the man pages and unit files point to, the copyright file and a changelog.
 docdir="$stage/usr/share/doc/pylon"

@@ -24,6 +24,8 @@ struct APIError: Error {
         static let httpVersionNotSupported = Code(rawValue: "http_version_not_supported")
         static let storage = Code(rawValue: "storage_error")
         static let serverBusy = Code(rawValue: "server_busy")
+        /// NATS mode: not connected, the stream not ready, or no acknowledgement in time.
+        static let streamUnavailable = Code(rawValue: "stream_unavailable")
     }
 
     var status: Int
@@ -52,7 +54,13 @@ struct APIError: Error {
             status: 405, code: .methodNotAllowed, message: "\(method) is not allowed here",
             allow: allowed.joined(separator: ", "))
     }
+    /// 500, or what a `StoreError` asks for: 503 with `Retry-After: 1` when the database is
+    /// unreachable, restarting or busy; 400 for text it cannot store.
     static func storage(_ error: any Error) -> APIError {
-        APIError(status: 500, code: .storage, message: "storage failed: \(error)")
+        if let e = error as? StoreError, e.status != 500 {
+            if e.status == 400 { return .badRequest(.invalidRequest, e.description) }
+            return APIError(status: e.status, code: .storage, message: "storage unavailable: \(e)", retryAfter: 1)
+        }
+        return APIError(status: 500, code: .storage, message: "storage failed: \(error)")
     }
 }

@@ -111,7 +111,7 @@ extension Backend {
                 throw .forbidden("the enrolment secret is a device credential, not the operator token")
             }
             if let (id, secret) = DeviceToken.parse(token),
-                let row = try storage({ () throws(SQLiteError) in try store.device(id) }),
+                let row = try storage({ () throws(StoreError) in try store.device(id) }),
                 Credentials.equal(secret.utf8, Array(row.secret.utf8))
             {
                 throw .forbidden("a device token is not the operator token")
@@ -126,7 +126,7 @@ extension Backend {
         }
         guard let token else { throw .unauthorized("a device credential is required (Authorization: Bearer)") }
         if let (id, secret) = DeviceToken.parse(token) {
-            let row = try storage { () throws(SQLiteError) in try store.device(id) }
+            let row = try storage { () throws(StoreError) in try store.device(id) }
             guard let row, Credentials.equal(secret.utf8, Array(row.secret.utf8)) else {
                 throw .unauthorized("invalid device token")
             }

@@ -20,7 +20,7 @@ extension Backend {
         guard let install = body["installId"]?.stringValue, Backend.isValidInstallId(install) else {
             throw .badRequest(.invalidRequest, "installId must be 1 to 64 of [A-Za-z0-9._-]")
         }
-        let existing = try storage { () throws(SQLiteError) in try store.deviceId(installId: install) }
+        let existing = try storage { () throws(StoreError) in try store.deviceId(installId: install) }
         switch principal {
         case .device(_, let own) where own != install:
             throw .forbidden("a device token registers its own install only")
@@ -33,17 +33,22 @@ extension Backend {
         let id = existing ?? System.randomHex(8)
         let secret = System.randomHex(32)
         let now = System.wallClockMs()
-        try storage { () throws(SQLiteError) in try store.saveDevice(id: id, installId: install, secret: secret, now: now) }
+        try storage { () throws(StoreError) in try store.saveDevice(id: id, installId: install, secret: secret, now: now) }
         let token = DeviceToken.make(deviceId: id, secret: secret)
         brokerAddDevice(deviceId: id, installId: install, password: token, renewed: existing != nil)
+        var mqtt: JSONObject = [
+            "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
+            "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
+        ]
+        // A nats-server cluster: the broker password is a user JWT for this device, not the token.
+        if let auth = natsAuth {
+            guard let jwt = auth.deviceJWT(deviceId: id, now: now) else {
+                throw APIError(status: 500, code: .invalidRequest, message: "the device's broker credential could not be signed")
+            }
+            mqtt["password"] = .string(jwt)
+        }
         log.info("device registered", ["deviceId": id, "renewed": existing != nil])
-        return HTTPResponse([
-            "deviceId": .string(id), "token": .string(token),
-            "mqtt": [
-                "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
-                "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
-            ],
-        ])
+        return HTTPResponse(["deviceId": .string(id), "token": .string(token), "mqtt": .object(mqtt)])
     }
 
     /// 1 to 64 of `[A-Za-z0-9._-]` (the MQTT client id is `pylon-push-` and the install id).

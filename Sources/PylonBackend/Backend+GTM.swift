@@ -10,23 +10,31 @@ extension Backend {
     /// `draft`, in which case it becomes the draft served to `gtm_auth` (given, or generated).
     func gtmPublish(_ request: HTTPRequest, id: String) throws(APIError) -> HTTPResponse {
         let body = try jsonBody(request)
-        guard case .object(var top)? = body["container"] else {
+        guard case .object(let top)? = body["container"] else {
             throw .badRequest(.invalidRequest, "container (a JSON object in the legacy resource layout) is required")
         }
         let draft = body["draft"]?.boolValue ?? false
         var auth = body["gtmAuth"]?.stringValue
         if draft, auth == nil { auth = System.randomHex(8) }
         if let a = auth, a.isEmpty || a.utf8.count > 128 { throw .badRequest(.invalidRequest, "gtmAuth must be 1-128 characters") }
-        let version = try storage { () throws(SQLiteError) in try store.gtmNextVersion(id) }
-        // Stamp the version into the container so `_ctv` and the plugin report it.
-        if case .object(var res)? = top["resource"] {
-            res["version"] = .string(String(version))
-            top["resource"] = .object(res)
-        } else {
-            top["version"] = .string(String(version))
+        // The next version is read and stored in one transaction: two instances publishing at
+        // once get versions n+1 and n+2 (the second runs again after the conflict).
+        let version = try storage { () throws(StoreError) -> Int64 in
+            try store.transaction { () throws(StoreError) -> Int64 in
+                let version = try store.gtmNextVersion(id)
+                // Stamp the version into the container so `_ctv` and the plugin report it.
+                var top = top
+                if case .object(var res)? = top["resource"] {
+                    res["version"] = .string(String(version))
+                    top["resource"] = .object(res)
+                } else {
+                    top["version"] = .string(String(version))
+                }
+                let text = JSON.object(top).serialized
+                try store.gtmStore(id, version: version, body: text, draft: draft, auth: auth)
+                return version
+            }
         }
-        let text = JSON.object(top).serialized
-        try storage { () throws(SQLiteError) in try store.gtmStore(id, version: version, body: text, draft: draft, auth: auth) }
         log.info("gtm container version", ["id": id, "version": version, "draft": draft])
         var r: JSONObject = ["containerId": .string(id), "version": .string(String(version)), "published": .bool(!draft)]
         if draft, let auth { r["gtmAuth"] = .string(auth) }
@@ -36,7 +44,7 @@ extension Backend {
     /// `GET /v1/gtm/containers/{id}`: the published version, `ETag: "<id>-v<n>"`; a matching
     /// `If-None-Match` gets 304 with no body.
     func gtmPublished(_ request: HTTPRequest, id: String) throws(APIError) -> HTTPResponse {
-        guard let (version, text) = try storage({ () throws(SQLiteError) in try store.gtmPublished(id) }) else {
+        guard let (version, text) = try storage({ () throws(StoreError) in try store.gtmPublished(id) }) else {
             throw APIError(status: 404, code: .notFound, message: "no published version of container \(id)")
         }
         let etag = "\"\(id)-v\(version)\""
@@ -53,7 +61,7 @@ extension Backend {
 
     /// `GET /v1/gtm/containers/{id}/draft?gtm_auth=...&gtm_preview=...`: the draft, for preview.
     func gtmDraft(_ request: HTTPRequest, id: String) throws(APIError) -> HTTPResponse {
-        guard let (version, text, auth) = try storage({ () throws(SQLiteError) in try store.gtmDraft(id) }) else {
+        guard let (version, text, auth) = try storage({ () throws(StoreError) in try store.gtmDraft(id) }) else {
             throw APIError(status: 404, code: .notFound, message: "container \(id) has no draft")
         }
         guard request.query["gtm_auth"] == auth else {
@@ -67,7 +75,7 @@ extension Backend {
 
     /// `GET /v1/inspect/gtm/containers/{id}`: versions, what is published and drafted, fetch counts.
     func gtmInspect(id: String) throws(APIError) -> HTTPResponse {
-        let s = try storage { () throws(SQLiteError) in try store.gtmSummary(id) }
+        let s = try storage { () throws(StoreError) in try store.gtmSummary(id) }
         var fetches = JSONObject()
         for (k, v) in (gtmFetches[id] ?? [:]).sorted(by: { $0.key < $1.key }) { fetches[k] = .int(Int64(v)) }
         return HTTPResponse([
@@ -95,16 +103,16 @@ extension Store {
         );
         """
 
-    func gtmNextVersion(_ id: String) throws(SQLiteError) -> Int64 {
+    func gtmNextVersion(_ id: String) throws(StoreError) -> Int64 {
         (try db.query("SELECT COALESCE(MAX(version), 0) + 1 FROM gtm_versions WHERE container_id = ?", [.text(id)]).first?.first?.int) ?? 1
     }
 
-    func gtmStore(_ id: String, version: Int64, body: String, draft: Bool, auth: String?) throws(SQLiteError) {
-        try db.transaction { () throws(SQLiteError) in
+    func gtmStore(_ id: String, version: Int64, body: String, draft: Bool, auth: String?) throws(StoreError) {
+        try transaction { () throws(StoreError) in
             try db.run(
                 "INSERT INTO gtm_versions(container_id, version, body, created_at) VALUES (?, ?, ?, ?)",
                 [.text(id), .int(version), .text(body), .int(System.wallClockMs())])
-            try db.run("INSERT OR IGNORE INTO gtm_containers(container_id) VALUES (?)", [.text(id)])
+            try db.run("INSERT INTO gtm_containers(container_id) VALUES (?) ON CONFLICT DO NOTHING", [.text(id)])
             if draft {
                 try db.run(
                     "UPDATE gtm_containers SET draft = ?, draft_auth = ? WHERE container_id = ?",
@@ -115,7 +123,7 @@ extension Store {
         }
     }
 
-    func gtmPublished(_ id: String) throws(SQLiteError) -> (Int64, String)? {
+    func gtmPublished(_ id: String) throws(StoreError) -> (Int64, String)? {
         guard
             let r = try db.query(
                 """
@@ -127,7 +135,7 @@ extension Store {
         return (v, b)
     }
 
-    func gtmDraft(_ id: String) throws(SQLiteError) -> (Int64, String, String)? {
+    func gtmDraft(_ id: String) throws(StoreError) -> (Int64, String, String)? {
         guard
             let r = try db.query(
                 """
@@ -145,7 +153,7 @@ extension Store {
         var draft: Int64?
     }
 
-    func gtmSummary(_ id: String) throws(SQLiteError) -> GTMSummary {
+    func gtmSummary(_ id: String) throws(StoreError) -> GTMSummary {
         let versions = try db.query("SELECT version FROM gtm_versions WHERE container_id = ? ORDER BY version", [.text(id)]).compactMap {
             $0[0].int
         }

@@ -10,8 +10,11 @@ extension Backend {
     func maCall(_ request: HTTPRequest, appKey: String, _ call: MACall) throws(APIError) -> HTTPResponse {
         let body = try jsonBody(request)
         let calls = MACalls(store: store, appKey: appKey, now: System.wallClockMs())
-        let reply = try storage { () throws(SQLiteError) in
-            try store.transaction { () throws(SQLiteError) in try calls.run(call, body) }
+        // A start or identify may merge identities: it holds the advisory locks of what it names
+        // (PostgreSQL), so two instances merging the same identifiers run one after the other.
+        let keys = call == .start || call == .identify ? Store.maLockKeys(appKey, body) : []
+        let reply = try storage { () throws(StoreError) in
+            try store.transaction(locking: keys) { () throws(StoreError) in try calls.run(call, body) }
         }
         log.debug("ma", ["appKey": appKey, "call": call.rawValue, "code": reply["code"]?.intValue ?? 0])
         return HTTPResponse(reply)
@@ -21,7 +24,7 @@ extension Backend {
 
     /// `GET /v1/admin/ma/{appKey}`.
     func maApp(appKey: String) throws(APIError) -> HTTPResponse {
-        HTTPResponse(try storage { () throws(SQLiteError) in try store.maApp(appKey) }.json(appKey: appKey))
+        HTTPResponse(try storage { () throws(StoreError) in try store.maApp(appKey) }.json(appKey: appKey))
     }
 
     /// `POST /v1/admin/ma/{appKey}` with `{"disabled": Bool?, "project": String?}`; answers
@@ -40,8 +43,8 @@ extension Backend {
             default: throw .badRequest(.invalidRequest, "unknown MA setting \(key)")
             }
         }
-        let app = try storage { () throws(SQLiteError) in
-            try store.transaction { () throws(SQLiteError) in
+        let app = try storage { () throws(StoreError) in
+            try store.transaction { () throws(StoreError) in
                 var app = try store.maApp(appKey)
                 if let d = o["disabled"]?.boolValue { app.disabled = d }
                 if let p = o["project"]?.stringValue { app.project = p }
@@ -55,7 +58,7 @@ extension Backend {
 
     /// `GET /v1/admin/ma/{appKey}/metadata`.
     func maMetadata(appKey: String) throws(APIError) -> HTTPResponse {
-        HTTPResponse(try storage { () throws(SQLiteError) in try store.maApp(appKey) }.metadata.json)
+        HTTPResponse(try storage { () throws(StoreError) in try store.maApp(appKey) }.metadata.json)
     }
 
     /// `POST /v1/admin/ma/{appKey}/metadata`: merges definitions (see `MAMetadata.merge`);
@@ -64,8 +67,8 @@ extension Backend {
         let body = try jsonBody(request)
         var check = MAMetadata()
         try check.merge(body)  // validates; the merge below, on the stored metadata, cannot fail
-        let metadata = try storage { () throws(SQLiteError) in
-            try store.transaction { () throws(SQLiteError) in
+        let metadata = try storage { () throws(StoreError) in
+            try store.transaction { () throws(StoreError) in
                 var app = try store.maApp(appKey)
                 try? app.metadata.merge(body)
                 try store.setMAApp(appKey, app)
@@ -92,15 +95,15 @@ extension Backend {
             throw .badRequest(.invalidRequest, "give exactly one of user_id, anonymous_id, email, phone, deviceId")
         }
         let v = kind == .email ? value.lowercased() : value
-        let euid = try storage { () throws(SQLiteError) in try store.maHolder(appKey, kind, v) }
+        let euid = try storage { () throws(StoreError) in try store.maHolder(appKey, kind, v) }
         return HTTPResponse(["euid": euid.map(JSON.string) ?? .null])
     }
 
     /// `GET /v1/inspect/ma/{appKey}/users/{euid}`: everything stored for a user; 404 when
     /// the AppKey has no such user.
     func maInspectUser(appKey: String, euid: String) throws(APIError) -> HTTPResponse {
-        let user = try storage { () throws(SQLiteError) -> JSON? in
-            try store.transaction { () throws(SQLiteError) -> JSON? in
+        let user = try storage { () throws(StoreError) -> JSON? in
+            try store.transaction { () throws(StoreError) -> JSON? in
                 guard try store.maUserExists(appKey, euid) else { return nil }
                 let ids = try store.maIdentities(appKey, euid)
                 func list(_ k: IdentityKind) -> JSON { .array((ids[k] ?? []).map(JSON.string)) }

@@ -48,17 +48,20 @@ extension Backend {
             if j["hello"]?.boolValue == true { self.republish(deviceId: device) }
             let now = System.wallClockMs()
             for id in ids.compactMap(\.stringValue) {
-                do throws(SQLiteError) { try self.store.pushMarkAcked(msgId: id, deviceId: device, now: now) } catch {
+                do throws(StoreError) { try self.store.pushMarkAcked(msgId: id, deviceId: device, now: now) } catch {
                     self.log.error("push: ack not stored", ["error": error.description])
                 }
             }
         }
         // PUBACKs and acks read together are recorded in one transaction.
-        client.onReadBatchBegin = { [unowned self] in try? self.store.db.exec("BEGIN") }
-        client.onReadBatchEnd = { [unowned self] in try? self.store.db.exec("COMMIT") }
-        client.onConnect = { [unowned self] _ in
-            self.brokerConnected()
-            self.republish(deviceId: nil)
+        client.onReadBatchBegin = { [unowned self] in self.store.batch(begin: true) }
+        client.onReadBatchEnd = { [unowned self] in self.store.batch(begin: false) }
+        client.onConnect = { [unowned self] _ in self.brokerConnected() }
+        // Republish once acks can be heard: a clustered broker (nats-server) keeps no ack
+        // published while this clean-session subscription is being re-created, and the device
+        // reports a repeat of an acknowledged message done again.
+        client.onSubscribed = { [unowned self] topic in
+            if topic == Backend.ackTopicFilter { self.republish(deviceId: nil) }
         }
         client.start()
     }
@@ -66,13 +69,13 @@ extension Backend {
     /// Publishes again every send its device has not acknowledged (not yet expired), with the
     /// same message id, so one the broker lost (mosquitto saves its queue only every
     /// `autosave_interval`: a kill -9 loses what it acknowledged since) still arrives; the device
-    /// drops repeats by message id. Run when the backend (re)connects and when a device reports
+    /// drops repeats by message id. Run when the backend's ack subscription is granted (after each (re)connect) and when a device reports
     /// `{"ids": [], "hello": true}` after connecting (its subscription is in place then).
     func republish(deviceId: String?) {
         guard let mqtt, mqtt.state == .connected else { return }
         let limit = deviceId == nil ? PushLimits.maxRepublish : PushLimits.maxRepublishPerDevice
         let rows: [(msgId: String, token: String, deviceId: String, payload: String)]
-        do throws(SQLiteError) { rows = try store.pushUnacked(deviceId: deviceId, limit: limit) } catch {
+        do throws(StoreError) { rows = try store.pushUnacked(deviceId: deviceId, limit: limit) } catch {
             log.error("push: unacknowledged sends not read", ["error": error.description])
             return
         }
@@ -123,8 +126,8 @@ extension Backend {
             {
                 throw .badRequest(.invalidRequest, "token must be 16 to 128 lowercase hex digits")
             }
-            let r = try storage { () throws(SQLiteError) in
-                try store.transaction { () throws(SQLiteError) in
+            let r = try storage { () throws(StoreError) in
+                try store.transaction { () throws(StoreError) in
                     try store.pushRegister(installId: install, renew: renew, given: given, now: now)
                 }
             }
@@ -132,7 +135,7 @@ extension Backend {
             return reply(0, "", ["token": .string(r.token), "previous": r.previous.map { .string($0) } ?? .null])
         }
         guard let token = try field(body, "token"), !token.isEmpty,
-            try storage({ () throws(SQLiteError) in try store.pushTokenBelongs(token, installId: ownInstall) })
+            try storage({ () throws(StoreError) in try store.pushTokenBelongs(token, installId: ownInstall) })
         else {
             return reply(3001, "NEED_DELIVERYTOKEN")
         }
@@ -140,10 +143,12 @@ extension Backend {
         case "bind", "unbind":
             guard let user = try field(body, "userId"), !user.isEmpty else { return reply(3012, "NEED_USERID") }
             if call == "bind" {
-                let prev = try storage { () throws(SQLiteError) in try store.pushBind(token: token, userId: user, now: now) }
+                let prev = try storage { () throws(StoreError) in
+                    try store.transaction { () throws(StoreError) in try store.pushBind(token: token, userId: user, now: now) }
+                }
                 return reply(0, "", ["unbound": prev.map { .string($0) } ?? .null])
             }
-            let removed = try storage { () throws(SQLiteError) in try store.pushUnbind(token: token, userId: user) }
+            let removed = try storage { () throws(StoreError) in try store.pushUnbind(token: token, userId: user) }
             return reply(0, "", ["unbound": .bool(removed)])
         default:  // liveactivity
             guard let act = try field(body, "activityId"), !act.isEmpty, let pt = try field(body, "pushToken"), !pt.isEmpty,
@@ -151,8 +156,8 @@ extension Backend {
             else {
                 return reply(3002, "activityId, pushToken and appId are required")
             }
-            let taken = try storage { () throws(SQLiteError) in
-                try store.transaction { () throws(SQLiteError) -> Bool in
+            let taken = try storage { () throws(StoreError) in
+                try store.transaction { () throws(StoreError) -> Bool in
                     if let holder = try store.pushActivityInstall(act), holder != ownInstall { return true }
                     try store.pushBindActivity(activityId: act, pushToken: pt, token: token, appId: app, now: now)
                     return false
@@ -180,11 +185,13 @@ extension Backend {
         var appId = try field(body, "appId")
         let msgKey = try field(body, "msgKey")
         let now = System.wallClockMs()
-        let resolved = try storage { () throws(SQLiteError) in try store.pushResolve(targetType: targetType, target: target) }
-        if targetType == "activity" { appId = appId ?? resolved.appId }
+        // Resolved again inside the recording transaction (`record` below), so the devices
+        // published to are the ones recorded.
+        let resolvedFirst = try storage { () throws(StoreError) in try store.pushResolve(targetType: targetType, target: target) }
+        if targetType == "activity" { appId = appId ?? resolvedFirst.appId }
         guard let appId, !appId.isEmpty else { throw .badRequest(.invalidRequest, "appId is required") }
         if let k = msgKey,
-            let existing = try storage({ () throws(SQLiteError) in
+            let existing = try storage({ () throws(StoreError) in
                 try store.pushExistingSend(appId: appId, targetType: targetType, target: target, msgKey: k)
             })
         {
@@ -232,19 +239,38 @@ extension Backend {
         guard payload.utf8.count <= PushLimits.maxPayloadBytes else {
             throw .tooLarge("the message exceeds \(PushLimits.maxPayloadBytes) bytes")
         }
-        let tokens = resolved.devices.map(\.token)
-        try storage { () throws(SQLiteError) in
-            try store.transaction { () throws(SQLiteError) in
+        // The msgKey check and the record are one serializable transaction: of two sends with
+        // the same msgKey at once (on two instances), one records and publishes, the other
+        // conflicts, runs again and answers the first one's msgId as a duplicate.
+        enum Recorded {
+            case duplicate(String)
+            case sent([(token: String, deviceId: String)])
+        }
+        let recorded = try storage { () throws(StoreError) -> Recorded in
+            try store.transaction { () throws(StoreError) -> Recorded in
+                if let k = msgKey,
+                    let existing = try store.pushExistingSend(appId: appId, targetType: targetType, target: target, msgKey: k)
+                {
+                    return .duplicate(existing)
+                }
+                let devices = try store.pushResolve(targetType: targetType, target: target).devices
                 try store.pushRecordSend(
                     msgId: msgId, appId: appId, targetType: targetType, target: target, msgKey: msgKey,
-                    payload: payload, tokens: tokens, now: now)
+                    payload: payload, tokens: devices.map(\.token), now: now)
+                return .sent(devices)
             }
         }
+        let resolved: (devices: [(token: String, deviceId: String)], appId: String?)
+        switch recorded {
+        case .duplicate(let existing): return HTTPResponse(["msgId": .string(existing), "devices": 0, "duplicate": true])
+        case .sent(let devices): resolved = (devices, appId)
+        }
+        let tokens = resolved.devices.map(\.token)
         let bytes = Array(payload.utf8)
         for (t, device) in resolved.devices {
             mqtt.publish(Backend.deviceTopic(device), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
                 guard ok else { self.log.warn("push: publish failed", ["msgId": msgId, "token": t]); return }
-                do throws(SQLiteError) { try self.store.pushMark("puback_at", msgId: msgId, token: t, now: System.wallClockMs()) } catch {}
+                do throws(StoreError) { try self.store.pushMark("puback_at", msgId: msgId, token: t, now: System.wallClockMs()) } catch {}
             }
         }
         log.debug("push: sent", ["msgId": msgId, "targetType": targetType, "devices": tokens.count])
@@ -253,8 +279,8 @@ extension Backend {
 
     /// `GET /v1/inspect/push/{bindings|sends|deliveries|opens}` (`?msgId=` filters deliveries).
     func pushInspect(_ request: HTTPRequest, _ what: String) throws(APIError) -> HTTPResponse {
-        func q(_ sql: String, _ args: [SQLValue] = []) throws(APIError) -> [[SQLValue]] {
-            try storage { () throws(SQLiteError) in try store.pushQuery(sql, args) }
+        func q(_ sql: String, _ args: [SQLBind] = []) throws(APIError) -> [[SQLValue]] {
+            try storage { () throws(StoreError) in try store.pushQuery(sql, args) }
         }
         func v(_ x: SQLValue) -> JSON {
             switch x {
@@ -299,7 +325,7 @@ extension Backend {
                     })
             ])
         default:  // opens: the push.opens stream the uploader delivers
-            let rows = try storage { () throws(SQLiteError) in try store.records(stream: "push.opens", after: 0, limit: 10_000) }
+            let rows = try storage { () throws(StoreError) in try store.records(stream: "push.opens", after: 0, limit: 10_000) }
             return HTTPResponse([
                 "opens": .array(
                     rows.map { r in

@@ -24,10 +24,15 @@ package final class Backend {
     package var faultsEnabled = false
     /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
     package var dynsec = false
+    /// The broker is a nats-server cluster with JWT auth (`--mqtt-nats-auth`): registration
+    /// mints each device's broker credential (`NATSAuth.swift`).
+    package var natsAuth: NATSAuth?
     /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
     package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).
     var pendingDynsec: [String: [UInt8]] = [:]
+    /// NATS mode (`--nats`): batches go to the JetStream ingest stream (`Backend+Ingest.swift`).
+    package var jetstream: JetStreamPublisher?
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -72,6 +77,9 @@ package final class Backend {
         let response: HTTPResponse
         do throws(APIError) {
             let (endpoint, principal) = try admitted.get()
+            if case .ingest(let stream) = endpoint, let js = jetstream {
+                return try ingestToStream(request, stream: stream, js)
+            }
             response = try route(request, endpoint, principal)
         } catch {
             response = HTTPResponse(error)
@@ -130,27 +138,21 @@ package final class Backend {
     // MARK: Endpoints
 
     private func ingest(_ request: HTTPRequest, stream: String) throws(APIError) -> HTTPResponse {
-        guard let key = request.header("idempotency-key") else {
-            throw .badRequest(.missingIdempotencyKey, "the Idempotency-Key header is required")
-        }
-        if let why = Router.invalidName(key, what: "Idempotency-Key") { throw .badRequest(.invalidRequest, why) }
+        let key = try idempotencyKey(request)
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
-        do throws(SQLiteError) {
+        do throws(StoreError) {
             r = try store.ingest(batch, receivedAt: System.wallClockMs())
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
             throw .storage(error)
         }
         log.debug("batch", ["stream": stream, "key": key, "accepted": r.accepted, "duplicates": r.duplicates])
-        return HTTPResponse([
-            "accepted": .int(Int64(r.accepted)), "duplicates": .int(Int64(r.duplicates)),
-            "duplicateBatch": .bool(r.duplicateBatch),
-        ])
+        return Backend.ingestAnswer(accepted: r.accepted, duplicates: r.duplicates, duplicateBatch: r.duplicateBatch, seq: nil)
     }
 
     private func inspect(stream: String) throws(APIError) -> HTTPResponse {
-        let s = try storage { () throws(SQLiteError) in try store.summary(stream: stream) }
+        let s = try storage { () throws(StoreError) in try store.summary(stream: stream) }
         return HTTPResponse([
             "stream": .string(stream), "records": .int(s.records), "batches": .int(s.batches),
             "duplicateRecords": .int(s.duplicateRecords), "duplicateBatches": .int(s.duplicateBatches),
@@ -171,7 +173,7 @@ package final class Backend {
             guard let n = Int64(a), n >= 0 else { throw .badRequest(.invalidRequest, "after must be a non-negative integer") }
             after = n
         }
-        let rows = try storage { () throws(SQLiteError) in
+        let rows = try storage { () throws(StoreError) in
             try store.records(stream: stream, after: after, limit: limit, maxBytes: Limits.maxRecordsPageBytes)
         }
         var list: [JSON] = []
@@ -187,18 +189,20 @@ package final class Backend {
     }
 
     private func statsResponse() throws(APIError) -> HTTPResponse {
-        let t = try storage { () throws(SQLiteError) in try store.totals() }
-        return HTTPResponse([
+        let t = try storage { () throws(StoreError) in try store.totals() }
+        var o: JSONObject = [
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
             "batches": .int(t.batches), "records": .int(t.records),
             "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
             "faultsInjected": .int(Int64(stats.faultsInjected)), "refused": .int(Int64(stats.refused)),
             "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
-        ])
+        ]
+        if let n = natsStatsJSON { o["nats"] = n }
+        return HTTPResponse(.object(o))
     }
 
     private func reset() throws(APIError) -> HTTPResponse {
-        try storage { () throws(SQLiteError) in try store.reset() }
+        try storage { () throws(StoreError) in try store.reset() }
         faults = FaultState()
         stats = Stats()
         gtmFetches = [:]
@@ -209,7 +213,7 @@ package final class Backend {
     // MARK: Helpers
 
     /// The body after `Content-Encoding` (identity or gzip; gunzipped to at most `maxBody`).
-    private func decodedBody(_ request: HTTPRequest) throws(APIError) -> [UInt8] {
+    func decodedBody(_ request: HTTPRequest) throws(APIError) -> [UInt8] {
         let encoding = request.header("content-encoding")?.lowercased() ?? "identity"
         switch encoding {
         case "identity", "": return request.body
@@ -233,8 +237,8 @@ package final class Backend {
         try parseJSONBody(try decodedBody(request))
     }
 
-    func storage<T>(_ body: () throws(SQLiteError) -> T) throws(APIError) -> T {
-        do throws(SQLiteError) {
+    func storage<T>(_ body: () throws(StoreError) -> T) throws(APIError) -> T {
+        do throws(StoreError) {
             return try body()
         } catch {
             log.error("storage failed", ["error": error.description])

@@ -15,6 +15,48 @@ package enum Disposition {
     case respond(HTTPResponse, delayMs: UInt64)
     /// Answer nothing and close the connection (injected "dropped connection").
     case drop
+    /// Answer when `answer` is given one (`DeferredAnswer.answer`): the ingest path in NATS mode
+    /// answers once JetStream acknowledged. The application bounds the wait (its own deadline
+    /// answers 503); until then the connection answers nothing after this request, as with a
+    /// response held back by injected latency.
+    case later(DeferredAnswer)
+}
+
+/// A response the application gives after `handle` returned (`Disposition.later`). Loop thread
+/// only. Answered at most once; an answer for a connection that closed meanwhile is dropped.
+package final class DeferredAnswer {
+    private var deliver: ((HTTPResponse) -> Void)?
+    /// An answer given before the connection took the request (kept until `take`).
+    private var early: HTTPResponse?
+    private(set) var answered = false
+
+    package init() {}
+
+    /// Gives the response (ignored after the first).
+    func answer(_ response: HTTPResponse) {
+        guard !answered else { return }
+        answered = true
+        if let d = deliver {
+            deliver = nil
+            d(response)
+        } else {
+            early = response
+        }
+    }
+
+    /// Called by the connection: the response if it was already given, else nil and `deliver`
+    /// is called with it later.
+    fileprivate func take(_ deliver: @escaping (HTTPResponse) -> Void) -> HTTPResponse? {
+        if let e = early {
+            early = nil
+            return e
+        }
+        if !answered { self.deliver = deliver }
+        return nil
+    }
+
+    /// The connection closed: a later answer goes nowhere.
+    fileprivate func cancel() { deliver = nil }
 }
 
 /// One accepted HTTP/1.1 client connection on a `uv_tcp_t`.
@@ -87,6 +129,8 @@ final class HTTPConnection: UVHandleOwner {
     private var outputBlocked = false
     /// A response held back by injected latency, and how to frame it.
     private var held: (response: HTTPResponse, framing: Framing)?
+    /// A request answered later (`Disposition.later`), and how to frame its response.
+    private var awaiting: (answer: DeferredAnswer, framing: Framing)?
     private var delayTimer: Timer?
     /// Armed for the deadline in force (`armDeadline`), or for the linger period.
     private var deadlineTimer: Timer?
@@ -165,7 +209,7 @@ final class HTTPConnection: UVHandleOwner {
         switch state {
         case .closed: nil
         case .lingering: (0, 0, serial)
-        case .open, .ending: held != nil ? nil : (1, deadlines.idleSince, serial)
+        case .open, .ending: held != nil || awaiting != nil ? nil : (1, deadlines.idleSince, serial)
         }
     }
 
@@ -304,7 +348,7 @@ final class HTTPConnection: UVHandleOwner {
     }
 
     /// True when a `100 Continue` written now would not overtake an earlier response.
-    var canSendContinue: Bool { queue.count == queueHead && held == nil && state == .open }
+    var canSendContinue: Bool { queue.count == queueHead && held == nil && awaiting == nil && state == .open }
 
     /// Queues a `100 Continue` interim response (flushed after the current read).
     func sendContinue() { pending.append("HTTP/1.1 100 Continue\r\n\r\n") }
@@ -336,7 +380,7 @@ final class HTTPConnection: UVHandleOwner {
     /// Answers queued requests until one is held back by injected latency, the output is over
     /// `Limits.maxPendingOutput`, or the queue is empty.
     private func answerQueued() {
-        while held == nil, !outputBlocked, state == .open || state == .ending, queueHead < queue.count {
+        while held == nil, awaiting == nil, !outputBlocked, state == .open || state == .ending, queueHead < queue.count {
             let item = queue[queueHead]
             queueHead += 1
             switch item {
@@ -354,6 +398,12 @@ final class HTTPConnection: UVHandleOwner {
                     delayTimer?.start(after: delayMs)
                 case .respond(let response, _):
                     emit(response, framing)
+                case .later(let answer):
+                    if let response = answer.take({ [weak self] r in self?.deliverLater(r) }) {
+                        emit(response, framing)
+                    } else {
+                        awaiting = (answer, framing)
+                    }
                 }
             }
             if writer.queuedBytes > Limits.maxPendingOutput { flush() }
@@ -372,6 +422,14 @@ final class HTTPConnection: UVHandleOwner {
         } else if writer.queuedBytes <= Limits.pendingOutputLowWater {
             outputBlocked = false
         }
+    }
+
+    /// The deferred answer arrived: write it and go on with the queue.
+    private func deliverLater(_ response: HTTPResponse) {
+        guard let a = awaiting, state != .closed else { return }
+        awaiting = nil
+        emit(response, a.framing)
+        pump()
     }
 
     private func releaseHeld() {
@@ -449,7 +507,9 @@ final class HTTPConnection: UVHandleOwner {
     /// In `ending`, once everything is answered and written: close if the client already shut
     /// down, else shut down our side and linger.
     private func maybeFinish() {
-        guard state == .ending, queueHead == queue.count, held == nil, writer.queuedBytes == 0 else { return }
+        guard state == .ending, queueHead == queue.count, held == nil, awaiting == nil, writer.queuedBytes == 0 else {
+            return
+        }
         if peerDone {
             close()
             return
@@ -467,7 +527,7 @@ final class HTTPConnection: UVHandleOwner {
 
     /// The deadline in force while open or ending (`lingering` has its own, set once).
     private var currentDeadline: (at: UInt64, expiry: ConnectionDeadlines.Expiry)? {
-        deadlines.next(reading: state == .open && reading, held: held != nil)
+        deadlines.next(reading: state == .open && reading, held: held != nil || awaiting != nil)
     }
 
     /// Arms the timer for the deadline in force, or stops it when none is.
@@ -514,6 +574,8 @@ final class HTTPConnection: UVHandleOwner {
         state = .closed
         if reading { uv_read_stop(stream) }
         reading = false
+        awaiting?.answer.cancel()
+        awaiting = nil
         delayTimer?.close()
         deadlineTimer?.close()
         delayTimer = nil

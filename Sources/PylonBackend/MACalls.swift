@@ -14,7 +14,7 @@ struct MACalls {
     let now: Int64
 
     /// The reply body (always answered with HTTP 200).
-    func run(_ call: MACall, _ body: JSON) throws(SQLiteError) -> JSON {
+    func run(_ call: MACall, _ body: JSON) throws(StoreError) -> JSON {
         let app = try store.maApp(appKey, withMetadata: call == .properties)
         if app.disabled { return MAError.maDisabled.body }
         guard let o = body.objectValue else { return MAError.invalid("body must be a JSON object").body }
@@ -31,7 +31,7 @@ struct MACalls {
     /// Resolves the device's identity (without per-field results) and answers the EUID and
     /// the current project. A start naming another project is not refused: start is how a
     /// client learns the new one after -6.
-    private func start(_ o: JSONObject, _ app: Store.MAApp) throws(SQLiteError) -> JSON {
+    private func start(_ o: JSONObject, _ app: Store.MAApp) throws(StoreError) -> JSON {
         let req: MARequest.Start
         do throws(MAError) { req = try MARequest.start(o) } catch { return error.body }
         let current = try store.maHolder(appKey, .device, req.deviceID)
@@ -40,7 +40,7 @@ struct MACalls {
     }
 
     /// The current user is the request's `euid` when the server knows it, else the device's.
-    private func identify(_ o: JSONObject) throws(SQLiteError) -> JSON {
+    private func identify(_ o: JSONObject) throws(StoreError) -> JSON {
         let req: MARequest.Identify
         do throws(MAError) { req = try MARequest.identify(o) } catch { return error.body }
         if req.identity.valid.isEmpty {
@@ -59,7 +59,7 @@ struct MACalls {
         return ["code": 0, "euid": .string(r.euid), "fields": MACalls.fieldsJSON(fields)]
     }
 
-    private func contacts(_ o: JSONObject) throws(SQLiteError) -> JSON {
+    private func contacts(_ o: JSONObject) throws(StoreError) -> JSON {
         let req: MARequest.Contacts
         do throws(MAError) { req = try MARequest.contacts(o) } catch { return error.body }
         guard var c = try store.maDocument(appKey, req.euid, .contacts) else { return MAError.unknownUser.body }
@@ -68,7 +68,7 @@ struct MACalls {
         return ["code": 0]
     }
 
-    private func channel(_ o: JSONObject) throws(SQLiteError) -> JSON {
+    private func channel(_ o: JSONObject) throws(StoreError) -> JSON {
         let req: MARequest.Channel
         do throws(MAError) { req = try MARequest.channel(o) } catch { return error.body }
         guard try store.maUserExists(appKey, req.euid) else { return MAError.unknownUser.body }
@@ -76,7 +76,7 @@ struct MACalls {
         return ["code": 0]
     }
 
-    private func properties(_ o: JSONObject, _ app: Store.MAApp) throws(SQLiteError) -> JSON {
+    private func properties(_ o: JSONObject, _ app: Store.MAApp) throws(StoreError) -> JSON {
         let req: MARequest.Properties
         do throws(MAError) { req = try MARequest.properties(o) } catch { return error.body }
         guard let props = try store.maDocument(appKey, req.euid, .properties) else { return MAError.unknownUser.body }
@@ -92,7 +92,7 @@ struct MACalls {
     /// new, attaches the identifiers, binds the device to it.
     private func resolve(
         _ valid: [IdentityKind: String], deviceID: String, current: String?
-    ) throws(SQLiteError) -> (euid: String, fields: [IdentityKind: FieldResult]) {
+    ) throws(StoreError) -> (euid: String, fields: [IdentityKind: FieldResult]) {
         let r = IdentityResolver.resolve(valid, try store.maGraphView(appKey, valid, current: current))
         let euid: String
         if let existing = r.euid {

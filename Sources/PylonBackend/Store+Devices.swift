@@ -19,19 +19,19 @@ extension Store {
         var secret: String
     }
 
-    func device(_ id: String) throws(SQLiteError) -> DeviceRow? {
+    func device(_ id: String) throws(StoreError) -> DeviceRow? {
         guard let r = try db.query("SELECT install_id, secret FROM devices WHERE device_id = ?", [.text(id)]).first,
             let i = r[0].text, let s = r[1].text
         else { return nil }
         return DeviceRow(installId: i, secret: s)
     }
 
-    func deviceId(installId: String) throws(SQLiteError) -> String? {
+    func deviceId(installId: String) throws(StoreError) -> String? {
         try db.query("SELECT device_id FROM devices WHERE install_id = ?", [.text(installId)]).first?.first?.text
     }
 
     /// Creates the install's device, or gives it a new secret (the old token stops working).
-    func saveDevice(id: String, installId: String, secret: String, now: Int64) throws(SQLiteError) {
+    func saveDevice(id: String, installId: String, secret: String, now: Int64) throws(StoreError) {
         try db.run(
             """
             INSERT INTO devices (device_id, install_id, secret, created_at) VALUES (?, ?, ?, ?)
@@ -40,12 +40,12 @@ extension Store {
             [.text(id), .text(installId), .text(secret), .int(now)])
     }
 
-    func deviceCount() throws(SQLiteError) -> Int64 {
+    func deviceCount() throws(StoreError) -> Int64 {
         try db.query("SELECT count(*) FROM devices").first?.first?.int ?? 0
     }
 
     /// Whether push token `token` is an active token of install `installId`.
-    func pushTokenBelongs(_ token: String, installId: String) throws(SQLiteError) -> Bool {
+    func pushTokenBelongs(_ token: String, installId: String) throws(StoreError) -> Bool {
         !(try db.query("SELECT 1 FROM push_devices WHERE token = ? AND install_id = ? AND active = 1", [.text(token), .text(installId)]))
             .isEmpty
     }

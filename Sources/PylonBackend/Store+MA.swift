@@ -74,7 +74,7 @@ extension Store {
 
     /// The AppKey's state; its metadata is parsed only when `withMetadata` (only property calls
     /// and the admin API use it, and every MA call reads `disabled` and `project`).
-    func maApp(_ appKey: String, withMetadata: Bool = true) throws(SQLiteError) -> MAApp {
+    func maApp(_ appKey: String, withMetadata: Bool = true) throws(StoreError) -> MAApp {
         let sql =
             withMetadata
             ? "SELECT disabled, project, metadata FROM ma_apps WHERE app_key = ?"
@@ -85,7 +85,7 @@ extension Store {
             metadata: withMetadata ? MAMetadata.stored(row[2].text ?? "") : MAMetadata())
     }
 
-    func setMAApp(_ appKey: String, _ app: MAApp) throws(SQLiteError) {
+    func setMAApp(_ appKey: String, _ app: MAApp) throws(StoreError) {
         try db.run(
             """
             INSERT INTO ma_apps (app_key, disabled, project, metadata) VALUES (?, ?, ?, ?)
@@ -96,12 +96,12 @@ extension Store {
 
     // MARK: Identity graph
 
-    func maUserExists(_ appKey: String, _ euid: String) throws(SQLiteError) -> Bool {
+    func maUserExists(_ appKey: String, _ euid: String) throws(StoreError) -> Bool {
         !(try db.query("SELECT 1 FROM ma_users WHERE app_key = ? AND euid = ?", [.text(appKey), .text(euid)])).isEmpty
     }
 
     /// The EUID holding identifier `value` of `kind`, if any.
-    func maHolder(_ appKey: String, _ kind: IdentityKind, _ value: String) throws(SQLiteError) -> String? {
+    func maHolder(_ appKey: String, _ kind: IdentityKind, _ value: String) throws(StoreError) -> String? {
         try db.query(
             "SELECT euid FROM ma_identities WHERE app_key = ? AND kind = ? AND value = ?",
             [.text(appKey), .text(kind.rawValue), .text(value)]
@@ -109,7 +109,7 @@ extension Store {
     }
 
     /// Every identifier of a user, by kind, in attach order.
-    func maIdentities(_ appKey: String, _ euid: String) throws(SQLiteError) -> [IdentityKind: [String]] {
+    func maIdentities(_ appKey: String, _ euid: String) throws(StoreError) -> [IdentityKind: [String]] {
         var out: [IdentityKind: [String]] = [:]
         for row in try db.query(
             "SELECT kind, value FROM ma_identities WHERE app_key = ? AND euid = ? ORDER BY seq",
@@ -123,7 +123,7 @@ extension Store {
 
     /// What resolving `valid` needs to know: the holder of each value and the single-valued
     /// identifiers of each user involved.
-    func maGraphView(_ appKey: String, _ valid: [IdentityKind: String], current: String?) throws(SQLiteError) -> IdentityGraphView {
+    func maGraphView(_ appKey: String, _ valid: [IdentityKind: String], current: String?) throws(StoreError) -> IdentityGraphView {
         var view = IdentityGraphView(current: current)
         for (kind, value) in valid {
             if let h = try maHolder(appKey, kind, value) { view.holder[kind] = h }
@@ -136,7 +136,7 @@ extension Store {
     }
 
     /// Creates a user with a new random EUID (32 lower-case hex digits) and returns it.
-    func maCreateUser(_ appKey: String, at now: Int64) throws(SQLiteError) -> String {
+    func maCreateUser(_ appKey: String, at now: Int64) throws(StoreError) -> String {
         var euid = ""
         repeat {
             euid = System.randomHex(16)
@@ -148,23 +148,42 @@ extension Store {
     }
 
     /// Attaches an identifier that no user holds.
-    func maAttach(_ appKey: String, _ euid: String, _ kind: IdentityKind, _ value: String) throws(SQLiteError) {
+    func maAttach(_ appKey: String, _ euid: String, _ kind: IdentityKind, _ value: String) throws(StoreError) {
         try db.run(
             "INSERT INTO ma_identities (app_key, kind, value, euid) VALUES (?, ?, ?, ?)",
             [.text(appKey), .text(kind.rawValue), .text(value), .text(euid)])
     }
 
-    /// Binds a device to a user, moving it from any other user.
-    func maBindDevice(_ appKey: String, _ deviceID: String, to euid: String) throws(SQLiteError) {
+    /// Binds a device to a user, moving it from any other user (it becomes the user's latest
+    /// device: a new `seq`).
+    func maBindDevice(_ appKey: String, _ deviceID: String, to euid: String) throws(StoreError) {
         try db.run(
-            "INSERT OR REPLACE INTO ma_identities (app_key, kind, value, euid) VALUES (?, 'device', ?, ?)",
+            "DELETE FROM ma_identities WHERE app_key = ? AND kind = 'device' AND value = ?", [.text(appKey), .text(deviceID)])
+        try db.run(
+            "INSERT INTO ma_identities (app_key, kind, value, euid) VALUES (?, 'device', ?, ?)",
             [.text(appKey), .text(deviceID), .text(euid)])
+    }
+
+    /// The advisory lock keys of an identity merge (`Store.transaction(locking:)`): each
+    /// identifier a start or identify names, its device and its EUID. Two instances resolving
+    /// the same identifiers at once then run one after the other.
+    static func maLockKeys(_ appKey: String, _ body: JSON) -> [Int64] {
+        var keys: [Int64] = []
+        if let d = body["deviceId"]?.stringValue { keys.append(lockKey("ma", appKey, IdentityKind.device.rawValue, d)) }
+        if let e = body["euid"]?.stringValue { keys.append(lockKey("ma", appKey, "euid", e)) }
+        if let identity = body["identity"]?.objectValue {
+            for kind in IdentityKind.sendable {
+                guard let v = identity[kind.rawValue]?.stringValue else { continue }
+                keys.append(lockKey("ma", appKey, kind.rawValue, kind == .email ? v.lowercased() : v))
+            }
+        }
+        return keys
     }
 
     // MARK: User data
 
     /// A user's document; nil when the user does not exist (unreadable JSON counts as `{}`).
-    func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(SQLiteError) -> JSONObject? {
+    func maDocument(_ appKey: String, _ euid: String, _ doc: MADocument) throws(StoreError) -> JSONObject? {
         guard
             let row = try db.query(
                 "SELECT \(doc.rawValue) FROM ma_users WHERE app_key = ? AND euid = ?",
@@ -174,20 +193,20 @@ extension Store {
         return row[0].text.flatMap { try? JSON.parse($0, maxDepth: Limits.maxJSONDepth + 1).objectValue } ?? JSONObject()
     }
 
-    func setMADocument(_ appKey: String, _ euid: String, _ doc: MADocument, _ value: JSONObject) throws(SQLiteError) {
+    func setMADocument(_ appKey: String, _ euid: String, _ doc: MADocument, _ value: JSONObject) throws(StoreError) {
         try db.run(
             "UPDATE ma_users SET \(doc.rawValue) = ? WHERE app_key = ? AND euid = ?",
             [.text(JSON.object(value).serialized), .text(appKey), .text(euid)])
     }
 
-    func maAppendChannelValues(_ appKey: String, _ euid: String, channelID: Int64, _ values: [String]) throws(SQLiteError) {
+    func maAppendChannelValues(_ appKey: String, _ euid: String, channelID: Int64, _ values: [String]) throws(StoreError) {
         try db.run(
             "INSERT INTO ma_channel_values (app_key, euid, channel_id, vals) VALUES (?, ?, ?, ?)",
             [.text(appKey), .text(euid), .int(channelID), .text(JSON.array(values.map(JSON.string)).serialized)])
     }
 
     /// Every channel call of a user, in call order: `[{"channelId", "values"}]`.
-    func maChannelValues(_ appKey: String, _ euid: String) throws(SQLiteError) -> [JSON] {
+    func maChannelValues(_ appKey: String, _ euid: String) throws(StoreError) -> [JSON] {
         try db.query(
             "SELECT channel_id, vals FROM ma_channel_values WHERE app_key = ? AND euid = ? ORDER BY seq",
             [.text(appKey), .text(euid)]

@@ -1,6 +1,7 @@
 import PylonStore
 
-/// The database format (`PRAGMA user_version`) and the migration of older files at open.
+/// The database format (SQLite: `PRAGMA user_version`; PostgreSQL: table `pylon_format`) and the
+/// migration of older SQLite files at open.
 ///
 /// - 0: earlier releases. `batches` keyed by its `key` text; each `records` row carried its
 ///   stream name and batch key as text.
@@ -12,20 +13,20 @@ extension Store {
 
     /// Why `Store.init` failed.
     package enum OpenError: Error, CustomStringConvertible {
-        case sqlite(SQLiteError)
-        /// The file's format is newer than this backend's: it is left untouched.
+        case storage(StoreError)
+        /// The database's format is newer than this backend's: it is left untouched.
         case newerFormat(Int)
 
         package var description: String {
             switch self {
-            case .sqlite(let e): return e.description
+            case .storage(let e): return e.description
             case .newerFormat(let v): return "database format \(v) is newer than this backend's (\(Store.format))"
             }
         }
     }
 
     /// The file's format (`PRAGMA user_version`; 0 for a new file).
-    func storedFormat() throws(SQLiteError) -> Int {
+    func storedFormat() throws(StoreError) -> Int {
         Int(try db.query("PRAGMA user_version").first?.first?.int ?? 0)
     }
 
@@ -33,11 +34,11 @@ extension Store {
     /// in one transaction, keeping every batch and record, each record's `seq`, and the point
     /// `seq` continues from (it keeps increasing after a reset). A new database has no tables
     /// yet and is left to `schema`.
-    func migrate(from version: Int) throws(SQLiteError) {
+    func migrate(from version: Int) throws(StoreError) {
         guard version == 0, !(try db.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'records'")).isEmpty else {
             return
         }
-        try db.transaction { () throws(SQLiteError) in
+        try transaction { () throws(StoreError) in
             // The old indexes go first: their names are the new tables' (and would follow the
             // renamed tables, so `schema`'s CREATE INDEX IF NOT EXISTS would skip them).
             try db.exec(
@@ -65,6 +66,36 @@ extension Store {
                 DROP TABLE batches_v0;
                 """)
             try db.exec("PRAGMA user_version = \(Store.format)")
+        }
+    }
+
+    /// The advisory lock held while a backend creates or checks the PostgreSQL schema (two
+    /// instances starting at once would otherwise race on `CREATE TABLE IF NOT EXISTS`).
+    static let schemaLockKey = Store.lockKey("pylon-backend", "schema")
+
+    /// Creates the PostgreSQL schema if absent (every table of `schemas`, in the PostgreSQL
+    /// dialect) and records `format` in `pylon_format`; a database of a newer format is refused.
+    func openPostgres() throws(OpenError) {
+        var version = 0
+        do throws(StoreError) {
+            try db.lock([Store.schemaLockKey])
+            defer { db.unlock([Store.schemaLockKey]) }
+            try db.exec("CREATE TABLE IF NOT EXISTS pylon_format (version BIGINT NOT NULL)")
+            version = Int(try db.query("SELECT max(version) FROM pylon_format").first?.first?.int ?? 0)
+            if version <= Store.format {
+                for s in Store.schemas { try db.exec(db.dialect.schema(s)) }
+                if version < Store.format {
+                    try db.run("DELETE FROM pylon_format", [])
+                    try db.run("INSERT INTO pylon_format (version) VALUES (?)", [.int(Int64(Store.format))])
+                }
+            }
+        } catch {
+            db.close()
+            throw .storage(error)
+        }
+        if version > Store.format {
+            db.close()
+            throw .newerFormat(version)
         }
     }
 }

@@ -63,7 +63,7 @@ extension Store {
 
     /// The install's token: its current one, a new one when `renew`, or `given` (a token the
     /// device obtained elsewhere) which then replaces the current one.
-    func pushRegister(installId: String, renew: Bool, given: String? = nil, now: Int64) throws(SQLiteError) -> (
+    func pushRegister(installId: String, renew: Bool, given: String? = nil, now: Int64) throws(StoreError) -> (
         token: String, previous: String?
     ) {
         let cur = try db.query("SELECT token FROM push_devices WHERE install_id = ? AND active = 1", [.text(installId)]).first?.first?.text
@@ -80,41 +80,45 @@ extension Store {
         return (token, cur)
     }
 
-    func pushDeviceActive(_ token: String) throws(SQLiteError) -> Bool {
+    func pushDeviceActive(_ token: String) throws(StoreError) -> Bool {
         !(try db.query("SELECT 1 FROM push_devices WHERE token = ? AND active = 1", [.text(token)])).isEmpty
     }
 
     /// Binds `token` to `userId`; answers the user it was bound to before (if another).
-    func pushBind(token: String, userId: String, now: Int64) throws(SQLiteError) -> String? {
+    func pushBind(token: String, userId: String, now: Int64) throws(StoreError) -> String? {
         let prev = try db.query("SELECT user_id FROM push_bindings WHERE token = ?", [.text(token)]).first?.first?.text
         try db.run(
-            "INSERT OR REPLACE INTO push_bindings (token, user_id, bound_at) VALUES (?, ?, ?)",
-            [.text(token), .text(userId), .int(now)])
+            """
+            INSERT INTO push_bindings (token, user_id, bound_at) VALUES (?, ?, ?)
+            ON CONFLICT (token) DO UPDATE SET user_id = excluded.user_id, bound_at = excluded.bound_at
+            """, [.text(token), .text(userId), .int(now)])
         return prev == userId ? nil : prev
     }
 
-    func pushUnbind(token: String, userId: String) throws(SQLiteError) -> Bool {
-        try db.run("DELETE FROM push_bindings WHERE token = ? AND user_id = ?", [.text(token), .text(userId)])
-        return db.changes > 0
+    func pushUnbind(token: String, userId: String) throws(StoreError) -> Bool {
+        try db.run("DELETE FROM push_bindings WHERE token = ? AND user_id = ?", [.text(token), .text(userId)]) > 0
     }
 
-    func pushBindActivity(activityId: String, pushToken: String, token: String, appId: String, now: Int64) throws(SQLiteError) {
+    func pushBindActivity(activityId: String, pushToken: String, token: String, appId: String, now: Int64) throws(StoreError) {
         try db.run(
-            "INSERT OR REPLACE INTO push_activities (activity_id, push_token, token, app_id, bound_at) VALUES (?, ?, ?, ?, ?)",
-            [.text(activityId), .text(pushToken), .text(token), .text(appId), .int(now)])
+            """
+            INSERT INTO push_activities (activity_id, push_token, token, app_id, bound_at) VALUES (?, ?, ?, ?, ?)
+            ON CONFLICT (activity_id) DO UPDATE SET
+                push_token = excluded.push_token, token = excluded.token, app_id = excluded.app_id, bound_at = excluded.bound_at
+            """, [.text(activityId), .text(pushToken), .text(token), .text(appId), .int(now)])
     }
 
     /// The active push tokens a target resolves to, each with the device id of its install
     /// (whose topic carries the message), and for an activity the app that bound it. Tokens of
     /// installs without a device (none since device registration is required) are left out.
-    func pushResolve(targetType: String, target: String) throws(SQLiteError) -> (
+    func pushResolve(targetType: String, target: String) throws(StoreError) -> (
         devices: [(token: String, deviceId: String)], appId: String?
     ) {
         let join = """
             SELECT p.token, d.device_id FROM push_devices p JOIN devices d ON d.install_id = p.install_id
             WHERE p.active = 1
             """
-        func rows(_ sql: String, _ args: [SQLValue]) throws(SQLiteError) -> [(token: String, deviceId: String)] {
+        func rows(_ sql: String, _ args: [SQLBind]) throws(StoreError) -> [(token: String, deviceId: String)] {
             try db.query(sql, args).compactMap { r in r[0].text.flatMap { t in r[1].text.map { (t, $0) } } }
         }
         switch targetType {
@@ -130,14 +134,14 @@ extension Store {
             guard let r = try db.query("SELECT token, app_id FROM push_activities WHERE activity_id = ?", [.text(target)]).first else {
                 return ([], nil)
             }
-            return (try rows(join + " AND p.token = ?", [r[0]]), r[1].text)
+            return (try rows(join + " AND p.token = ?", [SQLBind(r[0])]), r[1].text)
         default:  // broadcast: every active device
             return (try rows(join + " ORDER BY p.token", []), nil)
         }
     }
 
     /// The install whose token holds Live Activity `activityId`, if any.
-    func pushActivityInstall(_ activityId: String) throws(SQLiteError) -> String? {
+    func pushActivityInstall(_ activityId: String) throws(StoreError) -> String? {
         try db.query(
             "SELECT p.install_id FROM push_activities a JOIN push_devices p ON p.token = a.token WHERE a.activity_id = ?",
             [.text(activityId)]
@@ -145,7 +149,7 @@ extension Store {
     }
 
     /// Records a device's acknowledgement of `msgId` (on whichever of its tokens it was sent to).
-    func pushMarkAcked(msgId: String, deviceId: String, now: Int64) throws(SQLiteError) {
+    func pushMarkAcked(msgId: String, deviceId: String, now: Int64) throws(StoreError) {
         try db.run(
             """
             UPDATE push_deliveries SET acked_at = coalesce(acked_at, ?) WHERE msg_id = ? AND token IN
@@ -155,7 +159,7 @@ extension Store {
     }
 
     /// The msgId of an earlier send with the same app, target and msgKey.
-    func pushExistingSend(appId: String, targetType: String, target: String, msgKey: String) throws(SQLiteError) -> String? {
+    func pushExistingSend(appId: String, targetType: String, target: String, msgKey: String) throws(StoreError) -> String? {
         try db.query(
             "SELECT msg_id FROM push_sends WHERE app_id = ? AND target_type = ? AND target = ? AND msg_key = ?",
             [.text(appId), .text(targetType), .text(target), .text(msgKey)]
@@ -165,7 +169,7 @@ extension Store {
     func pushRecordSend(
         msgId: String, appId: String, targetType: String, target: String, msgKey: String?,
         payload: String, tokens: [String], now: Int64
-    ) throws(SQLiteError) {
+    ) throws(StoreError) {
         try db.run(
             """
             INSERT INTO push_sends (msg_id, app_id, target_type, target, msg_key, payload, devices, created_at)
@@ -175,15 +179,14 @@ extension Store {
                 .text(msgId), .text(appId), .text(targetType), .text(target), msgKey.map { .text($0) } ?? .null,
                 .text(payload), .int(Int64(tokens.count)), .int(now),
             ])
-        let ins = try db.prepare("INSERT OR IGNORE INTO push_deliveries (msg_id, token, published_at) VALUES (?, ?, ?)")
         for t in tokens {
-            ins.reset()
-            try ins.bind([.text(msgId), .text(t), .int(now)])
-            _ = try ins.step()
+            try db.run(
+                "INSERT INTO push_deliveries (msg_id, token, published_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                [.text(msgId), .text(t), .int(now)])
         }
     }
 
-    func pushMark(_ column: String, msgId: String, token: String, now: Int64) throws(SQLiteError) {
+    func pushMark(_ column: String, msgId: String, token: String, now: Int64) throws(StoreError) {
         try db.run(
             "UPDATE push_deliveries SET \(column) = coalesce(\(column), ?) WHERE msg_id = ? AND token = ?",
             [.int(now), .text(msgId), .text(token)])
@@ -191,7 +194,7 @@ extension Store {
 
     /// Sends not yet acknowledged by their device (an active token of it), newest first, at
     /// most `limit`; `deviceId` nil: every device. With each its device id and payload.
-    func pushUnacked(deviceId: String?, limit: Int) throws(SQLiteError) -> [(
+    func pushUnacked(deviceId: String?, limit: Int) throws(StoreError) -> [(
         msgId: String, token: String, deviceId: String, payload: String
     )] {
         var sql = """
@@ -201,7 +204,7 @@ extension Store {
             JOIN devices dv ON dv.install_id = p.install_id
             WHERE d.acked_at IS NULL
             """
-        var args: [SQLValue] = []
+        var args: [SQLBind] = []
         if let deviceId {
             sql += " AND dv.device_id = ?"
             args.append(.text(deviceId))
@@ -214,5 +217,5 @@ extension Store {
         }
     }
 
-    func pushQuery(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> [[SQLValue]] { try db.query(sql, args) }
+    func pushQuery(_ sql: String, _ args: [SQLBind] = []) throws(StoreError) -> [[SQLValue]] { try db.query(sql, args) }
 }

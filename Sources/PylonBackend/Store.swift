@@ -4,16 +4,24 @@ import PylonStore
 import Glibc
 #endif
 
-/// The backend's SQLite storage (WAL mode where the database is a file).
+/// The backend's storage, on one of two SQL engines behind one interface (`SQLEngine`): the
+/// embedded SQLite file (the default, WAL mode where the database is a file) or a shared
+/// PostgreSQL database several backend instances use at once (`--db postgresql://…`,
+/// docs/FLEET.md). The SQL below is written once for both; `SQLDialect` names what differs.
 ///
 /// Tables: `streams` (an integer id per stream name), `batches` (one row per idempotency key
 /// ever accepted), `records` (one row per distinct `(stream, id)`, in arrival order by `seq`,
 /// referring to its stream and batch by integer id) and `counters` (duplicate counts per stream).
 /// Every ingest is one transaction, so a batch is stored entirely or not at all. The format is
-/// numbered in `PRAGMA user_version` (`Store.format`); older files are migrated at open
-/// (`Store+Migration.swift`). The MA tables are in `Store+MA.swift`.
+/// numbered (`Store.format`: SQLite's `PRAGMA user_version`, PostgreSQL's `pylon_format`); older
+/// SQLite files are migrated at open (`Store+Migration.swift`). The MA tables are in
+/// `Store+MA.swift`.
 package final class Store {
-    let db: Database
+    let db: any SQLEngine
+    /// Nesting depth of `transaction` (an inner call joins the outer transaction).
+    private var depth = 0
+    /// Request transactions run again after a conflict (PostgreSQL), since the start.
+    private(set) var conflictRetries = 0
 
     struct IngestResult: Equatable {
         var accepted: Int
@@ -71,9 +79,30 @@ package final class Store {
         );
         """
 
+    /// Every table, in the order they are created (`schema` of each part).
+    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema] }
+
     /// Permission bits of the database file and of its `-wal` and `-shm` files: the data is
     /// the clients', so only the backend's user may read it.
     static let fileMode: mode_t = 0o600
+
+    /// Opens the store `location` names: a PostgreSQL connection string
+    /// (`postgresql://…` or `postgres://…`), else a SQLite path (`:memory:` for none).
+    package static func open(
+        _ location: String, statementTimeoutMs: Int = StoreLimits.defaultStatementTimeoutMs
+    ) throws(OpenError) -> Store {
+        if isPostgres(location) { return try Store(postgres: location, statementTimeoutMs: statementTimeoutMs) }
+        return try Store(path: location)
+    }
+
+    package static func isPostgres(_ location: String) -> Bool {
+        location.hasPrefix("postgresql://") || location.hasPrefix("postgres://")
+    }
+
+    /// `location` as it may be logged (a connection string without its password).
+    package static func redacted(_ location: String) -> String {
+        isPostgres(location) ? PostgresEngine.redacted(location) : location
+    }
 
     /// Opens (creating) the database at `path` and its schema. The file is created owner-only
     /// (umask 077 around the open) and tightened to `fileMode` if it already existed; SQLite
@@ -85,29 +114,26 @@ package final class Store {
         let saved = umask(0o077)  // single-threaded here: nothing else creates files meanwhile
         defer { umask(saved) }
         do throws(SQLiteError) {
-            db = try Database(path: path)
+            db = SQLiteEngine(try Database(path: path))
         } catch {
-            throw .sqlite(error)
+            throw .storage(.sqlite(error))
         }
         if !inMemory {
             for f in [path, path + "-wal", path + "-shm"] { _ = chmod(f, Store.fileMode) }
         }
         var version = 0
-        do throws(SQLiteError) {
+        do throws(StoreError) {
             try db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             version = try storedFormat()
             if version <= Store.format {
                 try migrate(from: version)
                 try db.exec(Store.schema)
                 try db.exec("PRAGMA user_version = \(Store.format)")
-                try db.exec(Store.maSchema)
-                try db.exec(Store.pushSchema)
-                try db.exec(Store.gtmSchema)
-                try db.exec(Store.devicesSchema)
+                for s in Store.schemas.dropFirst() { try db.exec(s) }
             }
         } catch {
             db.close()
-            throw .sqlite(error)
+            throw .storage(error)
         }
         if version > Store.format {
             db.close()
@@ -115,27 +141,99 @@ package final class Store {
         }
     }
 
+    /// Connects to PostgreSQL and creates the schema if absent (`openPostgres`).
+    package init(postgres url: String, statementTimeoutMs: Int = StoreLimits.defaultStatementTimeoutMs) throws(OpenError) {
+        do throws(StoreError) {
+            db = try PostgresEngine(url: url, statementTimeoutMs: statementTimeoutMs)
+        } catch {
+            throw .storage(error)
+        }
+        try openPostgres()
+    }
+
     package func close() { db.close() }
 
-    /// Runs `body` as one transaction (see `Database.transaction`).
-    func transaction<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
-        try db.transaction(body)
+    /// Runs `body` as one transaction, at `isolation` (PostgreSQL), holding the advisory locks
+    /// `locking` (PostgreSQL; taken in ascending order before the transaction starts, so two
+    /// requests on the same keys run one after the other and the second sees the first's
+    /// commit). A conflict (`StoreError.isConflict`: 40001, 40P01, 23505) rolls back and runs
+    /// `body` again, at most `StoreLimits.maxTransactionAttempts` times, then answers `.busy`:
+    /// `body` must therefore have no effect outside the database. Called inside another
+    /// transaction, `body` joins it.
+    func transaction<T>(
+        _ isolation: Isolation = .serializable, locking keys: [Int64] = [], _ body: () throws(StoreError) -> T
+    ) throws(StoreError) -> T {
+        if depth > 0 { return try body() }
+        let keys = Array(Set(keys)).sorted()
+        if !keys.isEmpty { try db.lock(keys) }
+        defer { if !keys.isEmpty { db.unlock(keys) } }
+        var attempt = 1
+        while true {
+            try db.begin(isolation)
+            depth = 1
+            do throws(StoreError) {
+                let r = try body()
+                depth = 0
+                try db.commit()
+                return r
+            } catch {
+                depth = 0
+                db.rollback()
+                guard error.isConflict else { throw error }
+                guard attempt < StoreLimits.maxTransactionAttempts else {
+                    throw .busy("still conflicting after \(attempt) attempts: \(error)")
+                }
+                attempt += 1
+                conflictRetries += 1
+            }
+        }
+    }
+
+    /// Starts (`begin: true`) or ends a batch of independent writes recorded together (the
+    /// broker's PUBACKs and acknowledgements of one read): one transaction, not retried.
+    func batch(begin: Bool) {
+        if begin {
+            guard depth == 0, (try? db.begin(.readCommitted)) != nil else { return }
+            depth = 1
+        } else {
+            guard depth > 0 else { return }
+            depth = 0
+            do throws(StoreError) { try db.commit() } catch { db.rollback() }
+        }
+    }
+
+    /// An advisory lock key for `parts` (FNV-1a 64 of the parts joined by U+0001): stable
+    /// across processes, unlike `Hasher`.
+    static func lockKey(_ parts: String...) -> Int64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for (i, p) in parts.enumerated() {
+            if i > 0 { h = (h ^ 1) &* 0x100_0000_01b3 }
+            for b in p.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        }
+        return Int64(bitPattern: h)
     }
 
     /// Stores a batch idempotently, in one transaction. A key seen before stores nothing and
     /// counts one duplicate batch; a record id already stored for the stream (or repeated in
-    /// the batch) is dropped and counted as a duplicate record.
-    func ingest(_ batch: Batch, receivedAt: Int64) throws(SQLiteError) -> IngestResult {
-        try db.transaction { () throws(SQLiteError) -> IngestResult in
-            if !(try db.query("SELECT 1 FROM batches WHERE key = ?", [.text(batch.key)])).isEmpty {
+    /// the batch) is dropped and counted as a duplicate record. Idempotency comes from the
+    /// unique keys alone (`ON CONFLICT`), so the same batch posted to two instances at once is
+    /// stored once: the second insert of the key waits for the first transaction and then
+    /// stores nothing.
+    func ingest(_ batch: Batch, receivedAt: Int64) throws(StoreError) -> IngestResult {
+        try transaction(.readCommitted) { () throws(StoreError) -> IngestResult in
+            let stream = try streamID(batch.stream)
+            guard
+                let batchID = try db.query(
+                    """
+                    INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, 0)
+                    ON CONFLICT (key) DO NOTHING RETURNING id
+                    """,
+                    [.text(batch.key), .int(stream), .int(receivedAt), .int(Int64(batch.records.count))]
+                ).first?.first?.int
+            else {
                 try bump(batch.stream, "duplicateBatches", 1)
                 return IngestResult(accepted: 0, duplicates: batch.records.count, duplicateBatch: true)
             }
-            let stream = try streamID(batch.stream)
-            try db.run(
-                "INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, 0)",
-                [.text(batch.key), .int(stream), .int(receivedAt), .int(Int64(batch.records.count))])
-            let batchID = db.lastInsertRowID
             let accepted = try insertRecords(batch, stream: stream, batchID: batchID)
             let duplicates = batch.records.count - accepted
             try db.run("UPDATE batches SET accepted = ? WHERE id = ?", [.int(Int64(accepted)), .int(batchID)])
@@ -154,30 +252,33 @@ package final class Store {
     /// of each record.
     static func insertSQL(rows n: Int) -> String {
         let values = (0..<n).map { r in "(?1, ?\(3 + 3 * r), ?\(4 + 3 * r), ?\(5 + 3 * r), ?2)" }
-        return "INSERT OR IGNORE INTO records (stream, id, ts, data, batch) VALUES " + values.joined(separator: ", ")
+        return "INSERT INTO records (stream, id, ts, data, batch) VALUES " + values.joined(separator: ", ") + " ON CONFLICT DO NOTHING"
     }
     static let insertSQLByRows: [Int: String] = Dictionary(uniqueKeysWithValues: insertRows.map { ($0, insertSQL(rows: $0)) })
 
     /// Inserts the records (in order; a repeated `(stream, id)` is ignored), binding ids and
     /// data straight from the batch's bytes. Returns how many were stored.
-    private func insertRecords(_ batch: Batch, stream: Int64, batchID: Int64) throws(SQLiteError) -> Int {
-        let stored: Result<Int, SQLiteError> = batch.text.withUnsafeBytes { t in
-            do throws(SQLiteError) {
+    private func insertRecords(_ batch: Batch, stream: Int64, batchID: Int64) throws(StoreError) -> Int {
+        let stored: Result<Int, StoreError> = batch.text.withUnsafeBytes { t in
+            do throws(StoreError) {
                 var stored = 0
                 var next = 0
+                var binds: [SQLBind] = []
                 while next < batch.records.count {
                     let rows = Store.insertRows.first { $0 <= batch.records.count - next }!
-                    let ins = try db.prepare(Store.insertSQLByRows[rows]!)
-                    try ins.bindInt(1, stream)
-                    try ins.bindInt(2, batchID)
-                    for (r, record) in batch.records[next..<(next + rows)].enumerated() {
-                        let p = Int32(3 + 3 * r)
-                        try ins.bindText(p, t, record.id)
-                        try ins.bindInt(p + 1, record.ts)
-                        if let d = record.data { try ins.bindText(p + 2, t, d) } else { try ins.bindText(p + 2, string: "null") }
+                    binds.removeAll(keepingCapacity: true)
+                    binds.append(.int(stream))
+                    binds.append(.int(batchID))
+                    for record in batch.records[next..<(next + rows)] {
+                        binds.append(.bytes(UnsafeRawBufferPointer(rebasing: t[record.id])))
+                        binds.append(.int(record.ts))
+                        if let d = record.data {
+                            binds.append(.bytes(UnsafeRawBufferPointer(rebasing: t[d])))
+                        } else {
+                            binds.append(.text("null"))
+                        }
                     }
-                    while try ins.step() {}
-                    stored += db.changes
+                    stored += try db.run(Store.insertSQLByRows[rows]!, binds)
                     next += rows
                 }
                 return .success(stored)
@@ -188,24 +289,28 @@ package final class Store {
         return try stored.get()
     }
 
-    /// The id of stream `name`, created when new.
-    private func streamID(_ name: String) throws(SQLiteError) -> Int64 {
-        if let id = try db.query("SELECT id FROM streams WHERE name = ?", [.text(name)]).first?.first?.int { return id }
-        try db.run("INSERT INTO streams (name) VALUES (?)", [.text(name)])
-        return db.lastInsertRowID
+    /// The id of stream `name`, created when new (a concurrent creation is waited for).
+    private func streamID(_ name: String) throws(StoreError) -> Int64 {
+        let select = "SELECT id FROM streams WHERE name = ?"
+        if let id = try db.query(select, [.text(name)]).first?.first?.int { return id }
+        try db.run("INSERT INTO streams (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [.text(name)])
+        guard let id = try db.query(select, [.text(name)]).first?.first?.int else {
+            throw .postgres(sqlstate: "XX000", message: "stream \(name) not found after its insert")
+        }
+        return id
     }
 
-    private func bump(_ stream: String, _ name: String, _ by: Int) throws(SQLiteError) {
+    private func bump(_ stream: String, _ name: String, _ by: Int) throws(StoreError) {
         try db.run(
             """
             INSERT INTO counters (stream, name, value) VALUES (?, ?, ?)
-            ON CONFLICT (stream, name) DO UPDATE SET value = value + excluded.value
+            ON CONFLICT (stream, name) DO UPDATE SET value = counters.value + excluded.value
             """, [.text(stream), .text(name), .int(Int64(by))])
     }
 
     /// Counts for one stream (all zero for a stream never seen).
-    func summary(stream: String) throws(SQLiteError) -> StreamSummary {
-        let s = SQLValue.text(stream)
+    func summary(stream: String) throws(StoreError) -> StreamSummary {
+        let s = SQLBind.text(stream)
         return StreamSummary(
             records: try scalar("SELECT count(*) FROM records WHERE stream = (SELECT id FROM streams WHERE name = ?)", [s]),
             batches: try scalar("SELECT count(*) FROM batches WHERE stream = (SELECT id FROM streams WHERE name = ?)", [s]),
@@ -216,7 +321,7 @@ package final class Store {
     }
 
     /// Counts over every stream.
-    func totals() throws(SQLiteError) -> StreamSummary {
+    func totals() throws(StoreError) -> StreamSummary {
         StreamSummary(
             records: try scalar("SELECT count(*) FROM records"),
             batches: try scalar("SELECT count(*) FROM batches"),
@@ -233,24 +338,33 @@ package final class Store {
     /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
     /// Up to `limit` records after `after`, stopping after the one that brings the page's ids
     /// and data to `maxBytes` (at least one record).
-    func records(stream: String, after: Int64, limit: Int, maxBytes: Int = .max) throws(SQLiteError) -> [StoredRecord] {
-        let s = try db.prepare(Store.pageSQL)
-        try s.bind([.text(stream), .int(after), .int(Int64(limit))])
-        defer { s.reset() }
+    func records(stream: String, after: Int64, limit: Int, maxBytes: Int = .max) throws(StoreError) -> [StoredRecord] {
         var out: [StoredRecord] = []
         var bytes = 0
-        while try s.step() {
-            let r = StoredRecord(seq: s.int(0), id: s.text(1), ts: s.int(2), data: s.value(3).text ?? "null")
-            out.append(r)
-            bytes += r.id.utf8.count + r.data.utf8.count
-            if bytes >= maxBytes { break }
+        var last = after
+        // Read in chunks, so a page of large records stops near `maxBytes` without holding
+        // `limit` of them at once.
+        while out.count < limit {
+            let want = min(Store.pageChunkRows, limit - out.count)
+            let rows = try db.query(Store.pageSQL, [.text(stream), .int(last), .int(Int64(want))])
+            for row in rows {
+                let r = StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
+                out.append(r)
+                last = r.seq
+                bytes += r.id.utf8.count + r.data.utf8.count
+                if bytes >= maxBytes { return out }
+            }
+            if rows.count < want { break }
         }
         return out
     }
 
+    /// Rows read per statement when paging (`records`).
+    static let pageChunkRows = 32
+
     /// Deletes everything.
-    func reset() throws(SQLiteError) {
-        try db.transaction { () throws(SQLiteError) in
+    func reset() throws(StoreError) {
+        try transaction { () throws(StoreError) in
             try db.exec("DELETE FROM records; DELETE FROM batches; DELETE FROM streams; DELETE FROM counters;")
             try db.exec(Store.maReset)
             try db.exec(Store.pushReset)
@@ -258,14 +372,7 @@ package final class Store {
         }
     }
 
-    private func scalar(_ sql: String, _ args: [SQLValue] = []) throws(SQLiteError) -> Int64 {
+    private func scalar(_ sql: String, _ args: [SQLBind] = []) throws(StoreError) -> Int64 {
         try db.query(sql, args).first?.first?.int ?? 0
-    }
-}
-
-extension Statement {
-    /// Binds bytes `r` of `t` as text at 1-based `index` (copied by SQLite).
-    func bindText(_ index: Int32, _ t: UnsafeRawBufferPointer, _ r: Range<Int>) throws(SQLiteError) {
-        try bindText(index, (t.baseAddress! + r.lowerBound).assumingMemoryBound(to: CChar.self), Int32(r.count))
     }
 }

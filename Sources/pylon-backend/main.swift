@@ -31,9 +31,9 @@ let log = Log("backend")
 let loop = Loop()
 let store: Store
 do {
-    store = try Store(path: options.dbPath)
+    store = try Store.open(options.dbPath, statementTimeoutMs: options.dbTimeoutMs)
 } catch {
-    log.error("cannot open the database", ["path": options.dbPath, "error": "\(error)"])
+    log.error("cannot open the database", ["db": Store.redacted(options.dbPath), "error": "\(error)"])
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
@@ -58,18 +58,35 @@ if backend.credentials.enrolSecret == nil && !options.openEnrolment {
     log.warn("no --enrol-secret-file or --open-enrolment: devices cannot register")
 }
 if options.faultInjection { log.warn("fault injection enabled (/v1/faults): for tests only") }
-if let m = options.mqtt {
+if let path = options.mqttNatsAuth {
+    switch NATSAuth.load(path) {
+    case .success(let a): backend.natsAuth = a
+    case .failure(let e):
+        log.error("cannot use the --mqtt-nats-auth file", ["error": e.description])
+        System.exit(1)
+    }
+}
+if !options.mqtt.isEmpty {
     var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
-    o.host = m.host
-    o.port = Int32(m.port)
+    o.brokers = options.mqtt
     o.cleanSession = true
-    o.protocolVersion = 5
+    o.protocolVersion = options.mqttProtocol == "3.1.1" ? 4 : 5
+    o.protocolFallback = options.mqttProtocol == "auto"
     o.keepaliveS = 30
     o.username = options.mqttUsername
     if let pw = secret(options.mqttPasswordFile, "broker password") { o.password = String(decoding: pw, as: UTF8.self) }
     o.backoffInitialMs = 100
     o.backoffMaxMs = 5000
     backend.attachBroker(MQTTClient(loop: loop, options: o))
+}
+if var n = options.nats {
+    if let pw = secret(options.natsPasswordFile, "NATS password") { n.password = String(decoding: pw, as: UTF8.self) }
+    do throws(JetStreamPublisher.StartError) {
+        backend.jetstream = try JetStreamPublisher(loop: loop, settings: n)
+    } catch {
+        log.error("cannot start the NATS client", ["error": error.description])
+        System.exit(1)
+    }
 }
 let server: Server
 do {
@@ -91,11 +108,13 @@ ready.withUTF8 { b in _ = write(1, b.baseAddress, b.count) }
 log.info(
     "listening",
     [
-        "address": address, "db": options.dbPath, "maxBody": options.maxBody, "maxConnections": options.maxConnections,
+        "address": address, "db": Store.redacted(options.dbPath), "maxBody": options.maxBody, "maxConnections": options.maxConnections,
         "idleTimeoutMs": options.timeouts.idleMs, "headerTimeoutMs": options.timeouts.headerMs,
         "bodyTimeoutMs": options.timeouts.bodyMs, "operatorAPI": backend.credentials.operatorToken != nil,
         "enrolment": options.openEnrolment ? "open" : (backend.credentials.enrolSecret != nil ? "secret" : "disabled"),
         "faultInjection": options.faultInjection, "dynsec": options.mqttDynsec,
+        "nats": options.nats.map { $0.urls.joined(separator: ",") } ?? "off",
+        "natsStream": options.nats?.stream.name ?? "-",
     ])
 
 // SIGTERM / SIGINT: stop listening, close every connection, let the loop run dry, exit 0.
@@ -106,6 +125,7 @@ for sig in [SIGTERM, SIGINT] {
             log.info("stopping", ["signal": s])
             server.close()
             backend.mqtt?.stop()
+            backend.jetstream?.stop()
             for w in signals { w.close() }
         })
 }

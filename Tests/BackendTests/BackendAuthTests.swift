@@ -22,8 +22,8 @@ import Testing
         ("GET", "/v1/faults"), ("POST", "/v1/faults"), ("DELETE", "/v1/faults"),
     ]
 
-    @Test func operatorEndpointsNeedTheOperatorToken() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func operatorEndpointsNeedTheOperatorToken(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         for (m, path) in BackendAuthTests.operatorEndpoints {
             for headers in [
                 BackendAuthTests.none, BackendAuthTests.bearer("wrong-token-0123456789"), [("Authorization", "Basic dXNlcjpwYXNz")],
@@ -69,8 +69,8 @@ import Testing
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["a"])).status == 200)
     }
 
-    @Test func deviceEndpointsNeedADeviceCredential() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func deviceEndpointsNeedADeviceCredential(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let body = batchBody(key: "k", stream: "s", ids: ["a"])
         func post(_ headers: [(String, String)]) throws -> HTTPReply {
             try b.request("POST", "/v1/batches/s", headers: headers + [("Idempotency-Key", "k")], body: Array(body.serialized.utf8))
@@ -88,16 +88,16 @@ import Testing
     }
 
     /// The operator sets faults that fail every upload: a refused caller cannot.
-    @Test func anUnauthenticatedCallerCannotTurnUploadsIntoDeadLetters() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func anUnauthenticatedCallerCannotTurnUploadsIntoDeadLetters(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let r = try b.request(
             "POST", "/v1/faults", headers: BackendAuthTests.none, body: Array(#"{"failNext":100,"status":400}"#.utf8))
         #expect(r.status == 401)
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["a"])).status == 200)
     }
 
-    @Test func devicesRegisterWithTheEnrolmentSecretAndActOnlyOnTheirOwnPushIdentity() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func devicesRegisterWithTheEnrolmentSecretAndActOnlyOnTheirOwnPushIdentity(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         func register(_ install: String, _ headers: [(String, String)]) throws -> HTTPReply {
             try b.request("POST", "/v1/devices/register", headers: headers, body: Array(#"{"installId":"\#(install)"}"#.utf8))
         }
@@ -144,11 +144,11 @@ import Testing
         #expect(try push("register", renewed, [:]).status == 200)
     }
 
-    @Test func openEnrolmentRegistersNewInstallsButNeverAnExistingOne() throws {
+    @Test(arguments: StoreKind.allCases) func openEnrolmentRegistersNewInstallsButNeverAnExistingOne(_ store: StoreKind) throws {
         let dir = NSTemporaryDirectory() + "pylon-backend-test-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         let args = Array(try TestCredentials.arguments(dir).prefix(2)) + ["--open-enrolment"]
-        let b = try BackendProcess(args, auth: false)
+        let b = try BackendProcess(args, auth: false, store: store)
         let r = try b.request("POST", "/v1/devices/register", headers: BackendAuthTests.none, body: Array(#"{"installId":"i1"}"#.utf8))
         #expect(r.status == 200)
         let again = try b.request("POST", "/v1/devices/register", headers: BackendAuthTests.none, body: Array(#"{"installId":"i1"}"#.utf8))

@@ -140,8 +140,8 @@ import Testing
 
     /// Record pages a client does not read stay queued in the backend; beyond
     /// `--max-output-bytes` in total, large responses are answered 503 until they are read.
-    @Test func unreadRecordPagesAreBoundedInTotal() throws {
-        let b = try BackendProcess(["--max-output-bytes", "1048576"])
+    @Test(arguments: StoreKind.allCases) func unreadRecordPagesAreBoundedInTotal(_ store: StoreKind) throws {
+        let b = try BackendProcess(["--max-output-bytes", "1048576"], store: store)
         let pad = String(repeating: "x", count: 900_000)
         for i in 0..<9 {
             let body: JSON = ["records": [["id": .string("r\(i)"), "ts": 1, "data": ["pad": .string(pad)]]]]

@@ -9,8 +9,8 @@ import Testing
 @Suite(.serialized) struct BackendMATests {
     // MARK: Identity
 
-    @Test func startBindsTheDeviceToOneUser() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func startBindsTheDeviceToOneUser(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let r = try b.ma("start", ["deviceId": "d1"])
         #expect(r["code"] == 0)
         #expect(r["project"] == "default")
@@ -30,8 +30,8 @@ import Testing
         #expect(try b.startEUID("d1", app: "other.app") != e)
     }
 
-    @Test func userIDOutranksAnonymousIDWhichOutranksTheDevice() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func userIDOutranksAnonymousIDWhichOutranksTheDevice(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         // A device's user takes an anonymous_id, then a user_id, as it has neither.
         let e0 = try b.startEUID("d1")
         #expect(try b.identify("d1", e0, ["anonymous_id": "a1"])["euid"] == .string(e0))
@@ -79,8 +79,8 @@ import Testing
         #expect(unknown["euid"] == .string(e3))
     }
 
-    @Test func emailMatchingYieldsTheOtherUsersEUID() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func emailMatchingYieldsTheOtherUsersEUID(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let a = try b.startEUID("d1")
         let r1 = try b.identify("d1", a, ["email": "Ann@Example.COM"])
         #expect(r1 == ["code": 0, "euid": .string(a), "fields": ["email": ["code": 0]]])
@@ -105,8 +105,8 @@ import Testing
         #expect(try b.user(c)["identities"]?["emails"] == ["cee@example.org"])
     }
 
-    @Test func serverSideRejectionsArePerField() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func serverSideRejectionsArePerField(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         let long = String(repeating: "x", count: 257)
         let r = try b.identify(
@@ -144,8 +144,8 @@ import Testing
 
     // MARK: Contacts and channel values
 
-    @Test func contactsAreStoredPerUserAndNeverChangeTheEUID() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func contactsAreStoredPerUserAndNeverChangeTheEUID(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         func contacts(_ c: JSON) throws -> JSON { try b.ma("contacts", ["euid": .string(e), "contacts": c]) }
         #expect(try contacts(["email": "c@x.io", "mobile_phone": "+15550001"]) == ["code": 0])
@@ -162,8 +162,8 @@ import Testing
         #expect(try b.user(e)["contacts"] == ["mobile_phone": "+15550001", "whatsapp_phone": "+15550002"])
     }
 
-    @Test func channelValuesAreAppendedInCallOrder() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func channelValuesAreAppendedInCallOrder(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         #expect(try b.ma("channel", ["euid": .string(e), "channelId": 3, "values": ["rid-1", "rid-2"]]) == ["code": 0])
         #expect(try b.ma("channel", ["euid": .string(e), "channelId": 7, "values": ["tok"]]) == ["code": 0])
@@ -187,8 +187,8 @@ import Testing
 
     // MARK: Properties
 
-    @Test func setOverwritesMergesAndReplaces() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func setOverwritesMergesAndReplaces(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         let ok: JSON = ["code": 0, "message": "success"]
         #expect(
@@ -251,8 +251,8 @@ import Testing
         #expect(try b.prop("nobody", ["op": "set", "properties": ["a": 1]]) == ["code": -1, "message": "unknown euid"])
     }
 
-    @Test func increaseAddRemoveAndDelete() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func increaseAddRemoveAndDelete(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         _ = try b.prop(e, ["op": "set", "properties": ["n": 1, "s": "text", "list": ["a"]]])
         #expect(try b.prop(e, ["op": "increase", "properties": ["n": 2, "m": 1.5, "s": 4]])["code"] == 0)
@@ -287,8 +287,8 @@ import Testing
         #expect(try b.prop(e, ["op": "delete", "keys": []])["code"] == -3)
     }
 
-    @Test func objectArrayOperationsFollowTheMetadata() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func objectArrayOperationsFollowTheMetadata(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let meta = try b.post(
             "/v1/admin/ma/app/metadata",
             [
@@ -388,8 +388,8 @@ import Testing
 
     // MARK: AppKey state
 
-    @Test func disabledAnswersMinus4AndProjectSwitchMinus6() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func disabledAnswersMinus4AndProjectSwitchMinus6(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         let initial: JSON = ["appKey": "app", "disabled": false, "project": "default", "metadata": ["properties": [:] as JSON]]
         #expect(try b.get("/v1/admin/ma/app") == initial)
@@ -430,8 +430,8 @@ import Testing
 
     // MARK: HTTP surface
 
-    @Test func inspectionAndMalformedRequests() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func inspectionAndMalformedRequests(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let e = try b.startEUID("d1")
         #expect(try b.request("GET", "/v1/inspect/ma/app/users/\(e)").status == 200)
         let missing = try b.request("GET", "/v1/inspect/ma/app/users/0123")
@@ -463,8 +463,8 @@ import Testing
         #expect(try gz.json()["euid"] == .string(e))
     }
 
-    @Test func faultsApplyToMACallsButNotToAdminOrInspection() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func faultsApplyToMACallsButNotToAdminOrInspection(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         try b.setFaults(["failNext": 1, "status": 503, "retryAfter": 2])
         let admin = try b.request("POST", "/v1/admin/ma/app", body: Array(#"{"project":"p"}"#.utf8))
         #expect(admin.status == 200)
@@ -481,20 +481,20 @@ import Testing
         #expect(try b.get("/v1/admin/ma/app")["project"] == "default")
     }
 
-    @Test func identitiesSurviveARestartWithADatabaseFile() throws {
+    @Test(arguments: StoreKind.allCases) func identitiesSurviveARestartWithADatabaseFile(_ store: StoreKind) throws {
         let dir = NSTemporaryDirectory() + "pylon-backend-ma-db-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let db = dir + "/backend.sqlite"
+        let db = try store.databaseArguments(sqliteFile: dir + "/backend.sqlite")
         let e: String
         do {
-            let b = try BackendProcess(["--db", db])
+            let b = try BackendProcess(database: db)
             e = try b.startEUID("d1")
             _ = try b.identify("d1", e, ["user_id": "u1"])
             _ = try b.prop(e, ["op": "set", "properties": ["a": 1]])
             #expect(b.stop() == 0)
         }
-        let b = try BackendProcess(["--db", db])
+        let b = try BackendProcess(database: db)
         #expect(try b.ma("start", ["deviceId": "d2", "identity": ["user_id": "u1"]])["euid"] == .string(e))
         #expect(try b.properties(e) == ["a": 1])
     }

@@ -39,13 +39,22 @@ final class BackendProcess {
     let logPath: String
     private(set) var port: UInt16 = 0
 
+    /// The `--db` arguments it was started with (empty: SQLite in memory); another
+    /// `BackendProcess(database:)` with them uses the same store.
+    let database: [String]
+
     /// Starts the binary with `--listen 127.0.0.1:0` plus `arguments` and waits for its
     /// `pylon-backend listening on HOST:PORT` line.
-    /// `auth`: with `TestCredentials` and the fault API.
-    init(_ arguments: [String] = [], dir existing: String? = nil, auth: Bool = true) throws {
+    /// `auth`: with `TestCredentials` and the fault API. `store`: a new empty store of that kind
+    /// (PostgreSQL: a new database on `PostgresServer.shared()`), unless `database` names one.
+    init(
+        _ arguments: [String] = [], dir existing: String? = nil, auth: Bool = true, store: StoreKind = .sqlite,
+        database: [String]? = nil
+    ) throws {
         dir = existing ?? NSTemporaryDirectory() + "pylon-backend-test-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let arguments = (auth ? try TestCredentials.arguments(dir) : []) + arguments
+        self.database = try database ?? store.databaseArguments()
+        let arguments = (auth ? try TestCredentials.arguments(dir) : []) + self.database + arguments
         logPath = dir + "/backend.log"
         process.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
         process.arguments = ["--listen", "127.0.0.1:0", "--log-level", "debug"] + arguments

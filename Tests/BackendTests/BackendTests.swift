@@ -27,8 +27,8 @@ import Testing
         #expect(try b.request("PUT", "/v1/faults").headers["allow"] == "GET, POST, DELETE")
     }
 
-    @Test func ingestThenInspect() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func ingestThenInspect(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let r = try b.postBatch("ma.events", key: "k1", batchBody(key: "k1", stream: "ma.events", ids: ["a", "b", "c"]))
         #expect(r.status == 200)
         #expect(try r.json() == ["accepted": 3, "duplicates": 0, "duplicateBatch": false])
@@ -53,8 +53,8 @@ import Testing
         #expect((stats["requests"]?.intValue ?? 0) >= 5)
     }
 
-    @Test func duplicateBatchKeyStoresNothing() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func duplicateBatchKeyStoresNothing(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let body = batchBody(key: "same", stream: "s", ids: ["1", "2"])
         #expect(try b.postBatch("s", key: "same", body).json()["accepted"] == 2)
         let again = try b.postBatch("s", key: "same", body)
@@ -67,8 +67,8 @@ import Testing
         #expect(try b.get("/v1/inspect/stats")["duplicateBatches"] == 1)
     }
 
-    @Test func duplicateRecordIdsAreDroppedAcrossAndWithinBatches() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func duplicateRecordIdsAreDroppedAcrossAndWithinBatches(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         #expect(try b.postBatch("s", key: "b1", batchBody(key: "b1", stream: "s", ids: ["x", "y"])).json()["accepted"] == 2)
         let r = try b.postBatch("s", key: "b2", batchBody(key: "b2", stream: "s", ids: ["y", "z", "z"])).json()
         #expect(r == ["accepted": 1, "duplicates": 2, "duplicateBatch": false])
@@ -82,8 +82,8 @@ import Testing
         #expect(ids == ["x", "y", "z"])
     }
 
-    @Test func gzipBody() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func gzipBody(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let json = batchBody(key: "gz", stream: "s", ids: (0..<200).map { "r\($0)" })
         let zipped = try Gzip.compress(Array(json.serialized.utf8))
         let r = try b.request("POST", "/v1/batches/s", headers: [("Idempotency-Key", "gz"), ("Content-Encoding", "gzip")], body: zipped)
@@ -108,8 +108,8 @@ import Testing
         #expect(try r.json()["code"] == "payload_too_large")
     }
 
-    @Test func chunkedBodyIsAccepted() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func chunkedBodyIsAccepted(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let c = try b.client()
         let body = Array(batchBody(key: "ch", stream: "s", ids: ["1", "2"]).serialized.utf8)
         let half = body.count / 2
@@ -126,8 +126,8 @@ import Testing
         #expect(try r.json()["accepted"] == 2)
     }
 
-    @Test func resetClearsEverything() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func resetClearsEverything(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         _ = try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["1"]))
         try b.setFaults(["latencyMs": 1])
         #expect(try b.request("POST", "/v1/admin/reset").status == 200)
@@ -137,25 +137,25 @@ import Testing
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["1"])).json()["duplicateBatch"] == false)
     }
 
-    @Test func dataSurvivesARestartWithADatabaseFile() throws {
+    @Test(arguments: StoreKind.allCases) func dataSurvivesARestartWithADatabaseFile(_ store: StoreKind) throws {
         let dir = NSTemporaryDirectory() + "pylon-backend-db-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let db = dir + "/backend.sqlite"
+        let db = try store.databaseArguments(sqliteFile: dir + "/backend.sqlite")
         do {
-            let b = try BackendProcess(["--db", db])
+            let b = try BackendProcess(database: db)
             #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["1", "2"])).status == 200)
             #expect(b.stop() == 0)
         }
-        let b = try BackendProcess(["--db", db])
+        let b = try BackendProcess(database: db)
         #expect(try b.get("/v1/inspect/streams/s")["records"] == 2)
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["1", "2"])).json()["duplicateBatch"] == true)
     }
 
     // MARK: Validation
 
-    @Test func invalidBatchesAre400AndStoreNothing() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func invalidBatchesAre400AndStoreNothing(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         let noKey = try b.postBatch("s", key: nil, batchBody(key: "k", stream: "s", ids: ["1"]))
         #expect(noKey.status == 400)
         #expect(try noKey.json()["code"] == "missing_idempotency_key")
@@ -314,8 +314,8 @@ import Testing
 
     // MARK: Fault injection
 
-    @Test func failNextWithRetryAfterStoresNothing() throws {
-        let b = try BackendProcess()
+    @Test(arguments: StoreKind.allCases) func failNextWithRetryAfterStoresNothing(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
         try b.setFaults(["failNext": 2, "status": 429, "retryAfter": 7])
         let body = batchBody(key: "f", stream: "s", ids: ["1"])
         for _ in 0..<2 {

@@ -109,6 +109,10 @@ else
         sleep 0.1
     done
     [ -n "$ok" ] || { cat "$tmp/pylond.log"; userdel pylon-test-member; fail "a pylon-group member cannot reach pylond"; }
+    # The Python package is installed for the system Python: a group member scripts the host.
+    runuser -u pylon-test-member -- /usr/bin/python3 -c \
+        "import pylon, sys; sys.exit(0 if pylon.Client('$tmp/run/pylon.sock').call('bus.ping') else 1)" \
+        || fail "the system Python cannot use the installed pylon package"
     if runuser -u nobody -- pylonctl --socket "$tmp/run/pylon.sock" ping >/dev/null 2>&1; then
         userdel pylon-test-member; fail "a non-member reached pylond"; fi
     userdel pylon-test-member

@@ -55,6 +55,59 @@ def test_provide_serves_other_clients(host):
         t.join()
 
 
+def test_check_raises_service_failure_codes(host):
+    """MA and push answer {"code": N, "message": ...}; check=True turns N != 0 into ServiceError."""
+    import asyncio
+    import threading
+    with host.client() as provider, host.client() as caller:
+        provider.provide("app.ok", lambda p: {"code": 0, "message": ""})
+        provider.provide("app.bad", lambda p: {"code": 1001, "message": "invalid appKey"})
+        provider.provide("app.plain", lambda p: {"value": 1})
+        t = threading.Thread(target=provider.serve, args=(3,))
+        t.start()
+        assert caller.call("app.bad") == {"code": 1001, "message": "invalid appKey"}  # unchecked: returned
+        assert caller.call("app.ok", check=True) == {"code": 0, "message": ""}
+        assert caller.call("app.plain", check=True) == {"value": 1}
+        with pytest.raises(pylon.ServiceError) as e:
+            caller.call("app.bad", check=True)
+        assert e.value.code == 1001 and e.value.message == "invalid appKey" and e.value.method == "app.bad"
+        assert e.value.result == {"code": 1001, "message": "invalid appKey"}
+
+        async def main():
+            async with pylon.AsyncClient(host.socket) as a:
+                with pytest.raises(pylon.ServiceError):
+                    await a.call("app.bad", check=True)
+                assert (await a.call("app.ok", check=True))["code"] == 0
+        asyncio.run(main())
+        t.join()
+
+
+def test_the_package_is_typed_and_passes_mypy_strict():
+    """py.typed ships (PEP 561) and the whole package type-checks under mypy --strict."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(here, "..", "src")
+    assert os.path.exists(os.path.join(src, "pylon", "py.typed"))
+    try:
+        import mypy  # noqa: F401
+    except ImportError:
+        pytest.skip("mypy is not installed (make pydeps installs it)")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                        os.path.join(src, "pylon")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_public_method_has_a_docstring():
+    import inspect
+    missing = []
+    for cls in (pylon.Client, pylon.AsyncClient, pylon.Plugin, pylon.Call, pylon.PylonError, pylon.ServiceError):
+        if not cls.__doc__:
+            missing.append(cls.__name__)
+        for name, fn in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_") and not fn.__doc__:
+                missing.append(f"{cls.__name__}.{name}")
+    assert not missing, missing
+
+
 def test_asyncio_client(host):
     async def main():
         async with pylon.AsyncClient(host.socket) as a, pylon.AsyncClient(host.socket) as b:
@@ -200,6 +253,7 @@ def test_the_package_pip_installs(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import pylon; print(pylon.__version__, pylon.AsyncClient.__name__)"],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")))
     assert r.stdout.strip() == "0.1.0 AsyncClient", r.stderr
+    assert (tmp_path / "site" / "pylon" / "py.typed").exists(), "py.typed is not installed"
 
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"

@@ -7,7 +7,7 @@
 """
 from .errors import (
     PylonError, ConnectionClosed, ParseError, InvalidRequest, MethodNotFound, InvalidParams, InternalError,
-    PluginUnavailable, Timeout, ConsentDenied, Overloaded, NotPermitted, MessageTooLarge, ShuttingDown,
+    PluginUnavailable, Timeout, ConsentDenied, Overloaded, NotPermitted, MessageTooLarge, ShuttingDown, ServiceError,
 )
 from .client import Client, Notification, default_socket_path
 from .aio import AsyncClient

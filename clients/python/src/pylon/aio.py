@@ -1,16 +1,23 @@
 """The asyncio client: concurrent calls on one connection, notifications, bus.provide handlers."""
+from __future__ import annotations
+
 import asyncio
 import errno
 import inspect
 import itertools
 import json
 import socket
+from types import TracebackType
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Type, Union
 
-from .client import Notification, default_socket_path, encode
-from .errors import ConnectionClosed, PylonError, Timeout, from_wire
+from .client import JSON, Notification, default_socket_path, encode
+from .errors import ConnectionClosed, PylonError, Timeout, checked, from_wire
+
+#: A ``provide`` handler: a plain or ``async`` function of the params.
+AsyncHandler = Callable[[JSON], Union[JSON, Awaitable[JSON]]]
 
 
-async def _connect_unix(path, timeout):
+async def _connect_unix(path: str, timeout: float) -> socket.socket:
     """A non-blocking connect to ``path`` that waits out a full listen backlog.
 
     A Unix socket's non-blocking ``connect`` fails with ``EAGAIN`` while the listener's backlog
@@ -45,20 +52,26 @@ class AsyncClient:
     ``subscribe``, and runs ``provide`` handlers (plain or ``async`` functions).
     """
 
-    def __init__(self, path=None, timeout=30.0):
+    def __init__(self, path: Optional[str] = None, timeout: float = 30.0) -> None:
+        """``path``: the socket (default :func:`default_socket_path`); ``timeout``: the default
+        seconds a ``call`` waits. Nothing connects until ``connect`` (or ``async with``)."""
         self.path = path or default_socket_path()
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._pending = {}
-        self._notes = asyncio.Queue()
-        self._handlers = {}
-        self._reader = self._writer = self._task = None
+        self._pending: Dict[Any, "asyncio.Future[JSON]"] = {}
+        self._notes: "asyncio.Queue[Optional[Notification]]" = asyncio.Queue()
+        self._handlers: Dict[str, AsyncHandler] = {}
+        self._reader: Optional[asyncio.StreamReader] = None
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._task: Optional["asyncio.Task[None]"] = None
         self.closed = False
 
     #: How long ``connect`` keeps retrying a host whose listen backlog is full (seconds).
     connect_timeout = 5.0
 
-    async def connect(self):
+    async def connect(self) -> "AsyncClient":
+        """Connects (retrying a full listen backlog for ``connect_timeout`` seconds) and starts
+        the reader task. Raises :class:`ConnectionClosed` if the socket cannot be reached."""
         try:
             sock = await _connect_unix(self.path, self.connect_timeout)
             self._reader, self._writer = await asyncio.open_unix_connection(sock=sock, limit=64 << 20)
@@ -67,7 +80,8 @@ class AsyncClient:
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
         return self
 
-    async def close(self):
+    async def close(self) -> None:
+        """Closes the connection and stops the reader task (idempotent)."""
         if self._writer is not None and not self.closed:
             self.closed = True
             self._writer.close()
@@ -82,61 +96,72 @@ class AsyncClient:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncClient":
         return await self.connect()
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
         await self.close()
 
-    def _send(self, msg):
-        if self.closed:
+    def _writer_or_raise(self) -> asyncio.StreamWriter:
+        if self.closed or self._writer is None:
             raise ConnectionClosed("connection closed")
-        self._writer.write(encode(msg))
+        return self._writer
 
-    async def notify(self, method, params=None):
-        msg = {"jsonrpc": "2.0", "method": method}
+    def _send(self, msg: Dict[str, Any]) -> None:
+        self._writer_or_raise().write(encode(msg))
+
+    async def notify(self, method: str, params: JSON = None) -> None:
+        """Sends a notification (no reply)."""
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             msg["params"] = params
         self._send(msg)
-        await self._writer.drain()
+        await self._writer_or_raise().drain()
 
-    async def call(self, method, params=None, timeout=None):
-        """Calls ``method``; returns its result or raises a :class:`PylonError` subclass."""
+    async def call(self, method: str, params: JSON = None, timeout: Optional[float] = None,
+                   check: bool = False) -> JSON:
+        """Calls ``method``; returns its result or raises a :class:`PylonError` subclass.
+        ``check=True``: a service failure code in the result raises :class:`ServiceError`
+        (see :meth:`pylon.Client.call`)."""
         rid = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        fut: "asyncio.Future[JSON]" = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method}
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
         if params is not None:
             msg["params"] = params
         try:
             self._send(msg)
-            await self._writer.drain()
-            return await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
+            await self._writer_or_raise().drain()
+            result = await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
+            return checked(method, result) if check else result
         except asyncio.TimeoutError:
             raise Timeout(f"no reply to {method}", data={"client": True}) from None
         finally:
             self._pending.pop(rid, None)
 
-    async def subscribe(self, *patterns):
+    async def subscribe(self, *patterns: str) -> AsyncIterator[Notification]:
         """Subscribes and returns an async iterator of :class:`Notification`s; it ends when the
         host closes the connection."""
         for p in patterns:
             await self.call("bus.subscribe", {"pattern": p})
         return self.notifications()
 
-    async def notifications(self):
+    async def notifications(self) -> AsyncIterator[Notification]:
+        """Yields queued and incoming notifications until the host closes the connection."""
         while True:
             n = await self._notes.get()
             if n is None:
                 return
             yield n
 
-    async def provide(self, method, handler):
+    async def provide(self, method: str, handler: AsyncHandler) -> JSON:
         """Serves ``method`` with ``handler(params)`` (sync or async); raise PylonError to fail."""
         self._handlers[method] = handler
         return await self.call("bus.provide", {"methods": sorted(self._handlers)})
 
-    async def _read_loop(self):
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
         try:
             while True:
                 line = await self._reader.readline()
@@ -151,7 +176,7 @@ class AsyncClient:
                     fut.set_exception(ConnectionClosed("the host closed the connection"))
             self._notes.put_nowait(None)
 
-    async def _dispatch(self, msg):
+    async def _dispatch(self, msg: Dict[str, Any]) -> None:
         if "method" not in msg:
             fut = self._pending.get(msg.get("id"))
             if fut is not None and not fut.done():
@@ -165,8 +190,8 @@ class AsyncClient:
             return
         asyncio.get_running_loop().create_task(self._serve(msg))
 
-    async def _serve(self, msg):
-        reply = {"jsonrpc": "2.0", "id": msg["id"]}
+    async def _serve(self, msg: Dict[str, Any]) -> None:
+        reply: Dict[str, Any] = {"jsonrpc": "2.0", "id": msg["id"]}
         handler = self._handlers.get(msg["method"])
         try:
             if handler is None:
@@ -179,4 +204,4 @@ class AsyncClient:
             reply["error"] = {"code": -32603, "message": f"{type(e).__name__}: {e}"}
         if not self.closed:
             self._send(reply)
-            await self._writer.drain()
+            await self._writer_or_raise().drain()

@@ -1,22 +1,35 @@
 """The blocking client: one Unix-socket connection to pylond, newline-delimited JSON-RPC 2.0."""
+from __future__ import annotations
+
 import itertools
 import json
 import os
 import socket
 import time
-from collections import deque, namedtuple
+from collections import deque
+from types import TracebackType
+from typing import Any, Callable, Deque, Dict, Iterator, NamedTuple, Optional, Type
 
-from .errors import ConnectionClosed, PylonError, Timeout, from_wire
+from .errors import ConnectionClosed, PylonError, Timeout, checked, from_wire
 
-Notification = namedtuple("Notification", ["topic", "params"])
+#: A JSON value as the json module reads and writes it.
+JSON = Any
+#: A ``provide`` handler: params in, result out (raise :class:`PylonError` to fail).
+Handler = Callable[[JSON], JSON]
 
 
-def default_socket_path():
+class Notification(NamedTuple):
+    """A publication or notification the host forwarded: its ``topic`` and ``params``."""
+    topic: str
+    params: JSON
+
+
+def default_socket_path() -> str:
     """``$PYLON_SOCKET``, else ``/run/pylon/pylon.sock`` (the installed service's socket)."""
     return os.environ.get("PYLON_SOCKET") or "/run/pylon/pylon.sock"
 
 
-def encode(msg):
+def encode(msg: Dict[str, Any]) -> bytes:
     """One JSON-RPC line. NaN and the infinities are not JSON: ``ValueError`` here, rather than
     a line the host answers with an ``id: null`` parse error no call would ever receive."""
     return (json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n").encode()
@@ -28,9 +41,15 @@ class Client:
     ``call`` waits for its reply; notifications that arrive meanwhile are queued for
     ``subscribe``/``notifications``; requests for methods this connection ``provide``s are
     answered by their handlers whenever the client reads.
+
+    >>> with Client() as bus:
+    ...     bus.call("bus.ping")
     """
 
-    def __init__(self, path=None, timeout=30.0):
+    def __init__(self, path: Optional[str] = None, timeout: float = 30.0) -> None:
+        """Connects to ``path`` (default :func:`default_socket_path`); ``timeout`` is the default
+        seconds a ``call`` waits for its reply. Raises :class:`ConnectionClosed` if the socket
+        cannot be reached (the message says why, e.g. permission denied)."""
         self.path = path or default_socket_path()
         self.timeout = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -41,58 +60,68 @@ class Client:
             raise ConnectionClosed(f"cannot connect to {self.path}: {e}") from e
         self._buf = b""
         self._ids = itertools.count(1)
-        self._replies = {}
-        self._notes = deque()
-        self._handlers = {}
+        self._replies: Dict[Any, Dict[str, Any]] = {}
+        self._notes: Deque[Notification] = deque()
+        self._handlers: Dict[str, Handler] = {}
         self.closed = False
 
     # -- lifecycle
-    def close(self):
+    def close(self) -> None:
+        """Closes the connection (idempotent)."""
         if not self.closed:
             self.closed = True
             self._sock.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
     # -- sending
-    def _send(self, msg):
+    def _send(self, msg: Dict[str, Any]) -> None:
         try:
             self._sock.sendall(encode(msg))
         except OSError as e:
             self.closed = True
             raise ConnectionClosed(f"connection lost: {e}") from e
 
-    def notify(self, method, params=None):
+    def notify(self, method: str, params: JSON = None) -> None:
         """Sends a notification (no reply)."""
-        msg = {"jsonrpc": "2.0", "method": method}
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             msg["params"] = params
         self._send(msg)
 
-    def call(self, method, params=None, timeout=None):
-        """Calls ``method`` and returns its result; raises a :class:`PylonError` subclass."""
+    def call(self, method: str, params: JSON = None, timeout: Optional[float] = None,
+             check: bool = False) -> JSON:
+        """Calls ``method`` and returns its result; raises a :class:`PylonError` subclass for an
+        error reply, :class:`Timeout` after ``timeout`` seconds (default: the client's).
+
+        With ``check=True`` a result carrying a service failure code (MA and push answer
+        ``{"code": N, "message": ...}``, 0 = success) raises :class:`ServiceError` instead of
+        being returned."""
         rid = next(self._ids)
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method}
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
         if params is not None:
             msg["params"] = params
         self._send(msg)
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
         while rid not in self._replies:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Timeout(f"no reply to {method} within {timeout or self.timeout} s", data={"client": True})
+                raise Timeout(f"no reply to {method} within {wait} s", data={"client": True})
             self._read_once(left)
         reply = self._replies.pop(rid)
         if "error" in reply:
             raise from_wire(reply["error"])
-        return reply.get("result")
+        result = reply.get("result")
+        return checked(method, result) if check else result
 
     # -- pub/sub
-    def subscribe(self, *patterns, timeout=None):
+    def subscribe(self, *patterns: str, timeout: Optional[float] = None) -> Iterator[Notification]:
         """Subscribes to topic patterns and yields :class:`Notification`s as they arrive.
 
         The iterator ends when the host closes the connection; with ``timeout`` it also ends
@@ -102,7 +131,7 @@ class Client:
             self.call("bus.subscribe", {"pattern": p})
         return self.notifications(timeout=timeout)
 
-    def notifications(self, timeout=None):
+    def notifications(self, timeout: Optional[float] = None) -> Iterator[Notification]:
         """Yields queued and incoming notifications (see ``subscribe``)."""
         while True:
             if self._notes:
@@ -115,14 +144,14 @@ class Client:
                 return
 
     # -- bus.provide
-    def provide(self, method, handler):
+    def provide(self, method: str, handler: Handler) -> JSON:
         """Serves ``method`` (``ns.name``) for other clients and plugins: ``handler(params)``
         returns the result or raises :class:`PylonError`. Requests are handled whenever this
         client reads (``serve``, ``call``, iterating notifications)."""
         self._handlers[method] = handler
         return self.call("bus.provide", {"methods": sorted(self._handlers)})
 
-    def serve(self, duration=None):
+    def serve(self, duration: Optional[float] = None) -> None:
         """Reads and handles provided-method requests, for ``duration`` seconds or until closed."""
         end = None if duration is None else time.monotonic() + duration
         while not self.closed:
@@ -135,7 +164,7 @@ class Client:
                 return
 
     # -- reading
-    def _read_once(self, timeout):
+    def _read_once(self, timeout: Optional[float]) -> bool:
         """Reads what is available (waiting up to ``timeout``); False on timeout."""
         self._sock.settimeout(timeout)
         try:
@@ -155,7 +184,7 @@ class Client:
                 self._dispatch(json.loads(line))
         return True
 
-    def _dispatch(self, msg):
+    def _dispatch(self, msg: Dict[str, Any]) -> None:
         if "method" not in msg:
             if msg.get("id") is not None:
                 self._replies[msg["id"]] = msg
@@ -164,7 +193,7 @@ class Client:
             self._notes.append(Notification(msg["method"], msg.get("params")))
             return
         handler = self._handlers.get(msg["method"])
-        reply = {"jsonrpc": "2.0", "id": msg["id"]}
+        reply: Dict[str, Any] = {"jsonrpc": "2.0", "id": msg["id"]}
         try:
             if handler is None:
                 raise PylonError(f"method not found: {msg['method']}", code=-32601)

@@ -10,56 +10,82 @@
 
     plugin.run()
 """
+from __future__ import annotations
+
+import fnmatch
 import json
 import os
 import socket
 import sys
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar, Union
 
-from .client import Notification, encode
+from .client import JSON, encode
 from .errors import PylonError, from_wire
+
+#: ``on_result(result, error)`` for a call a plugin makes: exactly one of the two is not None.
+ResultCallback = Callable[[JSON, Optional[PylonError]], None]
+#: A method handler: ``handler(params, call)`` returns the result or :data:`Plugin.LATER`.
+MethodHandler = Callable[[JSON, "Call"], JSON]
+#: A subscription handler: ``handler(topic, params)``.
+TopicHandler = Callable[[str, JSON], None]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Call:
-    """The request a handler serves: ``params``, the host's ``caller`` info (``_pylon``), and
-    ``call`` to call another method on the caller's behalf."""
+    """The request a handler serves: ``params``, the host's ``caller`` info (``_pylon``: uid,
+    pid, admin, client id; with ``caller_info=True``), and ``call`` to call another method on the
+    caller's behalf."""
 
-    def __init__(self, plugin, msg):
+    def __init__(self, plugin: "Plugin", msg: Dict[str, Any]) -> None:
         self.plugin = plugin
-        self.id = msg["id"]
-        self.method = msg["method"]
-        self.params = msg.get("params")
-        self.caller = msg.get("_pylon")
+        self.id: Any = msg["id"]
+        self.method: str = msg["method"]
+        self.params: JSON = msg.get("params")
+        self.caller: Optional[Dict[str, Any]] = msg.get("_pylon")
 
-    def call(self, method, params=None, on_result=None):
+    def call(self, method: str, params: JSON = None, on_result: Optional[ResultCallback] = None) -> None:
         """Calls ``method`` for this request's caller (``_onBehalfOf``); ``on_result(result, error)``."""
         self.plugin.call(method, params, on_result, on_behalf_of=self.id)
 
 
 class Plugin:
-    def __init__(self, name=None, version="0", caller_info=False):
-        self.name = name or os.environ.get("PYLON_PLUGIN_NAME")
+    """A plugin's side of the bus: register methods and subscriptions, then :meth:`run`."""
+
+    #: Returned by a handler that answers later with :meth:`reply`.
+    LATER: Any = object()
+
+    def __init__(self, name: Optional[str] = None, version: str = "0", caller_info: bool = False) -> None:
+        """``name``: the plugin's namespace (default ``$PYLON_PLUGIN_NAME``, set by the host);
+        ``caller_info``: ask the host for each request's caller (``Call.caller``)."""
+        self.name: str = name or os.environ.get("PYLON_PLUGIN_NAME") or ""
         self.version = version
         self.caller_info = caller_info
-        self.config = {}
-        self.state_dir = os.environ.get("PYLON_PLUGIN_STATE_DIR")
-        self.consent = {}
+        #: The plugin's ``config`` from pylon.json (after the handshake).
+        self.config: Dict[str, Any] = {}
+        #: The plugin's private state directory (after the handshake).
+        self.state_dir: Optional[str] = os.environ.get("PYLON_PLUGIN_STATE_DIR")
+        self.consent: Dict[str, bool] = {}
         self.consent_master = True
-        self._methods = {}
-        self._subs = []
-        self._publishes = []
-        self._pending = {}
+        self._methods: Dict[str, Tuple[Dict[str, Any], MethodHandler]] = {}
+        self._subs: List[Tuple[str, TopicHandler]] = []
+        self._publishes: List[str] = []
+        self._pending: Dict[int, ResultCallback] = {}
         self._next_id = 2
-        self._sock = None
-        self.on_ready = None
-        self.on_consent_changed = None
-        self.on_shutdown = None
+        self._sock: Optional[socket.socket] = None
+        self.on_ready: Optional[Callable[[], None]] = None
+        self.on_consent_changed: Optional[Callable[[Optional[str], bool], None]] = None
+        self.on_shutdown: Optional[Callable[[], None]] = None
 
     # -- registration
-    def method(self, name, consent=None, drop_when_denied=False, denied_result=None):
+    def method(self, name: str, consent: Optional[str] = None, drop_when_denied: bool = False,
+               denied_result: JSON = None) -> Callable[[F], F]:
         """Decorator: ``handler(params, call)`` returns the result (or raises PylonError). Return
-        :data:`Plugin.LATER` and answer with ``plugin.reply(call, result)`` to reply later."""
-        def register(fn):
-            spec = {"name": name}
+        :data:`Plugin.LATER` and answer with ``plugin.reply(call, result)`` to reply later.
+        ``consent``: the switch template the host checks first (e.g. ``"greeter:{appKey}"``);
+        while it is denied the host answers ConsentDenied, or ``denied_result`` with
+        ``drop_when_denied=True``."""
+        def register(fn: F) -> F:
+            spec: Dict[str, Any] = {"name": name}
             if consent:
                 spec["consent"] = consent
                 spec["onDenied"] = "drop" if drop_when_denied else "error"
@@ -69,38 +95,44 @@ class Plugin:
             return fn
         return register
 
-    LATER = object()
-
-    def subscribe(self, pattern):
+    def subscribe(self, pattern: str) -> Callable[[F], F]:
         """Decorator: ``handler(topic, params)`` for publications matching ``pattern``."""
-        def register(fn):
+        def register(fn: F) -> F:
             self._subs.append((pattern, fn))
             return fn
         return register
 
-    def publish(self, topic, params=None):
+    def publish(self, topic: str, params: JSON = None) -> None:
+        """Publishes ``topic`` (in the plugin's namespace) to its subscribers."""
         self._send({"jsonrpc": "2.0", "method": topic, "params": params if params is not None else {}})
 
-    def is_granted(self, key):
+    def is_granted(self, key: str) -> bool:
+        """Whether the consent switch ``key`` (and the device master switch) is granted."""
         return self.consent_master and self.consent.get(key, True)
 
-    def _full(self, name):
+    def _full(self, name: str) -> str:
         return name if name.startswith(self.name + ".") else self.name + "." + name
 
     # -- calls to the host and other plugins
-    def call(self, method, params=None, on_result=None, on_behalf_of=None):
+    def call(self, method: str, params: JSON = None, on_result: Optional[ResultCallback] = None,
+             on_behalf_of: Any = None) -> None:
+        """Calls ``method`` (a host method or another plugin's); ``on_result(result, error)``
+        runs when the reply arrives. ``on_behalf_of``: the id of the request being served, so
+        the host judges the call as its caller's (see :meth:`Call.call`)."""
         rid = self._next_id
         self._next_id += 1
         self._pending[rid] = on_result or (lambda r, e: None)
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method}
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
         if params is not None:
             msg["params"] = params
         if on_behalf_of is not None:
             msg["_onBehalfOf"] = on_behalf_of
         self._send(msg)
 
-    def reply(self, call, result=None, error=None):
-        msg = {"jsonrpc": "2.0", "id": call.id}
+    def reply(self, call: Call, result: JSON = None, error: Union[PylonError, Dict[str, Any], None] = None) -> None:
+        """Answers ``call`` (after a handler returned :data:`Plugin.LATER`): its ``result``, or
+        ``error`` (a :class:`PylonError` or a JSON-RPC error object)."""
+        msg: Dict[str, Any] = {"jsonrpc": "2.0", "id": call.id}
         if error is not None:
             msg["error"] = error.to_json() if isinstance(error, PylonError) else error
         else:
@@ -108,7 +140,7 @@ class Plugin:
         self._send(msg)
 
     # -- running
-    def run(self):
+    def run(self) -> NoReturn:
         """Handshakes and serves until the host closes the channel or sends bus.shutdown."""
         args = sys.argv[1:]
         if "--help" in args or "--version" in args:
@@ -143,19 +175,21 @@ class Plugin:
                 if line.strip():
                     self._handle(json.loads(line))
 
-    def _exit(self):
+    def _exit(self) -> NoReturn:
         if self.on_shutdown:
             self.on_shutdown()
         sys.exit(0)
 
-    def _send(self, msg):
+    def _send(self, msg: Dict[str, Any]) -> None:
+        if self._sock is None:
+            raise PylonError("the plugin is not running (call run() first)")
         self._sock.sendall(encode(msg))
 
-    def _apply_consent(self, snap):
+    def _apply_consent(self, snap: Dict[str, Any]) -> None:
         self.consent_master = snap.get("master", True)
         self.consent = dict(snap.get("switches", {}))
 
-    def _handle(self, msg):
+    def _handle(self, msg: Dict[str, Any]) -> None:
         method = msg.get("method")
         if method is None:
             if msg.get("id") == 1:  # the welcome
@@ -169,7 +203,8 @@ class Plugin:
                 if self.on_ready:
                     self.on_ready()
                 return
-            cb = self._pending.pop(msg.get("id"), None)
+            rid = msg.get("id")
+            cb = self._pending.pop(rid, None) if isinstance(rid, int) else None
             if cb:
                 cb(msg.get("result"), from_wire(msg["error"]) if "error" in msg else None)
             return
@@ -186,8 +221,6 @@ class Plugin:
             elif method in self._methods:
                 self._methods[method][1](msg.get("params"), Call(self, dict(msg, id=None)))
             else:
-                from .client import Notification  # noqa: F811
-                import fnmatch
                 for pattern, fn in self._subs:
                     if fnmatch.fnmatchcase(method, pattern):
                         fn(method, msg.get("params"))

@@ -1,0 +1,724 @@
+#!/usr/bin/env python3
+"""Runs a Pylon fleet on this machine (python3 stdlib only; loopback only; stops everything at the end).
+
+Starts the server side, then `pylon-fleet` (K simulated devices) and a few real `pylond` instances
+end to end, optionally injects faults, and prints the figures (docs/FLEET.md, "Running a fleet").
+
+Server side, each part chosen by what the built `pylon-backend` supports (`--help`), so the same
+script runs the embedded default today and the full fleet once every piece is in:
+
+  database   PostgreSQL 15 (initdb + pg_ctl in the run directory, Unix socket, run as `nobody`)
+             when pylon-backend takes `--db postgresql://...`; otherwise one SQLite file (and then
+             one backend instance: SQLite is not shared between processes)
+  stream     three nats-server nodes (JetStream, one cluster) when pylon-backend takes `--nats`
+  broker     mosquitto with dynamic security (the embedded default); nats-server's MQTT listener
+             on the same three nodes when pylon-backend takes a broker list (`--mqtt A,B,C`)
+  backends   N pylon-backend instances on free ports, behind
+  haproxy    one address: leastconn, health checks on /healthz, retries and redispatch on
+             connection failure (requests not yet sent), so any request may land on any instance
+
+Faults (--faults): once every device is connected, at 20, 45 and 70 % of the remaining load: kill -9 of one broker node (restarted
+5 s later), kill -9 of one backend instance (restarted 5 s later), a PostgreSQL restart
+(`pg_ctl restart -m immediate`, a crash and recovery). pylon-fleet measures what they cost.
+
+Exit status: pylon-fleet's (0 all good, 1 an acknowledged event lost or stored twice or a push
+delivered twice, 3 incomplete), or 1 if a pylond instance lost an acknowledged event or push,
+2 if the run itself failed.
+"""
+import argparse, json, os, pwd, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import urllib.error, urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--bin-dir", default=os.path.join(REPO, ".build", "debug"))
+p.add_argument("--dir", help="run directory (default: a new temporary one, removed at the end unless --keep)")
+p.add_argument("--keep", action="store_true")
+p.add_argument("--backends", type=int, default=2, help="pylon-backend instances behind haproxy (default 2)")
+p.add_argument("--pylonds", type=int, default=2, help="real pylond instances end to end (default 2)")
+p.add_argument("--db", choices=["auto", "sqlite", "postgres"], default="auto")
+p.add_argument("--stream", choices=["auto", "none", "nats"], default="auto")
+p.add_argument("--broker", choices=["auto", "mosquitto", "nats"], default="auto")
+p.add_argument("--faults", action="store_true", help="kill -9 a broker node, a backend; restart PostgreSQL")
+p.add_argument("--devices", type=int, default=1000)
+p.add_argument("--rate", type=float, default=1.0, help="events per second per device")
+p.add_argument("--duration", type=int, default=60, help="seconds of load")
+p.add_argument("--summary-json", help="write pylon-fleet's JSON summary (with the faults) here")
+p.add_argument("fleet_args", nargs="*", help="more pylon-fleet arguments (after --)")
+args = p.parse_args()
+
+BIN = os.path.abspath(args.bin_dir)
+run = os.path.abspath(args.dir) if args.dir else tempfile.mkdtemp(prefix="pylon-fleet-")
+os.makedirs(run, exist_ok=True)
+os.chmod(run, 0o755)
+procs = {}          # name -> Popen (servers this script started)
+pids_file = os.path.join(run, "pids")
+status_file = os.path.join(run, "fleet-status.json")
+stopping = threading.Event()
+lock = threading.Lock()
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), "fleet:", *a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def secret(name):
+    """A 0600 file of 64 hex digits, as `make run` writes them."""
+    path = os.path.join(run, name)
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, os.urandom(32).hex().encode())
+        os.close(fd)
+    return path
+
+
+def wait_port(port, what, timeout=30, proc=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode} (logs in {run})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{what} did not listen on {port} within {timeout} s (logs in {run})")
+
+
+def write_pids():
+    with lock:
+        lines = [f"{n} {pr.pid}" for n, pr in sorted(procs.items()) if pr.poll() is None and not n.startswith("__")]
+    if "pid" in pg:
+        lines.append(f"postgres {pg['pid']}")
+    tmp = pids_file + ".new"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, pids_file)
+
+
+def spawn(name, argv, cwd=None, stdout=None, env=None):
+    out = open(os.path.join(run, name + ".log"), "ab")
+    pr = subprocess.Popen(argv, cwd=cwd or run, stdout=stdout or out, stderr=out, env=env, start_new_session=True)
+    with lock:
+        procs[name] = pr
+    write_pids()
+    return pr
+
+
+def kill(name):
+    with lock:
+        pr = procs.get(name)
+    if pr and pr.poll() is None:
+        pr.kill()
+        pr.wait()
+    write_pids()
+
+
+# ---- Raise the descriptor limit for every child (a broker holds one per device) -------------
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if os.getuid() == 0:
+    try:
+        nr_open = int(open("/proc/sys/fs/nr_open").read())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nr_open, nr_open))
+        hard = nr_open
+    except (OSError, ValueError):
+        pass
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+backend_help = subprocess.run([os.path.join(BIN, "pylon-backend"), "--help"], capture_output=True, text=True).stdout
+use_pg = args.db == "postgres" or (args.db == "auto" and "postgresql://" in backend_help)
+use_nats_stream = args.stream == "nats" or (args.stream == "auto" and "--nats" in backend_help)
+# A broker address list in the backend's --mqtt (wt-mqtt) is what the nats-server MQTT cluster needs.
+use_nats_mqtt = args.broker == "nats" or (args.broker == "auto" and "HOST:PORT[,HOST:PORT" in backend_help)
+n_backends = args.backends if use_pg else 1
+if not use_pg and args.backends > 1:
+    log(f"pylon-backend has no PostgreSQL store here: one backend instance on SQLite (asked {args.backends})")
+need_nats = use_nats_stream or use_nats_mqtt
+
+OPERATOR_TOKEN_FILE, DEVICE_KEY, BROKER_PASSWORD = secret("operator.token"), secret("device.key"), secret("broker.password")
+OPERATOR_TOKEN = open(OPERATOR_TOKEN_FILE).read().strip()
+LB_PORT = free_port()
+LB = f"http://127.0.0.1:{LB_PORT}"
+
+# ---- PostgreSQL ------------------------------------------------------------------------------
+pg = {}
+
+
+def as_nobody():
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.getuid() == 0 else []
+
+
+def start_postgres():
+    d = os.path.join(run, "pg")
+    data, sock = os.path.join(d, "data"), os.path.join(d, "sock")
+    if not os.path.exists(data):
+        os.makedirs(sock, exist_ok=True)
+        if os.getuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            for x in (d, sock):
+                os.chown(x, nobody.pw_uid, nobody.pw_gid)
+        r = subprocess.run(as_nobody() + [f"{PG_BIN}/initdb", "-D", data, "-A", "trust", "-U", "pylon", "--no-sync"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("initdb failed: " + r.stderr)
+        with open(os.path.join(data, "postgresql.conf"), "a") as f:
+            f.write(f"listen_addresses = ''\nunix_socket_directories = '{sock}'\nport = {pg.setdefault('port', free_port())}\n"
+                    "max_connections = 200\nfsync = on\nsynchronous_commit = on\nshared_buffers = 128MB\n")
+    pg_ctl("start", "-w", "-l", os.path.join(d, "postgres.log"))
+    pg["url"] = f"postgresql:///postgres?host={sock}&port={pg['port']}&user=pylon"
+    log(f"postgresql: {pg['url']}")
+
+
+def pg_ctl(*a):
+    data = os.path.join(run, "pg", "data")
+    r = subprocess.run(as_nobody() + [f"{PG_BIN}/pg_ctl", "-D", data, *a], capture_output=True, text=True)
+    if r.returncode != 0 and a[0] != "stop":
+        raise SystemExit(f"pg_ctl {a[0]} failed: {r.stdout}{r.stderr}")
+    pidf = os.path.join(data, "postmaster.pid")
+    if a[0] != "stop" and os.path.exists(pidf):
+        pg["pid"] = int(open(pidf).readline())
+
+
+# ---- NATS: three nodes, one cluster, JetStream (and MQTT when it is the broker) ---------------
+nats = []
+
+
+def start_nats():
+    cluster_ports = [free_port() for _ in range(3)]
+    for i in range(3):
+        n = {"name": f"nats{i + 1}", "port": free_port(), "cluster": cluster_ports[i], "mqtt": free_port(),
+             "dir": os.path.join(run, f"nats{i + 1}")}
+        nats.append(n)
+    for n in nats:
+        os.makedirs(n["dir"], exist_ok=True)
+        routes = ",".join(f"nats-route://127.0.0.1:{m['cluster']}" for m in nats if m is not n)
+        conf = (f"server_name: {n['name']}\nlisten: 127.0.0.1:{n['port']}\n"
+                f"jetstream {{ store_dir: \"{n['dir']}\" }}\n"
+                f"cluster {{ name: pylon, listen: 127.0.0.1:{n['cluster']}, routes: [{routes}] }}\n")
+        if use_nats_mqtt:
+            conf += f"mqtt {{ listen: 127.0.0.1:{n['mqtt']} }}\n"
+        n["conf"] = os.path.join(n["dir"], "nats.conf")
+        open(n["conf"], "w").write(conf)
+    for n in nats:
+        start_nats_node(n)
+    for n in nats:
+        wait_port(n["port"], n["name"], proc=procs[n["name"]])
+    log("nats: " + ",".join(f"nats://127.0.0.1:{n['port']}" for n in nats))
+
+
+def start_nats_node(n):
+    spawn(n["name"], ["nats-server", "-c", n["conf"]])
+
+
+# ---- mosquitto (the embedded default) ---------------------------------------------------------
+mosq = {}
+
+
+def start_mosquitto():
+    if not mosq:
+        mosq["port"] = free_port()
+        subprocess.run([os.path.join(REPO, "tools", "pylon-dynsec-init"), os.path.join(run, "dynsec.json"),
+                        "pylon-backend", BROKER_PASSWORD], check=True)
+        plugin = next(os.path.join(d, "mosquitto_dynamic_security.so") for d in
+                      sorted(os.path.join("/usr/lib", x) for x in os.listdir("/usr/lib"))
+                      if os.path.exists(os.path.join(d, "mosquitto_dynamic_security.so")))
+        conf = open(os.path.join(REPO, "etc", "mosquitto.conf")).read()
+        conf = conf.replace("listener 1883 127.0.0.1", f"listener {mosq['port']} 127.0.0.1")
+        conf = "\n".join(f"plugin_opt_config_file {run}/dynsec.json" if ln.startswith("plugin_opt_config_file ")
+                         else f"plugin {plugin}" if ln.startswith("plugin /usr/lib/")
+                         else "autosave_interval 5" if ln.startswith("autosave_interval") else ln
+                         for ln in conf.split("\n"))
+        if os.getuid() != 0:
+            conf = conf.replace("\nuser root\n", "\n")
+        open(os.path.join(run, "mosquitto.conf"), "w").write(conf)
+    pr = spawn("mosquitto", ["mosquitto", "-c", os.path.join(run, "mosquitto.conf")])
+    wait_port(mosq["port"], "mosquitto", proc=pr)
+
+
+def broker_list():
+    if use_nats_mqtt:
+        return [f"127.0.0.1:{n['mqtt']}" for n in nats]
+    return [f"127.0.0.1:{mosq['port']}"]
+
+
+# ---- pylon-backend instances and haproxy ------------------------------------------------------
+backends = []
+
+
+def start_backend(i):
+    b = backends[i]
+    argv = [os.path.join(BIN, "pylon-backend"), "--listen", f"127.0.0.1:{b['port']}", "--log-level", "warn",
+            "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
+            "--db", pg["url"] if use_pg else os.path.join(run, "backend.db"),
+            "--max-connections", "4096",
+            "--mqtt", ",".join(broker_list()), "--mqtt-username", "pylon-backend", "--mqtt-password-file", BROKER_PASSWORD]
+    if not use_nats_mqtt:
+        argv.append("--mqtt-dynsec")
+    if use_nats_stream:
+        argv += ["--nats", ",".join(f"nats://127.0.0.1:{n['port']}" for n in nats)]
+    pr = spawn(b["name"], argv, stdout=subprocess.PIPE)
+    line = pr.stdout.readline()
+    if b"listening" not in line:
+        raise SystemExit(f"{b['name']} did not start: {line!r} (see {run}/{b['name']}.log)")
+    threading.Thread(target=lambda: pr.stdout.read(), daemon=True).start()
+
+
+def start_haproxy():
+    servers = "\n".join(f"    server {b['name']} 127.0.0.1:{b['port']} check inter 1s fall 2 rise 1 maxconn 512"
+                        for b in backends)
+    conf = f"""# Generated by tools/fleet/fleet.py for {len(backends)} pylon-backend instances (docs/FLEET.md, "Load balancer").
+global
+    # Two descriptors per proxied connection, within this machine's RLIMIT_NOFILE ({hard}).
+    maxconn {max(1000, min(50000, (hard - 200) // 2))}
+    log stderr format short local0 warning
+
+defaults
+    mode http
+    log global
+    option httplog
+    option http-keep-alive
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    # A request that could not reach an instance (refused, reset before sending) goes to another:
+    # nothing was sent, so even a POST is safe to send again.
+    retries 3
+    retry-on conn-failure
+    option redispatch 1
+
+frontend pylon
+    bind 127.0.0.1:{LB_PORT}
+    default_backend pylon_backends
+
+backend pylon_backends
+    balance leastconn
+    option httpchk GET /healthz
+    http-check expect status 200
+    http-reuse safe
+{servers}
+"""
+    path = os.path.join(run, "haproxy.cfg")
+    open(path, "w").write(conf)
+    r = subprocess.run(["haproxy", "-c", "-f", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("haproxy rejected its configuration: " + r.stdout + r.stderr)
+    pr = spawn("haproxy", ["haproxy", "-db", "-f", path])
+    wait_port(LB_PORT, "haproxy", proc=pr)
+    # Every instance healthy before the load starts.
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(LB + "/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.1)
+    log(f"haproxy: {LB} -> " + ", ".join(f"{b['name']} 127.0.0.1:{b['port']}" for b in backends))
+
+
+def http_json(path, body=None, timeout=10):
+    req = urllib.request.Request(LB + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + OPERATOR_TOKEN, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+# ---- Real pylond instances end to end ----------------------------------------------------------
+class Pylond:
+    """One pylond with the uploader, MA and push plugins pointed at haproxy and the broker(s).
+    A driver records MA events (ids it chooses) and an app acknowledges pushes sent to this device."""
+
+    def __init__(self, i):
+        self.i, self.name = i, f"pylond{i + 1}"
+        self.dir = os.path.join(run, self.name)
+        os.makedirs(os.path.join(self.dir, "state"), exist_ok=True)
+        self.sock = os.path.join(self.dir, "pylon.sock")
+        self.app_key, self.app_id = f"e2e{i + 1}", f"fleet.e2e{i + 1}"
+        self.acked, self.sent, self.got, self.stored = set(), {}, {}, set()
+        self.token = None
+        b = broker_list()[i % len(broker_list())].split(":")
+        streams = {"maxCount": 100, "intervalMs": 1000}
+        conf = {
+            "socket": self.sock, "stateDir": os.path.join(self.dir, "state"), "pluginDir": BIN, "logLevel": "warn",
+            "plugins": [
+                {"name": "uploader", "exec": "pylon-uploader", "restart": "permanent", "config": {
+                    "endpoint": LB + "/v1/batches/{stream}", "credentialFile": DEVICE_KEY,
+                    "retryInitialMs": 200, "retryMaxMs": 2000, "streams": {"ma.*": streams}}},
+                {"name": "ma", "exec": "pylon-ma", "restart": "permanent", "config": {
+                    "backend": LB, "credentialFile": DEVICE_KEY, "retryInitialMs": 200, "retryMaxMs": 2000}},
+                {"name": "push", "exec": "pylon-push", "restart": "permanent", "config": {
+                    "backend": LB, "credentialFile": DEVICE_KEY,
+                    "broker": {"host": b[0], "port": int(b[1]), "keepaliveS": 10, "backoffInitialMs": 100, "backoffMaxMs": 2000},
+                    "registerRetryInitialMs": 200, "registerRetryMaxMs": 2000, "ackTimeoutMs": 5000}},
+            ],
+        }
+        self.conf = os.path.join(self.dir, "pylon.json")
+        json.dump(conf, open(self.conf, "w"))
+
+    def start(self):
+        spawn(self.name, [os.path.join(BIN, "pylond"), "--config", self.conf, "--socket", self.sock,
+                          "--state-dir", os.path.join(self.dir, "state")])
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                if self.rpc("bus.ping", {}, timeout=2).get("result"):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise SystemExit(f"{self.name} did not come up")
+
+    def rpc(self, method, params, timeout=30):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        try:
+            s.connect(self.sock)
+            s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode() + b"\n")
+            buf = b""
+            while b"\n" not in buf:
+                c = s.recv(65536)
+                if not c:
+                    raise OSError("closed")
+                buf += c
+            return json.loads(buf.split(b"\n", 1)[0])
+        finally:
+            s.close()
+
+    def events(self, stop, rate=5.0):
+        """ma.start, then ma.eventRecord at `rate`/s on one connection; a code 0 reply is acknowledged."""
+        seq = 0
+        while not stop.is_set():
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(30)
+                s.connect(self.sock)
+                f = s.makefile("rb")
+                s.sendall(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "ma.start",
+                                      "params": {"appKey": self.app_key}}).encode() + b"\n")
+                if json.loads(f.readline()).get("result", {}).get("code") != 0:
+                    raise OSError("ma.start failed")
+                while not stop.is_set():
+                    eid = f"{self.name}-{seq}"
+                    seq += 1
+                    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ma.eventRecord", "params": {
+                        "appKey": self.app_key, "eventName": "e2e", "property": {"fleet_id": eid}}}).encode() + b"\n")
+                    r = json.loads(f.readline())
+                    if r.get("result", {}).get("code") == 0:
+                        with lock:
+                            self.acked.add(eid)
+                    time.sleep(1 / rate)
+                s.close()
+            except (OSError, ValueError):
+                time.sleep(0.2)
+
+    def app(self, stop):
+        """The app: provides a callback, attaches, acknowledges every message (success reply)."""
+        cb = f"e2eapp{self.i + 1}.onPush"
+        while not stop.is_set():
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(1)
+                s.connect(self.sock)
+                s.sendall(json.dumps({"jsonrpc": "2.0", "id": "p", "method": "bus.provide", "params": {"method": cb}}).encode() + b"\n")
+                buf, last = b"", 0
+                while not stop.is_set():
+                    if time.time() - last > 1:
+                        s.sendall(json.dumps({"jsonrpc": "2.0", "id": "a", "method": "push.attach",
+                                              "params": {"appId": self.app_id, "callback": cb}}).encode() + b"\n")
+                        last = time.time()
+                    try:
+                        c = s.recv(262144)
+                    except socket.timeout:
+                        continue
+                    if not c:
+                        break
+                    buf += c
+                    *lines, buf = buf.split(b"\n")
+                    out = b""
+                    for ln in lines:
+                        if not ln:
+                            continue
+                        m = json.loads(ln)
+                        if m.get("method") != cb or "id" not in m:
+                            continue
+                        msg = (m.get("params") or {}).get("message") or {}
+                        seq = (msg.get("extras") or {}).get("seq")
+                        with lock:
+                            self.got.setdefault(seq, set()).add(msg.get("id"))
+                            self.deliveries = getattr(self, "deliveries", 0) + 1
+                        out += json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {}}).encode() + b"\n"
+                    if out:
+                        s.sendall(out)
+                s.close()
+            except (OSError, ValueError):
+                time.sleep(0.2)
+
+    def push_sender(self, stop, every=2.0):
+        deadline = time.time() + 60
+        while self.token is None and time.time() < deadline and not stop.is_set():
+            try:
+                r = self.rpc("push.register", {"timeoutMs": 5000}, timeout=10).get("result") or {}
+                if r.get("code") == 0 and r.get("token"):
+                    self.token = r["token"]
+            except OSError:
+                time.sleep(0.5)
+        seq = 0
+        while not stop.is_set() and self.token:
+            seq += 1
+            body = {"targetType": "device", "target": self.token, "appId": self.app_id, "title": "e2e",
+                    "msgKey": f"{self.name}-{seq}", "extendedParams": {"seq": str(seq)}}
+            for _ in range(5):
+                try:
+                    r = http_json("/v1/admin/push/send", body)
+                    if r.get("msgId"):
+                        with lock:
+                            self.sent[str(seq)] = r["msgId"]
+                        break
+                except (OSError, urllib.error.URLError, ValueError):
+                    time.sleep(1)
+            stop.wait(every)
+
+    def flush_and_check(self, timeout=60):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                self.rpc(f"uploader.flush", {"stream": f"ma.{self.app_key}", "wait": True}, timeout=30)
+            except OSError:
+                pass
+            after, ids = 0, set()
+            try:
+                while True:
+                    page = http_json(f"/v1/inspect/streams/ma.{self.app_key}/records?limit=1000&after={after}", timeout=30)
+                    for r in page["records"]:
+                        ids.add(((r.get("data") or {}).get("properties") or {}).get("fleet_id"))
+                    if not page["records"] or page.get("next") is None:
+                        break
+                    after = page["next"]
+            except (OSError, urllib.error.URLError, ValueError, KeyError):
+                pass
+            self.stored = ids
+            with lock:
+                missing_push = [s for s in self.sent if s not in self.got]
+                missing = self.acked - ids
+            if (not missing and not missing_push) or time.time() > deadline:
+                return
+            time.sleep(1)
+
+    def report(self):
+        with lock:
+            lost = len(self.acked - self.stored)
+            push_lost = len([s for s in self.sent if s not in self.got])
+            push_twice = len([s for s in self.sent if len(self.got.get(s, ())) > 1])
+        return {"name": self.name, "eventsAcked": len(self.acked), "eventsStored": len(self.stored & self.acked),
+                "eventsLost": lost, "pushSent": len(self.sent), "pushLost": push_lost,
+                "pushDeliveries": getattr(self, "deliveries", 0), "pushTwiceUnderTwoIds": push_twice}
+
+
+# ---- Faults --------------------------------------------------------------------------------------
+faults = []
+
+
+def fault(at, name, action):
+    def go():
+        if stopping.wait(max(0.0, fleet_start + at - time.time())):
+            return
+        t = time.time()
+        try:
+            action()
+            faults.append({"fault": name, "atS": round(t - fleet_start, 1)})
+            log(f"fault: {name} at {t - fleet_start:.1f} s")
+        except Exception as e:  # a fault that cannot be injected is reported, not fatal
+            faults.append({"fault": name, "atS": round(t - fleet_start, 1), "error": str(e)})
+            log(f"fault {name} failed: {e}")
+    threading.Thread(target=go, daemon=True).start()
+
+
+def fleet_status():
+    try:
+        return json.load(open(status_file))
+    except (OSError, ValueError):
+        return {}
+
+
+def schedule_faults():
+    """Faults start once every device is connected (or half the load has passed), then come at
+    20 %, 45 % and 70 % of the load that remains, so each has time to heal before the next."""
+    half = fleet_start + args.duration / 2
+    while time.time() < half and not stopping.is_set():
+        st = fleet_status()
+        if st.get("devices") and st.get("connected") == st.get("devices"):
+            break
+        time.sleep(0.5)
+    t0 = time.time() - fleet_start
+    rest = max(0.0, args.duration - t0)
+    log(f"faults: all devices connected at {t0:.1f} s" if time.time() < half else "faults: not every device connected; injecting anyway")
+    fault(t0 + rest * 0.20, "kill -9 broker node", kill_broker_node)
+    fault(t0 + rest * 0.45, "kill -9 backend instance", kill_backend)
+    fault(t0 + rest * 0.70, "PostgreSQL restart", restart_postgres)
+
+
+def kill_broker_node():
+    if use_nats_mqtt:
+        n = nats[0]
+        kill(n["name"])
+        threading.Timer(5, lambda: stopping.is_set() or start_nats_node(n)).start()
+    else:
+        kill("mosquitto")
+        threading.Timer(5, lambda: stopping.is_set() or start_mosquitto()).start()
+
+
+def kill_backend():
+    b = backends[0]
+    kill(b["name"])
+    threading.Timer(5, lambda: stopping.is_set() or start_backend(0)).start()
+
+
+def restart_postgres():
+    if not use_pg:
+        raise RuntimeError("no PostgreSQL in this fleet (SQLite): nothing to restart")
+    pg_ctl("restart", "-m", "immediate", "-w", "-l", os.path.join(run, "pg", "postgres.log"))
+    write_pids()
+
+
+# ---- Stop everything -----------------------------------------------------------------------------
+def stop_all(*_):
+    stopping.set()
+    with lock:
+        items = list(procs.items())
+    for name, pr in items:
+        if name.startswith("pylond") and pr.poll() is None:
+            pr.terminate()
+    for name, pr in items:
+        if pr.poll() is None:
+            if name.startswith("pylond"):
+                try:
+                    pr.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            if pr.poll() is None:
+                pr.kill()
+            pr.wait()
+    if use_pg and "pid" in pg:
+        pg_ctl("stop", "-m", "immediate")
+
+
+def on_signal(sig, _frame):
+    # pylon-fleet got the same Ctrl-C (it is in our process group) and is draining; SIGTERM and
+    # SIGHUP are passed on to it.
+    fl = procs.get("__fleet")
+    if fl and fl.poll() is None and sig != signal.SIGINT:
+        fl.send_signal(signal.SIGINT)
+
+
+fleet_start = time.time()
+
+
+def main():
+    global fleet_start
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log(f"run directory {run}; database {'PostgreSQL' if use_pg else 'SQLite'}, stream "
+        f"{'NATS JetStream' if use_nats_stream else 'none (the database)'}, broker "
+        f"{'nats-server MQTT x3' if use_nats_mqtt else 'mosquitto'}, {n_backends} backend(s)")
+    if use_pg:
+        start_postgres()
+    if need_nats:
+        start_nats()
+    if not use_nats_mqtt:
+        start_mosquitto()
+    for i in range(n_backends):
+        backends.append({"name": f"backend{i + 1}", "port": free_port()})
+        start_backend(i)
+    start_haproxy()
+    write_pids()
+    pylonds = [Pylond(i) for i in range(args.pylonds)]
+    for d in pylonds:
+        d.start()
+    write_pids()
+    stop_e2e = threading.Event()
+    threads = []
+    for d in pylonds:
+        for target in (d.events, d.app, d.push_sender):
+            t = threading.Thread(target=target, args=(stop_e2e,), daemon=True)
+            t.start()
+            threads.append(t)
+    fleet_argv = [os.path.join(BIN, "pylon-fleet"), "--backend", LB, "--broker", ",".join(broker_list()),
+                  "--devices", str(args.devices), "--rate", str(args.rate), "--duration", str(args.duration),
+                  "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
+                  "--watch-file", pids_file, "--status-file", status_file, "--json"] + args.fleet_args
+    log("starting: " + " ".join(fleet_argv[1:]))
+    fleet_start = time.time()
+    fl = subprocess.Popen(fleet_argv, stdout=subprocess.PIPE)
+    procs["__fleet"] = fl
+    if args.faults:
+        threading.Thread(target=schedule_faults, daemon=True).start()
+    out = fl.stdout.read()
+    code = fl.wait()
+    procs.pop("__fleet", None)
+    stop_e2e.set()
+    for t in threads:
+        t.join(timeout=35)
+    reports = []
+    for d in pylonds:
+        d.flush_and_check()
+        reports.append(d.report())
+    try:
+        summary = json.loads(out)
+    except ValueError:
+        log(f"pylon-fleet exited with {code} and no summary")
+        return 2
+    summary["faults"] = faults
+    summary["pylonds"] = reports
+    summary["servers"] = {"database": "postgresql" if use_pg else "sqlite", "stream": "nats" if use_nats_stream else "none",
+                          "broker": "nats-mqtt" if use_nats_mqtt else "mosquitto", "backends": n_backends,
+                          "loadBalancer": LB}
+    print(json.dumps(summary, indent=2))
+    if args.summary_json:
+        json.dump(summary, open(args.summary_json, "w"), indent=2)
+    print(human(summary), file=sys.stderr)
+    e2e_bad = any(r["eventsLost"] or r["pushLost"] or r["pushTwiceUnderTwoIds"] for r in reports)
+    return code if code != 0 else (1 if e2e_bad else 0)
+
+
+def human(s):
+    e, pu = s["events"], s["push"]
+    lines = [f"fleet: {s['devices']} devices x {s['ratePerDevice']} ev/s, {s['loadS']:.0f} s load, servers {s['servers']}",
+             f"  events: acked {e['acked']} ({e['ackedPerS']:.0f}/s, peak {e['peakAckedPerS']:.0f}/s), read back "
+             f"{e['storedRead']}, lost {e['lost']}, duplicates {e['duplicates']}, unacked {e['unacked']}",
+             f"  push: {pu['delivered']}/{pu['expected']} delivered, lost {pu['lost']}, duplicates to apps {pu['appDuplicates']}"]
+    for k, v in pu["latency"].items():
+        lines.append(f"    {k}: {v['sends']} sends, {v['deliveries']} deliveries, p50 {v['p50Ms']} ms, p99 {v['p99Ms']} ms")
+    for f in s["faults"]:
+        lines.append(f"  fault at {f['atS']} s: {f['fault']}" + (f" (not injected: {f['error']})" if "error" in f else ""))
+    for o in s["outages"]:
+        lines.append(f"  devices down to {o['lowest']} at {o['atS']} s, all reconnected after {o['reconnectedAfterS']} s")
+    for r in s["pylonds"]:
+        lines.append(f"  {r['name']}: events acked {r['eventsAcked']}, lost {r['eventsLost']}; push sent {r['pushSent']}, "
+                     f"lost {r['pushLost']}")
+    for pr in s["processes"]:
+        lines.append(f"  {pr['name']}: peak cpu {pr['peakCpu'] * 100:.0f}%, peak rss {pr['peakRssKiB'] // 1024} MB")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    rc = 2
+    try:
+        rc = main()
+    finally:
+        stop_all()
+        if not args.keep and not args.dir:
+            shutil.rmtree(run, ignore_errors=True)
+        elif args.keep:
+            log(f"kept {run}")
+    sys.exit(rc)

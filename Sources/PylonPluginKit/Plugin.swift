@@ -139,6 +139,11 @@ public final class Plugin {
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
     public var wantsCallerInfo = false
+    /// The plugin's strict configuration reader, for `--check-config` (and so `pylond
+    /// --check-config`): throws the problems that would make it refuse to start; returns
+    /// warnings (unknown settings). Set it before `run()`; usually the same reader the plugin
+    /// starts with (see `ConfigReader`).
+    public var checkConfig: ((JSON) throws(ConfigProblems) -> [String])?
     /// Calls to other plugins waiting for their answer, by request id.
     private var pendingCalls: [Int64: PendingCall] = [:]
     /// How many of `pendingCalls` want their result as text (`callText`): while there are

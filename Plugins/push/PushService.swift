@@ -13,7 +13,7 @@ import Glibc
 /// SQLite writes, app callbacks, one timer armed for the next deadline).
 final class PushService {
     let plugin: Plugin
-    var config = PushConfig(.object([:]))
+    var config = PushConfig()
     var store: PushStore!
     var http: HTTPClient!
     var mqtt: MQTTClient?
@@ -69,7 +69,13 @@ final class PushService {
     // MARK: Start
 
     func start() {
-        config = PushConfig(plugin.config)
+        do throws(ConfigProblems) {
+            config = try PushConfig(plugin.config)
+        } catch {
+            log.error("invalid push configuration", ["error": error.description])
+            System.exit(exitStatusConfigError)
+        }
+        for w in config.warnings { log.warn("configuration", ["warning": w]) }
         let dir = plugin.stateDir.isEmpty ? "." : plugin.stateDir
         let path = dir + "/push.db"
         do throws(SQLiteError) {

@@ -34,6 +34,7 @@ final class PostgresServer {
         sharedLock.lock()
         defer { sharedLock.unlock() }
         if let s = sharedServer { return s }
+        PostgresServer.stopAbandoned()
         let s = try PostgresServer()
         sharedServer = s
         atexit { PostgresServer.sharedServer?.shutdown() }
@@ -68,7 +69,29 @@ final class PostgresServer {
         let confPath = dir + "/data/postgresql.conf"
         let existing = (try? String(contentsOfFile: confPath, encoding: .utf8)) ?? ""
         try (existing + "\n" + conf + "\n").write(toFile: confPath, atomically: false, encoding: .utf8)
+        try "\(getpid())\n".write(toFile: dir + "/owner.pid", atomically: true, encoding: .utf8)
         try start()
+    }
+
+    /// Stops and removes the servers of earlier test processes that died without stopping them
+    /// (killed by a timeout, say): each directory names its owner in `owner.pid`.
+    static func stopAbandoned() {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []
+        for e in entries where e.hasPrefix("pylon-pg-") {
+            let d = "/tmp/" + e
+            guard let text = try? String(contentsOfFile: d + "/owner.pid", encoding: .utf8),
+                let pid = Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)), pid != getpid(),
+                kill(pid, 0) != 0 && errno == ESRCH
+            else { continue }
+            let abandoned = PostgresServer(adopting: d)
+            abandoned.shutdown()
+        }
+    }
+
+    /// An existing server directory (to stop it).
+    private init(adopting dir: String) {
+        self.dir = dir
+        running = FileManager.default.fileExists(atPath: dir + "/data/postmaster.pid")
     }
 
     /// `pg_ctl start -w`: returns once the server accepts connections.

@@ -28,6 +28,8 @@ enum PushCode {
 struct PushConfig {
     /// Longest broker credential accepted from the backend's registration reply (a NATS JWT).
     static let maxBrokerPasswordBytes = 8192
+    /// Broker refusals of the credential in a row before the device enrols again for a new one.
+    static let refusalsBeforeReEnrolment = 3
     var backend = "http://127.0.0.1:8780"
     /// The enrolment credential presented to `POST /v1/devices/register` (the fleet-level device
     /// key the other plugins' `credentialFile` names too); none: the backend's open enrolment.

@@ -150,7 +150,8 @@ struct ProcAndOptionsTests {
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--broker", "nohost"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--backend", "file:///etc/passwd"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--run-id", "a.b"]) }
-        #expect(FDLimit.deviceCapacity(limit: 1024, inflight: 256) == 1024 - FleetOptions.Limits.fdReserve - 256)
+        #expect(FDLimit.deviceCapacity(limit: 20_000, inflight: 256) == (20_000 - FleetOptions.Limits.fdReserve - 256) / 3)
+        #expect(FDLimit.deviceCapacity(limit: 100, inflight: 256) == 0)
     }
 
     @Test func formatting() {

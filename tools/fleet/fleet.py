@@ -193,26 +193,59 @@ nats = []
 
 
 def start_nats():
-    cluster_ports = [free_port() for _ in range(3)]
+    """Three nodes from tools/pylon-nats-cluster's configurations (the one generator of them),
+    started and killed here so a fault can kill -9 one and start it again."""
+    d = os.path.join(run, "nats")
+    client, cluster, mqtt = [free_port() for _ in range(3)], [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+    cmd = [os.path.join(REPO, "tools", "pylon-nats-cluster"), "config", "--dir", d,
+           "--client-ports", ",".join(map(str, client)), "--cluster-ports", ",".join(map(str, cluster))]
+    if use_nats_mqtt:
+        extra = os.path.join(run, "nats-mqtt.conf")
+        with open(extra, "w") as f:
+            f.write(nats_mqtt_extra())
+        cmd += ["--extra", extra, "--var", "MQTT_PORT=" + ",".join(map(str, mqtt))]
+    subprocess.run(cmd, check=True, capture_output=True)
     for i in range(3):
-        n = {"name": f"nats{i + 1}", "port": free_port(), "cluster": cluster_ports[i], "mqtt": free_port(),
-             "dir": os.path.join(run, f"nats{i + 1}")}
-        nats.append(n)
-    for n in nats:
-        os.makedirs(n["dir"], exist_ok=True)
-        routes = ",".join(f"nats-route://127.0.0.1:{m['cluster']}" for m in nats if m is not n)
-        conf = (f"server_name: {n['name']}\nlisten: 127.0.0.1:{n['port']}\n"
-                f"jetstream {{ store_dir: \"{n['dir']}\" }}\n"
-                f"cluster {{ name: pylon, listen: 127.0.0.1:{n['cluster']}, routes: [{routes}] }}\n")
-        if use_nats_mqtt:
-            conf += f"mqtt {{ listen: 127.0.0.1:{n['mqtt']} }}\n"
-        n["conf"] = os.path.join(n["dir"], "nats.conf")
-        open(n["conf"], "w").write(conf)
+        nats.append({"name": f"nats{i + 1}", "port": client[i], "cluster": cluster[i], "mqtt": mqtt[i],
+                     "conf": os.path.join(d, f"n{i + 1}", "nats.conf")})
     for n in nats:
         start_nats_node(n)
     for n in nats:
         wait_port(n["port"], n["name"], proc=procs[n["name"]])
-    log("nats: " + ",".join(f"nats://127.0.0.1:{n['port']}" for n in nats))
+    log("nats: " + nats_urls())
+
+
+def nats_urls():
+    return ",".join(f"nats://127.0.0.1:{n['port']}" for n in nats)
+
+
+def stream_subject(stream):
+    """The JetStream subject of a Pylon stream (docs/FLEET.md, "Ingest stream": dots escaped)."""
+    return "pylon.ingest." + stream.replace("%", "%25").replace(".", "%2E")
+
+
+def stream_records(stream):
+    """Every record of a Pylon stream: from JetStream with --nats, else the inspection API."""
+    out = []
+    if use_nats_stream:
+        r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "pylon-stream-consumer"), "--server", nats_urls(),
+                            "--durable", "fleet-e2e-" + os.urandom(4).hex(), "--filter", stream_subject(stream), "--once"],
+                           capture_output=True, text=True, timeout=120)
+        for ln in r.stdout.splitlines():
+            out += (json.loads(ln).get("batch") or {}).get("records") or []
+        return out
+    after = 0
+    while True:
+        page = http_json(f"/v1/inspect/streams/{stream}/records?limit=1000&after={after}", timeout=30)
+        out += page["records"]
+        if not page["records"] or page.get("next") is None:
+            return out
+        after = page["next"]
+
+
+def nats_mqtt_extra():
+    """The MQTT listener of each node (the broker cluster's own settings come with it)."""
+    return "mqtt { listen: 127.0.0.1:@MQTT_PORT@ }\n"
 
 
 def start_nats_node(n):
@@ -264,7 +297,7 @@ def start_backend(i):
     if not use_nats_mqtt:
         argv.append("--mqtt-dynsec")
     if use_nats_stream:
-        argv += ["--nats", ",".join(f"nats://127.0.0.1:{n['port']}" for n in nats)]
+        argv += ["--nats", nats_urls(), "--nats-replicas", "3"]
     pr = spawn(b["name"], argv, stdout=subprocess.PIPE)
     line = pr.stdout.readline()
     if b"listening" not in line:
@@ -495,16 +528,11 @@ class Pylond:
                 self.rpc(f"uploader.flush", {"stream": f"ma.{self.app_key}", "wait": True}, timeout=30)
             except OSError:
                 pass
-            after, ids = 0, set()
+            ids = set()
             try:
-                while True:
-                    page = http_json(f"/v1/inspect/streams/ma.{self.app_key}/records?limit=1000&after={after}", timeout=30)
-                    for r in page["records"]:
-                        ids.add(((r.get("data") or {}).get("properties") or {}).get("fleet_id"))
-                    if not page["records"] or page.get("next") is None:
-                        break
-                    after = page["next"]
-            except (OSError, urllib.error.URLError, ValueError, KeyError):
+                for r in stream_records(f"ma.{self.app_key}"):
+                    ids.add(((r.get("data") or {}).get("properties") or {}).get("fleet_id"))
+            except (OSError, urllib.error.URLError, ValueError, KeyError, subprocess.SubprocessError):
                 pass
             self.stored = ids
             with lock:
@@ -563,15 +591,22 @@ def schedule_faults():
     rest = max(0.0, args.duration - t0)
     log(f"faults: all devices connected at {t0:.1f} s" if time.time() < half else "faults: not every device connected; injecting anyway")
     fault(t0 + rest * 0.20, "kill -9 broker node", kill_broker_node)
+    if need_nats and not use_nats_mqtt:
+        # The stream's nodes are not the broker's here: one of them is killed as well.
+        fault(t0 + rest * 0.30, "kill -9 NATS (stream) node", kill_nats_node)
     fault(t0 + rest * 0.45, "kill -9 backend instance", kill_backend)
     fault(t0 + rest * 0.70, "PostgreSQL restart", restart_postgres)
 
 
+def kill_nats_node():
+    n = nats[0]
+    kill(n["name"])
+    threading.Timer(5, lambda: stopping.is_set() or start_nats_node(n)).start()
+
+
 def kill_broker_node():
     if use_nats_mqtt:
-        n = nats[0]
-        kill(n["name"])
-        threading.Timer(5, lambda: stopping.is_set() or start_nats_node(n)).start()
+        kill_nats_node()
     else:
         kill("mosquitto")
         threading.Timer(5, lambda: stopping.is_set() or start_mosquitto()).start()
@@ -656,7 +691,13 @@ def main():
     fleet_argv = [os.path.join(BIN, "pylon-fleet"), "--backend", LB, "--broker", ",".join(broker_list()),
                   "--devices", str(args.devices), "--rate", str(args.rate), "--duration", str(args.duration),
                   "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
-                  "--watch-file", pids_file, "--status-file", status_file, "--json"] + args.fleet_args
+                  "--watch-file", pids_file, "--status-file", status_file, "--json"]
+    if use_nats_stream:
+        # The batches are in JetStream, not the database: read them back with a durable pull
+        # consumer of this run's subject (tools/pylon-stream-consumer).
+        fleet_argv += ["--verify-exec", f"/usr/bin/python3 {REPO}/tools/pylon-stream-consumer --server {nats_urls()} "
+                       f"--durable fleet-verify --filter {stream_subject('ma.fleet')} --batch 256 --once"]
+    fleet_argv += args.fleet_args
     log("starting: " + " ".join(fleet_argv[1:]))
     fleet_start = time.time()
     fl = subprocess.Popen(fleet_argv, stdout=subprocess.PIPE)

@@ -57,7 +57,7 @@ run: build
 	@umask 077; for f in operator.token device.key broker.password; do [ -s $(RUN_DIR)/$$f ] \
 	  || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > $(RUN_DIR)/$$f; chmod 600 $(RUN_DIR)/$$f; done
 	@[ -s $(RUN_DIR)/dynsec.json ] || tools/pylon-dynsec-init $(RUN_DIR)/dynsec.json pylon-backend $(RUN_DIR)/broker.password
-	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": 1883|"port": $(MQTT_PORT)|' \
+	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": *1883\b|"port": $(MQTT_PORT)|g' \
 	  -e 's|/etc/pylon/device.key|$(RUN_DIR)/device.key|g' "$(CONFIG)" > $(RUN_DIR)/pylon.json
 	@printf '%s\n' "# Written by make run ($(CONFIG)): in another terminal, . $(RUN_DIR)/env" \
 	  "export PYLON_SOCKET='$(PYLON_SOCKET)'" "export PATH='$(CURDIR)/.build/debug':\"\$$PATH\"" \

@@ -55,7 +55,7 @@ for block in re.findall(r"```console\n(.*?)```", section, re.S):
             reqs = [l for l in reqs if "\"method\"" in l]
             cmd = "printf '%s\\n' " + " ".join(shlex.quote(r) for r in reqs) + " | socat -t 5 - UNIX-CONNECT:$PYLON_SOCKET"
         out.append(f"n=$((n+1)); echo \"readme-test: [$n] \"{shlex.quote(cmd)} >&2")
-        out.append(f"( {cmd} ) > /tmp/readme-out.$$ 2>&1; rc=$?")
+        out.append(f"{{ {cmd}\n}} > /tmp/readme-out.$$ 2>&1; rc=$?")
         want = "-ne 0" if expect_fail else "-eq 0"
         out.append(f"if [ $rc {want} ]; then :; else cat /tmp/readme-out.$$ >&2; echo \"readme-test: FAIL: command $n exited $rc\" >&2; exit 1; fi")
 out.append("rm -f /tmp/readme-out.$$; echo \"readme-test: ok ($n commands of README's walkthrough)\"")

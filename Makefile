@@ -4,6 +4,10 @@ SHELL := /bin/bash
 SWIFT ?= $(shell command -v swift 2>/dev/null || echo /opt/swift/usr/bin/swift)
 DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqlite3-dev libhttp-parser-dev zlib1g-dev socat python3 mosquitto libmosquitto-dev libpcre2-dev libplist-dev libsystemd-dev python3-pip curl \
 	libpq-dev postgresql-15 libnats-dev nats-server haproxy lintian
+# The broker cluster: libcrypto (ed25519 for the devices' NATS JWTs) and the openssl CLI (tools/pylon-nats-auth).
+DEB_PACKAGES += libssl-dev openssl
+# promtool (Debian's prometheus) checks the metrics exporter's output in the tests.
+DEB_PACKAGES += prometheus
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.
@@ -106,7 +110,8 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 SYSCONFDIR ?= /etc
 BINDIR = $(PREFIX)/bin
-PLUGINDIR = $(PREFIX)/lib/pylon/plugins
+PYLONLIBDIR = $(PREFIX)/lib/pylon
+PLUGINDIR = $(PYLONLIBDIR)/plugins
 MANDIR = $(PREFIX)/share/man
 UNITDIR ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
 SYSUSERSDIR ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/sysusers.d,$(PREFIX)/lib/sysusers.d)
@@ -127,8 +132,12 @@ install-files:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(SYSCONFDIR)/pylon $(DESTDIR)$(UNITDIR) \
 	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 	  $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples
-	install -m 755 $(BIN_SRC)/pylond $(BIN_SRC)/pylonctl $(BIN_SRC)/pylon-backend $(DESTDIR)$(BINDIR)/
-	install -m 755 $(BIN_SRC)/pylon-uploader $(BIN_SRC)/pylon-ma $(BIN_SRC)/pylon-push $(BIN_SRC)/pylon-gtm $(DESTDIR)$(PLUGINDIR)/
+	install -m 755 $(BIN_SRC)/pylonctl $(BIN_SRC)/pylon-backend $(DESTDIR)$(BINDIR)/
+	@# The device's programs are one multi-call executable (Sources/pylon): pylond and the four
+	@# plugins are relative links to it, so they share its code pages and one Swift runtime.
+	install -m 755 $(BIN_SRC)/pylon $(DESTDIR)$(PYLONLIBDIR)/pylon
+	ln -sfr $(DESTDIR)$(PYLONLIBDIR)/pylon $(DESTDIR)$(BINDIR)/pylond
+	for p in pylon-uploader pylon-ma pylon-push pylon-gtm; do ln -sfr $(DESTDIR)$(PYLONLIBDIR)/pylon $(DESTDIR)$(PLUGINDIR)/$$p; done
 	install -d $(DESTDIR)$(SYSCONFDIR)/pylon/gtm
 	install -m 644 etc/gtm/* $(DESTDIR)$(SYSCONFDIR)/pylon/gtm/
 	sed -e 's|@BACKEND_URL@|$(BACKEND_URL)|g' -e 's|@PLUGINDIR@|$(PLUGINDIR)|g' etc/pylon.prod.json > $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json.dist

@@ -15,6 +15,11 @@ let package = Package(
     products: [
         .executable(name: "pylond", targets: ["pylond"]),
         .executable(name: "pylonctl", targets: ["pylonctl"]),
+        .executable(name: "pylon-uploader", targets: ["pylon-uploader-main"]),
+        .executable(name: "pylon-ma", targets: ["pylon-ma-main"]),
+        .executable(name: "pylon-push", targets: ["pylon-push-main"]),
+        .executable(name: "pylon-gtm", targets: ["pylon-gtm-main"]),
+        .executable(name: "pylon", targets: ["pylon"]),
         .library(name: "PylonPluginKit", targets: ["PylonPluginKit"]),
         .library(name: "PylonClientKit", targets: ["PylonClientKit"]),
     ],
@@ -37,6 +42,8 @@ let package = Package(
         .systemLibrary(name: "CNATS", pkgConfig: "libnats", providers: [.apt(["libnats-dev"])]),
         // libnats's libuv adapter, compiled once (its header defines non-static functions).
         .target(name: "CNATSLoop", dependencies: ["CNATS", "CLibUV"]),
+        // ed25519 for the NATS JWTs the backend mints as device broker credentials (libcrypto).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
         .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
@@ -72,28 +79,45 @@ let package = Package(
             name: "pylon-echo", dependencies: ["PylonPluginKit"], path: "Plugins/echo",
             swiftSettings: strict),
 
+        // Each shipped plugin is a library (its program is `XMain.run()`) plus a thin executable
+        // in `main/`, so the multi-call `pylon` binary can link all of them (and tests link the
+        // library, not an executable).
+        .target(
+            name: "pylon_uploader", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
+            path: "Plugins/uploader", exclude: ["main"], swiftSettings: strict),
         .executableTarget(
-            name: "pylon-uploader", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
-            path: "Plugins/uploader", swiftSettings: strict),
+            name: "pylon-uploader-main", dependencies: ["pylon_uploader"], path: "Plugins/uploader/main", swiftSettings: strict),
 
+        .target(
+            name: "pylon_ma", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
+            path: "Plugins/ma", exclude: ["main"], swiftSettings: strict),
         .executableTarget(
-            name: "pylon-ma", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP"],
-            path: "Plugins/ma", swiftSettings: strict),
+            name: "pylon-ma-main", dependencies: ["pylon_ma"], path: "Plugins/ma/main", swiftSettings: strict),
 
+        .target(
+            name: "pylon_push", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonMQTT"],
+            path: "Plugins/push", exclude: ["main"], swiftSettings: strict),
         .executableTarget(
-            name: "pylon-push", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonMQTT"],
-            path: "Plugins/push", swiftSettings: strict),
+            name: "pylon-push-main", dependencies: ["pylon_push"], path: "Plugins/push/main", swiftSettings: strict),
 
+        .target(
+            name: "pylon_gtm", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonTagEngine", "CPlist"],
+            path: "Plugins/gtm", exclude: ["main"], swiftSettings: strict),
         .executableTarget(
-            name: "pylon-gtm", dependencies: ["PylonPluginKit", "PylonStore", "PylonHTTP", "PylonTagEngine", "CPlist"],
-            path: "Plugins/gtm", swiftSettings: strict),
+            name: "pylon-gtm-main", dependencies: ["pylon_gtm"], path: "Plugins/gtm/main", swiftSettings: strict),
+
+        // The device's programs in one executable (pylond and the four plugins, chosen by the
+        // name it is started as): one copy of the code and the Swift runtime on flash and in memory.
+        .executableTarget(
+            name: "pylon", dependencies: ["PylonHost", "PylonPluginKit", "pylon_uploader", "pylon_ma", "pylon_push", "pylon_gtm"],
+            swiftSettings: strict),
 
         // The reference backend: HTTP/1.1 on libuv with http-parser, SQLite storage, loopback.
         // Everything but `main` is a library so the fuzz target can run the same request path;
         // what `main` uses is `package`.
         .target(
             name: "PylonBackend", dependencies: [
-                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop",
+                "PylonCore", "PylonProtocol", "PylonStore", "CHTTPParser", "CLibUV", "PylonMQTT", "CPQ", "CNATS", "CNATSLoop", "CCrypto",
             ],
             swiftSettings: strict),
         .executableTarget(name: "pylon-backend", dependencies: ["PylonBackend", "PylonCore"], swiftSettings: strict),
@@ -131,9 +155,9 @@ let package = Package(
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
         .target(name: "TestSupport", dependencies: ["PylonCore"], path: "Tests/TestSupport", swiftSettings: strict),
         .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "UploaderTests", dependencies: ["pylon-uploader", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "MATests", dependencies: ["pylon-ma", "TestSupport"], swiftSettings: strict),
-        .testTarget(name: "PushTests", dependencies: ["pylon-push", "PylonMQTT"], swiftSettings: strict),
+        .testTarget(name: "UploaderTests", dependencies: ["pylon_uploader", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "MATests", dependencies: ["pylon_ma", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "PushTests", dependencies: ["pylon_push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
         .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
         .testTarget(

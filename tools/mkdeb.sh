@@ -13,12 +13,13 @@ make --no-print-directory install-files DESTDIR="$PWD/$stage" PREFIX=/usr BIN_SR
 
 # Debian ships stripped executables (debug symbols would be a -dbgsym package): about a third
 # of each release binary's size.
-strip --strip-unneeded --remove-section=.comment --remove-section=.note "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$stage"/usr/bin/pylonctl \
+    "$stage"/usr/bin/pylon-backend "$stage"/usr/lib/pylon/pylon
 
 # Depends: packages of the shared libraries the ELF files link directly (DT_NEEDED), located
 # with ldd; the version is at least the installed one (the build machine's).
 declare -A deps=()
-for f in "$stage"/usr/bin/* "$stage"/usr/lib/pylon/plugins/*; do
+for f in "$stage"/usr/bin/pylonctl "$stage"/usr/bin/pylon-backend "$stage"/usr/lib/pylon/pylon; do
     for so in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
         lib=$(ldd "$f" | awk -v so="$so" '$1 == so && $3 ~ /^\// { print $3 }')
         [ -n "$lib" ] || { [[ $so == ld-linux* ]] && continue; echo "mkdeb: $so not found" >&2; exit 1; }

@@ -1,4 +1,5 @@
 import PylonCore
+import PylonPluginKit
 import PylonTagEngine
 
 /// The gtm plugin's settings (the plugin's `config` in etc/pylon.json; see docs/GTM.md). Every
@@ -71,44 +72,54 @@ struct GTMLimits {
 
     init() {}
 
-    init(_ c: JSON) {
-        if let s = c["backend"]?.stringValue { backend = s }
-        credentialFile = c["credentialFile"]?.stringValue
-        if let s = c["defaultsDir"]?.stringValue { defaultsDir = s }
-        func int(_ k: String, _ min: Int64 = 1) -> Int64? {
-            guard let v = c[k]?.intValue, v >= min else { return nil }
-            return v
-        }
-        if let v = int("refreshPeriodMs") { refreshPeriodMs = v }
-        if let v = int("retryAfterFailureMs") { retryAfterFailureMs = v }
-        if let v = int("fetchTimeoutMs") { fetchTimeoutMs = Int(v) }
-        if let v = int("maxContainerBytes") { maxContainerBytes = Int(v) }
-        if let v = int("maxOpenContainers") { maxOpenContainers = Int(v) }
-        if let v = int("maxOwners") { maxOwners = Int(v) }
-        if let v = int("maxLogLinesPerOwner") { maxLogLinesPerOwner = Int(v) }
-        if let b = c["publishOwnerLogLines"]?.boolValue { publishOwnerLogLines = b }
-        if let v = int("logBurst") { logBurst = Int(v) }
-        if let v = int("logLinesPerSecond") { logLinesPerSecond = Int(v) }
-        if let v = int("functionCallTimeoutMs") { functionCallTimeoutMs = v }
-        if let v = int("maxFunctionCallRounds") { maxFunctionCallRounds = Int(v) }
-        if let v = int("maxHandlers") { maxHandlers = Int(v) }
-        if let v = int("maxHeldHits") { maxHeldHits = Int(v) }
-        if let v = int("maxQueuedPushes") { maxQueuedPushes = Int(v) }
-        if let v = int("maxPushBytes") { maxPushBytes = Int(v) }
-        if let v = int("maxDataLayerBytes") { maxDataLayerBytes = Int(v) }
-        if let v = int("maxPersistedEntries") { maxPersistedEntries = Int(v) }
-        if let v = int("refreshBucket") { refreshBucket = Int(v) }
-        if let v = int("refreshRefillMs") { refreshRefillMs = v }
-        if let v = int("refreshMinSpacingMs", 0) { refreshMinSpacingMs = v }
-        if let v = int("maxEvaluationSteps") { engine.maxSteps = Int(v) }
-        if let v = int("maxEvaluationBytes") { engine.maxWorkBytes = Int(v) }
-        if let v = int("maxValueBytes") { engine.maxValueBytes = Int(v) }
-        if let v = int("maxBusyMsPerTurn") { maxBusyMsPerTurn = v }
-        if let v = int("maxDeferredEvaluations") { maxDeferredEvaluations = Int(v) }
-        if let v = int("maxMacroDepth") { engine.maxDepth = Int(v) }
-        if let v = int("regexMatchLimit") { engine.regexMatchLimit = UInt32(clamping: v) }
-        if let o = c["environment"]?.objectValue { environment = o }
-        if let s = c["logLevel"]?.stringValue, let l = GTMLogLevel(rawValue: s) { logLevel = l }
+    /// Warnings (unknown settings) of the last read.
+    private(set) var warnings: [String] = []
+
+    /// Bounds of the numeric settings: counts and sizes from 1 (spacing from 0) to these.
+    static let maxCount: Int64 = 100_000_000
+    static let maxMs: Int64 = 86_400_000 * 30
+
+    /// Reads `plugins[gtm].config` strictly (`ConfigReader`): a wrong type or a value out of
+    /// bounds is an error naming its path, an unknown setting a warning.
+    init(_ c: JSON) throws(ConfigProblems) {
+        var r = ConfigReader(c)
+        let counts: ClosedRange<Int64> = 1...Self.maxCount
+        let ms: ClosedRange<Int64> = 1...Self.maxMs
+        if let s = r.httpURL("backend") { backend = s }
+        credentialFile = r.string("credentialFile")
+        if let s = r.string("defaultsDir") { defaultsDir = s }
+        if let v = r.int("refreshPeriodMs", ms) { refreshPeriodMs = v }
+        if let v = r.int("retryAfterFailureMs", ms) { retryAfterFailureMs = v }
+        if let v = r.int("fetchTimeoutMs", ms) { fetchTimeoutMs = Int(v) }
+        if let v = r.int("maxContainerBytes", counts) { maxContainerBytes = Int(v) }
+        if let v = r.int("maxOpenContainers", counts) { maxOpenContainers = Int(v) }
+        if let v = r.int("maxOwners", counts) { maxOwners = Int(v) }
+        if let v = r.int("maxLogLinesPerOwner", counts) { maxLogLinesPerOwner = Int(v) }
+        if let b = r.bool("publishOwnerLogLines") { publishOwnerLogLines = b }
+        if let v = r.int("logBurst", counts) { logBurst = Int(v) }
+        if let v = r.int("logLinesPerSecond", counts) { logLinesPerSecond = Int(v) }
+        if let v = r.int("functionCallTimeoutMs", ms) { functionCallTimeoutMs = v }
+        if let v = r.int("maxFunctionCallRounds", counts) { maxFunctionCallRounds = Int(v) }
+        if let v = r.int("maxHandlers", counts) { maxHandlers = Int(v) }
+        if let v = r.int("maxHeldHits", counts) { maxHeldHits = Int(v) }
+        if let v = r.int("maxQueuedPushes", counts) { maxQueuedPushes = Int(v) }
+        if let v = r.int("maxPushBytes", counts) { maxPushBytes = Int(v) }
+        if let v = r.int("maxDataLayerBytes", counts) { maxDataLayerBytes = Int(v) }
+        if let v = r.int("maxPersistedEntries", counts) { maxPersistedEntries = Int(v) }
+        if let v = r.int("refreshBucket", counts) { refreshBucket = Int(v) }
+        if let v = r.int("refreshRefillMs", ms) { refreshRefillMs = v }
+        if let v = r.int("refreshMinSpacingMs", 0...Self.maxMs) { refreshMinSpacingMs = v }
+        if let v = r.int("maxEvaluationSteps", counts) { engine.maxSteps = Int(v) }
+        if let v = r.int("maxEvaluationBytes", counts) { engine.maxWorkBytes = Int(v) }
+        if let v = r.int("maxValueBytes", counts) { engine.maxValueBytes = Int(v) }
+        if let v = r.int("maxBusyMsPerTurn", ms) { maxBusyMsPerTurn = v }
+        if let v = r.int("maxDeferredEvaluations", counts) { maxDeferredEvaluations = Int(v) }
+        if let v = r.int("maxMacroDepth", counts) { engine.maxDepth = Int(v) }
+        if let v = r.int("regexMatchLimit", 1...Int64(UInt32.max)) { engine.regexMatchLimit = UInt32(v) }
+        if let o = r.object("environment") { environment = o }
+        if let s = r.choice("logLevel", GTMLogLevel.allCases.map(\.rawValue)), let l = GTMLogLevel(rawValue: s) { logLevel = l }
+        try r.check()
+        warnings = r.unknown
     }
 
     static let containerIdRule = "containerId must be 1-\(maxContainerIdBytes) characters of [A-Za-z0-9._-] (not . or ..)"

@@ -73,7 +73,13 @@ final class GTMService {
     init(plugin: Plugin) { self.plugin = plugin }
 
     func start() {
-        limits = GTMLimits(plugin.config)
+        do throws(ConfigProblems) {
+            limits = try GTMLimits(plugin.config)
+        } catch {
+            plugin.log.error("invalid gtm configuration", ["error": error.description])
+            System.exit(exitStatusConfigError)
+        }
+        for w in limits.warnings { plugin.log.warn("configuration", ["warning": w]) }
         log.level = limits.logLevel
         log.maxLinesPerOwner = limits.maxLogLinesPerOwner
         log.publishOwnerLines = limits.publishOwnerLogLines

@@ -95,19 +95,26 @@ final class MAService {
 
     /// Reads the configuration and the persisted state (after the handshake).
     func ready() {
-        let c = plugin.config
-        if let u = c["backend"]?.stringValue { backendURL = u }
-        credentialFile = c["credentialFile"]?.stringValue
-        defaultProject = c["project"]?.stringValue
-        advertisingId = c["advertisingId"]?.stringValue
-        carrier = c["carrier"]?.stringValue
-        if let v = c["retryInitialMs"]?.intValue { retryInitialMs = UInt64(v) }
-        if let v = c["retryMaxMs"]?.intValue { retryMaxMs = UInt64(v) }
-        if let v = c["maxHeldEvents"]?.intValue, v > 0 { maxHeldEvents = Int(v) }
-        if let v = c["maxEventBytes"]?.intValue, v > 0 { maxEventBytes = Int(v) }
-        if let v = c["maxEnqueueBytes"]?.intValue, v > 0 { maxEnqueueBytes = Int(v) }
-        if let v = c["maxAppKeys"]?.intValue, v > 0 { maxAppKeys = Int(v) }
-        if let v = c["maxEnqueuesInFlight"]?.intValue, v > 0 { maxEnqueuesInFlight = Int(v) }
+        let c: MAConfig
+        do throws(ConfigProblems) {
+            c = try MAConfig(plugin.config)
+        } catch {
+            plugin.log.error("invalid ma configuration", ["error": error.description])
+            System.exit(exitStatusConfigError)
+        }
+        for w in c.warnings { plugin.log.warn("configuration", ["warning": w]) }
+        backendURL = c.backend
+        credentialFile = c.credentialFile
+        defaultProject = c.project
+        advertisingId = c.advertisingId
+        carrier = c.carrier
+        retryInitialMs = c.retryInitialMs
+        retryMaxMs = c.retryMaxMs
+        maxHeldEvents = c.maxHeldEvents
+        maxEventBytes = c.maxEventBytes
+        maxEnqueueBytes = c.maxEnqueueBytes
+        maxAppKeys = c.maxAppKeys
+        maxEnqueuesInFlight = c.maxEnqueuesInFlight
         do {
             try db.exec(
                 """

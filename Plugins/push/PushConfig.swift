@@ -26,6 +26,8 @@ enum PushCode {
 
 /// Configuration (plugin `config` in pylon.json); every limit is named here.
 struct PushConfig {
+    /// Longest broker credential accepted from the backend's registration reply (a NATS JWT).
+    static let maxBrokerPasswordBytes = 8192
     var backend = "http://127.0.0.1:8780"
     /// The enrolment credential presented to `POST /v1/devices/register` (the fleet-level device
     /// key the other plugins' `credentialFile` names too); none: the backend's open enrolment.

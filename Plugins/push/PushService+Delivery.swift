@@ -74,6 +74,14 @@ extension PushService {
             guard try store.markSeen(appId: targetApp, keys: keys) else {
                 counters.duplicates += 1
                 log.debug("duplicate dropped", ["id": id, "appId": targetApp])
+                // A repeat of a message this device no longer holds (acknowledged, expired or
+                // dropped) is reported done again: the first report may have been lost (a broker
+                // cluster drops an ack published while the backend's subscription is re-created;
+                // the backend republishes what it has no report for).
+                if delivery.entries[id] == nil, !pendingAcks.contains(id), pendingAcks.count < config.maxPendingAckReports {
+                    pendingAcks.append(id)
+                    if !ackFlush.isActive { ackFlush.start(after: 0) }
+                }
                 return
             }
             if counters.received % 1000 == 0 { try store.pruneSeen() }

@@ -245,6 +245,8 @@ extension PushService {
             "code": 0,
             "connection": .string(mqtt?.state.rawValue ?? "disconnected"),
             "lastError": mqtt?.lastError.map { .string($0) } ?? .null,
+            "broker": mqtt.map { .string($0.broker.description) } ?? .null,
+            "brokerProtocol": mqtt.map { .string($0.protocolVersion == 5 ? "5" : "3.1.1") } ?? .null,
             "registration": .string(reg.phase.rawValue),
             "deviceRegistered": .bool(deviceToken != nil),
             "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),
@@ -260,6 +262,7 @@ extension PushService {
                 "schemaMismatch": .int(Int64(c.schemaMismatch)), "unknownFields": .int(Int64(c.unknownFields)),
                 "backendErrors": .int(Int64(c.backendErrors)), "opensReported": .int(Int64(c.opensReported)),
                 "brokerConnects": .int(Int64(mqtt?.connects ?? 0)), "brokerDisconnects": .int(Int64(mqtt?.disconnects ?? 0)),
+                "brokerSubscribeRefusals": .int(Int64(mqtt?.subscribeRefusals ?? 0)),
             ],
         ]
         if owner {

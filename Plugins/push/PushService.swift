@@ -125,19 +125,23 @@ final class PushService {
     }
 
     /// Connects to the broker with the device's credential (username = device id, password = the
-    /// device token, client id `pylon-push-<installId>`, which the broker binds to the credential).
+    /// device token, or the broker credential registration returned — a NATS user JWT on a
+    /// nats-server cluster — client id `pylon-push-<installId>`, which mosquitto binds to the
+    /// credential). `broker.brokers` lists a cluster's nodes: the client moves to the next one
+    /// when a connection fails or is lost and resumes its persistent session there.
     func startBroker() {
         guard mqtt == nil, let deviceToken, let deviceId else { return }
         var o = MQTTOptions(json: config.broker, clientId: "pylon-push-" + installId)
+        for why in o.ignored { log.warn("broker configuration entry ignored", ["reason": why]) }
         o.cleanSession = false
         o.username = deviceId
-        o.password = deviceToken
+        o.password = store.get("brokerPassword") ?? deviceToken
         let client = MQTTClient(loop: plugin.loop, options: o)
         client.onMessage = { [unowned self] topic, payload in self.received(topic: topic, payload) }
         client.onReadBatchBegin = { [unowned self] in self.store.begin() }
         client.onReadBatchEnd = { [unowned self] in self.store.commit() }
-        client.onConnect = { [unowned self] present in
-            self.log.info("broker connected", ["sessionPresent": present])
+        client.onConnect = { [unowned self, unowned client] present in
+            self.log.info("broker connected", ["sessionPresent": present, "broker": client.broker.description])
             self.flushAcks()
             self.hello()
         }
@@ -314,6 +318,12 @@ final class PushService {
                 return
             }
             self.useDeviceToken(t)
+            // The broker credential, when it is not the device token (a nats-server cluster).
+            if let pw = j["mqtt"]?["password"]?.stringValue, (1...PushConfig.maxBrokerPasswordBytes).contains(pw.utf8.count) {
+                try? self.store.set("brokerPassword", pw)
+            } else {
+                try? self.store.set("brokerPassword", nil)
+            }
             // A renewed token is a new broker password: reconnect with it.
             if let old = self.mqtt {
                 old.stop()

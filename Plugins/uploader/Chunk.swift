@@ -85,6 +85,19 @@ struct Chunk {
         return c
     }
 
+    /// Appends a record's whole text as stored (`RecordText`). Returns its charge.
+    @discardableResult
+    mutating func appendText(_ t: UnsafeRawBufferPointer) -> Int {
+        if count > 0 { body.append(UInt8(ascii: ",")) }
+        body.append(contentsOf: t)
+        let data = RecordText.parts(t)?.data.count ?? 0
+        withUnsafeBytes(of: (UInt32(body.count).littleEndian, UInt32(data).littleEndian)) { index.append(contentsOf: $0) }
+        count += 1
+        let c = Chunk.charge(textBytes: t.count)
+        bytes += c
+        return c
+    }
+
     /// The charge of record `i` (from the index alone).
     static func charge(_ index: UnsafeRawBufferPointer, _ i: Int) -> Int { charge(textBytes: span(index, i).count) }
 

@@ -28,50 +28,33 @@ extension UploaderStore {
     }
 
     /// Sets a rejected batch aside record by record: kept for inspection, never retried unless
-    /// re-queued. Returns the records set aside and what they count in the disk cap.
-    func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws(SQLiteError) -> (count: Int, bytes: Int) {
-        // A batch's records are all of one stream.
-        var gone: [RecordKey] = []
-        var stream = ""
-        let r = try db.transaction { () throws(SQLiteError) -> (count: Int, bytes: Int) in
-            var rows: [(stream: String, chunk: Chunk)] = []
-            let s = try db.prepare(
-                "SELECT c.stream, b.body, b.idx FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first"
-            )
-            try s.bind([.text(key)])
-            while try s.step() { rows.append((s.text(0), Chunk(body: s.withBlob(1) { Array($0) }, index: s.withBlob(2) { Array($0) }))) }
-            s.reset()
-            var letters: [(stream: String, id: String, data: String, ts: Int64)] = []
-            for r in rows {
-                r.chunk.body.withUnsafeBytes { body in
-                    r.chunk.index.withUnsafeBytes { index in
-                        for i in 0..<r.chunk.count {
-                            let rec = Chunk.record(body, index, i)
-                            gone.append(RecordKey(rec.escapedID))
-                            stream = r.stream
-                            // The id as the caller sent it (the chunk holds it JSON-escaped).
-                            let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
-                            letters.append((r.stream, id, String(decoding: rec.data, as: UTF8.self), Chunk.ts(body, index, i)))
-                        }
-                    }
-                }
-            }
+    /// re-queued. The rows are committed first, then the batch's `done` frame is written and its
+    /// texts zeroed in the segments (a crash between makes the next open finish it: a batch whose
+    /// key has dead letters is done). Returns the records set aside and what they count in the
+    /// disk cap.
+    func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws -> (count: Int, bytes: Int) {
+        guard let id = batchIDs[key], let stream = batches[id]?.stream else { return (0, 0) }
+        var letters: [(id: String, data: String, ts: Int64)] = []
+        try texts(records(ofBatch: key)) { t in
+            guard let rec = RecordText.parts(t) else { return }
+            // The id as the caller sent it (the text holds it JSON-escaped).
+            let id = (try? JSONRef.parse(rec.escapedID, maxDepth: 2))?.json.stringValue ?? ""
+            letters.append((id, String(decoding: rec.data, as: UTF8.self), rec.ts))
+        }
+        var bytes = 0
+        try db.transaction { () throws(SQLiteError) in
             let ins = try db.prepare("INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms,ts) VALUES(?,?,?,?,?,?,?,?)")
-            var bytes = 0
             for l in letters {
                 ins.reset()
                 try ins.bind([
-                    .text(l.stream), .text(l.id), .text(l.data), .text(key), .int(Int64(status)), .text(reason), .int(nowMs), .int(l.ts),
+                    .text(stream), .text(l.id), .text(l.data), .text(key), .int(Int64(status)), .text(reason), .int(nowMs), .int(l.ts),
                 ])
                 while try ins.step() {}
-                bytes += UploaderStore.deadLetterCharge(stream: l.stream, id: l.id, data: l.data.utf8.count, batch: key, reason: reason)
+                bytes += UploaderStore.deadLetterCharge(stream: stream, id: l.id, data: l.data.utf8.count, batch: key, reason: reason)
             }
-            try db.run("DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch))", [.text(key)])
-            try dropRows(ofBatch: key)
-            return (letters.count, bytes)
         }
-        forget(gone, of: stream)
-        return r
+        try deleteBatch(key, zero: true)
+        return (letters.count, bytes)
     }
 
     /// Per stream: its dead letters and what they count in the disk cap.
@@ -132,7 +115,7 @@ extension UploaderStore {
     /// `consent`, at the end of the queue, as an enqueue would. When the records would add more
     /// than `room` bytes to the disk cap (net of the dead letters deleted) nothing is changed
     /// and the plan is returned with `requeued` as it would have been: the caller refuses.
-    func requeue(stream: String, consent: String, ids: [String]?, room: Int, nowMs: Int64) throws(SQLiteError) -> (Requeue, done: Bool) {
+    func requeue(stream: String, consent: String, ids: [String]?, room: Int, nowMs: Int64) throws -> (Requeue, done: Bool) {
         var plan = Requeue()
         var chunks: [Chunk] = []
         var deleted: [Int64] = []
@@ -168,14 +151,13 @@ extension UploaderStore {
         let net = plan.addedBytes - plan.removedBytes
         guard net <= 0 || net <= room else { return (plan, false) }
         guard !deleted.isEmpty else { return (plan, true) }
-        let start = nextPosition
-        try zeroFreedPages(true)
+        // The records first (a crash after them leaves the dead letters too: a second
+        // re-queue finds their ids queued and deletes them as duplicates).
+        if !chunks.isEmpty {
+            let r = try appendChunks(chunks.map { (stream, consent, $0, nil, nowMs) }, prefix: [])
+            insert(r.placed, seg: r.seg)
+        }
         try db.transaction { () throws(SQLiteError) in
-            var position = start
-            for c in chunks {
-                try insertChunk(stream: stream, consent: consent, first: position, c, batch: nil, nowMs: nowMs)
-                position += Int64(c.count)
-            }
             let del = try db.prepare("DELETE FROM dead_letters WHERE seq=?")
             for seq in deleted {
                 del.reset()
@@ -183,8 +165,6 @@ extension UploaderStore {
                 while try del.step() {}
             }
         }
-        try zeroFreedPages(false)
-        nextPosition = start + Int64(plan.requeued)
         if !keys.isEmpty { self.ids[stream, default: []].formUnion(keys) }
         return (plan, true)
     }
@@ -199,8 +179,6 @@ extension UploaderStore {
             sql += " AND id IN (\(Array(repeating: "?", count: ids.count).joined(separator: ",")))"
             args += ids.map { .text($0) }
         }
-        try zeroFreedPages(true)
-        defer { try? zeroFreedPages(false) }
         let rows = try db.transaction { () throws(SQLiteError) in
             try db.query(sql + " RETURNING \(UploaderStore.deadLetterChargeSQL)", args)
         }

@@ -13,128 +13,443 @@ struct PendingRecord {
     var bodyLength: Int32
 }
 
-/// The uploader's durable queue in SQLite (WAL), format 2 (docs/UPLOADER.md "On disk").
+/// A queue operation the segment log could not do.
+struct QueueError: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
+}
+
+/// The uploader's durable queue, format 4 (docs/UPLOADER.md "On disk"): an append-only log.
 ///
-/// What one group commit received for a stream is one row of `chunks` (the records already in
-/// the batch body's form), not one row per record: a commit is one insert per stream, a batch is
-/// cut by marking whole chunks (splitting at most one), its body is their concatenation, and a
-/// delivered batch is deleted chunk by chunk. Record ids are checked for duplicates in memory
-/// (`RecordKey`, rebuilt from the chunks at start).
+/// Records are appended to segment files (`SegmentLog`) in the upload body's form, one records
+/// frame per stream and switch per group commit; the batch ledger is frames of the same log,
+/// one per batch and event (a cut, made final, delivered or purged, dissolved). A group commit
+/// is one write (and one fdatasync with `"fsync": "full"`) carrying its records and the
+/// delivered batches' `done` frame. What is queued is held in memory (positions, places in the
+/// files, batches, duplicate keys), rebuilt by replaying the segments at open. The oldest
+/// segment is removed once nothing in it is live, or its live part copied forward when it is
+/// mostly dead (`reclaim`).
 ///
-/// fsync policy: `synchronous=NORMAL` by default — a commit is in the WAL before the reply, so
-/// it survives a crash or `kill -9` of any process; the WAL is fsynced at checkpoints, so an
-/// OS crash or power loss can lose the last commits. `"fsync": "full"` (`synchronous=FULL`)
-/// fsyncs the WAL at every (group) commit and survives power loss too.
+/// The SQLite database beside it (`uploader.db`) keeps what is written once per stream or per
+/// refused batch: stream owners, saved settings and dead letters.
 final class UploaderStore {
     let db: Database
+    let log: SegmentLog
+    let fsyncEveryCommit: Bool
 
-    /// The on-disk format this code writes (`PRAGMA user_version`); 0 or 1 is the per-record
-    /// `records` table of earlier releases, migrated at open; 2 counted only the records' `data`
-    /// in `chunks.bytes` (recomputed at open as `Chunk.bytes`).
-    static let format: Int64 = 3
+    /// The on-disk format this code writes (`PRAGMA user_version` of the database); 3 and below
+    /// kept the records in the database and are migrated at open (`Store+Migration.swift`).
+    static let format: Int64 = 4
+    /// A segment is closed past this many bytes (`segmentBytes(maxDiskBytes:)`).
+    static let defaultSegmentBytes = 4 << 20
+    static let minSegmentBytes = 64 << 10
 
-    /// SQLite's page cache: the queue's recent pages stay in memory between commit, cut, read
-    /// and delete.
-    static let cacheKiB = 32 * 1024
-
-    /// The chunks of batch `?1`. Naming the batch's stream lets SQLite use the
-    /// (stream, batch, first) index.
-    static let inBatch = "stream=(SELECT stream FROM batches WHERE key=?1) AND batch=?1"
+    /// The segment size for a disk cap: at most an eighth of it, so the bytes of delivered
+    /// records waiting in segments stay small beside the cap.
+    static func segmentBytes(maxDiskBytes: Int) -> Int { min(defaultSegmentBytes, max(minSegmentBytes, maxDiskBytes / 8)) }
+    /// The oldest segment, closed and still holding live records, is copied forward and removed
+    /// once its live records take less than 1/`compactLiveFraction` of it.
+    static let compactLiveFraction = 4
 
     /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
     var ids: [String: Set<RecordKey>] = [:]
-    /// Queue position of the next record (chunks are ordered by their first record's position).
+    /// Queue position of the next record.
     var nextPosition: Int64 = 0
 
-    /// Whether pages freed by the next delete are overwritten with zeros (`PRAGMA
-    /// secure_delete=ON`, Debian's default) or only the bytes on pages written anyway (`FAST`).
-    /// A delivered batch is deleted with `FAST`: zeroing its overflow pages wrote every freed
-    /// page a second time (a quarter of the bytes the uploader wrote in `pylon-bench uploader`)
-    /// for data the backend now holds and the queue file held all along; the pages are reused
-    /// by the next commits.
-    /// Records purged without delivery (a final batch after consent was denied) are zeroed.
-    private var zeroingFreedPages = true
+    /// A live record: its position, where its text is, and its batch.
+    struct Rec {
+        var pos: Int64
+        var seg: UInt32
+        /// File offsets of its frame and its text.
+        var frame: Int
+        var text: Int
+        var len: Int32
+        var consent: Int32
+        /// Its batch (`batches`), `-1` while queued, `-2` once gone.
+        var batch: Int32 = -1
+        var enqueuedMs: Int64
+        var key: RecordKey
+        var gone: Bool { batch == -2 }
+        var charge: Int { Chunk.charge(textBytes: Int(len)) }
+    }
 
-    /// Checkpoints the WAL on libuv's thread pool (nil without a loop: SQLite's autocheckpoint,
-    /// inside the commit that crosses it).
-    private var checkpointer: WALCheckpointer?
+    /// One stream's records in position order (gone ones dropped lazily).
+    struct Queue {
+        var recs: [Rec] = []
+        var goneCount = 0
 
-    /// Opens (creating or migrating) the queue at `path`. With `loop`, checkpoints run mostly on
-    /// its thread pool (`WALCheckpointer`).
-    init(path: String, fsyncEveryCommit: Bool, loop: Loop? = nil) throws(SQLiteError) {
+        /// The first record at or after `pos`.
+        func lowerBound(_ pos: Int64) -> Int {
+            var lo = 0
+            var hi = recs.count
+            while lo < hi {
+                let mid = (lo + hi) / 2
+                if recs[mid].pos < pos { lo = mid + 1 } else { hi = mid }
+            }
+            return lo
+        }
+
+        func index(of pos: Int64) -> Int? {
+            let i = lowerBound(pos)
+            return i < recs.count && recs[i].pos == pos ? i : nil
+        }
+
+        mutating func compactIfSparse() {
+            guard goneCount > 64, goneCount * 2 > recs.count else { return }
+            recs.removeAll { $0.gone }
+            goneCount = 0
+        }
+    }
+
+    struct Batch {
+        var key: String
+        var stream: String
+        var final: Bool
+        var seq: UInt64
+        var createdMs: Int64
+        var runs: [ClosedRange<Int64>]
+        var positions: [Int64]
+        /// The segment holding its cut frame.
+        var cutSeg: UInt32
+    }
+
+    /// What each segment still holds: live records (and their charges) and cut frames of live
+    /// batches.
+    struct SegmentUse {
+        var recs = 0
+        var bytes = 0
+        var cuts = 0
+    }
+
+    var queues: [String: Queue] = [:]
+    var batches: [Int32: Batch] = [:]
+    var batchIDs: [String: Int32] = [:]
+    private var nextBatchID: Int32 = 0
+    private var nextCutSeq: UInt64 = 0
+    var consents: [String] = []
+    private var consentIDs: [String: Int32] = [:]
+    var segmentUse: [UInt32: SegmentUse] = [:]
+    /// Lanes declared in the active segment.
+    private var lanes: [LaneKey: UInt64] = [:]
+    private var lanesOf: UInt32 = 0
+
+    struct LaneKey: Hashable {
+        var stream: String
+        var consent: String
+    }
+
+    /// Records dropped at open because their frame was damaged (logged by the caller).
+    private(set) var damagedRecords = 0
+
+    /// Opens (creating or migrating) the queue of database `path`: its segments are in
+    /// `<path minus .db>.queue/`.
+    init(path: String, fsyncEveryCommit: Bool, segmentBytes: Int = UploaderStore.defaultSegmentBytes) throws {
+        self.fsyncEveryCommit = fsyncEveryCommit
         db = try Database(path: path)
         try db.exec("PRAGMA journal_mode=WAL")
-        let synchronous = fsyncEveryCommit ? "FULL" : "NORMAL"
-        try db.exec("PRAGMA synchronous=\(synchronous)")
-        try db.exec("PRAGMA cache_size=-\(UploaderStore.cacheKiB)")
+        try db.exec("PRAGMA synchronous=\(fsyncEveryCommit ? "FULL" : "NORMAL")")
+        // The ledger's rows may name personal data (dead letters): freed pages are zeroed.
+        try db.exec("PRAGMA secure_delete=ON")
         let version = try db.query("PRAGMA user_version").first?[0].int ?? 0
-        try zeroFreedPages(false)
         try db.exec(
             """
-            -- A chunk's records (`chunk_bodies`) are apart from what a cut changes (`chunks.batch`):
-            -- SQLite rewrites a whole row, overflow pages included, on any update, so a cut
-            -- rewrites only the small row.
-            CREATE TABLE IF NOT EXISTS chunks(
-              seq INTEGER PRIMARY KEY, stream TEXT NOT NULL, consent TEXT NOT NULL,
-              first INTEGER NOT NULL, count INTEGER NOT NULL, bytes INTEGER NOT NULL,
-              batch TEXT, enqueued_ms INTEGER NOT NULL);
-            CREATE INDEX IF NOT EXISTS chunks_by_batch ON chunks(stream, batch, first);
-            CREATE TABLE IF NOT EXISTS chunk_bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL, idx BLOB NOT NULL);
-            -- attempts: no longer written (retry backoff lives in memory); kept so existing
-            -- queues open unchanged.
-            CREATE TABLE IF NOT EXISTS batches(
-              key TEXT PRIMARY KEY, stream TEXT NOT NULL, created_ms INTEGER NOT NULL,
-              attempts INTEGER NOT NULL DEFAULT 0, final INTEGER NOT NULL DEFAULT 0);
             CREATE TABLE IF NOT EXISTS dead_letters(
               seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
               body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
               at_ms INTEGER NOT NULL, ts INTEGER);
-            -- endpoint: no longer written or read (endpoints are operator configuration only;
-            -- one saved by a caller before is ignored); kept so existing queues open unchanged.
+            -- endpoint: no longer written or read; kept so existing queues open unchanged.
             CREATE TABLE IF NOT EXISTS stream_settings(
               stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
-            -- Who first wrote each stream ("uid:N" or "plugin:NAME"): the owner of a stream that
-            -- neither its name nor the config gives to a plugin.
+            -- Who first wrote each stream ("uid:N" or "plugin:NAME").
             CREATE TABLE IF NOT EXISTS stream_owners(
               stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
             """)
-        try migrateRecordsTable()
+        let dir = UploaderStore.queueDirectory(path)
+        try UploaderStore.migrateToSegments(db: db, version: version, dir: dir, segmentBytes: segmentBytes)
+        log = try SegmentLog(dir: dir, maxSegmentBytes: segmentBytes, fsyncEveryAppend: fsyncEveryCommit)
         try addDeadLetterTS()
-        if version == 2 {
-            // Format 2 counted only `data`: each chunk's bytes as this release counts them.
-            try db.exec(
-                """
-                UPDATE chunks SET bytes = (SELECT length(body) FROM chunk_bodies b WHERE b.seq = chunks.seq)
-                  - (count - 1) + count * \(Chunk.charge(textBytes: 0)) WHERE count > 0
-                """)
-        }
-        // A chunk whose batch is gone (a batch row deleted by an earlier release opening this
-        // database) is queued again rather than stranded.
-        try db.exec("UPDATE chunks SET batch=NULL WHERE batch IS NOT NULL AND batch NOT IN (SELECT key FROM batches)")
+        try replay()
         try db.exec("PRAGMA user_version=\(UploaderStore.format)")
-        try loadIDs()
-        if let loop { checkpointer = try WALCheckpointer(db: db, path: path, synchronous: synchronous, loop: loop) }
+        // A batch set aside whose `done` frame a crash lost: its dead letters are in the database.
+        for (_, b) in batches where try db.query("SELECT 1 FROM dead_letters WHERE batch=? LIMIT 1", [.text(b.key)]).first != nil {
+            try deleteBatch(b.key, zero: true)
+        }
     }
 
-    /// Closes the database (a checkpoint running on the pool finishes on its own connection).
+    /// `uploader.db` → `uploader.queue`.
+    static func queueDirectory(_ dbPath: String) -> String {
+        (dbPath.hasSuffix(".db") ? String(dbPath.dropLast(3)) : dbPath) + ".queue"
+    }
+
     func close() {
-        checkpointer?.close()
+        log.close()
         db.close()
     }
 
-    /// Reads every chunk's record ids into `ids` and finds the next queue position.
-    private func loadIDs() throws(SQLiteError) {
-        let s = try db.prepare("SELECT c.stream, b.body, b.idx, c.first + c.count FROM chunks c JOIN chunk_bodies b USING(seq)")
-        while try s.step() {
-            let stream = s.text(0)
-            var set = ids.removeValue(forKey: stream) ?? []
-            s.withBlob(1) { body in
-                s.withBlob(2) { index in
-                    for i in 0..<(index.count / Chunk.indexEntryBytes) { set.insert(RecordKey(Chunk.record(body, index, i).escapedID)) }
+    // MARK: Replay
+
+    private enum Control {
+        case cut(seg: UInt32, key: String, stream: String, final: Bool, seq: UInt64, createdMs: Int64, runs: [ClosedRange<Int64>])
+        case final([String])
+        case done([String], zeroed: Bool)
+        case unbatch([String])
+    }
+
+    /// Reads every segment: records into `queues`, then the ledger frames in log order. A torn
+    /// tail (a frame that does not fit, or fails its crc with nothing valid after it) is cut
+    /// off; a damaged frame inside a segment keeps the records whose text still reads as one,
+    /// and is rewritten with the rest zeroed.
+    private func replay() throws {
+        var seen = Set<Int64>()
+        var controls: [Control] = []
+        var purgedRuns: [String: [ClosedRange<Int64>]] = [:]
+        var damaged: [(seg: UInt32, offset: Int, length: Int)] = []
+        var unreadable: [(stream: String, pos: Int64)] = []
+        var maxPos: Int64 = -1
+        for n in log.numbers {
+            let bytes = try log.read(n)
+            guard bytes.count >= Frame.segmentMagic.count, bytes.starts(with: Frame.segmentMagic) else {
+                // Created but its header never reached the disk: nothing in it.
+                try log.truncate(n, to: 0)
+                try log.overwrite(n, at: 0, Frame.segmentMagic)
+                try log.truncate(n, to: Frame.segmentMagic.count)
+                continue
+            }
+            var localLanes: [UInt64: (stream: String, consent: Int32)] = [:]
+            let (frames, validEnd) = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
+            if validEnd < bytes.count { try log.truncate(n, to: validEnd) }
+            for f in frames {
+                if !f.crcOK { damaged.append((n, f.offset, f.length)) }
+                switch f.frame {
+                case .lane(let id, let stream, let consent)?:
+                    localLanes[id] = (stream, consentID(consent))
+                case .records(let lane, let first, let ms, let deltas, let lengths, let textStart)?:
+                    guard let l = localLanes[lane] else { continue }
+                    var pos = first
+                    var at = textStart
+                    for (i, len) in lengths.enumerated() {
+                        if i > 0 { pos += Int64(deltas[i - 1]) }
+                        defer { at += len + 1 }
+                        maxPos = max(maxPos, pos)
+                        guard seen.insert(pos).inserted else { continue }
+                        let text = bytes.withUnsafeBytes { UnsafeRawBufferPointer(rebasing: $0[at..<(at + len)]) }
+                        guard let id = RecordText.escapedID(text) else {
+                            unreadable.append((l.stream, pos))
+                            continue
+                        }
+                        let rec = Rec(
+                            pos: pos, seg: n, frame: f.offset, text: at, len: Int32(len), consent: l.consent, enqueuedMs: ms,
+                            key: RecordKey(id))
+                        queues[l.stream, default: Queue()].recs.append(rec)
+                    }
+                case .cut(let key, let stream, let fin, let seq, let ms, let runs)?:
+                    controls.append(.cut(seg: n, key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs))
+                case .final(let keys)?: controls.append(.final(keys))
+                case .done(let keys, let zeroed)?: controls.append(.done(keys, zeroed: zeroed))
+                case .unbatch(let keys)?: controls.append(.unbatch(keys))
+                case nil: break
                 }
             }
-            ids[stream] = set
-            nextPosition = max(nextPosition, s.int(3))
+        }
+        nextPosition = maxPos + 1
+        for name in Array(queues.keys) { queues[name]!.recs.sort { $0.pos < $1.pos } }
+        for c in controls {
+            switch c {
+            case .cut(let seg, let key, let stream, let fin, let seq, let ms, let runs):
+                guard batchIDs[key] == nil else { continue }
+                var positions: [Int64] = []
+                if let q = queues[stream] {
+                    for run in runs {
+                        var i = q.lowerBound(run.lowerBound)
+                        while i < q.recs.count, q.recs[i].pos <= run.upperBound {
+                            if q.recs[i].batch == -1 { positions.append(q.recs[i].pos) }
+                            i += 1
+                        }
+                    }
+                }
+                addBatch(
+                    Batch(key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs, positions: positions, cutSeg: seg))
+                nextCutSeq = max(nextCutSeq, seq + 1)
+            case .final(let keys): for k in keys { if let id = batchIDs[k] { batches[id]!.final = true } }
+            case .done(let keys, let zeroed):
+                for k in keys {
+                    if zeroed, let id = batchIDs[k], let b = batches[id] { purgedRuns[b.stream, default: []] += b.runs }
+                    removeBatch(k, recordsGone: true)
+                }
+            case .unbatch(let keys): for k in keys { removeBatch(k, recordsGone: false) }
+            }
+        }
+        // Texts that do not read as records: zeroed by a purge a crash interrupted, or damaged
+        // (then lost, and counted).
+        damagedRecords = unreadable.filter { u in !(purgedRuns[u.stream] ?? []).contains { $0.contains(u.pos) } }.count
+        for (name, var q) in queues {
+            q.recs.removeAll { $0.gone }
+            q.goneCount = 0
+            queues[name] = q
+        }
+        for (name, q) in queues {
+            var set = Set<RecordKey>()
+            for r in q.recs {
+                set.insert(r.key)
+                segmentUse[r.seg, default: SegmentUse()].recs += 1
+                segmentUse[r.seg, default: SegmentUse()].bytes += r.charge
+            }
+            if !set.isEmpty { ids[name] = set }
+        }
+        for (_, b) in batches { segmentUse[b.cutSeg, default: SegmentUse()].cuts += 1 }
+        // Damaged frames: rewritten with what is not live zeroed and a crc that matches.
+        for d in damaged { try rewriteFrame(seg: d.seg, at: d.offset) { pos, r in !isLive(pos: pos, seg: d.seg, text: r.lowerBound) } }
+        try reclaim()
+    }
+
+    func consentID(_ name: String) -> Int32 {
+        if let id = consentIDs[name] { return id }
+        let id = Int32(consents.count)
+        consents.append(name)
+        consentIDs[name] = id
+        return id
+    }
+
+    private func addBatch(_ b: Batch) {
+        let id = nextBatchID
+        nextBatchID += 1
+        batchIDs[b.key] = id
+        batches[id] = b
+        guard var q = queues[b.stream] else { return }
+        queues[b.stream] = nil
+        for p in b.positions { if let i = q.index(of: p) { q.recs[i].batch = id } }
+        queues[b.stream] = q
+    }
+
+    /// Batch `key` leaves the ledger: its records gone (delivered, purged, set aside) or queued
+    /// again. Returns the keys of the records gone.
+    @discardableResult
+    private func removeBatch(_ key: String, recordsGone: Bool) -> [RecordKey] {
+        guard let id = batchIDs.removeValue(forKey: key), let b = batches.removeValue(forKey: id) else { return [] }
+        if var use = segmentUse[b.cutSeg] {
+            use.cuts -= 1
+            segmentUse[b.cutSeg] = use
+        }
+        guard var q = queues.removeValue(forKey: b.stream) else { return [] }
+        var gone: [RecordKey] = []
+        for p in b.positions {
+            guard let i = q.index(of: p), q.recs[i].batch == id else { continue }
+            if recordsGone {
+                let r = q.recs[i]
+                gone.append(r.key)
+                q.recs[i].batch = -2
+                q.goneCount += 1
+                var use = segmentUse[r.seg] ?? SegmentUse()
+                use.recs -= 1
+                use.bytes -= r.charge
+                segmentUse[r.seg] = use
+            } else {
+                q.recs[i].batch = -1
+            }
+        }
+        q.compactIfSparse()
+        if q.recs.count > q.goneCount { queues[b.stream] = q }
+        return gone
+    }
+
+    // MARK: Appending
+
+    /// Starts a new segment when `bytes` more would overflow the active one (the lanes are
+    /// declared again in it).
+    private func prepareSegment(for bytes: Int) throws {
+        if log.needsNewSegment(for: bytes) { try log.startSegment() }
+        if lanesOf != log.active {
+            lanes.removeAll()
+            lanesOf = log.active
+        }
+    }
+
+    /// A record to place: its text in `chunk`, appended at `position`.
+    struct Placed {
+        var stream: String
+        var consent: Int32
+        var pos: Int64
+        var frame: Int
+        var text: Int
+        var len: Int32
+        var key: RecordKey
+        var enqueuedMs: Int64
+    }
+
+    /// Appends records frames for `chunks` (each at the positions given, or new ones from
+    /// `nextPosition`) after `prefix` (ledger frames) with one write; returns the records as
+    /// placed (not yet in `queues`).
+    func appendChunks(
+        _ chunks: [(stream: String, consent: String, chunk: Chunk, positions: [Int64]?, enqueuedMs: Int64)], prefix: [UInt8],
+        suffix: [UInt8] = [], sync: Bool = false
+    ) throws -> (placed: [Placed], seg: UInt32) {
+        var estimate = prefix.count + suffix.count
+        for c in chunks { estimate += c.chunk.body.count + 6 * c.chunk.count + 64 + c.stream.utf8.count + c.consent.utf8.count }
+        try prepareSegment(for: estimate)
+        var out = prefix
+        out.reserveCapacity(estimate)
+        var newLanes: [LaneKey: UInt64] = [:]
+        var placed: [Placed] = []
+        var position = nextPosition
+        for c in chunks where !c.chunk.isEmpty {
+            let lk = LaneKey(stream: c.stream, consent: c.consent)
+            let lane: UInt64
+            if let l = lanes[lk] ?? newLanes[lk] {
+                lane = l
+            } else {
+                lane = UInt64(lanes.count + newLanes.count)
+                newLanes[lk] = lane
+                Frame.appendLane(&out, id: lane, stream: c.stream, consent: c.consent)
+            }
+            let positions = c.positions ?? (0..<Int64(c.chunk.count)).map { position + $0 }
+            if c.positions == nil { position += Int64(c.chunk.count) }
+            let frameStart = out.count
+            let starts = Frame.appendRecords(&out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk)
+            let cid = consentID(c.consent)
+            c.chunk.body.withUnsafeBytes { body in
+                c.chunk.index.withUnsafeBytes { ix in
+                    for i in 0..<c.chunk.count {
+                        let span = Chunk.span(ix, i)
+                        let id = RecordText.escapedID(UnsafeRawBufferPointer(rebasing: body[span]))!
+                        placed.append(
+                            Placed(
+                                stream: c.stream, consent: cid, pos: positions[i], frame: frameStart, text: starts[i],
+                                len: Int32(span.count),
+                                key: RecordKey(id), enqueuedMs: c.enqueuedMs))
+                    }
+                }
+            }
+        }
+        out.append(contentsOf: suffix)
+        let at = try log.append(out, sync: sync)
+        lanes.merge(newLanes) { a, _ in a }
+        nextPosition = position
+        for i in placed.indices {
+            placed[i].frame += at
+            placed[i].text += at
+        }
+        return (placed, log.active)
+    }
+
+    /// Puts appended records in their streams' queues (new positions: at the ends).
+    func insert(_ placed: [Placed], seg: UInt32) {
+        var i = 0
+        while i < placed.count {
+            let stream = placed[i].stream
+            var q = queues.removeValue(forKey: stream) ?? Queue()
+            while i < placed.count, placed[i].stream == stream {
+                let p = placed[i]
+                q.recs.append(
+                    Rec(
+                        pos: p.pos, seg: seg, frame: p.frame, text: p.text, len: p.len, consent: p.consent, enqueuedMs: p.enqueuedMs,
+                        key: p.key))
+                var use = segmentUse[seg] ?? SegmentUse()
+                use.recs += 1
+                use.bytes += Chunk.charge(textBytes: Int(p.len))
+                segmentUse[seg] = use
+                i += 1
+            }
+            queues[stream] = q
         }
     }
 
@@ -147,45 +462,44 @@ final class UploaderStore {
         var records: [PendingRecord]
     }
 
-    /// Stores the enqueues of one group commit in one transaction: per (stream, switch) one
-    /// chunk (more past `Chunk.targetBytes`), and deletes the delivered batches waiting for a
-    /// transaction (`deleteDelivered`) first, so their ids may come again in this commit.
-    /// Returns, per enqueue, how many records were new and their bytes (a record whose id is
-    /// already queued in its stream, or earlier in the same commit, is a duplicate: a retried
-    /// enqueue is idempotent). Nothing is stored or deleted, and the duplicate check is
-    /// unchanged, when it throws.
-    func commit(_ enqueues: [Enqueue], nowMs: Int64) throws(SQLiteError) -> [(added: Int, bytes: Int)] {
+    /// Stores the enqueues of one group commit with one write (and one fdatasync with `fsync:
+    /// full`): per (stream, switch) one records frame (more past `Chunk.targetBytes`), after the
+    /// `done` frame of the delivered batches waiting (`deleteDelivered`), so their ids may come
+    /// again in this commit. Returns, per enqueue, how many records were new and their bytes (a
+    /// record whose id is already queued in its stream, or earlier in the same commit, is a
+    /// duplicate: a retried enqueue is idempotent). Nothing is stored or deleted, and the
+    /// duplicate check is unchanged, when it throws.
+    func commit(_ enqueues: [Enqueue], nowMs: Int64) throws -> [(added: Int, bytes: Int)] {
         guard !enqueues.isEmpty || !deliveredQueue.isEmpty else { return [] }
-        if !deliveredQueue.isEmpty { try zeroFreedPages(false) }
-        let start = nextPosition
+        // The delivered batches' ids leave the duplicate check first (restored on failure).
         var gone: [(stream: String, keys: [RecordKey])] = []
-        var built: Built?
+        for key in deliveredQueue {
+            guard let id = batchIDs[key], let b = batches[id], let q = queues[b.stream] else { continue }
+            let keys = b.positions.compactMap { p in q.index(of: p).map { q.recs[$0].key } }
+            gone.append((b.stream, keys))
+            forget(keys, of: b.stream)
+        }
+        let built = build(enqueues)
+        var prefix: [UInt8] = []
+        if !deliveredQueue.isEmpty { Frame.appendKeys(&prefix, .done, deliveredQueue) }
         do {
-            try db.transaction { () throws(SQLiteError) in
-                gone = try deleteDeliveredRows()
-                for g in gone { forget(g.keys, of: g.stream) }
-                built = build(enqueues)
-                var position = start
-                for c in built!.chunks {
-                    try insertChunk(stream: c.stream, consent: c.consent, first: position, c.chunk, batch: nil, nowMs: nowMs)
-                    position += Int64(c.chunk.count)
-                }
-            }
+            let r = try appendChunks(built.chunks.map { ($0.stream, $0.consent, $0.chunk, nil, nowMs) }, prefix: prefix)
+            insert(r.placed, seg: r.seg)
         } catch {
-            // The new keys out first, then the deleted batches' back: an id of both is on disk.
-            if let built {
-                var k = 0
-                for (e, r) in zip(enqueues, built.results) {
-                    for key in built.added[k..<(k + r.added)] { ids[e.stream]?.remove(key) }
-                    k += r.added
-                }
+            // The new keys out first, then the delivered batches' back: an id of both is on disk.
+            var k = 0
+            for (e, r) in zip(enqueues, built.results) {
+                for key in built.added[k..<(k + r.added)] { ids[e.stream]?.remove(key) }
+                k += r.added
             }
             for g in gone where !g.keys.isEmpty { ids[g.stream, default: []].formUnion(g.keys) }
             throw error
         }
+        for key in deliveredQueue { removeBatch(key, recordsGone: true) }
+        let hadDeliveries = !deliveredQueue.isEmpty
         deliveredQueue.removeAll()
-        nextPosition = start + Int64(built!.chunks.reduce(0) { $0 + $1.chunk.count })
-        return built!.results
+        if hadDeliveries { try reclaim() }
+        return built.results
     }
 
     /// A group commit's records in chunks, after the duplicate check.
@@ -203,12 +517,9 @@ final class UploaderStore {
         b.results.reserveCapacity(enqueues.count)
         var escaped: [UInt8] = []
         escaped.reserveCapacity(160)
-        // What a chunk's body grows to (records in their upload form: ~40 bytes around each
-        // record's id and data), so it is allocated once, not doubled from empty.
         var bodyEstimate = 0
         for e in enqueues { for r in e.records { bodyEstimate += Int(r.idLength + r.bodyLength) + Chunk.recordOverhead } }
         bodyEstimate = min(bodyEstimate, Chunk.targetBytes + Chunk.recordOverhead + 2 * EnqueueParams.maxIdBytes)
-        // The id set of the stream at hand, out of `ids` while consecutive enqueues name it.
         var current: (stream: String, set: Set<RecordKey>)?
         for e in enqueues {
             if current?.stream != e.stream {
@@ -244,263 +555,272 @@ final class UploaderStore {
         return b
     }
 
-    /// Inserts chunk `c` at queue position `first`; returns its `seq`. Inside a transaction.
-    @discardableResult
-    func insertChunk(stream: String, consent: String, first: Int64, _ c: Chunk, batch: String?, nowMs: Int64) throws(SQLiteError) -> Int64 {
-        let s = try db.prepare("INSERT INTO chunks(stream,consent,first,count,bytes,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?)")
-        try s.bindText(1, string: stream)
-        try s.bindText(2, string: consent)
-        try s.bindInt(3, first)
-        try s.bindInt(4, Int64(c.count))
-        try s.bindInt(5, Int64(c.bytes))
-        try s.bind(at: 6, [batch.map { .text($0) } ?? .null, .int(nowMs)])
-        while try s.step() {}
-        let seq = db.lastInsertRowID
-        let b = try db.prepare("INSERT INTO chunk_bodies(seq,body,idx) VALUES(?,?,?)")
-        try b.bindInt(1, seq)
-        try b.bindBlob(2, bytes: c.body)
-        try b.bindBlob(3, bytes: c.index)
-        while try b.step() {}
-        return seq
-    }
-
     // MARK: Batches
 
     /// Assigns the oldest queued records of `stream` (same consent switch, at most `maxCount`
-    /// and `maxBytes`, at least one) to a new batch `key`, persisted before anything is sent:
-    /// whole chunks, and the head of the next one when only part of it fits. Returns the number
-    /// of records in it and their bytes (0 when nothing was queued).
+    /// and `maxBytes`, at least one) to a new batch `key`, whose cut frame is written before
+    /// anything is sent. Returns the number of records in it and their bytes (0 when nothing
+    /// was queued).
     func cutBatch(
         stream: String, key: String, maxCount: Int, maxBytes: Int, final: Bool, consent: String? = nil,
         nowMs: Int64
-    ) throws(SQLiteError) -> (count: Int, bytes: Int) {
-        try db.transaction { () throws(SQLiteError) -> (count: Int, bytes: Int) in
-            let s = try db.prepare(
-                consent == nil
-                    ? "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL ORDER BY first LIMIT ?2"
-                    : "SELECT seq, consent, count, bytes FROM chunks WHERE stream=?1 AND batch IS NULL AND consent=?3 ORDER BY first LIMIT ?2"
-            )
-            try s.bind([.text(stream), .int(Int64(maxCount))] + (consent.map { [.text($0)] } ?? []))
-            var whole: [Int64] = []
-            var partial: (seq: Int64, room: Int, roomBytes: Int)?
-            var count = 0
-            var bytes = 0
-            var switchKey: String?
-            while try s.step() {
-                let c = s.text(1)
-                if switchKey == nil { switchKey = c } else if c != switchKey { break }
-                let n = Int(s.int(2)), b = Int(s.int(3))
-                if count + n <= maxCount && (count == 0 ? b <= maxBytes : bytes + b <= maxBytes) {
-                    whole.append(s.int(0))
-                    count += n
-                    bytes += b
-                    if count == maxCount { break }
-                    continue
-                }
-                partial = (s.int(0), maxCount - count, maxBytes - bytes)
-                break
+    ) throws -> (count: Int, bytes: Int) {
+        guard let q = queues[stream] else { return (0, 0) }
+        let only = consent.flatMap { consentIDs[$0] }
+        if consent != nil, only == nil { return (0, 0) }
+        var switchID = only
+        var positions: [Int64] = []
+        var runs: [ClosedRange<Int64>] = []
+        var runStart: Int64?
+        var runEnd: Int64 = 0
+        var bytes = 0
+        for r in q.recs where !r.gone {
+            let take: Bool
+            if r.batch != -1 {
+                take = false
+            } else if let s = switchID, r.consent != s {
+                if only == nil { break }  // the oldest records' switch only
+                take = false
+            } else {
+                let c = r.charge
+                if positions.count == maxCount || (!positions.isEmpty && bytes + c > maxBytes) { break }
+                take = true
+                switchID = r.consent
+                positions.append(r.pos)
+                bytes += c
             }
-            s.reset()
-            if let p = partial, let head = try splitChunk(p.seq, maxCount: p.room, maxBytes: p.roomBytes, atLeastOne: count == 0) {
-                whole.append(head.seq)
-                count += head.count
-                bytes += head.bytes
+            if take {
+                if runStart == nil { runStart = r.pos }
+                runEnd = r.pos
+            } else if let s = runStart {
+                runs.append(s...runEnd)
+                runStart = nil
             }
-            guard count > 0 else { return (0, 0) }
-            let mark = try db.prepare("UPDATE chunks SET batch=?1 WHERE seq=?2")
-            for seq in whole {
-                mark.reset()
-                try mark.bind([.text(key), .int(seq)])
-                while try mark.step() {}
-            }
-            try db.run(
-                "INSERT INTO batches(key,stream,created_ms,final) VALUES(?,?,?,?)",
-                [.text(key), .text(stream), .int(nowMs), .int(final ? 1 : 0)])
-            return (count, bytes)
         }
+        if let s = runStart { runs.append(s...runEnd) }
+        guard !positions.isEmpty else { return (0, 0) }
+        var out: [UInt8] = []
+        let seq = nextCutSeq
+        Frame.appendCut(&out, key: key, stream: stream, final: final, seq: seq, createdMs: nowMs, runs: runs)
+        try prepareSegment(for: out.count)
+        try log.append(out)
+        nextCutSeq += 1
+        let b = Batch(
+            key: key, stream: stream, final: final, seq: seq, createdMs: nowMs, runs: runs, positions: positions, cutSeg: log.active)
+        addBatch(b)
+        segmentUse[log.active, default: SegmentUse()].cuts += 1
+        return (positions.count, bytes)
     }
 
-    /// Splits chunk `seq` after as many records as fit `maxCount` and `maxBytes` (at least one
-    /// when `atLeastOne`): the head becomes a new row at the same queue position, the rest stays
-    /// queued after it. Returns the head's row, or nil when nothing fits. Inside a transaction.
-    private func splitChunk(_ seq: Int64, maxCount: Int, maxBytes: Int, atLeastOne: Bool) throws(SQLiteError)
-        -> (seq: Int64, count: Int, bytes: Int)?
-    {
-        let s = try db.prepare(
-            "SELECT c.stream, c.consent, c.first, b.body, b.idx, c.enqueued_ms FROM chunks c JOIN chunk_bodies b USING(seq) WHERE seq=?")
-        try s.bind([.int(seq)])
-        guard try s.step() else { return nil }
-        let stream = s.text(0), consent = s.text(1), first = s.int(2), enqueued = s.int(5)
-        let chunk = Chunk(body: s.withBlob(3) { Array($0) }, index: s.withBlob(4) { Array($0) })
-        s.reset()
-        var k = 0
-        var b = 0
-        chunk.index.withUnsafeBytes { ix in
-            while k < min(maxCount, chunk.count) {
-                let n = Chunk.charge(ix, k)
-                if b + n > maxBytes && !(atLeastOne && k == 0) { break }
-                b += n
-                k += 1
+    /// The live records of batch `key`, in position order.
+    func records(ofBatch key: String) -> [Rec] {
+        guard let id = batchIDs[key], let b = batches[id], let q = queues[b.stream] else { return [] }
+        return b.positions.compactMap { p in q.index(of: p).flatMap { q.recs[$0].batch == id ? q.recs[$0] : nil } }
+    }
+
+    /// The texts of `recs` (each record's upload form), read with one pread per run of records
+    /// that lie close together in one segment.
+    func texts(_ recs: [Rec], _ each: (UnsafeRawBufferPointer) -> Void) throws {
+        var i = 0
+        while i < recs.count {
+            let seg = recs[i].seg
+            let start = recs[i].text
+            var end = start + Int(recs[i].len)
+            var j = i + 1
+            var useful = Int(recs[i].len)
+            while j < recs.count, recs[j].seg == seg, recs[j].text >= end,
+                recs[j].text + Int(recs[j].len) - start <= 2 * (useful + Int(recs[j].len)) + 4096
+            {
+                end = recs[j].text + Int(recs[j].len)
+                useful += Int(recs[j].len)
+                j += 1
             }
+            let bytes = try log.read(seg, start..<end)
+            bytes.withUnsafeBytes { b in
+                for k in i..<j {
+                    let o = recs[k].text - start
+                    each(UnsafeRawBufferPointer(rebasing: b[o..<(o + Int(recs[k].len))]))
+                }
+            }
+            i = j
         }
-        guard k > 0 else { return nil }
-        guard k < chunk.count else { return (seq, chunk.count, chunk.bytes) }
-        let (head, tail) = chunk.split(at: k)
-        let headSeq = try insertChunk(stream: stream, consent: consent, first: first, head, batch: nil, nowMs: enqueued)
-        try db.run(
-            "UPDATE chunks SET first=?, count=?, bytes=? WHERE seq=?",
-            [.int(first + Int64(k)), .int(Int64(tail.count)), .int(Int64(tail.bytes)), .int(seq)])
-        // The old body's pages are zeroed as they are freed: its records may be purged later
-        // (consent denied), and a copy left in free pages would outlive the purge.
-        try zeroFreedPages(true)
-        let u = try db.prepare("UPDATE chunk_bodies SET body=?, idx=? WHERE seq=?")
-        try u.bindBlob(1, bytes: tail.body)
-        try u.bindBlob(2, bytes: tail.index)
-        try u.bindInt(3, seq)
-        while try u.step() {}
-        try zeroFreedPages(false)
-        return (headSeq, head.count, head.bytes)
     }
 
     /// The upload body of batch `key`: `{"batch","stream","records":[{"id","ts","data"}]}`, its
-    /// chunks' bodies joined. Also returns the record count and the bytes of their `data` (what
-    /// they occupy in the disk cap).
-    func batchBody(_ key: String, stream: String) throws(SQLiteError) -> (body: [UInt8], count: Int, recordBytes: Int) {
-        let s = try db.prepare(
-            "SELECT b.body, c.count, c.bytes FROM chunks c JOIN chunk_bodies b USING(seq) WHERE \(UploaderStore.inBatch) ORDER BY c.first")
-        try s.bind([.text(key)])
+    /// records' texts as stored. Also returns the record count and what they count in the disk
+    /// cap.
+    func batchBody(_ key: String, stream: String) throws -> (body: [UInt8], count: Int, recordBytes: Int) {
+        let recs = records(ofBatch: key)
         var out: [UInt8] = []
-        out.reserveCapacity(64 * 1024)
+        out.reserveCapacity(recs.reduce(64) { $0 + Int($1.len) + 1 })
         out.append(contentsOf: #"{"batch":"#.utf8)
         JSONText.appendString(key, to: &out)
         out.append(contentsOf: #","stream":"#.utf8)
         JSONText.appendString(stream, to: &out)
         out.append(contentsOf: #","records":["#.utf8)
-        var count = 0
-        var bytes = 0
-        while try s.step() {
-            if count > 0 { out.append(UInt8(ascii: ",")) }
-            s.withBlob(0) { out.append(contentsOf: $0) }
-            count += Int(s.int(1))
-            bytes += Int(s.int(2))
+        var first = true
+        try texts(recs) { t in
+            if !first { out.append(UInt8(ascii: ",")) }
+            first = false
+            out.append(contentsOf: t)
         }
         out.append(contentsOf: "]}".utf8)
-        return (out, count, bytes)
+        return (out, recs.count, recs.reduce(0) { $0 + $1.charge })
     }
 
-    func isFinal(_ key: String) throws(SQLiteError) -> Bool {
-        try db.query("SELECT final FROM batches WHERE key=?", [.text(key)]).first?[0].int == 1
-    }
-
-    /// Sets `PRAGMA secure_delete` for the deletes that follow (`zeroingFreedPages`).
-    func zeroFreedPages(_ on: Bool) throws(SQLiteError) {
-        guard on != zeroingFreedPages else { return }
-        try db.exec(on ? "PRAGMA secure_delete=ON" : "PRAGMA secure_delete=FAST")
-        zeroingFreedPages = on
-    }
+    func isFinal(_ key: String) throws -> Bool { batchIDs[key].flatMap { batches[$0]?.final } ?? false }
 
     /// Delivered (or a final batch that is purged whatever happened): the records are gone, and
-    /// their ids may be enqueued again. `zero`: overwrite the freed pages (records purged because
-    /// consent was denied); otherwise they are left for reuse (`zeroingFreedPages`).
-    func deleteBatch(_ key: String, zero: Bool = false) throws(SQLiteError) {
-        try zeroFreedPages(zero)
-        let gone = try db.transaction { () throws(SQLiteError) in try deleteRows(ofBatch: key) }
-        forget(gone.keys, of: gone.stream)
+    /// their ids may be enqueued again. `zero`: their texts are overwritten with zeros in the
+    /// segment files and fdatasynced (records purged because consent was denied, or set aside).
+    func deleteBatch(_ key: String, zero: Bool = false) throws {
+        guard batchIDs[key] != nil else { return }
+        let recs = zero ? records(ofBatch: key) : []
+        var out: [UInt8] = []
+        Frame.appendKeys(&out, .done, [key], zeroed: zero)
+        try prepareSegment(for: out.count)
+        try log.append(out, sync: zero)
+        let stream = batches[batchIDs[key]!]!.stream
+        let gone = removeBatch(key, recordsGone: true)
+        forget(gone, of: stream)
+        if zero { try zeroTexts(recs) }
+        try reclaim()
     }
 
-    /// Deletes batch `key` and returns its stream and its records' keys. Inside a transaction.
-    private func deleteRows(ofBatch key: String) throws(SQLiteError) -> (stream: String, keys: [RecordKey]) {
-        var gone: [RecordKey] = []
-        let stream = try db.query("SELECT stream FROM batches WHERE key=?", [.text(key)]).first?[0].text ?? ""
-        let s = try db.prepare(
-            "DELETE FROM chunk_bodies WHERE seq IN (SELECT seq FROM chunks WHERE \(UploaderStore.inBatch)) RETURNING body, idx")
-        try s.bind([.text(key)])
-        while try s.step() {
-            s.withBlob(0) { body in
-                s.withBlob(1) { index in
-                    for i in 0..<(index.count / Chunk.indexEntryBytes) {
-                        gone.append(RecordKey(Chunk.record(body, index, i).escapedID))
-                    }
-                }
+    /// Overwrites the texts of `recs` with zeros: each frame holding one is rewritten with its
+    /// crc recomputed, then each segment touched is fdatasynced.
+    func zeroTexts(_ recs: [Rec]) throws {
+        var byFrame: [Int: (seg: UInt32, ranges: [Range<Int>])] = [:]
+        var order: [(UInt32, Int)] = []
+        for r in recs {
+            let k = r.frame ^ (Int(r.seg) << 40)
+            if byFrame[k] == nil {
+                byFrame[k] = (r.seg, [])
+                order.append((r.seg, r.frame))
+            }
+            byFrame[k]!.ranges.append(r.text..<(r.text + Int(r.len)))
+        }
+        var touched = Set<UInt32>()
+        for (seg, frame) in order {
+            let ranges = byFrame[frame ^ (Int(seg) << 40)]!.ranges
+            try rewriteFrame(seg: seg, at: frame, sync: false) { _, r in ranges.contains(r) }
+            touched.insert(seg)
+        }
+        for s in touched.sorted() { try log.sync(s) }
+    }
+
+    /// Rewrites the records frame at `offset` of segment `seg` with the texts `zeroing` picks
+    /// (by position and file range) overwritten with zeros, and its crc recomputed. A frame that
+    /// is not a records frame has its crc recomputed only.
+    private func rewriteFrame(seg: UInt32, at offset: Int, sync: Bool = true, zeroing: (Int64, Range<Int>) -> Bool) throws {
+        guard log.sizes[seg] != nil else { return }
+        let head = try log.read(seg, offset..<(offset + Frame.headBytes))
+        let n = Int(Chunk.u32(head, 0))
+        var frame = try log.read(seg, offset..<(offset + Frame.headBytes + n))
+        let decoded = frame.withUnsafeBytes {
+            Frame.decode(UnsafeRawBufferPointer(rebasing: $0[Frame.headBytes...]), bodyStart: offset + Frame.headBytes)
+        }
+        if case .records(_, let first, _, let deltas, let lengths, let textStart)? = decoded {
+            var pos = first
+            var at = textStart
+            for (i, len) in lengths.enumerated() {
+                if i > 0 { pos += Int64(deltas[i - 1]) }
+                if zeroing(pos, at..<(at + len)) { for k in (at - offset)..<(at - offset + len) { frame[k] = 0 } }
+                at += len + 1
             }
         }
-        try dropRows(ofBatch: key)
-        return (stream, gone)
+        Frame.seal(&frame, at: 0)
+        try log.overwrite(seg, at: offset, frame)
+        if sync { try log.sync(seg) }
     }
 
-    /// Delivered batches whose deletion waits for the next transaction (`deleteDelivered`).
+    /// Whether a live record has its text at `text` of segment `seg`.
+    private func isLive(pos: Int64, seg: UInt32, text: Int) -> Bool {
+        for (_, q) in queues {
+            if let i = q.index(of: pos), !q.recs[i].gone, q.recs[i].seg == seg, q.recs[i].text == text { return true }
+        }
+        return false
+    }
+
+    /// Delivered batches whose `done` frame waits for the next group commit (`deleteDelivered`).
     private(set) var deliveredQueue: [String] = []
 
-    /// Batch `key` was delivered: its deletion joins the next group commit's transaction
-    /// (`commit`), or `applyDeliveredDeletes` when none comes. A transaction and its WAL frames
-    /// per delivered batch cost about as much as a group commit; shared, the pages both touch
-    /// are written once. Until then the batch is on disk: its ids are still duplicates, and a
-    /// crash before it makes the batch go again after the restart (the backend keeps it once,
-    /// by its key).
+    /// Batch `key` was delivered: its `done` frame joins the next group commit's write
+    /// (`commit`), or `applyDeliveredDeletes` when none comes. Until then the batch is on disk:
+    /// its ids are still duplicates, and a crash before it makes the batch go again after the
+    /// restart (the backend keeps it once, by its key).
     func deleteDelivered(_ key: String) { deliveredQueue.append(key) }
 
-    /// Deletes the delivered batches waiting for a transaction, in one of their own.
-    func applyDeliveredDeletes() throws(SQLiteError) {
+    /// Writes the `done` frame of the delivered batches waiting, on its own.
+    func applyDeliveredDeletes() throws {
         guard !deliveredQueue.isEmpty else { return }
-        try zeroFreedPages(false)
-        let gone = try db.transaction { () throws(SQLiteError) in try deleteDeliveredRows() }
+        var out: [UInt8] = []
+        Frame.appendKeys(&out, .done, deliveredQueue)
+        try prepareSegment(for: out.count)
+        try log.append(out)
+        for key in deliveredQueue {
+            guard let id = batchIDs[key], let stream = batches[id]?.stream else { continue }
+            forget(removeBatch(key, recordsGone: true), of: stream)
+        }
         deliveredQueue.removeAll()
-        for g in gone { forget(g.keys, of: g.stream) }
+        try reclaim()
     }
 
-    /// Deletes the rows of the queued delivered batches; the caller empties the queue once the
-    /// transaction committed. Inside a transaction.
-    private func deleteDeliveredRows() throws(SQLiteError) -> [(stream: String, keys: [RecordKey])] {
-        try deliveredQueue.map { key throws(SQLiteError) in try deleteRows(ofBatch: key) }
-    }
-
-    /// Deletes batch `key`'s chunks and its `batches` row, once the caller has deleted the
-    /// chunks' bodies. Inside a transaction; the chunks go before the row, as `inBatch` finds
-    /// them through it.
-    func dropRows(ofBatch key: String) throws(SQLiteError) {
-        try db.run("DELETE FROM chunks WHERE \(UploaderStore.inBatch)", [.text(key)])
-        try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
-    }
-
-    /// Records of `stream` left the disk: their ids may be enqueued again. (A batch's records
-    /// are all of one stream.)
+    /// Records of `stream` left the disk: their ids may be enqueued again.
     func forget(_ gone: [RecordKey], of stream: String) {
         guard var set = ids.removeValue(forKey: stream) else { return }
         for k in gone { set.remove(k) }
         if !set.isEmpty { ids[stream] = set }
     }
 
-    /// Dissolves batches, in one transaction, so their records are cut again (after a 413):
-    /// their chunks go back to their places in the queue.
-    func unbatch(_ keys: [String]) throws(SQLiteError) {
-        try db.transaction { () throws(SQLiteError) in
-            for key in keys {
-                try db.run("UPDATE chunks SET batch=NULL WHERE \(UploaderStore.inBatch)", [.text(key)])
-                try db.run("DELETE FROM batches WHERE key=?", [.text(key)])
-            }
-        }
+    /// Dissolves batches, with one frame, so their records are cut again (after a 413): they
+    /// are queued again at their places.
+    func unbatch(_ keys: [String]) throws {
+        let known = keys.filter { batchIDs[$0] != nil }
+        guard !known.isEmpty else { return }
+        var out: [UInt8] = []
+        Frame.appendKeys(&out, .unbatch, known)
+        try prepareSegment(for: out.count)
+        try log.append(out)
+        for k in known { removeBatch(k, recordsGone: false) }
+        try reclaim()
+    }
+
+    private func markFinal(_ keys: [String]) throws {
+        guard !keys.isEmpty else { return }
+        var out: [UInt8] = []
+        Frame.appendKeys(&out, .final, keys)
+        try prepareSegment(for: out.count)
+        try log.append(out)
+        for k in keys { batches[batchIDs[k]!]!.final = true }
     }
 
     /// Marks every pending batch holding records under `consent` final (sent once, no retry).
-    func markFinal(consent: String) throws(SQLiteError) {
-        try db.run(
-            "UPDATE batches SET final=1 WHERE key IN (SELECT DISTINCT batch FROM chunks WHERE consent=? AND batch IS NOT NULL)",
-            [.text(consent)])
+    func markFinal(consent: String) throws {
+        guard let c = consentIDs[consent] else { return }
+        var keys: [String] = []
+        for (id, b) in batches where !b.final {
+            if records(ofBatch: b.key).contains(where: { $0.consent == c }) { keys.append(batches[id]!.key) }
+        }
+        try markFinal(keys)
     }
 
     /// Marks every pending batch of `stream` final.
-    func markFinal(stream: String) throws(SQLiteError) {
-        try db.run("UPDATE batches SET final=1 WHERE stream=?", [.text(stream)])
+    func markFinal(stream: String) throws {
+        try markFinal(batches.values.filter { $0.stream == stream && !$0.final }.map(\.key))
     }
 
     /// The consent switches records are stored under.
-    func consentKeys() throws(SQLiteError) -> [String] {
-        try db.query("SELECT DISTINCT consent FROM chunks").compactMap { $0[0].text }
+    func consentKeys() throws -> [String] {
+        var used = Set<Int32>()
+        for q in queues.values { for r in q.recs where !r.gone { used.insert(r.consent) } }
+        return used.map { consents[Int($0)] }
     }
 
     /// Streams with queued records under `consent`.
-    func streams(withConsent consent: String) throws(SQLiteError) -> [String] {
-        try db.query("SELECT DISTINCT stream FROM chunks WHERE consent=? AND batch IS NULL", [.text(consent)]).compactMap { $0[0].text }
+    func streams(withConsent consent: String) throws -> [String] {
+        guard let c = consentIDs[consent] else { return [] }
+        return queues.compactMap { name, q in q.recs.contains { $0.batch == -1 && $0.consent == c } ? name : nil }
     }
 
     struct StreamSummary {
@@ -511,56 +831,168 @@ final class UploaderStore {
     }
 
     /// What is on disk per stream (at start-up, and for status).
-    func summaries() throws(SQLiteError) -> [String: StreamSummary] {
+    func summaries() throws -> [String: StreamSummary] {
         var out: [String: StreamSummary] = [:]
-        for r in try db.query("SELECT stream, SUM(count), SUM(bytes), MIN(enqueued_ms) FROM chunks WHERE batch IS NULL GROUP BY stream") {
-            let s = r[0].text ?? ""
-            out[s, default: StreamSummary()].queued = Int(r[1].int ?? 0)
-            out[s, default: StreamSummary()].queuedBytes = Int(r[2].int ?? 0)
-            out[s, default: StreamSummary()].oldestMs = r[3].int
+        for (name, q) in queues {
+            var s = StreamSummary()
+            for r in q.recs where r.batch == -1 {
+                s.queued += 1
+                s.queuedBytes += r.charge
+                s.oldestMs = min(s.oldestMs ?? r.enqueuedMs, r.enqueuedMs)
+            }
+            if s.queued > 0 { out[name] = s }
         }
-        // In the order they were cut (rowid: a new row's is above every row left), not by the
-        // wall clock, which may have stepped back between two cuts.
-        for r in try db.query("SELECT stream, key FROM batches ORDER BY rowid") {
-            out[r[0].text ?? "", default: StreamSummary()].pendingBatches.append(r[1].text ?? "")
-        }
+        // In the order they were cut, not by the wall clock, which may have stepped back.
+        for b in batches.values.sorted(by: { $0.seq < $1.seq }) { out[b.stream, default: StreamSummary()].pendingBatches.append(b.key) }
         return out
     }
 
-    /// Bytes of record bodies on disk per stream (queued or in a batch).
-    func streamBytes() throws(SQLiteError) -> [String: Int] {
+    /// Bytes of records on disk per stream (queued or in a batch).
+    func streamBytes() throws -> [String: Int] {
         var out: [String: Int] = [:]
-        for r in try db.query("SELECT stream, SUM(bytes) FROM chunks GROUP BY stream") { out[r[0].text ?? ""] = Int(r[1].int ?? 0) }
+        for (name, q) in queues {
+            let n = q.recs.reduce(0) { $0 + ($1.gone ? 0 : $1.charge) }
+            if n > 0 { out[name] = n }
+        }
         return out
     }
 
-    func totalBytes() throws(SQLiteError) -> Int {
-        Int(try db.query("SELECT COALESCE(SUM(bytes),0) FROM chunks").first?[0].int ?? 0)
+    func totalBytes() throws -> Int { try streamBytes().values.reduce(0, +) }
+
+    // MARK: Reclaiming segments
+
+    /// Removes the oldest segments while nothing in them is live (never the active one); the
+    /// oldest one mostly dead is copied forward first (its live records and live cut frames
+    /// appended again, fdatasynced), so one stuck record does not keep every later segment.
+    /// Only the oldest goes: a `done` frame is never removed while the records it ended are on
+    /// disk. Also copied forward, whatever its live part, while the files hold more than twice
+    /// the live records plus two segments; and an active segment past a quarter of its size
+    /// with nothing live in it is closed, so it goes too.
+    func reclaim() throws {
+        while let head = log.numbers.first {
+            let use = segmentUse[head] ?? SegmentUse()
+            let dead = use.recs <= 0 && use.cuts <= 0
+            if head == log.active {
+                guard dead, log.numbers.count == 1, (log.sizes[head] ?? 0) > log.maxSegmentBytes / 4 else { return }
+                try log.startSegment()
+                continue
+            }
+            if dead {
+                try log.remove(head)
+                segmentUse[head] = nil
+                continue
+            }
+            let live = segmentUse.values.reduce(0) { $0 + $1.bytes }
+            let pressed = log.fileBytes > 2 * live + 2 * log.maxSegmentBytes
+            guard pressed || use.bytes * UploaderStore.compactLiveFraction < (log.sizes[head] ?? 0) else { return }
+            try copyForward(head)
+        }
     }
+
+    /// Appends segment `seg`'s live records (at their positions) and live cut frames to the
+    /// active segment, fdatasynced, and points the queue at the copies.
+    private func copyForward(_ seg: UInt32) throws {
+        var chunks: [(stream: String, consent: String, chunk: Chunk, positions: [Int64]?, enqueuedMs: Int64)] = []
+        for (name, q) in queues.sorted(by: { $0.key < $1.key }) {
+            var byConsent: [Int32: [Rec]] = [:]
+            for r in q.recs where !r.gone && r.seg == seg { byConsent[r.consent, default: []].append(r) }
+            for (c, recs) in byConsent.sorted(by: { $0.key < $1.key }) {
+                var i = 0
+                while i < recs.count {
+                    let part = Array(recs[i..<min(recs.count, i + Chunk.targetRecords)])
+                    var chunk = Chunk()
+                    try texts(part) { t in chunk.appendText(t) }
+                    chunks.append((name, consents[Int(c)], chunk, part.map(\.pos), part.map(\.enqueuedMs).min() ?? 0))
+                    i += part.count
+                }
+            }
+        }
+        var cuts: [UInt8] = []
+        for b in batches.values.sorted(by: { $0.seq < $1.seq }) where b.cutSeg == seg {
+            Frame.appendCut(&cuts, key: b.key, stream: b.stream, final: b.final, seq: b.seq, createdMs: b.createdMs, runs: b.runs)
+        }
+        let saved = nextPosition
+        let r = try appendChunks(chunks, prefix: [], suffix: cuts, sync: true)
+        nextPosition = saved
+        for p in r.placed {
+            guard var q = queues.removeValue(forKey: p.stream) else { continue }
+            if let i = q.index(of: p.pos) {
+                let old = q.recs[i]
+                q.recs[i].seg = r.seg
+                q.recs[i].frame = p.frame
+                q.recs[i].text = p.text
+                segmentUse[r.seg, default: SegmentUse()].recs += 1
+                segmentUse[r.seg, default: SegmentUse()].bytes += old.charge
+            }
+            queues[p.stream] = q
+        }
+        for (id, b) in batches where b.cutSeg == seg {
+            batches[id]!.cutSeg = r.seg
+            segmentUse[r.seg, default: SegmentUse()].cuts += 1
+        }
+        segmentUse[seg] = SegmentUse()
+    }
+
+    // MARK: Owners and settings (the database)
 
     /// Records `owner` as the owner of `stream` (the first writer wins; later calls change nothing).
-    func recordOwner(stream: String, owner: String, nowMs: Int64) throws(SQLiteError) {
+    func recordOwner(stream: String, owner: String, nowMs: Int64) throws {
         try db.run(
             "INSERT OR IGNORE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
     }
 
-    func recordedOwners() throws(SQLiteError) -> [String: String] {
+    func recordedOwners() throws -> [String: String] {
         var out: [String: String] = [:]
         for r in try db.query("SELECT stream, owner FROM stream_owners") { out[r[0].text ?? ""] = r[1].text ?? "" }
         return out
     }
 
-    func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64) throws(SQLiteError) {
+    func saveSettings(stream: String, maxCount: Int, intervalMs: UInt64) throws {
         try db.run(
             "INSERT OR REPLACE INTO stream_settings(stream,max_count,interval_ms,endpoint) VALUES(?,?,?,NULL)",
             [.text(stream), .int(Int64(maxCount)), .int(Int64(intervalMs))])
     }
 
-    func savedSettings() throws(SQLiteError) -> [String: (maxCount: Int, intervalMs: UInt64)] {
+    func savedSettings() throws -> [String: (maxCount: Int, intervalMs: UInt64)] {
         var out: [String: (Int, UInt64)] = [:]
         for r in try db.query("SELECT stream,max_count,interval_ms FROM stream_settings") {
             out[r[0].text ?? ""] = (Int(r[1].int ?? 50), UInt64(r[2].int ?? 10_000))
         }
         return out
+    }
+}
+
+/// A stored record's text, `{"id":<string>,"ts":<digits>,"data":<json>}`, read back.
+enum RecordText {
+    /// The id as written (a JSON string literal, quotes included); nil when `t` is not a record's
+    /// text (a damaged or zeroed one).
+    static func escapedID(_ t: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
+        let p = Chunk.idPrefix
+        guard t.count > p.count + 2, t.starts(with: p), t[p.count] == UInt8(ascii: "\""), t[t.count - 1] == UInt8(ascii: "}") else {
+            return nil
+        }
+        var j = p.count + 1
+        while j < t.count, t[j] != UInt8(ascii: "\"") { j += t[j] == UInt8(ascii: "\\") ? 2 : 1 }
+        guard j < t.count else { return nil }
+        return UnsafeRawBufferPointer(rebasing: t[p.count...j])
+    }
+
+    /// The id, ts and data of a record's text.
+    static func parts(_ t: UnsafeRawBufferPointer) -> (escapedID: UnsafeRawBufferPointer, ts: Int64, data: UnsafeRawBufferPointer)? {
+        guard let id = escapedID(t) else { return nil }
+        var j = (id.baseAddress! - t.baseAddress!) + id.count + #","ts":"#.utf8.count
+        var negative = false
+        if j < t.count, t[j] == UInt8(ascii: "-") {
+            negative = true
+            j += 1
+        }
+        var v: Int64 = 0
+        while j < t.count, t[j] >= 0x30, t[j] <= 0x39 {
+            v = v &* 10 &+ Int64(t[j] - 0x30)
+            j += 1
+        }
+        j += #","data":"#.utf8.count
+        guard j < t.count else { return nil }
+        return (id, negative ? -v : v, UnsafeRawBufferPointer(rebasing: t[j..<(t.count - 1)]))
     }
 }

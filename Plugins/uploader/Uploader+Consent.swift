@@ -44,7 +44,7 @@ extension Uploader {
 
     /// Cuts every unbatched record of `name` (under `consent`, or any) into final batches, sent
     /// at once.
-    private func cutFinalBatches(_ name: String, consent: String?) throws(SQLiteError) {
+    private func cutFinalBatches(_ name: String, consent: String?) throws {
         var st = state(name)
         var cuts: [(key: String, count: Int, bytes: Int)] = []
         while true {

@@ -98,7 +98,12 @@ final class Uploader {
             System.exit(exitStatusConfigError)
         }
         do {
-            store = try UploaderStore(path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull, loop: plugin.loop)
+            store = try UploaderStore(
+                path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull,
+                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: limits.maxDiskBytes))
+            if store.damagedRecords > 0 {
+                plugin.log.error("damaged records dropped from the queue", ["records": store.damagedRecords])
+            }
             diskBytes = try store.totalBytes()
             for (name, o) in try store.recordedOwners() { recordedOwners[name] = StreamOwner(o) }
             for (name, s) in try store.summaries() {

@@ -36,14 +36,19 @@ extension Backend {
         try storage { () throws(StoreError) in try store.saveDevice(id: id, installId: install, secret: secret, now: now) }
         let token = DeviceToken.make(deviceId: id, secret: secret)
         brokerAddDevice(deviceId: id, installId: install, password: token, renewed: existing != nil)
+        var mqtt: JSONObject = [
+            "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
+            "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
+        ]
+        // A nats-server cluster: the broker password is a user JWT for this device, not the token.
+        if let auth = natsAuth {
+            guard let jwt = auth.deviceJWT(deviceId: id, now: now) else {
+                throw APIError(status: 500, code: .invalidRequest, message: "the device's broker credential could not be signed")
+            }
+            mqtt["password"] = .string(jwt)
+        }
         log.info("device registered", ["deviceId": id, "renewed": existing != nil])
-        return HTTPResponse([
-            "deviceId": .string(id), "token": .string(token),
-            "mqtt": [
-                "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
-                "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
-            ],
-        ])
+        return HTTPResponse(["deviceId": .string(id), "token": .string(token), "mqtt": .object(mqtt)])
     }
 
     /// 1 to 64 of `[A-Za-z0-9._-]` (the MQTT client id is `pylon-push-` and the install id).

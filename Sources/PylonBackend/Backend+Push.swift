@@ -56,9 +56,12 @@ extension Backend {
         // PUBACKs and acks read together are recorded in one transaction.
         client.onReadBatchBegin = { [unowned self] in self.store.batch(begin: true) }
         client.onReadBatchEnd = { [unowned self] in self.store.batch(begin: false) }
-        client.onConnect = { [unowned self] _ in
-            self.brokerConnected()
-            self.republish(deviceId: nil)
+        client.onConnect = { [unowned self] _ in self.brokerConnected() }
+        // Republish once acks can be heard: a clustered broker (nats-server) keeps no ack
+        // published while this clean-session subscription is being re-created, and the device
+        // reports a repeat of an acknowledged message done again.
+        client.onSubscribed = { [unowned self] topic in
+            if topic == Backend.ackTopicFilter { self.republish(deviceId: nil) }
         }
         client.start()
     }
@@ -66,7 +69,7 @@ extension Backend {
     /// Publishes again every send its device has not acknowledged (not yet expired), with the
     /// same message id, so one the broker lost (mosquitto saves its queue only every
     /// `autosave_interval`: a kill -9 loses what it acknowledged since) still arrives; the device
-    /// drops repeats by message id. Run when the backend (re)connects and when a device reports
+    /// drops repeats by message id. Run when the backend's ack subscription is granted (after each (re)connect) and when a device reports
     /// `{"ids": [], "hello": true}` after connecting (its subscription is in place then).
     func republish(deviceId: String?) {
         guard let mqtt, mqtt.state == .connected else { return }

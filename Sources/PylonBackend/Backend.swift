@@ -24,6 +24,9 @@ package final class Backend {
     package var faultsEnabled = false
     /// The broker runs the dynamic-security plugin and this backend is its admin (`--mqtt-dynsec`).
     package var dynsec = false
+    /// The broker is a nats-server cluster with JWT auth (`--mqtt-nats-auth`): registration
+    /// mints each device's broker credential (`NATSAuth.swift`).
+    package var natsAuth: NATSAuth?
     /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
     package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).

@@ -1,4 +1,5 @@
 import PylonCore
+import PylonMQTT
 
 /// Command-line configuration of `pylon-backend`.
 package struct Options {
@@ -14,8 +15,15 @@ package struct Options {
     package var maxOutputBytes = Limits.defaultMaxOutputBytes
     package var timeouts = Timeouts()
     package var logLevel = Log.Level.info
-    /// The MQTT broker push sends are published to (`--mqtt HOST:PORT`); none by default.
-    package var mqtt: (host: String, port: UInt16)?
+    /// The MQTT broker push sends are published to (`--mqtt HOST:PORT[,HOST:PORT...]`, the nodes
+    /// of a broker cluster, tried in order); none by default.
+    package var mqtt: [MQTTOptions.Broker] = []
+    /// `--mqtt-protocol 3.1.1|5|auto` (default auto: MQTT 5, 3.1.1 when the broker refuses 5).
+    package var mqttProtocol = "auto"
+    /// `--mqtt-nats-auth PATH`: the broker cluster is nats-server with JWT auth; PATH (0600,
+    /// written by `tools/pylon-nats-auth init`) holds the account and its signing key, with
+    /// which each registered device gets its own user JWT as its broker password.
+    package var mqttNatsAuth: String?
     /// `--mqtt-username` / `--mqtt-password-file`: the backend's broker login.
     package var mqttUsername: String?
     package var mqttPasswordFile: String?
@@ -42,8 +50,9 @@ package struct Options {
                              [--max-body BYTES] [--max-connections N]
                              [--max-output-bytes N]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
-                             [--log-level LEVEL] [--mqtt HOST:PORT] [--mqtt-username USER]
-                             [--mqtt-password-file PATH] [--mqtt-dynsec]
+                             [--log-level LEVEL] [--mqtt HOST:PORT[,HOST:PORT...]] [--mqtt-username USER]
+                             [--mqtt-password-file PATH] [--mqtt-dynsec | --mqtt-nats-auth PATH]
+                             [--mqtt-protocol 3.1.1|5|auto]
                              [--operator-token-file PATH] [--enrol-secret-file PATH | --open-enrolment]
                              [--enable-fault-injection]
                              [--nats URL[,URL...] [--nats-user USER --nats-password-file PATH |
@@ -73,14 +82,24 @@ package struct Options {
           --body-timeout-ms MS    408 when a request body is not complete this long after its
                                   head (default 60000)
           --log-level LEVEL   debug, info, warn or error (default info)
-          --mqtt HOST:PORT    MQTT broker for the push API (MQTT 5, QoS 1); without it push sends
-                              answer 503
+          --mqtt HOST:PORT[,HOST:PORT...]
+                              MQTT broker for the push API (QoS 1); several addresses are the
+                              nodes of a cluster, tried in turn after a failed connect or a loss;
+                              without it push sends answer 503
+          --mqtt-protocol 3.1.1|5|auto
+                              MQTT version spoken to the broker (default auto: 5, and 3.1.1 once
+                              a broker refuses 5, as nats-server and RabbitMQ do)
           --mqtt-username USER, --mqtt-password-file PATH
                               the backend's broker login (password file mode 0600)
           --mqtt-dynsec       the broker runs mosquitto's dynamic-security plugin and USER is its
                               admin: registering a device creates its broker client (username =
                               device id, password = device token, fixed client id) and a role
                               limited to the device's own topics
+          --mqtt-nats-auth PATH
+                              the broker is a nats-server cluster with JWT auth (docs/FLEET.md):
+                              PATH (0600, from tools/pylon-nats-auth init) holds the account's
+                              signing key; registering a device mints its user JWT (name = device
+                              id, its own topics only, MQTT only), returned as its broker password
           --operator-token-file PATH
                               the operator token (a 0600 file): /v1/admin/*, /v1/inspect/* and
                               /v1/faults need "Authorization: Bearer <token>"; without this
@@ -169,8 +188,20 @@ package struct Options {
                 o.logLevel = l
             case "--mqtt":
                 let v = try value()
-                guard let hp = splitHostPort(v) else { throw UsageError(description: "--mqtt expects HOST:PORT, got \(v)") }
-                o.mqtt = hp
+                let list = v.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+                guard list.count <= MQTTOptions.maxBrokers else {
+                    throw UsageError(description: "--mqtt takes at most \(MQTTOptions.maxBrokers) addresses")
+                }
+                o.mqtt = []
+                for a in list {
+                    guard let hp = splitHostPort(a) else { throw UsageError(description: "--mqtt expects HOST:PORT, got \(a)") }
+                    o.mqtt.append(MQTTOptions.Broker(host: hp.0, port: Int32(hp.1)))
+                }
+            case "--mqtt-protocol":
+                let v = try value()
+                guard ["3.1.1", "5", "auto"].contains(v) else { throw UsageError(description: "--mqtt-protocol is 3.1.1, 5 or auto") }
+                o.mqttProtocol = v
+            case "--mqtt-nats-auth": o.mqttNatsAuth = try value()
             case "--mqtt-username": o.mqttUsername = try value()
             case "--mqtt-password-file": o.mqttPasswordFile = try value()
             case "--mqtt-dynsec": o.mqttDynsec = true
@@ -218,8 +249,11 @@ package struct Options {
         if o.openEnrolment && o.enrolSecretFile != nil {
             throw UsageError(description: "--open-enrolment and --enrol-secret-file exclude each other")
         }
-        if o.mqttDynsec && (o.mqtt == nil || o.mqttUsername == nil) {
+        if o.mqttDynsec && (o.mqtt.isEmpty || o.mqttUsername == nil) {
             throw UsageError(description: "--mqtt-dynsec needs --mqtt and --mqtt-username")
+        }
+        if o.mqttNatsAuth != nil && (o.mqtt.isEmpty || o.mqttDynsec) {
+            throw UsageError(description: "--mqtt-nats-auth needs --mqtt and excludes --mqtt-dynsec")
         }
         if o.natsSettings.urls.isEmpty {
             if o.natsSettings != NATSSettings() || o.natsPasswordFile != nil {

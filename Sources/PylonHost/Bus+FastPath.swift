@@ -61,7 +61,7 @@ extension Bus {
             return RawJSON.plainString(params, span)
         }
         guard case .forward(let target, let timeoutMs, _) = decision, !unsure else { return false }
-        forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
+        forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         fastRouted += 1
         return true
     }
@@ -77,6 +77,7 @@ extension Bus {
                 }),
             case .peer(let origin, let originalId) = p.origin
         else { return false }
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         fastRouted += 1
         return true

@@ -36,6 +36,13 @@ extension Bus {
                 }
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
+            case HostMethod.monitor: return .success(try monitorMethod(peer, principal, params))
+            case HostMethod.reload:
+                // A notification (requests are answered by `deferReload` from handleRequest).
+                try reloadAllowed(peer, principal)
+                deferReload(peer, idText: nil)
+                return .success(["reloading": true])
+            case HostMethod.logLevel: return .success(try logLevelMethod(peer, principal, params))
             case HostMethod.hello:
                 throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
             default:
@@ -116,6 +123,7 @@ extension Bus {
                 "slow_readers_closed": .int(Int64(slowReadersClosed)), "batches": .int(Int64(batches)),
                 "dropped_for_uid_queue": .int(Int64(droppedForUidQueue)),
                 "connections_refused": .int(Int64(refusedTotal)),
+                "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(monitorsDropped)),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),

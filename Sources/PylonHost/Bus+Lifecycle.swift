@@ -1,6 +1,10 @@
 import PylonCore
 import PylonProtocol
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Graceful stop and configuration reload.
 extension Bus {
     /// Stops accepting work, asks every plugin to exit (`bus.shutdown`, channel closed), and calls
@@ -25,13 +29,16 @@ extension Bus {
     }
 
     /// Applies a new configuration: limits and permissions at once; plugins added, removed, or
-    /// restarted when their definition changed. The socket path, mode and state directory are
-    /// fixed at start (a change is logged and ignored).
-    public func reload(_ new: HostConfig) {
-        if new.socketPath != config.socketPath || new.stateDir != config.stateDir || new.socketMode != config.socketMode
-            || new.socketGroup != config.socketGroup
-        {
-            log.warn("reload: socket, socketMode, socketGroup and stateDir changes need a restart; keeping the old ones")
+    /// restarted when their definition changed. The socket path, mode, group and state directory
+    /// are fixed at start: a change is reported (`notApplied`, and the log) and the old value kept.
+    @discardableResult
+    public func reload(_ new: HostConfig) -> ReloadReport {
+        var report = ReloadReport()
+        for setting in HostConfig.fixedAtStart(running: config, new: new) {
+            report.notApplied.append((setting, "fixed at start: restart pylond to change it"))
+        }
+        for (setting, reason) in report.notApplied {
+            log.warn("reload: setting not applied; keeping the running value", ["setting": setting, "reason": reason])
         }
         var next = new
         next.socketPath = config.socketPath
@@ -54,17 +61,90 @@ extension Bus {
                     log.info("reload: plugin definition changed; restarting", ["plugin": name])
                     retire(slot)
                     addPlugin(pc, after: slot)
+                    report.restarted.append(name)
                 }
             } else {
                 log.info("reload: plugin removed; stopping", ["plugin": name])
                 retire(slot)
+                report.removed.append(name)
             }
         }
         for pc in next.plugins where pc.enabled && slots[pc.name] == nil {
             log.info("reload: plugin added", ["plugin": pc.name])
             addPlugin(pc)
+            report.added.append(pc.name)
         }
         log.info("configuration reloaded", ["plugins": slots.count])
+        return report
+    }
+
+    /// `bus.reload`: what SIGHUP does, answered. For admins, and for the host's own uid (which
+    /// may send pylond SIGHUP anyway: systemd's `ExecReload` runs `pylonctl reload` as it).
+    func reloadAllowed(_ peer: Peer, _ principal: Principal) throws(RPCError) {
+        guard !peer.isPlugin, principal.plugin == nil else { throw RPCError(.notPermitted, "bus.reload is for admin clients, not plugins") }
+        guard isAdmin(peer) || peer.credentials?.uid == getuid() else {
+            let uid = peer.credentials.map { String($0.uid) } ?? "unknown"
+            throw RPCError(
+                .notPermitted, "bus.reload is for admins (disclosure.admins) and pylond's own user; uid \(uid) is neither",
+                data: ["method": .string(HostMethod.reload), "uid": peer.credentials.map { .int(Int64($0.uid)) } ?? .null])
+        }
+        guard onReloadRequest != nil else { throw RPCError(.internalError, "this host cannot reload its configuration") }
+    }
+
+    /// Reloads on the next loop turn and then answers `idText` (nil: a notification) on `peer`:
+    /// a reload changes every connection's framing limits, which cannot happen while one of them
+    /// is delivering the very line that asked for it.
+    func deferReload(_ peer: Peer, idText: String?) {
+        reloadWaiters.append((peer, idText))
+        peer.inflight += 1
+        guard reloadTimer == nil else { return }  // one reload answers every request made meanwhile
+        reloadTimer = loop.after(ms: 1) { [unowned self] in
+            self.reloadTimer = nil
+            let waiters = self.reloadWaiters
+            self.reloadWaiters = []
+            let result = self.onReloadRequest?() ?? .failure(RPCError(.internalError, "this host cannot reload its configuration"))
+            for (p, id) in waiters {
+                p.inflight -= 1
+                guard let id, !p.closed else { continue }
+                switch result {
+                case .success(let v): self.sendResult(p.conn, idText: id, v)
+                case .failure(let e): self.sendError(p.conn, idText: id, e)
+                }
+                self.closeIfDone(p)
+            }
+        }
+    }
+
+    /// `bus.logLevel {level, plugin?}`: the host's level, or a plugin's (sent to it as a
+    /// `bus.logLevel` notification, and its level at later restarts). Admin clients only.
+    func logLevelMethod(_ peer: Peer, _ principal: Principal, _ params: JSON?) throws(RPCError) -> JSON {
+        guard !peer.isPlugin, principal.plugin == nil, isAdmin(peer) else {
+            let uid = peer.credentials.map { String($0.uid) } ?? "unknown"
+            throw RPCError(
+                .notPermitted,
+                "bus.logLevel is for admins (disclosure.admins); " + (peer.isPlugin ? "not plugins" : "uid \(uid) is not one"),
+                data: ["method": .string(HostMethod.logLevel)])
+        }
+        guard let name = params?["level"]?.stringValue, let level = Log.Level(name: name) else {
+            throw RPCError(.invalidParams, "params.level must be debug, info, warn or error")
+        }
+        guard let plugin = params?["plugin"], plugin != .null else {
+            log.info("log level set", ["level": name, "client": peer.id])
+            Log.minimum = level
+            return ["level": .string(name), "scope": "host"]
+        }
+        guard let pluginName = plugin.stringValue, let slot = slots[pluginName] else {
+            throw RPCError(.invalidParams, "no plugin named \(plugin.stringValue ?? plugin.serialized)")
+        }
+        slot.logLevel = name
+        var sent = false
+        if let p = slot.peer, p.handshaken, !p.closed {
+            p.conn.send(envelope: Envelope.notification(method: HostMethod.logLevel, params: .value(["level": .string(name)])))
+            sent = true
+        }
+        log.info("plugin log level set", ["plugin": pluginName, "level": name, "client": peer.id])
+        // Not running now: it starts at this level.
+        return ["level": .string(name), "plugin": .string(pluginName), "sent": .bool(sent)]
     }
 
     /// Removes a slot from routing and stops its process.

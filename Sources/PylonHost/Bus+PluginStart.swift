@@ -50,8 +50,14 @@ extension Bus {
         env.append("PYLON_BUS_FD=3")
         env.append("PYLON_PLUGIN_NAME=\(pc.name)")
         env.append("PYLON_PLUGIN_STATE_DIR=\(stateDir)")
-        if pc.env["PYLON_LOG_LEVEL"] == nil { env.append("PYLON_LOG_LEVEL=\(config.logLevel)") }
-        for (k, v) in pc.env.sorted(by: { $0.key < $1.key }) { env.append("\(k)=\(v)") }
+        if let l = slot.logLevel {
+            env.append("PYLON_LOG_LEVEL=\(l)")
+        } else if pc.env["PYLON_LOG_LEVEL"] == nil {
+            env.append("PYLON_LOG_LEVEL=\(config.logLevel)")
+        }
+        for (k, v) in pc.env.sorted(by: { $0.key < $1.key }) where !(k == "PYLON_LOG_LEVEL" && slot.logLevel != nil) {
+            env.append("\(k)=\(v)")
+        }
         o.env = env
         o.inheritFds = [(child: 3, parent: pluginEnd)]
         let out = Connection(loop: loop, maxLineBytes: 16 * 1024)

@@ -66,9 +66,21 @@ public final class Bus {
     var slowReadersClosed: UInt64 = 0
     /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
     var droppedForUidQueue: UInt64 = 0
+    /// Connections watching traffic (`bus.monitor`, Bus+Monitor); empty costs one test per hook.
+    var monitors: [MonitorEntry] = []
+    /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
+    var monitorsDropped: UInt64 = 0
+    /// Forwarded requests' method and start, by host id, kept only while a monitor is connected
+    /// (so `Pending` and the routing path stay as they are without one).
+    var monitorTraces: [Int64: MonitorTrace] = [:]
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
+    /// Set by `Host`: re-reads the configuration file and applies it (`bus.reload`).
+    public var onReloadRequest: (() -> Result<JSON, RPCError>)?
+    /// `bus.reload` requests waiting for the next loop turn (`deferReload`).
+    var reloadWaiters: [(Peer, String?)] = []
+    var reloadTimer: Timer?
     var readyReported = false
     var addingPlugins = false
 
@@ -250,6 +262,7 @@ public final class Bus {
             clientGone()
         }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }
+        if !monitors.isEmpty { monitorRemove(peer) }
         // Requests that peer was serving fail now, not at their timeout.
         failPending(
             targeting: peer,
@@ -413,22 +426,44 @@ public final class Bus {
             // in this loop turn (a flood of them cannot stall everyone else).
             if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-            switch hostMethod(peer, principal, method, params) {
+            if method == HostMethod.reload {
+                do throws(RPCError) {
+                    try reloadAllowed(peer, principal)
+                    if currentBatch != nil { throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch") }
+                    deferReload(peer, idText: idText)
+                } catch {
+                    sendError(peer.conn, idText: idText, error)
+                }
+                return
+            }
+            let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
+            let answer = hostMethod(peer, principal, method, params)
+            switch answer {
             case .success(let v): sendResult(peer.conn, idText: idText, v)
             case .failure(let e): sendError(peer.conn, idText: idText, e)
             }
+            if !monitors.isEmpty, method != HostMethod.monitor {
+                var error: RPCError?
+                if case .failure(let e) = answer { error = e }
+                monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: error)
+            }
         case .refused(let e):
             sendError(peer.conn, idText: idText, e)
+            if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e) }
         case .denied(let spec, let key):
             consentRefused[key, default: 0] += 1
+            let error = RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)])
             if spec.dropWhenDenied {
                 sendResult(peer.conn, idText: idText, spec.deniedResult)
             } else {
-                sendError(
-                    peer.conn, idText: idText, RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)]))
+                sendError(peer.conn, idText: idText, error)
+            }
+            if !monitors.isEmpty {
+                monitorHostAnswer(
+                    peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
             }
         case .forward(let target, let timeoutMs, _):
-            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs)
+            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         }
     }
 
@@ -502,7 +537,7 @@ public final class Bus {
     /// replaced (a parsed message is never re-serialised).
     func forward(
         _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
-        timeoutMs: UInt64
+        timeoutMs: UInt64, method: String
     ) {
         // Backpressure reaches whoever fills a congested target: a client's request waits (the
         // line is dispatched again later) and its input is held until the target drains, so a
@@ -541,6 +576,10 @@ public final class Bus {
         } else {
             origin = .peer(peer, originalId: original)
         }
+        if !monitors.isEmpty {
+            monitorTraces[hostId] = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
+            monitorRequest(peer, principal, method, line, id: original, to: target.label)
+        }
         addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
@@ -576,10 +615,13 @@ public final class Bus {
     }
 
     func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>) {
-        guard json_object_get_type(id) == json_type_int, let p = takePending(json_object_get_int64(id), answeredBy: peer) else {
+        guard json_object_get_type(id) == json_type_int, case let hostId = json_object_get_int64(id),
+            let p = takePending(hostId, answeredBy: peer)
+        else {
             log.debug("reply to an unknown request ignored", ["peer": peer.label])
             return
         }
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         switch p.origin {
         case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
@@ -616,6 +658,7 @@ public final class Bus {
             if deferIfCongested(peer, target) { return }  // held like a request (see forward)
             forwardNotification(line, principal, to: target)
             routed += 1
+            if !monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
         case .host:
             // Done as the request would be; the answer, error or not, is nobody's.
             if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
@@ -676,6 +719,7 @@ public final class Bus {
             peer.conn.sendLine(line)
             delivered += 1
         }
+        if !monitors.isEmpty { monitorPublication(topic, line, from: sender, delivered: delivered) }
         return delivered
     }
 
@@ -699,10 +743,11 @@ public final class Bus {
     /// Answers a pending request with an error (plugin death, timeout).
     func complete(_ id: Int64, _ error: RPCError) {
         guard let p = pending.remove(id) else { return }
-        finish(p, error)
+        finish(id, p, error)
     }
 
-    private func finish(_ p: Pending, _ error: RPCError) {
+    private func finish(_ id: Int64, _ p: Pending, _ error: RPCError) {
+        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
@@ -740,9 +785,9 @@ public final class Bus {
     }
 
     private func sweepTimeouts() {
-        for (_, p) in pending.expired(nowMs: loop.nowMs) {
+        for (id, p) in pending.expired(nowMs: loop.nowMs) {
             if !p.isHostCall { timeouts += 1 }
-            finish(p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
+            finish(id, p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
         }
         armSweep()
     }

@@ -41,6 +41,11 @@ public struct Limits: Equatable, Sendable {
     /// Not a limit but write batching: output to a connection is written once this many bytes
     /// are queued during a loop turn, the rest at the end of the turn (0 = only at the end).
     public var flushAboveBytes = Connection.defaultFlushAboveBytes
+    /// Connections that may watch traffic at once (`bus.monitor`, admins only; -32004 beyond it).
+    public var maxMonitors = 8
+    /// Bytes of events queued to one monitor that has not read them: past it the monitor is
+    /// disconnected (routing never waits for a monitor).
+    public var maxMonitorQueuedBytes = 1 << 20
     public init() {}
 
     public var json: JSON {
@@ -54,6 +59,7 @@ public struct Limits: Equatable, Sendable {
             "maxProvidesPerConnection": .int(Int64(maxProvidesPerConnection)),
             "maxBatchMembers": .int(Int64(maxBatchMembers)),
             "requestTimeoutMs": .int(Int64(requestTimeoutMs)), "flushAboveBytes": .int(Int64(flushAboveBytes)),
+            "maxMonitors": .int(Int64(maxMonitors)), "maxMonitorQueuedBytes": .int(Int64(maxMonitorQueuedBytes)),
         ]
     }
 }
@@ -192,6 +198,8 @@ extension HostConfig {
             if let v = try lr.int("maxBatchMembers", min: 1, max: 65_536) { c.limits.maxBatchMembers = v }
             if let v = try lr.int("requestTimeoutMs", min: 1) { c.limits.requestTimeoutMs = UInt64(v) }
             if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }
+            if let v = try lr.int("maxMonitors", min: 0, max: 1024) { c.limits.maxMonitors = v }
+            if let v = try lr.int("maxMonitorQueuedBytes", min: 4096) { c.limits.maxMonitorQueuedBytes = v }
             try lr.finish()
         }
         if let plugins = try r.array("plugins") {

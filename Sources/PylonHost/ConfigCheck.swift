@@ -1,5 +1,6 @@
 import CJSONC
 import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -21,8 +22,8 @@ extension HostConfig {
             if let obj { json_object_put(obj) }
             json_tokener_free(tok)
         }
-        // parse_end points just past the offending byte.
-        let stop = max(0, min(end, bytes.count) - 1)
+        // parse_end is the offending byte's offset (the column counts the bytes before it).
+        let stop = max(0, min(end, bytes.count))
         var line = 1, column = 1
         for i in 0..<stop {
             if bytes[i] == 0x0A { line += 1; column = 1 } else if bytes[i] & 0xC0 != 0x80 { column += 1 }
@@ -54,5 +55,128 @@ extension HostConfig {
             }
         }
         return problems
+    }
+}
+
+/// `pylond --check-config` asks each enabled plugin to check its own `config` with the reader
+/// it starts with: it runs `EXEC ARGS… --check-config` with the config on stdin and no bus
+/// channel (`Plugin.checkConfig` in the plugin kit; `Plugin.check_config` in Python).
+extension HostConfig {
+    /// What one plugin's check said.
+    public struct PluginCheck {
+        public var problems: [String] = []
+        public var warnings: [String] = []
+    }
+
+    /// Longest a plugin may take to answer `--check-config`.
+    public static let pluginCheckTimeoutMs = 5_000
+
+    /// Runs every enabled plugin's check; problems and warnings are prefixed `plugin NAME: `.
+    public func pluginConfigChecks(selfDir: String? = System.executableDirectory()) -> PluginCheck {
+        var all = PluginCheck()
+        for p in plugins where p.enabled {
+            var exec = p.exec
+            if !exec.contains("/") {
+                let dirs =
+                    [pluginDir, selfDir].compactMap { $0 } + (System.env("PATH") ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
+                guard let d = dirs.first(where: { access($0 + "/" + exec, X_OK) == 0 }) else { continue }  // reported by executableProblems
+                exec = d + "/" + exec
+            }
+            var env = System.environment().filter { !$0.hasPrefix("PYLON_BUS_FD=") }
+            env.append("PYLON_PLUGIN_NAME=" + p.name)
+            for (k, v) in p.env.sorted(by: { $0.key < $1.key }) { env.append(k + "=" + v) }
+            let r = Self.runCheck(exec, p.args + ["--check-config"], env, input: Array(p.config.serialized.utf8))
+            let prefix = "plugin \(p.name): "
+            switch r.status {
+            case 0:
+                all.warnings += r.stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
+            case exitStatusConfigError:
+                all.warnings += r.stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
+                let lines = r.stderr.isEmpty ? ["the configuration is refused (exit 78)"] : r.stderr
+                all.problems += lines.map { prefix + $0 }
+            case nil:
+                all.warnings.append(
+                    prefix + "did not answer --check-config within \(Self.pluginCheckTimeoutMs) ms; its config is not checked")
+            case let s?:
+                all.warnings.append(prefix + "--check-config exited \(s) (not supported?); its config is not checked")
+            }
+        }
+        return all
+    }
+
+    /// Runs `exec` with `args`, `input` on stdin; its output lines. `status` nil: it did not
+    /// exit within `pluginCheckTimeoutMs` (then it is killed).
+    static func runCheck(_ exec: String, _ args: [String], _ env: [String], input: [UInt8]) -> (
+        status: Int32?, stdout: [String], stderr: [String]
+    ) {
+        var inPipe: [Int32] = [0, 0], outPipe: [Int32] = [0, 0], errPipe: [Int32] = [0, 0]
+        guard pipe(&inPipe) == 0, pipe(&outPipe) == 0, pipe(&errPipe) == 0 else {
+            return (-1, [], ["cannot create pipes"])
+        }
+        // Only the child's ends (dup2'ed to 0, 1, 2) cross the exec.
+        for fd in inPipe + outPipe + errPipe { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_adddup2(&actions, inPipe[0], 0)
+        posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
+        posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        let argv = ([exec] + args).map { strdup($0) } + [nil]
+        let envp = env.map { strdup($0) } + [nil]
+        defer {
+            for a in argv { free(a) }
+            for e in envp { free(e) }
+        }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, exec, &actions, nil, argv, envp)
+        close(inPipe[0])
+        close(outPipe[1])
+        close(errPipe[1])
+        guard rc == 0 else {
+            close(inPipe[1])
+            close(outPipe[0])
+            close(errPipe[0])
+            return (-1, [], ["cannot run \(exec): \(String(cString: strerror(rc)))"])
+        }
+        // The config is small (it is part of pylon.json); the plugin reads it before writing.
+        _ = input.withUnsafeBytes { write(inPipe[1], $0.baseAddress, $0.count) }
+        close(inPipe[1])
+        var out: [UInt8] = [], err: [UInt8] = []
+        var fds = [pollfd(fd: outPipe[0], events: Int16(POLLIN), revents: 0), pollfd(fd: errPipe[0], events: Int16(POLLIN), revents: 0)]
+        let deadline = (Loop.hrtimeNs / 1_000_000) + UInt64(pluginCheckTimeoutMs)
+        var open = 2
+        var buf = [UInt8](repeating: 0, count: 4096)
+        while open > 0 {
+            let now = (Loop.hrtimeNs / 1_000_000)
+            guard now < deadline else { break }
+            if poll(&fds, 2, Int32(deadline - now)) <= 0 { continue }
+            for i in 0..<2 where fds[i].fd >= 0 && fds[i].revents != 0 {
+                let n = buf.withUnsafeMutableBytes { read(fds[i].fd, $0.baseAddress, $0.count) }
+                if n > 0, out.count + err.count < 1 << 20 {
+                    if i == 0 { out += buf[0..<n] } else { err += buf[0..<n] }
+                } else if n <= 0 {
+                    close(fds[i].fd)
+                    fds[i].fd = -1
+                    open -= 1
+                }
+            }
+        }
+        for f in fds where f.fd >= 0 { close(f.fd) }
+        var status: Int32 = 0
+        var exited = false
+        while (Loop.hrtimeNs / 1_000_000) < deadline {
+            let w = waitpid(pid, &status, WNOHANG)
+            if w == pid { exited = true; break }
+            if w < 0 { break }
+            usleep(10_000)
+        }
+        if !exited {
+            kill(pid, SIGKILL)
+            waitpid(pid, &status, 0)
+            return (nil, [], [])
+        }
+        func lines(_ b: [UInt8]) -> [String] { String(decoding: b, as: UTF8.self).split(separator: "\n").map(String.init) }
+        let code: Int32 = (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
+        return (code, lines(out), lines(err))
     }
 }

@@ -1,4 +1,5 @@
 import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -67,7 +68,8 @@ public final class Host {
 
         signals.append(SignalWatcher(loop: loop, signal: SIGTERM) { [unowned self] _ in self.stop(reason: "SIGTERM") })
         signals.append(SignalWatcher(loop: loop, signal: SIGINT) { [unowned self] _ in self.stop(reason: "SIGINT") })
-        signals.append(SignalWatcher(loop: loop, signal: SIGHUP) { [unowned self] _ in self.reload() })
+        signals.append(SignalWatcher(loop: loop, signal: SIGHUP) { [unowned self] _ in self.reload(source: "SIGHUP") })
+        bus.onReloadRequest = { [unowned self] in self.reload(source: "bus.reload") }
         startWatchdog()
 
         bus.onReady = { [unowned self] in
@@ -101,25 +103,54 @@ public final class Host {
         loop.stop()
     }
 
-    func reload() {
+    /// Re-reads the configuration file and applies it (SIGHUP, `bus.reload`). A refused file
+    /// changes nothing and is answered with its error (file:line:col for JSON errors, the
+    /// setting's path otherwise); systemd's reload fails then through `pylonctl reload`
+    /// (pylond.service's ExecReload), since sd_notify has no way to say "reload failed".
+    @discardableResult
+    func reload(source: String) -> Result<JSON, RPCError> {
         // Stopping: a reload would start the plugins it adds, and the host would wait for them
         // forever (a second SIGTERM is ignored once stopping).
         guard !bus.shuttingDown else {
             log.warn("reload ignored: the host is stopping")
-            return
+            return .failure(RPCError(.shuttingDown, "host is shutting down"))
         }
         System.sdNotify("RELOADING=1")
+        defer { System.sdNotify("READY=1") }
+        var c: HostConfig
         do throws(ConfigError) {
-            var c = try HostConfig.load(path: configPath)
-            if let s = overrides.socket { c.socketPath = s }
-            if let s = overrides.stateDir { c.stateDir = s }
-            if let l = overrides.logLevel { c.logLevel = l }
-            Log.minimum = Log.Level(name: c.logLevel) ?? .info
-            bus.reload(c)
+            c = try HostConfig.load(path: configPath)
         } catch {
-            log.error("reload failed; keeping the running configuration", ["error": error.description])
+            log.error("reload failed; keeping the running configuration", ["error": error.description, "source": source])
+            return .failure(
+                RPCError(
+                    .configRefused, "configuration refused; the running one stays: \(error.description)",
+                    data: ["path": .string(configPath), "error": .string(error.description)]))
         }
-        System.sdNotify("READY=1")
+        var hostNotApplied: [(setting: String, reason: String)] = []
+        if let s = overrides.socket { c.socketPath = s }
+        if let s = overrides.stateDir { c.stateDir = s }
+        if let l = overrides.logLevel {
+            if c.logLevel != l { hostNotApplied.append(("logLevel", "pylond --log-level \(l) overrides it")) }
+            c.logLevel = l
+        }
+        for (setting, reason) in hostNotApplied {
+            log.warn("reload: setting not applied; keeping the running value", ["setting": setting, "reason": reason])
+        }
+        Log.minimum = Log.Level(name: c.logLevel) ?? .info
+        let old = bus.config
+        var report = bus.reload(c)
+        report.notApplied = hostNotApplied + report.notApplied
+        // The metrics textfile follows the new settings (a new path or interval starts a new writer).
+        if c.metricsTextfile != old.metricsTextfile || c.metricsIntervalMs != old.metricsIntervalMs {
+            metrics?.close()
+            metrics = c.metricsTextfile.map { MetricsExporter(bus: bus, path: $0, intervalMs: c.metricsIntervalMs) }
+            log.info("reload: metrics textfile settings applied", ["path": c.metricsTextfile ?? "-", "interval_ms": c.metricsIntervalMs])
+        }
+        var answer = report.json.objectValue!
+        answer["config"] = .string(configPath)
+        answer["source"] = .string(source)
+        return .success(.object(answer))
     }
 
     /// systemd's watchdog: when WATCHDOG_USEC is set, ping at half the interval from the loop, so a

@@ -48,8 +48,9 @@ final class MetricsExporter {
         }
         var replies: [String: JSON] = [:]
         var outstanding = targets.count
-        let finish = { [unowned self] in
-            guard self.round == thisRound, self.inRound else { return }
+        // Weak: a reload may replace this exporter while a round waits for plugins.
+        let finish = { [weak self] in
+            guard let self, self.round == thisRound, self.inRound else { return }
             self.inRound = false
             let ordered = targets.compactMap { t in replies[t.0].map { (t.0, $0) } }
             self.write(MetricsText.render(bus: status, plugins: ordered))

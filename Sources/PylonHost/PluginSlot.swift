@@ -28,6 +28,8 @@ final class PluginSlot {
         let consent: ConsentTemplate
     }
     var served: UInt64 = 0
+    /// A level set at run time (`bus.logLevel`): the plugin's `PYLON_LOG_LEVEL` at its restarts too.
+    var logLevel: String?
     /// Sorts the current process's stdout/stderr lines (crash reports condensed).
     var output = PluginOutputFilter()
     /// Set on a slot retired by a reload while its process is still exiting: the slot that

@@ -15,6 +15,13 @@ import PylonCore
 /// exponential backoff and jitter after any loss, and re-subscribes every topic on each CONNACK.
 /// QoS 1 publishes complete when the broker's PUBACK arrives; libmosquitto resends unacknowledged
 /// ones after a reconnect.
+///
+/// With several broker addresses (`MQTTOptions.brokers`, the nodes of a cluster) every failed
+/// connect and every lost connection moves on to the next address, so a persistent session the
+/// cluster keeps is resumed on another node when one dies. A subscription the broker refuses
+/// (SUBACK 0x80: nats-server answers so when creating its JetStream consumer times out, as
+/// during a node loss; or an ACL) is asked for again with the reconnect backoff while connected. With `protocolFallback`, a broker
+/// that refuses MQTT 5 makes the client speak 3.1.1 from then on (at once, without backoff).
 public final class MQTTClient {
     public enum State: String, Sendable { case disconnected, connecting, connected, stopped }
 
@@ -24,10 +31,18 @@ public final class MQTTClient {
     public private(set) var lastError: String?
     public private(set) var connects = 0
     public private(set) var disconnects = 0
+    /// Subscriptions the broker refused (SUBACK 0x80), counted; each is retried.
+    public private(set) var subscribeRefusals = 0
+    /// The protocol level spoken now (4: 3.1.1, 5); starts at `options.protocolVersion`.
+    public private(set) var protocolVersion: Int32
+    /// The address of the current (or next) connection attempt.
+    public var broker: MQTTOptions.Broker { addresses[brokerIndex] }
 
     /// CONNACK accepted; `sessionPresent`: the broker kept this client's session.
     public var onConnect: (_ sessionPresent: Bool) -> Void = { _ in }
     public var onDisconnect: (_ reason: String) -> Void = { _ in }
+    /// The broker granted a subscription (its SUBACK), after each (re)connect and retry.
+    public var onSubscribed: (_ topic: String) -> Void = { _ in }
     /// A message arrived. libmosquitto has already queued the PUBACK for QoS 1: persist before
     /// returning (the callback runs inside `mosquitto_loop_read`).
     public var onMessage: (_ topic: String, _ payload: UnsafeRawBufferPointer) -> Void = { _, _ in }
@@ -44,7 +59,16 @@ public final class MQTTClient {
     private var connectedAtMs: UInt64?
     private var subscriptions: [String: Int32] = [:]
     private var publishDone: [Int32: (Bool) -> Void] = [:]
-    private var startedOnce = false
+    private let addresses: [MQTTOptions.Broker]
+    private var brokerIndex = 0
+    /// The broker refused MQTT 5: reconnect at once in 3.1.1.
+    private var retryNow = false
+    /// SUBSCRIBE packets awaiting their SUBACK: message id → topic.
+    private var subscribing: [Int32: String] = [:]
+    /// Topics whose subscription was refused on this connection, asked for again by `subRetry`.
+    private var refused: Set<String> = []
+    private var subRetry: Timer!
+    private var subBackoff: Backoff
 
     nonisolated(unsafe) private static var libInitialized = false
 
@@ -55,13 +79,16 @@ public final class MQTTClient {
         }
         self.loop = loop
         self.options = options
+        protocolVersion = options.protocolVersion == 5 ? 5 : 4
+        addresses = options.addresses
         backoff = Backoff(
             initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
             seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
+        subBackoff = Backoff(
+            initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
+            seed: UInt64(truncatingIfNeeded: System.pid) &* 0x85EB_CA6B &+ Loop.hrtimeNs)
         mosq = mosquitto_new(options.clientId, options.cleanSession, nil)!
         mosquitto_user_data_set(mosq, Unmanaged.passUnretained(self).toOpaque())
-        mosquitto_int_option(
-            mosq, MOSQ_OPT_PROTOCOL_VERSION, options.protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
         // Small packets (PUBACK, acks) must not wait for Nagle behind a delayed TCP ACK.
         mosquitto_int_option(mosq, MOSQ_OPT_TCP_NODELAY, 1)
         if let u = options.username { mosquitto_username_pw_set(mosq, u, options.password) }
@@ -75,11 +102,16 @@ public final class MQTTClient {
             let topic = String(cString: m.topic)
             MQTTClient.from(obj).onMessage(topic, UnsafeRawBufferPointer(start: m.payload, count: Int(m.payloadlen)))
         }
+        mosquitto_subscribe_callback_set(mosq) { _, obj, mid, count, granted in
+            guard let granted else { return }
+            MQTTClient.from(obj).subscribed(mid: mid, granted: Array(UnsafeBufferPointer(start: granted, count: Int(count))))
+        }
         mosquitto_publish_callback_set(mosq) { _, obj, mid in
             let c = MQTTClient.from(obj)
             c.publishDone.removeValue(forKey: mid)?(true)
         }
         timer = Timer(loop: loop) { [unowned self] in self.tick() }
+        subRetry = Timer(loop: loop) { [unowned self] in self.retrySubscriptions() }
     }
 
     private static func from(_ obj: UnsafeMutableRawPointer?) -> MQTTClient {
@@ -97,7 +129,7 @@ public final class MQTTClient {
         guard state != .stopped else { return }
         subscriptions[topic] = qos
         if state == .connected {
-            mosquitto_subscribe(mosq, nil, topic, qos)
+            send(subscribe: topic, qos)
             updateInterest()
         }
     }
@@ -124,7 +156,7 @@ public final class MQTTClient {
         }
         var mid: Int32 = 0
         var props: OpaquePointer? = nil
-        if let e = expirySeconds, options.protocolVersion == 5 {
+        if let e = expirySeconds, protocolVersion == 5 {
             mosquitto_property_add_int32(&props, Int32(MQTT_PROP_MESSAGE_EXPIRY_INTERVAL.rawValue), e)
         }
         let rc = payload.withUnsafeBytes { b in
@@ -146,6 +178,7 @@ public final class MQTTClient {
         closePoll()
         state = .stopped
         timer.close()
+        subRetry.close()
         let pending = publishDone
         publishDone = [:]
         for (_, d) in pending { d(false) }
@@ -156,11 +189,10 @@ public final class MQTTClient {
 
     private func connect() {
         state = .connecting
-        let rc =
-            startedOnce
-            ? mosquitto_reconnect_async(mosq)
-            : mosquitto_connect_async(mosq, options.host, options.port, options.keepaliveS)
-        startedOnce = startedOnce || rc == MOSQ_ERR_SUCCESS.rawValue
+        mosquitto_int_option(mosq, MOSQ_OPT_PROTOCOL_VERSION, protocolVersion == 5 ? Int32(MQTT_PROTOCOL_V5) : Int32(MQTT_PROTOCOL_V311))
+        // connect_async (not reconnect_async) every time: the address may have changed.
+        let b = broker
+        let rc = mosquitto_connect_async(mosq, b.host, b.port, options.keepaliveS)
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
             failed(String(cString: mosquitto_strerror(rc)))
             return
@@ -178,7 +210,15 @@ public final class MQTTClient {
 
     private func connected(rc: Int32, sessionPresent: Bool) {
         guard rc == 0 else {
-            lastError = String(cString: mosquitto_connack_string(rc))
+            // 1: "unacceptable protocol version" (3.1.1 CONNACK); 132: the same as an MQTT 5
+            // reason code (libmosquitto's reading of a 3.1.1 refusal to a v5 CONNECT).
+            if protocolVersion == 5, options.protocolFallback, rc == 1 || rc == 132 {
+                protocolVersion = 4
+                retryNow = true
+                lastError = "\(broker) refused MQTT 5; speaking 3.1.1"
+                return
+            }
+            lastError = String(cString: rc < 128 ? mosquitto_connack_string(rc) : mosquitto_reason_string(rc))
             return  // libmosquitto drops the connection; lost() reconnects
         }
         state = .connected
@@ -187,7 +227,10 @@ public final class MQTTClient {
         // The backoff starts over only once the connection has lasted (see `lost`): a broker that
         // accepts and drops at once (a client id used twice) is not hammered every 250 ms.
         connectedAtMs = loop.nowMs
-        for (t, q) in subscriptions { mosquitto_subscribe(mosq, nil, t, q) }
+        subscribing = [:]
+        refused = []
+        subRetry.stop()
+        for (t, q) in subscriptions { send(subscribe: t, q) }
         timer.start(after: UInt64(options.keepaliveS) * 1000, repeat: UInt64(options.keepaliveS) * 1000)
         onConnect(sessionPresent)
         updateInterest()
@@ -207,6 +250,34 @@ public final class MQTTClient {
         scheduleReconnect()
     }
 
+    private func send(subscribe topic: String, _ qos: Int32) {
+        var mid: Int32 = 0
+        if mosquitto_subscribe(mosq, &mid, topic, qos) == MOSQ_ERR_SUCCESS.rawValue { subscribing[mid] = topic }
+    }
+
+    /// A SUBACK: 0x80 (128) for a refused subscription.
+    private func subscribed(mid: Int32, granted: [Int32]) {
+        guard let topic = subscribing.removeValue(forKey: mid) else { return }
+        guard subscriptions[topic] != nil else { return }
+        guard granted.contains(128) else {
+            if refused.isEmpty { subBackoff.reset() }
+            onSubscribed(topic)
+            return
+        }
+        subscribeRefusals += 1
+        lastError = "subscription to \(topic) refused"
+        refused.insert(topic)
+        if !subRetry.isActive { subRetry.start(after: subBackoff.next()) }
+    }
+
+    private func retrySubscriptions() {
+        guard state == .connected else { return }
+        let topics = refused
+        refused = []
+        for t in topics { if let q = subscriptions[t] { send(subscribe: t, q) } }
+        updateInterest()
+    }
+
     private func failed(_ why: String) {
         closePoll()
         lastError = why
@@ -214,8 +285,15 @@ public final class MQTTClient {
         scheduleReconnect()
     }
 
+    /// The next attempt, on the next address (a single address: the same one).
     private func scheduleReconnect() {
         guard state != .stopped else { return }
+        if retryNow {
+            retryNow = false
+            timer.start(after: 0)
+            return
+        }
+        brokerIndex = (brokerIndex + 1) % addresses.count
         timer.start(after: backoff.next())
     }
 

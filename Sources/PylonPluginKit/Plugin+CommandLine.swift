@@ -6,7 +6,12 @@ extension Plugin {
     /// Answers `--version` / `--help` (exit 0) and refuses other arguments when the plugin was not
     /// started by the host (exit 64, EX_USAGE); under the host (`PYLON_BUS_FD` set) arguments
     /// are the configured `args` and are left to the plugin.
-    func handleCommandLine(_ arguments: [String] = CommandLine.arguments) {
+    /// The program's command line: `CommandLine.arguments`, or what the multi-call `pylon`
+    /// binary sets before `run()` (`pylon pylon-ma --help` is `pylon-ma --help`). Read once, on
+    /// the loop thread, before the loop starts.
+    nonisolated(unsafe) public static var commandLine: [String] = CommandLine.arguments
+
+    func handleCommandLine(_ arguments: [String] = Plugin.commandLine) {
         let exe = arguments.first.map { String($0.split(separator: "/").last ?? Substring($0)) } ?? "pylon-\(name)"
         let args = arguments.dropFirst()
         if args.contains("--version") {
@@ -17,9 +22,39 @@ extension Plugin {
             print(helpText(exe))
             System.exit(0)
         }
+        if args.contains("--check-config") { checkConfigAndExit(exe) }
         if System.env("PYLON_BUS_FD") == nil, let a = args.first {
             Log.writeRaw("\(exe): unknown argument \(a) (try --help)\n")
             System.exit(64)
+        }
+    }
+
+    /// `PLUGIN --check-config`: reads the plugin's `config` (JSON) from stdin, runs the plugin's
+    /// strict reader (`checkConfig`) on it and prints each problem (stderr) and warning (stdout);
+    /// exits 0 when it would start, 78 (EX_CONFIG) when it would refuse to. `pylond
+    /// --check-config` runs this for every enabled plugin.
+    func checkConfigAndExit(_ exe: String) -> Never {
+        let config: JSON
+        do {
+            let bytes = try System.readFile(atPath: "/dev/stdin", maxBytes: 16 << 20)
+            config = bytes.isEmpty ? .object([:]) : try JSON.parse(String(decoding: bytes, as: UTF8.self))
+        } catch {
+            Log.writeRaw("\(exe): --check-config: the config on stdin is not JSON: \(error)\n")
+            System.exit(exitStatusConfigError)
+        }
+        guard let check = checkConfig else {
+            print("warning: \(exe) has no configuration checker; its settings are not checked before start")
+            System.exit(0)
+        }
+        do throws(ConfigProblems) {
+            let warnings = try check(config)
+            for w in warnings { print("warning: \(w)") }
+            print("config ok")
+            System.exit(0)
+        } catch {
+            for w in error.warnings { print("warning: \(w)") }
+            for p in error.problems { Log.writeRaw("\(p)\n") }
+            System.exit(exitStatusConfigError)
         }
     }
 
@@ -35,6 +70,7 @@ extension Plugin {
             options:
               --help      this text
               --version   print the version and exit
+              --check-config  read the plugin's config (JSON) from stdin, check it, exit 0 or 78
             """
         let listed = methodOrder
         if !listed.isEmpty {

@@ -139,6 +139,11 @@ public final class Plugin {
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
     public var wantsCallerInfo = false
+    /// The plugin's strict configuration reader, for `--check-config` (and so `pylond
+    /// --check-config`): throws the problems that would make it refuse to start; returns
+    /// warnings (unknown settings). Set it before `run()`; usually the same reader the plugin
+    /// starts with (see `ConfigReader`).
+    public var checkConfig: ((JSON) throws(ConfigProblems) -> [String])?
     /// Calls to other plugins waiting for their answer, by request id.
     private var pendingCalls: [Int64: PendingCall] = [:]
     /// How many of `pendingCalls` want their result as text (`callText`): while there are
@@ -480,6 +485,19 @@ public final class Plugin {
             }
         case HostMethod.shutdown:
             exitNow()
+        case HostMethod.logLevel:
+            // The host's run-time log level for this plugin (`pylonctl log-level LEVEL --plugin`).
+            let p = JSONRef.toJSON(msg.member("params"))
+            if let name = p["level"]?.stringValue, let level = Log.Level(name: name) {
+                Log.minimum = level
+                // Said at the new level itself, so it shows whatever the level is.
+                switch level {
+                case .debug: log.debug("log level set by the host", ["level": name])
+                case .info: log.info("log level set by the host", ["level": name])
+                case .warn: log.warn("log level set by the host", ["level": name])
+                case .error: log.error("log level set by the host", ["level": name])
+                }
+            }
         default:
             if let spec = methods[method] {
                 // A client notification to one of our methods: run it, discard the reply. The host

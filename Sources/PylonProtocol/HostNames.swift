@@ -22,11 +22,22 @@ public enum HostMethod {
     public static let consentSet = "consent.set"
     public static let consentSetApp = "consent.setApp"
     public static let consentList = "consent.list"
+    /// Admins: the calling connection receives a `bus.monitor.event` notification for each
+    /// routed request, reply, notification and publication whose method matches `pattern`.
+    public static let monitor = "bus.monitor"
+    /// The notification a monitor receives (params: one event; docs/PROTOCOL.md "Monitoring").
+    public static let monitorEvent = "bus.monitor.event"
+    /// Admins (and the host's own uid): re-read the configuration, as SIGHUP does, and answer
+    /// what changed, what could not be applied, or why the new configuration was refused.
+    public static let reload = "bus.reload"
+    /// Admins: set the host's log level, or a plugin's (`plugin`). Also the host→plugin
+    /// notification (params `{"level"}`) the plugin kit handles by setting its own level.
+    public static let logLevel = "bus.logLevel"
 
     /// What `bus.describe` lists as the host's own methods, in this order.
     public static let served = [
         ping, status, describe, subscribe, unsubscribe, publish, provide, unprovide, restart,
-        consentGet, consentSet, consentSetApp, consentList,
+        consentGet, consentSet, consentSetApp, consentList, monitor, reload, logLevel,
     ]
 
     /// `bus.*` and `consent.*` are the host's: never a plugin's or a provider's.

@@ -56,6 +56,9 @@ public struct RPCError: Error, Equatable, Sendable, CustomStringConvertible {
         public static let messageTooLarge = Code(rawValue: -32006)
         /// The host is shutting down.
         public static let shuttingDown = Code(rawValue: -32007)
+        /// `bus.reload`: the new configuration was refused (the running one stays); the message
+        /// names the file, line and column or the setting.
+        public static let configRefused = Code(rawValue: -32010)
     }
 }
 

@@ -58,12 +58,20 @@ if backend.credentials.enrolSecret == nil && !options.openEnrolment {
     log.warn("no --enrol-secret-file or --open-enrolment: devices cannot register")
 }
 if options.faultInjection { log.warn("fault injection enabled (/v1/faults): for tests only") }
-if let m = options.mqtt {
+if let path = options.mqttNatsAuth {
+    switch NATSAuth.load(path) {
+    case .success(let a): backend.natsAuth = a
+    case .failure(let e):
+        log.error("cannot use the --mqtt-nats-auth file", ["error": e.description])
+        System.exit(1)
+    }
+}
+if !options.mqtt.isEmpty {
     var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
-    o.host = m.host
-    o.port = Int32(m.port)
+    o.brokers = options.mqtt
     o.cleanSession = true
-    o.protocolVersion = 5
+    o.protocolVersion = options.mqttProtocol == "3.1.1" ? 4 : 5
+    o.protocolFallback = options.mqttProtocol == "auto"
     o.keepaliveS = 30
     o.username = options.mqttUsername
     if let pw = secret(options.mqttPasswordFile, "broker password") { o.password = String(decoding: pw, as: UTF8.self) }

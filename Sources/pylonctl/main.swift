@@ -6,42 +6,37 @@ import Glibc
 #endif
 
 /// pylonctl: command-line client for the Pylon host. Exit statuses follow sysexits(3); the
-/// table is in `usage` below, pylonctl(1) and docs/PROTOCOL.md.
+/// table is in `usage` below, pylonctl(1) and docs/PROTOCOL.md. Each command's own usage and
+/// options are in `Commands.swift` (`pylonctl COMMAND --help`).
+let exitStatusTable = """
+       0  success
+       1  the host or a plugin answered with a JSON-RPC error
+       2  status: a plugin is not running yet or again (starting, backing off after a crash, stopped)
+       3  status, wait-ready: a plugin is failed (its restart intensity was spent; restart clears it)
+      64  usage error (EX_USAGE): unknown command or option, bad arguments, invalid JSON
+      65  with --check: the reply's "code" is not 0 (EX_DATAERR)
+      69  the host cannot be reached, or went away (sub, monitor) (EX_UNAVAILABLE)
+      75  no reply within the timeout; wait-ready: not ready in time (EX_TEMPFAIL)
+      77  the host refused the call: not permitted, -32005 (EX_NOPERM)
+      78  reload: the new configuration was refused, -32010; the running one stays (EX_CONFIG)
+    """
+
 let usage = """
-    usage: pylonctl [--socket PATH] [--timeout SECONDS] [--check] COMMAND [ARGS]
-           (the options may also follow the command)
+    usage: pylonctl [--socket PATH] [--timeout SECONDS] [--check] [--pretty] COMMAND [ARGS]
+           (the options may also follow the command; pylonctl COMMAND --help for one command)
 
     commands:
-      call METHOD [PARAMS_JSON]   call any method; prints the result as JSON (PARAMS_JSON "-": read
-                                  the params from standard input)
-      ping                        bus.ping
-      status [--json]             plugins, clients and counters (a table; --json for scripts)
-      describe [--json|--names]   methods each plugin serves, with their consent switches
-      sub PATTERN...              print notifications on matching topics, one JSON line each
-      publish TOPIC [DATA_JSON]   bus.publish
-      restart PLUGIN              restart a plugin (also clears 'failed')
-      consent list                consent switches (non-admins: the device switch only)
-      consent get KEY             one switch
-      consent set KEY VALUE       VALUE: allow, grant, true (granted) or deny, revoke, false
-      metrics                     bus and plugin status as Prometheus/OpenMetrics text
+    \(Command.all.map { "  " + ($0.synopsis.count < 30 ? pad($0.synopsis, 30) : $0.synopsis + "\n" + pad("", 32)) + " " + $0.summary }.joined(separator: "\n"))
 
     options:
       -s, --socket PATH    the host's socket: --socket, else $PYLON_SOCKET, else /run/pylon/pylon.sock
-      -t, --timeout SECS   how long to wait for a reply (default 30)
+      -t, --timeout SECS   how long to wait for a reply (default 30; wait-ready: how long to wait in all)
       --check              exit 65 when a plugin's reply carries a non-zero "code" (MA's result codes)
       --pretty             print JSON results indented
       --version, --help
 
     exit status:
-       0  success
-       1  the host or a plugin answered with a JSON-RPC error
-       2  status: a plugin is not running yet or again (starting, backing off, stopping)
-       3  status: a plugin is failed (its restart intensity was spent; bus.restart clears it)
-      64  usage error (EX_USAGE): unknown command or option, bad arguments, invalid JSON
-      65  with --check: the reply's "code" is not 0 (EX_DATAERR)
-      69  the host cannot be reached, or went away (sub) (EX_UNAVAILABLE)
-      75  no reply within the timeout (EX_TEMPFAIL)
-      77  the host refused the call: not permitted, -32005 (EX_NOPERM)
+    \(exitStatusTable)
     """
 
 func fail(_ msg: String, code: Int32) -> Never {
@@ -51,12 +46,18 @@ func fail(_ msg: String, code: Int32) -> Never {
 
 var socketPath = defaultSocketPath()
 var timeoutMs = 30_000
+var timeoutGiven = false
 var checkCodes = false
 var pretty = false
 var rest: [String] = []
+/// The command's own options (`Command.flags`, `Command.valueOptions`), by name.
+var flags: Set<String> = []
+var values: [String: String] = [:]
+var command: Command?
 var it = CommandLine.arguments.dropFirst().makeIterator()
-// Options are read wherever they stand (`call M P --check` checks too); after the command, an
-// argument that is not one of them is the command's, even if it starts with "-" (a JSON number).
+// Global options are read wherever they stand (`call M P --check` checks too). After the
+// command, its own options are taken; any other word that looks like an option (`--x`, `-x`) is
+// an unknown option, while "-" (standard input) and "-1" (a JSON number) are arguments.
 while let a = it.next() {
     switch a {
     case "--socket", "-s":
@@ -67,26 +68,51 @@ while let a = it.next() {
             fail("--timeout needs a number of seconds from 0.001 to 1000000", code: 64)
         }
         timeoutMs = Int(d * 1000)
+        timeoutGiven = true
     case "--check":
         checkCodes = true
     case "--pretty":
         pretty = true
-    case "-h", "--help", "help":
-        print(usage)
+    case "-h", "--help":
+        print(command?.help ?? usage)
         exit(0)
     case "--version":
         print("pylonctl \(pylonClientVersion)")
         exit(0)
     default:
-        if rest.isEmpty, a.hasPrefix("-") { fail("unknown option \(a) (see pylonctl --help)", code: 64) }
-        rest.append(a)
+        guard let cmd = command else {
+            if a.hasPrefix("-") { fail("unknown option \(a) (see pylonctl --help)", code: 64) }
+            if a == "help" {
+                // `pylonctl help [COMMAND]`
+                if let n = it.next() {
+                    guard let c = Command.named(n) else { fail("unknown command \(n) (see pylonctl --help)", code: 64) }
+                    print(c.help)
+                } else {
+                    print(usage)
+                }
+                exit(0)
+            }
+            guard let c = Command.named(a) else { fail("unknown command \(a) (see pylonctl --help)", code: 64) }
+            command = c
+            continue
+        }
+        if cmd.flags.contains(a) {
+            flags.insert(a)
+        } else if cmd.valueOptions.contains(a) {
+            guard let v = it.next() else { fail("\(a) needs a value (see pylonctl \(cmd.name) --help)", code: 64) }
+            values[a] = v
+        } else if Command.looksLikeOption(a) {
+            fail("unknown option \(a) for \(cmd.name) (see pylonctl \(cmd.name) --help)", code: 64)
+        } else {
+            rest.append(a)
+        }
     }
 }
-guard let command = rest.first else {
+guard let command else {
     Log.writeRaw(usage + "\n")
     exit(64)
 }
-let args = Array(rest.dropFirst())
+let args = rest
 
 func parseJSON(_ s: String, what: String) -> JSON {
     do { return try JSON.parse(s) } catch { fail("\(what) is not valid JSON: \(error)", code: 64) }
@@ -117,7 +143,13 @@ func parseJSON(_ s: String, what: String) -> JSON {
     } catch let e as RPCError {
         var msg = "error \(e.code): \(e.message)"
         if let d = e.data { msg += " \(d.serialized)" }
-        fail(msg, code: e.code == RPCError.Code.notPermitted.rawValue ? 77 : 1)
+        let code: Int32
+        switch e.code {
+        case RPCError.Code.notPermitted.rawValue: code = 77
+        case RPCError.Code.configRefused.rawValue: code = 78
+        default: code = 1
+        }
+        fail(msg, code: code)
     } catch let e as ClientError {
         fail(e.description, code: e.kind == .timeout ? 75 : 69)
     } catch {
@@ -146,7 +178,7 @@ func fmt(_ j: JSON?) -> String {
     }
 }
 
-switch command {
+switch command.name {
 case "call":
     guard let method = args.first else { fail("call needs a METHOD", code: 64) }
     var params: JSON?
@@ -165,9 +197,9 @@ case "ping":
     print(text(call(HostMethod.ping, nil)))
 case "describe":
     let d = call(HostMethod.describe, nil)
-    if args.contains("--json") {
+    if flags.contains("--json") {
         print(text(d))
-    } else if args.contains("--names") {
+    } else if flags.contains("--names") {
         for m in describedMethods(d) { print(m.name) }
     } else {
         print(describeText(d))
@@ -187,8 +219,8 @@ case "status":
     // Like `systemctl is-failed`, for scripts: 3 when a plugin is failed, 2 when one is not
     // running yet or again (starting, backing off after a crash, stopping), 0 when all run.
     let states = (s["plugins"]?.arrayValue ?? []).compactMap { $0["state"]?.stringValue }
-    let statusCode: Int32 = states.contains("failed") ? 3 : states.allSatisfy { $0 == "running" } ? 0 : 2
-    if args.contains("--json") {
+    let statusCode = statusExitCode(states)
+    if flags.contains("--json") {
         print(text(s))
         exit(statusCode)
     }
@@ -259,6 +291,17 @@ case "sub":
     }
 case "dead-letters":  // the uploader's dead letters: list, requeue, discard (DeadLetters.swift)
     deadLettersCommand(args)
+case "monitor":
+    monitorCommand(args, verbose: flags.contains("--verbose"), json: flags.contains("--json"))
+case "reload":
+    reloadCommand(json: flags.contains("--json"))
+case "wait-ready":
+    waitReadyCommand(timeoutMs: timeoutGiven ? timeoutMs : 30_000)
+case "log-level":
+    guard args.count == 1 else { fail("log-level needs one LEVEL: debug, info, warn or error\n" + command.help, code: 64) }
+    var p: JSONObject = ["level": .string(args[0])]
+    if let name = values["--plugin"] { p["plugin"] = .string(name) }
+    print(text(call(HostMethod.logLevel, .object(p))))
 default:
-    fail("unknown command \(command) (see pylonctl --help)", code: 64)
+    fail("unknown command \(command.name) (see pylonctl --help)", code: 64)
 }

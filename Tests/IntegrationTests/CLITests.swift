@@ -87,4 +87,108 @@ import Testing
         let ok = try ctl(h, ["call", "echo.echo", #"{"code":0}"#, "--check"])
         #expect(ok.status == 0 && ok.out.contains(#""code":0"#))
     }
+
+    /// `pylonctl COMMAND --help` is that command's usage; an unknown option is reported as an
+    /// option (it was parsed as JSON params); "-" and a JSON number stay arguments.
+    @Test func helpPerCommandAndUnknownOptions() throws {
+        let h = try TestHost(plugins: [TestHost.echo()])
+        for c in ["call", "monitor", "reload", "wait-ready", "log-level", "status"] {
+            let r = try ctl(h, [c, "--help"])
+            #expect(r.status == 0 && r.out.hasPrefix("usage: pylonctl [OPTIONS] \(c)"), "\(c): \(r)")
+        }
+        #expect(try ctl(h, ["help", "monitor"]).out.contains("--verbose"))
+        let bad = try ctl(h, ["call", "echo.echo", "--foo"])
+        #expect(bad.status == 64 && bad.err.hasPrefix("pylonctl: unknown option --foo"), "\(bad)")
+        #expect(!bad.err.contains("JSON"))
+        #expect(try ctl(h, ["status", "--nope"]).status == 64)
+        #expect(try ctl(h, ["call", "echo.echo", "-"], input: "[-1]").out == "[-1]\n")
+    }
+
+    /// `pylonctl monitor` prints an `echo.*` call (request, then reply with "ok") with its caller.
+    @Test func monitorCommandPrintsACall() throws {
+        let h = try TestHost(plugins: [TestHost.echo()])
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylonctl")
+        p.arguments = ["--socket", h.socket, "monitor", "echo.*"]
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        try waitUntil(timeout: 10) { try h.status()["counters"]?["monitors"] == 1 }
+        _ = try h.client().call("echo.echo", ["hello": "monitor"])
+        var text = ""
+        while text.split(separator: "\n").count < 2 {
+            let d = out.fileHandleForReading.availableData
+            if d.isEmpty { break }
+            text += String(decoding: d, as: UTF8.self)
+        }
+        let lines = text.split(separator: "\n")
+        #expect(lines.count >= 2, "\(text)")
+        #expect(lines.first?.contains("request") == true && lines.first?.contains("echo.echo") == true, "\(text)")
+        #expect(lines.first?.contains("uid=\(getuid())") == true && lines.first?.contains("-> plugin:echo") == true, "\(text)")
+        #expect(lines.dropFirst().first?.contains("reply") == true && lines.dropFirst().first?.hasSuffix(" ok") == true, "\(text)")
+    }
+
+    /// A refused configuration: `pylonctl reload` names file:line:col and exits 78; the running
+    /// configuration stays. An accepted one reports the plugin added and the setting it could not
+    /// apply; `wait-ready` then waits for the new plugin.
+    @Test func reloadReportsRefusalsAndWhatItCouldNotApply() throws {
+        let h = try TestHost(plugins: [])
+        let good = try String(contentsOfFile: h.configPath, encoding: .utf8)
+        try "{\n  \"socket\": \"x\",\n  oops\n}\n".write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        let refused = try ctl(h, ["reload"])
+        #expect(refused.status == 78, "\(refused)")
+        #expect(refused.err.contains(h.configPath + ":3:3"), "\(refused.err)")
+        #expect(try ctl(h, ["ping"]).status == 0)
+        var cfg = try JSON.parse(good).objectValue!
+        cfg["plugins"] = [TestHost.echo()]
+        cfg["socket"] = .string(h.dir + "/elsewhere.sock")
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        let ok = try ctl(h, ["reload", "--json"])
+        #expect(ok.status == 0, "\(ok)")
+        let r = try JSON.parse(ok.out)
+        #expect(r["added"] == ["echo"] && r["notApplied"]?.arrayValue?.first?["setting"] == "socket", "\(r)")
+        #expect(h.logText.contains("setting not applied"))
+        #expect(try ctl(h, ["reload"]).err.contains("not applied: socket"))
+        let ready = try ctl(h, ["wait-ready", "--timeout", "20"])
+        #expect(ready.status == 0, "\(ready)")
+        #expect(try h.plugin("echo")["state"] == "running")
+    }
+
+    /// `wait-ready`: 0 once all run, 3 at once for a failed plugin, 75 with what is missing when
+    /// the time is up.
+    @Test func waitReadyExitStatuses() throws {
+        let h = try TestHost(plugins: [TestHost.echo(name: "echo", ["maxRestarts": 0, "intensityWindowMs": 60000])])
+        #expect(try ctl(h, ["wait-ready"]).status == 0)
+        _ = try? h.client().call("echo.crash", nil, timeoutMs: 2000)
+        try h.waitForPlugin(state: "failed")
+        let failed = try ctl(h, ["wait-ready", "-t", "30"])
+        #expect(failed.status == 3 && failed.err.contains("echo is failed"), "\(failed)")
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylonctl")
+        p.arguments = ["--socket", h.dir + "/absent.sock", "wait-ready", "--timeout", "0.3"]
+        let err = Pipe()
+        p.standardError = err
+        try p.run()
+        let text = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 75 && text.contains("not ready after 0.3 s: cannot connect"), "\(text)")
+    }
+
+    /// `log-level`: the host's and a plugin's, admins only (uid 65534 gets 77).
+    @Test func logLevelForTheHostAndAPlugin() throws {
+        var cfg: JSONObject = [:]
+        cfg["socketMode"] = "0666"
+        let h = try TestHost(plugins: [TestHost.echo()], extra: cfg)
+        let host = try ctl(h, ["log-level", "debug"])
+        #expect(host.status == 0 && host.out.contains("\"scope\":\"host\""), "\(host)")
+        let plugin = try ctl(h, ["log-level", "warn", "--plugin", "echo"])
+        #expect(plugin.status == 0 && plugin.out.contains("\"sent\":true"), "\(plugin)")
+        try waitUntil(timeout: 10) { h.logText.contains("log level set by the host") }
+        #expect(try ctl(h, ["log-level", "loud"]).status == 1)
+        #expect(try ctl(h, ["log-level", "info", "--plugin", "nope"]).status == 1)
+        #expect(try ctl(h, ["log-level"]).status == 64)
+        #expect(try ctl(h, ["log-level", "debug"], uid: 65534).status == 77)
+    }
 }

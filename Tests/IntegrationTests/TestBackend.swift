@@ -18,7 +18,8 @@ final class TestBackend {
     /// - Parameter mqttPort: a broker on loopback for the push API (`--mqtt`).
     /// - Parameter broker: a broker on loopback for the push API (`--mqtt`), whose dynsec admin
     ///   this backend is.
-    init(maxBody: Int? = nil, broker: TestBroker? = nil) throws {
+    /// - Parameter args: more command-line arguments (a broker cluster's `--mqtt` list and auth).
+    init(maxBody: Int? = nil, broker: TestBroker? = nil, args: [String] = []) throws {
         dir = NSTemporaryDirectory() + "pylon-backend-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         for (name, v) in [("operator.token", TestBackend.operatorToken), ("device.key", TestBackend.deviceKey)] {
@@ -37,7 +38,7 @@ final class TestBackend {
                     "--mqtt", "127.0.0.1:\($0.port)", "--mqtt-username", TestBroker.adminUser, "--mqtt-password-file",
                     $0.adminPasswordFile, "--mqtt-dynsec",
                 ]
-            } ?? [])
+            } ?? []) + args
         _ = FileManager.default.createFile(atPath: dir + "/backend.log", contents: nil)
         p.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/backend.log"))
         process = p

@@ -5,8 +5,9 @@ import Testing
 
 @testable import pylon_uploader
 
-/// The queue on disk (format 2: one chunk per stream and group commit), and the migration of a
-/// queue written by the per-record format of earlier releases.
+/// The queue on disk (format 4: segment files, one records frame per stream and group commit,
+/// the batch ledger as frames of the same log), and the migration of the queues written by
+/// earlier releases (format 1: a row per record; format 3: a row per group commit).
 struct StoreTests {
     /// A fresh database path in a new temporary directory.
     static func tempPath() -> String {
@@ -15,13 +16,28 @@ struct StoreTests {
         return dir + "/uploader.db"
     }
 
-    /// Whether `marker` is anywhere in the database file at `path`, once the WAL is emptied into it.
+    /// Whether `marker` is anywhere in the database file at `path` (once the WAL is emptied into
+    /// it) or in a segment file of its queue.
     static func fileHolds(_ store: UploaderStore, _ path: String, _ marker: String) throws -> Bool {
         try store.db.exec("PRAGMA wal_checkpoint(TRUNCATE)")
-        let file = try System.readFile(atPath: path, maxBytes: 64 << 20)
+        var files = [try System.readFile(atPath: path, maxBytes: 64 << 20)]
+        for n in store.log.numbers { files.append(try store.log.read(n)) }
         let m = Array(marker.utf8)
-        return file.count >= m.count
-            && (0...(file.count - m.count)).contains { i in file[i] == m[0] && file[i..<(i + m.count)].elementsEqual(m) }
+        return files.contains { file in
+            file.count >= m.count
+                && (0...(file.count - m.count)).contains { i in file[i] == m[0] && file[i..<(i + m.count)].elementsEqual(m) }
+        }
+    }
+
+    /// Every valid frame in the store's segments, oldest first.
+    static func frames(_ store: UploaderStore) throws -> [Frame] {
+        try store.log.numbers.flatMap { n in
+            try store.log.read(n).withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames.compactMap(\.frame) }
+        }
+    }
+
+    static func recordFrames(_ store: UploaderStore) throws -> Int {
+        try frames(store).filter { if case .records = $0 { return true } else { return false } }.count
     }
 
     /// Enqueues `records` (id, data JSON text) to `stream` in one group commit.
@@ -65,9 +81,9 @@ struct StoreTests {
 
     @Test func oneCommitIsOneChunkAndBatchesAreCutFromItInOrder() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         #expect(try Self.enqueue(store, "s", Self.numbered("r", 0..<10)) == (10, Self.charge(Self.numbered("r", 0..<10))))
-        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 1)
+        #expect(try Self.recordFrames(store) == 1)
         var seen: [String] = []
         var next = 0
         for key in ["k1", "k2", "k3"] {
@@ -88,17 +104,17 @@ struct StoreTests {
 
     @Test func aLargeCommitIsStoredAsSeveralChunksInOrder() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         let big = "\"" + String(repeating: "x", count: 100_000) + "\""
         try Self.enqueue(store, "s", (0..<6).map { ("b\($0)", big) })
-        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 2, "256 KiB per chunk: 3 records each")
+        #expect(try Self.recordFrames(store) == 2, "256 KiB per frame: 3 records each")
         #expect(try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 30, final: false, nowMs: 1).count == 6)
         #expect(try Self.records(store.batchBody("k", stream: "s").body).records.map(\.id) == (0..<6).map { "b\($0)" })
     }
 
     @Test func theByteLimitSplitsAChunkButTakesAtLeastOneRecord() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         let a = Self.charge("a", "\"xxxxxxxxxx\""), b = Self.charge("b", "\"yyyyyyyyyy\""), c = Self.charge("c", "1")
         try Self.enqueue(store, "s", [("a", "\"xxxxxxxxxx\""), ("b", "\"yyyyyyyyyy\""), ("c", "1")])
         #expect(try store.cutBatch(stream: "s", key: "k1", maxCount: 500, maxBytes: 5, final: false, nowMs: 1) == (1, a))
@@ -112,7 +128,7 @@ struct StoreTests {
     @Test(arguments: [true, false]) func purgedRecordsAreZeroedDeliveredOnesAreOnlyFreed(zero: Bool) throws {
         let path = Self.tempPath()
         let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         let marker = "purge-marker-\(zero)-"
         // Enough to spill into overflow pages (freed whole by the delete).
         let data = #"{"v":""# + String(repeating: marker, count: 600) + #""}"#
@@ -128,7 +144,7 @@ struct StoreTests {
     @Test func aSplitChunkLeavesNoCopyOfItsRecordsForAPurge() throws {
         let path = Self.tempPath()
         let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         let marker = "split-marker-"
         let data = #"{"v":""# + String(repeating: marker, count: 100) + #""}"#
         try Self.enqueue(store, "s", (0..<12).map { ("r\($0)", data) })
@@ -147,9 +163,9 @@ struct StoreTests {
         #expect(try Self.enqueue(store, "s", [("a", "1"), ("c", "3")]).added == 1)
         #expect(try Self.enqueue(store, "other", [("a", "1")]).added == 1, "ids are per stream")
         // The duplicate check survives a restart (rebuilt from the chunks).
-        store.db.close()
+        store.close()
         store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         #expect(try Self.enqueue(store, "s", [("b", "9"), ("d", "4")]).added == 1)
         #expect(try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 4)
         #expect(try Self.enqueue(store, "s", [("a", "1")]).added == 0, "in a batch, still on disk")
@@ -159,23 +175,23 @@ struct StoreTests {
 
     @Test func aDeliveredBatchIsDeletedByTheNextCommitWhoseIdsMayComeAgainInIt() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", Self.numbered("r", 0..<4))
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         store.deleteDelivered("k")
-        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1, "waits for a transaction")
+        #expect(store.batchIDs.count == 1, "waits for a write")
         #expect(
             try Self.enqueue(store, "s", [("r1", "1"), ("r9", "9")]) == (2, Self.charge([("r1", "1"), ("r9", "9")])), "r1 was deleted first"
         )
         #expect(store.deliveredQueue.isEmpty)
-        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 0)
-        #expect(try store.db.query("SELECT SUM(count) FROM chunks").first?[0].int == 2)
+        #expect(store.batchIDs.isEmpty)
+        #expect(try store.summaries()["s"]?.queued == 2)
         #expect(try Self.enqueue(store, "s", [("r1", "1")]).added == 0, "queued again: a duplicate")
     }
 
     @Test func deliveredBatchesWithoutACommitAreDeletedInTheirOwnTransaction() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
         _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
         _ = try store.cutBatch(stream: "s", key: "k2", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
@@ -183,23 +199,21 @@ struct StoreTests {
         store.deleteDelivered("k2")
         try store.applyDeliveredDeletes()
         #expect(store.deliveredQueue.isEmpty && store.ids["s"] == nil)
-        #expect(try store.db.query("SELECT COUNT(*) FROM chunks").first?[0].int == 0)
-        #expect(try store.db.query("SELECT COUNT(*) FROM chunk_bodies").first?[0].int == 0)
+        #expect(store.queues.isEmpty && store.batchIDs.isEmpty)
         #expect(try store.totalBytes() == 0)
     }
 
     @Test func aFailedCommitKeepsTheDeliveredBatchQueuedAndItsIdsDuplicates() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", Self.numbered("r", 0..<2))
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         store.deleteDelivered("k")
-        // The insert fails after the delete (and its forgetting of r0 and r1) ran.
-        try store.db.exec("CREATE TEMP TRIGGER fail BEFORE INSERT ON chunks BEGIN SELECT RAISE(ABORT, 'injected'); END")
-        #expect(throws: SQLiteError.self) { try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) }
-        try store.db.exec("DROP TRIGGER fail")
+        // The write fails after the delivered batch's ids were forgotten.
+        store.log.failNextAppend = IOError(errnoCode: ENOSPC, reason: "injected")
+        #expect(throws: IOError.self) { try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) }
         #expect(store.deliveredQueue == ["k"])
-        #expect(try store.db.query("SELECT COUNT(*) FROM batches").first?[0].int == 1)
+        #expect(store.batchIDs.count == 1)
         #expect(store.ids["s"]?.count == 2, "r0 and r1 still on disk; new not added")
         #expect(try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) == (2, Self.charge([("r0", "0"), ("new", "1")])))
         #expect(store.deliveredQueue.isEmpty && store.ids["s"]?.count == 2)
@@ -207,7 +221,7 @@ struct StoreTests {
 
     @Test func anUnbatchedBatchGoesBackToItsPlace() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
         try Self.enqueue(store, "s", Self.numbered("r", 6..<9))
         _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 4, maxBytes: 1 << 20, final: false, nowMs: 1)
@@ -218,7 +232,7 @@ struct StoreTests {
 
     @Test func deadLettersKeepEachRecordsIdAndData() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", [("q\"uote\\d", #"{"a":[1,2]}"#), ("plain", "null")])
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         let set = try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5)
@@ -242,7 +256,7 @@ struct StoreTests {
     /// deletes what is left and reports what it counted.
     @Test func deadLettersAreRequeuedAndDiscarded() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", [("a", #"{"n":1}"#), ("b", #"{"n":2}"#), ("c", "3")], ts: 42)
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         let set = try store.deadLetter("k", status: 400, reason: "HTTP 400", nowMs: 5)
@@ -274,7 +288,7 @@ struct StoreTests {
 
     @Test func aFinalCutTakesOnlyTheDeniedSwitch() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", consent: "old", [("a", "1")])
         try Self.enqueue(store, "s", consent: "s", [("b", "2")])
         #expect(try store.consentKeys().sorted() == ["old", "s"])
@@ -289,19 +303,6 @@ struct StoreTests {
             try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (
                 1, Self.charge("a", "1")
             ))
-    }
-
-    @Test func aChunkWhoseBatchIsGoneIsQueuedAgainAtStart() throws {
-        let path = Self.tempPath()
-        var store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        try Self.enqueue(store, "s", Self.numbered("r", 0..<3))
-        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
-        try store.db.run("DELETE FROM batches")  // what an earlier release does to a batch it finds empty
-        store.db.close()
-        store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
-        #expect(try store.summaries()["s"]?.queued == 3)
-        #expect(try store.cutBatch(stream: "s", key: "k2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 3)
     }
 
     // MARK: Migration
@@ -354,7 +355,7 @@ struct StoreTests {
             old.close()
         }
         let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         #expect(try store.db.query("SELECT name FROM sqlite_master WHERE name='records'").isEmpty, "the old table is gone")
         #expect(try store.db.query("PRAGMA user_version").first?[0].int == UploaderStore.format)
         let sums = try store.summaries()
@@ -394,7 +395,7 @@ struct StoreTests {
     /// Pending batches come back in the order they were cut, whatever the wall clock said.
     @Test func pendingBatchesKeepTheirCutOrderWhenTheClockStepsBack() throws {
         let store = try UploaderStore(path: Self.tempPath(), fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         try Self.enqueue(store, "s", Self.numbered("r", 0..<6))
         for (key, ms) in [("k1", Int64(5_000)), ("k2", 1_000), ("k3", 3_000)] {
             _ = try store.cutBatch(stream: "s", key: key, maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: ms)
@@ -404,24 +405,6 @@ struct StoreTests {
         _ = try Self.enqueue(store, "s", Self.numbered("q", 0..<2))
         _ = try store.cutBatch(stream: "s", key: "k4", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 10)
         #expect(try store.summaries()["s"]?.pendingBatches == ["k2", "k3", "k4"])
-    }
-
-    /// Format 2 counted only `data` in `chunks.bytes`: reopened by this release, each chunk is
-    /// counted as its records' charges.
-    @Test func aFormatTwoQueueIsRecountedAtOpen() throws {
-        let path = Self.tempPath()
-        let recs = Self.numbered("r", 0..<5)
-        do {
-            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-            try Self.enqueue(store, "s", recs)
-            try store.db.exec("UPDATE chunks SET bytes = 35")  // 5 × {"n":N}, as format 2 wrote it
-            try store.db.exec("PRAGMA user_version=2")
-            store.db.close()
-        }
-        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
-        #expect(try store.totalBytes() == Self.charge(recs))
-        #expect(try store.db.query("PRAGMA user_version").first?[0].int == 3)
     }
 
     /// The format-1 table's pages are zeroed when the migration drops it: records purged after
@@ -442,7 +425,7 @@ struct StoreTests {
             old.close()
         }
         let store = try UploaderStore(path: path, fsyncEveryCommit: false)
-        defer { store.db.close() }
+        defer { store.close() }
         #expect(try store.cutBatch(stream: "s", key: "f", maxCount: 500, maxBytes: 1 << 20, final: true, nowMs: 1).count == 40)
         try store.deleteBatch("f", zero: true)
         #expect(try !Self.fileHolds(store, path, marker))

@@ -26,6 +26,13 @@ for f in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plu
     [ -e "$root/$f" ] || fail "$f not installed"
 done
 [ ! -e "$root/usr/lib/pylon/plugins/pylon-echo" ] || fail "test plugin installed"
+# One multi-call executable: pylond and the plugins are relative links to /usr/lib/pylon/pylon.
+[ -f "$root/usr/lib/pylon/pylon" ] && [ ! -L "$root/usr/lib/pylon/pylon" ] || fail "no multi-call /usr/lib/pylon/pylon"
+for l in usr/bin/pylond usr/lib/pylon/plugins/pylon-uploader usr/lib/pylon/plugins/pylon-ma \
+         usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm; do
+    [ -L "$root/$l" ] && [ "$(readlink -f "$root/$l")" = "$(readlink -f "$root/usr/lib/pylon/pylon")" ] || fail "$l is not a link to pylon"
+    case "$(readlink "$root/$l")" in /*) fail "$l links by an absolute path";; esac
+done
 cfg=$root/etc/pylon/pylon.json
 grep -q '"socketGroup": "pylon"' "$cfg" || fail "socketGroup not set"
 grep -q "http://127.0.0.1:$port/v1/batches" "$cfg" || fail "BACKEND_URL not substituted"

@@ -7,6 +7,17 @@ plugin = pylon.Plugin("greeter", version="1.2")
 seen = []
 
 
+def check_config(config):
+    """The greeter's strict config reader (pylond --check-config runs it)."""
+    g = config.get("greeting")
+    if g is not None and not isinstance(g, str):
+        raise ValueError("config.greeting: must be a string")
+    return [f"config.{k}: unknown setting (ignored)" for k in sorted(config) if k != "greeting"]
+
+
+plugin.check_config = check_config
+
+
 @plugin.method("hello")
 def hello(params, call):
     return {"hi": params.get("who"), "config": plugin.config}

@@ -1,6 +1,7 @@
 """The Python package against the real host: blocking and asyncio clients, typed errors,
 subscriptions, bus.provide, and a plugin written with pylon.Plugin."""
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -106,6 +107,30 @@ def test_every_public_method_has_a_docstring():
             if not name.startswith("_") and not fn.__doc__:
                 missing.append(f"{cls.__name__}.{name}")
     assert not missing, missing
+
+
+def test_check_config_runs_the_python_plugins_reader(tmp_path):
+    """pylond --check-config asks the Python plugin (PLUGIN --check-config, config on stdin)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    build = os.environ.get("PYLON_BUILD_DIR") or os.path.join(here, "..", "..", "..", ".build", "debug")
+    src = os.path.abspath(os.path.join(here, "..", "src"))
+
+    def run(config):
+        cfg = {"socket": str(tmp_path / "s.sock"), "stateDir": str(tmp_path), "plugins": [
+            {"name": "greeter", "exec": sys.executable, "args": [os.path.join(here, "greeter_plugin.py")],
+             "env": {"PYTHONPATH": src}, "config": config}]}
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(cfg))
+        return subprocess.run([os.path.join(build, "pylond"), "--check-config", str(path)],
+                              capture_output=True, text=True, timeout=60)
+
+    bad = run({"greeting": 5})
+    assert bad.returncode == 78, bad.stdout + bad.stderr
+    assert "plugin greeter: config.greeting: must be a string" in bad.stderr
+    good = run({"greeting": "hi", "colour": "red"})
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "configuration ok: 1 plugins" in good.stdout
+    assert "warning: plugin greeter: config.colour: unknown setting (ignored)" in good.stderr
 
 
 def test_asyncio_client(host):

@@ -75,6 +75,10 @@ class Plugin:
         self.on_ready: Optional[Callable[[], None]] = None
         self.on_consent_changed: Optional[Callable[[Optional[str], bool], None]] = None
         self.on_shutdown: Optional[Callable[[], None]] = None
+        #: ``check_config(config) -> warnings``: the plugin's strict reader of its ``config``,
+        #: for ``pylond --check-config`` (which runs ``PLUGIN --check-config`` with the config on
+        #: stdin). Raise ``ValueError`` (one problem per line) for a config the plugin refuses.
+        self.check_config: Optional[Callable[[Dict[str, Any]], List[str]]] = None
 
     # -- registration
     def method(self, name: str, consent: Optional[str] = None, drop_when_denied: bool = False,
@@ -151,6 +155,8 @@ class Plugin:
                       "supervised by pylond, which hands it its bus channel (PYLON_BUS_FD); configure it in "
                       "the \"plugins\" list of pylon.json.\nmethods: " + " ".join(sorted(self._methods)))
             sys.exit(0)
+        if "--check-config" in args:
+            self._check_config_and_exit()
         fd = os.environ.get("PYLON_BUS_FD")
         if fd is None or not self.name:
             sys.stderr.write("PYLON_BUS_FD is not set: plugins are started by pylond\n")
@@ -174,6 +180,28 @@ class Plugin:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
                     self._handle(json.loads(line))
+
+    def _check_config_and_exit(self) -> NoReturn:
+        """``--check-config``: the same contract as the Swift plugin kit (exit 0 or 78)."""
+        try:
+            text = sys.stdin.read()
+            config = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            sys.stderr.write(f"--check-config: the config on stdin is not JSON: {e}\n")
+            sys.exit(78)
+        if self.check_config is None:
+            print(f"warning: {os.path.basename(sys.argv[0])} has no configuration checker; "
+                  "its settings are not checked before start")
+            sys.exit(0)
+        try:
+            warnings = self.check_config(config)
+        except ValueError as e:
+            sys.stderr.write(f"{e}\n")
+            sys.exit(78)
+        for w in warnings or []:
+            print(f"warning: {w}")
+        print("config ok")
+        sys.exit(0)
 
     def _exit(self) -> NoReturn:
         if self.on_shutdown:

@@ -1,0 +1,441 @@
+import CZlib
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The frames of the queue's segment files (docs/UPLOADER.md "On disk"), as pure values: what a
+/// frame holds, its bytes, and reading a segment's bytes back into frames. No I/O here
+/// (`SegmentLog` is the file side).
+///
+/// A frame is `u32 length | u32 crc32 | body`, both little-endian; `length` counts the body,
+/// `crc32` (zlib's) covers the body. The body's first byte is its kind; integers in it are
+/// unsigned LEB128 varints and strings a varint length then their UTF-8 bytes.
+enum Frame: Equatable {
+    /// Declares lane `id` of this segment: records of `stream` stored under switch `consent`.
+    /// Every segment declares the lanes its record frames use before them.
+    case lane(id: UInt64, stream: String, consent: String)
+    /// Records of one lane: positions `first`, `first + deltas[0]`, …; `lengths` are the
+    /// records' text lengths; the texts follow in the upload body's form, joined by commas
+    /// (`{"id":…,"ts":…,"data":…},{…}`), so a batch body is these bytes copied.
+    case records(lane: UInt64, first: Int64, enqueuedMs: Int64, deltas: [UInt64], lengths: [Int], textStart: Int)
+    /// A batch: every record of `stream` whose position is in one of `runs` (closed ranges)
+    /// belongs to batch `key`. `seq` orders batches as they were cut.
+    case cut(key: String, stream: String, final: Bool, seq: UInt64, createdMs: Int64, runs: [ClosedRange<Int64>])
+    /// These batches are final (consent denied: sent once, then purged).
+    case final([String])
+    /// These batches are gone: delivered, purged or set aside; `zeroed`: their texts were
+    /// overwritten with zeros.
+    case done(keys: [String], zeroed: Bool)
+    /// These batches are dissolved: their records are queued again at their places.
+    case unbatch([String])
+
+    static let headBytes = 8
+    /// The first bytes of every segment file: magic and format.
+    static let segmentMagic = Array("PYLQSEG1".utf8)
+
+    enum Kind: UInt8 {
+        case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6
+    }
+
+    // MARK: Writing
+
+    /// Appends a frame whose body is what `body` writes: the head is patched afterwards.
+    static func append(to out: inout [UInt8], _ body: (inout [UInt8]) -> Void) {
+        let start = out.count
+        out.append(contentsOf: [0, 0, 0, 0, 0, 0, 0, 0])
+        body(&out)
+        seal(&out, at: start)
+    }
+
+    /// Writes the head (length and crc32 of the body) of the frame starting at `start`.
+    static func seal(_ out: inout [UInt8], at start: Int) {
+        let n = out.count - start - headBytes
+        let crc = out.withUnsafeBytes { crc32(of: UnsafeRawBufferPointer(rebasing: $0[(start + headBytes)...])) }
+        putU32(&out, at: start, UInt32(n))
+        putU32(&out, at: start + 4, crc)
+    }
+
+    static func crc32(of b: UnsafeRawBufferPointer) -> UInt32 {
+        UInt32(truncatingIfNeeded: CZlib.crc32(0, b.baseAddress?.assumingMemoryBound(to: Bytef.self), uInt(b.count)))
+    }
+
+    static func appendLane(_ out: inout [UInt8], id: UInt64, stream: String, consent: String) {
+        append(to: &out) {
+            $0.append(Kind.lane.rawValue)
+            varint(&$0, id)
+            string(&$0, stream)
+            string(&$0, consent)
+        }
+    }
+
+    /// A records frame for `chunk`'s records at `positions` (ascending); returns where each
+    /// record's text starts in `out`.
+    static func appendRecords(
+        _ out: inout [UInt8], lane: UInt64, positions: [Int64], enqueuedMs: Int64, chunk: Chunk
+    ) -> [Int] {
+        var starts: [Int] = []
+        starts.reserveCapacity(chunk.count)
+        append(to: &out) { o in
+            o.append(Kind.records.rawValue)
+            varint(&o, lane)
+            varint(&o, UInt64(bitPattern: positions[0]))
+            varint(&o, UInt64(bitPattern: max(0, enqueuedMs)))
+            varint(&o, UInt64(chunk.count))
+            for i in 1..<max(1, positions.count) { varint(&o, UInt64(positions[i] - positions[i - 1])) }
+            chunk.index.withUnsafeBytes { ix in
+                for i in 0..<chunk.count { varint(&o, UInt64(Chunk.span(ix, i).count)) }
+                let base = o.count
+                for i in 0..<chunk.count { starts.append(base + Chunk.span(ix, i).lowerBound) }
+            }
+            o.append(contentsOf: chunk.body)
+        }
+        return starts
+    }
+
+    static func appendCut(
+        _ out: inout [UInt8], key: String, stream: String, final: Bool, seq: UInt64, createdMs: Int64, runs: [ClosedRange<Int64>]
+    ) {
+        append(to: &out) {
+            $0.append(Kind.cut.rawValue)
+            string(&$0, key)
+            string(&$0, stream)
+            $0.append(final ? 1 : 0)
+            varint(&$0, seq)
+            varint(&$0, UInt64(bitPattern: max(0, createdMs)))
+            varint(&$0, UInt64(runs.count))
+            for r in runs {
+                varint(&$0, UInt64(bitPattern: r.lowerBound))
+                varint(&$0, UInt64(r.upperBound - r.lowerBound))
+            }
+        }
+    }
+
+    static func appendKeys(_ out: inout [UInt8], _ kind: Kind, _ keys: [String], zeroed: Bool = false) {
+        append(to: &out) {
+            $0.append(kind.rawValue)
+            if kind == .done { $0.append(zeroed ? 1 : 0) }
+            varint(&$0, UInt64(keys.count))
+            for k in keys { string(&$0, k) }
+        }
+    }
+
+    static func varint(_ out: inout [UInt8], _ v: UInt64) {
+        var v = v
+        while v >= 0x80 {
+            out.append(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        out.append(UInt8(v))
+    }
+
+    static func string(_ out: inout [UInt8], _ s: String) {
+        varint(&out, UInt64(s.utf8.count))
+        out.append(contentsOf: s.utf8)
+    }
+
+    static func putU32(_ out: inout [UInt8], at i: Int, _ v: UInt32) {
+        out[i] = UInt8(truncatingIfNeeded: v)
+        out[i + 1] = UInt8(truncatingIfNeeded: v >> 8)
+        out[i + 2] = UInt8(truncatingIfNeeded: v >> 16)
+        out[i + 3] = UInt8(truncatingIfNeeded: v >> 24)
+    }
+
+    // MARK: Reading
+
+    /// A frame found in a segment's bytes: where it starts, its whole length (head included),
+    /// whether its crc32 matched, and what it says (nil when its body cannot be decoded).
+    struct Found {
+        var offset: Int
+        var length: Int
+        var crcOK: Bool
+        var frame: Frame?
+    }
+
+    /// The frames of a segment's bytes and where its valid part ends: reading stops at the first
+    /// frame that does not fit the file or whose crc and every later frame's fail (a torn
+    /// tail: the caller truncates there). A frame that fits, fails its crc and is followed by
+    /// frames that pass is kept with `crcOK == false` (an overwrite of purged records that a
+    /// crash interrupted, or damage): its head is intact, since nothing rewrites a length.
+    static func scan(_ b: UnsafeRawBufferPointer, from start: Int) -> (frames: [Found], validEnd: Int) {
+        var out: [Found] = []
+        var at = start
+        var pendingBad: [Found] = []
+        var validEnd = start
+        while at + headBytes <= b.count {
+            let n = Int(Chunk.u32(b, at))
+            guard n > 0, at + headBytes + n <= b.count else { break }
+            let body = UnsafeRawBufferPointer(rebasing: b[(at + headBytes)..<(at + headBytes + n)])
+            let ok = crc32(of: body) == Chunk.u32(b, at + 4)
+            let f = Found(offset: at, length: headBytes + n, crcOK: ok, frame: decode(body, bodyStart: at + headBytes))
+            if ok && f.frame != nil {
+                out += pendingBad
+                pendingBad.removeAll()
+                out.append(f)
+                validEnd = at + f.length
+            } else {
+                pendingBad.append(f)
+            }
+            at += headBytes + n
+        }
+        return (out, validEnd)
+    }
+
+    /// A frame's body (starting at file offset `bodyStart`); nil when it is not one.
+    static func decode(_ b: UnsafeRawBufferPointer, bodyStart: Int) -> Frame? {
+        var r = Reader(b: b, at: 1)
+        guard let first = b.first, let kind = Kind(rawValue: first) else { return nil }
+        switch kind {
+        case .lane:
+            guard let id = r.varint(), let s = r.string(), let c = r.string(), r.at == b.count else { return nil }
+            return .lane(id: id, stream: s, consent: c)
+        case .records:
+            guard let lane = r.varint(), let first = r.varint(), let ms = r.varint(), let count = r.varint(),
+                count > 0, count <= UInt64(b.count)
+            else { return nil }
+            var deltas: [UInt64] = []
+            for _ in 1..<count {
+                guard let d = r.varint(), d > 0 else { return nil }
+                deltas.append(d)
+            }
+            var lengths: [Int] = []
+            var total = 0
+            for _ in 0..<count {
+                guard let l = r.varint(), l > 0, l < UInt64(b.count) else { return nil }
+                lengths.append(Int(l))
+                total += Int(l)
+            }
+            guard r.at + total + Int(count) - 1 == b.count else { return nil }
+            return .records(
+                lane: lane, first: Int64(bitPattern: first), enqueuedMs: Int64(bitPattern: ms), deltas: deltas, lengths: lengths,
+                textStart: bodyStart + r.at)
+        case .cut:
+            guard let key = r.string(), let stream = r.string(), let fin = r.byte(), let seq = r.varint(), let ms = r.varint(),
+                let n = r.varint(), n <= UInt64(b.count)
+            else { return nil }
+            var runs: [ClosedRange<Int64>] = []
+            for _ in 0..<n {
+                guard let a = r.varint(), let d = r.varint(), a < UInt64(Int64.max / 2), d < UInt64(Int64.max / 2) else { return nil }
+                runs.append(Int64(a)...Int64(a + d))
+            }
+            guard r.at == b.count else { return nil }
+            return .cut(key: key, stream: stream, final: fin != 0, seq: seq, createdMs: Int64(bitPattern: ms), runs: runs)
+        case .final, .unbatch, .done:
+            var zeroed = false
+            if kind == .done {
+                guard let z = r.byte() else { return nil }
+                zeroed = z != 0
+            }
+            guard let n = r.varint(), n <= UInt64(b.count) else { return nil }
+            var keys: [String] = []
+            for _ in 0..<n {
+                guard let k = r.string() else { return nil }
+                keys.append(k)
+            }
+            guard r.at == b.count else { return nil }
+            switch kind {
+            case .final: return .final(keys)
+            case .unbatch: return .unbatch(keys)
+            default: return .done(keys: keys, zeroed: zeroed)
+            }
+        }
+    }
+
+    struct Reader {
+        let b: UnsafeRawBufferPointer
+        var at: Int
+
+        mutating func byte() -> UInt8? {
+            guard at < b.count else { return nil }
+            defer { at += 1 }
+            return b[at]
+        }
+
+        mutating func varint() -> UInt64? {
+            var v: UInt64 = 0
+            var shift: UInt64 = 0
+            while at < b.count, shift < 64 {
+                let c = b[at]
+                at += 1
+                v |= UInt64(c & 0x7f) << shift
+                if c & 0x80 == 0 { return v }
+                shift += 7
+            }
+            return nil
+        }
+
+        mutating func string() -> String? {
+            guard let n = varint(), n <= UInt64(b.count - at) else { return nil }
+            let s = String(decoding: UnsafeRawBufferPointer(rebasing: b[at..<(at + Int(n))]), as: UTF8.self)
+            at += Int(n)
+            return s
+        }
+    }
+}
+
+/// The segment files of the queue: `<dir>/<number>.seg`, numbered upwards from 1 (ten decimal
+/// digits), mode 0600 in a directory of mode 0700. Records and the batch ledger are appended to
+/// the newest (the active one); a full one is closed and the next one started; the oldest is
+/// removed once nothing in it is live (`UploaderStore.reclaim`). Loop thread only.
+final class SegmentLog {
+    let dir: String
+    /// An active segment holding at least this many bytes is closed before the next append.
+    let maxSegmentBytes: Int
+    let fsyncEveryAppend: Bool
+    /// Segment number → its size on disk.
+    private(set) var sizes: [UInt32: Int] = [:]
+    private(set) var active: UInt32 = 0
+    private var fds: [UInt32: Int32] = [:]
+    /// Tests: the next append fails with this error before writing anything.
+    var failNextAppend: IOError?
+
+    /// Bytes of every segment file.
+    var fileBytes: Int { sizes.values.reduce(0, +) }
+    var numbers: [UInt32] { sizes.keys.sorted() }
+
+    init(dir: String, maxSegmentBytes: Int, fsyncEveryAppend: Bool) throws {
+        self.dir = dir
+        self.maxSegmentBytes = maxSegmentBytes
+        self.fsyncEveryAppend = fsyncEveryAppend
+        try System.createDirectories(atPath: dir, mode: 0o700)
+        _ = chmod(dir, 0o700)
+        for n in try SegmentLog.list(dir) {
+            var st = stat()
+            _ = try System.syscall("stat \(path(n))") { stat(path(n), &st) }
+            sizes[n] = Int(st.st_size)
+        }
+        active = sizes.keys.max() ?? 0
+    }
+
+    func path(_ n: UInt32) -> String {
+        let digits = String(n)
+        return dir + "/" + String(repeating: "0", count: max(0, 10 - digits.count)) + digits + ".seg"
+    }
+
+    static func list(_ dir: String) throws -> [UInt32] {
+        guard let d = opendir(dir) else { throw IOError(errnoCode: errno, reason: "opendir \(dir)") }
+        defer { closedir(d) }
+        var out: [UInt32] = []
+        while let e = readdir(d) {
+            let name = withUnsafeBytes(of: e.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            guard name.hasSuffix(".seg"), name.count == 14, let n = UInt32(name.dropLast(4)), n > 0 else { continue }
+            out.append(n)
+        }
+        return out.sorted()
+    }
+
+    /// The whole file of segment `n` (at start-up, and for a compaction).
+    func read(_ n: UInt32) throws -> [UInt8] { try System.readFile(atPath: path(n), maxBytes: Int.max / 2) }
+
+    private func fd(_ n: UInt32) throws -> Int32 {
+        if let f = fds[n] { return f }
+        let f = try System.syscall("open \(path(n))") { open(path(n), O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        fds[n] = f
+        return f
+    }
+
+    /// Cuts segment `n` back to `size` bytes (a torn tail found at start-up, or a failed append).
+    func truncate(_ n: UInt32, to size: Int) throws {
+        let f = try fd(n)
+        _ = try System.syscall("ftruncate \(path(n))") { ftruncate(f, off_t(size)) }
+        sizes[n] = size
+    }
+
+    /// Whether the next append of `bytes` starts a new segment.
+    func needsNewSegment(for bytes: Int) -> Bool {
+        guard active != 0, let size = sizes[active] else { return true }
+        return size > Frame.segmentMagic.count && size + bytes > maxSegmentBytes
+    }
+
+    /// Closes the active segment (fdatasync: it is never written again) and starts the next.
+    func startSegment() throws {
+        if active != 0, let f = fds[active] { _ = try System.syscall("fdatasync") { fdatasync(f) } }
+        let n = active + 1
+        let f = try System.syscall("create \(path(n))") { open(path(n), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        fds[n] = f
+        _ = fchmod(f, 0o600)
+        try writeAll(f, Frame.segmentMagic, at: 0, n)
+        _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) }
+        syncDirectory()
+        sizes[n] = Frame.segmentMagic.count
+        active = n
+    }
+
+    /// Appends `bytes` to the active segment with one write (and one fdatasync with `fsync:
+    /// full`, or when `sync`); returns the offset they start at. A failed append leaves the
+    /// segment as it was.
+    @discardableResult
+    func append(_ bytes: [UInt8], sync: Bool = false) throws -> Int {
+        if let e = failNextAppend {
+            failNextAppend = nil
+            throw e
+        }
+        if active == 0 { try startSegment() }
+        let n = active
+        let f = try fd(n)
+        let at = sizes[n]!
+        do {
+            try writeAll(f, bytes, at: at, n)
+            if fsyncEveryAppend || sync { _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) } }
+        } catch {
+            _ = ftruncate(f, off_t(at))
+            throw error
+        }
+        sizes[n] = at + bytes.count
+        return at
+    }
+
+    private func writeAll(_ f: Int32, _ bytes: [UInt8], at: Int, _ n: UInt32) throws {
+        var off = 0
+        while off < bytes.count {
+            let w = try System.syscall("write \(path(n))") {
+                bytes.withUnsafeBytes { pwrite(f, $0.baseAddress! + off, bytes.count - off, off_t(at + off)) }
+            }
+            off += w
+        }
+    }
+
+    /// Bytes `range` of segment `n`.
+    func read(_ n: UInt32, _ range: Range<Int>) throws -> [UInt8] {
+        let f = try fd(n)
+        var out = [UInt8](repeating: 0, count: range.count)
+        var off = 0
+        while off < range.count {
+            let r = try System.syscall("read \(path(n))") {
+                out.withUnsafeMutableBytes { pread(f, $0.baseAddress! + off, range.count - off, off_t(range.lowerBound + off)) }
+            }
+            if r == 0 { throw IOError(errnoCode: EIO, reason: "read \(path(n)): short segment") }
+            off += r
+        }
+        return out
+    }
+
+    /// Overwrites `bytes` at `offset` of segment `n` (a purge rewriting a frame).
+    func overwrite(_ n: UInt32, at offset: Int, _ bytes: [UInt8]) throws { try writeAll(try fd(n), bytes, at: offset, n) }
+
+    func sync(_ n: UInt32) throws {
+        let f = try fd(n)
+        _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) }
+    }
+
+    /// Removes segment `n` (never the active one).
+    func remove(_ n: UInt32) throws {
+        if let f = fds.removeValue(forKey: n) { Glibc.close(f) }
+        _ = try System.syscall("unlink \(path(n))") { unlink(path(n)) }
+        sizes[n] = nil
+        syncDirectory()
+    }
+
+    func syncDirectory() {
+        let d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard d >= 0 else { return }
+        _ = fsync(d)
+        Glibc.close(d)
+    }
+
+    func close() {
+        for f in fds.values { Glibc.close(f) }
+        fds.removeAll()
+    }
+}

@@ -1,0 +1,137 @@
+import PylonCore
+
+/// A strict reader of a plugin's `config` object (`plugins[NAME].config` in pylon.json): every
+/// setting is read with its type and bounds, and a value of the wrong type or out of bounds is a
+/// problem named by its path (`config.retryMaxMs: must be an integer from 0 to 86400000`), never
+/// silently replaced by the default. Settings the reader was not asked for are reported as
+/// unknown (a warning: a typo, or a setting of another version).
+///
+/// The same reader serves the plugin at start (it exits 78, EX_CONFIG, on a problem) and
+/// `pylond --check-config`, which runs `PLUGIN --check-config` with the config on stdin
+/// (`Plugin.checkConfig`), so the check is exactly what the plugin will do.
+public struct ConfigReader {
+    public private(set) var problems: [String] = []
+    let object: JSONObject
+    let path: String
+    private var asked: Set<String> = []
+
+    public init(_ json: JSON, path: String = "config") {
+        self.path = path
+        if let o = json.objectValue {
+            object = o
+        } else {
+            object = [:]
+            if json != .null { problems.append("\(path): must be an object") }
+        }
+    }
+
+    /// The value at `key` unless absent or `null` (both mean "the default").
+    private mutating func value(_ key: String) -> JSON? {
+        asked.insert(key)
+        guard let v = object[key], v != .null else { return nil }
+        return v
+    }
+
+    private mutating func problem(_ key: String, _ what: String) {
+        problems.append("\(path).\(key): \(what)")
+    }
+
+    public mutating func string(_ key: String, nonEmpty: Bool = true) -> String? {
+        guard let v = value(key) else { return nil }
+        guard let s = v.stringValue, !nonEmpty || !s.isEmpty else {
+            problem(key, nonEmpty ? "must be a non-empty string" : "must be a string")
+            return nil
+        }
+        return s
+    }
+
+    /// An integer within `range`; whole-valued numbers such as `5.0` count as integers.
+    public mutating func int(_ key: String, _ range: ClosedRange<Int64>) -> Int64? {
+        guard let v = value(key) else { return nil }
+        guard let n = v.intValue, range.contains(n), v.boolValue == nil else {
+            problem(key, "must be an integer from \(range.lowerBound) to \(range.upperBound)")
+            return nil
+        }
+        return n
+    }
+
+    public mutating func bool(_ key: String) -> Bool? {
+        guard let v = value(key) else { return nil }
+        guard let b = v.boolValue else {
+            problem(key, "must be true or false")
+            return nil
+        }
+        return b
+    }
+
+    public mutating func object(_ key: String) -> JSONObject? {
+        guard let v = value(key) else { return nil }
+        guard let o = v.objectValue else {
+            problem(key, "must be an object")
+            return nil
+        }
+        return o
+    }
+
+    /// One of `choices` (a string).
+    public mutating func choice(_ key: String, _ choices: [String]) -> String? {
+        guard let v = value(key) else { return nil }
+        guard let s = v.stringValue, choices.contains(s) else {
+            problem(key, "must be one of " + choices.map { "\"\($0)\"" }.joined(separator: ", "))
+            return nil
+        }
+        return s
+    }
+
+    /// An `http://` or `https://` URL with a host and no credentials or spaces.
+    public mutating func httpURL(_ key: String) -> String? {
+        guard let s = string(key) else { return nil }
+        if let why = ConfigReader.httpURLProblem(s) {
+            problem(key, why)
+            return nil
+        }
+        return s
+    }
+
+    /// Why `s` is not an acceptable backend URL, or nil.
+    public static func httpURLProblem(_ s: String) -> String? {
+        guard let sep = s.range(of: "://") else { return "\(s) is not a URL (http:// or https://)" }
+        let scheme = s[..<sep.lowerBound].lowercased()
+        guard scheme == "http" || scheme == "https" else { return "scheme \(scheme) is not allowed (only http and https)" }
+        guard s.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F }) else { return "contains spaces or control characters" }
+        let authority = s[sep.upperBound...].prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        guard !authority.contains("@") else { return "credentials in the URL are not supported" }
+        guard !authority.isEmpty, !authority.hasPrefix(":") else { return "\(s) has no host" }
+        return nil
+    }
+
+    /// Marks `keys` as read elsewhere (not unknown).
+    public mutating func accept(_ keys: String...) {
+        for k in keys { asked.insert(k) }
+    }
+
+    /// Adds `problem` found by the plugin's own checks (cross-setting rules), under `key`.
+    public mutating func fail(_ key: String, _ what: String) { problem(key, what) }
+
+    /// Settings present that no one asked for, as warnings (`config.fo: unknown setting`).
+    public var unknown: [String] {
+        object.keys.filter { !asked.contains($0) }.sorted().map { "\(path).\($0): unknown setting (ignored)" }
+    }
+
+    /// Throws the problems found so far, if any.
+    public func check() throws(ConfigProblems) {
+        if !problems.isEmpty { throw ConfigProblems(problems: problems, warnings: unknown) }
+    }
+}
+
+/// What a strict config reader found: errors (the plugin refuses to start) and warnings.
+public struct ConfigProblems: Error, CustomStringConvertible {
+    public var problems: [String]
+    public var warnings: [String] = []
+    public init(problems: [String], warnings: [String] = []) {
+        self.problems = problems
+        self.warnings = warnings
+    }
+    public init(_ problem: String) { problems = [problem] }
+    public var description: String { problems.joined(separator: "; ") }
+}

@@ -1,0 +1,342 @@
+import Glibc
+import PylonPluginKit
+import PylonStore
+import Testing
+
+@testable import pylon_uploader
+
+/// The append-only queue (format 4): frames, replay at open (torn tails, damaged frames),
+/// bytes written per record, segments removed and copied forward, and the migration of a
+/// format-3 queue written with that release's SQL.
+struct SegmentQueueTests {
+    typealias T = StoreTests
+
+    static func ids(_ store: UploaderStore, _ key: String, _ stream: String = "s") throws -> [String] {
+        try T.records(store.batchBody(key, stream: stream).body).records.map(\.id)
+    }
+
+    // MARK: Frames
+
+    @Test func framesReadBackAsWritten() throws {
+        var out = Frame.segmentMagic
+        Frame.appendLane(&out, id: 3, stream: "ma.app", consent: "analytics")
+        var chunk = Chunk()
+        for (id, data) in [("\"a\"", "1"), ("\"b\"", #"{"x":[1,2]}"#)] {
+            Array(id.utf8).withUnsafeBytes { i in Array(data.utf8).withUnsafeBytes { d in _ = chunk.append(escapedID: i, ts: 9, data: d) } }
+        }
+        let starts = Frame.appendRecords(&out, lane: 3, positions: [10, 12], enqueuedMs: 77, chunk: chunk)
+        Frame.appendCut(&out, key: "k", stream: "ma.app", final: true, seq: 5, createdMs: 8, runs: [10...12, 20...20])
+        Frame.appendKeys(&out, .final, ["k"])
+        Frame.appendKeys(&out, .done, ["k", "j"], zeroed: true)
+        Frame.appendKeys(&out, .unbatch, ["u"])
+        let (found, end) = out.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
+        #expect(end == out.count && found.allSatisfy { $0.crcOK })
+        let lengths = chunk.index.withUnsafeBytes { ix in (0..<2).map { Chunk.span(ix, $0).count } }
+        #expect(
+            found.map(\.frame) == [
+                .lane(id: 3, stream: "ma.app", consent: "analytics"),
+                .records(lane: 3, first: 10, enqueuedMs: 77, deltas: [2], lengths: lengths, textStart: starts[0]),
+                .cut(key: "k", stream: "ma.app", final: true, seq: 5, createdMs: 8, runs: [10...12, 20...20]),
+                .final(["k"]), .done(keys: ["k", "j"], zeroed: true), .unbatch(["u"]),
+            ])
+        #expect(String(decoding: out[starts[1]..<(starts[1] + lengths[1])], as: UTF8.self) == #"{"id":"b","ts":9,"data":{"x":[1,2]}}"#)
+        // A torn tail (the last frame cut short, or its bytes never written) ends the valid part.
+        for cut in [1, 5, 12] {
+            let torn = Array(out.dropLast(cut))
+            let r = torn.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
+            #expect(r.frames.count == 5 && r.validEnd == found[5].offset)
+        }
+        var zeroed = out
+        for i in found[5].offset..<out.count { zeroed[i] = 0 }
+        #expect(zeroed.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }.validEnd == found[5].offset)
+    }
+
+    // MARK: What a record costs on disk
+
+    /// One record per group commit (a device's rate): the segment grows by the record's upload
+    /// form and a frame of less than 20 bytes around it, and by nothing else (no page, journal or
+    /// index rewritten).
+    @Test func oneRecordPerCommitAppendsItsTextAndASmallFrame() throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false)
+        defer { store.close() }
+        let data = #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":9.99}}"#
+        try T.enqueue(store, "s", [("r0", data)])  // declares the lane
+        for i in 1...50 {
+            let before = store.log.fileBytes
+            try T.enqueue(store, "s", [("r\(i)", data)], ts: 1_764_590_000_000)
+            let text = #"{"id":"r\#(i)","ts":1764590000000,"data":"#.utf8.count + data.utf8.count + 1
+            let grew = store.log.fileBytes - before
+            #expect(grew > text && grew <= text + 20, "record \(i): \(grew) bytes for a text of \(text)")
+        }
+        // A cut and a delivery are one small frame each.
+        let before = store.log.fileBytes
+        _ = try store.cutBatch(stream: "s", key: "0123456789abcdef", maxCount: 50, maxBytes: 1 << 20, final: false, nowMs: 1)
+        try store.deleteBatch("0123456789abcdef")
+        #expect(store.log.fileBytes - before < 80)
+    }
+
+    // MARK: Replay
+
+    /// What was written survives without a clean close (a kill -9): records, batches with their
+    /// keys, final marks, dissolved batches and deliveries are all as they were.
+    @Test func theQueueIsReplayedAsItWasLeft() throws {
+        let path = T.tempPath()
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            try T.enqueue(store, "s", T.numbered("r", 0..<10))
+            try T.enqueue(store, "t", T.numbered("t", 0..<3))
+            try T.enqueue(store, "s", consent: "other", [("o", "1")])
+            _ = try store.cutBatch(stream: "s", key: "k1", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
+            _ = try store.cutBatch(stream: "s", key: "k2", maxCount: 3, maxBytes: 1 << 20, final: false, nowMs: 1)
+            _ = try store.cutBatch(stream: "s", key: "k3", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 1)
+            try store.deleteBatch("k1")
+            try store.markFinal(stream: "s")
+            try store.unbatch(["k3"])
+            _ = try store.cutBatch(stream: "t", key: "t1", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 1)
+            // Not closed.
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        let sums = try store.summaries()
+        #expect(sums["s"]?.pendingBatches == ["k2"] && sums["t"]?.pendingBatches == ["t1"])
+        #expect(sums["s"]?.queued == 5 && sums["t"]?.queued == 1)
+        #expect(try store.isFinal("k2") && !store.isFinal("t1"))
+        #expect(try Self.ids(store, "k2") == ["r3", "r4", "r5"])
+        #expect(try Self.ids(store, "t1", "t") == ["t0", "t1"])
+        #expect(try T.enqueue(store, "s", [("r0", "x"), ("r6", "x")]).added == 1, "r0 was delivered, r6 is queued")
+        // A cut stops at the record of another switch.
+        #expect(try store.cutBatch(stream: "s", key: "n", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1).count == 4)
+        #expect(try Self.ids(store, "n") == ["r6", "r7", "r8", "r9"])
+        #expect(try store.consentKeys().sorted() == ["other", "s", "t"])
+    }
+
+    /// A write cut short by a crash (the last frame incomplete, or its blocks never written) is
+    /// cut off at the last whole frame; everything before it is replayed.
+    @Test(arguments: [3, 40]) func aTornTailIsTruncatedAtTheLastWholeFrame(lost: Int) throws {
+        let path = T.tempPath()
+        var size = 0
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            try T.enqueue(store, "s", T.numbered("r", 0..<5))
+            size = store.log.fileBytes
+            try T.enqueue(store, "s", [("torn", #"{"v":"0123456789012345678901234567890123456789012345"}"#)])
+            let n = store.log.active
+            let full = store.log.sizes[n]!
+            try store.log.truncate(n, to: full - lost)
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.log.fileBytes == size, "cut back to the last whole frame")
+        #expect(try store.summaries()["s"]?.queued == 5)
+        try T.enqueue(store, "s", [("after", "1")])
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        #expect(try Self.ids(store, "k") == ["r0", "r1", "r2", "r3", "r4", "after"])
+    }
+
+    /// A purge interrupted between its zeroing and its crc leaves a frame that fails its crc with
+    /// valid frames after it: its live records are kept, the purged ones stay zeroed, and the
+    /// frame is rewritten whole.
+    @Test func anInterruptedPurgeKeepsTheFramesOtherRecords() throws {
+        let path = T.tempPath()
+        let marker = "interrupted-purge-"
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            try T.enqueue(store, "s", [("p0", #""\#(marker)0""#), ("p1", #""\#(marker)1""#), ("keep", "2")])
+            try T.enqueue(store, "s", [("later", "3")])
+            _ = try store.cutBatch(stream: "s", key: "f", maxCount: 2, maxBytes: 1 << 20, final: true, nowMs: 1)
+            // What a purge does before its crc is rewritten: the done frame, then zeros.
+            let recs = store.records(ofBatch: "f")
+            var done: [UInt8] = []
+            Frame.appendKeys(&done, .done, ["f"], zeroed: true)
+            try store.log.append(done)
+            for r in recs { try store.log.overwrite(r.seg, at: r.text, [UInt8](repeating: 0, count: Int(r.len))) }
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.damagedRecords == 0)
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        #expect(try Self.ids(store, "k") == ["keep", "later"])
+        #expect(try !T.fileHolds(store, path, marker))
+        store.close()
+        // Rewritten: it passes its crc now.
+        let again = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { again.close() }
+        let all = try again.log.read(again.log.active).withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames }
+        #expect(all.allSatisfy { $0.crcOK })
+    }
+
+    // MARK: Segments
+
+    /// Full segments are closed; the oldest is removed once all it holds is delivered.
+    @Test func deliveredSegmentsAreRemoved() throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, segmentBytes: 4096)
+        defer { store.close() }
+        let data = #""\#(String(repeating: "d", count: 200))""#
+        for round in 0..<20 {
+            try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, data) })
+            _ = try store.cutBatch(stream: "s", key: "k\(round)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+            try store.deleteBatch("k\(round)")
+        }
+        #expect(store.log.active > 5, "several segments were written")
+        #expect(store.log.numbers.count <= 2, "only the active one (and at most one before it) is left")
+        #expect(try store.totalBytes() == 0)
+    }
+
+    /// A record that is never delivered does not keep every later segment: the oldest segment,
+    /// mostly dead, is copied forward (its live records and its live batch's cut frame) and
+    /// removed; the record keeps its batch and key, also after a restart.
+    @Test func aStuckRecordIsCopiedForward() throws {
+        let path = T.tempPath()
+        let data = #""\#(String(repeating: "d", count: 200))""#
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096)
+            try T.enqueue(store, "stuck", [("x", #"{"stuck":true}"#)])
+            _ = try store.cutBatch(stream: "stuck", key: "held", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+            for round in 0..<40 {
+                try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, data) })
+                _ = try store.cutBatch(stream: "s", key: "k\(round)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+                try store.deleteBatch("k\(round)")
+            }
+            #expect(store.log.active > 10)
+            #expect(store.log.numbers.count <= 3, "\(store.log.numbers)")
+            #expect(try Self.ids(store, "held", "stuck") == ["x"])
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096)
+        defer { store.close() }
+        #expect(try store.summaries()["stuck"]?.pendingBatches == ["held"])
+        #expect(try Self.ids(store, "held", "stuck") == ["x"])
+        #expect(try T.enqueue(store, "stuck", [("x", "0")]).added == 0, "still queued")
+    }
+
+    /// Files are the owner's only.
+    @Test func segmentsAreMode0600InADirectoryOf0700() throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: true)
+        defer { store.close() }
+        try T.enqueue(store, "s", [("a", "1")])
+        var st = stat()
+        #expect(stat(store.log.path(store.log.active), &st) == 0 && st.st_mode & 0o777 == 0o600)
+        #expect(stat(store.log.dir, &st) == 0 && st.st_mode & 0o777 == 0o700)
+    }
+
+    // MARK: Format 3
+
+    /// The schema of format 3 (the release before the segments), verbatim.
+    static let formatThreeSchema = """
+        CREATE TABLE IF NOT EXISTS chunks(
+          seq INTEGER PRIMARY KEY, stream TEXT NOT NULL, consent TEXT NOT NULL,
+          first INTEGER NOT NULL, count INTEGER NOT NULL, bytes INTEGER NOT NULL,
+          batch TEXT, enqueued_ms INTEGER NOT NULL);
+        CREATE INDEX IF NOT EXISTS chunks_by_batch ON chunks(stream, batch, first);
+        CREATE TABLE IF NOT EXISTS chunk_bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL, idx BLOB NOT NULL);
+        CREATE TABLE IF NOT EXISTS batches(
+          key TEXT PRIMARY KEY, stream TEXT NOT NULL, created_ms INTEGER NOT NULL,
+          attempts INTEGER NOT NULL DEFAULT 0, final INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE IF NOT EXISTS dead_letters(
+          seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, id TEXT NOT NULL,
+          body TEXT NOT NULL, batch TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL,
+          at_ms INTEGER NOT NULL, ts INTEGER);
+        CREATE TABLE IF NOT EXISTS stream_settings(
+          stream TEXT PRIMARY KEY, max_count INTEGER, interval_ms INTEGER, endpoint TEXT);
+        CREATE TABLE IF NOT EXISTS stream_owners(
+          stream TEXT PRIMARY KEY, owner TEXT NOT NULL, created_ms INTEGER NOT NULL);
+        PRAGMA user_version=3;
+        """
+
+    /// A format-3 chunk row as that release's `insertChunk` wrote it.
+    static func putChunk(
+        _ db: Database, stream: String, consent: String, first: Int64, batch: String?, _ records: [(String, String, Int64)]
+    ) throws {
+        var c = Chunk()
+        for (id, data, ts) in records {
+            var escaped: [UInt8] = []
+            JSONText.appendString(id, to: &escaped)
+            escaped.withUnsafeBytes { i in Array(data.utf8).withUnsafeBytes { d in _ = c.append(escapedID: i, ts: ts, data: d) } }
+        }
+        try db.run(
+            "INSERT INTO chunks(stream,consent,first,count,bytes,batch,enqueued_ms) VALUES(?,?,?,?,?,?,?)",
+            [
+                .text(stream), .text(consent), .int(first), .int(Int64(c.count)), .int(Int64(c.bytes)), batch.map { .text($0) } ?? .null,
+                .int(500),
+            ])
+        let seq = db.lastInsertRowID
+        try db.run("INSERT INTO chunk_bodies(seq,body,idx) VALUES(?,?,?)", [.int(seq), .blob(c.body), .blob(c.index)])
+    }
+
+    /// A format-3 queue — a pending batch (final), queued records of two streams and two
+    /// switches, a chunk whose batch row is gone, a dead letter, an owner, saved settings — is
+    /// migrated at the first open: every record is queued or in its batch as before, the batch
+    /// keeps its key, the old tables are gone and their pages zeroed.
+    @Test func aFormatThreeQueueIsMigratedAndDelivered() throws {
+        let path = T.tempPath()
+        let marker = "format-three-marker-"
+        do {
+            let old = try Database(path: path)
+            try old.exec("PRAGMA journal_mode=WAL")
+            try old.exec(Self.formatThreeSchema)
+            try Self.putChunk(
+                old, stream: "ma.app", consent: "ma.app", first: 0, batch: "oldbatch",
+                [("e1", #"{"event":"a"}"#, 1), ("e2", #""\#(marker)""#, 2)])
+            try Self.putChunk(old, stream: "other", consent: "legacy", first: 2, batch: nil, [("o1", "[1]", 3)])
+            try Self.putChunk(
+                old, stream: "ma.app", consent: "ma.app", first: 3, batch: nil, [("e\"3", #"{"event":"c"}"#, 4), ("e4", "4", 5)])
+            try Self.putChunk(old, stream: "other", consent: "other", first: 5, batch: "vanished", [("o2", "[2]", 6)])
+            try old.run("INSERT INTO batches(key,stream,created_ms,final) VALUES('oldbatch','ma.app',400,1)")
+            try old.run(
+                "INSERT INTO dead_letters(stream,id,body,batch,status,reason,at_ms,ts) VALUES('ma.app','x','1','b0',400,'HTTP 400',1,1)")
+            try old.run("INSERT INTO stream_owners(stream,owner,created_ms) VALUES('other','uid:1000',1)")
+            try old.run("INSERT INTO stream_settings(stream,max_count,interval_ms) VALUES('other',7,900)")
+            old.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(try store.db.query("SELECT name FROM sqlite_master WHERE name IN ('chunks','chunk_bodies','batches')").isEmpty)
+        #expect(try store.db.query("PRAGMA user_version").first?[0].int == 4)
+        #expect(access(UploaderStore.queueDirectory(path) + ".migrating", F_OK) != 0)
+        let sums = try store.summaries()
+        #expect(sums["ma.app"]?.pendingBatches == ["oldbatch"] && sums["ma.app"]?.queued == 2)
+        #expect(sums["other"]?.queued == 2 && sums["other"]?.pendingBatches == [], "a chunk whose batch is gone is queued")
+        #expect(try store.isFinal("oldbatch"))
+        #expect(try store.recordedOwners()["other"] == "uid:1000" && store.deadLetterSummaries()["ma.app"]?.count == 1)
+        #expect(try store.savedSettings()["other"]?.maxCount == 7)
+        #expect(try store.consentKeys().sorted() == ["legacy", "ma.app", "other"])
+        let charges = [
+            T.charge("e1", #"{"event":"a"}"#, ts: 1), T.charge("e2", #""\#(marker)""#, ts: 2), T.charge("o1", "[1]", ts: 3),
+            T.charge(#"e\"3"#, #"{"event":"c"}"#, ts: 4), T.charge("e4", "4", ts: 5), T.charge("o2", "[2]", ts: 6),
+        ]
+        #expect(try store.totalBytes() == charges.reduce(0, +))
+        // The pending batch goes again as the same batch; purged, its bytes are gone everywhere.
+        let resent = try T.records(store.batchBody("oldbatch", stream: "ma.app").body)
+        #expect(resent.batch == "oldbatch" && resent.records.map(\.id) == ["e1", "e2"] && resent.records.map(\.ts) == [1, 2])
+        try store.deleteBatch("oldbatch", zero: true)
+        #expect(try !T.fileHolds(store, path, marker))
+        // The queued records, in order, ids and data intact; still duplicates while queued.
+        #expect(try T.enqueue(store, "ma.app", [("e4", "0"), ("e1", "0")]).added == 1)
+        _ = try store.cutBatch(stream: "ma.app", key: "n1", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        let next = try T.records(store.batchBody("n1", stream: "ma.app").body)
+        #expect(next.records.map(\.id) == ["e\"3", "e4", "e1"] && next.records.map(\.data) == [#"{"event":"c"}"#, "4", "0"])
+        // Switches are kept: a cut does not mix them.
+        #expect(try store.cutBatch(stream: "other", key: "o", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, charges[2]))
+        #expect(try store.cutBatch(stream: "other", key: "o2", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1) == (1, charges[5]))
+    }
+
+    /// A crash after the segments were written but before the old tables were dropped: the next
+    /// open migrates again from the tables, once.
+    @Test func anInterruptedMigrationRunsAgainOnce() throws {
+        let path = T.tempPath()
+        do {
+            let old = try Database(path: path)
+            try old.exec(Self.formatThreeSchema)
+            try Self.putChunk(old, stream: "s", consent: "s", first: 0, batch: nil, [("a", "1", 1), ("b", "2", 2)])
+            old.close()
+        }
+        // A half-written migration directory from the crashed start.
+        let tmp = UploaderStore.queueDirectory(path) + ".migrating"
+        try System.createDirectories(atPath: tmp, mode: 0o700)
+        try System.writeFileAtomically(atPath: tmp + "/0000000001.seg", contents: Frame.segmentMagic + [1, 2, 3])
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(try store.summaries()["s"]?.queued == 2)
+    }
+}

@@ -43,6 +43,9 @@ final class Fleet {
     let startMs: Int64
     private var loadEndMs: Int64 = 0
     private var drainDeadlineMs: Int64 = 0
+    /// When the drain ended (the acknowledged rate is over the load and the drain, not the
+    /// read-back).
+    var drainedAtMs: Int64?
     private var ramp: Ramp
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs))
     var onDone: (Int32) -> Void = { _ in }
@@ -552,6 +555,7 @@ final class Fleet {
         let pushDone = pushDelivered >= pushExpected
         guard (eventsDone && pushDone) || now >= drainDeadlineMs else { return }
         if !(eventsDone && pushDone) { say("drain timed out: some batches or push deliveries are outstanding") }
+        drainedAtMs = now
         phase = .verifying
         if !options.verify {
             finish()

@@ -67,7 +67,8 @@ extension Fleet {
         }
         var errs = JSONObject()
         for (k, v) in httpErrors.sorted(by: { $0.key < $1.key }) { errs[k] = .int(Int64(v)) }
-        let ackRate = loadS > 0 ? Double(acked) / elapsedS : 0
+        let ackS = Double((drainedAtMs ?? now) - startMs) / 1000
+        let ackRate = ackS > 0 ? Double(acked) / ackS : 0
         let j: JSON = [
             "runId": .string(options.runId), "devices": .int(Int64(devices.count)), "ratePerDevice": .double(options.ratePerDevice),
             "durationS": .double(elapsedS), "loadS": .double(loadS),
@@ -102,7 +103,7 @@ extension Fleet {
         t += "  devices: \(devices.count), connected at the end \(connectedCount), registered \(registered)"
         t += readyAllAtMs.map { ", all connected after \(Format.fixed(Double($0 - startMs) / 1000, 1)) s\n" } ?? ", never all connected\n"
         if let fdNote { t += "  fd limit: \(fdNote)\n" }
-        t += "  events: generated \(generated), acknowledged \(acked) (\(Format.fixed(ackRate, 0))/s over the run"
+        t += "  events: generated \(generated), acknowledged \(acked) (\(Format.fixed(ackRate, 0))/s over the load and the drain"
         t += ", peak \(Format.fixed(peakAckedRate, 0))/s), stored peak \(Format.fixed(peakStoredRate, 0))/s\n"
         t +=
             "  read back: \(storedRead.map(String.init) ?? "not read") — lost \(lost.map(String.init) ?? "unknown"), duplicates \(dup), unacknowledged at the end \(unacked)"

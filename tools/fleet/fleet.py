@@ -11,8 +11,10 @@ script runs the embedded default today and the full fleet once every piece is in
              when pylon-backend takes `--db postgresql://...`; otherwise one SQLite file (and then
              one backend instance: SQLite is not shared between processes)
   stream     three nats-server nodes (JetStream, one cluster) when pylon-backend takes `--nats`
-  broker     mosquitto with dynamic security (the embedded default); nats-server's MQTT listener
-             on the same three nodes when pylon-backend takes a broker list (`--mqtt A,B,C`)
+  broker     mosquitto with dynamic security (the embedded default); when pylon-backend takes
+             `--mqtt-nats-auth`, three more nats-server nodes with MQTT listeners and JWT auth
+             (tools/pylon-nats-auth), a cluster of their own: the stream's tools log in with a
+             user and password, not a JWT
   backends   N pylon-backend instances on free ports, behind
   haproxy    one address: leastconn, health checks on /healthz, retries and redispatch on
              connection failure (requests not yet sent), so any request may land on any instance
@@ -138,11 +140,11 @@ backend_help = subprocess.run([os.path.join(BIN, "pylon-backend"), "--help"], ca
 use_pg = args.db == "postgres" or (args.db == "auto" and "postgresql://" in backend_help)
 use_nats_stream = args.stream == "nats" or (args.stream == "auto" and "--nats" in backend_help)
 # A broker address list in the backend's --mqtt (wt-mqtt) is what the nats-server MQTT cluster needs.
-use_nats_mqtt = args.broker == "nats" or (args.broker == "auto" and "HOST:PORT[,HOST:PORT" in backend_help)
+use_nats_mqtt = args.broker == "nats" or (args.broker == "auto" and "--mqtt-nats-auth" in backend_help)
 n_backends = args.backends if use_pg else 1
 if not use_pg and args.backends > 1:
     log(f"pylon-backend has no PostgreSQL store here: one backend instance on SQLite (asked {args.backends})")
-need_nats = use_nats_stream or use_nats_mqtt
+need_nats = use_nats_stream
 
 OPERATOR_TOKEN_FILE, DEVICE_KEY, BROKER_PASSWORD = secret("operator.token"), secret("device.key"), secret("broker.password")
 OPERATOR_TOKEN = open(OPERATOR_TOKEN_FILE).read().strip()
@@ -199,11 +201,6 @@ def start_nats():
     client, cluster, mqtt = [free_port() for _ in range(3)], [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     cmd = [os.path.join(REPO, "tools", "pylon-nats-cluster"), "config", "--dir", d,
            "--client-ports", ",".join(map(str, client)), "--cluster-ports", ",".join(map(str, cluster))]
-    if use_nats_mqtt:
-        extra = os.path.join(run, "nats-mqtt.conf")
-        with open(extra, "w") as f:
-            f.write(nats_mqtt_extra())
-        cmd += ["--extra", extra, "--var", "MQTT_PORT=" + ",".join(map(str, mqtt))]
     subprocess.run(cmd, check=True, capture_output=True)
     for i in range(3):
         nats.append({"name": f"nats{i + 1}", "port": client[i], "cluster": cluster[i], "mqtt": mqtt[i],
@@ -243,9 +240,40 @@ def stream_records(stream):
         after = page["next"]
 
 
-def nats_mqtt_extra():
-    """The MQTT listener of each node (the broker cluster's own settings come with it)."""
-    return "mqtt { listen: 127.0.0.1:@MQTT_PORT@ }\n"
+# ---- The push broker cluster: three more nats-server nodes, MQTT, JWT auth --------------------
+# A cluster of its own: its accounts are JWT-only (tools/pylon-nats-auth), and the stream's
+# tools (pylon-stream-consumer) log in with a user and password, not a JWT.
+mq = []
+
+
+def start_broker_cluster():
+    d = os.path.join(run, "mqttc")
+    os.makedirs(d, exist_ok=True)
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "pylon-nats-auth"), "init", os.path.join(d, "auth")],
+                   check=True, capture_output=True)
+    for i in range(3):
+        mq.append({"name": f"mqtt{i + 1}", "port": free_port(), "cluster": free_port(), "mqtt": free_port()})
+    routes = ", ".join(f"nats-route://127.0.0.1:{m['cluster']}" for m in mq)
+    for m in mq:
+        m["conf"] = os.path.join(d, m["name"] + ".conf")
+        with open(m["conf"], "w") as f:
+            # The node configuration of Tests/IntegrationTests/TestBrokerCluster.swift.
+            f.write(f"server_name: {m['name']}\nlisten: 127.0.0.1:{m['port']}\n"
+                    f"jetstream {{ store_dir: \"{d}/js-{m['name']}\", max_memory_store: 256MB, max_file_store: 2GB }}\n"
+                    f"cluster {{ name: pylon-mqtt, listen: 127.0.0.1:{m['cluster']}, routes: [{routes}] }}\n"
+                    f"mqtt {{ listen: 127.0.0.1:{m['mqtt']}, ack_wait: \"5s\" }}\n"
+                    "include auth/auth.conf\n")
+    for m in mq:
+        start_broker_node(m)
+    for m in mq:
+        wait_port(m["mqtt"], m["name"], proc=procs[m["name"]])
+    # The account's MQTT streams are created when the first MQTT client of it connects; the
+    # devices retry until they are (pylon-push does the same).
+    log("mqtt brokers (nats-server, JWT auth): " + ",".join(broker_list()))
+
+
+def start_broker_node(m):
+    spawn(m["name"], ["nats-server", "-c", m["conf"]], cwd=os.path.join(run, "mqttc"))
 
 
 def start_nats_node(n):
@@ -279,7 +307,7 @@ def start_mosquitto():
 
 def broker_list():
     if use_nats_mqtt:
-        return [f"127.0.0.1:{n['mqtt']}" for n in nats]
+        return [f"127.0.0.1:{m['mqtt']}" for m in mq]
     return [f"127.0.0.1:{mosq['port']}"]
 
 
@@ -293,9 +321,12 @@ def start_backend(i):
             "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
             "--db", pg["url"] if use_pg else os.path.join(run, "backend.db"),
             "--max-connections", "4096",
-            "--mqtt", ",".join(broker_list()), "--mqtt-username", "pylon-backend", "--mqtt-password-file", BROKER_PASSWORD]
-    if not use_nats_mqtt:
-        argv.append("--mqtt-dynsec")
+            "--mqtt", ",".join(broker_list()), "--mqtt-username", "pylon-backend"]
+    if use_nats_mqtt:
+        auth = os.path.join(run, "mqttc", "auth")
+        argv += ["--mqtt-password-file", os.path.join(auth, "backend.jwt"), "--mqtt-nats-auth", os.path.join(auth, "backend-auth.json")]
+    else:
+        argv += ["--mqtt-password-file", BROKER_PASSWORD, "--mqtt-dynsec"]
     if use_nats_stream:
         argv += ["--nats", nats_urls(), "--nats-replicas", "3"]
     pr = spawn(b["name"], argv, stdout=subprocess.PIPE)
@@ -391,7 +422,8 @@ class Pylond:
                     "backend": LB, "credentialFile": DEVICE_KEY, "retryInitialMs": 200, "retryMaxMs": 2000}},
                 {"name": "push", "exec": "pylon-push", "restart": "permanent", "config": {
                     "backend": LB, "credentialFile": DEVICE_KEY,
-                    "broker": {"host": b[0], "port": int(b[1]), "keepaliveS": 10, "backoffInitialMs": 100, "backoffMaxMs": 2000},
+                    "broker": {"host": b[0], "port": int(b[1]), "brokers": broker_list(), "keepaliveS": 10,
+                               "backoffInitialMs": 100, "backoffMaxMs": 2000},
                     "registerRetryInitialMs": 200, "registerRetryMaxMs": 2000, "ackTimeoutMs": 5000}},
             ],
         }
@@ -591,8 +623,8 @@ def schedule_faults():
     rest = max(0.0, args.duration - t0)
     log(f"faults: all devices connected at {t0:.1f} s" if time.time() < half else "faults: not every device connected; injecting anyway")
     fault(t0 + rest * 0.20, "kill -9 broker node", kill_broker_node)
-    if need_nats and not use_nats_mqtt:
-        # The stream's nodes are not the broker's here: one of them is killed as well.
+    if need_nats:
+        # The stream's nodes are not the broker's: one of them is killed as well.
         fault(t0 + rest * 0.30, "kill -9 NATS (stream) node", kill_nats_node)
     fault(t0 + rest * 0.45, "kill -9 backend instance", kill_backend)
     fault(t0 + rest * 0.70, "PostgreSQL restart", restart_postgres)
@@ -606,7 +638,9 @@ def kill_nats_node():
 
 def kill_broker_node():
     if use_nats_mqtt:
-        kill_nats_node()
+        m = mq[0]
+        kill(m["name"])
+        threading.Timer(5, lambda: stopping.is_set() or start_broker_node(m)).start()
     else:
         kill("mosquitto")
         threading.Timer(5, lambda: stopping.is_set() or start_mosquitto()).start()
@@ -665,12 +699,14 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     log(f"run directory {run}; database {'PostgreSQL' if use_pg else 'SQLite'}, stream "
         f"{'NATS JetStream' if use_nats_stream else 'none (the database)'}, broker "
-        f"{'nats-server MQTT x3' if use_nats_mqtt else 'mosquitto'}, {n_backends} backend(s)")
+        f"{'nats-server MQTT x3 (JWT auth)' if use_nats_mqtt else 'mosquitto'}, {n_backends} backend(s)")
     if use_pg:
         start_postgres()
     if need_nats:
         start_nats()
-    if not use_nats_mqtt:
+    if use_nats_mqtt:
+        start_broker_cluster()
+    else:
         start_mosquitto()
     for i in range(n_backends):
         backends.append({"name": f"backend{i + 1}", "port": free_port()})

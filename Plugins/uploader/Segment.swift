@@ -30,13 +30,23 @@ enum Frame: Equatable {
     case done(keys: [String], zeroed: Bool)
     /// These batches are dissolved: their records are queued again at their places.
     case unbatch([String])
+    /// These batches are gone (as `done`), each with its stream and runs, so the records end
+    /// even when the segment holding the batch's cut frame was removed first. Written instead of
+    /// `done`.
+    case ended([Ended], zeroed: Bool)
+
+    struct Ended: Equatable {
+        var key: String
+        var stream: String
+        var runs: [ClosedRange<Int64>]
+    }
 
     static let headBytes = 8
     /// The first bytes of every segment file: magic and format.
     static let segmentMagic = Array("PYLQSEG1".utf8)
 
     enum Kind: UInt8 {
-        case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6
+        case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6, ended = 7
     }
 
     // MARK: Writing
@@ -108,6 +118,23 @@ enum Frame: Equatable {
             for r in runs {
                 varint(&$0, UInt64(bitPattern: r.lowerBound))
                 varint(&$0, UInt64(r.upperBound - r.lowerBound))
+            }
+        }
+    }
+
+    static func appendEnded(_ out: inout [UInt8], _ entries: [Ended], zeroed: Bool) {
+        append(to: &out) {
+            $0.append(Kind.ended.rawValue)
+            $0.append(zeroed ? 1 : 0)
+            varint(&$0, UInt64(entries.count))
+            for e in entries {
+                string(&$0, e.key)
+                string(&$0, e.stream)
+                varint(&$0, UInt64(e.runs.count))
+                for r in e.runs {
+                    varint(&$0, UInt64(bitPattern: r.lowerBound))
+                    varint(&$0, UInt64(r.upperBound - r.lowerBound))
+                }
             }
         }
     }
@@ -221,6 +248,20 @@ enum Frame: Equatable {
             }
             guard r.at == b.count else { return nil }
             return .cut(key: key, stream: stream, final: fin != 0, seq: seq, createdMs: Int64(bitPattern: ms), runs: runs)
+        case .ended:
+            guard let z = r.byte(), let n = r.varint(), n <= UInt64(b.count) else { return nil }
+            var entries: [Ended] = []
+            for _ in 0..<n {
+                guard let key = r.string(), let stream = r.string(), let k = r.varint(), k <= UInt64(b.count) else { return nil }
+                var runs: [ClosedRange<Int64>] = []
+                for _ in 0..<k {
+                    guard let a = r.varint(), let d = r.varint(), a < UInt64(Int64.max / 2), d < UInt64(Int64.max / 2) else { return nil }
+                    runs.append(Int64(a)...Int64(a + d))
+                }
+                entries.append(Ended(key: key, stream: stream, runs: runs))
+            }
+            guard r.at == b.count else { return nil }
+            return .ended(entries, zeroed: z != 0)
         case .final, .unbatch, .done:
             var zeroed = false
             if kind == .done {

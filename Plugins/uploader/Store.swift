@@ -140,6 +140,8 @@ final class UploaderStore {
 
     /// Records dropped at open because their frame was damaged (logged by the caller).
     private(set) var damagedRecords = 0
+    /// Bytes cut off torn tails at open (logged by the caller).
+    private(set) var truncatedBytes = 0
 
     /// Opens (creating or migrating) the queue of database `path`: its segments are in
     /// `<path minus .db>.queue/`.
@@ -191,7 +193,7 @@ final class UploaderStore {
     private enum Control {
         case cut(seg: UInt32, key: String, stream: String, final: Bool, seq: UInt64, createdMs: Int64, runs: [ClosedRange<Int64>])
         case final([String])
-        case done([String], zeroed: Bool)
+        case done([Frame.Ended], zeroed: Bool)
         case unbatch([String])
     }
 
@@ -217,7 +219,10 @@ final class UploaderStore {
             }
             var localLanes: [UInt64: (stream: String, consent: Int32)] = [:]
             let (frames, validEnd) = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
-            if validEnd < bytes.count { try log.truncate(n, to: validEnd) }
+            if validEnd < bytes.count {
+                truncatedBytes += bytes.count - validEnd
+                try log.truncate(n, to: validEnd)
+            }
             for f in frames {
                 if !f.crcOK { damaged.append((n, f.offset, f.length)) }
                 switch f.frame {
@@ -245,7 +250,9 @@ final class UploaderStore {
                 case .cut(let key, let stream, let fin, let seq, let ms, let runs)?:
                     controls.append(.cut(seg: n, key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs))
                 case .final(let keys)?: controls.append(.final(keys))
-                case .done(let keys, let zeroed)?: controls.append(.done(keys, zeroed: zeroed))
+                case .done(let keys, let zeroed)?:
+                    controls.append(.done(keys.map { Frame.Ended(key: $0, stream: "", runs: []) }, zeroed: zeroed))
+                case .ended(let entries, let zeroed)?: controls.append(.done(entries, zeroed: zeroed))
                 case .unbatch(let keys)?: controls.append(.unbatch(keys))
                 case nil: break
                 }
@@ -271,10 +278,24 @@ final class UploaderStore {
                     Batch(key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs, positions: positions, cutSeg: seg))
                 nextCutSeq = max(nextCutSeq, seq + 1)
             case .final(let keys): for k in keys { if let id = batchIDs[k] { batches[id]!.final = true } }
-            case .done(let keys, let zeroed):
-                for k in keys {
-                    if zeroed, let id = batchIDs[k], let b = batches[id] { purgedRuns[b.stream, default: []] += b.runs }
-                    removeBatch(k, recordsGone: true)
+            case .done(let entries, let zeroed):
+                for e in entries {
+                    if let id = batchIDs[e.key], let b = batches[id] {
+                        if zeroed { purgedRuns[b.stream, default: []] += b.runs }
+                        removeBatch(e.key, recordsGone: true)
+                        continue
+                    }
+                    // Its cut frame is gone with an older segment: its records end by their runs.
+                    if zeroed { purgedRuns[e.stream, default: []] += e.runs }
+                    guard var q = queues.removeValue(forKey: e.stream) else { continue }
+                    for run in e.runs {
+                        var i = q.lowerBound(run.lowerBound)
+                        while i < q.recs.count, q.recs[i].pos <= run.upperBound {
+                            if q.recs[i].batch == -1 { q.recs[i].batch = -2 }
+                            i += 1
+                        }
+                    }
+                    queues[e.stream] = q
                 }
             case .unbatch(let keys): for k in keys { removeBatch(k, recordsGone: false) }
             }
@@ -287,6 +308,8 @@ final class UploaderStore {
             q.goneCount = 0
             queues[name] = q
         }
+        // Counted afresh: applying the ledger above decremented counts it had not made.
+        segmentUse.removeAll()
         for (name, q) in queues {
             var set = Set<RecordKey>()
             for r in q.recs {
@@ -481,7 +504,7 @@ final class UploaderStore {
         }
         let built = build(enqueues)
         var prefix: [UInt8] = []
-        if !deliveredQueue.isEmpty { Frame.appendKeys(&prefix, .done, deliveredQueue) }
+        if !deliveredQueue.isEmpty { Frame.appendEnded(&prefix, ended(deliveredQueue), zeroed: false) }
         do {
             let r = try appendChunks(built.chunks.map { ($0.stream, $0.consent, $0.chunk, nil, nowMs) }, prefix: prefix)
             insert(r.placed, seg: r.seg)
@@ -677,7 +700,7 @@ final class UploaderStore {
         guard batchIDs[key] != nil else { return }
         let recs = zero ? records(ofBatch: key) : []
         var out: [UInt8] = []
-        Frame.appendKeys(&out, .done, [key], zeroed: zero)
+        Frame.appendEnded(&out, ended([key]), zeroed: zero)
         try prepareSegment(for: out.count)
         try log.append(out, sync: zero)
         let stream = batches[batchIDs[key]!]!.stream
@@ -742,6 +765,11 @@ final class UploaderStore {
         return false
     }
 
+    /// What a `done` frame says of batches `keys`: each with its stream and runs.
+    func ended(_ keys: [String]) -> [Frame.Ended] {
+        keys.compactMap { k in batchIDs[k].flatMap { batches[$0] }.map { Frame.Ended(key: k, stream: $0.stream, runs: $0.runs) } }
+    }
+
     /// Delivered batches whose `done` frame waits for the next group commit (`deleteDelivered`).
     private(set) var deliveredQueue: [String] = []
 
@@ -755,7 +783,7 @@ final class UploaderStore {
     func applyDeliveredDeletes() throws {
         guard !deliveredQueue.isEmpty else { return }
         var out: [UInt8] = []
-        Frame.appendKeys(&out, .done, deliveredQueue)
+        Frame.appendEnded(&out, ended(deliveredQueue), zeroed: false)
         try prepareSegment(for: out.count)
         try log.append(out)
         for key in deliveredQueue {
@@ -860,6 +888,25 @@ final class UploaderStore {
     func totalBytes() throws -> Int { try streamBytes().values.reduce(0, +) }
 
     // MARK: Reclaiming segments
+
+    /// What `segmentUse` should hold, counted from scratch, where it differs (tests).
+    func segmentUseErrors() -> [String] {
+        var want: [UInt32: SegmentUse] = [:]
+        for q in queues.values {
+            for r in q.recs where !r.gone {
+                want[r.seg, default: SegmentUse()].recs += 1
+                want[r.seg, default: SegmentUse()].bytes += r.charge
+            }
+        }
+        for b in batches.values { want[b.cutSeg, default: SegmentUse()].cuts += 1 }
+        var out: [String] = []
+        for seg in Set(want.keys).union(segmentUse.keys) {
+            let w = want[seg] ?? SegmentUse(), h = segmentUse[seg] ?? SegmentUse()
+            if (w.recs, w.bytes, w.cuts) != (h.recs, h.bytes, h.cuts) { out.append("segment \(seg): counted \(h), is \(w)") }
+            if w.recs + w.cuts > 0 && log.sizes[seg] == nil { out.append("segment \(seg) removed while live") }
+        }
+        return out
+    }
 
     /// Removes the oldest segments while nothing in them is live (never the active one); the
     /// oldest one mostly dead is copied forward first (its live records and live cut frames

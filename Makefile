@@ -36,12 +36,21 @@ BACKEND_LISTEN ?= 127.0.0.1:8780
 MQTT_LISTEN ?= 127.0.0.1:1883
 
 ## Start the MQTT broker (MQTT_LISTEN), the reference backend (BACKEND_LISTEN) and the host with every
-## plugin, wired to them. Every backend URL and the broker port in etc/pylon.json are rewritten
-## (into $(RUN_DIR)/pylon.json), so a second `make run RUN_DIR=... BACKEND_LISTEN=... MQTT_LISTEN=...`
-## is fully separate from the first. Everything stops with its session: Ctrl-C, or closing the
-## terminal (SIGHUP, which pylond alone would take as "reload"), stops pylond, backend and broker.
+## plugin, wired to them. The configuration is CONFIG (default: the tracked etc/pylon.json): every
+## backend URL (http://127.0.0.1:8780), the broker port (1883) and /etc/pylon/device.key in it are
+## rewritten to this run's into $(RUN_DIR)/pylon.json at each start (the file pylond reads and
+## `pylonctl reload` re-reads), so a second `make run RUN_DIR=... BACKEND_LISTEN=... MQTT_LISTEN=...`
+## is fully separate from the first, and a plugin added to your own CONFIG stays. Both ports are
+## checked free first. $(RUN_DIR)/env is written for other terminals: `. run/env` sets
+## PYLON_SOCKET, PATH, BACKEND and OP (the operator API's Authorization header). Everything stops
+## with its session: Ctrl-C, or closing the terminal (SIGHUP, which pylond alone would take as
+## "reload"), stops pylond, backend and broker.
+CONFIG ?= etc/pylon.json
 MQTT_PORT = $(lastword $(subst :, ,$(MQTT_LISTEN)))
 run: build
+	@test -r "$(CONFIG)" || { echo "make run: CONFIG=$(CONFIG) is not a readable file" >&2; exit 2; }
+	@for l in $(BACKEND_LISTEN) $(MQTT_LISTEN); do python3 -c 'import socket,sys; h,p=sys.argv[1].rsplit(":",1); s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind((h,int(p)))' $$l 2>/dev/null \
+	  || { echo "make run: $$l is in use (another 'make run'?); choose others: make run BACKEND_LISTEN=127.0.0.1:8790 MQTT_LISTEN=127.0.0.1:1884 RUN_DIR=..." >&2; exit 1; }; done
 	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
 	@# Secrets (mode 0600, kept across runs): the operator token, the enrolment secret every plugin
 	@# presents (credentialFile) and the backend's broker password; the broker's dynsec file.
@@ -49,7 +58,11 @@ run: build
 	  || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > $(RUN_DIR)/$$f; chmod 600 $(RUN_DIR)/$$f; done
 	@[ -s $(RUN_DIR)/dynsec.json ] || tools/pylon-dynsec-init $(RUN_DIR)/dynsec.json pylon-backend $(RUN_DIR)/broker.password
 	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": 1883|"port": $(MQTT_PORT)|' \
-	  -e 's|/etc/pylon/device.key|$(RUN_DIR)/device.key|g' etc/pylon.json > $(RUN_DIR)/pylon.json
+	  -e 's|/etc/pylon/device.key|$(RUN_DIR)/device.key|g' "$(CONFIG)" > $(RUN_DIR)/pylon.json
+	@printf '%s\n' "# Written by make run ($(CONFIG)): in another terminal, . $(RUN_DIR)/env" \
+	  "export PYLON_SOCKET='$(PYLON_SOCKET)'" "export PATH='$(CURDIR)/.build/debug':\"\$$PATH\"" \
+	  "BACKEND='http://$(BACKEND_LISTEN)'" "MQTT_LISTEN='$(MQTT_LISTEN)'" \
+	  "OP=\"Authorization: Bearer \$$(cat '$(RUN_DIR)/operator.token')\"" > $(RUN_DIR)/env
 	@sed -e 's|^listener 1883 127.0.0.1|listener $(MQTT_PORT) 127.0.0.1|' -e 's|^plugin_opt_config_file .*|plugin_opt_config_file $(RUN_DIR)/dynsec.json|' \
 	  -e "s|^plugin /usr/lib/.*|plugin $$(ls /usr/lib/*/mosquitto_dynamic_security.so | head -n1)|" etc/mosquitto.conf > $(RUN_DIR)/mosquitto.conf
 	@(cd $(RUN_DIR) && exec mosquitto -c $(RUN_DIR)/mosquitto.conf 2>>$(RUN_DIR)/mosquitto.log) & broker=$$!; \
@@ -61,10 +74,11 @@ run: build
 	  kill -0 $$backend 2>/dev/null || break; sleep 0.1; done; \
 	if ! grep -q listening $(RUN_DIR)/backend.out 2>/dev/null; then \
 	  echo "make run: pylon-backend could not listen on $(BACKEND_LISTEN) (in use by another 'make run'?); choose another: make run BACKEND_LISTEN=127.0.0.1:8790 MQTT_LISTEN=127.0.0.1:1884 RUN_DIR=..." >&2; exit 1; fi; \
-	echo "mosquitto: $(MQTT_LISTEN)   pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)"; \
-	echo "use: export PYLON_SOCKET=$(PYLON_SOCKET) PATH=$(CURDIR)/.build/debug:\$$PATH   then: pylonctl status"; \
+	kill -0 $$broker 2>/dev/null || { echo "make run: mosquitto could not start on $(MQTT_LISTEN) (see $(RUN_DIR)/mosquitto.log)" >&2; exit 1; }; \
+	echo "mosquitto: $(MQTT_LISTEN)   pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)   config: $(CONFIG)"; \
+	echo "use: . $(RUN_DIR)/env   (PYLON_SOCKET, PATH, BACKEND, OP)   then: pylonctl status"; \
 	echo "operator API (token in $(RUN_DIR)/operator.token, mode 0600):"; \
-	echo "  curl -H \"Authorization: Bearer \$$(cat $(RUN_DIR)/operator.token)\" http://$(BACKEND_LISTEN)/v1/inspect/stats"; \
+	echo "  curl -H \"\$$OP\" \$$BACKEND/v1/inspect/stats"; \
 	PYLON_STATE_DIR=$(RUN_DIR)/state .build/debug/pylond --config $(RUN_DIR)/pylon.json & pylond=$$!; \
 	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
 	wait $$pylond

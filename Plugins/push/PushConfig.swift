@@ -28,6 +28,8 @@ enum PushCode {
 struct PushConfig {
     /// Longest broker credential accepted from the backend's registration reply (a NATS JWT).
     static let maxBrokerPasswordBytes = 8192
+    /// Broker refusals of the credential in a row before the device enrols again for a new one.
+    static let refusalsBeforeReEnrolment = 3
     var backend = "http://127.0.0.1:8780"
     /// The enrolment credential presented to `POST /v1/devices/register` (the fleet-level device
     /// key the other plugins' `credentialFile` names too); none: the backend's open enrolment.
@@ -59,32 +61,51 @@ struct PushConfig {
     /// the oldest reports are dropped (the messages stay acknowledged locally).
     var maxPendingAckReports = 10_000
 
-    init(_ j: JSON) {
-        if let v = j["backend"]?.stringValue { backend = v }
-        credentialFile = j["credentialFile"]?.stringValue
-        deviceTokenFile = j["deviceTokenFile"]?.stringValue
-        if let a = j["ownerUids"]?.arrayValue { ownerUids = Set(a.compactMap { $0.intValue }.filter { $0 >= 0 }) }
-        if let v = j["broker"], v.objectValue != nil { broker = v }
-        if let v = j["deferRegistration"]?.boolValue { deferRegistration = v }
-        func int(_ k: String, _ range: ClosedRange<Int64>) -> Int64? {
-            guard let v = j[k]?.intValue, range.contains(v) else { return nil }
-            return v
+    /// Warnings (unknown settings) of the last read.
+    private(set) var warnings: [String] = []
+
+    init() {}
+
+    /// Reads `plugins[push].config` strictly (`ConfigReader`): a wrong type or a value out of
+    /// bounds is an error naming its path (the plugin exits 78; `pylond --check-config` shows
+    /// it), an unknown setting a warning. `broker` is read by `MQTTOptions`; what it cannot use
+    /// is an error here too.
+    init(_ j: JSON) throws(ConfigProblems) {
+        var r = ConfigReader(j)
+        if let v = r.httpURL("backend") { backend = v }
+        credentialFile = r.string("credentialFile")
+        deviceTokenFile = r.string("deviceTokenFile")
+        r.accept("ownerUids", "broker")
+        if let v = j["ownerUids"], v != .null {
+            let uids = v.arrayValue?.compactMap { $0.intValue }.filter { $0 >= 0 }
+            if let uids, uids.count == v.arrayValue?.count { ownerUids = Set(uids) } else { r.fail("ownerUids", "must be a list of uids (integers ≥ 0)") }
         }
-        if let v = int("tokenWaitMs", 1...600_000) { tokenWaitMs = v }
-        if let v = int("registerRetryInitialMs", 1...600_000) { registerRetryInitialMs = v }
-        if let v = int("registerRetryMaxMs", 1...3_600_000) { registerRetryMaxMs = v }
-        if let v = int("httpTimeoutMs", 100...600_000) { httpTimeoutMs = Int(v) }
-        if let v = int("inboxMaxCount", 1...1_000_000) { delivery.maxCount = Int(v) }
-        if let v = int("inboxMaxBytes", 1024...(1 << 32)) { delivery.maxBytes = Int(v) }
-        if let v = int("maxInFlightPerApp", 1...65536) { delivery.maxInFlightPerApp = Int(v) }
-        if let v = int("ackTimeoutMs", 10...3_600_000) { delivery.ackTimeoutMs = v }
-        if let v = int("retryInitialMs", 1...600_000) { delivery.retryInitialMs = v }
-        if let v = int("retryMaxMs", 1...3_600_000) { delivery.retryMaxMs = v }
-        if let v = int("maxPayloadBytes", 256...(1 << 20)) { maxPayloadBytes = Int(v) }
-        if let v = int("maxApps", 1...100_000) { maxApps = Int(v) }
-        if let v = int("maxSeen", 100...10_000_000) { maxSeen = Int(v) }
-        if let v = int("maxQueuedOps", 1...100_000) { maxQueuedOps = Int(v) }
-        if let v = int("maxPendingAckReports", 1...1_000_000) { maxPendingAckReports = Int(v) }
+        if let v = j["broker"], v != .null {
+            if v.objectValue == nil {
+                r.fail("broker", "must be an object")
+            } else {
+                broker = v
+                for why in MQTTOptions(json: v, clientId: "check").ignored { r.fail("broker", why) }
+            }
+        }
+        if let v = r.bool("deferRegistration") { deferRegistration = v }
+        if let v = r.int("tokenWaitMs", 1...600_000) { tokenWaitMs = v }
+        if let v = r.int("registerRetryInitialMs", 1...600_000) { registerRetryInitialMs = v }
+        if let v = r.int("registerRetryMaxMs", 1...3_600_000) { registerRetryMaxMs = v }
+        if let v = r.int("httpTimeoutMs", 100...600_000) { httpTimeoutMs = Int(v) }
+        if let v = r.int("inboxMaxCount", 1...1_000_000) { delivery.maxCount = Int(v) }
+        if let v = r.int("inboxMaxBytes", 1024...(1 << 32)) { delivery.maxBytes = Int(v) }
+        if let v = r.int("maxInFlightPerApp", 1...65536) { delivery.maxInFlightPerApp = Int(v) }
+        if let v = r.int("ackTimeoutMs", 10...3_600_000) { delivery.ackTimeoutMs = v }
+        if let v = r.int("retryInitialMs", 1...600_000) { delivery.retryInitialMs = v }
+        if let v = r.int("retryMaxMs", 1...3_600_000) { delivery.retryMaxMs = v }
+        if let v = r.int("maxPayloadBytes", 256...(1 << 20)) { maxPayloadBytes = Int(v) }
+        if let v = r.int("maxApps", 1...100_000) { maxApps = Int(v) }
+        if let v = r.int("maxSeen", 100...10_000_000) { maxSeen = Int(v) }
+        if let v = r.int("maxQueuedOps", 1...100_000) { maxQueuedOps = Int(v) }
+        if let v = r.int("maxPendingAckReports", 1...1_000_000) { maxPendingAckReports = Int(v) }
+        try r.check()
+        warnings = r.unknown
     }
 }
 

@@ -11,6 +11,7 @@ public enum PushMain {
         let plugin = Plugin(name: "push", version: "0.1.0")
         plugin.wantsCallerInfo = true
         let push = PushService(plugin: plugin)
+        plugin.checkConfig = { j throws(ConfigProblems) in try PushConfig(j).warnings }
 
         plugin.onReady = { push.start() }
         plugin.onShutdown = { push.shutdown() }

@@ -13,7 +13,7 @@ import Glibc
 /// SQLite writes, app callbacks, one timer armed for the next deadline).
 final class PushService {
     let plugin: Plugin
-    var config = PushConfig(.object([:]))
+    var config = PushConfig()
     var store: PushStore!
     var http: HTTPClient!
     var mqtt: MQTTClient?
@@ -29,6 +29,10 @@ final class PushService {
     var deviceTokenPath = ""
     var boundUser: String?
     var subscribedTopic: String?
+    /// CONNACK refusals of the credential since the last re-enrolment (`brokerRefusedCredential`).
+    var brokerRefusals = 0
+    var reEnrolling = false
+    var lastReEnrolment: Int64 = 0
     var seq: Int64 = 0
     var timer: Timer!
 
@@ -65,7 +69,13 @@ final class PushService {
     // MARK: Start
 
     func start() {
-        config = PushConfig(plugin.config)
+        do throws(ConfigProblems) {
+            config = try PushConfig(plugin.config)
+        } catch {
+            log.error("invalid push configuration", ["error": error.description])
+            System.exit(exitStatusConfigError)
+        }
+        for w in config.warnings { log.warn("configuration", ["warning": w]) }
         let dir = plugin.stateDir.isEmpty ? "." : plugin.stateDir
         let path = dir + "/push.db"
         do throws(SQLiteError) {
@@ -142,13 +152,34 @@ final class PushService {
         client.onReadBatchEnd = { [unowned self] in self.store.commit() }
         client.onConnect = { [unowned self, unowned client] present in
             self.log.info("broker connected", ["sessionPresent": present, "broker": client.broker.description])
+            self.brokerRefusals = 0
             self.flushAcks()
             self.hello()
         }
         client.onDisconnect = { [unowned self] why in self.log.warn("broker connection lost", ["reason": why]) }
+        client.onNotAuthorised = { [unowned self] in self.brokerRefusedCredential() }
         mqtt = client
         subscribe()
         client.start()
+    }
+
+    /// The broker refused this device's credential: after `PushConfig.refusalsBeforeReEnrolment`
+    /// refusals in a row, enrol again (at most once per `registerRetryMaxMs`) for a fresh one —
+    /// the way a device moves from mosquitto (password = device token) to a nats-server
+    /// cluster (password = a user JWT the backend returns), or recovers a credential the broker
+    /// lost.
+    func brokerRefusedCredential() {
+        brokerRefusals += 1
+        guard brokerRefusals >= PushConfig.refusalsBeforeReEnrolment, !reEnrolling,
+            now - lastReEnrolment >= config.registerRetryMaxMs
+        else { return }
+        reEnrolling = true
+        lastReEnrolment = now
+        log.warn("the broker refuses this device's credential; enrolling again", ["refusals": brokerRefusals])
+        registerDevice { [unowned self] ok in
+            self.reEnrolling = false
+            if ok { self.brokerRefusals = 0 }
+        }
     }
 
     func shutdown() {

@@ -294,12 +294,32 @@ final class SegmentLog {
     var fileBytes: Int { sizes.values.reduce(0, +) }
     var numbers: [UInt32] { sizes.keys.sorted() }
 
-    init(dir: String, maxSegmentBytes: Int, fsyncEveryAppend: Bool) throws {
+    /// How long an open waits for the queue's lock: an uploader whose host was killed may still
+    /// be running for a moment while its successor starts.
+    static let lockWaitMs = 10_000
+    /// `<dir>/lock`, held (`flock`, exclusive) while this log is open: one process at a time
+    /// appends, replays and removes segments.
+    private var lockFD: Int32
+
+    init(dir: String, maxSegmentBytes: Int, fsyncEveryAppend: Bool, lockWaitMs: Int = SegmentLog.lockWaitMs) throws {
         self.dir = dir
         self.maxSegmentBytes = maxSegmentBytes
         self.fsyncEveryAppend = fsyncEveryAppend
         try System.createDirectories(atPath: dir, mode: 0o700)
         _ = chmod(dir, 0o700)
+        let lock = dir + "/lock"
+        lockFD = try System.syscall("open \(lock)") { open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        var waited = 0
+        while flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
+            let e = errno
+            guard e == EWOULDBLOCK || e == EINTR, waited < lockWaitMs else {
+                Glibc.close(lockFD)
+                throw IOError(errnoCode: e, reason: "lock \(lock): another process holds the queue")
+            }
+            var ts = timespec(tv_sec: 0, tv_nsec: 20_000_000)
+            _ = nanosleep(&ts, nil)
+            waited += 20
+        }
         for n in try SegmentLog.list(dir) {
             var st = stat()
             _ = try System.syscall("stat \(path(n))") { stat(path(n), &st) }
@@ -434,8 +454,11 @@ final class SegmentLog {
         Glibc.close(d)
     }
 
+    /// Closes the files and releases the lock.
     func close() {
         for f in fds.values { Glibc.close(f) }
         fds.removeAll()
+        if lockFD >= 0 { Glibc.close(lockFD) }
+        lockFD = -1
     }
 }

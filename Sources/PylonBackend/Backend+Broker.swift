@@ -14,6 +14,9 @@ import PylonMQTT
 /// Renewing a device's token sets the client's password (the broker disconnects the old
 /// session). Commands not yet confirmed by the broker (`correlationData` = device id) are sent
 /// again after every reconnect.
+///
+/// A nats-server broker cluster (`--mqtt-nats-auth`) needs none of this: registration returns a
+/// user JWT limited to the device's topics as its broker password (`NATSAuth.swift`).
 extension Backend {
     static let dynsecTopic = "$CONTROL/dynamic-security/v1"
     static let dynsecResponseTopic = "$CONTROL/dynamic-security/v1/response"

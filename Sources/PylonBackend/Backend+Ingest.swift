@@ -36,6 +36,8 @@ extension Backend {
             return .later(answer)
         case .unavailable(let why):
             throw APIError(status: 503, code: .streamUnavailable, message: "ingest stream unavailable: \(why); retry", retryAfter: 1)
+        case .tooLarge(let why):
+            throw .tooLarge("\(why); split the batch")
         case .busy:
             throw APIError(
                 status: 503, code: .serverBusy,
@@ -66,6 +68,9 @@ extension Backend {
             log.warn("batch not stored", ["stream": stream, "key": key, "reason": why])
             answer.answer(
                 HTTPResponse(APIError(status: 503, code: .streamUnavailable, message: "\(why); retry", retryAfter: 1)))
+        case .tooLarge(let why):
+            log.warn("batch not stored", ["stream": stream, "key": key, "reason": why])
+            answer.answer(HTTPResponse(APIError.tooLarge("\(why); split the batch")))
         case .timedOut:
             log.warn("batch not acknowledged in time", ["stream": stream, "key": key])
             let ms = jetstream?.settings.ackTimeoutMs ?? 0

@@ -48,6 +48,8 @@ package final class JetStreamPublisher: UVHandleOwner {
         case acked(seq: Int64, duplicate: Bool, late: Bool)
         /// JetStream refused it (an API error) or answered something unreadable.
         case failed(String)
+        /// JetStream refused it as larger than the stream's `max_msg_size`.
+        case tooLarge(String)
         /// No ack within `ackTimeoutMs`; an ack may still follow (`acked(late: true)`).
         case timedOut
     }
@@ -58,6 +60,8 @@ package final class JetStreamPublisher: UVHandleOwner {
         case unavailable(String)
         /// `maxPending` publishes are waiting for their acks.
         case busy
+        /// Body and headers exceed the server's `max_payload` (libnats checks before sending).
+        case tooLarge(String)
     }
 
     private let loop: Loop
@@ -196,6 +200,9 @@ package final class JetStreamPublisher: UVHandleOwner {
         let s = send(nc, subject: subject, reply: "\(inboxPrefix).\(token)", body: body, headers: [("Nats-Msg-Id", msgID)] + headers)
         guard s == NATS_OK else {
             _ = pending.resolve(token)
+            if s == NATS_MAX_PAYLOAD {
+                return .tooLarge("the batch and its headers exceed the NATS server's max_payload")
+            }
             counters.unavailable += 1
             return .unavailable(NATS.describe(s, "publish"))
         }
@@ -295,7 +302,11 @@ package final class JetStreamPublisher: UVHandleOwner {
                 setup = .idle
                 startSetup()
             }
-            if !late { done(.failed("JetStream refused the batch: \(d) (\(errCode))")) }
+            if !late {
+                done(
+                    errCode == JetStreamWire.ErrorCode.messageTooLarge
+                        ? .tooLarge("JetStream refused the batch: \(d)") : .failed("JetStream refused the batch: \(d) (\(errCode))"))
+            }
         case .streamInfo, .invalid:
             counters.failed += 1
             if !late { done(.failed("unexpected JetStream reply")) }
@@ -468,4 +479,9 @@ extension Limits {
     /// Reply bytes queued on the inbox subscription before libnats drops replies (their
     /// publishes then time out).
     static let natsMaxReplyBytes = 64 << 20
+    /// Room for a message's headers (key and stream name are at most 256 bytes each) on top of
+    /// `--max-body` in the stream's `max_msg_size`. The NATS servers' `max_payload` must be at
+    /// least `--max-body` plus this (tools/pylon-nats-cluster sets 2 MiB; nats-server's
+    /// default is 1 MiB): a larger batch is answered 413.
+    static let natsHeaderAllowance = 4096
 }

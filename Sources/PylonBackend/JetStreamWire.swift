@@ -15,8 +15,9 @@ package enum JetStreamWire {
         package var maxAgeS = Limits.defaultNATSMaxAgeS
         /// The stream's size bound in bytes (oldest messages are discarded beyond it); -1: none.
         package var maxBytes: Int64 = -1
-        /// Largest message, set to the backend's `--max-body` (the body as posted, decoded).
-        package var maxMessageBytes = Limits.defaultMaxBody
+        /// Largest message: the backend's `--max-body` (the body as posted, decoded) plus
+        /// `Limits.natsHeaderAllowance` for the headers.
+        package var maxMessageBytes = Limits.defaultMaxBody + Limits.natsHeaderAllowance
     }
 
     /// The subject a batch of Pylon stream `stream` is published on: `prefix.` then the name
@@ -92,6 +93,8 @@ package enum JetStreamWire {
         /// identical one).
         static let streamNameInUse: Int64 = 10058
         static let streamNotFound: Int64 = 10059
+        /// A message larger than the stream's `max_msg_size`.
+        static let messageTooLarge: Int64 = 10054
     }
 
     /// A publish acknowledgement (`{"stream":…,"seq":…,"duplicate":true?}`) or an API reply.

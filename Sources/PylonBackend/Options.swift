@@ -267,7 +267,7 @@ package struct Options {
             if (s.user == nil) != (o.natsPasswordFile == nil) {
                 throw UsageError(description: "--nats-user and --nats-password-file go together")
             }
-            o.natsSettings.stream.maxMessageBytes = o.maxBody
+            o.natsSettings.stream.maxMessageBytes = o.maxBody + Limits.natsHeaderAllowance
             o.nats = o.natsSettings
         }
         return o

@@ -165,8 +165,10 @@ package final class Store {
     ) throws(StoreError) -> T {
         if depth > 0 { return try body() }
         let keys = Array(Set(keys)).sorted()
-        if !keys.isEmpty { try db.lock(keys) }
+        // Released even when taking them failed halfway (a statement_timeout): unlocking a key
+        // not held is harmless.
         defer { if !keys.isEmpty { db.unlock(keys) } }
+        if !keys.isEmpty { try db.lock(keys) }
         var attempt = 1
         while true {
             try db.begin(isolation)

@@ -41,6 +41,9 @@ public final class MQTTClient {
     /// CONNACK accepted; `sessionPresent`: the broker kept this client's session.
     public var onConnect: (_ sessionPresent: Bool) -> Void = { _ in }
     public var onDisconnect: (_ reason: String) -> Void = { _ in }
+    /// The broker refused the credentials (CONNACK "bad user name or password" / "not
+    /// authorised"); the client keeps retrying with them.
+    public var onNotAuthorised: () -> Void = {}
     /// The broker granted a subscription (its SUBACK), after each (re)connect and retry.
     public var onSubscribed: (_ topic: String) -> Void = { _ in }
     /// A message arrived. libmosquitto has already queued the PUBACK for QoS 1: persist before
@@ -219,6 +222,8 @@ public final class MQTTClient {
                 return
             }
             lastError = String(cString: rc < 128 ? mosquitto_connack_string(rc) : mosquitto_reason_string(rc))
+            // 4/5: bad user name or password / not authorised (3.1.1); 134/135 the same in MQTT 5.
+            if [4, 5, 134, 135].contains(rc) { onNotAuthorised() }
             return  // libmosquitto drops the connection; lost() reconnects
         }
         state = .connected

@@ -96,7 +96,8 @@ import Testing
         #expect(try b.postBatch("s", key: "k", batchBody(key: "k", stream: "s", ids: ["a"])).status == 200)
     }
 
-    @Test(arguments: StoreKind.allCases) func devicesRegisterWithTheEnrolmentSecretAndActOnlyOnTheirOwnPushIdentity(_ store: StoreKind) throws {
+    @Test(arguments: StoreKind.allCases)
+    func devicesRegisterWithTheEnrolmentSecretAndActOnlyOnTheirOwnPushIdentity(_ store: StoreKind) throws {
         let b = try BackendProcess(store: store)
         func register(_ install: String, _ headers: [(String, String)]) throws -> HTTPReply {
             try b.request("POST", "/v1/devices/register", headers: headers, body: Array(#"{"installId":"\#(install)"}"#.utf8))

@@ -65,7 +65,13 @@ final class BackendProcess {
         let out = Pipe()
         process.standardOutput = out
         try process.run()
-        let line = try BackendProcess.readLine(out.fileHandleForReading.fileDescriptor, timeoutMs: 10_000)
+        let line: String
+        do {
+            line = try BackendProcess.readLine(out.fileHandleForReading.fileDescriptor, timeoutMs: 10_000)
+        } catch {
+            stop()
+            throw TestFailure(description: "\(error); log: \(logText)")
+        }
         let prefix = "pylon-backend listening on 127.0.0.1:"
         guard line.hasPrefix(prefix), let p = UInt16(line.dropFirst(prefix.count)) else {
             stop()

@@ -123,6 +123,43 @@ import Testing
         #expect(try StreamReader.readAll(urls: nats.urls, durable: "t-late").map(\.msgId) == ["k-late"])
     }
 
+    /// An `authorization` block given as extra node configuration (the generator's hook for
+    /// accounts and listeners): the right login publishes, a wrong one never gets ready.
+    @Test func natsLoginFromAPasswordFile() throws {
+        let password = "nats-password-0123456789"
+        let nats = try NATSCluster(nodes: 1) { _ in "authorization { user: pylon, password: \"\(password)\" }" }
+        let pw = nats.dir + "/nats.password"
+        try (password + "\n").write(toFile: pw, atomically: true, encoding: .utf8)
+        chmod(pw, 0o600)
+        let b = try natsBackend(nats, ["--nats-user", "pylon", "--nats-password-file", pw])
+        #expect(try b.postBatch("events", key: "k-auth", batchBody(key: "k-auth", stream: "events", ids: ["a"])).status == 200)
+        #expect(
+            try StreamReader.readAll(urls: nats.urls, durable: "t-auth", login: ("pylon", pw)).map(\.msgId) == ["k-auth"])
+
+        let wrong = nats.dir + "/wrong.password"
+        try "not-the-password-0123456789\n".write(toFile: wrong, atomically: true, encoding: .utf8)
+        chmod(wrong, 0o600)
+        let refused = try BackendProcess(["--nats", nats.urls, "--nats-user", "pylon", "--nats-password-file", wrong])
+        let r = try refused.postBatch("events", key: "k-no", batchBody(key: "k-no", stream: "events", ids: ["a"]))
+        #expect(r.status == 503)
+        #expect(try r.json()["code"] == "stream_unavailable")
+        #expect(try stats(refused)["nats"]?["ready"] == false)
+    }
+
+    @Test func aBatchOfMaxBodyFitsAndOneOverMaxPayloadIs413() throws {
+        let nats = try NATSCluster(nodes: 1)  // max_payload 2 MB (tools/pylon-nats-cluster)
+        let b = try natsBackend(nats, ["--max-body", String(4 << 20)])
+        func body(_ key: String, bytes: Int) -> [UInt8] {
+            Array(#"{"records":[{"id":"a","ts":1,"data":"\#(String(repeating: "x", count: bytes))"}]}"#.utf8)
+        }
+        let fits = try b.request("POST", "/v1/batches/events", headers: [("Idempotency-Key", "big")], body: body("big", bytes: 1 << 20))
+        #expect(fits.status == 200)
+        let over = try b.request("POST", "/v1/batches/events", headers: [("Idempotency-Key", "huge")], body: body("huge", bytes: 3 << 20))
+        #expect(over.status == 413)
+        #expect(try over.json()["code"] == "payload_too_large")
+        #expect(try StreamReader.readAll(urls: nats.urls, durable: "t-big").map(\.msgId) == ["big"])
+    }
+
     /// Stream R3 on three nodes; the stream leader is killed with SIGKILL during a run of
     /// posts that a device would make (each retried on 503 until acknowledged). Afterwards
     /// every acknowledged batch is in the stream exactly once, and nothing else is.
@@ -200,7 +237,7 @@ import Testing
         #expect(o.nats?.urls == ["nats://a:1", "nats://b:2"])
         #expect(o.nats?.stream.replicas == 3)
         #expect(o.nats?.stream.name == "PYLON_INGEST")
-        #expect(o.nats?.stream.maxMessageBytes == 2048)
+        #expect(o.nats?.stream.maxMessageBytes == 2048 + Limits.natsHeaderAllowance)
         #expect(try Options.parse([]).nats == nil)
         for bad in [
             ["--nats-stream", "S"], ["--nats", "a:1"], ["--nats", "nats://a:1", "--nats-stream", "A.B"],
@@ -239,5 +276,16 @@ import Testing
         #expect(p.inFlight == 0)
         #expect(p.resolve(t4)?.late == true)
         #expect(p.nextWake == 3002)
+
+        // At most 2 × maxInFlight entries: the oldest late one is forgotten to make room.
+        var q = PendingPublishes<String>(maxInFlight: 1, ackTimeoutMs: 100, lateAckMs: 10_000)
+        let a = q.add("a", now: 0)!
+        #expect(q.expire(now: 100) == ["a"])
+        let b = q.add("b", now: 100)!
+        #expect(q.expire(now: 200) == ["b"])
+        _ = q.add("c", now: 200)!
+        #expect(q.entries.count == 2)
+        #expect(q.resolve(a) == nil)
+        #expect(q.resolve(b)?.late == true)
     }
 }

@@ -29,15 +29,21 @@ final class PostgresServer {
 
     /// The server every parity test uses, started on first use.
     nonisolated(unsafe) private static var sharedServer: PostgresServer?
+    private static let sharedLock = NSLock()
     static func shared() throws -> PostgresServer {
+        sharedLock.lock()
+        defer { sharedLock.unlock() }
         if let s = sharedServer { return s }
+        PostgresServer.stopAbandoned()
         let s = try PostgresServer()
         sharedServer = s
-        atexit { PostgresServer.sharedServer?.stop() }
+        atexit { PostgresServer.sharedServer?.shutdown() }
         return s
     }
 
-    init() throws {
+    /// `durable`: commits survive a server crash (`synchronous_commit = on`; off for the shared
+    /// server, whose tests never crash it).
+    init(durable: Bool = false) throws {
         // /tmp directly: a Unix socket path is limited to 107 bytes.
         var template = Array("/tmp/pylon-pg-XXXXXX".utf8CString)
         guard let p = mkdtemp(&template) else { throw TestFailure(description: "mkdtemp failed") }
@@ -55,7 +61,7 @@ final class PostgresServer {
             unix_socket_directories = '\(dir)'
             port = \(PostgresServer.port)
             fsync = off
-            synchronous_commit = off
+            synchronous_commit = \(durable ? "on" : "off")
             full_page_writes = off
             max_connections = 50
             shared_buffers = 16MB
@@ -63,7 +69,29 @@ final class PostgresServer {
         let confPath = dir + "/data/postgresql.conf"
         let existing = (try? String(contentsOfFile: confPath, encoding: .utf8)) ?? ""
         try (existing + "\n" + conf + "\n").write(toFile: confPath, atomically: false, encoding: .utf8)
+        try "\(getpid())\n".write(toFile: dir + "/owner.pid", atomically: true, encoding: .utf8)
         try start()
+    }
+
+    /// Stops and removes the servers of earlier test processes that died without stopping them
+    /// (killed by a timeout, say): each directory names its owner in `owner.pid`.
+    static func stopAbandoned() {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []
+        for e in entries where e.hasPrefix("pylon-pg-") {
+            let d = "/tmp/" + e
+            guard let text = try? String(contentsOfFile: d + "/owner.pid", encoding: .utf8),
+                let pid = Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)), pid != getpid(),
+                kill(pid, 0) != 0 && errno == ESRCH
+            else { continue }
+            let abandoned = PostgresServer(adopting: d)
+            abandoned.shutdown()
+        }
+    }
+
+    /// An existing server directory (to stop it).
+    private init(adopting dir: String) {
+        self.dir = dir
+        running = FileManager.default.fileExists(atPath: dir + "/data/postmaster.pid")
     }
 
     /// `pg_ctl start -w`: returns once the server accepts connections.
@@ -80,33 +108,40 @@ final class PostgresServer {
     }
 
     /// Runs a PostgreSQL binary (as `nobody` under root) to completion; throws unless it exits 0.
+    /// Spawned and reaped here (`posix_spawn`, `waitpid`), not with Foundation's `Process`, whose
+    /// exit detection waits for descriptors the daemonised postmaster keeps; the child gets an
+    /// empty signal mask, its output goes to `dir/<tool>.out`.
     private func run(_ tool: String, _ args: [String]) throws {
-        let p = Process()
-        if getuid() == 0 {
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-            p.arguments = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", PostgresServer.binDir + "/" + tool] + args
-        } else {
-            p.executableURL = URL(fileURLWithPath: PostgresServer.binDir + "/" + tool)
-            p.arguments = args
-        }
-        p.currentDirectoryURL = URL(fileURLWithPath: dir)
+        let path = PostgresServer.binDir + "/" + tool
+        let argv = getuid() == 0 ? ["/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", path] + args : [path] + args
         let out = dir + "/" + tool + ".out"
-        if getuid() == 0, let pw = getpwnam("nobody") {
-            _ = FileManager.default.createFile(atPath: out, contents: nil)
-            chown(out, pw.pointee.pw_uid, pw.pointee.pw_gid)
-        } else {
-            _ = FileManager.default.createFile(atPath: out, contents: nil)
-        }
-        let h = try FileHandle(forWritingTo: URL(fileURLWithPath: out))
-        defer { try? h.close() }
-        p.standardOutput = h
-        p.standardError = h
-        p.standardInput = FileHandle.nullDevice
-        try p.run()
-        p.waitUntilExit()
-        guard p.terminationStatus == 0 else {
+        let fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw TestFailure(description: "cannot create \(out)") }
+        defer { close(fd) }
+        if getuid() == 0, let pw = getpwnam("nobody") { fchown(fd, pw.pointee.pw_uid, pw.pointee.pw_gid) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, fd, 1)
+        posix_spawn_file_actions_adddup2(&actions, fd, 2)
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        defer { posix_spawnattr_destroy(&attr) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attr, &empty)
+        posix_spawnattr_setflags(&attr, Int16(POSIX_SPAWN_SETSIGMASK))
+        let cargs = argv.map { strdup($0) } + [nil]
+        defer { for a in cargs { free(a) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, argv[0], &actions, &attr, cargs, environ)
+        guard rc == 0 else { throw TestFailure(description: "cannot spawn \(tool): \(rc)") }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        guard status == 0 else {
             let text = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
-            throw TestFailure(description: "\(tool) \(args.joined(separator: " ")) exited \(p.terminationStatus): \(text)")
+            throw TestFailure(description: "\(tool) \(args.joined(separator: " ")) failed (\(status)): \(text)")
         }
     }
 
@@ -130,10 +165,13 @@ final class PostgresServer {
     /// A `Store` on database `url` (for store-level tests).
     func store(_ url: String) throws -> Store { try Store(postgres: url) }
 
-    deinit {
+    /// Stops the server and removes its directory.
+    func shutdown() {
         stop()
         try? FileManager.default.removeItem(atPath: dir)
     }
+
+    deinit { shutdown() }
 }
 
 extension StoreKind {

@@ -15,8 +15,8 @@ final class ClusterWorld {
     }
 
     /// The push plugin against the cluster (device connections tried in `order`), as `PushWorld`.
-    func plugins(order: [Int] = [0, 1, 2]) -> [JSON] {
-        let cfg: JSONObject = [
+    func plugins(order: [Int] = [0, 1, 2], _ extra: JSONObject = [:]) -> [JSON] {
+        var cfg: JSONObject = [
             "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile),
             "broker": [
                 "brokers": .array(cluster.mqttAddresses(order).map { .string($0) }), "protocol": "3.1.1", "keepaliveS": 5,
@@ -25,6 +25,7 @@ final class ClusterWorld {
             "registerRetryInitialMs": 100, "registerRetryMaxMs": 1000, "retryInitialMs": 100, "retryMaxMs": 1000,
             "tokenWaitMs": 3000, "ackTimeoutMs": 3000,
         ]
+        for (k, v) in extra { cfg[k] = v }
         return [
             TestHost.uploader(backend, config: ["streams": ["push.*": ["maxCount": 50, "intervalMs": 600000]]]),
             [
@@ -124,6 +125,22 @@ final class ClusterWorld {
         #expect(after["broker"]?.stringValue != w.cluster.mqttAddresses([0])[0], "moved to node B or C")
         #expect(try app.next(timeoutMs: 1500) == nil, "each message reached the app once")
         #expect(after["counters"]?["delivered"] == 4)
+    }
+
+    /// A device that comes from mosquitto (its broker password is its device token) is refused
+    /// by the cluster, enrols again and connects with the JWT it gets.
+    @Test func aDeviceWithAnOldCredentialEnrolsAgainAndConnects() throws {
+        let w = try ClusterWorld()
+        let r = try w.backend.request("POST", "/v1/devices/register", body: ["installId": "from-mosquitto"])
+        let old = try #require(r.json["token"]?.stringValue)
+        let tokenFile = w.cluster.dir + "/device.token"
+        try (old + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        chmod(tokenFile, 0o600)
+        let h = try TestHost(plugins: w.plugins(["deviceTokenFile": .string(tokenFile)]))
+        _ = try h.pushToken(timeout: 30)
+        let log = try String(contentsOfFile: h.logPath, encoding: .utf8)
+        #expect(log.contains("enrolling again"), "it was refused first")
+        #expect(try String(contentsOfFile: tokenFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) != old)
     }
 
     /// No anonymous path, no forged or foreign credential; a device subscribes to and receives

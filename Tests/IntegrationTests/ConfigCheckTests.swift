@@ -32,12 +32,15 @@ import Testing
             ["name": "uploader", "exec": "pylon-uploader", "config": ["endpoint": "ftp://backend/{stream}"]],
             ["name": "ma", "exec": "pylon-ma", "config": ["retryMaxMs": "lots", "typo": 1]],
             ["name": "gtm", "exec": "pylon-gtm", "config": ["logLevel": "loud"]],
+            ["name": "push", "exec": "pylon-push", "config": ["inboxMaxCount": 0, "broker": ["brokers": ["nohostport"]]]],
         ])
         #expect(r.status == 78, "\(r.output)")
         #expect(r.output.contains("plugin uploader: config: endpoint ftp://backend/{stream}: scheme ftp is not allowed"), "\(r.output)")
         #expect(r.output.contains("plugin ma: config.retryMaxMs: must be an integer from 0 to 86400000"), "\(r.output)")
         #expect(r.output.contains("plugin gtm: config.logLevel: must be one of"), "\(r.output)")
         #expect(r.output.contains("warning: plugin ma: config.typo: unknown setting (ignored)"), "\(r.output)")
+        #expect(r.output.contains("plugin push: config.inboxMaxCount: must be an integer from 1 to 1000000"), "\(r.output)")
+        #expect(r.output.contains("plugin push: config.broker: brokers: \"nohostport\" is not HOST:PORT"), "\(r.output)")
         #expect(!r.output.contains("configuration ok"))
     }
 
@@ -52,11 +55,12 @@ import Testing
             ["name": "uploader", "exec": "pylon-uploader", "config": ["endpoint": "http://127.0.0.1:1/v1/batches/{stream}"]],
             ["name": "ma", "exec": "pylon-ma", "config": ["backend": "http://127.0.0.1:1", "retryMaxMs": 1000]],
             ["name": "gtm", "exec": "pylon-gtm", "config": ["logLevel": "info"]],
+            ["name": "push", "exec": "pylon-push", "config": ["broker": ["host": "127.0.0.1", "port": 1883]]],
             // A plugin without a checker (the echo test plugin) is named, not failed.
             ["name": "echo", "exec": "pylon-echo"],
         ])
         #expect(r.status == 0, "\(r.output)")
-        #expect(r.output.contains("configuration ok: 4 plugins"), "\(r.output)")
+        #expect(r.output.contains("configuration ok: 5 plugins"), "\(r.output)")
         #expect(r.output.contains("warning: plugin echo: pylon-echo has no configuration checker"), "\(r.output)")
     }
 

@@ -118,4 +118,18 @@ import Testing
         let (status, said) = try promtoolCheck(text)
         #expect(status == 0 && said.isEmpty, "promtool: \(said)")
     }
+
+    /// A reload applies `metricsTextfile` (it used to be ignored silently until a restart).
+    @Test func aReloadStartsTheTextfile() throws {
+        let h = try TestHost(plugins: [TestHost.echo()])
+        let file = h.dir + "/reloaded.prom"
+        var cfg = try JSON.parse(try String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
+        cfg["metricsTextfile"] = .string(file)
+        cfg["metricsIntervalMs"] = 1000
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        let r = try h.client().call("bus.reload", nil)
+        #expect(r["notApplied"] == [], "\(r)")
+        try waitUntil(timeout: 15) { FileManager.default.fileExists(atPath: file) }
+        #expect(try String(contentsOfFile: file, encoding: .utf8).contains("pylon_up 1"))
+    }
 }

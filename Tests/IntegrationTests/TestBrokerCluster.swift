@@ -2,78 +2,53 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
-/// A real three-node nats-server 2.9 cluster on free loopback ports, in its own directory: each
-/// node with JetStream (the MQTT sessions and QoS 1 messages, replicated R3), cluster routes to
-/// the others and an MQTT listener, under the decentralized JWT auth `tools/pylon-nats-auth init`
-/// writes (operator, system account, the Pylon account and its signing key; no anonymous user).
-/// Nodes are stopped with SIGKILL (nats-server keeps the SIGTERM mask Foundation gives children).
-///
-/// The node configuration is `TestBrokerCluster.nodeConfig`: one function, so the JetStream
-/// cluster of the ingest tests can take the same nodes (one generator).
+/// A real three-node nats-server 2.9 cluster on free loopback ports: `NATSCluster` (the one
+/// generator, `tools/pylon-nats-cluster`: JetStream, routes) with, per node, an MQTT listener and
+/// the decentralized JWT auth `tools/pylon-nats-auth init` writes (operator, system account, the
+/// Pylon account and its signing key; no anonymous user). MQTT sessions and QoS 1 messages are
+/// kept in JetStream, replicated R3. Nodes are stopped with SIGKILL.
 final class TestBrokerCluster {
-    struct Node {
-        let name: String
-        let clientPort: Int
-        let clusterPort: Int
-        let mqttPort: Int
-        var process: Process?
-    }
-
-    let dir: String
-    var authDir: String { dir + "/auth" }
-    private(set) var nodes: [Node] = []
+    let nats: NATSCluster
+    let authDir: String
+    let mqttPorts: [Int]
+    /// Where the nodes' logs are (`<dir>/<name>.log`).
+    var dir: String { nats.dir }
+    var nodes: [NATSCluster.Node] { nats.nodes }
     /// The backend's MQTT login (a bearer JWT) and its signing-key file.
     var backendPasswordFile: String { authDir + "/backend.jwt" }
     var backendAuthFile: String { authDir + "/backend-auth.json" }
 
     init(size: Int = 3) throws {
-        dir = NSTemporaryDirectory() + "pylon-nats-" + UUID().uuidString.prefix(8)
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        authDir = NSTemporaryDirectory() + "pylon-nats-auth-" + UUID().uuidString.prefix(8)
         let tool = Process()
         tool.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        tool.arguments = [fixturesDir + "/../../tools/pylon-nats-auth", "init", authDir]
+        tool.arguments = [repositoryRoot + "/tools/pylon-nats-auth", "init", authDir]
         tool.standardOutput = FileHandle.nullDevice
         try tool.run()
         tool.waitUntilExit()
         guard tool.terminationStatus == 0 else { throw TestFailure(description: "pylon-nats-auth init failed") }
-        for i in 1...size {
-            nodes.append(
-                Node(
-                    name: "n\(i)", clientPort: try TestBroker.freePort(), clusterPort: try TestBroker.freePort(),
-                    mqttPort: try TestBroker.freePort()))
+        // Inlined, not included: nats-server resolves `include` relative to the node's config.
+        let auth = try String(contentsOfFile: authDir + "/auth.conf", encoding: .utf8)
+        let ports = try (0..<size).map { _ in try TestBroker.freePort() }
+        mqttPorts = ports
+        let replicas = min(size, 3)
+        nats = try NATSCluster(nodes: size) { i in
+            TestBrokerCluster.mqttConfig(port: ports[i - 1], replicas: replicas) + auth
         }
-        let routes = nodes.map { "nats-route://127.0.0.1:\($0.clusterPort)" }
-        for n in nodes {
-            try TestBrokerCluster.nodeConfig(
-                name: n.name, clientPort: n.clientPort, clusterPort: n.clusterPort, mqttPort: n.mqttPort, routes: routes,
-                storeDir: dir + "/js-" + n.name, include: "auth/auth.conf"
-            ).write(toFile: dir + "/\(n.name).conf", atomically: true, encoding: .utf8)
-        }
-        for i in nodes.indices { try start(i, wait: false) }
-        for i in nodes.indices { try waitReady(i) }
+        for i in 0..<size { try waitReady(i) }
     }
 
-    /// One node's nats-server configuration: JetStream, cluster routes, the MQTT listener, and
-    /// the auth include (operator JWT, MEMORY resolver) from `tools/pylon-nats-auth init`.
-    static func nodeConfig(
-        name: String, clientPort: Int, clusterPort: Int, mqttPort: Int?, routes: [String], storeDir: String, include: String?
-    ) -> String {
-        var c = """
-            server_name: \(name)
-            listen: 127.0.0.1:\(clientPort)
-            jetstream { store_dir: "\(storeDir)", max_memory_store: 64MB, max_file_store: 512MB }
-            cluster { name: pylon, listen: 127.0.0.1:\(clusterPort), routes: [\(routes.joined(separator: ", "))] }
-
-            """
-        // ack_wait: an unacknowledged QoS 1 message is sent again after this (default 30s).
-        if let m = mqttPort { c += "mqtt { listen: 127.0.0.1:\(m), ack_wait: \"5s\" }\n" }
-        if let inc = include { c += "include \(inc)\n" }
-        return c
+    /// A node's MQTT listener. `stream_replicas` explicitly: nats-server 2.9 otherwise takes the
+    /// number of routes in the node's config, and a route list naming only the other nodes (as
+    /// `pylon-nats-cluster` writes) gives R2 streams, which lose quorum when one node dies.
+    /// `ack_wait`: an unacknowledged QoS 1 message is sent again after this (default 30 s).
+    static func mqttConfig(port: Int, replicas: Int) -> String {
+        "mqtt { listen: 127.0.0.1:\(port), stream_replicas: \(replicas), ack_wait: \"5s\" }\n"
     }
 
     /// The MQTT addresses in node order, as `broker.brokers` / `--mqtt` take them.
     func mqttAddresses(_ order: [Int]? = nil) -> [String] {
-        (order ?? Array(nodes.indices)).map { "127.0.0.1:\(nodes[$0].mqttPort)" }
+        (order ?? Array(nodes.indices)).map { "127.0.0.1:\(mqttPorts[$0])" }
     }
 
     /// `pylon-backend` arguments for this cluster, backend connections tried in `order`.
@@ -84,20 +59,10 @@ final class TestBrokerCluster {
         ]
     }
 
-    func start(_ i: Int, wait: Bool = true) throws {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/sbin/nats-server")
-        p.arguments = ["-c", dir + "/\(nodes[i].name).conf"]
-        p.currentDirectoryURL = URL(fileURLWithPath: dir)
-        let logPath = dir + "/\(nodes[i].name).log"
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-        log.seekToEndOfFile()
-        p.standardOutput = log
-        p.standardError = log
-        try p.run()
-        nodes[i].process = p
-        if wait { try waitReady(i) }
+    /// Starts node `i` again (with its JetStream store) and waits until it serves MQTT.
+    func start(_ i: Int) throws {
+        try nats.start(i)
+        try waitReady(i)
     }
 
     /// Waits until node `i` accepts an authenticated MQTT connection (its JetStream and the
@@ -105,22 +70,17 @@ final class TestBrokerCluster {
     func waitReady(_ i: Int, timeout: Double = 30) throws {
         let pw = try String(contentsOfFile: backendPasswordFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         try waitUntil(timeout: timeout) {
-            guard TestBroker.canConnect(nodes[i].mqttPort) else { return false }
+            guard TestBroker.canConnect(mqttPorts[i]) else { return false }
             let r = try probe(node: i, ["--user", "pylon-backend", "--password", pw, "--wait-ms", "0"])
             return r["connack"]?.intValue == 0
         }
     }
 
-    func kill9(_ i: Int) {
-        guard let p = nodes[i].process, p.isRunning else { return }
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
-        nodes[i].process = nil
-    }
+    func kill9(_ i: Int) { nats.kill(i) }
 
     deinit {
-        for i in nodes.indices { kill9(i) }
-        try? FileManager.default.removeItem(atPath: dir)
+        nats.stopAll()
+        try? FileManager.default.removeItem(atPath: authDir)
     }
 
     /// Runs `Tests/fixtures/mqtt_probe.py` (a hand-built MQTT 3.1.1 client) against node `i` as
@@ -136,7 +96,7 @@ final class TestBrokerCluster {
         p.arguments =
             [
                 "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c",
-                try String(contentsOfFile: fixturesDir + "/mqtt_probe.py", encoding: .utf8), String(nodes[i].mqttPort),
+                try String(contentsOfFile: fixturesDir + "/mqtt_probe.py", encoding: .utf8), String(mqttPorts[i]),
             ] + arguments
         let out = Pipe()
         p.standardOutput = out

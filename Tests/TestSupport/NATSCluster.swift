@@ -155,8 +155,12 @@ public enum StreamReader {
     }
 
     /// Every message of `stream` not yet read by consumer `durable` (a fresh name reads all).
-    public static func readAll(urls: String, stream: String = "PYLON_INGEST", durable: String) throws -> [Message] {
-        let text = try run(["--server", urls, "--stream", stream, "--durable", durable, "--once"])
+    /// `login`: a user and the path of a file holding its password.
+    public static func readAll(
+        urls: String, stream: String = "PYLON_INGEST", durable: String, login: (user: String, passwordFile: String)? = nil
+    ) throws -> [Message] {
+        let auth = login.map { ["--user", $0.user, "--password-file", $0.passwordFile] } ?? []
+        let text = try run(["--server", urls, "--stream", stream, "--durable", durable, "--once"] + auth)
         return try text.split(separator: "\n").map { line in
             guard let o = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
                 let seq = o["seq"] as? Int, let msgId = o["msgId"] as? String

@@ -93,7 +93,8 @@ struct SegmentQueueTests {
             try store.markFinal(stream: "s")
             try store.unbatch(["k3"])
             _ = try store.cutBatch(stream: "t", key: "t1", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 1)
-            // Not closed.
+            // What a kill -9 leaves: the files closed, nothing flushed or written at shutdown.
+            store.close()
         }
         let store = try UploaderStore(path: path, fsyncEveryCommit: false)
         defer { store.close() }
@@ -202,12 +203,23 @@ struct SegmentQueueTests {
             #expect(store.log.active > 10)
             #expect(store.log.numbers.count <= 3, "\(store.log.numbers)")
             #expect(try Self.ids(store, "held", "stuck") == ["x"])
+            store.close()
         }
         let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096)
         defer { store.close() }
         #expect(try store.summaries()["stuck"]?.pendingBatches == ["held"])
         #expect(try Self.ids(store, "held", "stuck") == ["x"])
         #expect(try T.enqueue(store, "stuck", [("x", "0")]).added == 0, "still queued")
+    }
+
+    /// One process at a time: a second open of the same queue (an uploader started while its
+    /// predecessor, whose host was killed, still runs) waits for the lock, then gives up.
+    @Test func aSecondOpenWaitsForTheLock() throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false)
+        #expect(throws: IOError.self) { try SegmentLog(dir: store.log.dir, maxSegmentBytes: 4096, fsyncEveryAppend: false, lockWaitMs: 40) }
+        store.close()
+        let again = try SegmentLog(dir: store.log.dir, maxSegmentBytes: 4096, fsyncEveryAppend: false, lockWaitMs: 0)
+        again.close()
     }
 
     /// Files are the owner's only.

@@ -36,4 +36,34 @@ kill -INT -- "-$pg"
 for _ in $(seq 100); do alive || break; sleep 0.1; done
 alive && fail "Ctrl-C did not stop make run"
 pg=""
-echo "run-test: ok (a hang-up stops pylond, backend and broker; make run starts again; Ctrl-C stops it)"
+
+# CONFIG: your own file (here etc/pylon.json plus the echo plugin), rewritten to this run's ports;
+# run/env gives another terminal the socket, PATH, backend and operator header.
+python3 - "$tmp/my.json" <<'PY'
+import json, sys
+c = json.load(open("etc/pylon.json"))
+c["plugins"].append({"name": "echo", "exec": "pylon-echo"})
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
+args+=(CONFIG="$tmp/my.json")
+start 3
+(
+    . "$tmp/run/env"
+    [ "$PYLON_SOCKET" = "$tmp/run/pylon.sock" ] || fail "run/env: PYLON_SOCKET=$PYLON_SOCKET"
+    [ "$BACKEND" = "http://127.0.0.1:$bport" ] || fail "run/env: BACKEND=$BACKEND"
+    pylonctl wait-ready --timeout 60 || fail "not ready: $(pylonctl status 2>&1)"
+    pylonctl call echo.echo '{"from":"CONFIG"}' | grep -q CONFIG || fail "the plugin added in CONFIG is not there"
+    curl -sf -H "$OP" "$BACKEND/v1/inspect/stats" > /dev/null || fail "operator API through run/env"
+) || exit 1
+grep -q "\"port\": $mport" "$tmp/run/pylon.json" || fail "the broker port was not rewritten"
+kill -INT -- "-$pg"
+for _ in $(seq 100); do alive || break; sleep 0.1; done
+pg=""
+
+# A broker port in use is refused before anything starts, naming it.
+python3 -c 'import socket,sys,time; s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(); time.sleep(60)' "$mport" & holder=$!
+for _ in $(seq 50); do python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1",int(sys.argv[1])))' "$mport" 2>/dev/null && break; sleep 0.1; done
+rc=0; make --no-print-directory run "${args[@]}" > "$tmp/busy.log" 2>&1 < /dev/null || rc=$?
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true
+[ "$rc" != 0 ] && grep -q "127.0.0.1:$mport is in use" "$tmp/busy.log" || { cat "$tmp/busy.log" >&2; fail "a busy broker port was not refused (exit $rc)"; }
+echo "run-test: ok (a hang-up stops pylond, backend and broker; make run starts again; Ctrl-C stops it; CONFIG and run/env; a busy port is refused)"

@@ -3,7 +3,7 @@
 _pylonctl() {
     local cur prev words cword
     _init_completion 2>/dev/null || { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
-    local commands="call ping status describe sub publish restart consent metrics help"
+    local commands="call ping status describe sub monitor publish restart reload wait-ready log-level consent metrics dead-letters help"
     local i cmd="" sock=()
     for ((i = 1; i < cword; i++)); do
         case ${words[i]} in
@@ -16,7 +16,11 @@ _pylonctl() {
     case $prev in
         --socket|-s) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --timeout|-t) return ;;
+        --plugin) COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | cut -d. -f1 | sort -u)" -- "$cur")); return ;;
     esac
+    if [[ $cur == -* && -n $cmd ]]; then
+        COMPREPLY=($(compgen -W "--help --pretty --check --timeout --socket" -- "$cur"))
+    fi
     if [ -z "$cmd" ]; then
         COMPREPLY=($(compgen -W "$commands --socket --timeout --check --help --version" -- "$cur"))
         return
@@ -33,8 +37,15 @@ _pylonctl() {
             esac ;;
         restart)
             COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | cut -d. -f1 | sort -u)" -- "$cur")) ;;
-        status) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
-        describe) COMPREPLY=($(compgen -W "--json --names" -- "$cur")) ;;
+        status|reload) COMPREPLY+=($(compgen -W "--json" -- "$cur")) ;;
+        describe) COMPREPLY+=($(compgen -W "--json --names" -- "$cur")) ;;
+        monitor)
+            if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--verbose --json" -- "$cur"))
+            else COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | sed 's/\..*/.*/' | sort -u)" -- "$cur")); fi ;;
+        log-level)
+            if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--plugin" -- "$cur"))
+            else COMPREPLY=($(compgen -W "debug info warn error" -- "$cur")); fi ;;
+        help) COMPREPLY=($(compgen -W "$commands" -- "$cur")) ;;
     esac
 }
 complete -F _pylonctl pylonctl

@@ -72,7 +72,7 @@ struct FleetOptions: Equatable {
                            [--ramp DEVICES_PER_S] [--batch-interval-ms MS] [--max-batch N]
                            [--max-inflight N] [--progress S] [--drain-timeout S] [--devices-per-user N]
                            [--operator-token-file PATH] [--enrol-secret-file PATH] [--watch-file PATH]
-                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--run-id ID] [--no-verify | --verify-exec CMD]
+                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--broker-failover-ms MS] [--run-id ID] [--no-verify | --verify-exec CMD]
                            [--no-gzip] [--json]
 
         Simulates K devices on one libuv loop speaking the device protocols of pylon-backend and
@@ -102,6 +102,8 @@ struct FleetOptions: Equatable {
           --watch-file PATH      lines "NAME PID": processes whose CPU and RSS are reported
           --status-file PATH     written every second: phase, elapsedMs, devices, connected
           --keepalive S          MQTT keepalive (default 30)
+          --broker-failover-ms MS  with several brokers, a device not connected this long moves
+                                 to the next one (default 5000)
           --no-verify            do not read the stream back at the end
           --verify-exec CMD      read it back from CMD's stdout (absolute path, space-separated
                                  arguments; JSON lines: records or JetStream messages)
@@ -165,6 +167,7 @@ struct FleetOptions: Equatable {
                 guard isName(v) || v.contains(".") else { throw UsageError(description: "--app-id must be 1 to 64 of [A-Za-z0-9._-]") }
                 o.appId = v
             case "--keepalive": o.keepaliveS = Int32(try int(5...3600))
+            case "--broker-failover-ms": o.brokerFailoverMs = Int64(try int(100...600_000))
             case "--run-id":
                 let v = try value()
                 guard isName(v) else { throw UsageError(description: "--run-id must be 1 to 64 of [A-Za-z0-9_-]") }

@@ -145,6 +145,8 @@ struct ProcAndOptionsTests {
         #expect(o.devices == 1000 && o.ratePerDevice == 10 && o.json)
         #expect(o.brokers == [.init(host: "127.0.0.1", port: 1), .init(host: "127.0.0.1", port: 2)])
         #expect(o.backend == "http://x:1")
+        #expect(try FleetOptions.parse(["--broker-failover-ms", "30000"]).brokerFailoverMs == 30_000)
+        #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--broker-failover-ms", "5"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--devices", "0"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--devices", "\(FleetOptions.Limits.maxDevices + 1)"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--broker", "nohost"]) }

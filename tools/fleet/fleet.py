@@ -168,6 +168,9 @@ def start_postgres():
             nobody = pwd.getpwnam("nobody")
             for x in (d, sock):
                 os.chown(x, nobody.pw_uid, nobody.pw_gid)
+        # initdb -A trust: whoever reaches the socket is the superuser, so only its owner
+        # (nobody) and root (the backends) may enter the socket's directory.
+        os.chmod(sock, 0o700)
         r = subprocess.run(as_nobody() + [f"{PG_BIN}/initdb", "-D", data, "-A", "trust", "-U", "pylon", "--no-sync"],
                            capture_output=True, text=True)
         if r.returncode != 0:

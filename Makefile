@@ -108,6 +108,7 @@ test-python: build pydeps
 ## and the broker, and it starts again on the same RUN_DIR; Ctrl-C stops it.
 test-run: build
 	Tests/install/run-test.sh
+	Tests/install/readme-test.sh
 
 ## Installs the debug build into a temporary DESTDIR and runs the installed tree end to end.
 test-install: build

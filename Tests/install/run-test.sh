@@ -60,10 +60,14 @@ kill -INT -- "-$pg"
 for _ in $(seq 100); do alive || break; sleep 0.1; done
 pg=""
 
-# A broker port in use is refused before anything starts, naming it.
-python3 -c 'import socket,sys,time; s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(); time.sleep(60)' "$mport" & holder=$!
-for _ in $(seq 50); do python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1",int(sys.argv[1])))' "$mport" 2>/dev/null && break; sleep 0.1; done
-rc=0; make --no-print-directory run "${args[@]}" > "$tmp/busy.log" 2>&1 < /dev/null || rc=$?
+# A broker port in use is refused before anything starts, naming it. The port is held by a
+# listener of this test on a port of its own (the last run's broker may still be closing
+# mport), and `make run` is bounded: if it did start, the test fails instead of hanging.
+python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(120)' > "$tmp/held" & holder=$!
+for _ in $(seq 50); do [ -s "$tmp/held" ] && break; sleep 0.1; done
+held=$(cat "$tmp/held"); [ -n "$held" ] || fail "could not hold a port"
+busy=(RUN_DIR="$tmp/run" BACKEND_LISTEN=127.0.0.1:$bport MQTT_LISTEN=127.0.0.1:$held)
+rc=0; timeout -s KILL 60 make --no-print-directory run "${busy[@]}" > "$tmp/busy.log" 2>&1 < /dev/null || rc=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true
-[ "$rc" != 0 ] && grep -q "127.0.0.1:$mport is in use" "$tmp/busy.log" || { cat "$tmp/busy.log" >&2; fail "a busy broker port was not refused (exit $rc)"; }
+[ "$rc" != 0 ] && grep -q "127.0.0.1:$held is in use" "$tmp/busy.log" || { cat "$tmp/busy.log" >&2; fail "a busy broker port was not refused (exit $rc)"; }
 echo "run-test: ok (a hang-up stops pylond, backend and broker; make run starts again; Ctrl-C stops it; CONFIG and run/env; a busy port is refused)"

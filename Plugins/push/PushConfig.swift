@@ -78,7 +78,11 @@ struct PushConfig {
         r.accept("ownerUids", "broker")
         if let v = j["ownerUids"], v != .null {
             let uids = v.arrayValue?.compactMap { $0.intValue }.filter { $0 >= 0 }
-            if let uids, uids.count == v.arrayValue?.count { ownerUids = Set(uids) } else { r.fail("ownerUids", "must be a list of uids (integers ≥ 0)") }
+            if let uids, uids.count == v.arrayValue?.count {
+                ownerUids = Set(uids)
+            } else {
+                r.fail("ownerUids", "must be a list of uids (integers ≥ 0)")
+            }
         }
         if let v = j["broker"], v != .null {
             if v.objectValue == nil {

@@ -36,6 +36,13 @@ extension Bus {
                 }
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
+            case HostMethod.consentClear:
+                // Clearing a switch can grant collection again: whoever may not set it may not
+                // clear it either (the `consent.set` rules apply too, not only their own).
+                guard isPermitted(HostMethod.consentSet, principal) else {
+                    throw RPCError(.notPermitted, "consent.clear needs the permission of consent.set")
+                }
+                return .success(try consentClear(params))
             case HostMethod.monitor: return .success(try monitorMethod(peer, principal, params))
             case HostMethod.reload:
                 // A notification (requests are answered by `deferReload` from handleRequest).
@@ -304,8 +311,35 @@ extension Bus {
         if layer == .app && key == ConsentStore.master {
             throw RPCError(.notPermitted, "the \(ConsentStore.master) master switch is the operator's")
         }
+        return try applyConsent(key, layer: layer) { $0.set(key, granted: granted, layer: layer) }
+    }
+
+    /// `consent.clear`: the switch of `layer` (default the operator's) back to "never set".
+    func consentClear(_ params: JSON?) throws(RPCError) -> JSON {
+        let key = try str(params, "key", aliases: ["switch", "name"])
+        if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
+        let layer: ConsentStore.Layer
+        switch params?["layer"]?.stringValue ?? "operator" {
+        case "operator": layer = .operatorLayer
+        case "app": layer = .app
+        default: throw RPCError(.invalidParams, "params.layer must be \"operator\" or \"app\"")
+        }
+        var r = try applyConsent(key, layer: layer) { $0.clear(key, layer: layer) }
+        if case .object(var o) = r {
+            o["cleared"] = true
+            r = .object(o)
+        }
+        return r
+    }
+
+    /// Applies `change` to the switches: persisted first (nothing changes if the file cannot be
+    /// written), then, if the effective value changed, `consent.changed` to every plugin and to
+    /// subscribed clients.
+    private func applyConsent(
+        _ key: String, layer: ConsentStore.Layer, _ change: (inout ConsentStore) -> Bool
+    ) throws(RPCError) -> JSON {
         var next = consent
-        let changed = next.set(key, granted: granted, layer: layer)
+        let changed = change(&next)
         if next != consent {
             do throws(IOError) {
                 try System.writeFileAtomically(atPath: consentPath, contents: Array(next.snapshot.serialized.utf8))

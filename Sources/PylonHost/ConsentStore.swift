@@ -60,6 +60,20 @@ public struct ConsentStore: Equatable, Sendable {
         return before != after
     }
 
+    /// Returns a switch of `layer` to "never set" (the default, granted, unless the other layer
+    /// says otherwise); returns true when its effective value changed.
+    @discardableResult
+    public mutating func clear(_ key: String, layer: Layer = .operatorLayer) -> Bool {
+        let before = key == ConsentStore.master ? masterGranted : ownValue(key)
+        switch layer {
+        case .operatorLayer: switches[key] = nil
+        case .app: appSwitches[key] = nil
+        }
+        let after = key == ConsentStore.master ? masterGranted : ownValue(key)
+        if before != after, epoch < ConsentStore.maxEpoch { epoch += 1 }
+        return before != after
+    }
+
     /// The largest epoch a consent file may hold: an exact integer in every JSON reader (2^53),
     /// far from Int64's end, where the next change would trap (a hand-edited file did).
     public static let maxEpoch: Int64 = 1 << 53

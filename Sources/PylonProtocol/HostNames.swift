@@ -22,6 +22,9 @@ public enum HostMethod {
     public static let consentSet = "consent.set"
     public static let consentSetApp = "consent.setApp"
     public static let consentList = "consent.list"
+    /// Returns a switch to "never set" (`{"key", "layer"?: "operator"|"app"}`); allowed to whoever
+    /// may call `consent.set`.
+    public static let consentClear = "consent.clear"
     /// Admins: the calling connection receives a `bus.monitor.event` notification for each
     /// routed request, reply, notification and publication whose method matches `pattern`.
     public static let monitor = "bus.monitor"
@@ -37,7 +40,7 @@ public enum HostMethod {
     /// What `bus.describe` lists as the host's own methods, in this order.
     public static let served = [
         ping, status, describe, subscribe, unsubscribe, publish, provide, unprovide, restart,
-        consentGet, consentSet, consentSetApp, consentList, monitor, reload, logLevel,
+        consentGet, consentSet, consentSetApp, consentList, consentClear, monitor, reload, logLevel,
     ]
 
     /// `bus.*` and `consent.*` are the host's: never a plugin's or a provider's.

@@ -269,8 +269,11 @@ case "consent":
             fail("usage: consent set KEY allow|deny|grant|revoke|true|false", code: 64)
         }
         print(text(call(HostMethod.consentSet, ["key": .string(args[1]), "granted": .bool(g)])))
+    case "clear":
+        guard args.count == 2 else { fail("usage: consent clear KEY", code: 64) }
+        print(text(call(HostMethod.consentClear, ["key": .string(args[1])])))
     default:
-        fail("usage: consent list | get KEY | set KEY allow|deny|grant|revoke|true|false", code: 64)
+        fail("usage: consent list | get KEY | set KEY allow|deny|grant|revoke|true|false | clear KEY", code: 64)
     }
 case "sub":
     guard !args.isEmpty else { fail("sub needs at least one PATTERN", code: 64) }

@@ -74,6 +74,48 @@ import Testing
         #expect(try c.call("consent.list")["switches"]?["echo:P"] == .bool(false))
     }
 
+    /// `consent.clear` returns a switch to "never set": the default (granted) again, persisted,
+    /// announced to the plugins; only for whoever may call `consent.set`.
+    @Test func clearReturnsASwitchToNeverSet() throws {
+        let first = try TestHost.open(extra: ["permissions": [["method": "consent.set", "uids": [0]]]])
+        let c = try first.client()
+        let watcher = try first.client()
+        _ = try watcher.call("bus.subscribe", ["pattern": "consent.changed"])
+        _ = try c.call("consent.set", ["key": "device", "granted": false])
+        _ = try c.call("consent.set", ["key": "echo:C", "granted": false])
+        #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.collect","params":{"appKey":"C"}}"#).errorCode == -32003)
+        // Another uid may neither set nor clear.
+        let r = try first.runAs(
+            uid: 65534,
+            [
+                #"{"jsonrpc":"2.0","id":1,"method":"consent.clear","params":{"key":"device"}}"#,
+                #"{"jsonrpc":"2.0","id":2,"method":"consent.clear","params":{"key":"echo:C"}}"#,
+            ])
+        #expect(r.replies.count == 2)
+        for reply in r.replies { #expect(reply.errorCode == -32005, "\(reply)") }
+        #expect(try c.call("consent.get", ["key": "device"])["granted"] == .bool(false))
+        // Root clears both: granted again, no explicit value left.
+        let cleared = try c.call("consent.clear", ["key": "device"])
+        #expect(cleared["granted"] == .bool(true) && cleared["changed"] == .bool(true) && cleared["cleared"] == .bool(true), "\(cleared)")
+        _ = try c.call("consent.clear", ["key": "echo:C"])
+        let g = try c.call("consent.get", ["key": "echo:C"])
+        #expect(g["granted"] == .bool(true) && g["explicit"] == .null, "\(g)")
+        #expect(try c.call("echo.collect", ["appKey": "C", "data": 1])["stored"] == .int(1))
+        // Clearing what is not set changes nothing; a bad layer is refused.
+        #expect(try c.call("consent.clear", ["key": "echo:never"])["changed"] == .bool(false))
+        #expect(
+            try c.roundTrip(#"{"jsonrpc":"2.0","id":9,"method":"consent.clear","params":{"key":"echo:C","layer":"x"}}"#).errorCode == -32602)
+        // Announced like a set.
+        var keys: [String] = []
+        while keys.count < 4, let n = try watcher.nextNotification() { keys.append(n["params"]?["key"]?.stringValue ?? "") }
+        #expect(keys == ["device", "echo:C", "device", "echo:C"], "\(keys)")
+        // Persisted: a restart finds no explicit switch.
+        first.stop()
+        let second = try TestHost(stateDir: first.stateDir)
+        let list = try second.client().call("consent.list")
+        #expect(list["switches"]?["echo:C"] == nil && list["master"] == .bool(true), "\(list)")
+    }
+
     @Test func pluginToPluginMessagesAreGatedToo() throws {
         let h = try TestHost()
         let c = try h.client()

@@ -32,7 +32,7 @@ _pylonctl() {
             fi ;;
         consent)
             case $((cword - i)) in
-                1) COMPREPLY=($(compgen -W "list get set" -- "$cur")) ;;
+                1) COMPREPLY=($(compgen -W "list get set clear" -- "$cur")) ;;
                 3) COMPREPLY=($(compgen -W "allow deny grant revoke true false" -- "$cur")) ;;
             esac ;;
         restart)

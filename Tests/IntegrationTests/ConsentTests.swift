@@ -104,7 +104,8 @@ import Testing
         // Clearing what is not set changes nothing; a bad layer is refused.
         #expect(try c.call("consent.clear", ["key": "echo:never"])["changed"] == .bool(false))
         #expect(
-            try c.roundTrip(#"{"jsonrpc":"2.0","id":9,"method":"consent.clear","params":{"key":"echo:C","layer":"x"}}"#).errorCode == -32602)
+            try c.roundTrip(#"{"jsonrpc":"2.0","id":9,"method":"consent.clear","params":{"key":"echo:C","layer":"x"}}"#).errorCode == -32602
+        )
         // Announced like a set.
         var keys: [String] = []
         while keys.count < 4, let n = try watcher.nextNotification() { keys.append(n["params"]?["key"]?.stringValue ?? "") }

@@ -96,7 +96,10 @@ struct Command {
         Command(
             name: "consent", synopsis: "consent list | get KEY | set KEY VALUE | clear KEY",
             summary: "consent switches (non-admins: list shows the device switch only)",
-            details: "  VALUE: allow, grant, true (granted) or deny, revoke, false\n  clear: back to never set (granted unless an app denied it)"),
+            details: """
+                  VALUE: allow, grant, true (granted) or deny, revoke, false
+                  clear: back to never set (granted unless an app denied it)
+                """),
         Command(name: "metrics", synopsis: "metrics", summary: "bus and plugin status as Prometheus text"),
         Command(
             name: "dead-letters", synopsis: "dead-letters list|requeue|discard ...", summary: "the uploader's dead letters",

@@ -63,9 +63,11 @@ pg=""
 # A broker port in use is refused before anything starts, naming it. The port is held by a
 # listener of this test on a port of its own (the last run's broker may still be closing
 # mport), and `make run` is bounded: if it did start, the test fails instead of hanging.
-python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(120)' > "$tmp/held" & holder=$!
-for _ in $(seq 50); do [ -s "$tmp/held" ] && break; sleep 0.1; done
-held=$(cat "$tmp/held"); [ -n "$held" ] || fail "could not hold a port"
+# The holder prints its port once it listens (a line read from its pipe is the barrier) and
+# holds it until it is killed (signal.pause, no timer).
+coproc HOLDER { exec python3 -c 'import signal,socket; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); signal.pause()'; }
+holder=$HOLDER_PID
+read -r -t 10 held <&"${HOLDER[0]}" || fail "could not hold a port"
 busy=(RUN_DIR="$tmp/run" BACKEND_LISTEN=127.0.0.1:$bport MQTT_LISTEN=127.0.0.1:$held)
 rc=0; timeout -s KILL 60 make --no-print-directory run "${busy[@]}" > "$tmp/busy.log" 2>&1 < /dev/null || rc=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true

@@ -16,36 +16,17 @@ final class ClusterWorld {
 
     /// The push plugin against the cluster (device connections tried in `order`), as `PushWorld`.
     func plugins(order: [Int] = [0, 1, 2], _ extra: JSONObject = [:]) -> [JSON] {
-        var cfg: JSONObject = [
-            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile),
-            "broker": [
+        PushWorld.plugins(
+            backend,
+            broker: [
                 "brokers": .array(cluster.mqttAddresses(order).map { .string($0) }), "protocol": "3.1.1", "keepaliveS": 5,
                 "backoffInitialMs": 50, "backoffMaxMs": 500,
-            ],
-            "registerRetryInitialMs": 100, "registerRetryMaxMs": 1000, "retryInitialMs": 100, "retryMaxMs": 1000,
-            "tokenWaitMs": 3000, "ackTimeoutMs": 3000,
-        ]
-        for (k, v) in extra { cfg[k] = v }
-        return [
-            TestHost.uploader(backend, config: ["streams": ["push.*": ["maxCount": 50, "intervalMs": 600000]]]),
-            [
-                "name": "push", "exec": "pylon-push", "backoffInitialMs": 50, "heartbeatIntervalMs": 500,
-                "heartbeatTimeoutMs": 5000, "config": .object(cfg),
-            ],
-        ]
+            ], extra)
     }
 
     /// `POST /v1/admin/push/send`, retried while the backend's broker connection comes up.
     @discardableResult
-    func send(_ body: JSONObject) throws -> JSON {
-        var last: (status: Int, json: JSON) = (0, .null)
-        try waitUntil(timeout: 30) {
-            last = try backend.request("POST", "/v1/admin/push/send", body: .object(body))
-            return last.status != 503
-        }
-        guard last.status == 200 else { throw TestFailure(description: "send failed: \(last.status) \(last.json.serialized)") }
-        return last.json
-    }
+    func send(_ body: JSONObject) throws -> JSON { try PushWorld.send(backend, body, timeout: 30) }
 
     struct Device {
         let id: String

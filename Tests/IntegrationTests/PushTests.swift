@@ -15,11 +15,17 @@ final class PushWorld {
 
     /// The uploader and the push plugin against this world, fast retries for tests.
     func plugins(_ extra: JSONObject = [:]) -> [JSON] {
+        PushWorld.plugins(
+            backend,
+            broker: ["host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500],
+            extra)
+    }
+
+    /// The uploader and the push plugin against `backend` and `broker` (the plugin's `broker`
+    /// config), fast retries for tests; `extra` overrides the plugin's config.
+    static func plugins(_ backend: TestBackend, broker: JSONObject, _ extra: JSONObject = [:]) -> [JSON] {
         var cfg: JSONObject = [
-            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile),
-            "broker": [
-                "host": "127.0.0.1", "port": .int(Int64(broker.port)), "keepaliveS": 5, "backoffInitialMs": 50, "backoffMaxMs": 500,
-            ],
+            "backend": .string(backend.baseURL), "credentialFile": .string(backend.credentialFile), "broker": .object(broker),
             "registerRetryInitialMs": 100, "registerRetryMaxMs": 1000, "retryInitialMs": 100, "retryMaxMs": 1000,
             "tokenWaitMs": 3000, "ackTimeoutMs": 3000,
         ]
@@ -35,9 +41,12 @@ final class PushWorld {
 
     /// `POST /v1/admin/push/send`, retried while the backend's broker connection comes up.
     @discardableResult
-    func send(_ body: JSONObject) throws -> JSON {
+    func send(_ body: JSONObject) throws -> JSON { try PushWorld.send(backend, body, timeout: 10) }
+
+    /// `POST /v1/admin/push/send` to `backend`, retried on 503 for up to `timeout` seconds.
+    static func send(_ backend: TestBackend, _ body: JSONObject, timeout: Double) throws -> JSON {
         var last: (status: Int, json: JSON) = (0, .null)
-        try waitUntil(timeout: 10) {
+        try waitUntil(timeout: timeout) {
             last = try backend.request("POST", "/v1/admin/push/send", body: .object(body))
             return last.status != 503
         }

@@ -14,11 +14,11 @@ extension Bus {
     /// `pluginDir`, else next to pylond itself, else on PATH.
     func resolveExec(_ exec: String) -> String {
         if exec.contains("/") { return exec }
-        var dirs: [String] = []
-        if let d = config.pluginDir { dirs.append(d) }
-        if let selfDir = System.executableDirectory() { dirs.append(selfDir) }
-        for d in dirs where access(d + "/" + exec, X_OK) == 0 { return d + "/" + exec }
-        return exec  // uv_spawn searches PATH
+        // PATH is left to uv_spawn, which searches it itself.
+        for d in config.execSearchPath(selfDir: System.executableDirectory(), path: "") where access(d + "/" + exec, X_OK) == 0 {
+            return d + "/" + exec
+        }
+        return exec
     }
 
     /// Spawns the plugin's process with its channel (fd 3) and output relays; returns its pid.

@@ -31,6 +31,12 @@ extension HostConfig {
         return (line, column)
     }
 
+    /// Where a bare plugin `exec` name is looked for, in order: `pluginDir`, the directory of
+    /// pylond itself, then `path` (the host's `Bus.resolveExec` and `--check-config` alike).
+    public func execSearchPath(selfDir: String?, path: String) -> [String] {
+        [pluginDir, selfDir].compactMap { $0 } + path.split(separator: ":").map(String.init)
+    }
+
     /// Resolves each enabled plugin's `exec` the way the host does (a path as given; a bare name
     /// in `pluginDir`, next to pylond, then on `PATH`) and names every one that is missing or not
     /// executable.
@@ -46,10 +52,7 @@ extension HostConfig {
                 }
                 continue
             }
-            var dirs: [String] = []
-            if let d = pluginDir { dirs.append(d) }
-            if let s = selfDir { dirs.append(s) }
-            dirs += path.split(separator: ":").map(String.init)
+            let dirs = execSearchPath(selfDir: selfDir, path: path)
             if !dirs.contains(where: { access($0 + "/" + p.exec, X_OK) == 0 }) {
                 problems.append("plugin \(p.name): executable \(p.exec) not found (searched \(dirs.joined(separator: ":")))")
             }
@@ -77,8 +80,7 @@ extension HostConfig {
         for p in plugins where p.enabled {
             var exec = p.exec
             if !exec.contains("/") {
-                let dirs =
-                    [pluginDir, selfDir].compactMap { $0 } + (System.env("PATH") ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
+                let dirs = execSearchPath(selfDir: selfDir, path: System.env("PATH") ?? "/usr/bin:/bin")
                 guard let d = dirs.first(where: { access($0 + "/" + exec, X_OK) == 0 }) else { continue }  // reported by executableProblems
                 exec = d + "/" + exec
             }

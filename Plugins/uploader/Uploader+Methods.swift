@@ -137,6 +137,7 @@ extension Uploader {
                 "lastResult": .string(st.lastResult), "retryDelayMs": .int(Int64(st.lastRetryDelayMs)),
                 "retryInMs": .int(Int64(st.notBeforeMs > t ? st.notBeforeMs - t : 0)),
                 "attempts": .int(Int64(st.attempts)),
+                "lastCutTrigger": .string(st.lastCutTrigger), "lastCutOldestAgeMs": .int(Int64(st.lastCutOldestAgeMs)),
                 "delivered": .int(Int64(st.delivered)), "deadLetters": .int(Int64(st.deadLetters)),
                 "deadLetterBytes": .int(Int64(st.deadLetterBytes)), "setAside": .int(Int64(st.setAside)),
                 "refusedConsent": .int(Int64(st.refusedConsent)),
@@ -148,6 +149,7 @@ extension Uploader {
         var r: JSONObject = [
             "streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),
             "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits)),
+            "pendingDeletes": .int(Int64(store?.deliveredQueue.count ?? 0)),
         ]
         if let me = caller.identity { r["owner"] = usage(me) }
         if caller.isAdmin {

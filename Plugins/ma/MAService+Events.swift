@@ -41,14 +41,17 @@ extension MAService {
     private func recordEvent(_ inst: MAInstance, _ call: RawCall, _ params: EventParams, admitted: Bool = false) {
         touchSession(inst)
         params.withEvent(params: call.params) { name, properties in
-            record(inst, name: name, properties: properties, for: call, admitted: admitted)
+            record(inst, name: name, properties: properties, session: inst.sessionId, for: call, admitted: admitted)
         }
     }
 
     /// Records one of the plugin's own events (`el_session_start`, `el_session_end`).
-    func recordOwn(_ inst: MAInstance, _ name: StaticString) {
+    /// `session`: the session it belongs to (an ending one is no longer the instance's).
+    func recordOwn(_ inst: MAInstance, _ name: StaticString, session: String) {
         EventParams.noProperties.withUnsafeBytes { props in
-            record(inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: props, for: nil)
+            record(
+                inst, name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount), properties: props,
+                session: session, for: nil)
         }
     }
 
@@ -57,7 +60,8 @@ extension MAService {
     /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
     /// `properties` is the properties' JSON text (an object, as json-c prints it).
     func record(
-        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, for call: RawCall?, admitted: Bool = false
+        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?, for call: RawCall?,
+        admitted: Bool = false
     ) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
             call?.reply(serialized: Self.okReply)  // collection disabled: dropped silently
@@ -89,7 +93,7 @@ extension MAService {
             // Unique without a syscall per event: a random per-process prefix plus a counter.
             EventText.record(
                 idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
-                euid: inst.euid, session: inst.sessionId, properties: properties, tail: eventTail(inst),
+                euid: inst.euid, session: session, properties: properties, tail: eventTail(inst),
                 into: &text)
         }
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and

@@ -140,7 +140,7 @@ final class MAService {
             restoredBindings = Set(clientAppKey.keys)
             // A session that was in the background when the plugin stopped ends after a full
             // timeout from now.
-            for inst in instances.values where inst.background && inst.sessionId != nil { armSessionTimer(inst) }
+            for inst in instances.values { restoreSession(inst) }
             vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
             deviceId = try deviceValue("device_id") { System.randomHex(16) }
         } catch {

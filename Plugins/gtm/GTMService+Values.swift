@@ -330,6 +330,7 @@ extension GTMService {
             var completedInline = false
             var returned = false
             handle(t, p) { [unowned self] in
+                t.counters.pushesHandled += 1
                 if returned { self.drain(t) } else { completedInline = true }
             }
             returned = true

@@ -121,7 +121,9 @@ import Testing
             for (i, c) in greedy.enumerated() {
                 offsets[i] = (offsets[i] + c.sendSome(Array(burst[offsets[i]...]))) % burst.count
             }
-            usleep(50_000)
+            // Until the backend has read some: one of the sockets takes more (50 ms at most).
+            var fds = greedy.map { pollfd(fd: $0.fd, events: Int16(POLLOUT), revents: 0) }
+            _ = poll(&fds, nfds_t(fds.count), 50)
         }
         // Everyone else is still served (the long timeout lets an unbounded backend finish
         // its backlog, so the memory it took is measured rather than a timeout).

@@ -316,10 +316,15 @@ extension SyncClient {
         _ = try c.call("gtm.push", ["data": ["event": "purchase", "n": 1]])
         try waitUntil(timeout: 5) { (try c.call("gtm.status")["hitsDroppedForConsent"]?.intValue ?? 0) >= 1 }
         _ = try c.call("consent.set", ["key": "gtm:hits", "granted": true])
+        let before = try c.call("gtm.status")
         _ = try c.call("gtm.push", ["data": ["event": "purchase", "n": 2]])
         _ = try c.call("gtm.push", ["data": ["event": "other"]])
-        try waitUntil(timeout: 10) { (try b.records("gtm.hits")).count >= 1 }
-        Thread.sleep(forTimeInterval: 0.5)
+        // Both pushes handled; the purchase fired its tag, the other event none.
+        try waitUntil(timeout: 10) { try c.call("gtm.status")["pushesHandled"] == before["pushes"].map { .int(($0.intValue ?? 0) + 2) } }
+        let after = try c.call("gtm.status")
+        #expect(after["tagsFired"]?.intValue == (before["tagsFired"]?.intValue ?? 0) + 1, "\(after.serialized)")
+        try waitUntil(timeout: 10) { try c.call("gtm.status")["hitsQueued"]?.intValue == (before["hitsQueued"]?.intValue ?? 0) + 1 }
+        _ = try c.call("uploader.flush", ["stream": "gtm.hits", "wait": true])
         let recs = try b.records("gtm.hits")
         #expect(recs.count == 1)
         #expect(recs.first?["data"]?["tag"]?["trackingId"] == "UA-1")

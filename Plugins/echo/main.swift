@@ -80,4 +80,5 @@ var closedClients: [JSON] = []
 plugin.subscribe("bus.client.closed") { _, p in closedClients.append(p["client"] ?? .null) }
 plugin.method("closedClients") { call in call.reply(.array(closedClients)) }
 plugin.declarePublishes("echo.*")
+declareEchoDocs(plugin)
 plugin.run()

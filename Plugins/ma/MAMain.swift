@@ -50,6 +50,7 @@ public enum MAMain {
         plugin.method("removeObjectArrayProperty") { ma.removeObjectArrayProperty($0) }
         // Operator view (not an SDK method).
         plugin.method("status") { ma.status($0) }
+        MAMethodDocs.declare(plugin)
 
         plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
         plugin.onReady = { ma.ready() }

@@ -26,6 +26,7 @@ public enum PushMain {
         plugin.method("attach") { call in push.attach(call) }
         plugin.method("detach") { call in push.detach(call) }
         plugin.method("status") { call in call.reply(push.status(for: call)) }
+        PushMethodDocs.declare(plugin)
 
         plugin.run()
     }

@@ -36,6 +36,7 @@ public enum UploaderMain {
         plugin.method("requeue") { uploader.requeue($0) }
         plugin.method("discard") { uploader.discard($0) }
         plugin.method("configureStream") { uploader.configureStream($0) }
+        UploaderMethodDocs.declare(plugin)
         plugin.onReady = { uploader.start() }
         plugin.onConsentChanged = { key, granted in uploader.consentChanged(key: key, granted: granted) }
         plugin.onShutdown = { uploader.shutdown() }

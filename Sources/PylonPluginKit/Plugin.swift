@@ -135,6 +135,8 @@ public final class Plugin {
     /// Methods served from the request's bytes and answered later (see `deferredRawMethod`).
     private var deferredMethods: [String: (RawCall) -> Void] = [:]
     private(set) var methodOrder: [String] = []
+    /// What each method says about itself, by full name (`describe`, Plugin+Docs.swift).
+    var methodDocs: [String: MethodDoc] = [:]
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.caller`).
@@ -403,7 +405,10 @@ public final class Plugin {
         var m = Manifest(name: name, version: version)
         for full in methodOrder {
             guard let s = methods[full] else { continue }
-            m.add(Manifest.Method(name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult))
+            m.add(
+                Manifest.Method(
+                    name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult,
+                    doc: methodDocs[full]))
         }
         m.publishes = publishes
         m.subscribes = subscriptions.map(\.pattern)

@@ -38,7 +38,9 @@ _pylonctl() {
         restart)
             COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | cut -d. -f1 | sort -u)" -- "$cur")) ;;
         status|reload) COMPREPLY+=($(compgen -W "--json" -- "$cur")) ;;
-        describe) COMPREPLY+=($(compgen -W "--json --names" -- "$cur")) ;;
+        describe)
+            if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--json --names --openrpc" -- "$cur"))
+            else COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null)" -- "$cur")); fi ;;
         monitor)
             if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--verbose --json" -- "$cur"))
             else COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | sed 's/\..*/.*/' | sort -u)" -- "$cur")); fi ;;

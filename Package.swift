@@ -161,6 +161,8 @@ let package = Package(
         .testTarget(name: "PushTests", dependencies: ["pylon_push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
         .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
+        // The append-only logs of the push inbox and the gtm.lifetime values (issue 24 item 3).
+        .testTarget(name: "StoreLogTests", dependencies: ["pylon_push", "pylon_gtm", "PylonStore"], swiftSettings: strict),
         .testTarget(
             name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]

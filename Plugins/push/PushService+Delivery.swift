@@ -70,8 +70,8 @@ extension PushService {
         }
         var keys = ["id:" + id]
         if let k = string("msgKey") { keys.append("key:" + k) }
-        do throws(SQLiteError) {
-            guard try store.markSeen(appId: targetApp, keys: keys) else {
+        do throws(IOError) {
+            guard try inbox.markSeen(appId: targetApp, keys: keys) else {
                 counters.duplicates += 1
                 log.debug("duplicate dropped", ["id": id, "appId": targetApp])
                 // A repeat of a message this device no longer holds (acknowledged, expired or
@@ -84,16 +84,13 @@ extension PushService {
                 }
                 return
             }
-            if counters.received % 1000 == 0 { try store.pruneSeen() }
             seq += 1
             let text = ref.serialized
             let n = text.utf8.count
             let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: n, expiresAt: expiresAt, now: now)
             if !actions.contains(.discard(id: id, reason: .expired)) {
-                try store.insertInbox(
-                    id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
-                    expiresAt: expiresAt, cold: attached[targetApp] == nil)
-                payloads[id] = text
+                try inbox.insert(
+                    .init(id: id, appId: targetApp, seq: seq, payload: text, expiresAt: expiresAt, cold: attached[targetApp] == nil))
             }
             perform(actions)
         } catch {
@@ -122,11 +119,9 @@ extension PushService {
                     pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports)
                 }
                 pendingDeletes.append(id)
-                payloads[id] = nil
                 if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
             case .discard(let id, let reason):
-                payloads[id] = nil
-                try? store.deleteInbox(id)
+                try? inbox.remove([id])
                 log.info("message discarded", ["id": id, "reason": reason.rawValue])
             }
         }
@@ -135,7 +130,7 @@ extension PushService {
     /// Calls the app's callback on the client that attached it (the host routes a provided
     /// method to its one provider; attach checked that provider is the attaching client).
     private func deliver(id: String, appId: String, client: Int64, coldStart: Bool) {
-        guard let a = attached[appId], a.client == client, let text = payloads[id] ?? store.payload(id) else {
+        guard let a = attached[appId], a.client == client, let text = inbox.payload(id) else {
             perform(delivery.callbackResult(id: id, ok: false, now: now))
             return
         }
@@ -166,9 +161,9 @@ extension PushService {
     /// Reports acknowledged ids to the backend (QoS 1 on the device's ack topic).
     func flushAcks() {
         if !pendingDeletes.isEmpty {
-            store.begin()
-            for id in pendingDeletes { try? store.deleteInbox(id) }
-            store.commit()
+            do throws(IOError) { try inbox.remove(pendingDeletes) } catch {
+                log.error("cannot record acknowledgements in the inbox; delivered again after a restart", ["error": error.description])
+            }
             pendingDeletes.removeAll(keepingCapacity: true)
         }
         guard !pendingAcks.isEmpty, let device = deviceId, let mqtt, mqtt.state == .connected else { return }

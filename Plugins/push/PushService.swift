@@ -56,8 +56,8 @@ final class PushService {
     var pendingAcks: [String] = []
     /// Acknowledged ids whose inbox rows are deleted at the end of this loop turn.
     var pendingDeletes: [String] = []
-    /// Payloads of inbox messages received by this process (others are read from SQLite).
-    var payloads: [String: String] = [:]
+    /// The inbox and the dedup keys (`push.inbox`, an append-only log).
+    var inbox: PushInbox!
     let tokener = Tokener(maxDepth: 16)
     var ackFlush: Timer!
 
@@ -86,6 +86,15 @@ final class PushService {
         }
         // Messages and the install id are this device's: owner-only (SQLite gives -wal/-shm the same mode).
         for f in [path, path + "-wal", path + "-shm"] { _ = chmod(f, 0o600) }
+        let inboxPath = dir + "/push.inbox"
+        do throws(IOError) {
+            try PushInbox.migrate(from: store, to: inboxPath, maxSeen: config.maxSeen)
+            inbox = try PushInbox(path: inboxPath, maxSeen: config.maxSeen)
+        } catch {
+            log.error("cannot open the push inbox", ["path": inboxPath, "error": error.description])
+            System.exit(1)
+        }
+        if inbox.log.truncatedBytes > 0 { log.warn("push inbox: torn tail cut", ["bytes": inbox.log.truncatedBytes]) }
         deviceTokenPath = config.deviceTokenFile ?? dir + "/device.token"
         if case .success(let t) = DeviceCredential.load(deviceTokenPath) { useDeviceToken(t) }
         http = HTTPClient(loop: plugin.loop)
@@ -104,8 +113,12 @@ final class PushService {
             token: token, deferred: config.deferRegistration,
             retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
         delivery = Delivery(limits: config.delivery)
-        if let entries = try? store.inbox() { for e in entries { delivery.restore(e, now: now) } }
-        seq = store.maxSeq()
+        for m in inbox.entries {
+            delivery.restore(
+                .init(id: m.id, appId: m.appId, seq: m.seq, bytes: m.payload.utf8.count, expiresAt: m.expiresAt, attempts: 0, cold: m.cold),
+                now: now)
+        }
+        seq = inbox.maxSeq
         for a in store.activities() {
             let schema = a.schema.flatMap { try? JSON.parse($0) }.flatMap { LiveActivities.parseSchema($0) } ?? nil
             activities.restore(activityId: a.id, pushToken: a.pushToken, appId: a.appId, schema: schema)
@@ -148,8 +161,17 @@ final class PushService {
         o.password = store.get("brokerPassword") ?? deviceToken
         let client = MQTTClient(loop: plugin.loop, options: o)
         client.onMessage = { [unowned self] topic, payload in self.received(topic: topic, payload) }
-        client.onReadBatchBegin = { [unowned self] in self.store.begin() }
-        client.onReadBatchEnd = { [unowned self] in self.store.commit() }
+        client.onReadBatchBegin = { [unowned self] in
+            self.store.begin()
+            self.inbox.begin()
+        }
+        client.onReadBatchEnd = { [unowned self] in
+            self.store.commit()
+            do throws(IOError) { try self.inbox.commit() } catch {
+                // libmosquitto acknowledged these messages already: they are lost (disk full or I/O error).
+                self.log.error("cannot store received messages; they are lost", ["error": error.description])
+            }
+        }
         client.onConnect = { [unowned self, unowned client] present in
             self.log.info("broker connected", ["sessionPresent": present, "broker": client.broker.description])
             self.brokerRefusals = 0

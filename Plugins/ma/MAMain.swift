@@ -50,6 +50,8 @@ public enum MAMain {
         plugin.method("removeObjectArrayProperty") { ma.removeObjectArrayProperty($0) }
         // Operator view (not an SDK method).
         plugin.method("status") { ma.status($0) }
+        // Admins only: hand an AppKey to another uid, or release it (docs/MA.md, "AppKey owners").
+        plugin.method("setOwner") { ma.setOwner($0) }
 
         plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
         plugin.onReady = { ma.ready() }

@@ -40,7 +40,9 @@ extension MAService {
         instances[appKey] = inst
         // The first uid to start it owns it, an admin's included (persisted with the instance):
         // an AppKey root's app started must not be left for another user to claim.
-        if inst.ownerUid == nil, let uid { inst.ownerUid = uid }
+        if inst.ownerUid == nil, case .claim(let o) = Ownership.appKeys.access(nil, caller: CallerInfo(uid: uid), claims: true) {
+            inst.ownerUid = o.uid
+        }
         identityOp(
             inst, call,
             prepare: { [unowned self] in

@@ -77,6 +77,8 @@ final class MAService {
     /// counted: events per enqueue is the batching under load.
     var enqueuesSent = 0
     var eventsEnqueued = 0
+    /// Hand-overs and releases by `ma.setOwner` since the start (`ma.status`).
+    var ownerChanges = 0
 
     init(plugin: Plugin) {
         self.plugin = plugin
@@ -269,14 +271,15 @@ final class MAService {
     /// no uid has. A caller without a uid — a plugin acting on its own, or a message without
     /// caller information — is not the owner of a user's AppKey. An AppKey's identity, profile
     /// and switch are one app's: another local user reading its EUID or identifying it as someone
-    /// else is what push (appIds) and the uploader (streams) already refuse.
+    /// else is what push (appIds) and the uploader (streams) already refuse. The kit's rule
+    /// (`Ownership.appKeys`): "admin" is the host's flag only; `ma.setOwner` hands an AppKey over.
     func mayUse(_ inst: MAInstance, uid: Int64?, admin: Bool) -> Bool {
-        admin || inst.ownerUid == nil || (uid != nil && inst.ownerUid == uid)
+        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: CallerInfo(uid: uid, admin: admin), claims: false).isAllowed
     }
 
     /// `mayUse` for the caller of `call` (its `_pylon` uid and admin flag).
     func mayUse(_ inst: MAInstance, _ call: Call) -> Bool {
-        mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false)
+        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: CallerInfo(json: call.caller), claims: false).isAllowed
     }
 
     /// The answer to a caller that may not use `appKey` (-1).

@@ -26,6 +26,8 @@ public enum PushMain {
         plugin.method("attach") { call in push.attach(call) }
         plugin.method("detach") { call in push.detach(call) }
         plugin.method("status") { call in call.reply(push.status(for: call)) }
+        // Admins only: hand an appId to another uid, or release it (docs/PUSH.md, "App owners").
+        plugin.method("setOwner") { call in push.setOwner(call) }
 
         plugin.run()
     }

@@ -196,7 +196,12 @@ extension PushService {
             return
         }
         let owner = store.appOwner(appId)
-        if let owner, owner != uid {
+        // The kit's rule (`Ownership.pushApps`); an admin does not take another uid's app by
+        // attaching to it (the attachment records its uid): it hands the app over with
+        // `push.setOwner` instead.
+        switch Ownership.pushApps.access(owner.map { Owner.uid($0) }, caller: CallerInfo(uid: uid), claims: true) {
+        case .owner, .claim: break
+        case .admin, .unowned, .refused:
             call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
             return
         }

@@ -177,7 +177,12 @@ extension PushService {
             call.reply(reply(PushCode.invalidParams, "appId is required (or attach the app first)"))
             return
         }
-        if let owner = store.appOwner(appId), let uid = call.caller?["uid"]?.intValue, owner != uid {
+        // A caller without a uid (a plugin on its own) is not refused here; a uid must own the
+        // app, or be an admin (the kit's rule, `Ownership.pushApps`).
+        let caller = CallerInfo(json: call.caller)
+        if caller.uid != nil, let owner = store.appOwner(appId),
+            !Ownership.pushApps.access(.uid(owner), caller: caller, claims: false).isAllowed
+        {
             call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
             return
         }
@@ -250,6 +255,7 @@ extension PushService {
             "registration": .string(reg.phase.rawValue),
             "deviceRegistered": .bool(deviceToken != nil),
             "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),
+            "ownerChanges": .int(Int64(ownerChanges)),
             "inbox": [
                 "count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
                 "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes)),

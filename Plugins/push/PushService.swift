@@ -38,6 +38,8 @@ final class PushService {
 
     struct Attachment { var client: Int64; var uid: Int64; var callback: String }
     var attached: [String: Attachment] = [:]
+    /// Hand-overs and releases by `push.setOwner` since the start (`push.status`).
+    var ownerChanges = 0
 
     /// bind/unbind/liveActivityBind in call order; each waits for a token, then runs alone.
     struct Op {

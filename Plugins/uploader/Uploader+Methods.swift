@@ -148,6 +148,7 @@ extension Uploader {
         var r: JSONObject = [
             "streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),
             "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits)),
+            "ownerChanges": .int(Int64(ownerChanges)),
         ]
         if let me = caller.identity { r["owner"] = usage(me) }
         if caller.isAdmin {

@@ -54,6 +54,8 @@ final class Uploader {
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
     var commits: UInt64 = 0
+    /// Hand-overs and releases by `uploader.setOwner` since the start (`uploader.status`).
+    var ownerChanges: UInt64 = 0
     /// Set by `shutdown`: a compression finishing later sends nothing.
     private var stopped = false
     /// Batches read and compressed ahead while the one before is in flight

@@ -36,6 +36,8 @@ public enum UploaderMain {
         plugin.method("requeue") { uploader.requeue($0) }
         plugin.method("discard") { uploader.discard($0) }
         plugin.method("configureStream") { uploader.configureStream($0) }
+        // Admins only: hand a stream to another owner, or release it (docs/UPLOADER.md, "Owners").
+        plugin.method("setOwner") { uploader.setOwner($0) }
         plugin.onReady = { uploader.start() }
         plugin.onConsentChanged = { key, granted in uploader.consentChanged(key: key, granted: granted) }
         plugin.onShutdown = { uploader.shutdown() }

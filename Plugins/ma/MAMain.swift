@@ -23,9 +23,9 @@ public enum MAMain {
         plugin.method("euid") { ma.euid($0) }
         // Events, served from the request's bytes: while the AppKey's switch is denied the host answers
         // `{"code":0,"message":""}` itself.
-        plugin.deferredRawMethod(
+        plugin.method(
             "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
-            deniedResult: MAService.result(0, "")
+            deniedResult: MAService.result(0, ""), reads: .text
         ) { ma.eventRecord($0) }
         // The data collection switch and what is collected.
         plugin.method("setDataCollectionEnabled") { ma.setDataCollectionEnabled($0) }

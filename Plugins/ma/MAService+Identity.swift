@@ -29,8 +29,8 @@ extension MAService {
         for k in call.params.objectValue?.keys ?? [] where !Self.startKeys.contains(k) {
             plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
         }
-        let client = call.callerClient
-        let uid = call.caller?["uid"]?.intValue
+        let client = call.callerInfo.client
+        let uid = call.callerInfo.uid
         if let known = instances[appKey], !mayUse(known, call) {
             call.reply(Self.notYours(appKey))
             return

@@ -7,7 +7,7 @@ extension MAService {
     /// logged with who did it. -1 for a caller that is no admin, -2 for an AppKey never started,
     /// -3 for bad params.
     func setOwner(_ call: Call) {
-        let who = CallerInfo(json: call.caller)
+        let who = call.callerInfo
         guard Ownership.mayHandOver(who) else {
             call.reply(Self.result(MACode.failed, "\(who) may not hand over AppKeys: ma.setOwner is for admins (disclosure.admins)"))
             return

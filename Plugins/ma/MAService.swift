@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -240,18 +239,10 @@ final class MAService {
     }
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
-    func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerClient) }
+    func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerInfo.client) }
 
     /// `params.appKey` when it is a string, as written (not trimmed).
-    static func appKeyParam(_ call: Call) -> String? { appKeyParam(call.paramsRef) }
-
-    /// `appKey` of a params object (borrowed json-c tree) when it is a string, as written.
-    static func appKeyParam(_ params: OpaquePointer?) -> String? {
-        var v: OpaquePointer?
-        guard json_object_object_get_ex(params, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-        return String(
-            decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
-    }
+    static func appKeyParam(_ call: Call) -> String? { call.params["appKey"]?.stringValue }
 
     /// The instance addressed by `appKey` (`params.appKey` when a string, as written), else by
     /// the last start of the calling `client`.
@@ -279,7 +270,7 @@ final class MAService {
 
     /// `mayUse` for the caller of `call` (its `_pylon` uid and admin flag).
     func mayUse(_ inst: MAInstance, _ call: Call) -> Bool {
-        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: CallerInfo(json: call.caller), claims: false).isAllowed
+        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: call.callerInfo, claims: false).isAllowed
     }
 
     /// The answer to a caller that may not use `appKey` (-1).
@@ -289,8 +280,8 @@ final class MAService {
     /// belongs to another uid.
     func usable(_ call: Call) -> MAInstance? {
         usable(
-            appKey: Self.appKeyParam(call), client: call.callerClient, uid: call.caller?["uid"]?.intValue,
-            admin: call.caller?["admin"]?.boolValue ?? false, call.reply)
+            appKey: Self.appKeyParam(call), client: call.callerInfo.client, uid: call.callerInfo.uid,
+            admin: call.callerInfo.isAdmin, call.reply)
     }
 
     /// `usable` for a call served from its bytes (`appKey`, `client` as for `instance`).

@@ -9,7 +9,7 @@ extension PushService {
     /// logged with who did it. 3003 for a caller that is no admin, 3002 for bad params or an
     /// appId no uid ever attached.
     func setOwner(_ call: Call) {
-        let who = CallerInfo(json: call.caller)
+        let who = call.callerInfo
         guard Ownership.mayHandOver(who) else {
             call.reply(reply(PushCode.notPermitted, "\(who) may not hand over apps: push.setOwner is for admins (disclosure.admins)"))
             return

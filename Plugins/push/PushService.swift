@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonMQTT
 import PylonPluginKit

@@ -19,7 +19,7 @@ struct Principal: Equatable, Sendable, CustomStringConvertible {
 
     init(caller: JSON?) { info = CallerInfo(json: caller) }
 
-    /// From the caller info as the plugin kit reads it (`RawCall.callerInfo`).
+    /// From the caller info as the plugin kit reads it (`Call.callerInfo`).
     init(caller: CallerInfo) { info = caller }
 
     /// An admin may use every stream: the host's flag only (`disclosure.admins`, uid 0 by

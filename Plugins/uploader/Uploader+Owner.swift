@@ -6,7 +6,7 @@ import PylonPluginKit
 extension Uploader {
     /// `{stream, owner: "uid:N" | "plugin:NAME" | null}` → `{stream, owner, previous}`.
     func setOwner(_ call: Call) {
-        let who = CallerInfo(json: call.caller)
+        let who = call.callerInfo
         guard Ownership.mayHandOver(who) else {
             call.fail(RPCError(.notPermitted, "\(who) may not hand over streams: uploader.setOwner is for admins (disclosure.admins)"))
             return

@@ -29,7 +29,7 @@ public enum UploaderMain {
         plugin.wantsCallerInfo = true
 
         // The hot path: served from the request's bytes, answered after the group commit.
-        plugin.deferredRawMethod("enqueue", consent: "{consent}") { uploader.enqueue($0) }
+        plugin.method("enqueue", consent: "{consent}", reads: .text) { uploader.enqueue($0) }
         plugin.method("flush") { uploader.flush($0) }
         plugin.method("status") { uploader.status($0) }
         plugin.method("deadLetters") { uploader.deadLetters($0) }

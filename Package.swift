@@ -151,7 +151,7 @@ let package = Package(
         .executableTarget(
             name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
 
-        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
+        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol", "PylonPluginKit"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
         .target(name: "TestSupport", dependencies: ["PylonCore"], path: "Tests/TestSupport", swiftSettings: strict),

@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -30,7 +29,7 @@ final class Uploader {
     /// An enqueue waiting for the next group commit. `keep` holds what the records point into
     /// (besides `call`).
     struct QueuedEnqueue {
-        let call: any EnqueueReplier
+        let call: RawCall
         let stream: String
         let owner: StreamOwner
         let consent: String
@@ -217,34 +216,23 @@ final class Uploader {
         }
     }
 
-    /// `{stream, consent?, records}` from a parsed request (a notification, or tests).
-    func enqueue(_ call: Call) {
-        let p = EnqueueParams(ref: call.paramsRef, limits: limits, wall: System.wallClockMs())
-        enqueue(call, caller: Principal(caller: call.caller), p, keep: nil)
-    }
-
     /// `{stream, consent?, records}` served from the request's text: the records are read from the
-    /// params' bytes (`EnqueueParams.read(raw:)`), or, when those cannot say, from the params
-    /// parsed by json-c.
+    /// params' bytes (`EnqueueParams.read(raw:)`, the one reader).
     func enqueue(_ call: RawCall) {
         let wall = System.wallClockMs()
         let caller = Principal(caller: call.callerInfo)  // the kit reads a repeated caller text once
-        if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall, scratch: &rawScratch) {
-            enqueue(call, caller: caller, p, keep: p.storage)
-            return
-        }
-        let tree = try? JSONRef.parse(call.params, maxDepth: Plugin.maxDepth)
-        enqueue(call, caller: caller, EnqueueParams(ref: tree?.ptr, limits: limits, wall: wall), keep: tree)
+        let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall, scratch: &rawScratch)
+        enqueue(call, caller: caller, p, keep: p.storage)
     }
 
-    /// What the raw reader walks into, reused by every enqueue.
+    /// What the reader walks into, reused by every enqueue.
     private var rawScratch = EnqueueParams.Scratch()
 
-    /// The enqueue's checks and queueing, whichever reader read the params. The caller must own
+    /// The enqueue's checks and queueing. The caller must own
     /// the stream (or be an admin); the records fall under the stream's fixed consent switch,
     /// which `consent`, if given, must name. `keep` holds what the records point into (besides
     /// `call`) until the group commit.
-    func enqueue(_ call: any EnqueueReplier, caller: Principal, _ p: EnqueueParams, keep: AnyObject?) {
+    func enqueue(_ call: RawCall, caller: Principal, _ p: EnqueueParams, keep: AnyObject?) {
         guard let stream = p.stream else {
             call.fail(EnqueueParams.streamError)
             return
@@ -661,15 +649,6 @@ final class Uploader {
         armWake()
     }
 }
-
-/// Who gets an enqueue's answer: a parsed call or a raw one.
-protocol EnqueueReplier: AnyObject {
-    func reply(serialized result: [UInt8])
-    func fail(_ e: RPCError)
-}
-
-extension Call: EnqueueReplier {}
-extension RawCall: EnqueueReplier {}
 
 extension String {
     func replacingStream(_ stream: String) -> String {

@@ -20,7 +20,10 @@ func maBench() throws {
                 "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]],
             ],
         ],  // as etc/pylon.json
-        ["name": "ma", "exec": "pylon-ma", "config": ["backend": .string("http://127.0.0.1:\(port)")]],
+        [
+            "name": "ma", "exec": "pylon-ma",
+            "config": ["backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile)],
+        ],
     ])
     let sync = try SyncClient(path: socketPath)
     _ = try sync.call("ma.start", ["appKey": "bench"])

@@ -21,8 +21,9 @@ extension RawJSON {
     }
 
     /// Validates `text` as one JSON text (any value at the top), strictly (RFC 8259: UTF-8, no
-    /// control characters in strings, no leading zeros, nothing but whitespace around it), with
-    /// containers nested at most `maxDepth` levels below the top value — deciding every input
+    /// control characters in strings, no leading zeros, nothing but whitespace around it),
+    /// nested at most `maxDepth` levels as json-c counts them (every container is a level, and so
+    /// is a scalar inside one: `[[0]]` is 3 levels, `[[]]` 2, `0` 1) — deciding every input
     /// itself (keys and `\u` escapes of any kind are grammar; a lone surrogate escape decodes to
     /// U+FFFD). Builds nothing.
     public static func validate(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> Validation {

@@ -303,6 +303,12 @@ extension RawJSON {
         /// A value starting at `i`, inside `depth` levels of containers.
         mutating func value(depth: Int) -> Bool {
             guard i < t.count else { return false }
+            // In `validate`, a scalar inside `depth` containers is a level of its own, as json-c
+            // counts them (`[[0]]` is 3 levels, `[[]]` 2).
+            if decides, depth >= maxDepth, t[i] != UInt8(ascii: "{"), t[i] != UInt8(ascii: "[") {
+                tooDeep = true
+                return false
+            }
             switch t[i] {
             case UInt8(ascii: "\""): return string() != nil
             case UInt8(ascii: "{"): return container(depth: depth + 1, close: UInt8(ascii: "}"), keyed: true)

@@ -202,13 +202,21 @@ struct RawJSONWalkTests {
             }
         }
         #expect(accepted > 2000 && refused > 1000, "accepted \(accepted), refused \(refused)")
-        // Nesting: at most maxDepth levels, the top one included, as json-c counts them.
+        // Nesting: at most maxDepth levels as json-c counts them (a scalar inside a container is
+        // a level of its own).
         for depth in 60...68 {
-            let text = Array((String(repeating: "[", count: depth) + String(repeating: "]", count: depth)).utf8)
-            let mine = text.withUnsafeBytes { RawJSON.validate($0, maxDepth: 64) }
-            let viaJSONC = text.withUnsafeBytes { (try? JSONRef.parse($0, maxDepth: 64)) != nil }
-            #expect((mine == .valid) == viaJSONC, "depth \(depth)")
-            #expect(mine == (depth <= 64 ? .valid : .tooDeep), "depth \(depth)")
+            for inner in ["", "0", #""s""#, "{}", #"{"k":true}"#] {
+                let text = Array((String(repeating: "[", count: depth) + inner + String(repeating: "]", count: depth)).utf8)
+                let mine = text.withUnsafeBytes { RawJSON.validate($0, maxDepth: 64) }
+                let viaJSONC = text.withUnsafeBytes { (try? JSONRef.parse($0, maxDepth: 64)) != nil }
+                #expect((mine == .valid) == viaJSONC, "depth \(depth) \(inner)")
+                #expect(mine == .valid || mine == .tooDeep, "depth \(depth) \(inner)")
+            }
+        }
+        for (text, levels) in [("0", 1), ("[]", 1), ("[0]", 2), ("[[]]", 2), ("[[0]]", 3), (#"{"a":{}}"#, 2), (#"{"a":{"b":0}}"#, 3)] {
+            let bytes = Array(text.utf8)
+            #expect(bytes.withUnsafeBytes { RawJSON.validate($0, maxDepth: levels) } == .valid, "\(text)")
+            #expect(bytes.withUnsafeBytes { RawJSON.validate($0, maxDepth: levels - 1) } == .tooDeep, "\(text)")
         }
         // Deep nesting does not recurse in the canonical walk.
         let deep = String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)

@@ -81,7 +81,7 @@ extension Bus {
                 "state": .string(s.life.state.rawValue), "restarts": .int(Int64(s.life.restarts)),
                 "uptime_s": s.life.runningSince.map { .double(Double(now - $0) / 1000) } ?? .int(0),
                 "requests_served": .int(Int64(s.served)),
-                "inflight": .int(Int64(pending.values.reduce(0) { $0 + ($1.target === s.peer && s.peer != nil ? 1 : 0) })),
+                "inflight": .int(Int64(s.peer.map { pending.count(targeting: $0.id) } ?? 0)),
                 "queued_bytes": .int(Int64(s.peer?.conn.queuedBytes ?? 0)),
                 "restart_policy": .string(s.config.policy.restart.rawValue),
                 "version": s.manifest.map { .string($0.version) } ?? .null,
@@ -179,26 +179,20 @@ extension Bus {
                         data: ["limit": "maxSubscriptionsPerConnection"])
                 }
                 peer.subscriptions.append(p)
+                subscriptions.add(p, peer.id)
             }
         } else {
             peer.subscriptions.removeAll { $0 == p }
+            subscriptions.remove(p, peer.id)
         }
         return ["subscriptions": .array(peer.subscriptions.map { .string($0.text) })]
     }
 
     func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         let topic = try str(params, "topic")
-        // It becomes the notification's method: the method-name rule.
-        guard InboundEnvelope.isValidMethodName(topic) else {
-            throw RPCError(.invalidParams, "topic must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
-        }
-        guard !HostMethod.isHostNamespace(topic) else {
-            throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
-        }
-        let ns = topic.split(separator: ".", maxSplits: 1).first.map(String.init) ?? topic
-        guard slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
-            throw RPCError(.notPermitted, "topics \(ns).* are published by the \(ns) plugin only")
-        }
+        // It becomes the notification's method: the method-name rule, and no namespace of the
+        // host's or a plugin's.
+        if let e = policy.publishRefusal(topic, configured: { slots[$0] != nil }) { throw e }
         let data = params?["data"] ?? params?["params"] ?? .null
         switch data {
         case .null, .object, .array: break
@@ -222,13 +216,8 @@ extension Bus {
         }
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
+            if let e = policy.provideRefusal(n, configured: { slots[$0] != nil }) { throw e }
             let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
-            guard n.contains("."), !n.hasSuffix("."), InboundEnvelope.isValidMethodName(n) else {
-                throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> (printable ASCII)")
-            }
-            guard ns != "bus", ns != "consent", slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
-                throw RPCError(.notPermitted, "cannot provide \(n): \(ns).* belongs to the host or a plugin")
-            }
             if add, let other = provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
@@ -363,7 +352,8 @@ extension Bus {
             let adminOnly = isAdminTopic(HostTopic.consentChanged)
             note.withUnsafeBytes { line in
                 for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.sendLine(line) } }
-                for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches(HostTopic.consentChanged) }) {
+                for id in subscriptions.subscribers(of: HostTopic.consentChanged) {
+                    guard let p = peers[id], !p.isPlugin else { continue }
                     if adminOnly && !isAdmin(p) { continue }
                     p.conn.sendLine(line)
                 }

@@ -19,7 +19,9 @@ import Glibc
 /// lives in `Bus+Supervision`, host methods in `Bus+HostMethods`.
 public final class Bus {
     let loop: Loop
-    var config: HostConfig
+    var config: HostConfig { didSet { policy = RoutingPolicy(config) } }
+    /// The routing, security and consent rules of `config` (`RoutingPolicy`).
+    private(set) var policy: RoutingPolicy
     let log = Log("bus")
     var tokener: Tokener
 
@@ -36,6 +38,8 @@ public final class Bus {
     /// not start beside them.
     var retiring: [PluginSlot] = []
     var slotOrder: [String] = []
+    /// Every peer's topic patterns (clients' `bus.subscribe`, plugins' manifest `subscribes`).
+    var subscriptions = SubscriptionIndex<UInt64>()
     /// Methods served by clients (`bus.provide`), by full name.
     var provided: [String: Peer] = [:]
 
@@ -87,6 +91,7 @@ public final class Bus {
     public init(loop: Loop, config: HostConfig) {
         self.loop = loop
         self.config = config
+        policy = RoutingPolicy(config)
         tokener = Tokener(maxDepth: config.limits.maxDepth)
         startedAtMs = loop.nowMs
         sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in
@@ -96,17 +101,14 @@ public final class Bus {
         loadConsent()
     }
 
-    /// Connected clients, in all and per uid.
-    public private(set) var clientCount = 0
-    /// Each uid's client connections (their count is the per-uid connection limit's; their
-    /// queued bytes are the per-uid queue bound's).
-    var clientsByUid: [UInt32: [Peer]] = [:]
-    /// Refused connections not yet reported in the log (reported at most every `refusalLogMs`).
-    var refusedUnlogged: [String: Int] = [:]
-    var refusedTotal: UInt64 = 0
+    /// Client connections in all and per uid (their count is the per-uid connection limit's;
+    /// their queued bytes are the per-uid queue bound's), and the refusal log's throttle.
+    var admission = Admission<Peer>()
+    /// Armed while a refusal summary is due (`Admission.LogAction.logAfter`).
     var refusalLogTimer: Timer?
-    var lastRefusalLogMs: UInt64?
-    static let refusalLogMs: UInt64 = 10_000
+    /// Connected clients.
+    public var clientCount: Int { admission.count }
+    var refusedTotal: UInt64 { admission.refusedTotal }
     /// Clients closed since the allocator was last asked to return free memory.
     var closedSinceTrim = 0
     var trimTimer: Timer?
@@ -119,33 +121,13 @@ public final class Bus {
     /// connect flood holds no descriptors or memory beyond the limit.
     public func adoptClient(_ conn: Connection) {
         let creds = PeerCredentials.of(fd: conn.fd)
-        let limits = config.limits
-        var refusal: (String, RPCError)?
-        if shuttingDown {
-            refusal = ("shuttingDown", RPCError(.shuttingDown, "host is shutting down"))
-        } else if clientCount >= limits.maxConnections {
-            refusal = (
-                "maxConnections",
-                RPCError(
-                    .overloaded, "too many connections (limit \(limits.maxConnections))",
-                    data: ["limit": "maxConnections", "value": .int(Int64(limits.maxConnections))])
-            )
-        } else if let uid = creds?.uid, clientsByUid[uid, default: []].count >= limits.maxConnectionsPerUid {
-            refusal = (
-                "maxConnectionsPerUid",
-                RPCError(
-                    .overloaded, "too many connections from uid \(uid) (limit \(limits.maxConnectionsPerUid))",
-                    data: ["limit": "maxConnectionsPerUid", "value": .int(Int64(limits.maxConnectionsPerUid))])
-            )
-        }
-        if let (name, error) = refusal {
+        if case .refuse(let limit, let error) = admission.decide(uid: creds?.uid, shuttingDown: shuttingDown, limits: config.limits) {
             conn.refuse(line: String(decoding: Envelope.error(id: .null, error), as: UTF8.self))
-            noteRefusal(name)
+            noteRefusal(limit)
             return
         }
         let peer = newPeer(kind: .client(creds), conn: conn)
-        clientCount += 1
-        if let uid = creds?.uid { clientsByUid[uid, default: []].append(peer) }
+        admission.admit(peer, uid: creds?.uid)
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
         // answer what is in flight, then close.
         conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
@@ -189,50 +171,41 @@ public final class Bus {
     /// named: it must be a request forwarded to that plugin and not yet answered; nil otherwise
     /// (clients cannot name one).
     func principal(of peer: Peer, via: Int64?) -> Principal? {
-        guard let slot = peer.slot else { return via == nil ? .client(peer) : nil }
-        guard let via else { return .plugin(slot.config.name) }
-        guard let p = pending[via], p.target === peer else { return nil }
-        return .plugin(slot.config.name, via: p.principal)
+        RoutingPolicy.principal(client: peer.isPlugin ? nil : (peer.id, peer.credentials), plugin: peer.slot?.config.name, via: via) {
+            guard let p = pending[$0], p.target === peer else { return nil }
+            return p.principal
+        }
     }
 
     /// Topics only admin clients (and plugins) receive (`disclosure.adminTopics`).
-    func isAdminTopic(_ topic: String) -> Bool { config.disclosure.adminTopics.contains { $0.matches(topic) } }
+    func isAdminTopic(_ topic: String) -> Bool { policy.isAdminTopic(topic) }
 
-    func isAdmin(_ client: Peer) -> Bool { client.credentials.map { config.disclosure.admins.allows($0) } ?? false }
+    func isAdmin(_ client: Peer) -> Bool { policy.isAdmin(client.credentials) }
 
     /// True for an admin client, or a plugin acting on its own behalf (plugins are the operator's).
-    func seesEverything(_ p: Principal) -> Bool {
-        if p.actsForClient { return p.credentials.map { config.disclosure.admins.allows($0) } ?? false }
-        return true
-    }
+    func seesEverything(_ p: Principal) -> Bool { policy.seesEverything(p) }
 
     /// Closes a half-closed client once nothing it asked for is still in flight.
     func closeIfDone(_ peer: Peer) {
         if peer.conn.peerShutdown && peer.inflight == 0 && !peer.closed { peer.conn.closeAfterFlush() }
     }
 
-    /// Counts a refused connection. The log gets at most one line per `refusalLogMs`: the first
-    /// refusal after a quiet period at once, the rest summed at the end of the window.
+    /// Counts a refused connection; logs as `Admission` says (at most one line per
+    /// `Admission.refusalLogMs`).
     func noteRefusal(_ limit: String) {
-        refusedTotal += 1
-        refusedUnlogged[limit, default: 0] += 1
-        guard refusalLogTimer == nil else { return }
-        let now = loop.nowMs
-        let wait = lastRefusalLogMs.map { $0 + Bus.refusalLogMs > now ? $0 + Bus.refusalLogMs - now : 0 } ?? 0
-        if wait == 0 { return logRefusals() }
-        refusalLogTimer = loop.after(ms: wait, unref: true) { [unowned self] in
-            self.refusalLogTimer = nil
-            self.logRefusals()
+        switch admission.refused(limit, nowMs: loop.nowMs) {
+        case .none: break
+        case .logNow(let summary): logRefusals(summary)
+        case .logAfter(let ms):
+            refusalLogTimer = loop.after(ms: ms, unref: true) { [unowned self] in
+                self.refusalLogTimer = nil
+                if let summary = self.admission.logTimerFired(nowMs: self.loop.nowMs) { self.logRefusals(summary) }
+            }
         }
     }
 
-    private func logRefusals() {
-        guard !refusedUnlogged.isEmpty else { return }
-        let counts = refusedUnlogged.keys.sorted().map { "\($0)=\(refusedUnlogged[$0]!)" }.joined(separator: ",")
-        let n = refusedUnlogged.values.reduce(0, +)
-        refusedUnlogged = [:]
-        lastRefusalLogMs = loop.nowMs
-        log.warn("connections refused", ["count": n, "by_limit": counts, "clients": clientCount, "total": refusedTotal])
+    private func logRefusals(_ s: Admission<Peer>.Summary) {
+        log.warn("connections refused", ["count": s.count, "by_limit": s.byLimit, "clients": clientCount, "total": s.total])
     }
 
     /// After a burst of clients went away, asks the allocator to return free memory to the
@@ -253,15 +226,11 @@ public final class Bus {
         peer.closed = true
         peers[peer.id] = nil
         if !peer.isPlugin {
-            clientCount -= 1
-            if let uid = peer.credentials?.uid {
-                var same = clientsByUid[uid, default: []]
-                same.removeAll { $0 === peer }
-                clientsByUid[uid] = same.isEmpty ? nil : same
-            }
+            admission.remove(peer, uid: peer.credentials?.uid)
             clientGone()
         }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }
+        subscriptions.remove(peer.id, from: peer.subscriptions)
         if !monitors.isEmpty { monitorRemove(peer) }
         // Requests that peer was serving fail now, not at their timeout.
         failPending(
@@ -467,51 +436,16 @@ public final class Bus {
         }
     }
 
-    /// Where a call of `method` by `peer` goes: the one routing decision shared by requests (both
-    /// paths) and client notifications.
-    enum Route {
-        /// A `bus.*` or `consent.*` method, answered by the host.
-        case host
-        /// To a plugin, or to the client that provided the method (`provider`).
-        case forward(Peer, timeoutMs: UInt64, provider: Bool)
-        /// Not allowed or not available: the error a request gets.
-        case refused(RPCError)
-        /// Refused by consent switch `key` (the method's manifest entry says how to answer).
-        case denied(Manifest.Method, key: String)
-    }
+    /// Where a call of `method` by `peer` goes (`RoutingPolicy.Decision`).
+    typealias Route = RoutingPolicy.Decision<Peer>
 
-    /// The routing decision. `field` reads a top-level params string for the consent template
-    /// (nil when absent or not a string).
+    /// The routing decision (`RoutingPolicy.decide`) over the live slots and provided methods.
+    /// `field` reads a top-level params string for the consent template (nil when absent or not a
+    /// string).
     func route(_ peer: Peer, _ principal: Principal, _ method: String, field: (String) -> String?) -> Route {
-        if shuttingDown { return .refused(RPCError(.shuttingDown, "host is shutting down")) }
-        if !isPermitted(method, principal) {
-            let uid = principal.credentials.map { Int64($0.uid) }
-            let who = principal.actsForClient ? "uid \(uid.map(String.init) ?? "unknown")" : "plugin \(principal.plugin ?? "?")"
-            let via = principal.actsForClient && principal.plugin != nil ? " (through plugin \(principal.plugin!))" : ""
-            return .refused(
-                RPCError(
-                    .notPermitted, "\(who) may not call \(method)\(via)",
-                    data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
-        }
-        if HostMethod.isHostNamespace(method) { return .host }
-        // A configured plugin's namespace is the plugin's, whatever a client provided. (Method
-        // names are printable ASCII, checked before routing: the first "." byte is the first "."
-        // character.)
-        let dot = method.utf8.firstIndex(of: UInt8(ascii: ".")) ?? method.endIndex
-        guard let slot = slots[String(method[..<dot])] else {
-            if let provider = provided[method] { return .forward(provider, timeoutMs: config.limits.requestTimeoutMs, provider: true) }
-            return .refused(RPCError(.methodNotFound, "method not found: \(method)"))
-        }
-        guard slot.life.state == .running, let target = slot.peer, target.handshaken else {
-            return .refused(slot.unavailableError())
-        }
-        if !slot.methods.isEmpty {
-            guard let m = slot.methods[method] else {
-                return .refused(RPCError(.methodNotFound, "method not found: \(method) (plugin \(slot.config.name) does not serve it)"))
-            }
-            if m.spec.consent != nil, let key = deniedConsent(m.consent, field: field) { return .denied(m.spec, key: key) }
-        }
-        return .forward(target, timeoutMs: slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs, provider: false)
+        policy.decide(
+            principal, method, tables: BusRoutingTables(slots: slots, provided: provided), consent: consent,
+            shuttingDown: shuttingDown, field: field)
     }
 
     /// Reads top-level string params of a parsed message (for consent templates).
@@ -521,15 +455,6 @@ public final class Bus {
             var v: OpaquePointer?
             guard json_object_object_get_ex(params, name, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
             return String(cString: json_object_get_string(v))
-        }
-    }
-
-    /// The switch that refuses this message, or nil when it may pass.
-    func deniedConsent(_ template: ConsentTemplate, field: (String) -> String?) -> String? {
-        if !consent.masterGranted { return ConsentStore.master }
-        switch template.key(field: field) {
-        case .none, .unresolved: return nil
-        case .key(let k): return consent.isGranted(k) ? nil : k
         }
     }
 
@@ -692,16 +617,13 @@ public final class Bus {
         // What each uid has queued, summed when first needed and kept up to date as this
         // publication is queued (one pass over that uid's connections per publication).
         var uidQueued: [UInt32: Int] = [:]
-        for peer in peers.values where peer !== sender && !peer.closed {
-            let subs: [TopicPattern]
-            if let slot = peer.slot {
+        for id in subscriptions.subscribers(of: topic) {
+            guard let peer = peers[id], peer !== sender, !peer.closed else { continue }
+            if peer.isPlugin {
                 guard peer.handshaken else { continue }
-                subs = slot.manifest?.subscribes ?? []
-            } else {
-                if adminOnly && !isAdmin(peer) { continue }
-                subs = peer.subscriptions
+            } else if adminOnly && !isAdmin(peer) {
+                continue
             }
-            guard subs.contains(where: { $0.matches(topic) }) else { continue }
             if peer.conn.queuedBytes > config.limits.maxQueuedBytes {
                 peer.droppedNotifications += 1
                 continue
@@ -725,7 +647,7 @@ public final class Bus {
 
     /// Bytes queued to all client connections of `uid`.
     func queuedBytes(ofUid uid: UInt32) -> Int {
-        clientsByUid[uid, default: []].reduce(0) { $0 + $1.conn.queuedBytes }
+        admission.members(ofUid: uid).reduce(0) { $0 + $1.conn.queuedBytes }
     }
 
     func publish(topic: String, params: JSON, from sender: Peer? = nil) {
@@ -736,8 +658,10 @@ public final class Bus {
 
     // MARK: Pending requests
 
+    /// Fails every request `peer` was serving (it closed), in id order: taken from the table's
+    /// by-target index, not found by a scan.
     func failPending(targeting peer: Peer, _ error: RPCError) {
-        for id in pending.ids(where: { $0.target === peer }) { complete(id, error) }
+        for (id, p) in pending.takeAll(targeting: peer.id) { finish(id, p, error) }
     }
 
     /// Answers a pending request with an error (plugin death, timeout).
@@ -765,7 +689,7 @@ public final class Bus {
     }
 
     func addPending(_ id: Int64, _ p: Pending, deadlineMs: UInt64) {
-        pending.insert(id, p, deadlineMs: deadlineMs)
+        pending.insert(id, p, target: p.target.id, deadlineMs: deadlineMs)
         if let armed = sweepArmedForMs, armed <= deadlineMs { return }  // the usual case: no work
         arm(deadlineMs)
     }
@@ -848,17 +772,5 @@ public final class Bus {
         return nil
     }
 
-    /// The first rule matching `method` decides, for the client at the start of the chain (unknown
-    /// credentials never satisfy a rule) or for a plugin acting on its own (only if listed).
-    func isPermitted(_ method: String, _ p: Principal) -> Bool {
-        for rule in config.permissions where rule.method.matches(method) {
-            if p.actsForClient {
-                guard let c = p.credentials else { return false }
-                return rule.allowed.allows(c)
-            }
-            if let name = p.plugin { return rule.allowed.plugins.contains(name) }
-            return true
-        }
-        return true
-    }
+    func isPermitted(_ method: String, _ p: Principal) -> Bool { policy.isPermitted(method, p) }
 }

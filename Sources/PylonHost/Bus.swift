@@ -15,8 +15,14 @@ import Glibc
 /// json-c, its envelope checked (`InboundEnvelope.classify`), its principal resolved (the peer,
 /// or the client a plugin acts for), and `route` decides: host method, plugin, provided method,
 /// refusal or consent denial — the same decision the fast path uses. Forwarded messages keep
-/// their bytes with only the top-level `id` replaced; nothing is re-serialised. Supervision
-/// lives in `Bus+Supervision`, host methods in `Bus+HostMethods`.
+/// their bytes with only the top-level `id` replaced; nothing is re-serialised.
+///
+/// The rules are value types that decide without I/O (`RoutingPolicy`, `Admission`,
+/// `SubscriptionIndex`, `PendingTable`); `Bus` keeps the peers and performs their decisions.
+/// This file: the state, admission and closing of peers, and forwarding. The inbound ladder is in
+/// `Bus+Inbound`, requests in flight and timeouts in `Bus+Pending`, fan-out in `Bus+Publish`,
+/// replies in `Bus+Output`, supervision in `Bus+Supervision`, host methods in `Bus+HostMethods`
+/// and `Bus+Consent`.
 public final class Bus {
     let loop: Loop
     var config: HostConfig { didSet { policy = RoutingPolicy(config) } }
@@ -31,7 +37,7 @@ public final class Bus {
     /// host run cannot mistake a new client for it.
     private var nextPeerId = UInt64(max(0, System.wallClockMs())) * 1000
     var pending = PendingTable<Pending>()
-    private var nextRequestId: Int64 = 1
+    var nextRequestId: Int64 = 1
     var slots: [String: PluginSlot] = [:]
     /// Slots a reload removed or replaced whose process has not exited yet: kept until it has,
     /// so shutdown waits for them too (a plugin never outlives the host) and a replacement does
@@ -48,32 +54,18 @@ public final class Bus {
     var consentPath: String { config.stateDir + "/consent.json" }
 
     /// Armed for the earliest pending deadline only (none while nothing is pending).
-    private var sweepTimer: Timer!
-    private var sweepArmedForMs: UInt64?
+    var sweepTimer: Timer!
+    var sweepArmedForMs: UInt64?
     let startedAtMs: UInt64
     var shuttingDown = false
     var onShutdownComplete: () -> Void = {}
 
-    // Counters for bus.status.
-    var routed: UInt64 = 0
-    /// Messages (requests and answers) routed without a json-c tree (Bus+FastPath).
-    var fastRouted: UInt64 = 0
-    var timeouts: UInt64 = 0
-    var protocolErrors: UInt64 = 0
-    var published: UInt64 = 0
-    /// Times a client's input was held because the plugin it sent to was congested.
-    var heldForCongestion: UInt64 = 0
-    /// JSON-RPC batches received, and the one whose members are being handled now.
-    var batches: UInt64 = 0
+    /// Counters for bus.status (`BusCounters`).
+    var counters = BusCounters()
+    /// The JSON-RPC batch whose members are being handled now.
     var currentBatch: BatchReply?
-    /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
-    var slowReadersClosed: UInt64 = 0
-    /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
-    var droppedForUidQueue: UInt64 = 0
     /// Connections watching traffic (`bus.monitor`, Bus+Monitor); empty costs one test per hook.
     var monitors: [MonitorEntry] = []
-    /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
-    var monitorsDropped: UInt64 = 0
     /// Forwarded requests' method and start, by host id, kept only while a monitor is connected
     /// (so `Pending` and the routing path stay as they are without one).
     var monitorTraces: [Int64: MonitorTrace] = [:]
@@ -246,196 +238,6 @@ public final class Bus {
         }
     }
 
-    // MARK: Inbound
-
-    func handleOversized(_ peer: Peer, _ n: Int, _ head: [UInt8]) {
-        protocolErrors += 1
-        log.warn("message too large", ["peer": peer.label, "bytes": n, "limit": config.limits.maxLineBytes])
-        let id = Bus.scanId(head)
-        // An answer too large to relay (a plugin's, or a provider's): whoever asked gets the
-        // error now instead of waiting for its timeout; the sender gets nothing back (an answer
-        // is not answered).
-        if case .int(let hostId)? = id, let p = pending[hostId], p.target === peer, Bus.looksLikeResponse(head) {
-            complete(
-                hostId,
-                RPCError(
-                    .messageTooLarge,
-                    "the reply from \(peer.label) was \(n) bytes, over the limit of \(config.limits.maxLineBytes) bytes",
-                    data: [
-                        "limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n)),
-                        "target": .string(peer.label),
-                    ]))
-            return
-        }
-        sendError(
-            peer.conn, jsonId: id,
-            RPCError(
-                .messageTooLarge,
-                "message of \(n) bytes exceeds the limit of \(config.limits.maxLineBytes) bytes; it was skipped",
-                data: ["limit": "maxLineBytes", "value": .int(Int64(config.limits.maxLineBytes)), "received": .int(Int64(n))]))
-    }
-
-    func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
-        peer.lastInboundMs = loop.nowMs
-        // A person pressing Enter in socat sends an empty line: ignore it.
-        if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
-        let scan = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth) - 1)
-        if case .message(let spans) = scan, fastRoute(peer, line, spans) { return }
-        let msg: JSONRef
-        do throws(JSONParseError) {
-            msg = try tokener.parse(line)
-            // json-c accepts a few things RFC 8259 does not (single quotes, `2.`); relaying them
-            // would hand other peers lines they cannot parse.
-            if case .invalid(let at) = scan {
-                throw JSONParseError(kind: .syntax, detail: "not strict JSON (RFC 8259) at byte \(at)")
-            }
-        } catch {
-            protocolErrors += 1
-            var data: JSONObject = ["reason": .string(error.detail)]
-            if error.kind == .depth { data["limit"] = "maxDepth"; data["value"] = .int(Int64(config.limits.maxDepth)) }
-            sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
-            return
-        }
-        if json_object_get_type(msg.ptr) == json_type_array, currentBatch == nil {
-            handleBatch(peer, line, count: Int(json_object_array_length(msg.ptr)))
-            return
-        }
-        // The id's bytes, for the splice: found by the scan, else looked up in the line.
-        var idSpan: Range<Int>?
-        if case .message(let spans) = scan {
-            idSpan = spans.id
-        } else {
-            // The scan was not sure (a key with escapes, among others). json-c decodes escaped
-            // keys and cuts them at U+0000; a byte search does neither. So a second "id" spelled
-            // another way (`"i\u0064"`) would stay in the line past the splice, and the receiver
-            // would read it as the id: refused. A key holding U+0000 is one member to json-c and
-            // another to other parsers (the host and a plugin would read different values):
-            // refused anywhere in the message.
-            if RawJSON.hasNULKey(line) {
-                protocolErrors += 1
-                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "member names must not contain U+0000"))
-                return
-            }
-            let ids = RawJSON.topLevelMembers(line, named: "id")
-            guard ids.count <= 1, msg.has("id") == (ids.count == 1) else {
-                protocolErrors += 1
-                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "\"id\" appears more than once (spelled differently)"))
-                return
-            }
-            idSpan = ids.first
-        }
-        dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan)
-    }
-
-    /// The rungs after parsing: the envelope's verdict, who the message speaks for, where it goes.
-    private func dispatch(
-        _ peer: Peer, _ envelope: InboundEnvelope, _ msg: JSONRef, _ line: UnsafeRawBufferPointer,
-        idSpan: Range<Int>?
-    ) {
-        switch envelope {
-        case .invalid(let e, let id, let answer):
-            protocolErrors += 1
-            if answer { sendError(peer.conn, id: id, e) }
-        case .response(let id):
-            handleResponse(peer, msg, line, id: id, idSpan: idSpan!)
-        case .request(let method, let id):
-            switch principal(of: peer, msg) {
-            case .success(let principal):
-                handleRequest(peer, principal, msg, line, method: method, id: id, idSpan: idSpan!)
-            case .failure(let e):
-                protocolErrors += 1
-                sendError(peer.conn, id: id, e)
-            }
-        case .notification(let method):
-            switch principal(of: peer, msg) {
-            case .success(let principal): handleNotification(peer, principal, msg, line, method: method)
-            case .failure: protocolErrors += 1
-            }
-        }
-    }
-
-    /// The message's principal: the peer itself, or — for a plugin's `_onBehalfOf` — the client
-    /// whose request it serves.
-    func principal(of peer: Peer, _ msg: JSONRef) -> Result<Principal, RPCError> {
-        var via: Int64?
-        if msg.has("_onBehalfOf") {
-            let v = msg.member("_onBehalfOf")
-            guard peer.isPlugin, json_object_get_type(v) == json_type_int else {
-                return .failure(RPCError(.invalidRequest, "\"_onBehalfOf\" is for plugins: the integer id of a request they serve"))
-            }
-            via = json_object_get_int64(v)
-        }
-        guard let principal = principal(of: peer, via: via) else {
-            return .failure(
-                RPCError(.notPermitted, "\"_onBehalfOf\": \(via ?? 0) is not a request \(peer.label) is serving (answered or timed out)"))
-        }
-        return .success(principal)
-    }
-
-    /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
-    static let reportCost = 32
-
-    func handleRequest(
-        _ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
-        id: OpaquePointer?, idSpan: Range<Int>
-    ) {
-        if let slot = peer.slot, !peer.handshaken {
-            if method == HostMethod.hello {
-                pluginHello(slot, peer, msg: msg, id: id)
-            } else {
-                sendError(peer.conn, id: id, RPCError(.invalidRequest, "the first message must be bus.hello"))
-            }
-            return
-        }
-        // Answers carry the id exactly as the caller wrote it (json-c would rewrite 2^64-1 or -0).
-        let idText = String(decoding: UnsafeRawBufferPointer(rebasing: line[idSpan]), as: UTF8.self)
-        switch route(peer, principal, method, field: Bus.paramField(msg)) {
-        case .host:
-            // A report costs much more than a routed message: fewer of the peer's lines follow
-            // in this loop turn (a flood of them cannot stall everyone else).
-            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
-            let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
-            if method == HostMethod.reload {
-                do throws(RPCError) {
-                    try reloadAllowed(peer, principal)
-                    if currentBatch != nil { throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch") }
-                    deferReload(peer, idText: idText)
-                } catch {
-                    sendError(peer.conn, idText: idText, error)
-                }
-                return
-            }
-            let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
-            let answer = hostMethod(peer, principal, method, params)
-            switch answer {
-            case .success(let v): sendResult(peer.conn, idText: idText, v)
-            case .failure(let e): sendError(peer.conn, idText: idText, e)
-            }
-            if !monitors.isEmpty, method != HostMethod.monitor {
-                var error: RPCError?
-                if case .failure(let e) = answer { error = e }
-                monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: error)
-            }
-        case .refused(let e):
-            sendError(peer.conn, idText: idText, e)
-            if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e) }
-        case .denied(let spec, let key):
-            consentRefused[key, default: 0] += 1
-            let error = RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)])
-            if spec.dropWhenDenied {
-                sendResult(peer.conn, idText: idText, spec.deniedResult)
-            } else {
-                sendError(peer.conn, idText: idText, error)
-            }
-            if !monitors.isEmpty {
-                monitorHostAnswer(
-                    peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
-            }
-        case .forward(let target, let timeoutMs, _):
-            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
-        }
-    }
-
     /// Where a call of `method` by `peer` goes (`RoutingPolicy.Decision`).
     typealias Route = RoutingPolicy.Decision<Peer>
 
@@ -446,16 +248,6 @@ public final class Bus {
         policy.decide(
             principal, method, tables: BusRoutingTables(slots: slots, provided: provided), consent: consent,
             shuttingDown: shuttingDown, field: field)
-    }
-
-    /// Reads top-level string params of a parsed message (for consent templates).
-    static func paramField(_ msg: JSONRef) -> (String) -> String? {
-        let params = msg.member("params")
-        return { name in
-            var v: OpaquePointer?
-            guard json_object_object_get_ex(params, name, &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-            return String(cString: json_object_get_string(v))
-        }
     }
 
     /// Forwards a request with a host-issued id: the line with only its id's bytes (`idSpan`)
@@ -508,91 +300,7 @@ public final class Bus {
         addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
         peer.inflight += 1
         peer.requestsSent += 1
-        routed += 1
-    }
-
-    /// When `target` is congested: defers `peer`'s current line and holds its input until the
-    /// target drains; returns true (the caller routes nothing now).
-    func deferIfCongested(_ peer: Peer, _ target: Peer) -> Bool {
-        guard target.conn.isCongested else { return false }
-        // A batch member cannot wait alone (the line holds the members already sent): the
-        // batch goes through, and the peer's input is held after it (`handleBatch`).
-        if let b = currentBatch, b.peer === peer {
-            b.congested = target
-            return false
-        }
-        peer.conn.hold(until: target.conn)
-        peer.conn.deferCurrentLine()
-        heldForCongestion += 1
-        return true
-    }
-
-    /// Issues a request from the host itself (heartbeats, callbacks to providers).
-    func call(
-        _ target: Peer, method: String, params: JSON?, timeoutMs: UInt64,
-        _ done: @escaping (Result<JSON, RPCError>) -> Void
-    ) -> Int64 {
-        let hostId = nextRequestId
-        nextRequestId += 1
-        addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)
-        target.conn.send(envelope: Envelope.request(id: .int(hostId), method: method, params: .params(params)))
-        return hostId
-    }
-
-    func handleResponse(_ peer: Peer, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, id: OpaquePointer?, idSpan: Range<Int>) {
-        guard json_object_get_type(id) == json_type_int, case let hostId = json_object_get_int64(id),
-            let p = takePending(hostId, answeredBy: peer)
-        else {
-            log.debug("reply to an unknown request ignored", ["peer": peer.label])
-            return
-        }
-        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
-        switch p.origin {
-        case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
-        case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
-        case .host(let done): done(msg.responseResult)
-        }
-    }
-
-    /// Removes and returns the pending request `hostId` if `peer` is the one it was sent to.
-    func takePending(_ hostId: Int64, answeredBy peer: Peer, if accept: (Pending) -> Bool = { _ in true }) -> Pending? {
-        guard let p = pending.remove(hostId, if: { $0.target === peer && accept($0) }) else { return nil }
-        peer.slot?.served += 1
-        return p
-    }
-
-    func handleNotification(_ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String) {
-        if let slot = peer.slot, !peer.handshaken {
-            log.warn("notification before bus.hello ignored", ["plugin": slot.config.name, "method": method])
-            return
-        }
-        if let slot = peer.slot {
-            // A plugin's notification is a publication on the topic named by its method.
-            guard !HostMethod.isHostNamespace(method) else {
-                log.warn("plugin tried to publish on a host topic; dropped", ["plugin": slot.config.name, "topic": method])
-                return
-            }
-            publish(topic: method, line: line, from: peer)
-            return
-        }
-        // A client notification to a plugin method: forwarded without a reply, under the same
-        // permission, manifest and consent rules as a request.
-        // (Methods a client provided take requests only.)
-        switch route(peer, principal, method, field: Bus.paramField(msg)) {
-        case .forward(let target, _, provider: false):
-            if deferIfCongested(peer, target) { return }  // held like a request (see forward)
-            forwardNotification(line, principal, to: target)
-            routed += 1
-            if !monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
-        case .host:
-            // Done as the request would be; the answer, error or not, is nobody's.
-            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
-            _ = hostMethod(peer, principal, method, msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil)
-        case .denied(_, let key):
-            consentRefused[key, default: 0] += 1
-        case .refused, .forward:
-            break
-        }
+        counters.routed += 1
     }
 
     /// Sends a client's notification to a plugin method. A plugin that wants caller info gets
@@ -608,169 +316,25 @@ public final class Bus {
         member.withUTF8 { target.conn.sendSpliced(line, (open + 1)..<(open + 1), UnsafeRawBufferPointer($0)) }
     }
 
-    /// Delivers one notification line, as it is, to every subscriber of `topic` but the sender.
-    @discardableResult
-    func publish(topic: String, line: UnsafeRawBufferPointer, from sender: Peer?) -> Int {
-        published += 1
-        var delivered = 0
-        let adminOnly = isAdminTopic(topic)
-        // What each uid has queued, summed when first needed and kept up to date as this
-        // publication is queued (one pass over that uid's connections per publication).
-        var uidQueued: [UInt32: Int] = [:]
-        for id in subscriptions.subscribers(of: topic) {
-            guard let peer = peers[id], peer !== sender, !peer.closed else { continue }
-            if peer.isPlugin {
-                guard peer.handshaken else { continue }
-            } else if adminOnly && !isAdmin(peer) {
-                continue
-            }
-            if peer.conn.queuedBytes > config.limits.maxQueuedBytes {
-                peer.droppedNotifications += 1
-                continue
-            }
-            if let uid = peer.credentials?.uid {
-                let queued = uidQueued[uid] ?? queuedBytes(ofUid: uid)
-                guard queued + line.count <= config.limits.maxQueuedBytesPerUid else {
-                    uidQueued[uid] = queued
-                    peer.droppedNotifications += 1
-                    droppedForUidQueue += 1
-                    continue
-                }
-                uidQueued[uid] = queued + line.count + 1
-            }
-            peer.conn.sendLine(line)
-            delivered += 1
-        }
-        if !monitors.isEmpty { monitorPublication(topic, line, from: sender, delivered: delivered) }
-        return delivered
-    }
-
-    /// Bytes queued to all client connections of `uid`.
-    func queuedBytes(ofUid uid: UInt32) -> Int {
-        admission.members(ofUid: uid).reduce(0) { $0 + $1.conn.queuedBytes }
-    }
-
-    func publish(topic: String, params: JSON, from sender: Peer? = nil) {
-        Envelope.notification(method: topic, params: .value(params)).withUnsafeBytes {
-            _ = publish(topic: topic, line: $0, from: sender)
-        }
-    }
-
-    // MARK: Pending requests
-
-    /// Fails every request `peer` was serving (it closed), in id order: taken from the table's
-    /// by-target index, not found by a scan.
-    func failPending(targeting peer: Peer, _ error: RPCError) {
-        for (id, p) in pending.takeAll(targeting: peer.id) { finish(id, p, error) }
-    }
-
-    /// Answers a pending request with an error (plugin death, timeout).
-    func complete(_ id: Int64, _ error: RPCError) {
-        guard let p = pending.remove(id) else { return }
-        finish(id, p, error)
-    }
-
-    private func finish(_ id: Int64, _ p: Pending, _ error: RPCError) {
-        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
-        switch p.origin {
-        case .peer(let origin, let originalId):
-            origin.inflight -= 1
-            guard !origin.closed else { return }
-            sendError(origin.conn, idText: originalId, error)
-            if origin.conn.peerShutdown { closeIfDone(origin) }
-        case .batch(let b, let originalId):
-            var idText = originalId
-            idText.withUTF8 { id in
-                Envelope.error(id: .text(UnsafeRawBufferPointer(id)), error).withUnsafeBytes { batchMemberAnswered(b, $0) }
-            }
-        case .host(let done):
-            done(.failure(error))
-        }
-    }
-
-    func addPending(_ id: Int64, _ p: Pending, deadlineMs: UInt64) {
-        pending.insert(id, p, target: p.target.id, deadlineMs: deadlineMs)
-        if let armed = sweepArmedForMs, armed <= deadlineMs { return }  // the usual case: no work
-        arm(deadlineMs)
-    }
-
-    /// Arms the timeout timer for the earliest pending deadline; with nothing pending it stays
-    /// idle: an idle host does not wake up for timeouts.
-    private func armSweep() {
-        guard let next = pending.nextDeadline() else { return }
-        arm(next)
-    }
-
-    private func arm(_ deadlineMs: UInt64) {
-        sweepArmedForMs = deadlineMs
-        // At least 1 ms: a zero timer started from the timer's own callback would run again in
-        // the same loop phase.
-        sweepTimer.start(after: max(1, deadlineMs > loop.nowMs ? deadlineMs - loop.nowMs : 0))
-    }
-
-    private func sweepTimeouts() {
-        for (id, p) in pending.expired(nowMs: loop.nowMs) {
-            if !p.isHostCall { timeouts += 1 }
-            finish(id, p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
-        }
-        armSweep()
-    }
-
-    // MARK: Output helpers
-
-    /// Sends one reply line, or takes it into the batch being handled for `conn`'s peer.
-    func sendReply(_ conn: Connection, _ envelope: [UInt8]) {
-        if currentBatch != nil, takeIntoBatch(conn, envelope) { return }
-        conn.send(envelope: envelope)
-    }
-
-    func sendResult(_ conn: Connection, id: OpaquePointer?, _ result: JSON) {
-        sendReply(conn, Envelope.result(id: .ref(id), .value(result)))
-    }
-
-    func sendError(_ conn: Connection, id: OpaquePointer?, _ e: RPCError) {
-        sendReply(conn, Envelope.error(id: .ref(id), e))
-    }
-
-    /// An error response for an id kept as JSON text (the caller's own bytes).
-    func sendError(_ conn: Connection, idText: String, _ e: RPCError) {
-        var idText = idText
-        idText.withUTF8 { sendReply(conn, Envelope.error(id: .text(UnsafeRawBufferPointer($0)), e)) }
-    }
-
-    /// A result for an id kept as JSON text (the caller's own bytes).
-    func sendResult(_ conn: Connection, idText: String, _ result: JSON) {
-        var idText = idText
-        idText.withUTF8 { sendReply(conn, Envelope.result(id: .text(UnsafeRawBufferPointer($0)), .value(result))) }
-    }
-
-    func sendError(_ conn: Connection, jsonId id: JSON?, _ e: RPCError) {
-        sendReply(conn, Envelope.error(id: id.map { .value($0) } ?? .null, e))
-    }
-
-    /// Best effort: whether the first bytes of a too-long line are those of a response (a
-    /// `result` or `error` member and no `method` among them).
-    static func looksLikeResponse(_ head: [UInt8]) -> Bool {
-        let s = String(decoding: head, as: UTF8.self)
-        return (s.contains("\"result\"") || s.contains("\"error\"")) && !s.contains("\"method\"")
-    }
-
-    /// Best effort: the `id` of a message whose line was too long, from its first bytes.
-    static func scanId(_ head: [UInt8]) -> JSON? {
-        let s = String(decoding: head, as: UTF8.self)
-        guard let r = s.range(of: "\"id\"") else { return nil }
-        var rest = s[r.upperBound...].drop { $0 == " " || $0 == "\t" }
-        guard rest.first == ":" else { return nil }
-        rest = rest.dropFirst().drop { $0 == " " || $0 == "\t" }
-        if rest.first == "\"" {
-            let body = rest.dropFirst()
-            guard let end = body.firstIndex(of: "\""), !body[..<end].contains("\\") else { return nil }
-            return .string(String(body[..<end]))
-        }
-        let digits = rest.prefix { $0 == "-" || ($0 >= "0" && $0 <= "9") }
-        if let i = Int64(digits) { return .int(i) }
-        return nil
-    }
-
     func isPermitted(_ method: String, _ p: Principal) -> Bool { policy.isPermitted(method, p) }
+}
+
+/// The counters `bus.status` reports (`counters`).
+struct BusCounters {
+    var routed: UInt64 = 0
+    /// Messages (requests and answers) routed without a json-c tree (Bus+FastPath).
+    var fastRouted: UInt64 = 0
+    var timeouts: UInt64 = 0
+    var protocolErrors: UInt64 = 0
+    var published: UInt64 = 0
+    /// Times a client's input was held because the plugin it sent to was congested.
+    var heldForCongestion: UInt64 = 0
+    /// JSON-RPC batches received.
+    var batches: UInt64 = 0
+    /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
+    var slowReadersClosed: UInt64 = 0
+    /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
+    var droppedForUidQueue: UInt64 = 0
+    /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
+    var monitorsDropped: UInt64 = 0
 }

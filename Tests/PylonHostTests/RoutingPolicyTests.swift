@@ -196,7 +196,8 @@ struct RoutingPolicyTests {
 
     @Test func aDeniedSwitchRefusesWithItsKey() {
         let c = Self.consent(["ma:app1": false])
-        guard case .denied(let spec, let key) = decide(Self.client(Self.user), "ma.eventRecord", consent: c, fields: ["appKey": "app1"]) else {
+        guard case .denied(let spec, let key) = decide(Self.client(Self.user), "ma.eventRecord", consent: c, fields: ["appKey": "app1"])
+        else {
             Issue.record("not denied")
             return
         }
@@ -213,7 +214,8 @@ struct RoutingPolicyTests {
 
     @Test func theDropFormCarriesItsResult() {
         let c = Self.consent(["ma:app1": false])
-        guard case .denied(let spec, "ma:app1") = decide(Self.client(Self.user), "ma.optional", consent: c, fields: ["appKey": "app1"]) else {
+        guard case .denied(let spec, "ma:app1") = decide(Self.client(Self.user), "ma.optional", consent: c, fields: ["appKey": "app1"])
+        else {
             Issue.record("not denied")
             return
         }
@@ -237,7 +239,9 @@ struct RoutingPolicyTests {
     @Test func permissionIsCheckedBeforeConsent() {
         let policy = RoutingPolicy(permissions: [PermissionRule(method: TopicPattern("ma.*"), allowed: AccessList(uids: [0]))])
         let c = Self.consent(["ma:app1": false])
-        guard case .refused(let e) = decide(Self.client(Self.user), "ma.eventRecord", policy: policy, consent: c, fields: ["appKey": "app1"]) else {
+        guard
+            case .refused(let e) = decide(Self.client(Self.user), "ma.eventRecord", policy: policy, consent: c, fields: ["appKey": "app1"])
+        else {
             Issue.record("consent answered before permissions")
             return
         }

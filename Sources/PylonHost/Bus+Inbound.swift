@@ -190,6 +190,7 @@ extension Bus {
                     peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
             }
         case .forward(let target, let timeoutMs, _):
+            if let e = paramCheckError(target, method, msg) { return sendError(peer.conn, idText: idText, e) }
             forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         }
     }

@@ -17,6 +17,20 @@ enum MAMethodDocs {
 
     static func declare(_ plugin: Plugin) {
         plugin.describe(
+            "setOwner",
+            MethodDoc(
+                "Admins only: hand an AppKey to another uid, or release it (null: the next uid to start it claims it)",
+                params: [
+                    P("appKey", .string, required: true, "an AppKey already started"),
+                    P("uid", .any, required: true, "an integer uid 0-4294967295, or null to release"),
+                ],
+                result: .init(
+                    .object, "",
+                    fields: [
+                        P("code", .integer, required: true, ""), P("appKey", .string, ""), P("ownerUid", .any, "the new owner, or null"),
+                        P("previous", .any, "the owner before, or null"),
+                    ])))
+        plugin.describe(
             "start",
             MethodDoc(
                 "Start (or re-start) MA for an AppKey and confirm the user's identity with the backend",

@@ -11,6 +11,20 @@ enum PushMethodDocs {
 
     static func declare(_ plugin: Plugin) {
         plugin.describe(
+            "setOwner",
+            MethodDoc(
+                "Admins only: hand an appId to another uid, or release it (null: the next uid to attach it claims it)",
+                params: [
+                    P("appId", .string, required: true, "an appId a uid attached before"),
+                    P("uid", .any, required: true, "an integer uid, or null to release"),
+                ],
+                result: .init(
+                    .object, "",
+                    fields: [
+                        P("code", .integer, required: true, ""), P("appId", .string, ""), P("ownerUid", .any, "the new owner, or null"),
+                        P("previous", .any, "the owner before, or null"),
+                    ])))
+        plugin.describe(
             "register",
             MethodDoc(
                 "Register the device with the push backend (when configuration deferred it) and get its token",

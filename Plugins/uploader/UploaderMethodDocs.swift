@@ -13,6 +13,20 @@ enum UploaderMethodDocs {
 
     static func declare(_ plugin: Plugin) {
         plugin.describe(
+            "setOwner",
+            MethodDoc(
+                "Admins only: hand a stream to another owner, or release it (null: the next writer claims it)",
+                params: [
+                    P("stream", .string, required: true, "1-128 of [A-Za-z0-9._:-]"),
+                    P("owner", .any, required: true, "\"uid:N\" or \"plugin:NAME\", or null to release"),
+                ],
+                result: .init(
+                    .object, "",
+                    fields: [
+                        P("stream", .string, required: true, ""), P("owner", .any, required: true, "the new owner, or null"),
+                        P("previous", .any, required: true, "the owner before, or null"),
+                    ])))
+        plugin.describe(
             "enqueue",
             MethodDoc(
                 "Queue records on a stream; answered once they are on disk (all or nothing)",

@@ -111,6 +111,10 @@ struct Command {
                 """),
         Command(name: "metrics", synopsis: "metrics", summary: "bus and plugin status as Prometheus text"),
         Command(
+            name: "owner", synopsis: "owner set PLUGIN NAME OWNER | release PLUGIN NAME",
+            summary: "admins: hand an uploader stream, MA AppKey or push appId to another uid, or release it",
+            details: ownerUsage),
+        Command(
             name: "dead-letters", synopsis: "dead-letters list|requeue|discard ...", summary: "the uploader's dead letters",
             details: deadLettersUsage),
     ]

@@ -312,6 +312,8 @@ case "sub":
     }
 case "dead-letters":  // the uploader's dead letters: list, requeue, discard (DeadLetters.swift)
     deadLettersCommand(args)
+case "owner":  // admins: uploader.setOwner, ma.setOwner, push.setOwner (Owner.swift)
+    ownerCommand(args)
 case "monitor":
     monitorCommand(args, verbose: flags.contains("--verbose"), json: flags.contains("--json"))
 case "reload":

@@ -65,7 +65,8 @@ enum MAMethodDocs {
                 "The AppKey's EUID", params: [appKey],
                 result: .init(
                     .object, "",
-                    fields: [P("code", .integer, required: true, ""), P("euid", .string, required: true, "null before a successful start")])))
+                    fields: [P("code", .integer, required: true, ""), P("euid", .string, required: true, "null before a successful start")])
+            ))
         plugin.describe(
             "eventRecord",
             MethodDoc(
@@ -100,7 +101,9 @@ enum MAMethodDocs {
             "setUtmProperties",
             MethodDoc(
                 "UTM properties attached to every later event",
-                params: [appKey, P("properties", .object, required: true, "utm_source, utm_medium, utm_term, utm_content, utm_campaign, utm_id")],
+                params: [
+                    appKey, P("properties", .object, required: true, "utm_source, utm_medium, utm_term, utm_content, utm_campaign, utm_id"),
+                ],
                 result: codeMessage))
         plugin.describe(
             "setReportInterval",

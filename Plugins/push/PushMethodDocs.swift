@@ -29,7 +29,9 @@ enum PushMethodDocs {
             MethodDoc(
                 "Register the device with the push backend (when configuration deferred it) and get its token",
                 params: [P("timeoutMs", .integer, "how long to wait for a token")],
-                result: .init(.object, "", fields: [P("code", .integer, required: true, "0, or 3001 when no token came in time"), P("token", .string, "")])))
+                result: .init(
+                    .object, "",
+                    fields: [P("code", .integer, required: true, "0, or 3001 when no token came in time"), P("token", .string, "")])))
         plugin.describe(
             "setDeviceToken",
             MethodDoc(
@@ -69,7 +71,8 @@ enum PushMethodDocs {
                     P("appId", .string, required: true, "1-128 of [A-Za-z0-9._-]"),
                     P("callback", .string, required: true, "a method this client provides (bus.provide)"),
                 ],
-                result: .init(.object, "", fields: [code, P("pending", .integer, "stored messages to deliver now"), P("message", .string, "")])))
+                result: .init(
+                    .object, "", fields: [code, P("pending", .integer, "stored messages to deliver now"), P("message", .string, "")])))
         plugin.describe(
             "detach",
             MethodDoc("Stop receiving an app's messages", params: [P("appId", .string, required: true, "")], result: codeMessage))

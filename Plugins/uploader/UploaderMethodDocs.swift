@@ -70,7 +70,9 @@ enum UploaderMethodDocs {
             "deadLetters",
             MethodDoc(
                 "The records set aside after a refused batch, oldest first",
-                params: [P("stream", .string, "one stream (absent: every stream the caller may use)"), P("limit", .integer, "at most this many")],
+                params: [
+                    P("stream", .string, "one stream (absent: every stream the caller may use)"), P("limit", .integer, "at most this many"),
+                ],
                 result: .init(.object, "", fields: [P("deadLetters", .array, required: true, "{stream, id, reason, at_ms, ...}")])))
         plugin.describe(
             "requeue",

@@ -205,10 +205,14 @@ case "describe":
     if let method = args.first {
         guard args.count == 1 else { fail("describe takes one METHOD (see pylonctl describe --help)", code: 64) }
         if flags.contains("--json") {
-            guard let m = describedMethodJSON(d, method) else { fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1) }
+            guard let m = describedMethodJSON(d, method) else {
+                fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1)
+            }
             print(text(m))
         } else {
-            guard let t = describeMethodText(d, method) else { fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1) }
+            guard let t = describeMethodText(d, method) else {
+                fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1)
+            }
             print(t)
         }
     } else if flags.contains("--json") {

@@ -33,9 +33,11 @@ import Testing
         let d = try h.client().call("bus.describe")
         var undocumented: [String] = []
         var count = 0
-        let entries = (d["hostMethods"]?.arrayValue ?? []) + ["uploader", "ma", "gtm", "push", "echo"].flatMap {
-            d["plugins"]?[$0]?["methods"]?.arrayValue ?? []
-        }
+        let entries =
+            (d["hostMethods"]?.arrayValue ?? [])
+            + ["uploader", "ma", "gtm", "push", "echo"].flatMap {
+                d["plugins"]?[$0]?["methods"]?.arrayValue ?? []
+            }
         for m in entries {
             count += 1
             let name = m["name"]?.stringValue ?? "?"
@@ -50,7 +52,8 @@ import Testing
         #expect(count > 60, "all the plugins' methods were listed: \(count)")
         // One declared doc as sent: ma.eventRecord's required eventName.
         let ev = d["plugins"]?["ma"]?["methods"]?.arrayValue?.first { $0["name"] == "ma.eventRecord" }
-        #expect(ev?["params"]?.arrayValue?.contains { $0["name"] == "eventName" && $0["required"] == true && $0["type"] == "string" } == true)
+        #expect(
+            ev?["params"]?.arrayValue?.contains { $0["name"] == "eventName" && $0["required"] == true && $0["type"] == "string" } == true)
         #expect(ev?["consent"] == "ma:{appKey}", "the consent template is still there")
     }
 

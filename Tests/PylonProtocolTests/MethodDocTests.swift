@@ -109,7 +109,9 @@ import Testing
     /// params[{name, required, schema{type}}], result{name, schema}}].
     @Test func openRPCDocumentHasTheSpecifiedShape() {
         let m = Self.manifest()
-        let entries = m.methodOrder.map { OpenRPC.Entry(name: $0, servedBy: "ma", consent: m.methods[$0]?.consent, doc: m.methods[$0]?.doc) }
+        let entries = m.methodOrder.map {
+            OpenRPC.Entry(name: $0, servedBy: "ma", consent: m.methods[$0]?.consent, doc: m.methods[$0]?.doc)
+        }
         let d = OpenRPC.document(title: "Pylon", version: "0.1.0", methods: entries)
         #expect(d["openrpc"] == "1.2.6")
         #expect(d["info"]?["title"] == "Pylon" && d["info"]?["version"] == "0.1.0")
@@ -125,7 +127,10 @@ import Testing
         }
         let ev = methods[0]
         #expect(ev["name"] == "ma.eventRecord" && ev["summary"] == "Record an event" && ev["x-pylon-consent"] == "ma:{appKey}")
-        #expect(ev["params"]?.arrayValue?.first == ["name": "eventName", "required": true, "schema": ["type": "string"], "description": "the name"])
+        #expect(
+            ev["params"]?.arrayValue?.first == [
+                "name": "eventName", "required": true, "schema": ["type": "string"], "description": "the name",
+            ])
         #expect(ev["result"]?["schema"]?["properties"]?["code"]?["type"] == "integer")
         #expect(ev["result"]?["schema"]?["required"] == ["code"])
         #expect(methods[1]["result"]?["schema"]?["type"] == nil, "any: no type")

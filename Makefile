@@ -13,7 +13,7 @@ RUN_DIR ?= $(CURDIR)/run
 # point a second one (another RUN_DIR) at the first one's socket.
 export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build release run test test-install test-run test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build release run test test-unit test-install test-run test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -99,6 +99,17 @@ test: build pydeps
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \
 	else echo "make test: .deb test skipped (not root, no dpkg, pylon installed, or PYLON_TEST_DEB=0)"; fi
+
+## The inner loop: every test that starts no process (no pylond, plugin, backend, broker or
+## database), in parallel, under 10 s after a build. The process suites (IntegrationTests and the
+## backend binary's suites in BackendTests) are `make test`'s. A suite added to BackendTests that
+## starts no process belongs in UNIT_SUITES.
+UNIT_TARGETS := PylonCoreTests PylonProtocolTests PylonHostTests UploaderTests MATests PushTests TagEngineTests FleetTests
+UNIT_SUITES := BackendTests.BatchReaderTests BackendTests.BrokerClusterOptionsTests
+## UNIT_TMPDIR: where their temporary files go (a tmpfs: the store tests check logic, not the disk).
+UNIT_TMPDIR ?= $(shell test -w /dev/shm && echo /dev/shm || echo /tmp)
+test-unit: deps
+	TMPDIR=$(UNIT_TMPDIR) $(SWIFT) test --parallel $(foreach t,$(UNIT_TARGETS),--filter '^$(t)\.') $(foreach s,$(UNIT_SUITES),--filter '^$(s)/')
 
 test-python: build pydeps
 	cd clients/python && PYLON_BUILD_DIR=$(CURDIR)/.build/debug PYTHONPATH=$(CURDIR)/clients/python/src \

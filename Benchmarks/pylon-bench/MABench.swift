@@ -17,7 +17,7 @@ func maBench() throws {
             "name": "uploader", "exec": "pylon-uploader",
             "config": [
                 "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
-                "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]],
+                "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]], "credentialFile": .string(benchCredentialFile),
             ],
         ],  // as etc/pylon.json
         [

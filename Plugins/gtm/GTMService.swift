@@ -37,6 +37,9 @@ final class GTMService {
 
     struct Counters {
         var pushes = 0
+        /// Pushes whose rules and tags are done (`pushes` minus this: still queued or waiting for
+        /// function-call macros); tests wait on it instead of sleeping.
+        var pushesHandled = 0
         var tagsFired = 0
         var hitsQueued = 0
         var hitsDroppedForConsent = 0
@@ -48,7 +51,8 @@ final class GTMService {
 
         static func + (a: Counters, b: Counters) -> Counters {
             Counters(
-                pushes: a.pushes + b.pushes, tagsFired: a.tagsFired + b.tagsFired, hitsQueued: a.hitsQueued + b.hitsQueued,
+                pushes: a.pushes + b.pushes, pushesHandled: a.pushesHandled + b.pushesHandled, tagsFired: a.tagsFired + b.tagsFired,
+                hitsQueued: a.hitsQueued + b.hitsQueued,
                 hitsDroppedForConsent: a.hitsDroppedForConsent + b.hitsDroppedForConsent,
                 functionCallFailures: a.functionCallFailures + b.functionCallFailures, hitsRetried: a.hitsRetried + b.hitsRetried,
                 hitsDropped: a.hitsDropped + b.hitsDropped)
@@ -56,7 +60,8 @@ final class GTMService {
 
         var json: JSONObject {
             [
-                "pushes": .int(Int64(pushes)), "tagsFired": .int(Int64(tagsFired)), "hitsQueued": .int(Int64(hitsQueued)),
+                "pushes": .int(Int64(pushes)), "pushesHandled": .int(Int64(pushesHandled)), "tagsFired": .int(Int64(tagsFired)),
+                "hitsQueued": .int(Int64(hitsQueued)),
                 "hitsDroppedForConsent": .int(Int64(hitsDroppedForConsent)), "functionCallFailures": .int(Int64(functionCallFailures)),
                 "hitsRetried": .int(Int64(hitsRetried)), "hitsDropped": .int(Int64(hitsDropped)),
             ]

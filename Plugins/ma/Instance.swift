@@ -22,10 +22,20 @@ final class MAInstance {
     /// default when the last client bound to this AppKey disconnects.
     var reportIntervalS: Int64?
 
-    // Session: starts on first activity, ends `sessionTimeoutS` after going to background.
-    var sessionId: String?
+    // Session: starts on first activity, ends `sessionTimeoutS` after going to background
+    // (`MASession`, the machine; `sessionTimer`, the shell's one timer for it).
+    var session = MASession()
     var sessionTimer: Timer?
-    var background = false
+    var sessionId: String? {
+        get { session.id }
+        set { session.id = newValue }
+    }
+    var background: Bool {
+        get { session.background }
+        set { session.background = newValue }
+    }
+    /// The session timeout in ms (`sessionTimeoutS`, at least 1 s).
+    var sessionTimeoutMs: UInt64 { UInt64(max(1, sessionTimeoutS)) * 1000 }
 
     /// Serialised start/identifyAccount operations (strict call order, one at a time).
     var opQueue: [() -> Void] = []

@@ -16,7 +16,7 @@ extension MAService {
             // at once if that happened while this call was in flight.
             inst.reportIntervalS = s
             self.persist(inst)
-            if call.callerClient != nil, !self.sessionActive(inst.appKey) { self.endReportInterval(inst) }
+            if call.callerInfo.client != nil, !self.sessionActive(inst.appKey) { self.endReportInterval(inst) }
             call.reply(Self.result(0, ""))
         }
     }
@@ -99,38 +99,37 @@ extension MAService {
     // MARK: Sessions
 
     func touchSession(_ inst: MAInstance) {
-        if inst.sessionId == nil {
-            inst.sessionId = System.randomHex(8)
-            recordOwn(inst, "el_session_start")
-            persist(inst)  // a plugin restart continues the session
-        }
-        if inst.background { armSessionTimer(inst) }
+        perform(inst, inst.session.touch(now: plugin.loop.nowMs, timeoutMs: inst.sessionTimeoutMs) { System.randomHex(8) })
     }
 
     func setBackground(_ inst: MAInstance, _ bg: Bool) {
-        if inst.background != bg {
-            inst.background = bg
-            persist(inst)
-        }
-        if bg {
-            armSessionTimer(inst)
-        } else {
-            inst.sessionTimer?.stop()
-        }
+        perform(inst, inst.session.setBackground(bg, now: plugin.loop.nowMs, timeoutMs: inst.sessionTimeoutMs))
     }
 
-    /// (Re)starts the instance's one session timer: it ends the session `sessionTimeoutS`
-    /// after the last activity in the background (libuv re-arms an active timer).
-    func armSessionTimer(_ inst: MAInstance) {
-        let t =
-            inst.sessionTimer
-            ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
-                guard inst.sessionId != nil else { return }
-                self.recordOwn(inst, "el_session_end")
-                inst.sessionId = nil
-                self.persist(inst)
+    /// After a restart (`MASession.restored`).
+    func restoreSession(_ inst: MAInstance) {
+        perform(inst, inst.session.restored(now: plugin.loop.nowMs, timeoutMs: inst.sessionTimeoutMs))
+    }
+
+    /// Performs the session machine's effects in order: the session events (a restart continues
+    /// a persisted session), persisting, and the instance's one timer (libuv re-arms an active one).
+    func perform(_ inst: MAInstance, _ effects: [MASession.Effect]) {
+        for e in effects {
+            switch e {
+            case .started(let id): recordOwn(inst, "el_session_start", session: id)
+            case .ended(let id): recordOwn(inst, "el_session_end", session: id)
+            case .persist: persist(inst)
+            case .arm(let at):
+                let t =
+                    inst.sessionTimer
+                    ?? Timer(loop: plugin.loop) { [unowned self, unowned inst] in
+                        self.perform(inst, inst.session.timerFired(now: self.plugin.loop.nowMs))
+                    }
+                inst.sessionTimer = t
+                let now = plugin.loop.nowMs
+                t.start(after: at > now ? at - now : 1)
+            case .cancel: inst.sessionTimer?.stop()
             }
-        inst.sessionTimer = t
-        t.start(after: UInt64(max(1, inst.sessionTimeoutS)) * 1000)
+        }
     }
 }

@@ -85,7 +85,10 @@ extension StreamState {
         if inFlight { return workAhead(now: now) }
         if let h = endpointHeldUntil, now < h { return .idle }
         guard shouldSend(now: now) else { return .idle }
-        guard let key = pendingBatches.first else { return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes) }
+        guard let key = pendingBatches.first else {
+            noteCut(now: now)
+            return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes)
+        }
         inFlight = true
         cutAheadTried = false
         if preparedAhead == key { preparedAhead = nil }
@@ -99,6 +102,7 @@ extension StreamState {
     private mutating func workAhead(now: UInt64) -> Step {
         if pendingBatches.count == 1, !cutAheadTried, wantsBatch(now: now) {
             cutAheadTried = true
+            noteCut(now: now)
             return .cut(maxCount: batchLimit, maxBytes: settings.maxBatchBytes)
         }
         if pendingBatches.count >= 2, preparedAhead != pendingBatches[1] {

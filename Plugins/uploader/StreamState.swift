@@ -115,6 +115,11 @@ struct StreamState {
     var notBeforeMs: UInt64 = 0
     var flushRequested = false
     var lastResult = "none"
+    /// What made the last new batch (status `lastCutTrigger`: `none`, `flush`, `count`, `bytes`,
+    /// `interval`) and the age of its oldest record then (`lastCutOldestAgeMs`, this machine's
+    /// clock): tests check the trigger without watching the wall clock.
+    var lastCutTrigger = "none"
+    var lastCutOldestAgeMs: UInt64 = 0
     var lastRetryDelayMs: UInt64 = 0
     var delivered: UInt64 = 0
     /// Dead letters of the stream on disk, and what they count in the disk cap (its owner's
@@ -148,6 +153,13 @@ struct StreamState {
     func shouldSend(now: UInt64) -> Bool {
         guard !inFlight, now >= notBeforeMs else { return false }
         return !pendingBatches.isEmpty || wantsBatch(now: now)
+    }
+
+    /// Notes why a new batch is cut now (`wantsBatch`'s first reason) and how old its oldest record is.
+    mutating func noteCut(now: UInt64) {
+        lastCutTrigger =
+            flushRequested ? "flush" : countReached ? "count" : queuedBytes >= settings.maxBatchBytes ? "bytes" : "interval"
+        lastCutOldestAgeMs = oldestMs.map { now >= $0 ? now - $0 : 0 } ?? 0
     }
 
     /// Whether the queued records make a new batch now: the count, the bytes, the interval or a

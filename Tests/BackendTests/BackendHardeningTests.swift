@@ -13,7 +13,6 @@ import Testing
         // The idle timeout is long: only the header deadline can end this connection.
         let b = try BackendProcess(["--header-timeout-ms", "500", "--idle-timeout-ms", "60000"])
         let c = try b.client()
-        let t0 = Date()
         try c.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         // One byte every 100 ms: each used to reset the idle timer.
         try c.trickle(
@@ -23,8 +22,7 @@ import Testing
         #expect(r.status == 408)
         #expect(r.headers["connection"] == "close")
         #expect(try r.json()["code"] == "request_timeout")
-        #expect(try c.isClosedByPeer())
-        #expect(Date().timeIntervalSince(t0) < 5)
+        #expect(try c.isClosedByPeer())  // by the header deadline: the idle timeout is 60 s, the trickle 10 s at most
         // Others are served meanwhile and afterwards.
         #expect(try b.request("GET", "/healthz").status == 200)
     }
@@ -32,14 +30,12 @@ import Testing
     @Test func aSlowBodyGets408AtTheBodyDeadline() throws {
         let b = try BackendProcess(["--body-timeout-ms", "500", "--idle-timeout-ms", "60000"])
         let c = try b.client()
-        let t0 = Date()
         try c.send("POST /v1/batches/s HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: k\r\nContent-Length: 1000\r\n\r\n{")
         try c.trickle(Array(repeating: UInt8(ascii: " "), count: 100), everyMs: 100, untilReadableWithinMs: 10_000)
         let r = try #require(try c.readResponse())
         #expect(r.status == 408)
         #expect(try r.json()["code"] == "request_timeout")
-        #expect(try c.isClosedByPeer())
-        #expect(Date().timeIntervalSince(t0) < 5)
+        #expect(try c.isClosedByPeer())  // by the body deadline (idle timeout 60 s)
         #expect(try b.get("/v1/inspect/streams/s")["records"] == 0)
     }
 
@@ -121,7 +117,9 @@ import Testing
             for (i, c) in greedy.enumerated() {
                 offsets[i] = (offsets[i] + c.sendSome(Array(burst[offsets[i]...]))) % burst.count
             }
-            usleep(50_000)
+            // Until the backend has read some: one of the sockets takes more (50 ms at most).
+            var fds = greedy.map { pollfd(fd: $0.fd, events: Int16(POLLOUT), revents: 0) }
+            _ = poll(&fds, nfds_t(fds.count), 50)
         }
         // Everyone else is still served (the long timeout lets an unbounded backend finish
         // its backlog, so the memory it took is measured rather than a timeout).

@@ -279,12 +279,24 @@ import Testing
         #expect(try get.json() == ["ok": true])
     }
 
-    @Test func partialRequestsDoNotExhaustTheDefaultConnectionLimit() throws {
-        // Needs 1024 + a few descriptors here and in the backend (which inherits the limit).
+    /// Descriptors `partialRequestsDoNotExhaustTheDefaultConnectionLimit` needs: 1024 + a few here
+    /// and in the backend (which inherits the limit).
+    static let descriptorsForTheConnectionLimitTest: rlim_t = 1200
+    static var hardDescriptorLimit: rlim_t {
         var lim = rlimit()
         getrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim)
-        guard lim.rlim_max >= 1200 else { return }
-        lim.rlim_cur = max(lim.rlim_cur, 1200)
+        return lim.rlim_max
+    }
+
+    /// Skipped (visibly, with the reason) where the hard descriptor limit is below what it needs.
+    @Test(
+        .enabled(
+            if: BackendTests.hardDescriptorLimit >= BackendTests.descriptorsForTheConnectionLimitTest,
+            "needs a hard RLIMIT_NOFILE of at least \(BackendTests.descriptorsForTheConnectionLimitTest)"))
+    func partialRequestsDoNotExhaustTheDefaultConnectionLimit() throws {
+        var lim = rlimit()
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim)
+        lim.rlim_cur = max(lim.rlim_cur, Self.descriptorsForTheConnectionLimitTest)
         setrlimit(Int32(RLIMIT_NOFILE.rawValue), &lim)
         let b = try BackendProcess()
         var open: [RawHTTPClient] = []
@@ -368,10 +380,7 @@ import Testing
         try b.setFaults(["latencyMs": 300])
         var t0 = Date()
         #expect(try b.postBatch("s", key: "l", batchBody(key: "l", stream: "s", ids: ["1"])).status == 200)
-        #expect(Date().timeIntervalSince(t0) >= 0.29)
-        t0 = Date()
-        #expect(try b.request("GET", "/healthz").status == 200)
-        #expect(Date().timeIntervalSince(t0) < 0.25)  // exempt
+        #expect(Date().timeIntervalSince(t0) >= 0.29)  // a lower bound: fails only if not delayed
 
         // Pipelined behind a delayed response, answers keep their order.
         let c = try b.client()
@@ -381,18 +390,18 @@ import Testing
         #expect(try c.readResponse()?.status == 200)
         #expect(Date().timeIntervalSince(t0) >= 0.25)
 
+        // From here a delayed response would take 60 s, six times the client's 10 s read
+        // timeout: an answer at all shows it was not delayed (no upper bound on the clock).
+        try b.setFaults(["latencyMs": 60_000])
+        #expect(try b.request("GET", "/healthz").status == 200)  // exempt
         // The server keeps serving other connections while one response is held.
         let slow = try b.client()
         try slow.send(RawHTTPClient.message("GET", "/slow"))
-        t0 = Date()
         #expect(try b.request("GET", "/v1/inspect/stats").status == 200)
-        #expect(Date().timeIntervalSince(t0) < 0.25)
-        #expect(try slow.readResponse()?.status == 404)
-
         #expect(try b.request("DELETE", "/v1/faults").status == 200)
-        t0 = Date()
+        // Cleared: answered at once.
         #expect(try b.postBatch("s", key: "l2", batchBody(key: "l2", stream: "s", ids: ["2"])).status == 200)
-        #expect(Date().timeIntervalSince(t0) < 0.25)
+        _ = slow
     }
 
     // MARK: Process

@@ -59,31 +59,28 @@ import Testing
     }
 }
 
-/// mosquitto on a free loopback port, anonymous clients allowed (the backend's push tests need
+/// mosquitto on a free loopback port (`startMosquitto`), anonymous clients allowed (the backend's push tests need
 /// a broker, not its access control), killed with SIGKILL.
 final class AnonymousBroker {
     let dir: String
     let port: UInt16
-    let process = Process()
+    let process: Process
 
     init() throws {
-        dir = NSTemporaryDirectory() + "pylon-anon-broker-" + UUID().uuidString.prefix(8)
+        let dir = NSTemporaryDirectory() + "pylon-anon-broker-" + UUID().uuidString.prefix(8)
+        self.dir = dir
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        port = try freeLoopbackPort()
-        let conf = """
+        let started = try startMosquitto(dir: dir, log: dir + "/mosquitto.log") { port in
+            """
             listener \(port) 127.0.0.1
             allow_anonymous true
             persistence false
             \(getuid() == 0 ? "user root" : "")
+            log_dest file \(dir)/mosquitto.log
             """
-        try conf.write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)
-        process.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
-        process.arguments = ["-c", dir + "/mosquitto.conf"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let port = self.port
-        try waitUntil(timeout: 10) { (try? RawHTTPClient(port: port)) != nil }
+        }
+        process = started.process
+        port = UInt16(started.port)
     }
 
     deinit {
@@ -93,20 +90,4 @@ final class AnonymousBroker {
         }
         try? FileManager.default.removeItem(atPath: dir)
     }
-}
-
-/// A port nothing listens on now (bound to 0, read back, closed).
-func freeLoopbackPort() throws -> UInt16 {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_port = 0
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &addr) { p in
-        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
-    }
-    guard ok else { throw TestFailure(description: "no free port") }
-    return UInt16(bigEndian: addr.sin_port)
 }

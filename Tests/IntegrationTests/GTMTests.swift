@@ -128,9 +128,8 @@ extension SyncClient {
         let h2 = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: dir2))
         let c2 = try h2.client()
         try b.faults(["latencyMs": 1500])
-        let t0 = Date()
+        // The network answers at 1.5 s: the default means the opener's 300 ms released it.
         let slow = try c2.open("GTM-S", "prefer_fresh", timeoutMs: 300)
-        #expect(Date().timeIntervalSince(t0) < 1.2)
         #expect(slow["isDefault"] == true)
         #expect(try c2.value("GTM-S", "title") == "default")
         try waitUntil(timeout: 5) { try c2.value("GTM-S", "title") == "slow network" }
@@ -141,9 +140,9 @@ extension SyncClient {
         let h3 = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: dir3))
         let c3 = try h3.client()
         try b.faults(["failNext": 3, "status": 503])
-        let t1 = Date()
-        let failed = try c3.open("GTM-F", "prefer_fresh", timeoutMs: 5000)
-        #expect(Date().timeIntervalSince(t1) < 2)
+        // An opener's wait of 10 min, past the host's request timeout: an answer at all means
+        // the failure released it (no clock needed).
+        let failed = try c3.open("GTM-F", "prefer_fresh", timeoutMs: 600_000)
         #expect(failed["isDefault"] == true)
         try b.clearFaults()
 
@@ -245,6 +244,24 @@ extension SyncClient {
         #expect(try c.value("GTM-DL", "temp") == "", "other values do not")
     }
 
+    /// `gtm.lifetime` values are one frame appended to `gtm.lifetime` when the push is handled:
+    /// a kill -9 of the plugin right after keeps them (issue 24 item 3).
+    @Test func gtmLifetimeValuesSurviveAKill9OfThePlugin() throws {
+        let b = try TestBackend()
+        try b.publishContainer("GTM-K9", gtmResource([:], macros: [["function": "_v", "instance_name": "level", "name": "user.level"]]))
+        let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
+        let c = try h.client()
+        _ = try c.open("GTM-K9")
+        _ = try c.call("gtm.push", ["data": ["user.level": 7, "gtm.lifetime": "1h"]])
+        _ = try c.call("gtm.push", ["data": ["user.level": 8, "gtm.lifetime": "1h"]])
+        #expect(try c.value("GTM-K9", "level", "int64") == 8)
+        let pid = try #require(try h.plugin("gtm")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("gtm", restartsAtLeast: 1)
+        _ = try c.open("GTM-K9")
+        #expect(try c.value("GTM-K9", "level", "int64") == 8, "the last persisted value, after a kill -9")
+    }
+
     @Test func functionCallTagsAndMacrosThroughAProvidedMethod() throws {
         let b = try TestBackend()
         let res = gtmResource(
@@ -291,9 +308,8 @@ extension SyncClient {
         // A slow handler: the type default after the bounded wait.
         try c.sendLine(#"{"jsonrpc":"2.0","id":78,"method":"gtm.getValue","params":{"containerId":"GTM-F","key":"price","type":"double"}}"#)
         _ = try #require(try appConn!.readMessage(timeoutMs: 5000))
-        let t0 = Date()
-        #expect(try #require(try c.readMessage(timeoutMs: 5000))["result"]?["value"] == .double(0))
-        #expect(Date().timeIntervalSince(t0) < 2)
+        // The handler never answers: the answer (the type default) comes from the bounded wait.
+        #expect(try #require(try c.readMessage(timeoutMs: 10_000))["result"]?["value"] == .double(0))
         // The registering client goes away: its handlers are forgotten.
         appConn = nil
         _ = appConn
@@ -316,10 +332,15 @@ extension SyncClient {
         _ = try c.call("gtm.push", ["data": ["event": "purchase", "n": 1]])
         try waitUntil(timeout: 5) { (try c.call("gtm.status")["hitsDroppedForConsent"]?.intValue ?? 0) >= 1 }
         _ = try c.call("consent.set", ["key": "gtm:hits", "granted": true])
+        let before = try c.call("gtm.status")
         _ = try c.call("gtm.push", ["data": ["event": "purchase", "n": 2]])
         _ = try c.call("gtm.push", ["data": ["event": "other"]])
-        try waitUntil(timeout: 10) { (try b.records("gtm.hits")).count >= 1 }
-        Thread.sleep(forTimeInterval: 0.5)
+        // Both pushes handled; the purchase fired its tag, the other event none.
+        try waitUntil(timeout: 10) { try c.call("gtm.status")["pushesHandled"] == before["pushes"].map { .int(($0.intValue ?? 0) + 2) } }
+        let after = try c.call("gtm.status")
+        #expect(after["tagsFired"]?.intValue == (before["tagsFired"]?.intValue ?? 0) + 1, "\(after.serialized)")
+        try waitUntil(timeout: 10) { try c.call("gtm.status")["hitsQueued"]?.intValue == (before["hitsQueued"]?.intValue ?? 0) + 1 }
+        _ = try c.call("uploader.flush", ["stream": "gtm.hits", "wait": true])
         let recs = try b.records("gtm.hits")
         #expect(recs.count == 1)
         #expect(recs.first?["data"]?["tag"]?["trackingId"] == "UA-1")
@@ -404,13 +425,12 @@ extension SyncClient {
         #expect(try c.value("GTM-BIG", "k1").stringValue?.hasPrefix("value-1-") == true)
         #expect(try c.value("GTM-BIG", "k10") == "", "unknown function id → default")
         _ = try c.open("GTM-EVIL", timeoutMs: 2000)
-        let t0 = Date()
+        // Each call is answered (within the client's timeout): nothing hangs on the evil rules.
         #expect(try c.value("GTM-EVIL", "a") == "")
         #expect(try c.value("GTM-EVIL", "bad") == "")
         #expect(try c.value("GTM-EVIL", "ok") == "", "the regex rules never pass")
         _ = try c.call("gtm.push", ["data": ["event": "x"]])
         #expect(try c.call("bus.ping")["pong"] == true)
-        #expect(Date().timeIntervalSince(t0) < 3)
         #expect(h.logText.contains("Macro cycle detected") || h.logText.contains("out of range"))
     }
 }

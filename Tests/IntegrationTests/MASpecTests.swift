@@ -102,10 +102,12 @@ import Testing
         let other = try h.client()
         try b.faults(["latencyMs": 700])
         // Another app's start of "next" runs first; a's start of "next" waits behind it.
+        let watcher = try h.client()
+        func pendingStarts() throws -> JSON? { try watcher.call("ma.status")["appKeys"]?["next"]?["pendingStarts"] }
         try other.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"next"}}"#)
-        usleep(100_000)
+        try waitUntil(timeout: 10) { try pendingStarts() == .int(1) }
         try a.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"next"}}"#)
-        usleep(100_000)
+        try waitUntil(timeout: 10) { try pendingStarts() == .int(2) }
         try a.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"ma.euid"}"#)
         let first = try #require(try a.readMessage(timeoutMs: 10000))
         #expect(first["id"] == .int(2), "ma.euid is answered while the start waits")
@@ -248,11 +250,12 @@ import Testing
         var second: SyncClient? = try h.client()
         try second!.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"ma.start","params":{"appKey":"leave"}}"#)
         try second!.sendLine(#"{"jsonrpc":"2.0","id":2,"method":"ma.setReportInterval","params":{"interval":5,"appKey":"leave"}}"#)
-        usleep(50_000)
+        let watcher = try h.client()
+        // The plugin holds the second start (queued behind the first's) before the second app leaves.
+        try waitUntil(timeout: 10) { try watcher.call("ma.status")["appKeys"]?["leave"]?["pendingStarts"] == .int(2) }
         second = nil
         _ = try first!.readMessage(timeoutMs: 10000)
         try b.clearFaults()
-        let watcher = try h.client()
         try waitUntil(timeout: 5) {
             try watcher.call("ma.status")["appKeys"]?["leave"]?["pendingStarts"] == .int(0)
         }
@@ -274,10 +277,15 @@ import Testing
         var leaves: SyncClient? = try h.client()
         #expect(code(try stays.call("ma.start", ["appKey": "keep"])) == 0)
         #expect(code(try leaves!.call("ma.start", ["appKey": "keep"])) == 0)
+        // The newest client is `leaves` (stays asks: an admin sees every client).
+        func clientIds() throws -> [Int64] {
+            (try stays.call("bus.status")["clients"]?.arrayValue ?? []).compactMap { $0["id"]?.intValue }
+        }
+        let leavesId = try #require(try clientIds().max())
         let pid = try #require(try h.plugin("ma")["pid"]?.intValue)
         kill(Int32(pid), SIGSTOP)  // down: it misses bus.client.closed
         leaves = nil
-        usleep(200_000)
+        try waitUntil(timeout: 10) { try !clientIds().contains(leavesId) }  // the host saw it leave
         kill(Int32(pid), SIGKILL)
         try h.waitForPlugin("ma", restartsAtLeast: 1)
         try waitUntil(timeout: 5) { try stays.call("ma.status")["appKeys"]?["keep"]?["clients"] == .int(1) }

@@ -516,7 +516,8 @@ extension TestBackend {
         _ = try c.call("ma.setSessionTimeout", ["interval": 1])
         _ = try c.call("ma.eventRecord", ["eventName": "first"])
         _ = try c.call("ma.setAppState", ["state": "background"])
-        usleep(1_500_000)
+        // The one case on the real timer (the machine's rules: SessionTests, on a fake clock).
+        try waitUntil(timeout: 10) { try c.call("ma.status")["appKeys"]?["sess"]?["session"] == .null }
         _ = try c.call("ma.setAppState", ["state": "foreground"])
         _ = try c.call("ma.eventRecord", ["eventName": "second"])
         _ = try c.call("uploader.flush", ["stream": "ma.sess", "wait": true])
@@ -537,8 +538,12 @@ extension TestBackend {
         _ = try c!.call("ma.setSessionTimeout", ["interval": 1])
         _ = try c!.call("ma.eventRecord", ["eventName": "only"])
         c = nil
-        usleep(1_600_000)
         let other = try h.client()
+        // The disconnect sent the app to the background: its session ends (1 s later).
+        try waitUntil(timeout: 10) {
+            let a = try other.call("ma.status")["appKeys"]?["gone"]
+            return a?["background"] == .bool(true) && a?["session"] == .null
+        }
         _ = try other.call("uploader.flush", ["stream": "ma.gone", "wait": true])
         #expect(try names(b, "gone").last?["data"]?["event"] == .string("el_session_end"))
     }
@@ -552,7 +557,9 @@ extension TestBackend {
         _ = try c.call("ma.setMaxEventCacheCount", ["count": 3])
         // el_session_start plus two events: 3 cached, not more than the limit.
         for i in 0..<2 { _ = try c.call("ma.eventRecord", ["eventName": .string("e\(i)")]) }
-        usleep(300_000)
+        // An event is answered once the uploader holds it, after the send decision it triggered.
+        let st = try c.call("uploader.status")["streams"]?["ma.cache"]
+        #expect(st?["queued"] == .int(3) && st?["inFlight"] == .int(0) && st?["pendingBatches"] == .int(0), "\(st?.serialized ?? "")")
         #expect(try b.stream("ma.cache")["records"]?.intValue ?? 0 == 0, "3 cached of 3: nothing uploaded yet")
         _ = try c.call("ma.eventRecord", ["eventName": "e2"])
         try waitUntil(timeout: 5) { (try b.stream("ma.cache")["records"]?.intValue ?? 0) >= 4 }

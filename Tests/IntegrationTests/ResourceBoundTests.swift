@@ -27,9 +27,11 @@ import Testing
         let fd = flood.fd
         let writer = Thread { writeAll(fd, bytes) }
         writer.start()
+        // The host has stopped reading the flooder (its replies reached the bound); then samples,
+        // each behind another client's round trip.
+        try waitUntil(timeout: 30) { try clientEntry(h).contains { $0["backpressured"] == .bool(true) } }
         var worst = 0
         for _ in 0..<10 {
-            usleep(100_000)
             let me = try h.client()
             #expect(try me.call("bus.ping", nil, timeoutMs: 5000)["pong"] == .bool(true))
             let queued = try clientEntry(h).map { Int($0["queued_bytes"]?.intValue ?? 0) }.max() ?? 0
@@ -97,8 +99,9 @@ import Testing
         threads.forEach { $0.start() }
         var worstPlugin = 0
         var sawHeld = false
+        // Samples from the moment the plugin's queue holds the senders.
+        try waitUntil(timeout: 30) { try clientEntry(h).contains { $0["held"] == .bool(true) } }
         for _ in 0..<20 {
-            usleep(150_000)
             let s = try h.status()
             let plugin = s["plugins"]?.arrayValue?.first { $0["name"] == .string("py") }
             worstPlugin = max(worstPlugin, Int(plugin?["queued_bytes"]?.intValue ?? 0))
@@ -128,10 +131,16 @@ import Testing
         var refused = 0
         for _ in 0..<300 {
             guard let c = try? h.client() else { continue }
-            if let m = try? c.readMessage(timeoutMs: 50), m.errorCode == -32004 {
+            // A held connection answers the ping; a refused one has its error line and is closed
+            // (no short timeout decides which).
+            try? c.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"bus.ping"}"#)
+            let m = try? c.readMessage(timeoutMs: 10_000)
+            if m?.errorCode == -32004 {
                 refused += 1
-            } else {
+            } else if m?["result"]?["pong"] == .bool(true) {
                 held.append(c)
+            } else {
+                Issue.record("neither answered nor refused: \(m?.serialized ?? "nothing")")
             }
         }
         #expect(held.count == 29, "root's 30 connections: the keeper and 29 more")
@@ -141,7 +150,8 @@ import Testing
         #expect(other.replies.first?["result"]?["pong"] == .bool(true), "\(other.replies)")
         #expect(try keeper.call("bus.ping")["pong"] == .bool(true))
         held.removeAll()  // root's slots free again for the checks below
-        usleep(100_000)
+        // The host has closed them: only the keeper and the asking client are left.
+        try waitUntil(timeout: 10) { (try keeper.call("bus.status")["clients_total"]?.intValue ?? 0) == 1 }
         let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(h.pid)/fd").count) ?? 0
         #expect(fds < 40 + 30, "host descriptors: \(fds)")
         let refusalLines = h.logText.split(separator: "\n").filter { $0.contains("connections refused") }.count

@@ -29,8 +29,8 @@ import Testing
         }
     }
 
-    /// echo.echo is a PylonPluginKit `rawMethod`: answered from the request's bytes, or through
-    /// the ordinary path when the line has escaped keys; both give the same answer.
+    /// echo.echo is a PylonPluginKit method that `reads: .text`: answered from the request's
+    /// bytes, or through the ordinary path when the line has escaped keys; both give the same answer.
     @Test func rawMethodAnswersOnBothPaths() throws {
         let h = try TestHost()
         let c = try h.client()
@@ -161,10 +161,9 @@ import Testing
     @Test func requestTimeoutAnswersWithTimeoutError() throws {
         let h = try TestHost(extra: ["limits": ["requestTimeoutMs": 300]])
         let c = try h.client()
-        let start = Date()
         let r = try c.roundTrip(#"{"jsonrpc":"2.0","id":1,"method":"echo.sleep","params":{"ms":3000}}"#)
+        // -32002 rather than the echo's answer at 3 s: the configured 300 ms, not the 30 s default, ran out.
         #expect(r.errorCode == -32002)
-        #expect(Date().timeIntervalSince(start) < 2.5)
         #expect(try h.status()["counters"]?["timeouts"] == .int(1))
     }
 

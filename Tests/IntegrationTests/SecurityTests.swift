@@ -196,8 +196,11 @@ import Testing
             let root = try h.client()
             // The unprivileged client subscribes to everything and stays connected a while.
             let watcher = try h.startAs([req(1, "bus.subscribe", ["pattern": "*"]), req(2, "echo.sleep", ["ms": 1500])])
-            try waitUntil(timeout: 5) { (try h.status()["clients_total"]?.intValue ?? 0) >= 2 }
-            usleep(200_000)
+            // Its subscription is in place (bus.status lists it) before the consent change.
+            try waitUntil(timeout: 10) {
+                try root.call("bus.status")["clients"]?.arrayValue?.contains { $0["uid"] == .int(65534) && $0["subscriptions"] == ["*"] }
+                    == true
+            }
             _ = try root.call("consent.set", ["key": "echo:T", "granted": false])
             _ = try h.client()  // connects and closes: bus.client.closed
             let notes = try watcher.wait().notifications.compactMap { $0["method"]?.stringValue }

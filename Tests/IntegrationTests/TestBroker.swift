@@ -2,7 +2,8 @@ import Foundation
 import PylonClientKit
 import TestSupport
 
-/// A real mosquitto broker on a free loopback port, persistence on in its own directory, with
+/// A real mosquitto broker on a free loopback port (`startMosquitto`: chosen, then confirmed by
+/// mosquitto's log, another on "in use"), persistence on in its own directory, with
 /// the configuration Pylon ships: no anonymous clients, mosquitto's dynamic-security plugin with
 /// `adminUser` (the backend's login) as its admin, initialised by `tools/pylon-dynsec-init`.
 final class TestBroker {
@@ -12,6 +13,8 @@ final class TestBroker {
     static let adminUser = "pylon-backend"
     static let adminPassword = "itest-broker-admin-0123456789"
     var adminPasswordFile: String { dir + "/admin.password" }
+    let autosaveInterval: Int
+    var logPath: String { dir + "/mosquitto.log" }
 
     /// Debian's multiarch path of the dynamic-security plugin.
     static var dynsecPlugin: String {
@@ -24,9 +27,11 @@ final class TestBroker {
 
     /// `autosaveInterval`: seconds between saves of the broker's database (what a kill -9 loses).
     init(autosaveInterval: Int = 1) throws {
-        dir = NSTemporaryDirectory() + "pylon-broker-" + UUID().uuidString.prefix(8)
+        let dir = NSTemporaryDirectory() + "pylon-broker-" + UUID().uuidString.prefix(8)
+        self.dir = dir
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        port = try TestBroker.freePort()
+        self.autosaveInterval = autosaveInterval
+        let adminPasswordFile = dir + "/admin.password"
         try (TestBroker.adminPassword + "\n").write(toFile: adminPasswordFile, atomically: true, encoding: .utf8)
         chmod(adminPasswordFile, 0o600)
         let initTool = Process()
@@ -37,31 +42,34 @@ final class TestBroker {
         try initTool.run()
         initTool.waitUntilExit()
         guard initTool.terminationStatus == 0 else { throw TestFailure(description: "pylon-dynsec-init failed") }
-        let conf = """
-            listener \(port) 127.0.0.1
-            allow_anonymous false
-            plugin \(TestBroker.dynsecPlugin)
-            plugin_opt_config_file \(dir)/dynsec.json
-            persistence true
-            persistence_location \(dir)/
-            autosave_interval \(autosaveInterval)
-            set_tcp_nodelay true
-            \(getuid() == 0 ? "user root" : "")
-            log_dest file \(dir)/mosquitto.log
-            """
-        try conf.write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)
-        try start()
+        let started = try startMosquitto(dir: dir, log: dir + "/mosquitto.log") { port in
+            TestBroker.conf(dir: dir, port: port, autosaveInterval: autosaveInterval)
+        }
+        process = started.process
+        port = started.port
     }
 
+    static func conf(dir: String, port: Int, autosaveInterval: Int) -> String {
+        """
+        listener \(port) 127.0.0.1
+        allow_anonymous false
+        plugin \(TestBroker.dynsecPlugin)
+        plugin_opt_config_file \(dir)/dynsec.json
+        persistence true
+        persistence_location \(dir)/
+        autosave_interval \(autosaveInterval)
+        set_tcp_nodelay true
+        \(getuid() == 0 ? "user root" : "")
+        log_dest file \(dir)/mosquitto.log
+        """
+    }
+
+    /// Starts the broker again (after `stop`) on its own port: clients are configured with it.
     func start() throws {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
-        p.arguments = ["-c", dir + "/mosquitto.conf"]
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        try p.run()
-        process = p
-        try waitUntil(timeout: 10) { TestBroker.canConnect(port) }
+        let (dir, autosaveInterval) = (dir, autosaveInterval)
+        process = try startMosquitto(dir: dir, log: logPath, port: port) {
+            TestBroker.conf(dir: dir, port: $0, autosaveInterval: autosaveInterval)
+        }.process
     }
 
     /// Kills the broker (SIGKILL: Foundation starts children with SIGTERM blocked, and
@@ -138,7 +146,11 @@ final class TestBroker {
         _ = all.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
         var buf = [UInt8](repeating: 0, count: 16)
         _ = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4, 0) }  // CONNACK
-        usleep(50_000)
+        // The broker closes the connection on the DISCONNECT, which it reads after the PUBLISH:
+        // end of stream means it has taken the message (10 s at most).
+        var tv = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        while buf.withUnsafeMutableBytes({ recv(fd, $0.baseAddress, $0.count, 0) }) > 0 {}
     }
 }
 

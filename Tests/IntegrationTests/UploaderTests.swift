@@ -15,13 +15,26 @@ import Testing
 
     func count(_ b: TestBackend, _ stream: String) throws -> Int64 { try b.stream(stream)["records"]?.intValue ?? 0 }
 
+    /// Requests the backend has seen on `path` (counted as they arrive, before any fault).
+    func requests(_ b: TestBackend, _ path: String) throws -> Int64 {
+        try b.request("GET", "/v1/inspect/stats").json["requestsByPath"]?[path]?.intValue ?? 0
+    }
+
+    /// Whether `stream` holds `queued` records with no batch cut or in flight (nothing is being
+    /// sent): a barrier on the uploader's own state instead of a sleep.
+    func idle(_ c: SyncClient, _ stream: String, queued: Int64) throws -> Bool {
+        let st = try c.call("uploader.status")["streams"]?[stream]
+        return st?["queued"] == .int(queued) && st?["inFlight"] == .int(0) && st?["pendingBatches"] == .int(0)
+    }
+
     @Test func batchesByCountAndFlushesTheRest() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.count": ["maxCount": 5, "intervalMs": 600000]]])])
         let c = try h.client()
         for i in 0..<5 { _ = try enqueue(c, "s.count", records("c", i..<(i + 1))) }
-        usleep(300_000)
-        #expect(try count(b, "s.count") == 0, "5 of maxCount 5: nothing sent (it must be exceeded)")
+        // The enqueue's answer comes after its commit and the send decision it triggers: the
+        // status right behind it shows that decision.
+        #expect(try idle(c, "s.count", queued: 5), "5 of maxCount 5: nothing sent (it must be exceeded)")
         _ = try enqueue(c, "s.count", records("c", 5..<6))
         try waitUntil(timeout: 10) { try count(b, "s.count") == 6 }
         // Exceeding maxCount sends everything queued in one batch (up to 500 records).
@@ -29,8 +42,8 @@ import Testing
         try waitUntil(timeout: 10) { try count(b, "s.count") == 18 }
         #expect(try b.stream("s.count")["batches"] == .int(2))
         _ = try enqueue(c, "s.count", records("c", 18..<21))
-        usleep(300_000)
-        #expect(try count(b, "s.count") == 18, "the last 3 wait for the interval or a flush")
+        #expect(try idle(c, "s.count", queued: 3), "the last 3 wait for the interval or a flush")
+        #expect(try count(b, "s.count") == 18)
         let r = try c.call("uploader.flush", ["stream": "s.count", "wait": true])
         #expect(r["drained"] == .bool(true))
         #expect(try count(b, "s.count") == 21)
@@ -53,7 +66,9 @@ import Testing
             #expect(try c.call("uploader.flush", ["stream": "s.again", "wait": true])["drained"] == .bool(true))
             #expect(try b.stream("s.again")["batches"] == .int(Int64(round)))
             #expect(try count(b, "s.again") == 20)
-            if round == 2 { usleep(100_000) }  // round 3 comes after the deletion's own transaction
+            if round == 2 {  // round 3 comes after the deletion's own transaction
+                try waitUntil(timeout: 10) { try c.call("uploader.status")["pendingDeletes"] == .int(0) }
+            }
         }
         #expect(try c.call("uploader.status")["diskBytes"] == .int(0))
     }
@@ -89,11 +104,18 @@ import Testing
         #expect(recs.first { $0["id"] == "ca" }?["data"] == ["x": "a/b"])
     }
 
+    /// The interval, not the enqueue, sends the batch: the uploader's status says what cut it and
+    /// how old its oldest record was then (its own clock, no wall-clock check here).
     @Test func batchesByInterval() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.*": ["maxCount": 500, "intervalMs": 300]]])])
-        _ = try enqueue(try h.client(), "s.interval", records("i", 0..<3))
+        let c = try h.client()
+        _ = try enqueue(c, "s.interval", records("i", 0..<3))
         try waitUntil(timeout: 5) { try count(b, "s.interval") == 3 }
+        #expect(try b.stream("s.interval")["batches"] == .int(1))
+        let st = try #require(try c.call("uploader.status")["streams"]?["s.interval"])
+        #expect(st["lastCutTrigger"] == "interval", "\(st.serialized)")
+        #expect((st["lastCutOldestAgeMs"]?.intValue ?? 0) >= 300, "not cut before the interval: \(st.serialized)")
     }
 
     @Test func whatStaysQueuedAfterAPartialCutWaitsForItsOwnTrigger() throws {
@@ -107,9 +129,9 @@ import Testing
         // (≈990 bytes) are under it and wait for the interval or a flush.
         _ = try enqueue(c, "s.rest", records("r", 0..<6, pad: 400))
         try waitUntil(timeout: 10) { try count(b, "s.rest") == 4 }
-        usleep(500_000)
+        // Nothing cut or in flight and 2 queued: no batch is on its way (no sleep needed).
+        try waitUntil(timeout: 10) { try idle(c, "s.rest", queued: 2) }
         #expect(try count(b, "s.rest") == 4)
-        #expect(try c.call("uploader.status")["streams"]?["s.rest"]?["queued"] == .int(2))
         _ = try c.call("uploader.flush", ["stream": "s.rest", "wait": true])
         #expect(try count(b, "s.rest") == 6)
     }
@@ -199,11 +221,13 @@ import Testing
         let dl = try c.call("uploader.deadLetters", ["stream": "s.dead"])["deadLetters"]!.arrayValue!
         #expect(dl.first?["status"] == .int(400))
         #expect(dl.first?["data"]?["n"] == .int(0))
-        usleep(500_000)
+        // Nothing is left to retry: no batch cut or in flight, nothing queued.
+        try waitUntil(timeout: 10) { try idle(c, "s.dead", queued: 0) }
         #expect(try count(b, "s.dead") == 0, "a rejected batch is not retried")
-        // Later records still flow.
+        // Later records still flow, and only they: the backend saw the rejected request and this one.
         _ = try enqueue(c, "s.dead", records("e", 0..<1))
         try waitUntil(timeout: 10) { try count(b, "s.dead") == 1 }
+        #expect(try requests(b, "/v1/batches/s.dead") == 2)
     }
 
     @Test func consentDenialSendsAFinalBatchThenRefuses() throws {
@@ -219,8 +243,9 @@ import Testing
         #expect(r.errorCode == -32003)
         let r2 = try c.request("uploader.enqueue", ["stream": "ma.app1", "records": records("k", 3..<4)])
         #expect(r2.errorCode == -32003, "without a consent param the stream's own switch applies")
-        usleep(300_000)
+        #expect(try idle(c, "ma.app1", queued: 0), "nothing of the refused enqueues is queued or on its way")
         #expect(try count(b, "ma.app1") == 3)
+        #expect(try requests(b, "/v1/batches/ma.app1") == 1, "one final batch")
     }
 
     @Test func failedFinalBatchIsPurgedWithoutRetry() throws {
@@ -230,12 +255,10 @@ import Testing
         _ = try enqueue(c, "ma.app2", records("f", 0..<3), consent: "ma:app2")
         try b.faults(["failNext": 1, "status": 503])
         _ = try c.call("consent.set", ["key": "ma:app2", "granted": false])
-        try waitUntil(timeout: 10) {
-            let st = try c.call("uploader.status")["streams"]?["ma.app2"]
-            return st?["queued"] == .int(0) && st?["pendingBatches"] == .int(0)
-        }
-        usleep(500_000)
+        // Purged: nothing queued, cut or in flight is left to send again.
+        try waitUntil(timeout: 10) { try idle(c, "ma.app2", queued: 0) }
         #expect(try count(b, "ma.app2") == 0)
+        #expect(try requests(b, "/v1/batches/ma.app2") == 1, "the final batch went once")
         #expect(try b.request("GET", "/v1/inspect/stats").json["requestsByPath"] != nil)
     }
 
@@ -249,15 +272,14 @@ import Testing
         _ = try enqueue(c, "ma.app5", records("g", 0..<4), consent: "ma:app5")
         try b.faults(["failNext": 1, "status": .int(Int64(status)), "latencyMs": 1000])
         _ = try c.call("uploader.flush", ["stream": "ma.app5"])
-        usleep(300_000)  // the batch is at the backend
+        // The backend counts the request as it arrives, then holds it for latencyMs.
+        try waitUntil(timeout: 10) { try requests(b, "/v1/batches/ma.app5") == 1 }  // the batch is at the backend
         _ = try c.call("consent.set", ["key": "ma:app5", "granted": false])
-        try waitUntil(timeout: 10) {
-            let st = try c.call("uploader.status")["streams"]?["ma.app5"]
-            return st?["queued"] == .int(0) && st?["pendingBatches"] == .int(0)
-        }
+        // Nothing queued, cut or in flight: no retry (1 s backoff) or split is left to go.
+        try waitUntil(timeout: 10) { try idle(c, "ma.app5", queued: 0) }
         try b.clearFaults()
-        usleep(1_500_000)  // a retry (1 s backoff) or a split would have gone by now
         #expect(try count(b, "ma.app5") == 0)
+        #expect(try requests(b, "/v1/batches/ma.app5") == 1, "sent once")
         let dead = try c.call("uploader.deadLetters", ["stream": "ma.app5"])["deadLetters"]?.arrayValue ?? []
         #expect(dead.count == (status == 413 ? 4 : 0))
         // Nothing queued is left; dead letters stay charged until discarded.

@@ -102,3 +102,65 @@ public func httpExchange(
     guard let sep = text.range(of: "\r\n\r\n") else { throw TestFailure(description: "bad HTTP response: \(text.prefix(200))") }
     return (Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0, String(text[sep.upperBound...]))
 }
+
+/// How many ports `startMosquitto` tries when another process took the one it chose.
+public let mosquittoPortAttempts = 5
+
+/// Starts mosquitto on a free loopback port (or on `port`: a broker started again on its own
+/// port) and returns it with the port. mosquitto 2.0.11 cannot bind port 0 and say which port it
+/// got (`listener 0` makes it a Unix socket), so the port is chosen free (bound to 0, read back,
+/// closed) and mosquitto's own log decides: "Address already in use" (another process took the
+/// port in between) means another port, up to `mosquittoPortAttempts` times; "… running" means
+/// this broker listens there (not merely that something answers on the port). `conf(port)` is
+/// its configuration, which must log to `log` (`log_dest file …`, the default log types). A
+/// broker that is neither running nor refused within 10 s is killed (SIGKILL: Foundation starts
+/// children with SIGTERM blocked) and an error is thrown.
+public func startMosquitto(dir: String, log: String, port fixed: Int? = nil, conf: (Int) -> String) throws -> (
+    process: Process, port: Int
+) {
+    var last = "no attempt"
+    for _ in 0..<(fixed == nil ? mosquittoPortAttempts : 1) {
+        let port = try fixed ?? chooseFreeLoopbackPort()
+        try conf(port).write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)
+        let from = (try? FileManager.default.attributesOfItem(atPath: log)[.size] as? Int) ?? 0
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
+        p.arguments = ["-c", dir + "/mosquitto.conf"]
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        func logged() -> String {
+            guard let d = FileManager.default.contents(atPath: log), d.count > from else { return "" }
+            return String(decoding: d[from...], as: UTF8.self)
+        }
+        do {
+            try waitUntil(timeout: 10) { !p.isRunning || logged().contains(" running") }
+        } catch {
+            kill(p.processIdentifier, SIGKILL)
+            p.waitUntilExit()
+            throw TestFailure(description: "mosquitto did not start within 10 s: \(logged())")
+        }
+        if p.isRunning { return (p, port) }
+        p.waitUntilExit()
+        last = logged()
+        guard last.contains("Address already in use") else { break }
+    }
+    throw TestFailure(description: "mosquitto did not start: \(last)")
+}
+
+/// A loopback port nothing listens on now (bound to 0, read back, closed): only for servers
+/// that cannot bind port 0 themselves, with a retry on "in use" (`startMosquitto`).
+private func chooseFreeLoopbackPort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    addr.sin_port = 0
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let ok = withUnsafeMutablePointer(to: &addr) { p in
+        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+    }
+    guard ok else { throw TestFailure(description: "no free port") }
+    return Int(UInt16(bigEndian: addr.sin_port))
+}

@@ -83,9 +83,23 @@ struct QueueMachineTests {
         clock.advance(999)
         #expect(run(&st, &disk, now: clock.nowMs) == .idle)
         clock.advance(1)
+        #expect(st.lastCutTrigger == "none")
         #expect(run(&st, &disk, now: clock.nowMs) == .send(batch: "b1"))
         #expect(st.inFlight && st.queued == 0 && st.queuedBytes == 0 && st.oldestMs == nil)
         #expect(st.nextWake(now: clock.nowMs) == nil, "in flight: only the upload's answer moves it")
+        #expect(st.lastCutTrigger == "interval" && st.lastCutOldestAgeMs == 1_000, "status: cut by the interval, at its end")
+    }
+
+    @Test func theLastCutSaysWhatMadeIt() {
+        var (st, disk) = filled(6, maxCount: 5, maxBatchBytes: 1_000)
+        #expect(run(&st, &disk, now: 40) == .send(batch: "b1"))
+        #expect(st.lastCutTrigger == "count" && st.lastCutOldestAgeMs == 40)
+        (st, disk) = filled(3, maxCount: 5, maxBatchBytes: 30)
+        #expect(run(&st, &disk, now: 0) == .send(batch: "b1"))
+        #expect(st.lastCutTrigger == "bytes" && st.lastCutOldestAgeMs == 0)
+        (st, disk) = filled(1, maxCount: 5, maxBatchBytes: 1_000, flush: true)
+        #expect(run(&st, &disk, now: 7) == .send(batch: "b1"))
+        #expect(st.lastCutTrigger == "flush" && st.lastCutOldestAgeMs == 7)
     }
 
     @Test func laterCommitsKeepTheOldestTime() {

@@ -11,7 +11,10 @@ import Testing
 struct StoreTests {
     /// A fresh database path in a new temporary directory.
     static func tempPath() -> String {
-        var template = Array("/tmp/pylon-store-test.XXXXXX".utf8CString)
+        // $TMPDIR when set (`make test-unit` points it at a tmpfs: these tests check the store's
+        // logic, not the disk's speed), else /tmp.
+        let tmp = getenv("TMPDIR").map { String(cString: $0) }.flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp"
+        var template = Array((tmp + "/pylon-store-test.XXXXXX").utf8CString)
         let dir = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)) }
         return dir + "/uploader.db"
     }

@@ -244,8 +244,7 @@ final class Uploader {
     }
 
     /// `{stream, consent?, records}` served from the params' text (`Call.paramsText`; the method
-    /// reads `.text`): the records are read from its bytes (`EnqueueParams.read(raw:)`, the one
-    /// reader).
+    /// reads `.text`): the records are read from its bytes (`EnqueueParams.read(raw:)`, the one reader).
     func enqueue(_ call: Call) {
         let wall = System.wallClockMs()
         let caller = Principal(caller: call.callerInfo)  // the kit reads a repeated caller text once

@@ -27,7 +27,7 @@ extension RawJSON {
     /// itself (keys and `\u` escapes of any kind are grammar; a lone surrogate escape decodes to
     /// U+FFFD). Builds nothing.
     public static func validate(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> Validation {
-        var s = Scanner(t: text, maxDepth: maxDepth, decides: true)
+        var s = Scanner(t: text, maxDepth: maxDepth)
         if s.document() { return .valid }
         return s.tooDeep ? .tooDeep : .invalid(at: min(s.i, text.count))
     }
@@ -102,6 +102,27 @@ extension RawJSON {
     @inline(__always) public static func keyIs(_ t: UnsafeRawBufferPointer, _ r: Range<Int>, escaped: Bool, _ name: StaticString) -> Bool {
         guard escaped else { return equals(t, r.lowerBound, r.upperBound, name) }
         return decode(t, r).elementsEqual(UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+    }
+
+    /// `keyIs` for a name known only at run time.
+    @inline(__always) public static func keyIs(_ t: UnsafeRawBufferPointer, _ r: Range<Int>, escaped: Bool, _ name: UnsafeRawBufferPointer)
+        -> Bool
+    {
+        guard escaped else { return equals(t, r.lowerBound, r.upperBound, name) }
+        return decode(t, r).elementsEqual(name)
+    }
+
+    /// The value span of the member named `name` of the object at `span` of valid JSON text
+    /// `t`, keys decoded (`"\u0063"` is `c`), the last of repeated keys winning; nil when absent
+    /// or `span` is not an object. Allocates only to decode a key written with escapes.
+    public static func member(_ t: UnsafeRawBufferPointer, _ span: Range<Int>, named name: UnsafeRawBufferPointer) -> Range<Int>? {
+        var found: Range<Int>?
+        var members = MemberCursor(t, span)
+        while let m = members.nextKey() {
+            let value = members.skipValue()
+            if keyIs(t, m.key, escaped: m.keyEscaped, name) { found = value }
+        }
+        return found
     }
 
     /// The string value at `span` (a JSON string, quotes included), decoded; nil for any other

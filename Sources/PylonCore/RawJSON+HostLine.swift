@@ -10,9 +10,9 @@ extension RawJSON {
     /// it a second time cost 9–12% of a busy plugin's CPU.
     ///
     /// On such a line the spans are exactly those of `classifyMessage`'s `.message` (the last
-    /// duplicate wins; no surrounding whitespace). It returns nil — json-c then decides — for a
-    /// top-level key written with escapes (its name is not its bytes) and for anything that is
-    /// not shaped like an object of `"key": value` members.
+    /// duplicate wins; no surrounding whitespace; a top-level key written with escapes is
+    /// decoded to be named, as there). It returns nil — json-c then decides — for anything that
+    /// is not shaped like an object of `"key": value` members.
     ///
     /// On any other bytes it may return spans of garbage, but it reads only inside `text`, never
     /// traps, and every span it returns lies inside `text` and is non-empty: what a corrupted
@@ -32,7 +32,7 @@ extension RawJSON {
             i = skipString(t, i)  // just past the closing quote, or n when there is none
             guard i > keyStart, i <= n, t[i - 1] == UInt8(ascii: "\"") else { return nil }
             let keyEnd = i - 1
-            if contains(t, keyStart..<keyEnd, UInt8(ascii: "\\")) { return nil }
+            let escaped = contains(t, keyStart..<keyEnd, UInt8(ascii: "\\"))
             i = skipSpace(t, i)
             guard i < n, t[i] == UInt8(ascii: ":") else { return nil }
             i = skipSpace(t, i + 1)
@@ -43,7 +43,11 @@ extension RawJSON {
             while e > valueStart, isSpace(t[e - 1]) { e -= 1 }
             guard e > valueStart else { return nil }
             let span = valueStart..<e
-            spans.assign(t, key: keyStart, keyEnd, span)
+            if escaped {
+                spans.assign(t, escapedKey: keyStart..<keyEnd, span)
+            } else {
+                spans.assign(t, key: keyStart, keyEnd, span)
+            }
             i = skipSpace(t, i)
             guard i < n else { return nil }
             if t[i] == UInt8(ascii: ",") {

@@ -194,64 +194,99 @@ public struct MessageSpans: Equatable, Sendable {
 
     /// Records `span` as the value of the member whose key is `t[keyStart..<keyEnd]` (raw key
     /// bytes, no escapes), if it is one of the members above. The one list of them, for every
-    /// scanner of a message line.
-    @inline(__always) mutating func assign(_ t: UnsafeRawBufferPointer, key keyStart: Int, _ keyEnd: Int, _ span: Range<Int>) {
-        switch keyEnd - keyStart {
-        case 2 where RawJSON.equals(t, keyStart, keyEnd, "id"): id = span
-        case 5 where RawJSON.equals(t, keyStart, keyEnd, "error"): error = span
-        case 6 where RawJSON.equals(t, keyStart, keyEnd, "method"): method = span
-        case 6 where RawJSON.equals(t, keyStart, keyEnd, "params"): params = span
-        case 6 where RawJSON.equals(t, keyStart, keyEnd, "result"): result = span
-        case 6 where RawJSON.equals(t, keyStart, keyEnd, "_pylon"): pylon = span
-        case 11 where RawJSON.equals(t, keyStart, keyEnd, "_onBehalfOf"): onBehalfOf = span
-        case 7 where RawJSON.equals(t, keyStart, keyEnd, "jsonrpc"): jsonrpc = span
-        default: break
+    /// scanner of a message line. Returns the member's name when it already had a value (a
+    /// repeated routing member; the last one is kept).
+    @discardableResult @inline(__always)
+    mutating func assign(_ t: UnsafeRawBufferPointer, key keyStart: Int, _ keyEnd: Int, _ span: Range<Int>) -> StaticString? {
+        assign(name: UnsafeRawBufferPointer(rebasing: t[keyStart..<keyEnd]), span)
+    }
+
+    /// `assign` for a key written with escapes: `t[key]` (the bytes between its quotes) decoded
+    /// first, so `"\u0069d"` is `id` (docs/PROTOCOL.md, "Canonical form"). Allocates; only keys
+    /// with a backslash come here.
+    @discardableResult
+    mutating func assign(_ t: UnsafeRawBufferPointer, escapedKey key: Range<Int>, _ span: Range<Int>) -> StaticString? {
+        RawJSON.decode(t, key).withUnsafeBytes { assign(name: $0, span) }
+    }
+
+    @inline(__always) private mutating func assign(name k: UnsafeRawBufferPointer, _ span: Range<Int>) -> StaticString? {
+        @inline(__always) func set(_ member: inout Range<Int>?, _ name: StaticString) -> StaticString? {
+            defer { member = span }
+            return member == nil ? nil : name
+        }
+        let n = k.count
+        switch n {
+        case 2 where RawJSON.equals(k, 0, n, "id"): return set(&id, "id")
+        case 5 where RawJSON.equals(k, 0, n, "error"): return set(&error, "error")
+        case 6 where RawJSON.equals(k, 0, n, "method"): return set(&method, "method")
+        case 6 where RawJSON.equals(k, 0, n, "params"): return set(&params, "params")
+        case 6 where RawJSON.equals(k, 0, n, "result"): return set(&result, "result")
+        case 6 where RawJSON.equals(k, 0, n, "_pylon"): return set(&pylon, "_pylon")
+        case 11 where RawJSON.equals(k, 0, n, "_onBehalfOf"): return set(&onBehalfOf, "_onBehalfOf")
+        case 7 where RawJSON.equals(k, 0, n, "jsonrpc"): return set(&jsonrpc, "jsonrpc")
+        default: return nil
         }
     }
 }
 
 extension RawJSON {
-    /// What the one-pass scan concluded about a line.
+    /// What the one-pass scan concluded about a line. The scan decides every line itself (as
+    /// `validate` does); json-c only builds trees of lines it accepted.
     public enum ScanOutcome: Equatable, Sendable {
-        /// Valid, strictly: the spans of its members.
+        /// One valid object (RFC 8259, strictly): the spans of its members, keys decoded.
         case message(MessageSpans)
-        /// Not strict JSON (RFC 8259); `at` is the byte where the scan stopped. json-c may still
-        /// accept some of these (single quotes, `2.`): the host refuses them all the same.
+        /// Not strict JSON (RFC 8259); `at` is the byte where the scan stopped.
         case invalid(at: Int)
-        /// Not decided here: not an object at the top, a top-level key with escapes, a `\uD...`
-        /// escape, or nested to the limit. json-c decides.
-        case unsure
+        /// Containers nested deeper than `maxDepth` (as json-c counts levels, see `validate`).
+        case tooDeep
+        /// Valid, but a member name somewhere holds U+0000 (json-c cuts keys there, other
+        /// parsers do not: the host and a plugin would read different members).
+        case nulKey
+        /// Valid, but a top-level routing member (`MessageSpans`' list) is written more than
+        /// once, however its keys are spelled: receivers that keep the first would read another
+        /// id, method or params than the host checked.
+        case repeated(member: String)
+        /// Valid JSON that is not an object at the top (a batch, or a scalar).
+        case notObject
     }
 
-    /// Validates `text` as one JSON object (RFC 8259, strictly: UTF-8, no control characters in
+    /// Validates `text` as one JSON text (RFC 8259, strictly: UTF-8, no control characters in
     /// strings, no leading zeros, nothing but whitespace around it) nested at most `maxDepth`
-    /// levels, and returns the spans of its JSON-RPC members — in one pass, building nothing.
-    /// It accepts a subset of what the strict json-c tokener accepts, so a caller can take the
-    /// fast path on `.message` and hand everything else to json-c, which then decides (and words
-    /// the error).
+    /// levels (as `validate` counts them), and, when it is an object, returns the spans of its
+    /// JSON-RPC members — in one pass, building nothing (a top-level key with escapes is
+    /// decoded to be named).
     public static func classifyMessage(_ text: UnsafeRawBufferPointer, maxDepth: Int) -> ScanOutcome {
         var s = Scanner(t: text, maxDepth: maxDepth)
-        if let m = s.message() { return .message(m) }
-        return s.unsure ? .unsure : .invalid(at: min(s.i, text.count))
+        if let m = s.message() {
+            if s.nulKey { return .nulKey }
+            if let r = s.repeated { return .repeated(member: r.description) }
+            return .message(m)
+        }
+        if s.notObject {
+            s = Scanner(t: text, maxDepth: maxDepth)
+            if s.document() { return .notObject }
+        }
+        return s.tooDeep ? .tooDeep : .invalid(at: min(s.i, text.count))
     }
 
     struct Scanner {
         let t: UnsafeRawBufferPointer
         let maxDepth: Int
-        /// Whether the scan decides everything itself (`validate`): keys with escapes, `\uD...`
-        /// escapes and keys holding U+0000 are then ordinary, and nesting beyond `maxDepth` is
-        /// invalid (`tooDeep`) instead of unsure.
-        let decides: Bool
         var i = 0
-        /// Set when the scan stopped at something it does not judge (see `ScanOutcome.unsure`).
-        var unsure = false
+        /// Set when `message` stopped because the text is not an object at the top.
+        var notObject = false
         /// Set when the scan stopped at a container nested beyond `maxDepth`.
         var tooDeep = false
+        /// Set when the last string scanned held the escape `\u0000`.
+        var sawNUL = false
+        /// Set when a key anywhere held U+0000 (`validate` does not mind; the host refuses).
+        var nulKey = false
+        /// The first top-level routing member written twice (`message`).
+        var repeated: StaticString?
 
-        init(t: UnsafeRawBufferPointer, maxDepth: Int, decides: Bool = false) {
+        init(t: UnsafeRawBufferPointer, maxDepth: Int) {
             self.t = t
             self.maxDepth = maxDepth
-            self.decides = decides
         }
 
         /// One JSON text: a value with nothing but whitespace around it (`validate`).
@@ -267,7 +302,8 @@ extension RawJSON {
         mutating func message() -> MessageSpans? {
             var spans = MessageSpans()
             ws()
-            guard i < t.count, t[i] == UInt8(ascii: "{"), maxDepth >= 1 else { unsure = true; return nil }
+            guard i < t.count, t[i] == UInt8(ascii: "{") else { notObject = true; return nil }
+            guard maxDepth >= 1 else { tooDeep = true; return nil }
             i += 1
             ws()
             if i < t.count, t[i] == UInt8(ascii: "}") {
@@ -278,8 +314,8 @@ extension RawJSON {
                     guard i < t.count, t[i] == UInt8(ascii: "\"") else { return nil }
                     let keyStart = i + 1
                     guard let escaped = string() else { return nil }
-                    if escaped { unsure = true; return nil }
                     let keyEnd = i - 1
+                    if escaped, sawNUL { nulKey = true }
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: ":") else { return nil }
                     i += 1
@@ -287,7 +323,9 @@ extension RawJSON {
                     let valueStart = i
                     guard value(depth: 1) else { return nil }
                     let span = valueStart..<i
-                    spans.assign(t, key: keyStart, keyEnd, span)
+                    let again =
+                        escaped ? spans.assign(t, escapedKey: keyStart..<keyEnd, span) : spans.assign(t, key: keyStart, keyEnd, span)
+                    if let again, repeated == nil { repeated = again }
                     ws()
                     guard i < t.count else { return nil }
                     if t[i] == UInt8(ascii: ",") { i += 1; continue }
@@ -303,9 +341,9 @@ extension RawJSON {
         /// A value starting at `i`, inside `depth` levels of containers.
         mutating func value(depth: Int) -> Bool {
             guard i < t.count else { return false }
-            // In `validate`, a scalar inside `depth` containers is a level of its own, as json-c
-            // counts them (`[[0]]` is 3 levels, `[[]]` 2).
-            if decides, depth >= maxDepth, t[i] != UInt8(ascii: "{"), t[i] != UInt8(ascii: "[") {
+            // A scalar inside `depth` containers is a level of its own, as json-c counts them
+            // (`[[0]]` is 3 levels, `[[]]` 2).
+            if depth >= maxDepth, t[i] != UInt8(ascii: "{"), t[i] != UInt8(ascii: "[") {
                 tooDeep = true
                 return false
             }
@@ -323,7 +361,7 @@ extension RawJSON {
 
         mutating func container(depth: Int, close: UInt8, keyed: Bool) -> Bool {
             guard depth <= maxDepth else {
-                if decides { tooDeep = true } else { unsure = true }
+                tooDeep = true
                 return false
             }
             i += 1
@@ -332,11 +370,9 @@ extension RawJSON {
             while true {
                 ws()
                 if keyed {
-                    let keyStart = i
                     guard i < t.count, t[i] == UInt8(ascii: "\""), let escaped = string() else { return false }
-                    // json-c cuts a key at U+0000, other parsers do not: json-c's to judge
-                    // (the host refuses such keys).
-                    if !decides, escaped, RawJSON.jsonCKeyName(t, (keyStart + 1)..<(i - 1)).hadNUL { unsure = true; return false }
+                    // json-c cuts a key at U+0000, other parsers do not (the host refuses such keys).
+                    if escaped, sawNUL { nulKey = true }
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
                     i += 1
@@ -392,6 +428,7 @@ extension RawJSON {
         mutating func string() -> Bool? {
             i += 1
             var escaped = false
+            sawNUL = false
             while i < t.count {
                 i = RawJSON.skipPlain(t, i, stopAtControl: true)
                 guard i < t.count else { return nil }
@@ -408,9 +445,12 @@ extension RawJSON {
                     case UInt8(ascii: "u"):
                         guard i + 4 < t.count else { return nil }
                         for k in 1...4 where !isHex(t[i + k]) { return nil }
-                        // Surrogates are json-c's to judge (lone halves and pairs): not sure here. In
-                        // `validate` they are grammar like any `\u` (a lone half decodes to U+FFFD).
-                        if !decides, t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { unsure = true; return nil }
+                        // Surrogates are grammar like any `\u` (a lone half decodes to U+FFFD).
+                        if t[i + 1] == UInt8(ascii: "0"), t[i + 2] == UInt8(ascii: "0"), t[i + 3] == UInt8(ascii: "0"),
+                            t[i + 4] == UInt8(ascii: "0")
+                        {
+                            sawNUL = true
+                        }
                         i += 5
                     default:
                         return nil
@@ -509,46 +549,16 @@ extension RawJSON {
     }
 }
 
-// MARK: - Top-level keys as json-c reads them
+// MARK: - Keys json-c reads differently
 
 extension RawJSON {
-    /// The name json-c gives key `key` (the bytes between its quotes, in validated JSON text):
-    /// escapes decoded, and cut at the first U+0000, since json-c keeps an object's keys as C
-    /// strings (`"id\u0000x"` is its `id`). `hadNUL` says the key held one.
-    public static func jsonCKeyName(_ t: UnsafeRawBufferPointer, _ key: Range<Int>) -> (name: [UInt8], hadNUL: Bool) {
-        var name = decode(t, key)
-        guard let nul = name.firstIndex(of: 0) else { return (name, false) }
-        name.removeSubrange(nul...)
-        return (name, true)
-    }
-
-    /// The value spans of every member of the top-level object of `line` (JSON json-c accepted)
-    /// that json-c reads as `name`, however its key is spelled (json-c keeps the last of them; a
-    /// byte search for the key finds only the plain spellings).
-    public static func topLevelMembers(_ line: UnsafeRawBufferPointer, named name: StaticString) -> [Range<Int>] {
-        let wanted = UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
-        var spans: [Range<Int>] = []
-        var members = MemberCursor(line, skipSpace(line, 0)..<line.count)
-        while let m = members.nextKey() {
-            let value = members.skipValue()
-            let named =
-                m.keyEscaped
-                ? jsonCKeyName(line, m.key).name.elementsEqual(wanted) : equals(line, m.key.lowerBound, m.key.upperBound, wanted)
-            if named { spans.append(value) }
-        }
-        return spans
-    }
-
-    /// Whether a key anywhere in `text` (JSON json-c accepted) holds U+0000: json-c cuts the key
-    /// there, other parsers do not, so `{"a":1,"a\u0000":2}` is one member to json-c and two to
-    /// them, and the host and a plugin would read different values.
+    /// Whether a key anywhere in `text` (valid JSON) holds U+0000: json-c cuts the key there,
+    /// other parsers do not, so `{"a":1,"a\u0000":2}` is one member to json-c and two to them.
+    /// Nested at most 1024 levels. (The host's scan, `classifyMessage`, refuses such lines itself.)
     public static func hasNULKey(_ text: UnsafeRawBufferPointer) -> Bool {
-        var found = false
-        forEachKey(in: text) { key, _ in
-            found = contains(text, key, UInt8(ascii: "\\")) && jsonCKeyName(text, key).hadNUL
-            return !found
-        }
-        return found
+        var s = Scanner(t: text, maxDepth: 1024)
+        _ = s.document()
+        return s.nulKey
     }
 }
 

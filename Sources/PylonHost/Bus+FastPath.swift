@@ -8,12 +8,12 @@ import PylonProtocol
 /// full path.
 ///
 /// Anything else — host methods, notifications, the handshake, an error to report, a consent
-/// refusal, a line the scanner is not sure about — returns false, and `handleLine` handles the
-/// message from scratch with json-c, so replies, errors and counters are exactly those of the
+/// refusal — returns false, and `handleLine` hands the message to the full path (a json-c tree
+/// of the line the scan accepted), so replies, errors and counters are exactly those of the
 /// full path.
 extension Bus {
-    /// `m`: the line's members, from `RawJSON.classifyMessage` (run by `handleLine` with one
-    /// level of depth margin, so that json-c, not the scanner, words the depth error).
+    /// `m`: the line's members, from `RawJSON.classifyMessage` (keys decoded; no routing member
+    /// repeated, no key holding U+0000: such lines were refused before).
     func fastRoute(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
         guard let v = m.jsonrpc, RawJSON.equals(line, v.lowerBound, v.upperBound, "\"2.0\""),
             let idSpan = m.id
@@ -46,21 +46,19 @@ extension Bus {
             via = n
         }
         guard let principal = principal(of: peer, via: via) else { return false }
-        // Consent-template fields read from the params bytes. Absent params, or an array: no such
-        // field (as json-c's lookup says). A backslash anywhere in them could be a key or value
-        // written with escapes: then json-c decides.
+        // Consent-template fields read from the params bytes, keys and strings decoded (the
+        // reader of docs/PROTOCOL.md "Canonical form": the value json-c gives the plugin). Absent
+        // params, or an array: no such field (as json-c's lookup says).
         let params = m.params.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
-        var unsure = false
         // The same decision as the full path; anything but "forward" is answered there. (The
         // closure is passed directly so that it stays non-escaping: no allocation per request.)
         let decision = route(peer, principal, method) { name in
-            guard let params, params[0] == UInt8(ascii: "{") else { return nil }
-            if RawJSON.contains(params, 0..<params.count, UInt8(ascii: "\\")) { unsure = true; return nil }
-            guard let span = RawJSON.memberValueSpan(params, key: name), params[span.lowerBound] == UInt8(ascii: "\"")
-            else { return nil }  // absent, or not a string
-            return RawJSON.plainString(params, span)
+            guard let params else { return nil }
+            var name = name
+            let span = name.withUTF8 { RawJSON.member(params, 0..<params.count, named: UnsafeRawBufferPointer($0)) }
+            return span.flatMap { RawJSON.stringValue(params, $0) }  // absent, or not a string: nil
         }
-        guard case .forward(let target, let timeoutMs, _) = decision, !unsure, !takesParamCheck(target, method) else { return false }
+        guard case .forward(let target, let timeoutMs, _) = decision, !takesParamCheck(target, method) else { return false }
         forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         counters.fastRouted += 1
         return true

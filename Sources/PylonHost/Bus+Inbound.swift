@@ -37,52 +37,56 @@ extension Bus {
         peer.lastInboundMs = loop.nowMs
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
-        let scan = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth) - 1)
-        if case .message(let spans) = scan, fastRoute(peer, line, spans) { return }
+        // The scan decides every line (docs/PROTOCOL.md, "Canonical form"): keys decoded, the
+        // members the host routes by read once. json-c only builds the tree of a line it
+        // accepted (host methods, the handshake, batches, errors to word).
+        var idSpan: Range<Int>?
+        switch RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth)) {
+        case .message(let spans):
+            if fastRoute(peer, line, spans) { return }
+            idSpan = spans.id
+        case .notObject:
+            break  // a batch, or a scalar (answered as an invalid request)
+        case .invalid(let at):
+            // Refused; json-c words the reason where it can (it accepts a few things RFC 8259
+            // does not, such as `2.`: those are worded here).
+            var reason = JSONParseError(kind: .syntax, detail: "not strict JSON (RFC 8259) at byte \(at)")
+            do throws(JSONParseError) { _ = try tokener.parse(line) } catch { reason = error }
+            return refuseUnparsable(peer, reason)
+        case .tooDeep:
+            return refuseUnparsable(peer, JSONParseError(kind: .depth, detail: "JSON nested deeper than \(config.limits.maxDepth) levels"))
+        case .nulKey:
+            // A key holding U+0000 is one member to json-c (which cuts it there) and another to
+            // other parsers: the host and a plugin would read different values.
+            counters.protocolErrors += 1
+            sendError(peer.conn, id: nil, RPCError(.invalidRequest, "member names must not contain U+0000"))
+            return
+        case .repeated(let member):
+            // The host routes by the last; a receiver that keeps the first would read another id
+            // (and answer as someone else), method or params than the host checked.
+            counters.protocolErrors += 1
+            sendError(peer.conn, id: nil, RPCError(.invalidRequest, "\"\(member)\" appears more than once"))
+            return
+        }
         let msg: JSONRef
         do throws(JSONParseError) {
             msg = try tokener.parse(line)
-            // json-c accepts a few things RFC 8259 does not (single quotes, `2.`); relaying them
-            // would hand other peers lines they cannot parse.
-            if case .invalid(let at) = scan {
-                throw JSONParseError(kind: .syntax, detail: "not strict JSON (RFC 8259) at byte \(at)")
-            }
         } catch {
-            counters.protocolErrors += 1
-            var data: JSONObject = ["reason": .string(error.detail)]
-            if error.kind == .depth { data["limit"] = "maxDepth"; data["value"] = .int(Int64(config.limits.maxDepth)) }
-            sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
-            return
+            return refuseUnparsable(peer, error)
         }
         if json_object_get_type(msg.ptr) == json_type_array, currentBatch == nil {
             handleBatch(peer, line, count: Int(json_object_array_length(msg.ptr)))
             return
         }
-        // The id's bytes, for the splice: found by the scan, else looked up in the line.
-        var idSpan: Range<Int>?
-        if case .message(let spans) = scan {
-            idSpan = spans.id
-        } else {
-            // The scan was not sure (a key with escapes, among others). json-c decodes escaped
-            // keys and cuts them at U+0000; a byte search does neither. So a second "id" spelled
-            // another way (`"i\u0064"`) would stay in the line past the splice, and the receiver
-            // would read it as the id: refused. A key holding U+0000 is one member to json-c and
-            // another to other parsers (the host and a plugin would read different values):
-            // refused anywhere in the message.
-            if RawJSON.hasNULKey(line) {
-                counters.protocolErrors += 1
-                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "member names must not contain U+0000"))
-                return
-            }
-            let ids = RawJSON.topLevelMembers(line, named: "id")
-            guard ids.count <= 1, msg.has("id") == (ids.count == 1) else {
-                counters.protocolErrors += 1
-                sendError(peer.conn, id: nil, RPCError(.invalidRequest, "\"id\" appears more than once (spelled differently)"))
-                return
-            }
-            idSpan = ids.first
-        }
         dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan)
+    }
+
+    /// A line that is not (strict) JSON: `-32700`, without an id (none can be trusted).
+    private func refuseUnparsable(_ peer: Peer, _ error: JSONParseError) {
+        counters.protocolErrors += 1
+        var data: JSONObject = ["reason": .string(error.detail)]
+        if error.kind == .depth { data["limit"] = "maxDepth"; data["value"] = .int(Int64(config.limits.maxDepth)) }
+        sendError(peer.conn, id: nil, RPCError(.parseError, "parse error: \(error.detail)", data: .object(data)))
     }
 
     /// The rungs after parsing: the envelope's verdict, who the message speaks for, where it goes.

@@ -43,14 +43,20 @@ public final class Call: ManagedBuffer<CallHeader, UInt8> {
     }
 
     /// A call parsed by json-c: `msg` is the whole message (kept), `id` its id (nil: a
-    /// notification).
-    static func make(plugin: Plugin, method: String, msg: JSONRef, id: JSONRef?) -> Call {
-        let buffer = Call.create(minimumCapacity: 0) { _ in
+    /// notification), `params` the params' bytes in the line (`null` when absent; nil when the
+    /// line's members were not found: `paramsText` is then printed from the tree).
+    static func make(plugin: Plugin, method: String, msg: JSONRef, id: JSONRef?, params: UnsafeRawBufferPointer?) -> Call {
+        let n = params?.count ?? 0
+        let buffer = Call.create(minimumCapacity: n) { _ in
             CallHeader(
-                plugin: plugin, method: method, isNotification: id == nil, tree: msg, idRef: id, idCount: 0, paramsCount: 0,
-                callerCount: -1)
+                plugin: plugin, method: method, isNotification: id == nil, tree: msg, idRef: id, idCount: 0,
+                paramsCount: params == nil ? -1 : n, callerCount: -1)
         }
-        return unsafeDowncast(buffer, to: Call.self)
+        let call = unsafeDowncast(buffer, to: Call.self)
+        if let b = params?.baseAddress, n > 0 {
+            call.withUnsafeMutablePointerToElements { UnsafeMutableRawPointer($0).copyMemory(from: b, byteCount: n) }
+        }
+        return call
     }
 
     /// The stored bytes `offset..<offset+count` (valid while the call lives: the elements are
@@ -66,10 +72,12 @@ public final class Call: ManagedBuffer<CallHeader, UInt8> {
     public var method: String { header.method }
 
     /// The params' JSON text (`null` when the request had none), valid as long as this call
-    /// lives. Valid JSON: the line was validated strictly by the host (see
-    /// `RawJSON.hostMessageSpans`), or parsed by json-c and printed again (made on first use).
+    /// lives: the bytes of the host's line (validated strictly by the host, see
+    /// `RawJSON.hostMessageSpans`; keys found decoded), whichever way the call was read — so a
+    /// plugin that stores them stores the sender's canonical text (docs/PROTOCOL.md, "Canonical
+    /// form"). Only for a line whose members were not found is it printed from json-c's tree.
     public var paramsText: UnsafeRawBufferPointer {
-        guard let tree = header.tree else { return bytes(header.idCount, header.paramsCount) }
+        guard let tree = header.tree, header.paramsCount < 0 else { return bytes(header.idCount, header.paramsCount) }
         if header.paramsTextCache == nil {
             header.paramsTextCache = JSONRef.withSerialized(tree.member("params")) { Array($0) }
         }
@@ -197,7 +205,8 @@ public struct CallHeader {
     let method: String
     var answered = false
     let isNotification: Bool
-    /// The parsed message, for a call parsed by json-c (then the counts are 0 and -1).
+    /// The parsed message, for a call parsed by json-c (then `idCount` is 0, `callerCount` -1,
+    /// and `paramsCount` -1 when the params' bytes were not kept).
     let tree: JSONRef?
     let idRef: JSONRef?
     let idCount: Int

@@ -352,10 +352,15 @@ public final class Plugin {
         let mptr = msg.member("method")
         if json_object_get_type(mptr) == json_type_string {
             let method = String(cString: json_object_get_string(mptr))
-            if msg.has("id") {
-                dispatchRequest(method, msg)
-            } else {
-                dispatchNotification(method, msg)
+            // The params' bytes, for `Call.paramsText` (found as `handleRawLine` finds them).
+            let params = RawJSON.hostMessageSpans(line).map { m in m.params.map { UnsafeRawBufferPointer(rebasing: line[$0]) } }
+            Plugin.nullText.withUnsafeBytes { null in
+                let text = params.map { $0 ?? null }
+                if msg.has("id") {
+                    dispatchRequest(method, msg, params: text)
+                } else {
+                    dispatchNotification(method, msg, params: text)
+                }
             }
         } else if let idp = msg.member("id"), json_object_get_type(idp) == json_type_int {
             guard let done = pendingCalls.removeValue(forKey: json_object_get_int64(idp)) else { return }
@@ -364,9 +369,9 @@ public final class Plugin {
         }
     }
 
-    private func dispatchRequest(_ method: String, _ msg: JSONRef) {
+    private func dispatchRequest(_ method: String, _ msg: JSONRef, params: UnsafeRawBufferPointer?) {
         let id = JSONRef(retaining: msg.member("id"))
-        let call = Call.make(plugin: self, method: method, msg: msg, id: id)
+        let call = Call.make(plugin: self, method: method, msg: msg, id: id, params: params)
         if method == HostMethod.heartbeat {
             call.reply(.object([:]))
             return
@@ -378,7 +383,7 @@ public final class Plugin {
         spec.handler(call)
     }
 
-    private func dispatchNotification(_ method: String, _ msg: JSONRef) {
+    private func dispatchNotification(_ method: String, _ msg: JSONRef, params: UnsafeRawBufferPointer?) {
         switch method {
         case HostTopic.consentChanged:
             let p = JSONRef.toJSON(msg.member("params"))
@@ -412,7 +417,7 @@ public final class Plugin {
                     log.debug("notification without caller information ignored", ["method": method])
                     return
                 }
-                spec.handler(Call.make(plugin: self, method: method, msg: msg, id: nil))
+                spec.handler(Call.make(plugin: self, method: method, msg: msg, id: nil, params: params))
                 return
             }
             var params: JSON?

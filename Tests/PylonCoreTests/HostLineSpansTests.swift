@@ -34,9 +34,12 @@ import Testing
         #expect(Self.hostSpans(b) == want)
     }
 
-    @Test func leavesEscapedTopLevelKeysToJsonC() {
-        #expect(Self.hostSpans(Array(#"{"jsonrpc":"2.0","\u0069d":1,"method":"m"}"#.utf8)) == nil)
-        #expect(Self.hostSpans(Array(#"{"id":1,"a\"b":2}"#.utf8)) == nil)
+    @Test func decodesEscapedTopLevelKeysAsTheValidatingScannerDoes() throws {
+        for s in [#"{"jsonrpc":"2.0","\u0069d":1,"method":"m"}"#, #"{"id":1,"a\"b":2}"#, #"{"p\u0061rams":[1],"\u005fpylon":{}}"#] {
+            let m = try #require(Self.hostSpans(Array(s.utf8)), "\(s)")
+            #expect(m == Self.validated(Array(s.utf8)), "\(s)")
+            #expect(m.id != nil || m.params != nil, "\(s)")
+        }
         // Escapes inside values are fine: their text is the span.
         let s = #"{"id":1,"method":"m","params":{"k\"ey":"v\\\"al\u00e9"}}"#
         #expect(Self.hostSpans(Array(s.utf8)) == Self.validated(Array(s.utf8)))
@@ -69,7 +72,8 @@ import Testing
             let got = Self.hostSpans(b)
             #expect(got == want, "\(String(decoding: b, as: UTF8.self))")
         }
-        #expect(compared > 15_000, "the generator must produce valid lines")
+        // (Lines repeating a routing member are refused by the validating scanner: not compared.)
+        #expect(compared > 12_000, "the generator must produce valid lines")
     }
 
     /// Mutated messages and random bytes: whatever comes back stays inside the line

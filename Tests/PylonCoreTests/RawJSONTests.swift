@@ -69,56 +69,65 @@ struct DuplicateKeyTests {
     }
 }
 
-/// Keys as json-c names them: escapes decoded, cut at U+0000.
-struct JSONCKeyNameTests {
-    func name(_ keyText: String) -> (String, Bool) {
-        let bytes = Array(keyText.utf8)
-        return bytes.withUnsafeBytes { b in
-            let (n, nul) = RawJSON.jsonCKeyName(b, 0..<b.count)
-            return (String(decoding: n, as: UTF8.self), nul)
+/// The host's scan of a line (`classifyMessage`): keys decoded, repeated routing members and keys
+/// holding U+0000 refused (docs/PROTOCOL.md, "Canonical form" and "Known limitations").
+struct HostScanRuleTests {
+    func classify(_ s: String, depth: Int = 64) -> RawJSON.ScanOutcome {
+        Array(s.utf8).withUnsafeBytes { RawJSON.classifyMessage($0, maxDepth: depth) }
+    }
+
+    func text(_ s: String, _ r: Range<Int>?) -> String? { r.map { String(decoding: Array(s.utf8)[$0], as: UTF8.self) } }
+
+    @Test func escapedTopLevelKeysAreDecoded() throws {
+        let s = #"{"jsonrpc":"2.0","i\u0064":"x","\u006dethod":"a.b","par\u0061ms":{"k":1}}"#
+        guard case .message(let m) = classify(s) else { Issue.record("\(classify(s))"); return }
+        #expect(text(s, m.id) == #""x""#)
+        #expect(text(s, m.method) == #""a.b""#)
+        #expect(text(s, m.params) == #"{"k":1}"#)
+        // Nested keys are not routing members; a key that only looks like one is not `id`.
+        guard case .message(let n) = classify(#"{"params":{"i\u0064":1},"\\id":2}"#) else { Issue.record("nested"); return }
+        #expect(n.id == nil && n.params != nil)
+    }
+
+    @Test func aRepeatedRoutingMemberIsRefusedHoweverItIsSpelled() {
+        for (line, member) in [
+            (#"{"id":1,"id":2}"#, "id"), (#"{"id":1,"i\u0064":2}"#, "id"), (#"{"\u0069d":1,"id":2}"#, "id"),
+            (#"{"jsonrpc":"2.0","jsonrpc":"2.0"}"#, "jsonrpc"), (#"{"method":"a","method":"b"}"#, "method"),
+            (#"{"params":{},"params":[]}"#, "params"), (#"{"result":1,"result":2}"#, "result"),
+            (#"{"error":{},"error":{}}"#, "error"), (#"{"_pylon":{},"_pylon":{}}"#, "_pylon"),
+            (#"{"_onBehalfOf":1,"_onBehalfOf":2}"#, "_onBehalfOf"),
+        ] {
+            #expect(classify(line) == .repeated(member: member), "\(line)")
         }
-    }
-
-    @Test func decodesLikeJsonCAndCutsAtNUL() throws {
-        #expect(name(#"id"#) == ("id", false))
-        #expect(name(#"i\u0064"#) == ("id", false))
-        #expect(name(#"\u0069\u0044"#) == ("iD", false))
-        #expect(name(#"id\u0000x"#) == ("id", true))
-        #expect(name(#"a\"b\\c\/d\n"#) == ("a\"b\\c/d\n", false))
-        #expect(name(#"\ud83d\ude00!"#) == ("😀!", false))
-        // Against json-c: random keys with escapes, parsed as the only key of an object.
-        var rng = SystemRandomNumberGenerator()
-        let pieces = [#"a"#, #"\u0041"#, #"\n"#, #"\""#, #"\\"#, #"\/"#, #"\u00e9"#, #"é"#, #"\ud83d\ude00"#, #"\u0000"#, #"\t"#]
-        for _ in 0..<300 {
-            let key = (0..<Int.random(in: 1...6, using: &rng)).map { _ in pieces.randomElement(using: &rng)! }.joined()
-            let parsed = try JSON.parse("{\"" + key + "\":1}")
-            let jsoncKey = try #require(parsed.objectValue?.keys.first)
-            #expect(name(key).0 == jsoncKey, "\(key)")
+        // Other keys repeat freely (the last wins), at the top and inside.
+        guard case .message(let m) = classify(#"{"x":1,"x":2,"id":3,"params":{"id":1,"id":2}}"#) else {
+            Issue.record("other keys")
+            return
         }
+        #expect(m.id != nil)
+        // Invalid text is invalid first.
+        if case .invalid = classify(#"{"id":1,"id":2"#) {} else { Issue.record("truncated") }
     }
 
-    func members(_ s: String) -> [String] {
-        let bytes = Array(s.utf8)
-        return bytes.withUnsafeBytes { b in RawJSON.topLevelMembers(b, named: "id").map { String(decoding: bytes[$0], as: UTF8.self) } }
+    @Test func aKeyHoldingNULIsRefusedAtAnyDepthButNotInValues() {
+        #expect(classify(#"{"a\u0000":1}"#) == .nulKey)
+        #expect(classify(#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"c":"a","c\u0000":"b"}}"#) == .nulKey)
+        #expect(classify(#"{"p":{"q":[{"k\u0000":1}]}}"#) == .nulKey)
+        #expect(classify(#"{"i\u0064\u0000":1}"#) == .nulKey)
+        if case .message = classify(#"{"a":"x\u0000y","b":["\u0000"]}"#) {} else { Issue.record("values may hold U+0000") }
+        if case .message = classify(#"{"a\\u0000":1}"#) {} else { Issue.record("an escaped backslash, then text") }
+        #expect(Array(#"[{"k\u0000":1}]"#.utf8).withUnsafeBytes { RawJSON.hasNULKey($0) })
+        #expect(!Array(#"[{"k\\u0000":"\u0000"}]"#.utf8).withUnsafeBytes { RawJSON.hasNULKey($0) })
     }
 
-    @Test func topLevelMembersFindEverySpelling() {
-        #expect(members(#"{"id":1,"method":"x"}"#) == ["1"])
-        #expect(members(#"{"id":1,"i\u0064":2}"#) == ["1", "2"])
-        #expect(members(#"{"params":{"i\u0064":1},"\u0069d":"a"}"#) == [#""a""#])
-        #expect(members(#"{"id\u0000z":3}"#) == ["3"])
-        #expect(members(#"{"idx":1}"#) == [])
-    }
-
-    func nulKey(_ s: String) -> Bool { Array(s.utf8).withUnsafeBytes { RawJSON.hasNULKey($0) } }
-
-    @Test func aKeyHoldingNULIsFoundAtAnyDepthButNotInValues() {
-        #expect(!nulKey(#"{"a":"x\u0000y","b":["\u0000"]}"#))
-        #expect(nulKey(#"{"a\u0000":1}"#))
-        #expect(nulKey(#"{"p":{"q":[{"k\u0000":1}]}}"#))
-        #expect(!nulKey(#"{"a\\u0000":1}"#), "an escaped backslash, then text")
-        // The scan leaves such keys to json-c (and so to the host's check).
-        let line = Array(#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"c":"a","c\u0000":"b"}}"#.utf8)
-        #expect(line.withUnsafeBytes { RawJSON.classifyMessage($0, maxDepth: 64) } == .unsure)
+    @Test func theScanDecidesSurrogatesDepthAndNonObjects() {
+        if case .message = classify(#"{"a":"\ud83d\ude00","b":"\udc00"}"#) {} else { Issue.record("surrogates") }
+        let deep = #"{"a":"# + String(repeating: "[", count: 20) + String(repeating: "]", count: 20) + "}"
+        #expect(classify(deep, depth: 16) == .tooDeep)
+        if case .message = classify(deep, depth: 21) {} else { Issue.record("21 levels") }
+        #expect(classify("[1,2]") == .notObject)
+        #expect(classify("42") == .notObject)
+        if case .invalid = classify("[1,2,]") {} else { Issue.record("a batch is validated too") }
+        if case .invalid = classify("not json") {} else { Issue.record("not json") }
     }
 }

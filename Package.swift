@@ -151,7 +151,7 @@ let package = Package(
         .executableTarget(
             name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
 
-        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
+        .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol", "PylonPluginKit"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
         .target(name: "TestSupport", dependencies: ["PylonCore"], path: "Tests/TestSupport", swiftSettings: strict),
@@ -161,6 +161,8 @@ let package = Package(
         .testTarget(name: "PushTests", dependencies: ["pylon_push", "PylonMQTT"], swiftSettings: strict),
         .testTarget(name: "TagEngineTests", dependencies: ["PylonTagEngine"], swiftSettings: strict),
         .testTarget(name: "FleetTests", dependencies: ["pylon-fleet"], swiftSettings: strict),
+        // The append-only logs of the push inbox and the gtm.lifetime values (issue 24 item 3).
+        .testTarget(name: "StoreLogTests", dependencies: ["pylon_push", "pylon_gtm", "PylonStore"], swiftSettings: strict),
         .testTarget(
             name: "BackendTests", dependencies: ["PylonBackend", "PylonClientKit", "PylonStore", "TestSupport"], swiftSettings: strict),
     ]

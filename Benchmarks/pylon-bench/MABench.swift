@@ -17,10 +17,13 @@ func maBench() throws {
             "name": "uploader", "exec": "pylon-uploader",
             "config": [
                 "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "maxDiskBytes": .int(1 << 30),
-                "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]],
+                "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000]], "credentialFile": .string(benchCredentialFile),
             ],
         ],  // as etc/pylon.json
-        ["name": "ma", "exec": "pylon-ma", "config": ["backend": .string("http://127.0.0.1:\(port)")]],
+        [
+            "name": "ma", "exec": "pylon-ma",
+            "config": ["backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile)],
+        ],
     ])
     let sync = try SyncClient(path: socketPath)
     _ = try sync.call("ma.start", ["appKey": "bench"])

@@ -23,16 +23,28 @@ nonisolated(unsafe) var seconds = 5.0
 nonisolated(unsafe) var externalSocket: String?
 nonisolated(unsafe) var benchMode = "bus"
 nonisolated(unsafe) var fsyncMode = "normal"
+nonisolated(unsafe) var secondsGiven = false
 var it = CommandLine.arguments.dropFirst().makeIterator()
 while let a = it.next() {
     switch a {
-    case "--seconds": seconds = Double(it.next() ?? "") ?? seconds
+    case "--seconds": seconds = Double(it.next() ?? "") ?? seconds; secondsGiven = true
     case "--socket": externalSocket = it.next()
     case "--fsync": fsyncMode = it.next() ?? "normal"
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow; gtmWindow = maWindow
+    case "--rate": lowRate = Double(it.next() ?? "") ?? lowRate
     case "bus", "uploader", "ma", "idle", "push", "gtm": benchMode = a
+    case "lowrate":
+        benchMode = a
+        if !secondsGiven { seconds = 30 }
+        guard let t = it.next(), lowRateTargets.contains(t) else {
+            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
+            exit(2)
+        }
+        lowRateTarget = t
     default:
-        print("usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]")
+        print(
+            "usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]\n"
+                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
         exit(2)
     }
 }
@@ -252,5 +264,6 @@ case "ma": try maBench()
 case "idle": try idleBench()
 case "push": try pushBench()
 case "gtm": try gtmBench()
+case "lowrate": try lowRateBench()
 default: try busBench()
 }

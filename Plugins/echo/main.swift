@@ -1,4 +1,3 @@
-import CJSONC
 import PylonPluginKit
 
 /// pylon-echo: a minimal plugin used by tests, examples and the routing benchmark.
@@ -17,7 +16,7 @@ import PylonPluginKit
 let plugin = Plugin(name: "echo", version: pylonVersionEcho)
 
 // Answered from the request's bytes: the params' text is the result.
-plugin.rawMethod("echo") { params in Array(params) }
+plugin.method("echo", reads: .text) { call in call.reply(serialized: call.paramsText) }
 plugin.method("sleep") { call in
     let ms = UInt64(max(0, call.params["ms"]?.intValue ?? 0))
     plugin.loop.after(ms: ms) { call.reply(["slept_ms": .int(Int64(ms))]) }
@@ -80,4 +79,5 @@ var closedClients: [JSON] = []
 plugin.subscribe("bus.client.closed") { _, p in closedClients.append(p["client"] ?? .null) }
 plugin.method("closedClients") { call in call.reply(.array(closedClients)) }
 plugin.declarePublishes("echo.*")
+declareEchoDocs(plugin)
 plugin.run()

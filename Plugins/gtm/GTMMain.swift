@@ -29,6 +29,7 @@ public enum GTMMain {
         plugin.method("setLogLevel") { gtm.setLogLevel($0) }
         plugin.method("logLines") { gtm.logLines($0) }
         plugin.method("status") { gtm.status($0) }
+        GTMMethodDocs.declare(plugin)
 
         plugin.run()
     }

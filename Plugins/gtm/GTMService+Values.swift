@@ -63,7 +63,7 @@ extension GTMService {
         var facts: JSONObject?
         for k in GTMService.factParams where call.hasParam(k) {
             if facts == nil { facts = [:] }
-            facts?[k] = JSONRef.toJSON(call.paramRef(k))
+            facts?[k] = call.params[k] ?? .null
         }
         let ctx = context(tenant, params: facts.map { .object($0) })
         // The common case answers synchronously: no function-call macro is waiting.
@@ -281,8 +281,7 @@ extension GTMService {
         }
         guard let t = tenant(who.owner, create: true, call) else { return }
         var bytes = 0
-        if let raw = call.paramRef("data") {
-            let n = JSONRef(retaining: raw).withSerialized { $0.count }
+        if let n = call.withParamText("data", { $0?.count }) {
             bytes = n
             guard n <= limits.maxPushBytes else {
                 call.fail(RPCError(.invalidParams, "data exceeds maxPushBytes \(limits.maxPushBytes)"))

@@ -1,11 +1,13 @@
 import PylonCore
 import PylonStore
 
-/// Saved containers (the last network copy of each id, with its fetch time and ETag) and
-/// data-layer values persisted through `gtm.lifetime`, in `<stateDir>/gtm.db`, each row under
-/// its owner (`Owner.key`): one owner's copy or values are never another's.
+/// Saved containers (the last network copy of each id, with its fetch time and ETag) in
+/// `<stateDir>/gtm.db`, and data-layer values persisted through `gtm.lifetime` in
+/// `<stateDir>/gtm.lifetime` (`LifetimeLog`), each under its owner (`Owner.key`): one owner's
+/// copy or values are never another's.
 final class SavedStore {
     let db: Database
+    let lifetime: LifetimeLog
 
     struct Saved {
         let body: String
@@ -14,7 +16,9 @@ final class SavedStore {
         let fetchedAtMs: Int64
     }
 
-    init(path: String) throws(SQLiteError) {
+    /// Opens `gtm.db` at `path` and the lifetime log beside it (`lifetimePath`, default
+    /// `gtm.lifetime` in the same directory), migrating `owned_lifetime` rows into the log.
+    init(path: String, lifetimePath: String? = nil, nowMs: Int64 = System.wallClockMs()) throws(SQLiteError) {
         db = try Database(path: path)
         try db.exec(
             """
@@ -26,6 +30,32 @@ final class SavedStore {
             CREATE TABLE IF NOT EXISTS owned_lifetime(owner TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
                 expires_at INTEGER NOT NULL, PRIMARY KEY(owner, key));
             """)
+        let dir = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        let lpath = lifetimePath ?? (dir.isEmpty ? "." : dir) + "/gtm.lifetime"
+        do throws(IOError) {
+            try Self.migrateLifetime(db, to: lpath)
+            lifetime = try LifetimeLog(path: lpath, nowMs: nowMs)
+        } catch {
+            db.close()
+            throw SQLiteError(code: 10, message: "\(lpath): \(error.description)")  // SQLITE_IOERR
+        }
+    }
+
+    /// Rows of `owned_lifetime` (releases before the log), in write order, into a new log
+    /// renamed over `path`; then the rows are deleted. A crash in between migrates again (the
+    /// log is rebuilt from the rows; nothing was appended to it meanwhile).
+    static func migrateLifetime(_ db: Database, to path: String) throws(IOError) {
+        let rows = (try? db.query("SELECT owner, key, value, expires_at FROM owned_lifetime ORDER BY rowid")) ?? []
+        guard !rows.isEmpty else { return }
+        var file = LifetimeLog.magic
+        for (i, r) in rows.enumerated() {
+            guard let o = r[0].text, let k = r[1].text, let v = r[2].text, let e = r[3].int else { continue }
+            AppendLog.frame(LifetimeLog.setFrame(o, k, .init(text: v, expiresAtMs: e, order: i)), into: &file)
+        }
+        try System.writeFileAtomically(atPath: path, contents: file)
+        do throws(SQLiteError) { try db.exec("DELETE FROM owned_lifetime") } catch {
+            throw IOError(errnoCode: 5, reason: "gtm.db: cannot clear the migrated lifetime values (\(error.description))")  // EIO
+        }
     }
 
     func load(_ owner: Owner, _ id: String) throws(SQLiteError) -> Saved? {
@@ -50,29 +80,14 @@ final class SavedStore {
             "UPDATE owned_containers SET fetched_at = ? WHERE owner = ? AND id = ?", [.int(fetchedAtMs), .text(owner.key), .text(id)])
     }
 
-    /// Unexpired persisted values, each with its owner key (expired rows are deleted).
+    /// Unexpired persisted values, each with its owner key, in write order.
     func lifetimeValues(nowMs: Int64) throws(SQLiteError) -> [(String, String, JSON)] {
-        try db.run("DELETE FROM owned_lifetime WHERE expires_at <= ?", [.int(nowMs)])
-        return try db.query("SELECT owner, key, value FROM owned_lifetime ORDER BY rowid").compactMap { r in
-            guard let o = r[0].text, let k = r[1].text, let v = r[2].text, let j = try? JSON.parse(v) else { return nil }
-            return (o, k, j)
-        }
+        lifetime.all.compactMap { o, k, v in (try? JSON.parse(v)).map { (o, k, $0) } }
     }
 
-    /// Persists `owner`'s entries; past `maxEntries` for that owner its soonest-expiring go
-    /// first (another owner's rows are never touched).
-    func persist(_ owner: Owner, _ entries: [(String, JSON)], expiresAtMs: Int64, maxEntries: Int) throws(SQLiteError) {
-        try db.transaction { () throws(SQLiteError) in
-            for (k, v) in entries {
-                try db.run(
-                    "INSERT OR REPLACE INTO owned_lifetime(owner, key, value, expires_at) VALUES (?, ?, ?, ?)",
-                    [.text(owner.key), .text(k), .text(v.serialized), .int(expiresAtMs)])
-            }
-            try db.run(
-                """
-                DELETE FROM owned_lifetime WHERE owner = ?1 AND key IN (SELECT key FROM owned_lifetime WHERE owner = ?1
-                    ORDER BY expires_at DESC LIMIT -1 OFFSET ?2)
-                """, [.text(owner.key), .int(Int64(maxEntries))])
-        }
+    /// Persists `owner`'s entries (one frame appended to `gtm.lifetime`); past `maxEntries` for
+    /// that owner its soonest-expiring go first (another owner's values are never touched).
+    func persist(_ owner: Owner, _ entries: [(String, JSON)], expiresAtMs: Int64, maxEntries: Int) throws(IOError) {
+        try lifetime.persist(owner.key, entries.map { ($0.0, $0.1.serialized) }, expiresAtMs: expiresAtMs, maxEntries: maxEntries)
     }
 }

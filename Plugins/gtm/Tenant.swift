@@ -68,7 +68,7 @@ struct Caller {
     /// own behalf is its own namespace, never a uid's. `params.uid` addresses another uid's
     /// state and is for admin clients only (-32005 otherwise).
     static func of(_ call: Call) -> Result<Caller, RPCError> {
-        let info = CallerInfo(json: call.caller)
+        let info = call.callerInfo
         let own: Owner
         if let u = info.uid {
             own = .uid(u)

@@ -23,9 +23,9 @@ public enum MAMain {
         plugin.method("euid") { ma.euid($0) }
         // Events, served from the request's bytes: while the AppKey's switch is denied the host answers
         // `{"code":0,"message":""}` itself.
-        plugin.deferredRawMethod(
+        plugin.method(
             "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
-            deniedResult: MAService.result(0, "")
+            deniedResult: MAService.result(0, ""), reads: .text
         ) { ma.eventRecord($0) }
         // The data collection switch and what is collected.
         plugin.method("setDataCollectionEnabled") { ma.setDataCollectionEnabled($0) }
@@ -50,6 +50,9 @@ public enum MAMain {
         plugin.method("removeObjectArrayProperty") { ma.removeObjectArrayProperty($0) }
         // Operator view (not an SDK method).
         plugin.method("status") { ma.status($0) }
+        // Admins only: hand an AppKey to another uid, or release it (docs/MA.md, "AppKey owners").
+        plugin.method("setOwner") { ma.setOwner($0) }
+        MAMethodDocs.declare(plugin)
 
         plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
         plugin.onReady = { ma.ready() }

@@ -3,16 +3,16 @@ import PylonPluginKit
 /// `ma.eventRecord` (docs/MA.md, `ma.eventRecord`): validate, stamp, hand to the uploader, answer once durable.
 ///
 /// The hot path builds no json-c objects and no Swift values per event: the request is served
-/// from its bytes (`Plugin.deferredRawMethod`), the event is checked and read from the params'
+/// from its bytes (`Plugin.method(reads: .text)`), the event is checked and read from the params'
 /// text (`EventParams`; json-c only for unusual text), its record is written as JSON text
 /// straight into the next `uploader.enqueue` (`EventText`), that enqueue goes out as text and its
-/// answer is read from its bytes (`Plugin.callText`), and the caller is answered with a constant
+/// answer is read from its bytes (`Plugin.Answer.text`), and the caller is answered with a constant
 /// reply once the enqueue is durable.
 extension MAService {
-    func eventRecord(_ call: RawCall) {
-        let params = EventParams.read(call.params)
+    func eventRecord(_ call: Call) {
+        let params = EventParams.read(call.paramsText)
         let who = call.callerInfo
-        guard let inst = usable(appKey: params.appKey, client: who.client, uid: who.uid, admin: who.admin ?? false, call.reply) else {
+        guard let inst = usable(appKey: params.appKey, client: who.client, uid: who.uid, admin: who.isAdmin, call.reply) else {
             return
         }
         if let why = params.invalid {
@@ -38,9 +38,9 @@ extension MAService {
     }
 
     /// `admitted`: it already took its place under `maxHeldEvents` while it waited for the start.
-    private func recordEvent(_ inst: MAInstance, _ call: RawCall, _ params: EventParams, admitted: Bool = false) {
+    private func recordEvent(_ inst: MAInstance, _ call: Call, _ params: EventParams, admitted: Bool = false) {
         touchSession(inst)
-        params.withEvent(params: call.params) { name, properties in
+        params.withEvent(params: call.paramsText) { name, properties in
             record(inst, name: name, properties: properties, session: inst.sessionId, for: call, admitted: admitted)
         }
     }
@@ -60,7 +60,7 @@ extension MAService {
     /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
     /// `properties` is the properties' JSON text (an object, as json-c prints it).
     func record(
-        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?, for call: RawCall?,
+        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?, for call: Call?,
         admitted: Bool = false
     ) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
@@ -188,31 +188,34 @@ extension MAService {
     /// is doubled. Any other answer settles the batch.
     private func enqueue(_ batch: EventBatch, _ inst: MAInstance, attempt: Int) {
         batch.text.withUnsafeBytes { params in
-            plugin.callText("uploader.enqueue", params: params) { [unowned self] r in
-                let err: String?
-                switch r {
-                case .success: err = nil
-                case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
-                    // The switch was denied between recording and storing (the operator's decision
-                    // overtook it): not stored, so not answered as if it were.
-                    err = "not stored: \(e.message)"
-                case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
-                    let delay = Self.uploaderRetry.delay(attempt: attempt)
-                    if attempt == 1 {
-                        self.plugin.log.warn("uploader unavailable; holding events", ["events": batch.count, "error": e.message])
+            plugin.call(
+                "uploader.enqueue", .text(params),
+                answer: .text { [unowned self] r in
+                    let err: String?
+                    switch r {
+                    case .success: err = nil
+                    case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
+                        // The switch was denied between recording and storing (the operator's decision
+                        // overtook it): not stored, so not answered as if it were.
+                        err = "not stored: \(e.message)"
+                    case .failure(let e)
+                    where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
+                        let delay = Self.uploaderRetry.delay(attempt: attempt)
+                        if attempt == 1 {
+                            self.plugin.log.warn("uploader unavailable; holding events", ["events": batch.count, "error": e.message])
+                        }
+                        self.plugin.loop.after(ms: delay) { [unowned self] in self.enqueue(batch, inst, attempt: attempt + 1) }
+                        return
+                    case .failure(let e): err = e.message
                     }
-                    self.plugin.loop.after(ms: delay) { [unowned self] in self.enqueue(batch, inst, attempt: attempt + 1) }
-                    return
-                case .failure(let e): err = e.message
-                }
-                let n = batch.count
-                self.held -= n
-                self.enqueueSettled(inst.appKey)
-                let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
-                for c in batch.calls { c?.reply(serialized: reply) }
-                self.recycle(batch)
-                self.eventsSettled(inst, n)
-            }
+                    let n = batch.count
+                    self.held -= n
+                    self.enqueueSettled(inst.appKey)
+                    let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
+                    for c in batch.calls { c?.reply(serialized: reply) }
+                    self.recycle(batch)
+                    self.eventsSettled(inst, n)
+                })
         }
     }
 
@@ -250,7 +253,7 @@ extension MAService {
 final class EventBatch {
     private(set) var text: [UInt8] = []
     /// Who waits for each record, in order.
-    private(set) var calls: [RawCall?] = []
+    private(set) var calls: [Call?] = []
     var count: Int { calls.count }
 
     init() {
@@ -267,7 +270,7 @@ final class EventBatch {
     }
 
     /// Adds one record, written by `write`, and who waits for it.
-    func add(_ call: RawCall?, _ write: (inout [UInt8]) -> Void) {
+    func add(_ call: Call?, _ write: (inout [UInt8]) -> Void) {
         if !calls.isEmpty { text.append(UInt8(ascii: ",")) }
         write(&text)
         calls.append(call)

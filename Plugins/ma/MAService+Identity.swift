@@ -29,8 +29,8 @@ extension MAService {
         for k in call.params.objectValue?.keys ?? [] where !Self.startKeys.contains(k) {
             plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
         }
-        let client = call.callerClient
-        let uid = call.caller?["uid"]?.intValue
+        let client = call.callerInfo.client
+        let uid = call.callerInfo.uid
         if let known = instances[appKey], !mayUse(known, call) {
             call.reply(Self.notYours(appKey))
             return
@@ -40,7 +40,9 @@ extension MAService {
         instances[appKey] = inst
         // The first uid to start it owns it, an admin's included (persisted with the instance):
         // an AppKey root's app started must not be left for another user to claim.
-        if inst.ownerUid == nil, let uid { inst.ownerUid = uid }
+        if inst.ownerUid == nil, case .claim(let o) = Ownership.appKeys.access(nil, caller: CallerInfo(uid: uid), claims: true) {
+            inst.ownerUid = o.uid
+        }
         identityOp(
             inst, call,
             prepare: { [unowned self] in

@@ -54,7 +54,7 @@ extension MAService {
             values.append(.string(s))
         }
         // In call order; invalidated (-2) if the AppKey, project or identity changed meanwhile.
-        let client = call.callerClient
+        let client = call.callerInfo.client
         let euid = inst.euid, project = inst.project
         inst.channelQueue.append { [unowned self] in
             let boundElsewhere = client.map { self.clientAppKey[$0] != nil && self.clientAppKey[$0] != inst.appKey } ?? false

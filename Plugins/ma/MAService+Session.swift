@@ -16,7 +16,7 @@ extension MAService {
             // at once if that happened while this call was in flight.
             inst.reportIntervalS = s
             self.persist(inst)
-            if call.callerClient != nil, !self.sessionActive(inst.appKey) { self.endReportInterval(inst) }
+            if call.callerInfo.client != nil, !self.sessionActive(inst.appKey) { self.endReportInterval(inst) }
             call.reply(Self.result(0, ""))
         }
     }

@@ -13,7 +13,7 @@ extension MAService {
                 "pendingStarts": .int(Int64(i.pendingStarts)), "queuedChannelValues": .int(Int64(i.channelQueue.count)),
                 "session": i.sessionId.map { .string($0) } ?? .null, "background": .bool(i.background),
                 "sessionTimeoutS": .int(i.sessionTimeoutS), "reportIntervalS": i.reportIntervalS.map { .int($0) } ?? .null,
-                "clients": .int(Int64(clientCount(k))),
+                "clients": .int(Int64(clientCount(k))), "ownerUid": i.ownerUid.map { .int($0) } ?? .null,
             ]
         }
         call.reply([
@@ -22,6 +22,7 @@ extension MAService {
             "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(eventsWaitingForStart)),
             "maxEnqueuesInFlight": .int(Int64(maxEnqueuesInFlight)),
             "enqueues": .int(Int64(enqueuesSent)), "enqueuedEvents": .int(Int64(eventsEnqueued)),
+            "ownerChanges": .int(Int64(ownerChanges)),
         ])
     }
 }

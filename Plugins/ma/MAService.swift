@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -77,6 +76,8 @@ final class MAService {
     /// counted: events per enqueue is the batching under load.
     var enqueuesSent = 0
     var eventsEnqueued = 0
+    /// Hand-overs and releases by `ma.setOwner` since the start (`ma.status`).
+    var ownerChanges = 0
 
     init(plugin: Plugin) {
         self.plugin = plugin
@@ -238,18 +239,10 @@ final class MAService {
     }
 
     /// The instance a call addresses: `params.appKey`, else the caller's last start.
-    func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerClient) }
+    func instance(for call: Call) -> MAInstance? { instance(appKey: Self.appKeyParam(call), client: call.callerInfo.client) }
 
     /// `params.appKey` when it is a string, as written (not trimmed).
-    static func appKeyParam(_ call: Call) -> String? { appKeyParam(call.paramsRef) }
-
-    /// `appKey` of a params object (borrowed json-c tree) when it is a string, as written.
-    static func appKeyParam(_ params: OpaquePointer?) -> String? {
-        var v: OpaquePointer?
-        guard json_object_object_get_ex(params, "appKey", &v) != 0, json_object_get_type(v) == json_type_string else { return nil }
-        return String(
-            decoding: UnsafeRawBufferPointer(start: json_object_get_string(v), count: Int(json_object_get_string_len(v))), as: UTF8.self)
-    }
+    static func appKeyParam(_ call: Call) -> String? { call.params["appKey"]?.stringValue }
 
     /// The instance addressed by `appKey` (`params.appKey` when a string, as written), else by
     /// the last start of the calling `client`.
@@ -269,14 +262,15 @@ final class MAService {
     /// no uid has. A caller without a uid — a plugin acting on its own, or a message without
     /// caller information — is not the owner of a user's AppKey. An AppKey's identity, profile
     /// and switch are one app's: another local user reading its EUID or identifying it as someone
-    /// else is what push (appIds) and the uploader (streams) already refuse.
+    /// else is what push (appIds) and the uploader (streams) already refuse. The kit's rule
+    /// (`Ownership.appKeys`): "admin" is the host's flag only; `ma.setOwner` hands an AppKey over.
     func mayUse(_ inst: MAInstance, uid: Int64?, admin: Bool) -> Bool {
-        admin || inst.ownerUid == nil || (uid != nil && inst.ownerUid == uid)
+        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: CallerInfo(uid: uid, admin: admin), claims: false).isAllowed
     }
 
     /// `mayUse` for the caller of `call` (its `_pylon` uid and admin flag).
     func mayUse(_ inst: MAInstance, _ call: Call) -> Bool {
-        mayUse(inst, uid: call.caller?["uid"]?.intValue, admin: call.caller?["admin"]?.boolValue ?? false)
+        Ownership.appKeys.access(inst.ownerUid.map { Owner.uid($0) }, caller: call.callerInfo, claims: false).isAllowed
     }
 
     /// The answer to a caller that may not use `appKey` (-1).
@@ -286,8 +280,8 @@ final class MAService {
     /// belongs to another uid.
     func usable(_ call: Call) -> MAInstance? {
         usable(
-            appKey: Self.appKeyParam(call), client: call.callerClient, uid: call.caller?["uid"]?.intValue,
-            admin: call.caller?["admin"]?.boolValue ?? false, call.reply)
+            appKey: Self.appKeyParam(call), client: call.callerInfo.client, uid: call.callerInfo.uid,
+            admin: call.callerInfo.isAdmin, call.reply)
     }
 
     /// `usable` for a call served from its bytes (`appKey`, `client` as for `instance`).

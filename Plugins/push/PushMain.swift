@@ -10,22 +10,33 @@ public enum PushMain {
     public static func run() -> Never {
         let plugin = Plugin(name: "push", version: "0.1.0")
         plugin.wantsCallerInfo = true
-        let push = PushService(plugin: plugin)
         plugin.checkConfig = { j throws(ConfigProblems) in try PushConfig(j).warnings }
+        // Built from the host's welcome (config, state directory) in `onReady`; the host routes
+        // no request before it, so `serve` only guards.
+        var push: PushService?
+        func serve(_ method: @escaping (PushService, Call) -> Void) -> (Call) -> Void {
+            { call in
+                guard let p = push else { return call.fail(RPCError(.pluginUnavailable, "the push plugin is starting")) }
+                method(p, call)
+            }
+        }
 
-        plugin.onReady = { push.start() }
-        plugin.onShutdown = { push.shutdown() }
-        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { push.clientClosed(c) } }
+        plugin.onReady = { push = PushService.open(plugin) }
+        plugin.onShutdown = { push?.shutdown() }
+        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { push?.clientClosed(c) } }
 
-        plugin.method("register") { call in push.registerCall(call) }
-        plugin.method("setDeviceToken") { call in push.setDeviceToken(call) }
-        plugin.method("bind") { call in push.bind(call, unbind: false) }
-        plugin.method("unbind") { call in push.bind(call, unbind: true) }
-        plugin.method("openLogReport", consent: "push:opens") { call in push.openLogReport(call) }
-        plugin.method("liveActivityBind") { call in push.liveActivityBind(call) }
-        plugin.method("attach") { call in push.attach(call) }
-        plugin.method("detach") { call in push.detach(call) }
-        plugin.method("status") { call in call.reply(push.status(for: call)) }
+        plugin.method("register", serve { $0.registerCall($1) })
+        plugin.method("setDeviceToken", serve { $0.setDeviceToken($1) })
+        plugin.method("bind", serve { $0.bind($1, unbind: false) })
+        plugin.method("unbind", serve { $0.bind($1, unbind: true) })
+        plugin.method("openLogReport", consent: "push:opens", serve { $0.openLogReport($1) })
+        plugin.method("liveActivityBind", serve { $0.liveActivityBind($1) })
+        plugin.method("attach", serve { $0.attach($1) })
+        plugin.method("detach", serve { $0.detach($1) })
+        plugin.method("status", serve { $1.reply($0.status(for: $1)) })
+        // Admins only: hand an appId to another uid, or release it (docs/PUSH.md, "App owners").
+        plugin.method("setOwner", serve { $0.setOwner($1) })
+        PushMethodDocs.declare(plugin)
 
         plugin.run()
     }

@@ -1,4 +1,3 @@
-import CJSONC
 import PylonPluginKit
 import PylonStore
 
@@ -10,48 +9,31 @@ extension PushService {
     ]
 
     /// One MQTT message (inside the read batch's transaction). Never throws, never crashes:
-    /// anything unusable is counted and logged. Works on the json-c tree (no Swift values) except
-    /// for a Live Activity's small part.
+    /// anything unusable is counted and logged.
     func received(topic: String, _ payload: UnsafeRawBufferPointer) {
         counters.received += 1
         guard payload.count <= config.maxPayloadBytes else {
             malformed("payload of \(payload.count) bytes exceeds maxPayloadBytes \(config.maxPayloadBytes)")
             return
         }
-        guard let ref = try? tokener.parse(payload), let o = ref.ptr, json_object_get_type(o) == json_type_object else {
+        guard let parsed = try? tokener.parse(payload), case .object(var o) = parsed.json else {
             malformed("payload is not a JSON object")
             return
         }
-        func member(_ k: String) -> OpaquePointer? {
-            var v: OpaquePointer?
-            return json_object_object_get_ex(o, k, &v) != 0 ? v : nil
-        }
-        func string(_ k: String) -> String? {
-            guard let v = member(k), json_object_get_type(v) == json_type_string else { return nil }
-            return String(cString: json_object_get_string(v))
-        }
-        guard let id = string("id"), id.isValidPushId, let appId = string("appId"), appId.isValidPushId else {
+        guard let id = o["id"]?.stringValue, id.isValidPushId, let appId = o["appId"]?.stringValue, appId.isValidPushId else {
             malformed("id or appId missing or invalid")
             return
         }
-        var unknown: [String] = []
-        var it = json_object_iter_begin(o)
-        var end = json_object_iter_end(o)
-        while json_object_iter_equal(&it, &end) == 0 {
-            let name = String(cString: json_object_iter_peek_name(&it))
-            if !PushService.knownFields.contains(name) { unknown.append(name) }
-            json_object_iter_next(&it)
-        }
-        for k in unknown {
+        for k in o.keys where !PushService.knownFields.contains(k) {
             counters.unknownFields += 1
             log.debug("unknown message field dropped", ["id": id, "field": k])
-            json_object_object_del(o, k)
+            o[k] = nil
         }
-        let e = member("expiresAt")
-        let expiresAt = json_object_get_type(e) == json_type_int ? json_object_get_int64(e) : Int64.max / 2
+        // An integer (not a fraction, not a whole number written as one).
+        let expiresAt: Int64
+        if case .int(let e)? = o["expiresAt"] { expiresAt = e } else { expiresAt = Int64.max / 2 }
         var targetApp = appId
-        if let laRef = member("liveActivity") {
-            let la = JSONRef.toJSON(laRef)
+        if let la = o["liveActivity"], la != .null {
             guard let aid = la["activityId"]?.stringValue, let ev = la["event"]?.stringValue, ev == "update" || ev == "end" else {
                 malformed("liveActivity without activityId or a known event")
                 return
@@ -65,13 +47,13 @@ extension PushService {
                         ["id": id, "activityId": aid, "why": why])
                     return
                 }
-                if targetApp != appId { json_object_object_add(o, "appId", json_object_new_string(targetApp)) }
+                if targetApp != appId { o["appId"] = .string(targetApp) }
             }
         }
         var keys = ["id:" + id]
-        if let k = string("msgKey") { keys.append("key:" + k) }
-        do throws(SQLiteError) {
-            guard try store.markSeen(appId: targetApp, keys: keys) else {
+        if let k = o["msgKey"]?.stringValue { keys.append("key:" + k) }
+        do throws(IOError) {
+            guard try inbox.markSeen(appId: targetApp, keys: keys) else {
                 counters.duplicates += 1
                 log.debug("duplicate dropped", ["id": id, "appId": targetApp])
                 // A repeat of a message this device no longer holds (acknowledged, expired or
@@ -84,16 +66,13 @@ extension PushService {
                 }
                 return
             }
-            if counters.received % 1000 == 0 { try store.pruneSeen() }
             seq += 1
-            let text = ref.serialized
+            let text = JSON.object(o).serialized
             let n = text.utf8.count
             let actions = delivery.received(id: id, appId: targetApp, seq: seq, bytes: n, expiresAt: expiresAt, now: now)
             if !actions.contains(.discard(id: id, reason: .expired)) {
-                try store.insertInbox(
-                    id: id, appId: targetApp, seq: seq, payload: text, bytes: n,
-                    expiresAt: expiresAt, cold: attached[targetApp] == nil)
-                payloads[id] = text
+                try inbox.insert(
+                    .init(id: id, appId: targetApp, seq: seq, payload: text, expiresAt: expiresAt, cold: attached[targetApp] == nil))
             }
             perform(actions)
         } catch {
@@ -122,11 +101,9 @@ extension PushService {
                     pendingAcks.removeFirst(pendingAcks.count - config.maxPendingAckReports)
                 }
                 pendingDeletes.append(id)
-                payloads[id] = nil
                 if pendingDeletes.count == 1 { ackFlush.start(after: 0) }
             case .discard(let id, let reason):
-                payloads[id] = nil
-                try? store.deleteInbox(id)
+                try? inbox.remove([id])
                 log.info("message discarded", ["id": id, "reason": reason.rawValue])
             }
         }
@@ -135,25 +112,33 @@ extension PushService {
     /// Calls the app's callback on the client that attached it (the host routes a provided
     /// method to its one provider; attach checked that provider is the attaching client).
     private func deliver(id: String, appId: String, client: Int64, coldStart: Bool) {
-        guard let a = attached[appId], a.client == client, let text = payloads[id] ?? store.payload(id) else {
+        guard let a = attached[appId], a.client == client, let text = inbox.payload(id) else {
             perform(delivery.callbackResult(id: id, ok: false, now: now))
             return
         }
-        let msg = text.withCString { json_tokener_parse($0) }
-        let params = json_object_new_object()
-        json_object_object_add(params, "message", msg)
-        json_object_object_add(params, "coldStart", json_object_new_boolean(coldStart ? 1 : 0))
-        plugin.callRaw(a.callback, params: params) { [unowned self] r in
-            let ok: Bool
-            switch r {
-            case .success: ok = true
-            case .failure(let e):
-                ok = false
-                self.log.info("delivery not acknowledged", ["id": id, "appId": appId, "error": e.message])
-            }
-            self.perform(self.delivery.callbackResult(id: id, ok: ok, now: self.now))
-            self.arm()
-        }
+        // `{"message":<the stored message>,"coldStart":<bool>}`, written as text: the message was
+        // stored as JSON text (printed from its parsed value), so it is sent as it is.
+        var params = Array(#"{"message":"#.utf8)
+        params.append(contentsOf: text.utf8)
+        params.append(contentsOf: (coldStart ? #","coldStart":true}"# : #","coldStart":false}"#).utf8)
+        params.withUnsafeBytes { p in callback(a.callback, p, id: id, appId: appId) }
+    }
+
+    /// The callback call of `deliver`, with its params' text.
+    private func callback(_ callback: String, _ params: UnsafeRawBufferPointer, id: String, appId: String) {
+        plugin.call(
+            callback, .text(params),
+            answer: .text { [unowned self] r in
+                let ok: Bool
+                switch r {
+                case .success: ok = true
+                case .failure(let e):
+                    ok = false
+                    self.log.info("delivery not acknowledged", ["id": id, "appId": appId, "error": e.message])
+                }
+                self.perform(self.delivery.callbackResult(id: id, ok: ok, now: self.now))
+                self.arm()
+            })
     }
 
     /// After connecting (the subscription is sent first): asks the backend to publish again what
@@ -166,9 +151,9 @@ extension PushService {
     /// Reports acknowledged ids to the backend (QoS 1 on the device's ack topic).
     func flushAcks() {
         if !pendingDeletes.isEmpty {
-            store.begin()
-            for id in pendingDeletes { try? store.deleteInbox(id) }
-            store.commit()
+            do throws(IOError) { try inbox.remove(pendingDeletes) } catch {
+                log.error("cannot record acknowledgements in the inbox; delivered again after a restart", ["error": error.description])
+            }
             pendingDeletes.removeAll(keepingCapacity: true)
         }
         guard !pendingAcks.isEmpty, let device = deviceId, let mqtt, mqtt.state == .connected else { return }
@@ -191,12 +176,17 @@ extension PushService {
             call.reply(reply(PushCode.invalidParams, "callback must be a method name this client provides (bus.provide)"))
             return
         }
-        guard let client = call.callerClient, let uid = call.caller?["uid"]?.intValue else {
+        guard let client = call.callerInfo.client, let uid = call.callerInfo.uid else {
             call.reply(reply(PushCode.notPermitted, "push.attach is for clients"))
             return
         }
         let owner = store.appOwner(appId)
-        if let owner, owner != uid {
+        // The kit's rule (`Ownership.pushApps`); an admin does not take another uid's app by
+        // attaching to it (the attachment records its uid): it hands the app over with
+        // `push.setOwner` instead.
+        switch Ownership.pushApps.access(owner.map { Owner.uid($0) }, caller: CallerInfo(uid: uid), claims: true) {
+        case .owner, .claim: break
+        case .admin, .unowned, .refused:
             call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
             return
         }
@@ -236,7 +226,7 @@ extension PushService {
             call.reply(reply(PushCode.invalidParams, "appId is not attached"))
             return
         }
-        guard a.client == call.callerClient else {
+        guard a.client == call.callerInfo.client else {
             call.reply(reply(PushCode.notPermitted, "appId \(appId) is attached by another client"))
             return
         }

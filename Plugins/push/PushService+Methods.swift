@@ -11,10 +11,10 @@ import PylonStore
 extension PushService {
     /// Whether `call`'s caller may change or see the device's push identity.
     func isOwner(_ call: Call) -> Bool {
-        guard let c = call.caller else { return false }
-        if c["admin"]?.boolValue == true { return true }
-        if c["client"] == nil, c["plugin"] != nil { return true }  // a plugin on its own behalf
-        guard let uid = c["uid"]?.intValue else { return false }
+        let c = call.callerInfo
+        if c.isAdmin { return true }
+        if c.client == nil, c.plugin != nil { return true }  // a plugin on its own behalf
+        guard let uid = c.uid else { return false }
         return config.ownerUids.contains(uid)
     }
 
@@ -171,13 +171,18 @@ extension PushService {
                 reply(PushCode.invalidParams, "contentStateSchema maps field names to string, number, integer, boolean, object or array"))
             return
         }
-        let client = call.callerClient
+        let client = call.callerInfo.client
         let appId = call.params["appId"]?.stringValue ?? attached.first(where: { $0.value.client == client })?.key
         guard let appId, appId.isValidPushId else {
             call.reply(reply(PushCode.invalidParams, "appId is required (or attach the app first)"))
             return
         }
-        if let owner = store.appOwner(appId), let uid = call.caller?["uid"]?.intValue, owner != uid {
+        // A caller without a uid (a plugin on its own) is not refused here; a uid must own the
+        // app, or be an admin (the kit's rule, `Ownership.pushApps`).
+        let caller = call.callerInfo
+        if caller.uid != nil, let owner = store.appOwner(appId),
+            !Ownership.pushApps.access(.uid(owner), caller: caller, claims: false).isAllowed
+        {
             call.reply(reply(PushCode.notPermitted, "appId \(appId) belongs to another user"))
             return
         }
@@ -238,7 +243,7 @@ extension PushService {
         // the inbox first (else `acknowledged` could count one a kill -9 now would redeliver).
         if !pendingDeletes.isEmpty { flushAcks() }
         let owner = isOwner(call)
-        let uid = call.caller?["uid"]?.intValue
+        let uid = call.callerInfo.uid
         let d = delivery.counters
         let c = counters
         var o: JSONObject = [
@@ -250,6 +255,7 @@ extension PushService {
             "registration": .string(reg.phase.rawValue),
             "deviceRegistered": .bool(deviceToken != nil),
             "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),
+            "ownerChanges": .int(Int64(ownerChanges)),
             "inbox": [
                 "count": .int(Int64(delivery.count)), "bytes": .int(Int64(delivery.bytes)),
                 "maxCount": .int(Int64(config.delivery.maxCount)), "maxBytes": .int(Int64(config.delivery.maxBytes)),

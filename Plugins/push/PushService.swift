@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonMQTT
 import PylonPluginKit
@@ -10,12 +9,14 @@ import Glibc
 
 /// The push plugin's shell: it feeds the `Registration` and `Delivery` machines with events
 /// from the bus, the broker, the backend and the clock, and performs their actions (HTTP calls,
-/// SQLite writes, app callbacks, one timer armed for the next deadline).
+/// SQLite writes, app callbacks, one timer armed for the next deadline). Built once the host's
+/// welcome named the configuration and the state directory (`PushService.open`, from `onReady`),
+/// with its dependencies as constants.
 final class PushService {
     let plugin: Plugin
-    var config = PushConfig()
-    var store: PushStore!
-    var http: HTTPClient!
+    let config: PushConfig
+    let store: PushStore
+    let http: HTTPClient
     var mqtt: MQTTClient?
     var reg = Registration(token: nil, deferred: true)
     var delivery = Delivery(limits: Delivery.Limits())
@@ -34,10 +35,12 @@ final class PushService {
     var reEnrolling = false
     var lastReEnrolment: Int64 = 0
     var seq: Int64 = 0
-    var timer: Timer!
+    let timer: Timer
 
     struct Attachment { var client: Int64; var uid: Int64; var callback: String }
     var attached: [String: Attachment] = [:]
+    /// Hand-overs and releases by `push.setOwner` since the start (`push.status`).
+    var ownerChanges = 0
 
     /// bind/unbind/liveActivityBind in call order; each waits for a token, then runs alone.
     struct Op {
@@ -56,41 +59,70 @@ final class PushService {
     var pendingAcks: [String] = []
     /// Acknowledged ids whose inbox rows are deleted at the end of this loop turn.
     var pendingDeletes: [String] = []
-    /// Payloads of inbox messages received by this process (others are read from SQLite).
-    var payloads: [String: String] = [:]
+    /// The inbox and the dedup keys (`push.inbox`, an append-only log).
+    let inbox: PushInbox
     let tokener = Tokener(maxDepth: 16)
-    var ackFlush: Timer!
+    let ackFlush: Timer
 
-    init(plugin: Plugin) { self.plugin = plugin }
+    init(plugin: Plugin, config: PushConfig, store: PushStore, inbox: PushInbox) {
+        self.plugin = plugin
+        self.config = config
+        self.store = store
+        self.inbox = inbox
+        http = HTTPClient(loop: plugin.loop)
+        timer = Timer(loop: plugin.loop) {}
+        ackFlush = Timer(loop: plugin.loop) {}
+        timer.callback = { [unowned self] in self.tick() }
+        ackFlush.callback = { [unowned self] in self.flushAcks() }
+    }
 
     var now: Int64 { System.wallClockMs() }
     var log: Log { plugin.log }
 
     // MARK: Start
 
-    func start() {
+    /// Reads the configuration and opens the plugin's database (exit 78 for a configuration the
+    /// plugin refuses, 1 for a database it cannot open), then starts: the service `onReady` builds.
+    static func open(_ plugin: Plugin) -> PushService {
+        let config: PushConfig
         do throws(ConfigProblems) {
             config = try PushConfig(plugin.config)
         } catch {
-            log.error("invalid push configuration", ["error": error.description])
+            plugin.log.error("invalid push configuration", ["error": error.description])
             System.exit(exitStatusConfigError)
         }
-        for w in config.warnings { log.warn("configuration", ["warning": w]) }
-        let dir = plugin.stateDir.isEmpty ? "." : plugin.stateDir
-        let path = dir + "/push.db"
+        for w in config.warnings { plugin.log.warn("configuration", ["warning": w]) }
+        let path = stateDir(plugin) + "/push.db"
+        let store: PushStore
         do throws(SQLiteError) {
             store = try PushStore(path: path, maxSeen: config.maxSeen)
         } catch {
-            log.error("cannot open the push database", ["path": path, "error": error.description])
+            plugin.log.error("cannot open the push database", ["path": path, "error": error.description])
             System.exit(1)
         }
         // Messages and the install id are this device's: owner-only (SQLite gives -wal/-shm the same mode).
         for f in [path, path + "-wal", path + "-shm"] { _ = chmod(f, 0o600) }
-        deviceTokenPath = config.deviceTokenFile ?? dir + "/device.token"
+        let inboxPath = stateDir(plugin) + "/push.inbox"
+        let inbox: PushInbox
+        do throws(IOError) {
+            try PushInbox.migrate(from: store, to: inboxPath, maxSeen: config.maxSeen)
+            inbox = try PushInbox(path: inboxPath, maxSeen: config.maxSeen)
+        } catch {
+            plugin.log.error("cannot open the push inbox", ["path": inboxPath, "error": error.description])
+            System.exit(1)
+        }
+        if inbox.log.truncatedBytes > 0 { plugin.log.warn("push inbox: torn tail cut", ["bytes": inbox.log.truncatedBytes]) }
+        let push = PushService(plugin: plugin, config: config, store: store, inbox: inbox)
+        push.start()
+        return push
+    }
+
+    /// The state directory named by the welcome (`.` when none).
+    static func stateDir(_ plugin: Plugin) -> String { plugin.stateDir.isEmpty ? "." : plugin.stateDir }
+
+    private func start() {
+        deviceTokenPath = config.deviceTokenFile ?? Self.stateDir(plugin) + "/device.token"
         if case .success(let t) = DeviceCredential.load(deviceTokenPath) { useDeviceToken(t) }
-        http = HTTPClient(loop: plugin.loop)
-        timer = Timer(loop: plugin.loop) { [unowned self] in self.tick() }
-        ackFlush = Timer(loop: plugin.loop) { [unowned self] in self.flushAcks() }
         installId =
             store.get("installId")
             ?? {
@@ -104,8 +136,12 @@ final class PushService {
             token: token, deferred: config.deferRegistration,
             retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
         delivery = Delivery(limits: config.delivery)
-        if let entries = try? store.inbox() { for e in entries { delivery.restore(e, now: now) } }
-        seq = store.maxSeq()
+        for m in inbox.entries {
+            delivery.restore(
+                .init(id: m.id, appId: m.appId, seq: m.seq, bytes: m.payload.utf8.count, expiresAt: m.expiresAt, attempts: 0, cold: m.cold),
+                now: now)
+        }
+        seq = inbox.maxSeq
         for a in store.activities() {
             let schema = a.schema.flatMap { try? JSON.parse($0) }.flatMap { LiveActivities.parseSchema($0) } ?? nil
             activities.restore(activityId: a.id, pushToken: a.pushToken, appId: a.appId, schema: schema)
@@ -148,8 +184,17 @@ final class PushService {
         o.password = store.get("brokerPassword") ?? deviceToken
         let client = MQTTClient(loop: plugin.loop, options: o)
         client.onMessage = { [unowned self] topic, payload in self.received(topic: topic, payload) }
-        client.onReadBatchBegin = { [unowned self] in self.store.begin() }
-        client.onReadBatchEnd = { [unowned self] in self.store.commit() }
+        client.onReadBatchBegin = { [unowned self] in
+            self.store.begin()
+            self.inbox.begin()
+        }
+        client.onReadBatchEnd = { [unowned self] in
+            self.store.commit()
+            do throws(IOError) { try self.inbox.commit() } catch {
+                // libmosquitto acknowledged these messages already: they are lost (disk full or I/O error).
+                self.log.error("cannot store received messages; they are lost", ["error": error.description])
+            }
+        }
         client.onConnect = { [unowned self, unowned client] present in
             self.log.info("broker connected", ["sessionPresent": present, "broker": client.broker.description])
             self.brokerRefusals = 0
@@ -185,7 +230,7 @@ final class PushService {
     func shutdown() {
         flushAcks()
         mqtt?.stop()
-        store?.db.close()
+        store.db.close()
     }
 
     /// Attachments recorded before a restart stay if their client still serves the callback.
@@ -401,7 +446,6 @@ final class PushService {
     // MARK: Timer
 
     func arm() {
-        guard let timer else { return }
         let d = [delivery.nextDeadline(), reg.nextDeadline()].compactMap { $0 }.min()
         guard let d else { timer.stop(); return }
         timer.start(after: UInt64(max(0, d - now)))

@@ -4,8 +4,8 @@ import PylonStore
 /// The plugin's SQLite state (`push.db` in its state directory, WAL):
 ///
 /// - `kv`: install id, device token, bound user.
-/// - `inbox`: messages received and not yet acknowledged or discarded (survive every restart).
-/// - `seen`: per app, message ids and msgKeys already accepted (dedup), bounded by `maxSeen`.
+/// - `inbox`, `seen`: empty since the inbox and its dedup keys moved to `push.inbox`
+///   (`PushInbox`, migrated from these tables at the first start).
 /// - `opens`: message ids whose open was handed to the uploader (idempotent reports).
 /// - `apps`: the uid that owns each appId, and the client currently attached with its callback.
 /// - `activities`: Live Activity bindings that succeeded, with the declared schema.
@@ -46,44 +46,6 @@ final class PushStore {
 
     func begin() { try? db.exec("BEGIN") }
     func commit() { try? db.exec("COMMIT") }
-
-    /// Records `keys` as seen for `appId`; false (and nothing recorded) if any was seen before.
-    /// (A message whose id is new but whose msgKey was seen leaves its id recorded: it is
-    /// dropped either way.)
-    func markSeen(appId: String, keys: [String]) throws(SQLiteError) -> Bool {
-        var fresh = true
-        for k in keys {
-            try db.run("INSERT OR IGNORE INTO seen (app_id, key) VALUES (?, ?)", [.text(appId), .text(k)])
-            if db.changes == 0 { fresh = false }
-        }
-        return fresh
-    }
-
-    /// Keeps the newest `maxSeen` dedup keys.
-    func pruneSeen() throws(SQLiteError) {
-        try db.run("DELETE FROM seen WHERE n <= (SELECT max(n) FROM seen) - ?", [.int(Int64(maxSeen))])
-    }
-
-    func insertInbox(id: String, appId: String, seq: Int64, payload: String, bytes: Int, expiresAt: Int64, cold: Bool) throws(SQLiteError) {
-        try db.run(
-            "INSERT OR IGNORE INTO inbox (id, app_id, seq, payload, bytes, expires_at, cold) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [.text(id), .text(appId), .int(seq), .text(payload), .int(Int64(bytes)), .int(expiresAt), .int(cold ? 1 : 0)])
-    }
-    func deleteInbox(_ id: String) throws(SQLiteError) { try db.run("DELETE FROM inbox WHERE id = ?", [.text(id)]) }
-    func payload(_ id: String) -> String? {
-        (try? db.query("SELECT payload FROM inbox WHERE id = ?", [.text(id)]))?.first?.first?.text
-    }
-    func bumpAttempts(_ id: String) throws(SQLiteError) {
-        try db.run("UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", [.text(id)])
-    }
-    func inbox() throws(SQLiteError) -> [Delivery.Entry] {
-        try db.query("SELECT id, app_id, seq, bytes, expires_at, attempts, cold FROM inbox ORDER BY seq").map { r in
-            Delivery.Entry(
-                id: r[0].text ?? "", appId: r[1].text ?? "", seq: r[2].int ?? 0, bytes: Int(r[3].int ?? 0),
-                expiresAt: r[4].int ?? 0, attempts: Int(r[5].int ?? 0), cold: r[6].int == 1)
-        }
-    }
-    func maxSeq() -> Int64 { (try? db.query("SELECT coalesce(max(seq), 0) FROM inbox"))?.first?.first?.int ?? 0 }
 
     func openReported(_ id: String) -> Bool { !((try? db.query("SELECT 1 FROM opens WHERE id = ?", [.text(id)])) ?? []).isEmpty }
     func markOpen(_ id: String) throws(SQLiteError) { try db.run("INSERT OR IGNORE INTO opens (id) VALUES (?)", [.text(id)]) }

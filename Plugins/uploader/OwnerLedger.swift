@@ -58,6 +58,24 @@ struct OwnerLedger {
     mutating func add(_ o: StreamOwner, _ n: Int) { update(o) { $0.bytes += n } }
     mutating func remove(_ o: StreamOwner, _ n: Int) { update(o) { $0.bytes = max(0, $0.bytes - n) } }
 
+    /// A stream holding `bytes` (records and dead letters on disk) changed hands
+    /// (`uploader.setOwner`): it and its bytes leave `from` and count for `to` (nil: nobody, a
+    /// released stream). Its bytes still waiting for a group commit are committed first.
+    mutating func handOver(from: StreamOwner?, to: StreamOwner?, bytes: Int) {
+        if let from {
+            update(from) {
+                $0.streams = max(0, $0.streams - 1)
+                $0.bytes = max(0, $0.bytes - bytes)
+            }
+        }
+        if let to {
+            update(to) {
+                $0.streams += 1
+                $0.bytes += bytes
+            }
+        }
+    }
+
     /// One lookup of `o`'s entry (made when missing), changed in place.
     private mutating func update(_ o: StreamOwner, _ change: (inout Usage) -> Void) { change(&owners[o, default: Usage()]) }
 }

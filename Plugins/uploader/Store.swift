@@ -988,6 +988,17 @@ final class UploaderStore {
             "INSERT OR IGNORE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
     }
 
+    /// Hands `stream` to `owner` (`uploader.setOwner`), or releases it (nil: the next writer
+    /// claims it).
+    func setOwner(stream: String, owner: String?, nowMs: Int64) throws {
+        if let owner {
+            try db.run(
+                "INSERT OR REPLACE INTO stream_owners(stream,owner,created_ms) VALUES(?,?,?)", [.text(stream), .text(owner), .int(nowMs)])
+        } else {
+            try db.run("DELETE FROM stream_owners WHERE stream = ?", [.text(stream)])
+        }
+    }
+
     func recordedOwners() throws -> [String: String] {
         var out: [String: String] = [:]
         for r in try db.query("SELECT stream, owner FROM stream_owners") { out[r[0].text ?? ""] = r[1].text ?? "" }

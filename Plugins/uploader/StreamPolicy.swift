@@ -1,78 +1,41 @@
 import PylonPluginKit
 
 /// Who owns a stream: the plugin whose namespace names it, or the uid that first wrote it (or
-/// whatever the operator pinned in the config). Written `plugin:NAME` / `uid:N` in config, status
-/// and the queue database.
-enum StreamOwner: Hashable, Sendable, CustomStringConvertible {
-    case plugin(String)
-    case uid(Int64)
-
-    /// Parses `plugin:NAME` or `uid:N`.
-    init?(_ text: String) {
-        if text.hasPrefix("plugin:"), case let name = String(text.dropFirst(7)), !name.isEmpty {
-            self = .plugin(name)
-        } else if text.hasPrefix("uid:"), let n = Int64(text.dropFirst(4)), n >= 0 {
-            self = .uid(n)
-        } else {
-            return nil
-        }
-    }
-
-    var description: String {
-        switch self {
-        case .plugin(let p): return "plugin:\(p)"
-        case .uid(let u): return "uid:\(u)"
-        }
-    }
-}
+/// whatever the operator pinned in the config, or an admin handed it to with `uploader.setOwner`).
+/// The kit's `Owner`: written `plugin:NAME` / `uid:N` in config, status and the queue database.
+typealias StreamOwner = Owner
 
 /// The caller of a request, from the `_pylon` member the host injects into every request it
-/// forwards to the uploader (clients cannot forge it):
-/// `{"plugin":"ma"}` a plugin on its own behalf, `{"client":N,"uid":U,"gid":G,"pid":P}` a client,
-/// both together for a plugin calling on a client's behalf, plus `"admin":true` when the host
-/// says the client principal is an admin. No `_pylon` at all is an anonymous, unprivileged caller.
+/// forwards to the uploader (clients cannot forge it; `CallerInfo`), as the kit's ownership rule
+/// for streams sees it (`Ownership.streams`): a plugin (on its own or a client's behalf) acts as
+/// that plugin, a client as its uid, and an admin is the host's flag only. No `_pylon` at all is an
+/// anonymous, unprivileged caller.
 struct Principal: Equatable, Sendable, CustomStringConvertible {
-    var plugin: String?
-    var uid: Int64?
-    /// The host's `admin` flag.
-    var adminFlag = false
+    var info: CallerInfo
 
     init(plugin: String? = nil, uid: Int64? = nil, admin: Bool = false) {
-        self.plugin = plugin
-        self.uid = uid
-        adminFlag = admin
+        info = CallerInfo(uid: uid, plugin: plugin, admin: admin ? true : nil)
     }
 
-    init(caller: JSON?) { self.init(caller: CallerInfo(json: caller)) }
+    init(caller: JSON?) { info = CallerInfo(json: caller) }
 
-    /// From the caller info as the plugin kit reads it (`RawCall.callerInfo`).
-    init(caller: CallerInfo) {
-        plugin = caller.plugin
-        uid = caller.uid
-        adminFlag = caller.admin ?? false
-    }
+    /// From the caller info as the plugin kit reads it (`Call.callerInfo`).
+    init(caller: CallerInfo) { info = caller }
 
     /// An admin may use every stream: the host's flag only (`disclosure.admins`, uid 0 by
     /// default). A uid is never an admin by itself: an operator who takes root off the list
     /// takes it off here too.
-    var isAdmin: Bool { adminFlag }
+    var isAdmin: Bool { info.isAdmin }
 
-    /// The owner this caller acts as: a plugin (on its own or a client's behalf) acts as that
-    /// plugin, a client as its uid; an anonymous caller as nobody.
-    var identity: StreamOwner? {
-        if let plugin { return .plugin(plugin) }
-        return uid.map { .uid($0) }
-    }
+    /// The owner this caller acts as (nil: an anonymous caller).
+    var identity: StreamOwner? { Ownership.streams.identity(of: info) }
 
-    func mayUse(_ owner: StreamOwner) -> Bool { isAdmin || identity == owner }
+    func mayUse(_ owner: StreamOwner) -> Bool { Ownership.streams.access(owner, caller: info, claims: false).isAllowed }
 
-    var description: String {
-        switch (plugin, uid) {
-        case (let p?, let u?): return "plugin \(p) (for uid \(u))"
-        case (let p?, nil): return "plugin \(p)"
-        case (nil, let u?): return "uid \(u)"
-        case (nil, nil): return "an anonymous caller"
-        }
+    var description: String { info.description }
+
+    static func == (a: Principal, b: Principal) -> Bool {
+        a.info.plugin == b.info.plugin && a.info.uid == b.info.uid && a.isAdmin == b.isAdmin
     }
 }
 
@@ -167,20 +130,21 @@ enum StreamAccess: Equatable {
     /// owner is `owner`. `claims`: the action writes, so a caller with an identity becomes the
     /// owner of an unowned stream; reading an unowned stream is for admins only.
     static func decide(_ stream: String, owner: StreamOwner?, caller: Principal, action: String, claims: Bool) -> StreamAccess {
-        if let owner {
-            if caller.mayUse(owner) { return .allowed(owner: owner, claim: false) }
+        switch Ownership.streams.access(owner, caller: caller.info, claims: claims) {
+        case .owner, .admin, .unowned: return .allowed(owner: owner, claim: false)
+        case .claim(let o): return .allowed(owner: o, claim: true)
+        case .refused(let owner?):
             return .refused(
                 RPCError(
                     .notPermitted, "\(caller) may not \(action) stream \(stream): it belongs to \(owner)",
                     data: ["stream": .string(stream), "owner": .string(owner.description)]))
+        case .refused(nil):
+            return .refused(
+                RPCError(
+                    .notPermitted,
+                    "\(caller) may not \(action) stream \(stream): it has no owner yet"
+                        + (claims ? " and the caller has no uid to own it" : " (admins only)"),
+                    data: ["stream": .string(stream), "owner": .null]))
         }
-        if claims, let id = caller.identity { return .allowed(owner: id, claim: true) }
-        if !claims, caller.isAdmin { return .allowed(owner: nil, claim: false) }
-        return .refused(
-            RPCError(
-                .notPermitted,
-                "\(caller) may not \(action) stream \(stream): it has no owner yet"
-                    + (claims ? " and the caller has no uid to own it" : " (admins only)"),
-                data: ["stream": .string(stream), "owner": .null]))
     }
 }

@@ -14,7 +14,6 @@ extension Uploader {
     }
 
     func reconcileConsent() {
-        guard let store else { return }
         commit()  // anything accepted before the change is part of the final batch
         var finalized: [String] = []
         do {

@@ -8,7 +8,7 @@ extension Uploader {
     /// `{stream?, limit?}`: the records set aside, oldest first.
     func deadLetters(_ call: Call) {
         let limit = Int(max(1, min(call.params["limit"]?.intValue ?? 100, 10_000)))
-        let caller = Principal(caller: call.caller)
+        let caller = Principal(caller: call.callerInfo)
         do {
             let names: [String]?
             if let s = call.params["stream"]?.stringValue {

@@ -17,7 +17,7 @@ extension Uploader {
     /// The check of a method naming one stream; answers the refusal itself.
     func permit(_ call: Call, _ stream: String, _ action: String) -> Bool {
         switch StreamAccess.decide(
-            stream, owner: state(stream).owner, caller: Principal(caller: call.caller), action: action, claims: false)
+            stream, owner: state(stream).owner, caller: Principal(caller: call.callerInfo), action: action, claims: false)
         {
         case .allowed: return true
         case .refused(let e):
@@ -77,7 +77,7 @@ extension Uploader {
     /// caller may use.
     func flush(_ call: Call) {
         commit()
-        let caller = Principal(caller: call.caller)
+        let caller = Principal(caller: call.callerInfo)
         let names: [String]
         let one: String?
         switch call.params["stream"] {
@@ -123,7 +123,7 @@ extension Uploader {
     /// Per stream the caller may use: its queue, last result and settings; the caller's usage of
     /// its quotas (`owner`); the queue's totals; for an admin every owner's usage.
     func status(_ call: Call) {
-        let caller = Principal(caller: call.caller)
+        let caller = Principal(caller: call.callerInfo)
         var o = JSONObject()
         let t = now
         for name in streams.keys.sorted() where mayUse(name, caller) {
@@ -149,7 +149,8 @@ extension Uploader {
         var r: JSONObject = [
             "streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),
             "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits)),
-            "pendingDeletes": .int(Int64(store?.deliveredQueue.count ?? 0)),
+            "pendingDeletes": .int(Int64(store.deliveredQueue.count)),
+            "ownerChanges": .int(Int64(ownerChanges)),
         ]
         if let me = caller.identity { r["owner"] = usage(me) }
         if caller.isAdmin {
@@ -189,7 +190,7 @@ extension Uploader {
         }
         var st = state(name)
         let owner: StreamOwner
-        switch StreamAccess.decide(name, owner: st.owner, caller: Principal(caller: call.caller), action: "configure", claims: true) {
+        switch StreamAccess.decide(name, owner: st.owner, caller: Principal(caller: call.callerInfo), action: "configure", claims: true) {
         case .refused(let e): call.fail(e); return
         case .allowed(let o?, _): owner = o
         case .allowed(nil, _): call.fail(RPCError(.notPermitted, "stream \(name) has no owner")); return

@@ -1,4 +1,3 @@
-import CJSONC
 import PylonHTTP
 import PylonPluginKit
 import PylonStore
@@ -7,12 +6,14 @@ import PylonStore
 import Glibc
 #endif
 
+/// Built once the host's welcome named the configuration and the state directory
+/// (`Uploader.open`, from `onReady`), with its dependencies as constants.
 final class Uploader {
     let plugin: Plugin
-    var store: UploaderStore!
-    var http: HTTPClient!
+    let store: UploaderStore
+    let http: HTTPClient
     var streams: [String: StreamState] = [:]
-    var config = UploaderConfig()
+    let config: UploaderConfig
     var limits: UploaderLimits { config.limits }
     var retry: RetryPolicy { config.retry }
     var fsyncFull: Bool { config.fsyncFull }
@@ -23,14 +24,14 @@ final class Uploader {
     var ledger = OwnerLedger()
     /// One timer, armed for the earliest moment a stream may have to send (`StreamState.nextWake`);
     /// idle while every stream waits for an event.
-    private var wakeTimer: Timer!
+    private let wakeTimer: Timer
     private var wakeArmedForMs: UInt64?
-    private var commitTimer: Timer!
+    private let commitTimer: Timer
     private var rng = SplitMix64(seed: UInt64(truncatingIfNeeded: System.wallClockMs()))
     /// An enqueue waiting for the next group commit. `keep` holds what the records point into
     /// (besides `call`).
     struct QueuedEnqueue {
-        let call: any EnqueueReplier
+        let call: Call
         let stream: String
         let owner: StreamOwner
         let consent: String
@@ -54,6 +55,8 @@ final class Uploader {
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
     var commits: UInt64 = 0
+    /// Hand-overs and releases by `uploader.setOwner` since the start (`uploader.status`).
+    var ownerChanges: UInt64 = 0
     /// Set by `shutdown`: a compression finishing later sends nothing.
     private var stopped = false
     /// Batches read and compressed ahead while the one before is in flight
@@ -62,7 +65,7 @@ final class Uploader {
     private var ahead: [String: Ahead] = [:]
     /// Runs `applyDeliveredDeletes` when no group commit took the delivered batches within
     /// `deliveredDeleteDelayMs`.
-    private var deleteTimer: Timer!
+    private let deleteTimer: Timer
     /// How long a delivered batch's deletion waits for a group commit to join before it runs in
     /// a transaction of its own. Waiting changes nothing a caller sees: every commit deletes the
     /// waiting batches before its duplicate check, the disk cap's bytes are released at once,
@@ -86,21 +89,51 @@ final class Uploader {
         case ready(Loaded)
     }
 
-    init(plugin: Plugin) { self.plugin = plugin }
+    init(plugin: Plugin, config: UploaderConfig, store: UploaderStore) {
+        self.plugin = plugin
+        self.config = config
+        self.store = store
+        http = HTTPClient(loop: plugin.loop)
+        wakeTimer = Timer(loop: plugin.loop) {}
+        commitTimer = Timer(loop: plugin.loop) {}
+        deleteTimer = Timer(loop: plugin.loop) {}
+        wakeTimer.callback = { [unowned self] in
+            self.wakeArmedForMs = nil
+            self.pumpAll()
+        }
+        commitTimer.callback = { [unowned self] in self.commit() }
+        deleteTimer.callback = { [unowned self] in self.applyDeliveredDeletes() }
+    }
 
     var now: UInt64 { plugin.loop.nowMs }
 
-    func start() {
+    /// Reads the configuration, opens the queue and recovers its state (the plugin exits 78 when
+    /// any of that fails): the service `onReady` builds.
+    static func open(_ plugin: Plugin) -> Uploader {
+        let config: UploaderConfig
         do {
             config = try UploaderConfig(plugin.config)
         } catch {
             plugin.log.error("invalid uploader configuration", ["error": error.description])
             System.exit(exitStatusConfigError)
         }
+        let store: UploaderStore
         do {
             store = try UploaderStore(
-                path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: fsyncFull,
-                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: limits.maxDiskBytes))
+                path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: config.fsyncFull,
+                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: config.limits.maxDiskBytes))
+        } catch {
+            plugin.log.error("cannot open the queue database", ["error": "\(error)"])
+            System.exit(exitStatusConfigError)
+        }
+        let u = Uploader(plugin: plugin, config: config, store: store)
+        u.recover()
+        return u
+    }
+
+    /// The queue's state from the database, then the consent reconciliation.
+    private func recover() {
+        do {
             if store.damagedRecords > 0 {
                 plugin.log.error("damaged records dropped from the queue", ["records": store.damagedRecords])
             }
@@ -143,13 +176,6 @@ final class Uploader {
             plugin.log.error("cannot open the queue database", ["error": "\(error)"])
             System.exit(exitStatusConfigError)
         }
-        http = HTTPClient(loop: plugin.loop)
-        wakeTimer = Timer(loop: plugin.loop) { [unowned self] in
-            self.wakeArmedForMs = nil
-            self.pumpAll()
-        }
-        commitTimer = Timer(loop: plugin.loop) { [unowned self] in self.commit() }
-        deleteTimer = Timer(loop: plugin.loop) { [unowned self] in self.applyDeliveredDeletes() }
         let pending = streams.values.reduce(0) { $0 + $1.pendingBatches.count }
         plugin.log.info(
             "uploader ready",
@@ -165,8 +191,8 @@ final class Uploader {
         stopped = true
         commit()
         applyDeliveredDeletes()
-        http?.shutdown()
-        store?.close()
+        http.shutdown()
+        store.close()
     }
 
     /// Converts a stored wall-clock time to the loop's monotonic clock (for ages after restart).
@@ -217,23 +243,17 @@ final class Uploader {
         }
     }
 
-    /// `{stream, consent?, records}` from a parsed request (a notification, or tests).
+    /// `{stream, consent?, records}` served from the params' text (`Call.paramsText`; the method
+    /// reads `.text`): the records are read from its bytes (`EnqueueParams.read(raw:)`), or, when
+    /// those cannot say, from the params parsed by json-c.
     func enqueue(_ call: Call) {
-        let p = EnqueueParams(ref: call.paramsRef, limits: limits, wall: System.wallClockMs())
-        enqueue(call, caller: Principal(caller: call.caller), p, keep: nil)
-    }
-
-    /// `{stream, consent?, records}` served from the request's text: the records are read from the
-    /// params' bytes (`EnqueueParams.read(raw:)`), or, when those cannot say, from the params
-    /// parsed by json-c.
-    func enqueue(_ call: RawCall) {
         let wall = System.wallClockMs()
         let caller = Principal(caller: call.callerInfo)  // the kit reads a repeated caller text once
-        if let p = EnqueueParams.read(raw: call.params, limits: limits, wall: wall, scratch: &rawScratch) {
+        if let p = EnqueueParams.read(raw: call.paramsText, limits: limits, wall: wall, scratch: &rawScratch) {
             enqueue(call, caller: caller, p, keep: p.storage)
             return
         }
-        let tree = try? JSONRef.parse(call.params, maxDepth: Plugin.maxDepth)
+        let tree = try? JSONRef.parse(call.paramsText, maxDepth: Plugin.maxDepth)
         enqueue(call, caller: caller, EnqueueParams(ref: tree?.ptr, limits: limits, wall: wall), keep: tree)
     }
 
@@ -244,7 +264,7 @@ final class Uploader {
     /// the stream (or be an admin); the records fall under the stream's fixed consent switch,
     /// which `consent`, if given, must name. `keep` holds what the records point into (besides
     /// `call`) until the group commit.
-    func enqueue(_ call: any EnqueueReplier, caller: Principal, _ p: EnqueueParams, keep: AnyObject?) {
+    func enqueue(_ call: Call, caller: Principal, _ p: EnqueueParams, keep: AnyObject?) {
         guard let stream = p.stream else {
             call.fail(EnqueueParams.streamError)
             return
@@ -330,7 +350,6 @@ final class Uploader {
 
     /// Deletes the delivered batches no group commit took (`UploaderStore.deleteDelivered`).
     func applyDeliveredDeletes() {
-        guard let store else { return }
         do {
             try store.applyDeliveredDeletes()
         } catch {
@@ -340,7 +359,7 @@ final class Uploader {
     }
 
     func commit() {
-        guard !commitQueue.isEmpty, let store else { return }
+        guard !commitQueue.isEmpty else { return }
         let batch = commitQueue
         commitQueue.removeAll(keepingCapacity: true)
         commitQueueBytes = 0
@@ -432,7 +451,7 @@ final class Uploader {
     /// Does what stream `name`'s machine asks until it waits: cuts, a send, and the work ahead
     /// of the next batch while that one is in flight.
     func pump(_ name: String, now t: UInt64) {
-        guard var st = streams[name], let store else { return }
+        guard var st = streams[name] else { return }
         while true {
             switch st.poll(now: t, endpointHeldUntil: endpointNotBefore[st.settings.endpoint]) {
             case .idle:
@@ -661,15 +680,6 @@ final class Uploader {
         armWake()
     }
 }
-
-/// Who gets an enqueue's answer: a parsed call or a raw one.
-protocol EnqueueReplier: AnyObject {
-    func reply(serialized result: [UInt8])
-    func fail(_ e: RPCError)
-}
-
-extension Call: EnqueueReplier {}
-extension RawCall: EnqueueReplier {}
 
 extension String {
     func replacingStream(_ stream: String) -> String {

@@ -15,7 +15,6 @@ import PylonStore
 public enum UploaderMain {
     public static func run() -> Never {
         let plugin = Plugin(name: "uploader", version: "0.1.0")
-        let uploader = Uploader(plugin: plugin)
         // The reader the uploader starts with (`UploaderConfig`), for `--check-config`.
         plugin.checkConfig = { j throws(ConfigProblems) in
             do throws(UploaderConfigError) {
@@ -27,18 +26,30 @@ public enum UploaderMain {
         }
         // Every request carries the host's `_pylon` caller info: streams are owned (docs/UPLOADER.md).
         plugin.wantsCallerInfo = true
+        // Built from the host's welcome (config, state directory) in `onReady`; the host routes
+        // no request before it, so `serve` only guards.
+        var uploader: Uploader?
+        func serve(_ method: @escaping (Uploader, Call) -> Void) -> (Call) -> Void {
+            { call in
+                guard let u = uploader else { return call.fail(RPCError(.pluginUnavailable, "the uploader is starting")) }
+                method(u, call)
+            }
+        }
 
         // The hot path: served from the request's bytes, answered after the group commit.
-        plugin.deferredRawMethod("enqueue", consent: "{consent}") { uploader.enqueue($0) }
-        plugin.method("flush") { uploader.flush($0) }
-        plugin.method("status") { uploader.status($0) }
-        plugin.method("deadLetters") { uploader.deadLetters($0) }
-        plugin.method("requeue") { uploader.requeue($0) }
-        plugin.method("discard") { uploader.discard($0) }
-        plugin.method("configureStream") { uploader.configureStream($0) }
-        plugin.onReady = { uploader.start() }
-        plugin.onConsentChanged = { key, granted in uploader.consentChanged(key: key, granted: granted) }
-        plugin.onShutdown = { uploader.shutdown() }
+        plugin.method("enqueue", consent: "{consent}", reads: .text, serve { $0.enqueue($1) })
+        plugin.method("flush", serve { $0.flush($1) })
+        plugin.method("status", serve { $0.status($1) })
+        plugin.method("deadLetters", serve { $0.deadLetters($1) })
+        plugin.method("requeue", serve { $0.requeue($1) })
+        plugin.method("discard", serve { $0.discard($1) })
+        plugin.method("configureStream", serve { $0.configureStream($1) })
+        // Admins only: hand a stream to another owner, or release it (docs/UPLOADER.md, "Owners").
+        plugin.method("setOwner", serve { $0.setOwner($1) })
+        UploaderMethodDocs.declare(plugin)
+        plugin.onReady = { uploader = Uploader.open(plugin) }
+        plugin.onConsentChanged = { key, granted in uploader?.consentChanged(key: key, granted: granted) }
+        plugin.onShutdown = { uploader?.shutdown() }
         plugin.run()
     }
 }

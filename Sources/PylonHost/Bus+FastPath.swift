@@ -60,7 +60,7 @@ extension Bus {
             else { return nil }  // absent, or not a string
             return RawJSON.plainString(params, span)
         }
-        guard case .forward(let target, let timeoutMs, _) = decision, !unsure else { return false }
+        guard case .forward(let target, let timeoutMs, _) = decision, !unsure, !takesParamCheck(target, method) else { return false }
         forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         fastRouted += 1
         return true

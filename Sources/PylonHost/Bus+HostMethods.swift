@@ -14,7 +14,7 @@ extension Bus {
             switch method {
             case HostMethod.ping: return .success(["pong": true, "version": .string(pylonVersion)])
             case HostMethod.status: return .success(status(for: peer, principal))
-            case HostMethod.describe: return .success(describe(for: peer, principal))
+            case HostMethod.describe: return .success(try describe(for: peer, principal, params))
             case HostMethod.subscribe: return .success(try subscribe(peer, params, add: true))
             case HostMethod.unsubscribe: return .success(try subscribe(peer, params, add: false))
             case HostMethod.publish: return .success(try publishMethod(peer, params))
@@ -139,9 +139,14 @@ extension Bus {
 
     /// The manifests, the host's methods, and the methods clients provide: every provider to
     /// those who see everything, only the caller's own to others (a provider is a client: its
-    /// methods say what another user runs).
-    func describe(for requester: Peer?, _ principal: Principal) -> JSON {
-        let all = seesEverything(principal)
+    /// methods say what another user runs). `{"format":"openrpc"}`: the same methods, under the
+    /// same rule, as an OpenRPC document (`describeOpenRPC`, Bus+Describe.swift).
+    func describe(for requester: Peer?, _ principal: Principal, _ params: JSON? = nil) throws(RPCError) -> JSON {
+        switch params?["format"] {
+        case nil, .null?, .string("pylon")?: break
+        case .string("openrpc")?: return describeOpenRPC(for: requester, principal)
+        default: throw RPCError(.invalidParams, "params.format must be \"pylon\" or \"openrpc\"")
+        }
         var plugins = JSONObject()
         for name in slotOrder {
             guard let s = slots[name] else { continue }
@@ -153,12 +158,11 @@ extension Bus {
                 plugins[name] = ["state": .string(s.life.state.rawValue), "methods": []]
             }
         }
-        var prov = JSONObject()
-        for k in provided.keys.sorted() where all || provided[k] === requester { prov[k] = .int(Int64(provided[k]!.id)) }
         return [
             "host": .array(Bus.hostMethods.map { .string($0) }),
+            "hostMethods": .array(Bus.hostMethodsJSON),
             "plugins": .object(plugins),
-            "provided": .object(prov),
+            "provided": .object(providedVisible(to: requester, principal)),
             "protocol": .int(Int64(Manifest.supportedProtocols.upperBound)),
         ]
     }

@@ -170,19 +170,14 @@ public final class Bus {
 
     /// Whom a request acts for, for plugins whose manifest asks (`callerInfo`):
     /// `{"plugin":P}`, `{"client":N,"uid":U,"gid":G,"pid":P}` or both (a plugin acting for a
-    /// client), with `"admin":true` for an admin client. Only the host writes it.
+    /// client), with `"admin":true` for an admin client. Only the host writes it (`CallerInfo`,
+    /// which the plugin kit reads).
     func callerJSON(_ p: Principal) -> String {
-        var out = "{"
-        if let name = p.plugin { out += #""plugin":"# + JSON.string(name).serialized }
-        if let id = p.client {
-            if p.plugin != nil { out += "," }
-            out += "\"client\":\(id)"
-            if let c = p.credentials {
-                out += ",\"uid\":\(c.uid),\"gid\":\(c.gid),\"pid\":\(c.pid)"
-                if config.disclosure.admins.allows(c) { out += ",\"admin\":true" }
-            }
-        }
-        return out + "}"
+        let c = p.client != nil ? p.credentials : nil
+        return CallerInfo(
+            client: p.client.map { Int64(truncatingIfNeeded: $0) }, uid: c.map { Int64($0.uid) }, gid: c.map { Int64($0.gid) },
+            pid: c.map { Int64($0.pid) }, plugin: p.plugin, admin: c.map { config.disclosure.admins.allows($0) } == true ? true : nil
+        ).serialized
     }
 
     /// The principal of a message from `peer`. `via` is the `_onBehalfOf` request id a plugin
@@ -463,6 +458,7 @@ public final class Bus {
                     peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
             }
         case .forward(let target, let timeoutMs, _):
+            if let e = paramCheckError(target, method, msg) { return sendError(peer.conn, idText: idText, e) }
             forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
         }
     }

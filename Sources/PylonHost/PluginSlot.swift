@@ -13,9 +13,18 @@ final class PluginSlot {
     var manifest: Manifest? {
         didSet {
             wantsCallerInfo = manifest?.callerInfo ?? false
-            methods = (manifest?.methods ?? [:]).mapValues { MethodRoute(spec: $0, consent: ConsentTemplate($0.consent)) }
+            // The docs stay in the manifest (bus.describe): the route copies no more than before.
+            methods = (manifest?.methods ?? [:]).mapValues {
+                var spec = $0
+                spec.doc = nil
+                return MethodRoute(spec: spec, consent: ConsentTemplate($0.consent))
+            }
+            checkedParams = (manifest?.methods ?? [:]).compactMapValues { $0.doc?.hostChecksParams == true ? $0.doc : nil }
         }
     }
+    /// The docs of the methods whose params the host checks (`MethodDoc.hostChecksParams`;
+    /// Bus+ParamCheck.swift), by full name; empty for most plugins.
+    private(set) var checkedParams: [String: MethodDoc] = [:]
     /// From the manifest, kept apart so the routing hot path does not copy the manifest.
     private(set) var wantsCallerInfo = false
     /// What the router needs of each method the manifest lists (none listed: every method of

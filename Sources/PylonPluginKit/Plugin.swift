@@ -6,97 +6,6 @@ import CJSONC
 import Glibc
 #endif
 
-/// One incoming request to a plugin method. Reply exactly once with `reply`, `replyRaw` or `fail`;
-/// a handler may keep the call and reply later (after calling another plugin, say).
-public final class Call {
-    public let method: String
-    let msg: JSONRef
-    let id: JSONRef
-    unowned let plugin: Plugin
-    private var answered = false
-    /// Set for notifications: they carry no id and get no reply.
-    var isNotification = false
-
-    init(method: String, msg: JSONRef, id: JSONRef, plugin: Plugin) {
-        self.method = method
-        self.msg = msg
-        self.id = id
-        self.plugin = plugin
-    }
-
-    /// The params as a Swift value (converted on first use).
-    public lazy var params: JSON = JSONRef.toJSON(msg.member("params"))
-    /// Who called, when the plugin set `wantsCallerInfo`: `{"client": N, "uid", "gid", "pid"}`
-    /// for a client connection, `{"plugin": name}` for another plugin, both for a plugin acting
-    /// for a client, plus `"admin": true` for an admin client; nil otherwise. Written by the host
-    /// only (a sender's own `_pylon` is refused), on requests and notifications alike. A caller
-    /// without a `uid` is no user: it owns nothing a user owns.
-    public lazy var caller: JSON? = msg.has("_pylon") ? JSONRef.toJSON(msg.member("_pylon")) : nil
-    /// The calling client's connection id, if known (read from json-c: it is on every routed
-    /// request of a plugin that wants caller info, so `caller` is not converted for it).
-    public var callerClient: Int64? {
-        var c: OpaquePointer?
-        guard json_object_object_get_ex(msg.member("_pylon"), "client", &c) != 0, json_object_get_type(c) == json_type_int else {
-            return nil
-        }
-        return json_object_get_int64(c)
-    }
-
-    /// A top-level params member as a borrowed json-c object (nil when absent).
-    public func paramRef(_ key: String) -> OpaquePointer? {
-        var v: OpaquePointer?
-        guard json_object_object_get_ex(paramsRef, key, &v) != 0 else { return nil }
-        return v
-    }
-    /// Whether params has the member `key` (even if null).
-    public func hasParam(_ key: String) -> Bool { json_object_object_get_ex(paramsRef, key, nil) != 0 }
-    /// A top-level string param, read without converting the rest of params.
-    public func stringParam(_ key: String) -> String? {
-        let v = paramRef(key)
-        guard json_object_get_type(v) == json_type_string else { return nil }
-        return String(cString: json_object_get_string(v))
-    }
-
-    /// The params as a borrowed json-c object, for handlers that avoid conversion.
-    public var paramsRef: OpaquePointer? { msg.member("params") }
-
-    public func reply(_ result: JSON) {
-        replyRaw(owning: JSONRef.make(result))
-    }
-
-    /// Replies with a json-c object; takes ownership of one reference.
-    public func replyRaw(owning result: OpaquePointer?) {
-        defer { json_object_put(result) }
-        guard !answered, !isNotification else { answered = true; return }
-        answered = true
-        plugin.channel?.send(envelope: Envelope.result(id: .ref(id.ptr), .ref(result)))
-    }
-
-    /// Replies with a result that is already serialized JSON text (built by the plugin, so
-    /// trusted): no json-c objects are made. The fast path for hot methods whose answer is a
-    /// constant, such as `{"code":0,"message":""}`.
-    public func reply(serialized result: [UInt8]) {
-        guard !answered, !isNotification else { answered = true; return }
-        answered = true
-        id.withSerialized { idText in result.withUnsafeBytes { plugin.sendResult(id: idText, $0) } }
-    }
-
-    /// Calls another plugin (or the host) on behalf of this call's caller: the host applies the
-    /// permission rules of the client that started the chain, and the callee's caller info names
-    /// it. Use this for anything done for the caller; `Plugin.call` acts as the plugin itself.
-    /// Valid until this call is answered.
-    public func call(_ method: String, _ params: JSON?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
-        let via = json_object_get_type(id.ptr) == json_type_int && !isNotification ? json_object_get_int64(id.ptr) : nil
-        plugin.call(method, params, onBehalfOf: via, done)
-    }
-
-    public func fail(_ e: RPCError) {
-        guard !answered, !isNotification else { answered = true; return }
-        answered = true
-        plugin.channel?.send(envelope: Envelope.error(id: .ref(id.ptr), e))
-    }
-}
-
 /// The plugin kit: makes a Pylon plugin a small program.
 ///
 /// ```swift
@@ -127,17 +36,18 @@ public final class Plugin {
         var consent: String?
         var dropWhenDenied: Bool
         var deniedResult: JSON
+        var reads: Reading
         var handler: (Call) -> Void
     }
     private var methods: [String: MethodSpec] = [:]
-    /// Methods answered from the request's bytes (see `rawMethod`).
-    private var rawMethods: [String: (UnsafeRawBufferPointer) -> [UInt8]] = [:]
-    /// Methods served from the request's bytes and answered later (see `deferredRawMethod`).
-    private var deferredMethods: [String: (RawCall) -> Void] = [:]
+    /// How many of `methods` read `.text` (while there are none, no line is scanned).
+    private var textMethods = 0
     private(set) var methodOrder: [String] = []
+    /// What each method says about itself, by full name (`describe`, Plugin+Docs.swift).
+    var methodDocs: [String: MethodDoc] = [:]
     private var subscriptions: [(pattern: TopicPattern, handler: (String, JSON) -> Void)] = []
     private var publishes: [String] = []
-    /// Ask the host to tell us who called (`Call.caller`).
+    /// Ask the host to tell us who called (`Call.callerInfo`).
     public var wantsCallerInfo = false
     /// The plugin's strict configuration reader, for `--check-config` (and so `pylond
     /// --check-config`): throws the problems that would make it refuse to start; returns
@@ -145,8 +55,8 @@ public final class Plugin {
     /// starts with (see `ConfigReader`).
     public var checkConfig: ((JSON) throws(ConfigProblems) -> [String])?
     /// Calls to other plugins waiting for their answer, by request id.
-    private var pendingCalls: [Int64: PendingCall] = [:]
-    /// How many of `pendingCalls` want their result as text (`callText`): while there are
+    private var pendingCalls: [Int64: Answer] = [:]
+    /// How many of `pendingCalls` want their result as text (`Answer.text`): while there are
     /// some, answers are read from their bytes first.
     private var pendingTextCalls = 0
     private var nextId: Int64 = 1
@@ -172,70 +82,46 @@ public final class Plugin {
         if let l = System.env("PYLON_LOG_LEVEL").flatMap(Log.Level.init(name:)) { Log.minimum = l }
     }
 
+    /// How a method reads its requests. Either way its handler gets a `Call` with the same lazy
+    /// views (`params`, `paramsText`, `callerInfo`); this chooses what is made up front.
+    public enum Reading: Sendable {
+        /// Parsed by json-c (the default): for methods that read `params` as a Swift value.
+        case tree
+        /// Served from the request's bytes: the `Call` holds a copy of the params' JSON text and
+        /// of the host's `_pylon` text, and no json-c objects are built. For hot methods that read
+        /// `paramsText` (and answer with `reply(serialized:)`). A line the fast scan is unsure
+        /// about (escaped keys, say) is parsed instead; the handler reads the same views.
+        case text
+    }
+
     /// Serves `<plugin>.<method>`. `consent` names the switch the method's data falls under
     /// (`{field}` is taken from params); with `dropWhenDenied` the host answers `deniedResult`
-    /// itself while that switch is denied, otherwise it answers a -32003 error.
+    /// itself while that switch is denied, otherwise it answers a -32003 error. `reads`: how its
+    /// requests are read (`Reading`). The handler replies exactly once, now or later.
     public func method(
         _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
-        deniedResult: JSON = .null, _ handler: @escaping (Call) -> Void
+        deniedResult: JSON = .null, reads: Reading = .tree, _ handler: @escaping (Call) -> Void
     ) {
         let full = fullName(short)
-        if methods[full] == nil { methodOrder.append(full) }
-        methods[full] = MethodSpec(consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, handler: handler)
-    }
-
-    /// Serves `<plugin>.<method>` straight from the request's bytes, for hot methods whose answer
-    /// is a function of the params text alone: no json-c objects are built. `handler` gets the
-    /// params' JSON text (`null` when absent; the host has validated the line as strict JSON) and
-    /// returns the result's JSON text, which must be valid JSON. Listed in the manifest like any
-    /// method; a line the fast scan is unsure about (escaped keys, say) is parsed and the handler
-    /// still gets the params' text.
-    public func rawMethod(_ short: String, _ handler: @escaping (_ params: UnsafeRawBufferPointer) -> [UInt8]) {
-        let full = fullName(short)
-        rawMethods[full] = handler
-        method(short) { call in
-            // Absent or null params are the text `null`.
-            call.reply(serialized: JSONRef.withSerialized(call.paramsRef) { handler($0) })
+        if let old = methods[full] {
+            if old.reads == .text { textMethods -= 1 }
+        } else {
+            methodOrder.append(full)
         }
-    }
-
-    /// Serves `<plugin>.<method>` from the request's bytes, answered later: `handler` gets a
-    /// `RawCall` holding copies of the params' JSON text (`null` when absent) and of the host's
-    /// `_pylon` caller text, and replies exactly once with `reply(serialized:)` or `fail`, now or
-    /// after some work (a disk commit, say). No json-c objects are built for the request. Listed
-    /// in the manifest with its consent template like `method`; a line the fast scan is unsure
-    /// about is parsed and the handler gets the params and caller re-serialised.
-    public func deferredRawMethod(
-        _ short: String, consent: String? = nil, dropWhenDenied: Bool = false,
-        deniedResult: JSON = .null, _ handler: @escaping (RawCall) -> Void
-    ) {
-        let full = fullName(short)
-        deferredMethods[full] = handler
-        method(short, consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult) { [unowned self] call in
-            let caller = call.msg.has("_pylon") ? call.msg.member("_pylon") : nil
-            let raw = call.id.withSerialized { id in
-                JSONRef.withSerialized(call.paramsRef) { p in
-                    guard caller != nil else {
-                        return RawCall.make(plugin: self, id: id, params: p, caller: nil, isNotification: call.isNotification)
-                    }
-                    return JSONRef.withSerialized(caller) { c in
-                        RawCall.make(plugin: self, id: id, params: p, caller: c, isNotification: call.isNotification)
-                    }
-                }
-            }
-            handler(raw)
-        }
+        if reads == .text { textMethods += 1 }
+        methods[full] = MethodSpec(
+            consent: consent, dropWhenDenied: dropWhenDenied, deniedResult: deniedResult, reads: reads, handler: handler)
     }
 
     /// `<plugin>.<short>`, unless `short` already carries the prefix.
     private func fullName(_ short: String) -> String { short.hasPrefix(name + ".") ? short : name + "." + short }
 
-    /// The params text a raw method gets when there are none.
+    /// The params text of a request that has none.
     static let nullText = Array("null".utf8)
 
-    /// Answers (or hands to a deferred handler) a request for a raw method, or hands the answer
-    /// of a `callText` call its result's text, without parsing the line; false when the line is
-    /// neither (json-c then parses it).
+    /// Hands a request for a `.text` method its `Call` read from the line's bytes, or hands the
+    /// answer of a call waiting for text (`Answer.text`) its result's text, without parsing the
+    /// line; false when the line is neither (json-c then parses it).
     ///
     /// The line is not validated again: its members are found by `RawJSON.hostMessageSpans`,
     /// which trusts the host's strict check. That is sound because the bus channel
@@ -247,26 +133,20 @@ public final class Plugin {
     /// stays memory-safe on any bytes, so even a faulty host cannot make it read out of bounds
     /// (docs/PROTOCOL.md, "What a plugin may assume").
     private func handleRawLine(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard !rawMethods.isEmpty || !deferredMethods.isEmpty || pendingTextCalls > 0,
+        guard textMethods > 0 || pendingTextCalls > 0,
             let m = RawJSON.hostMessageSpans(line),
             let idSpan = m.id
         else { return false }
         guard let ms = m.method else { return handleTextAnswer(line, m) }
-        guard let method = RawJSON.plainString(line, ms) else { return false }
+        guard let method = RawJSON.plainString(line, ms), let spec = methods[method], spec.reads == .text else { return false }
         let id = UnsafeRawBufferPointer(rebasing: line[idSpan])
-        if let handler = rawMethods[method] {
-            let result =
-                m.params.map { handler(UnsafeRawBufferPointer(rebasing: line[$0])) }
-                ?? Plugin.nullText.withUnsafeBytes { handler($0) }
-            result.withUnsafeBytes { sendResult(id: id, $0) }
-            return true
-        }
-        guard let handler = deferredMethods[method] else { return false }
         let caller = m.pylon.map { UnsafeRawBufferPointer(rebasing: line[$0]) }
         let call =
-            m.params.map { RawCall.make(plugin: self, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller) }
-            ?? Plugin.nullText.withUnsafeBytes { RawCall.make(plugin: self, id: id, params: $0, caller: caller) }
-        handler(call)
+            m.params.map {
+                Call.make(plugin: self, method: method, id: id, params: UnsafeRawBufferPointer(rebasing: line[$0]), caller: caller)
+            }
+            ?? Plugin.nullText.withUnsafeBytes { Call.make(plugin: self, method: method, id: id, params: $0, caller: caller) }
+        spec.handler(call)
         return true
     }
 
@@ -279,7 +159,7 @@ public final class Plugin {
         replyLine.withUnsafeBytes { channel.sendLine($0) }
     }
 
-    /// The last `_pylon` text read (`RawCall.callerInfo`) and its reading. A client's caller text
+    /// The last `_pylon` text read (`Call.callerInfo`) and its reading. A client's caller text
     /// is the same in each of its requests, so it is read once per run of them (the reading is a
     /// function of the text alone).
     private var lastCaller: (text: [UInt8], info: CallerInfo)?
@@ -297,8 +177,9 @@ public final class Plugin {
         return info
     }
 
-    /// A successful answer to a `callText` call, handed over as its result's text. Errors, and
-    /// answers to other calls, are left to json-c (the error's text is worded from its tree).
+    /// A successful answer to a call waiting for text (`Answer.text`), handed over as its
+    /// result's text. Errors, and answers to other calls, are left to json-c (the error's text is
+    /// worded from its tree).
     private func handleTextAnswer(_ line: UnsafeRawBufferPointer, _ m: MessageSpans) -> Bool {
         guard m.error == nil, let r = m.result, let id = m.id.flatMap({ RawJSON.plainInt(line, $0) }),
             case .text(let done)? = pendingCalls[id]
@@ -321,48 +202,68 @@ public final class Plugin {
         channel?.send(envelope: Envelope.notification(method: topic, params: .value(params)))
     }
 
+    /// The params of a call to another plugin.
+    public enum Params {
+        /// A Swift value (nil: no params).
+        case value(JSON?)
+        /// JSON text the plugin built (valid JSON), sent as it is: no tree is built.
+        case text(UnsafeRawBufferPointer)
+    }
+
+    /// How the answer to a call is handed over.
+    public enum Answer {
+        /// The result as a Swift value.
+        case value((Result<JSON, RPCError>) -> Void)
+        /// The result's JSON text, valid only during the callback, read from the answer's bytes
+        /// without building json-c objects (an error answer is an `RPCError` as for `.value`).
+        /// The hot path of a plugin that feeds another one.
+        case text((Result<UnsafeRawBufferPointer, RPCError>) -> Void)
+
+        /// Answers with an error of the plugin's own (the channel is closed).
+        func fail(_ e: RPCError) {
+            switch self {
+            case .value(let done): done(.failure(e))
+            case .text(let done): done(.failure(e))
+            }
+        }
+
+        /// Answers with a parsed response: its result converted, or printed again as text.
+        func complete(_ msg: JSONRef) {
+            switch self {
+            case .value(let done): done(msg.responseResult)
+            case .text(let done):
+                guard msg.has("error") else { return JSONRef.withSerialized(msg.member("result")) { done(.success($0)) } }
+                if case .failure(let e) = msg.responseResult { done(.failure(e)) }
+            }
+        }
+    }
+
     /// Calls a method of another plugin (or the host) through the host, as this plugin (or on
-    /// behalf of the request with host id `onBehalfOf`; see `Call.call`).
+    /// behalf of the request with host id `onBehalfOf`; see `Call.call`). `params` and `answer`
+    /// choose the representation on each side (`Params`, `Answer`).
+    public func call(_ method: String, _ params: Params, onBehalfOf: Int64? = nil, answer: Answer) {
+        guard let channel, !channel.isClosed else {
+            answer.fail(RPCError(.pluginUnavailable, "bus channel closed"))
+            return
+        }
+        let id = nextId
+        nextId += 1
+        pendingCalls[id] = answer
+        if case .text = answer { pendingTextCalls += 1 }
+        switch params {
+        case .value(let v):
+            channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(v), onBehalfOf: onBehalfOf))
+        case .text(let t):
+            channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .text(t), onBehalfOf: onBehalfOf))
+        }
+    }
+
+    /// `call` with params and result as Swift values.
     public func call(
         _ method: String, _ params: JSON?, onBehalfOf: Int64? = nil,
         _ done: @escaping (Result<JSON, RPCError>) -> Void
     ) {
-        guard let (channel, id) = register(.value(done)) else { return }
-        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(params), onBehalfOf: onBehalfOf))
-    }
-
-    /// `call` with params already written as JSON text (valid JSON, built by the plugin), whose
-    /// answer is handed over as text too: `done` gets the result's JSON text, valid only during
-    /// the call, read from the answer's bytes without building json-c objects (an error answer
-    /// is an `RPCError` as for `call`). The hot path of a plugin that feeds another one: no tree
-    /// is built on either side of the call.
-    public func callText(
-        _ method: String, params: UnsafeRawBufferPointer,
-        _ done: @escaping (Result<UnsafeRawBufferPointer, RPCError>) -> Void
-    ) {
-        guard let (channel, id) = register(.text(done)) else { return }
-        pendingTextCalls += 1
-        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .text(params)))
-    }
-
-    /// Allocates a request id for `done`, or answers it -32001 when the channel is closed.
-    private func register(_ done: PendingCall) -> (Connection, Int64)? {
-        guard let channel, !channel.isClosed else {
-            done.fail(RPCError(.pluginUnavailable, "bus channel closed"))
-            return nil
-        }
-        let id = nextId
-        nextId += 1
-        pendingCalls[id] = done
-        return (channel, id)
-    }
-
-    /// `call` with params already built as a json-c object (ownership of `params` is taken):
-    /// the request is serialised once, with no conversion from Swift values.
-    public func callRaw(_ method: String, params: OpaquePointer?, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
-        defer { json_object_put(params) }
-        guard let (channel, id) = register(.value(done)) else { return }
-        channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .ref(params)))
+        call(method, .value(params), onBehalfOf: onBehalfOf, answer: .value(done))
     }
 
     public func isConsentGranted(_ key: String) -> Bool {
@@ -403,7 +304,10 @@ public final class Plugin {
         var m = Manifest(name: name, version: version)
         for full in methodOrder {
             guard let s = methods[full] else { continue }
-            m.add(Manifest.Method(name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult))
+            m.add(
+                Manifest.Method(
+                    name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult,
+                    doc: methodDocs[full]))
         }
         m.publishes = publishes
         m.subscribes = subscriptions.map(\.pattern)
@@ -462,7 +366,7 @@ public final class Plugin {
 
     private func dispatchRequest(_ method: String, _ msg: JSONRef) {
         let id = JSONRef(retaining: msg.member("id"))
-        let call = Call(method: method, msg: msg, id: id, plugin: self)
+        let call = Call.make(plugin: self, method: method, msg: msg, id: id)
         if method == HostMethod.heartbeat {
             call.reply(.object([:]))
             return
@@ -508,9 +412,7 @@ public final class Plugin {
                     log.debug("notification without caller information ignored", ["method": method])
                     return
                 }
-                let call = Call(method: method, msg: msg, id: JSONRef(owning: nil), plugin: self)
-                call.isNotification = true
-                spec.handler(call)
+                spec.handler(Call.make(plugin: self, method: method, msg: msg, id: nil))
                 return
             }
             var params: JSON?
@@ -518,31 +420,6 @@ public final class Plugin {
                 if params == nil { params = JSONRef.toJSON(msg.member("params")) }
                 s.handler(method, params!)
             }
-        }
-    }
-}
-
-/// A call to another plugin waiting for its answer: wanted as a Swift value (`call`, `callRaw`)
-/// or as the result's JSON text (`callText`).
-private enum PendingCall {
-    case value((Result<JSON, RPCError>) -> Void)
-    case text((Result<UnsafeRawBufferPointer, RPCError>) -> Void)
-
-    /// Answers with an error of the plugin's own (the channel is closed).
-    func fail(_ e: RPCError) {
-        switch self {
-        case .value(let done): done(.failure(e))
-        case .text(let done): done(.failure(e))
-        }
-    }
-
-    /// Answers with a parsed response: its result converted, or re-serialised as text.
-    func complete(_ msg: JSONRef) {
-        switch self {
-        case .value(let done): done(msg.responseResult)
-        case .text(let done):
-            guard msg.has("error") else { return JSONRef.withSerialized(msg.member("result")) { done(.success($0)) } }
-            if case .failure(let e) = msg.responseResult { done(.failure(e)) }
         }
     }
 }

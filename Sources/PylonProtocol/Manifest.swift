@@ -14,12 +14,18 @@ public struct Manifest: Equatable, Sendable {
         /// reaching the plugin (the SDK behaviour of silently dropping events).
         public var dropWhenDenied = false
         public var deniedResult: JSON = .null
+        /// What the method says about itself (summary, params, result); nil from a plugin that
+        /// declares none (older plugins).
+        public var doc: MethodDoc?
 
-        public init(name: String, consent: String? = nil, dropWhenDenied: Bool = false, deniedResult: JSON = .null) {
+        public init(
+            name: String, consent: String? = nil, dropWhenDenied: Bool = false, deniedResult: JSON = .null, doc: MethodDoc? = nil
+        ) {
             self.name = name
             self.consent = consent
             self.dropWhenDenied = dropWhenDenied
             self.deniedResult = deniedResult
+            self.doc = doc
         }
     }
     public var name: String
@@ -62,6 +68,7 @@ public struct Manifest: Equatable, Sendable {
                 o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
                 if withDeniedResult { o["deniedResult"] = s.deniedResult }
             }
+            if let d = s.doc { for (k, v) in d.wireMembers { o[k] = v } }
             return .object(o)
         }
     }
@@ -103,8 +110,13 @@ public struct Manifest: Equatable, Sendable {
                     spec.consent = o["consent"]?.stringValue
                     spec.dropWhenDenied = o["onDenied"]?.stringValue == "drop"
                     spec.deniedResult = o["deniedResult"] ?? .null
+                    do throws(MethodDoc.DocError) {
+                        spec.doc = try MethodDoc.parse(o)
+                    } catch {
+                        throw bad("manifest.methods \(s): \(error.description)")
+                    }
                 } else {
-                    throw bad("manifest.methods entries must be strings or {name, consent?, onDenied?}")
+                    throw bad("manifest.methods entries must be strings or {name, consent?, onDenied?, summary?, params?, result?}")
                 }
                 m.add(spec)
             }

@@ -5,6 +5,10 @@ public struct SQLiteError: Error, CustomStringConvertible, Sendable {
     public let code: Int32
     public let message: String
     public var description: String { "sqlite \(code): \(message)" }
+    public init(code: Int32, message: String) {
+        self.code = code
+        self.message = message
+    }
 }
 
 /// One SQLite connection (`sqlite3_open_v2`), used from the loop thread only.

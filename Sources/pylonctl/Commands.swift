@@ -46,8 +46,17 @@ struct Command {
                   PLUGIN` clears it); 69 the host cannot be reached.
                 """),
         Command(
-            name: "describe", synopsis: "describe [--json | --names]", summary: "methods each plugin serves, with their consent switches",
-            flags: ["--json", "--names"]),
+            name: "describe", synopsis: "describe [METHOD] [--json | --names | --openrpc]",
+            summary: "methods the host and each plugin serve: params, results, consent switches",
+            flags: ["--json", "--names", "--openrpc"],
+            details: """
+                  METHOD      one method: who serves it, its consent switch, its params (name, JSON
+                              type, required, description) and its result's members; exit 1 for a
+                              method nobody serves
+                  --json      the bus.describe result (with METHOD: that method's entry)
+                  --names     the method names, one per line (shell completion uses them)
+                  --openrpc   the methods as an OpenRPC 1.2.6 document (bus.describe {"format":"openrpc"})
+                """),
         Command(
             name: "sub", synopsis: "sub PATTERN...", summary: "print notifications on matching topics, one JSON line each"),
         Command(
@@ -101,6 +110,10 @@ struct Command {
                   clear: back to never set (granted unless an app denied it)
                 """),
         Command(name: "metrics", synopsis: "metrics", summary: "bus and plugin status as Prometheus text"),
+        Command(
+            name: "owner", synopsis: "owner set PLUGIN NAME OWNER | release PLUGIN NAME",
+            summary: "admins: hand an uploader stream, MA AppKey or push appId to another uid, or release it",
+            details: ownerUsage),
         Command(
             name: "dead-letters", synopsis: "dead-letters list|requeue|discard ...", summary: "the uploader's dead letters",
             details: deadLettersUsage),

@@ -196,8 +196,22 @@ case "call":
 case "ping":
     print(text(call(HostMethod.ping, nil)))
 case "describe":
+    if flags.contains("--openrpc") {
+        guard args.isEmpty else { fail("describe --openrpc takes no METHOD (see pylonctl describe --help)", code: 64) }
+        print(text(call(HostMethod.describe, ["format": "openrpc"])))
+        exit(0)
+    }
     let d = call(HostMethod.describe, nil)
-    if flags.contains("--json") {
+    if let method = args.first {
+        guard args.count == 1 else { fail("describe takes one METHOD (see pylonctl describe --help)", code: 64) }
+        if flags.contains("--json") {
+            guard let m = describedMethodJSON(d, method) else { fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1) }
+            print(text(m))
+        } else {
+            guard let t = describeMethodText(d, method) else { fail("unknown method \(method) (pylonctl describe --names lists them)", code: 1) }
+            print(t)
+        }
+    } else if flags.contains("--json") {
         print(text(d))
     } else if flags.contains("--names") {
         for m in describedMethods(d) { print(m.name) }
@@ -294,6 +308,8 @@ case "sub":
     }
 case "dead-letters":  // the uploader's dead letters: list, requeue, discard (DeadLetters.swift)
     deadLettersCommand(args)
+case "owner":  // admins: uploader.setOwner, ma.setOwner, push.setOwner (Owner.swift)
+    ownerCommand(args)
 case "monitor":
     monitorCommand(args, verbose: flags.contains("--verbose"), json: flags.contains("--json"))
 case "reload":

@@ -191,4 +191,35 @@ import Testing
         #expect(try ctl(h, ["log-level"]).status == 64)
         #expect(try ctl(h, ["log-level", "debug"], uid: 65534).status == 77)
     }
+
+    /// `pylonctl describe METHOD` prints one method (who serves it, its consent switch, a params
+    /// table, the result); an unknown method exits 1 with a message; `--openrpc` prints the
+    /// OpenRPC document.
+    @Test func describeOneMethodAndOpenRPC() throws {
+        let h = try TestHost(plugins: [TestHost.echo()])
+        let r = try ctl(h, ["describe", "echo.sleep"])
+        #expect(r.status == 0, "\(r)")
+        let lines = r.out.split(separator: "\n").map(String.init)
+        #expect(lines.first == "echo.sleep  (plugin echo)", "\(r.out)")
+        #expect(lines.contains("  consent: none"))
+        #expect(lines.contains { $0.hasPrefix("  PARAM") && $0.contains("TYPE") && $0.contains("REQUIRED") })
+        #expect(lines.contains { $0.hasPrefix("  ms ") && $0.contains("integer") && $0.contains(" no ") }, "\(r.out)")
+        #expect(lines.contains { $0.hasPrefix("  result: object") })
+        #expect(lines.contains { $0.hasPrefix("  slept_ms ") && $0.contains("integer") })
+        let collect = try ctl(h, ["describe", "echo.collect"])
+        #expect(collect.out.contains("consent: echo:{appKey} (refused -32003 when denied)"), "\(collect.out)")
+        let host = try ctl(h, ["describe", "consent.set"])
+        #expect(host.status == 0 && host.out.hasPrefix("consent.set  (host method, pylond)"), "\(host)")
+        #expect(host.out.contains("  granted ") && host.out.contains("boolean"))
+        let json = try ctl(h, ["describe", "echo.sleep", "--json"])
+        #expect(try JSON.parse(json.out)["plugin"] == "echo", "\(json)")
+        let unknown = try ctl(h, ["describe", "echo.nosuch"])
+        #expect(unknown.status == 1 && unknown.err.hasPrefix("pylonctl: unknown method echo.nosuch"), "\(unknown)")
+        let openrpc = try ctl(h, ["describe", "--openrpc"])
+        #expect(openrpc.status == 0, "\(openrpc.err)")
+        #expect(try JSON.parse(openrpc.out)["openrpc"] == "1.2.6")
+        let both = try ctl(h, ["describe", "echo.sleep", "--openrpc"])
+        #expect(both.status == 64)
+    }
+
 }

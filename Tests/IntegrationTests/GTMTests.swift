@@ -244,6 +244,24 @@ extension SyncClient {
         #expect(try c.value("GTM-DL", "temp") == "", "other values do not")
     }
 
+    /// `gtm.lifetime` values are one frame appended to `gtm.lifetime` when the push is handled:
+    /// a kill -9 of the plugin right after keeps them (issue 24 item 3).
+    @Test func gtmLifetimeValuesSurviveAKill9OfThePlugin() throws {
+        let b = try TestBackend()
+        try b.publishContainer("GTM-K9", gtmResource([:], macros: [["function": "_v", "instance_name": "level", "name": "user.level"]]))
+        let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
+        let c = try h.client()
+        _ = try c.open("GTM-K9")
+        _ = try c.call("gtm.push", ["data": ["user.level": 7, "gtm.lifetime": "1h"]])
+        _ = try c.call("gtm.push", ["data": ["user.level": 8, "gtm.lifetime": "1h"]])
+        #expect(try c.value("GTM-K9", "level", "int64") == 8)
+        let pid = try #require(try h.plugin("gtm")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("gtm", restartsAtLeast: 1)
+        _ = try c.open("GTM-K9")
+        #expect(try c.value("GTM-K9", "level", "int64") == 8, "the last persisted value, after a kill -9")
+    }
+
     @Test func functionCallTagsAndMacrosThroughAProvidedMethod() throws {
         let b = try TestBackend()
         let res = gtmResource(

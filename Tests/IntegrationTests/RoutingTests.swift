@@ -29,8 +29,8 @@ import Testing
         }
     }
 
-    /// echo.echo is a PylonPluginKit `rawMethod`: answered from the request's bytes, or through
-    /// the ordinary path when the line has escaped keys; both give the same answer.
+    /// echo.echo is a PylonPluginKit method that `reads: .text`: answered from the request's
+    /// bytes, or through the ordinary path when the line has escaped keys; both give the same answer.
     @Test func rawMethodAnswersOnBothPaths() throws {
         let h = try TestHost()
         let c = try h.client()

@@ -3,7 +3,7 @@
 _pylonctl() {
     local cur prev words cword
     _init_completion 2>/dev/null || { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
-    local commands="call ping status describe sub monitor publish restart reload wait-ready log-level consent metrics dead-letters help"
+    local commands="call ping status describe sub monitor publish restart reload wait-ready log-level consent metrics dead-letters owner help"
     local i cmd="" sock=()
     for ((i = 1; i < cword; i++)); do
         case ${words[i]} in
@@ -35,10 +35,17 @@ _pylonctl() {
                 1) COMPREPLY=($(compgen -W "list get set clear" -- "$cur")) ;;
                 3) COMPREPLY=($(compgen -W "allow deny grant revoke true false" -- "$cur")) ;;
             esac ;;
+        owner)
+            case $((cword - i)) in
+                1) COMPREPLY=($(compgen -W "set release" -- "$cur")) ;;
+                2) COMPREPLY=($(compgen -W "uploader ma push" -- "$cur")) ;;
+            esac ;;
         restart)
             COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | cut -d. -f1 | sort -u)" -- "$cur")) ;;
         status|reload) COMPREPLY+=($(compgen -W "--json" -- "$cur")) ;;
-        describe) COMPREPLY+=($(compgen -W "--json --names" -- "$cur")) ;;
+        describe)
+            if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--json --names --openrpc" -- "$cur"))
+            else COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null)" -- "$cur")); fi ;;
         monitor)
             if [[ $cur == -* ]]; then COMPREPLY+=($(compgen -W "--verbose --json" -- "$cur"))
             else COMPREPLY=($(compgen -W "$(pylonctl "${sock[@]}" describe --names 2>/dev/null | sed 's/\..*/.*/' | sort -u)" -- "$cur")); fi ;;

@@ -1,0 +1,206 @@
+import CZlib
+import PylonCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A small append-only file of checksummed frames, for state that changes a little at event
+/// rates (the push plugin's inbox, the tag manager's `gtm.lifetime` values): a change is one
+/// frame appended with one `write`, never a rewrite of the file or of database pages; the whole
+/// file is rewritten only by `rewrite` (compaction, decided by the owner), atomically.
+///
+/// The file is `magic` then frames `u32 length | u32 crc32 | body` (little-endian; `length`
+/// counts the body, `crc32` is zlib's over the body). Reading stops at the first frame that does
+/// not fit the file, is longer than `maxFrameBytes` or fails its crc: a torn tail (a write a crash
+/// or power cut cut short), and the file is truncated there so the next append follows the last
+/// whole frame. What survives is therefore always a prefix of the frames appended.
+///
+/// Durability: `commit` returns once the bytes are in the kernel (they survive `kill -9` of the
+/// process); `sync` (`fdatasync`) makes them survive an OS crash or power cut. I/O shell only:
+/// what the frames mean is the owner's.
+public final class AppendLog {
+    /// The longest frame body read back or written (a longer length field is a torn tail).
+    public static let maxFrameBytes = 64 << 20
+    public static let headBytes = 8
+
+    public let path: String
+    let magic: [UInt8]
+    private var fd: Int32 = -1
+    /// The file's size: magic and every whole frame written.
+    public private(set) var bytes = 0
+    /// Frames appended and not yet committed (one `write` at `commit`).
+    private var pending: [UInt8] = []
+    /// Bytes dropped at open: a torn tail.
+    public private(set) var truncatedBytes = 0
+
+    /// Opens `path` (creating it with `magic`), calls `frame` with each whole frame's body in
+    /// order and truncates a torn tail. A file whose first bytes are not `magic` is refused.
+    public init(path: String, magic: [UInt8], _ frame: (UnsafeRawBufferPointer) -> Void) throws(IOError) {
+        self.path = path
+        self.magic = magic
+        fd = try System.syscall("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        do throws(IOError) {
+            let data = try System.readFile(atPath: path, maxBytes: Int.max)
+            if data.isEmpty {
+                try writeAll(magic)
+                bytes = magic.count
+                return
+            }
+            guard data.count >= magic.count, Array(data[0..<magic.count]) == magic else {
+                throw IOError(errnoCode: EINVAL, reason: "\(path) is not a log of this kind")
+            }
+            var at = magic.count
+            data.withUnsafeBytes { b in
+                while at + Self.headBytes <= b.count {
+                    let n = Int(Self.u32(b, at))
+                    guard n <= Self.maxFrameBytes, at + Self.headBytes + n <= b.count else { break }
+                    let body = UnsafeRawBufferPointer(rebasing: b[(at + Self.headBytes)..<(at + Self.headBytes + n)])
+                    guard Self.crc32(body) == Self.u32(b, at + 4) else { break }
+                    frame(body)
+                    at += Self.headBytes + n
+                }
+            }
+            bytes = at
+            truncatedBytes = data.count - at
+            if truncatedBytes > 0 { _ = try System.syscall("ftruncate \(path)") { ftruncate(fd, off_t(at)) } }
+            _ = lseek(fd, off_t(at), SEEK_SET)
+        } catch {
+            Glibc.close(fd)
+            throw error
+        }
+    }
+
+    deinit { if fd >= 0 { Glibc.close(fd) } }
+
+    /// Queues one frame; `commit` writes every queued frame with one `write`.
+    public func append(_ body: [UInt8]) {
+        Self.frame(body, into: &pending)
+    }
+
+    public var hasPending: Bool { !pending.isEmpty }
+
+    /// Writes the queued frames (one `write`). On failure the file is cut back to its last whole
+    /// frame and the frames are dropped.
+    public func commit() throws(IOError) {
+        guard !pending.isEmpty else { return }
+        let out = pending
+        pending.removeAll(keepingCapacity: true)
+        do throws(IOError) {
+            try writeAll(out)
+            bytes += out.count
+        } catch {
+            _ = ftruncate(fd, off_t(bytes))
+            _ = lseek(fd, off_t(bytes), SEEK_SET)
+            throw error
+        }
+    }
+
+    /// `fdatasync`: what was committed survives an OS crash or power cut.
+    public func sync() throws(IOError) {
+        _ = try System.syscall("fdatasync \(path)") { fdatasync(fd) }
+    }
+
+    /// Replaces the file with `magic` and `bodies` (a new file, fsynced and renamed over it) and
+    /// appends there afterwards. Frames queued and not committed are dropped.
+    public func rewrite(_ bodies: [[UInt8]]) throws(IOError) {
+        var out = magic
+        for b in bodies { Self.frame(b, into: &out) }
+        try System.writeFileAtomically(atPath: path, contents: out)
+        let nfd = try System.syscall("open \(path)") { open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW) }
+        Glibc.close(fd)
+        fd = nfd
+        _ = lseek(fd, off_t(out.count), SEEK_SET)
+        bytes = out.count
+        pending.removeAll(keepingCapacity: true)
+    }
+
+    private func writeAll(_ out: [UInt8]) throws(IOError) {
+        var off = 0
+        while off < out.count {
+            let n = try System.syscall("write \(path)") { out.withUnsafeBytes { write(fd, $0.baseAddress! + off, out.count - off) } }
+            off += n
+        }
+    }
+
+    // MARK: Frames (pure)
+
+    public static func frame(_ body: [UInt8], into out: inout [UInt8]) {
+        var h = [UInt8](repeating: 0, count: headBytes)
+        put32(&h, 0, UInt32(body.count))
+        put32(&h, 4, body.withUnsafeBytes { crc32($0) })
+        out += h
+        out += body
+    }
+
+    static func crc32(_ b: UnsafeRawBufferPointer) -> UInt32 {
+        UInt32(truncatingIfNeeded: CZlib.crc32(0, b.baseAddress?.assumingMemoryBound(to: Bytef.self), uInt(b.count)))
+    }
+    static func u32(_ b: UnsafeRawBufferPointer, _ at: Int) -> UInt32 {
+        UInt32(b[at]) | UInt32(b[at + 1]) << 8 | UInt32(b[at + 2]) << 16 | UInt32(b[at + 3]) << 24
+    }
+    static func put32(_ b: inout [UInt8], _ at: Int, _ v: UInt32) {
+        for i in 0..<4 { b[at + i] = UInt8(truncatingIfNeeded: v >> (8 * UInt32(i))) }
+    }
+}
+
+/// Writes a frame body: unsigned LEB128 varints, strings as a varint length and their UTF-8.
+public struct FrameWriter {
+    public private(set) var bytes: [UInt8] = []
+    public init(kind: UInt8) { bytes.append(kind) }
+
+    public mutating func varint(_ v: UInt64) {
+        var v = v
+        while v >= 0x80 {
+            bytes.append(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        bytes.append(UInt8(v))
+    }
+    /// A signed value (zigzag).
+    public mutating func int(_ v: Int64) { varint(UInt64(bitPattern: (v << 1) ^ (v >> 63))) }
+    public mutating func string(_ s: String) {
+        var s = s
+        s.withUTF8 { u in
+            varint(UInt64(u.count))
+            bytes.append(contentsOf: u)
+        }
+    }
+}
+
+/// Reads what `FrameWriter` wrote; nil from any read past the end or of a malformed value (a
+/// frame that passed its crc but does not parse is the owner's to skip).
+public struct FrameReader {
+    let b: UnsafeRawBufferPointer
+    var at = 0
+    public init(_ b: UnsafeRawBufferPointer) { self.b = b }
+
+    public var atEnd: Bool { at >= b.count }
+
+    public mutating func byte() -> UInt8? {
+        guard at < b.count else { return nil }
+        defer { at += 1 }
+        return b[at]
+    }
+    public mutating func varint() -> UInt64? {
+        var v: UInt64 = 0
+        var shift: UInt64 = 0
+        while let c = byte() {
+            guard shift < 64 else { return nil }
+            v |= UInt64(c & 0x7F) << shift
+            if c < 0x80 { return v }
+            shift += 7
+        }
+        return nil
+    }
+    public mutating func int() -> Int64? {
+        guard let u = varint() else { return nil }
+        return Int64(bitPattern: u >> 1) ^ -Int64(bitPattern: u & 1)
+    }
+    public mutating func string() -> String? {
+        guard let n = varint(), n <= UInt64(b.count - at) else { return nil }
+        let s = String(decoding: UnsafeRawBufferPointer(rebasing: b[at..<(at + Int(n))]), as: UTF8.self)
+        at += Int(n)
+        return s
+    }
+}

@@ -1,28 +1,39 @@
-import CJSONC
 import FuzzSupport
 import PylonPluginKit
 
-/// Fuzz target (d, MA): the MA plugin's parameter validation, on params parsed by json-c as the
-/// plugin receives them. `EventValidation` (eventRecord, on the json-c tree and on Swift
-/// values), `PropertyValidation` (setProperty/increase/add/remove, object_array element targets)
+/// Fuzz target (d, MA): the MA plugin's parameter validation, on params json-c accepts (as the
+/// host checks them). `EventParams`/`EventValidation` (eventRecord, its one reader, on the text),
+/// `PropertyValidation` (setProperty/increase/add/remove, object_array element targets)
 /// and `IdentityInput` (identifyAccount normalisation).
 ///
 /// The plugin is an executable, which another executable cannot link: this target compiles the
-/// plugin's own validation files (symlinks to Plugins/ma/EventValidation.swift,
-/// PropertyValidation.swift, Identity.swift), so they are fuzzed exactly as shipped.
+/// plugin's own validation files (symlinks to Plugins/ma/EventParams.swift,
+/// EventValidation.swift, PropertyValidation.swift, Identity.swift), so they are fuzzed exactly
+/// as shipped.
 ///
-/// Properties: nothing traps; the json-c and the Swift-value forms of the event check agree;
-/// an accepted property map holds 1 to 100 names that each pass `checkName`.
+/// Properties: nothing traps; an accepted event's properties are canonical (reading them again
+/// gives the same bytes), parse with json-c as an object of at most 500 entries whose keys pass
+/// `checkKey`, and its name passes `checkName`; an accepted property map holds 1 to 100 names
+/// that each pass `checkName`.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     let input = UnsafeRawBufferPointer(start: data, count: size)
     guard let ref = try? JSONRef.parse(input, maxDepth: 128) else { return 0 }
     let p = ref.json
 
-    let onTree = EventValidation.check(eventNameRef: ref.member("eventName"), propertyRef: ref.member("property"))
-    let onValues = EventValidation.check(eventName: p["eventName"], property: p["property"])
-    fuzzCheck(
-        (onTree == nil) == (onValues == nil), "event checks disagree: \(String(describing: onTree)) / \(String(describing: onValues))")
+    let event = EventParams.read(input)
+    if event.invalid == nil {
+        event.withEvent(params: input) { name, properties in
+            fuzzCheck(EventValidation.checkName(name) == nil, "accepted event name \(String(decoding: name, as: UTF8.self))")
+            fuzzCheck(RawJSON.canonicalBytes(properties).elementsEqual(properties), "properties are not canonical")
+            guard let o = (try? JSONRef.parse(properties, maxDepth: 300))?.json.objectValue else {
+                fuzzCheck(false, "accepted properties json-c cannot read as an object")
+                return
+            }
+            fuzzCheck(o.count <= EventValidation.maxProperties, "accepted \(o.count) properties")
+            for (k, _) in o { fuzzCheck(Array(k.utf8).withUnsafeBytes { EventValidation.checkKey($0) } == nil, "accepted key \(k)") }
+        }
+    }
 
     if case .success(let props) = PropertyValidation.setProperties(p) {
         fuzzCheck((1...PropertyValidation.maxPerCall).contains(props.count), "accepted \(props.count) properties")

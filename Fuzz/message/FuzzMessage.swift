@@ -13,7 +13,10 @@ import PylonCore
 /// - `RawJSON.hostMessageSpans` (the plugin kit's reader) stays inside any line and, where the
 ///   scanner accepts, finds the scanner's spans;
 /// - where the scanner accepts, its `id` span is the splice scanner's, and the plain `method`
-///   string and plain integer `id` it finds are what json-c parsed (the last duplicate wins).
+///   string and plain integer `id` it finds are what json-c parsed (the last duplicate wins);
+/// - the one reader of message-shaped JSON (`RawJSON.validate`, `canonical`) never accepts what
+///   json-c rejects; on a text it accepts, the canonical form is valid, stable (its own canonical
+///   form) and read by json-c as the same value.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     guard let data, size > 0 else { return 0 }
@@ -68,6 +71,7 @@ public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
 func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
     let scan = RawJSON.classifyMessage(line, maxDepth: Int(maxDepth) - 1)
     let parsed = try? tokener.parse(line)
+    checkCanonical(line, parsed: parsed, tokener: tokener, maxDepth: maxDepth)
     let idSpan = RawJSON.memberValueSpan(line, key: "id")
     // The plugin kit's finder for host-validated lines: on any bytes, spans inside the line; on
     // a line the scanner accepts, the scanner's spans.
@@ -96,6 +100,26 @@ func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
         fuzzCheck(j["id"]?.intValue == n, "id \(n) differs from json-c's \(String(describing: j["id"]))")
     }
     fuzzCheck((m.params != nil) == (j["params"] != nil), "params presence differs from json-c")
+}
+
+/// The one reader's properties (see the target's comment).
+func checkCanonical(_ line: UnsafeRawBufferPointer, parsed: JSONRef?, tokener: Tokener, maxDepth: Int32) {
+    let start = RawJSON.skipSpace(line, 0)
+    let (_, end) = RawJSON.canonical(line, at: start)  // any bytes: stays inside the line
+    fuzzCheck(end >= start && end <= line.count, "canonical walked outside the line")
+    guard RawJSON.validate(line, maxDepth: Int(maxDepth)) == .valid else { return }
+    fuzzCheck(parsed != nil, "validate accepted what json-c rejects: \(String(decoding: line, as: UTF8.self))")
+    guard let parsed else { return }
+    let c = RawJSON.canonicalBytes(line, at: start)
+    c.withUnsafeBytes { c in
+        fuzzCheck(RawJSON.validate(c, maxDepth: Int(maxDepth)) == .valid, "canonical form is not valid JSON")
+        fuzzCheck(RawJSON.canonicalBytes(c).elementsEqual(c), "canonical form is not stable")
+        guard let again = try? tokener.parse(c) else {
+            fuzzCheck(false, "json-c rejects the canonical form")
+            return
+        }
+        fuzzCheck(again.json.isSameValue(as: parsed.json), "json-c reads the canonical form as another value")
+    }
 }
 
 @main struct Main {

@@ -1,16 +1,12 @@
-import CJSONC
 import PylonPluginKit
 
 /// What the params of an `ma.eventRecord` say: the AppKey they name, and the event as it goes
-/// into its record (name bytes, properties as json-c prints them) or the -3 message of the first
-/// check it fails (`EventValidation`).
+/// into its record (name bytes, properties in Pylon's canonical form) or the -3 message of the
+/// first check it fails (`EventValidation`).
 ///
-/// Read by one of two readers that agree on every input: `read(raw:)` from the params' JSON
-/// text, building nothing (nil when the bytes alone cannot say what json-c would read: a key,
-/// name or AppKey written with escapes, a repeated key, an integer json-c rewrites), and
-/// `init(ref:)` from the json-c tree, which the caller then builds from the same text. Requests
-/// as apps write them take the first; a test of generated requests holds the two to the same
-/// answers.
+/// Read by one reader, `read(_:)`, from the params' JSON text, building nothing per event
+/// (docs/PROTOCOL.md "Canonical form"): keys and strings decoded, the last of a repeated key
+/// winning.
 struct EventParams: Equatable {
     /// `params.appKey` when it is a string, as written (not trimmed).
     var appKey: String?
@@ -20,7 +16,7 @@ struct EventParams: Equatable {
     var storage: [UInt8]?
     /// The event name's bytes (its string value).
     var name: Range<Int> = 0..<0
-    /// The properties' JSON text as json-c prints it (compact); nil when there are none.
+    /// The properties' JSON text in canonical form; nil when there are none.
     var properties: Range<Int>?
 
     /// Calls `body` with the event's name bytes and properties text (`{}` when none). `params`:
@@ -42,110 +38,94 @@ struct EventParams: Equatable {
 
     private init() {}
 
-    /// Reads the params' text: from its bytes when they are plain enough, else through json-c.
-    static func read(_ params: UnsafeRawBufferPointer) -> EventParams {
-        if let p = read(raw: params) { return p }
-        guard let tree = try? JSONRef.parse(params, maxDepth: Plugin.maxDepth) else { return EventParams(ref: nil) }
-        return EventParams(ref: tree.ptr)
-    }
-
-    // MARK: From a json-c tree
-
-    /// Reads params from their json-c object (borrowed); the event's bytes are copied out.
-    init(ref params: OpaquePointer?) {
-        appKey = MAService.appKeyParam(params)
-        var nameRef: OpaquePointer?
-        var props: OpaquePointer?
-        _ = json_object_object_get_ex(params, "eventName", &nameRef)
-        _ = json_object_object_get_ex(params, "property", &props)
-        if let why = EventValidation.check(eventNameRef: nameRef, propertyRef: props) {
-            invalid = why
-            return
-        }
-        // Checked: the name is a string, the properties an object or absent/null.
-        var bytes = Array(UnsafeRawBufferPointer(start: json_object_get_string(nameRef), count: Int(json_object_get_string_len(nameRef))))
-        name = 0..<bytes.count
-        var len = 0
-        if json_object_get_type(props) == json_type_object, let c = json_object_to_json_string_length(props, flagsPlain, &len) {
-            bytes.append(contentsOf: UnsafeRawBufferPointer(start: c, count: len))
-            properties = name.upperBound..<bytes.count
-        }
-        storage = bytes
-    }
-
-    // MARK: From the params' text
-
-    /// Reads params from their JSON text (valid JSON), or nil when json-c might read them
-    /// differently from their bytes (see the type's comment).
-    static func read(raw t: UnsafeRawBufferPointer) -> EventParams? {
+    /// Reads params from their JSON text (valid JSON, as the host checked it).
+    static func read(_ t: UnsafeRawBufferPointer) -> EventParams {
+        var p = EventParams()
         let first = RawJSON.skipSpace(t, 0)
-        guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
-        // The last of a repeated key wins, as in json-c.
+        guard first < t.count, t[first] == UInt8(ascii: "{") else {
+            p.invalid = EventValidation.nameRequired
+            return p
+        }
+        // The last of a repeated key wins.
         var appKey: Range<Int>?
         var eventName: Range<Int>?
         var property: Range<Int>?
-        /// The length of what json-c would print for `property` when it is an object.
-        var printed = 0
+        /// The canonical length of `property` when it is an object.
+        var canonical = 0
         var members = RawJSON.MemberCursor(t, first..<t.count)
         while let m = members.nextKey() {
-            if m.keyEscaped { return nil }
-            switch m.key.count {
-            case 6 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "appKey"): appKey = members.skipValue()
-            case 9 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "eventName"): eventName = members.skipValue()
-            case 8 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "property"):
+            if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "appKey") {
+                appKey = members.skipValue()
+            } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "eventName") {
+                eventName = members.skipValue()
+            } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "property") {
                 guard t[m.valueStart] == UInt8(ascii: "{") else {
                     property = members.skipValue()
                     continue
                 }
-                // Measured and skipped in one walk; nil: json-c's text is not certain from the bytes.
-                guard let (length, end) = RawJSON.jsonCText(t, at: m.valueStart) else { return nil }
+                // Measured and skipped in one walk.
+                let (length, end) = RawJSON.canonical(t, at: m.valueStart)
                 property = m.valueStart..<end
-                printed = length
+                canonical = length
                 members.resume(at: end)
-            default: break
             }
         }
-        var p = EventParams()
-        if let s = appKey, t[s.lowerBound] == UInt8(ascii: "\"") {
-            guard let k = RawJSON.plainString(t, s) else { return nil }
-            p.appKey = k
-        }
+        if let s = appKey { p.appKey = RawJSON.stringValue(t, s) }
         guard let n = eventName, t[n.lowerBound] == UInt8(ascii: "\"") else {
             p.invalid = EventValidation.nameRequired
             return p
         }
-        let name = (n.lowerBound + 1)..<(n.upperBound - 1)
-        guard !RawJSON.contains(t, name, UInt8(ascii: "\\")) else { return nil }
-        if let why = EventValidation.checkName(UnsafeRawBufferPointer(rebasing: t[name])) {
+        var name = (n.lowerBound + 1)..<(n.upperBound - 1)
+        let nameEscaped = RawJSON.contains(t, name, UInt8(ascii: "\\"))
+        let decodedName = nameEscaped ? RawJSON.decode(t, name) : []
+        let why =
+            nameEscaped
+            ? decodedName.withUnsafeBytes { EventValidation.checkName($0) }
+            : EventValidation.checkName(UnsafeRawBufferPointer(rebasing: t[name]))
+        if let why {
             p.invalid = why
             return p
         }
-        p.name = name
-        guard let s = property, !RawJSON.equals(t, s.lowerBound, s.upperBound, "null") else { return p }
+        guard let s = property, !RawJSON.equals(t, s.lowerBound, s.upperBound, "null") else {
+            if nameEscaped { p.storage = decodedName }
+            p.name = nameEscaped ? 0..<decodedName.count : name
+            return p
+        }
         guard t[s.lowerBound] == UInt8(ascii: "{") else {
             p.invalid = EventValidation.propertyNotObject
             return p
         }
-        switch EventValidation.checkProperties(text: t, s) {
-        case .unsure: return nil
-        case .invalid(let why):
+        if !nameEscaped, canonical == s.count {
+            // Already canonical: name and properties point into the params' text.
+            if let why = EventValidation.checkProperties(text: t, s) {
+                p.invalid = why
+                return p
+            }
+            p.name = name
+            p.properties = s
+            return p
+        }
+        // The decoded name and the canonical properties go to storage.
+        let nameBytes = nameEscaped ? decodedName.count : name.count
+        var bytes = [UInt8](repeating: 0, count: nameBytes + s.count)
+        let length = bytes.withUnsafeMutableBytes { out in
+            if nameEscaped {
+                decodedName.withUnsafeBytes { out.copyMemory(from: $0) }
+            } else {
+                out.copyMemory(from: UnsafeRawBufferPointer(rebasing: t[name]))
+            }
+            return RawJSON.canonical(t, at: s.lowerBound, into: out.baseAddress! + nameBytes).length
+        }
+        bytes.removeLast(bytes.count - nameBytes - length)
+        name = 0..<nameBytes
+        let props = nameBytes..<bytes.count
+        if let why = bytes.withUnsafeBytes({ EventValidation.checkProperties(text: $0, props) }) {
             p.invalid = why
             return p
-        case .valid: break
-        }
-        if printed == s.count {
-            p.properties = s  // already compact: json-c's text
-            return p
-        }
-        // Whitespace between tokens: the name and the compacted properties go to storage.
-        var bytes = [UInt8](repeating: 0, count: name.count + printed)
-        bytes.withUnsafeMutableBytes { out in
-            out.copyMemory(from: UnsafeRawBufferPointer(rebasing: t[name]))
-            _ = RawJSON.jsonCText(t, s, into: out.baseAddress! + name.count)
         }
         p.storage = bytes
-        p.name = 0..<name.count
-        p.properties = name.count..<bytes.count
+        p.name = name
+        p.properties = props
         return p
     }
 }

@@ -1,4 +1,3 @@
-import CJSONC
 import PylonPluginKit
 
 #if canImport(Glibc)
@@ -6,9 +5,8 @@ import Glibc
 #endif
 
 /// What the params of an `uploader.enqueue` say: `{stream, consent?, records: [{id, ts?, data}]}`.
-/// Read by one of two readers that agree on every input: `init(ref:)` from a json-c tree, and
-/// `read(raw:)` from the params' JSON text without building objects (nil when it is not sure,
-/// and the caller then parses the text and uses the first). Checks that need the uploader's state
+/// Read by one reader, `read(raw:)`, from the params' JSON text without building objects. Checks
+/// that need the uploader's state
 /// (stream access, consent) are the uploader's; the records' errors are kept here and reported
 /// after those, as the method's documented order says.
 struct EnqueueParams {
@@ -21,11 +19,11 @@ struct EnqueueParams {
     /// The stream, when it is a string and a valid stream name (`Uploader.validStream`).
     var stream: String?
     var consent: Consent
-    /// The records (pointing into the parsed tree, the params text or `storage`) and what they
+    /// The records (pointing into the params text or `storage`) and what they
     /// are estimated to count in the disk cap (`Chunk.estimatedCharge`), or the first error found
     /// in them.
     var records: Result<(list: [PendingRecord], bytes: Int), RPCError>
-    /// Bodies the raw reader rewrote (compacted), kept alive with the records that point in.
+    /// Ids and bodies the reader rewrote (decoded, canonical), kept alive with the records that point in.
     var storage: ByteBox?
 
     init(stream: String?, consent: Consent, records: Result<(list: [PendingRecord], bytes: Int), RPCError>, storage: ByteBox? = nil) {
@@ -35,7 +33,7 @@ struct EnqueueParams {
         self.storage = storage
     }
 
-    // MARK: Errors, worded once for both readers
+    // MARK: Errors
 
     static let streamError = RPCError(.invalidParams, "params.stream is required: 1-128 of [A-Za-z0-9._:-]")
     static let recordsError = RPCError(.invalidParams, "params.records must be a non-empty array")
@@ -66,89 +64,33 @@ struct EnqueueParams {
         return !id.contains { $0 < 0x20 || $0 == 0x7F }
     }
 
-    // MARK: From a json-c tree
-
-    /// Reads params from their json-c object (borrowed; the records point into it, so it must
-    /// outlive them). `wall` is the time of records without an integer `ts`.
-    init(ref params: OpaquePointer?, limits: UploaderLimits, wall: Int64) {
-        func member(_ key: String) -> OpaquePointer?? {
-            var v: OpaquePointer?
-            guard json_object_object_get_ex(params, key, &v) != 0 else { return nil }
-            return .some(v)
-        }
-        func string(_ v: OpaquePointer?) -> String? {
-            guard json_object_get_type(v) == json_type_string else { return nil }
-            return String(cString: json_object_get_string(v))
-        }
-        stream = member("stream").flatMap { string($0) }.flatMap { Uploader.validStream($0) ? $0 : nil }
-        switch member("consent") {
-        case nil: consent = .absent
-        case .some(let v): consent = string(v).map { .named($0) } ?? .invalid
-        }
-        records = EnqueueParams.records(member("records") ?? nil, limits: limits, wall: wall)
-    }
-
-    /// Records are read straight from the parsed json-c tree: no conversion to Swift values.
-    private static func records(_ list: OpaquePointer?, limits: UploaderLimits, wall: Int64) -> Result<
-        (list: [PendingRecord], bytes: Int), RPCError
-    > {
-        guard json_object_get_type(list) == json_type_array, json_object_array_length(list) > 0 else { return .failure(recordsError) }
-        let count = json_object_array_length(list)
-        guard count <= limits.maxRecordsPerCall else { return .failure(tooMany(limits)) }
-        var records: [PendingRecord] = []
-        records.reserveCapacity(count)
-        var bytes = 0
-        for i in 0..<count {
-            let r = json_object_array_get_idx(list, i)
-            var idObj: OpaquePointer?
-            var dataObj: OpaquePointer?
-            var tsObj: OpaquePointer?
-            guard json_object_object_get_ex(r, "id", &idObj) != 0, json_object_get_type(idObj) == json_type_string,
-                case let n = json_object_get_string_len(idObj), let id = json_object_get_string(idObj),
-                isValidID(UnsafeRawBufferPointer(start: id, count: Int(n)))
-            else { return .failure(idError(i)) }
-            // A record is an object `{id, ts?, data}` (the id lookup above fails for anything
-            // else); a record without `data` is stored whole.
-            if json_object_object_get_ex(r, "data", &dataObj) == 0 { dataObj = r }
-            var bodyLen = 0
-            guard let body = json_object_to_json_string_length(dataObj, flagsPlain, &bodyLen), bodyLen <= limits.maxRecordBytes else {
-                return .failure(sizeError(i, limits))
-            }
-            var ts = wall
-            if json_object_object_get_ex(r, "ts", &tsObj) != 0, json_object_get_type(tsObj) == json_type_int {
-                ts = json_object_get_int64(tsObj)
-                // The backend refuses a negative ts (400), as it does a bad id.
-                guard ts >= 0 else { return .failure(tsError(i)) }
-            }
-            bytes += Chunk.estimatedCharge(idBytes: Int(n), dataBytes: bodyLen)
-            records.append(PendingRecord(id: id, idLength: n, ts: ts, body: body, bodyLength: Int32(bodyLen)))
-        }
-        return .success((records, bytes))
-    }
-
     // MARK: From the params' text
 
-    /// Reads params from their JSON text (valid JSON; the records point into it, so it must
-    /// outlive them), or nil when the bytes alone cannot say what json-c would read: a key written
-    /// with escapes, a stream, consent or record id with escapes, an integer `ts` beyond Int64, or
-    /// a body json-c would print differently (see `RawJSON.jsonCText`).
-    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64) -> EnqueueParams? {
+    /// Reads params from their JSON text (valid JSON, as the host checked it; the records point
+    /// into it or into `storage`, so it must outlive them) — the one reader of these params
+    /// (docs/PROTOCOL.md "Canonical form"): keys and strings decoded, the last of a repeated key
+    /// winning, each record's body stored in Pylon's canonical form. `wall` is the time of
+    /// records without an integer `ts`.
+    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64) -> EnqueueParams {
         var scratch = Scratch()
         return read(raw: t, limits: limits, wall: wall, scratch: &scratch)
     }
 
-    /// What the raw reader walks into, kept by a caller that reads many requests so its storage
-    /// is allocated once, not per request.
+    /// What the reader walks into, kept by a caller that reads many requests so its storage is
+    /// allocated once, not per request.
     struct Scratch {
         var records: [RawRecord] = []
-        /// `RawJSON.jsonCText`'s key list.
-        var keys: [Range<Int>] = []
+        /// `RawJSON.canonical`'s walk.
+        var canonical = RawJSON.CanonicalScratch()
+        /// A decoded id.
+        var id: [UInt8] = []
     }
 
     /// `read(raw:limits:wall:)` walking into `scratch`.
-    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64, scratch: inout Scratch) -> EnqueueParams? {
+    static func read(raw t: UnsafeRawBufferPointer, limits: UploaderLimits, wall: Int64, scratch: inout Scratch) -> EnqueueParams {
+        var p = EnqueueParams(stream: nil, consent: .absent, records: .failure(recordsError), storage: nil)
         let first = RawJSON.skipSpace(t, 0)
-        guard first < t.count, t[first] == UInt8(ascii: "{") else { return nil }
+        guard first < t.count, t[first] == UInt8(ascii: "{") else { return p }
         var streamSpan: Range<Int>?
         var consentSpan: Range<Int>?
         /// Whether `records` is an array (walked into `scratch.records`), the last `records`
@@ -156,30 +98,21 @@ struct EnqueueParams {
         var walked: Bool?
         var members = RawJSON.MemberCursor(t, first..<t.count)
         while let m = members.nextKey() {
-            if m.keyEscaped { return nil }
-            if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "stream") {
+            if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "stream") {
                 streamSpan = members.skipValue()
-            } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "consent") {
+            } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "consent") {
                 consentSpan = members.skipValue()
-            } else if RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "records") {
+            } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "records") {
                 guard t[m.valueStart] == UInt8(ascii: "[") else { walked = false; continue }
-                guard let end = walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1, into: &scratch) else { return nil }
+                members.resume(at: walkRecords(t, at: m.valueStart, keep: limits.maxRecordsPerCall + 1, into: &scratch))
                 walked = true
-                members.resume(at: end)
             }
         }
-        var p = EnqueueParams(stream: nil, consent: .absent, records: .failure(recordsError), storage: nil)
-        if let s = streamSpan, t[s.lowerBound] == UInt8(ascii: "\"") {
-            guard let name = RawJSON.plainString(t, s) else { return nil }
+        if let s = streamSpan, let name = RawJSON.stringValue(t, s) {
             p.stream = Uploader.validStream(name) ? name : nil
         }
         if let s = consentSpan {
-            if t[s.lowerBound] == UInt8(ascii: "\"") {
-                guard let name = RawJSON.plainString(t, s) else { return nil }
-                p.consent = .named(name)
-            } else {
-                p.consent = .invalid
-            }
+            p.consent = RawJSON.stringValue(t, s).map { .named($0) } ?? .invalid
         }
         guard walked == true, !scratch.records.isEmpty else { return p }
         let elements = scratch.records
@@ -191,72 +124,87 @@ struct EnqueueParams {
         records.reserveCapacity(elements.count)
         var bytes = 0
         let base = t.baseAddress!
+        /// Room for what is rewritten: a decoded id lies inside its record's text, a body is at
+        /// most its text, and records do not overlap, so twice the text is enough.
+        func box() -> ByteBox {
+            if p.storage == nil { p.storage = ByteBox(capacity: 2 * t.count) }
+            return p.storage!
+        }
         for (i, r) in elements.enumerated() {
-            // The id: a string of 1-128 bytes; one with escapes is json-c's to decode.
+            // The id: a string of 1-128 bytes once decoded.
             guard let id = r.id, t[id.lowerBound] == UInt8(ascii: "\"") else {
                 p.records = .failure(idError(i))
                 return p
             }
-            let idBytes = (id.lowerBound + 1)..<(id.upperBound - 1)
-            guard !RawJSON.contains(t, idBytes, UInt8(ascii: "\\")) else { return nil }
-            guard isValidID(UnsafeRawBufferPointer(rebasing: t[idBytes])) else {
-                p.records = .failure(idError(i))
-                return p
+            let idText = (id.lowerBound + 1)..<(id.upperBound - 1)
+            var idStart = UnsafeRawPointer(base + idText.lowerBound)
+            var idCount = idText.count
+            if RawJSON.contains(t, idText, UInt8(ascii: "\\")) {
+                scratch.id.removeAll(keepingCapacity: true)
+                RawJSON.decode(t, idText, into: &scratch.id)
+                guard scratch.id.withUnsafeBytes({ isValidID($0) }) else {
+                    p.records = .failure(idError(i))
+                    return p
+                }
+                let out = box().reserve(scratch.id.count)
+                scratch.id.withUnsafeBytes { out.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                idStart = UnsafeRawPointer(out)
+                idCount = scratch.id.count
+            } else {
+                guard isValidID(UnsafeRawBufferPointer(rebasing: t[idText])) else {
+                    p.records = .failure(idError(i))
+                    return p
+                }
             }
-            // The body: what json-c would print for `data` (or the whole record).
+            // The body: `data` (or the whole record) in canonical form.
             let data = r.data ?? r.span
-            guard let bodyLen = r.data != nil ? r.dataLength : RawJSON.jsonCText(t, r.span) else { return nil }
+            let bodyLen = r.data != nil ? r.dataLength : RawJSON.canonical(t, at: r.span.lowerBound, scratch: &scratch.canonical).length
             guard bodyLen <= limits.maxRecordBytes else {
                 p.records = .failure(sizeError(i, limits))
                 return p
             }
             let body: UnsafeRawPointer
             if bodyLen == data.count {
-                body = base + data.lowerBound  // already compact: the bytes json-c would print
+                body = base + data.lowerBound  // already canonical: the bytes as written
             } else {
-                if p.storage == nil { p.storage = ByteBox(capacity: t.count) }
-                let out = p.storage!.reserve(bodyLen)
-                _ = RawJSON.jsonCText(t, data, into: out)
+                let out = box().reserve(data.count)  // the walk's room (see `RawJSON.canonical`)
+                _ = RawJSON.canonical(t, at: data.lowerBound, into: out, scratch: &scratch.canonical)
                 body = UnsafeRawPointer(out)
             }
             var ts = wall
-            if let s = r.ts, RawJSON.isNumber(t[s.lowerBound]) {
-                if let v = RawJSON.plainInt(t, s) {
-                    guard v >= 0 else {
-                        p.records = .failure(tsError(i))
-                        return p
-                    }
-                    ts = v
-                } else if !RawJSON.isFraction(t, s) {
-                    return nil  // an integer beyond Int64: json-c clamps it
+            if let s = r.ts, let v = RawJSON.integer(t, s) {
+                // The backend refuses a negative ts (400), as it does a bad id.
+                guard v >= 0 else {
+                    p.records = .failure(tsError(i))
+                    return p
                 }
+                ts = v
             }
-            bytes += Chunk.estimatedCharge(idBytes: idBytes.count, dataBytes: bodyLen)
+            bytes += Chunk.estimatedCharge(idBytes: idCount, dataBytes: bodyLen)
             records.append(
                 PendingRecord(
-                    id: (base + idBytes.lowerBound).assumingMemoryBound(to: CChar.self), idLength: Int32(idBytes.count),
+                    id: idStart.assumingMemoryBound(to: CChar.self), idLength: Int32(idCount),
                     ts: ts, body: body.assumingMemoryBound(to: CChar.self), bodyLength: Int32(bodyLen)))
         }
         p.records = .success((records, bytes))
         return p
     }
 
-    /// One element of `records` as the raw walk saw it: its span, and the spans of its `id`,
-    /// `ts` and `data` members (the last of each), with the length json-c would print `data` in
-    /// (nil when that is not certain).
+    /// One element of `records` as the walk saw it: its span, and the spans of its `id`, `ts`
+    /// and `data` members (the last of each), with the length of `data`'s canonical form.
     struct RawRecord {
         var span: Range<Int>
         var id: Range<Int>?
         var ts: Range<Int>?
         var data: Range<Int>?
-        var dataLength: Int?
+        var dataLength = 0
     }
 
     /// Walks the records array at `start` once into `scratch.records`: each record's members,
-    /// and `data` through `RawJSON.jsonCText` (which both measures and skips it). Keeps the first
+    /// and `data` through `RawJSON.canonical` (which both measures and skips it). Keeps the first
     /// `keep` records (the rest are only skipped, to find the end). Returns the index past the
-    /// array; nil when a key is written with escapes.
-    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int, into scratch: inout Scratch) -> Int? {
+    /// array.
+    private static func walkRecords(_ t: UnsafeRawBufferPointer, at start: Int, keep: Int, into scratch: inout Scratch) -> Int {
         scratch.records.removeAll(keepingCapacity: true)
         var elements = RawJSON.ElementCursor(t, start..<t.count)
         while let e = elements.nextElement() {
@@ -268,20 +216,15 @@ struct EnqueueParams {
             var r = RawRecord(span: e..<e)
             var members = RawJSON.MemberCursor(t, e..<t.count)
             while let m = members.nextKey() {
-                if m.keyEscaped { return nil }
-                switch m.key.count {
-                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "id"): r.id = members.skipValue()
-                case 2 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "ts"): r.ts = members.skipValue()
-                case 4 where RawJSON.equals(t, m.key.lowerBound, m.key.upperBound, "data"):
-                    if let (length, end) = RawJSON.jsonCText(t, at: m.valueStart, scratch: &scratch.keys) {
-                        r.data = m.valueStart..<end
-                        r.dataLength = length
-                        members.resume(at: end)
-                    } else {
-                        r.data = members.skipValue()
-                        r.dataLength = nil
-                    }
-                default: break
+                if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "id") {
+                    r.id = members.skipValue()
+                } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "ts") {
+                    r.ts = members.skipValue()
+                } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "data") {
+                    let (length, end) = RawJSON.canonical(t, at: m.valueStart, scratch: &scratch.canonical)
+                    r.data = m.valueStart..<end
+                    r.dataLength = length
+                    members.resume(at: end)
                 }
             }
             r.span = e..<members.position

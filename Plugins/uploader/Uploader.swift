@@ -244,23 +244,18 @@ final class Uploader {
     }
 
     /// `{stream, consent?, records}` served from the params' text (`Call.paramsText`; the method
-    /// reads `.text`): the records are read from its bytes (`EnqueueParams.read(raw:)`), or, when
-    /// those cannot say, from the params parsed by json-c.
+    /// reads `.text`): the records are read from its bytes (`EnqueueParams.read(raw:)`, the one reader).
     func enqueue(_ call: Call) {
         let wall = System.wallClockMs()
         let caller = Principal(caller: call.callerInfo)  // the kit reads a repeated caller text once
-        if let p = EnqueueParams.read(raw: call.paramsText, limits: limits, wall: wall, scratch: &rawScratch) {
-            enqueue(call, caller: caller, p, keep: p.storage)
-            return
-        }
-        let tree = try? JSONRef.parse(call.paramsText, maxDepth: Plugin.maxDepth)
-        enqueue(call, caller: caller, EnqueueParams(ref: tree?.ptr, limits: limits, wall: wall), keep: tree)
+        let p = EnqueueParams.read(raw: call.paramsText, limits: limits, wall: wall, scratch: &rawScratch)
+        enqueue(call, caller: caller, p, keep: p.storage)
     }
 
-    /// What the raw reader walks into, reused by every enqueue.
+    /// What the reader walks into, reused by every enqueue.
     private var rawScratch = EnqueueParams.Scratch()
 
-    /// The enqueue's checks and queueing, whichever reader read the params. The caller must own
+    /// The enqueue's checks and queueing. The caller must own
     /// the stream (or be an admin); the records fall under the stream's fixed consent switch,
     /// which `consent`, if given, must name. `keep` holds what the records point into (besides
     /// `call`) until the group commit.

@@ -39,19 +39,15 @@ public final class Connection: UVHandleOwner {
     /// `writer.pending`, held directly: the send path appends to it with one load.
     private let pending: ByteBuffer
     private var isDirty = false
-    /// The owner wants input (`startReading`) and the peer has not shut down its side.
-    private var wantsReading = false
-    /// libuv is reading (`uv_read_start` in effect).
-    private var uvReading = false
-    private var pausedForBackpressure = false
-    /// Holds placed by `hold(until:)`, and the connections waiting for this one to drain.
-    private var holds = 0
+    /// The life phase and the input gate as one explicit state (`ConnectionGate`): input wanted,
+    /// libuv reading, backpressure, holds, the backlog's scheduling, half-close, close after
+    /// flush, closed. This class performs its effects.
+    private var gate = ConnectionGate()
+    /// The connections waiting for this one to drain (each holds it once).
     private var drainWaiters: [Connection] = []
     /// Input read but not yet dispatched because the gate closed mid-read.
     private var backlog: [UInt8] = []
-    private var backlogScheduled = false
-    private var closeWhenFlushed = false
-    public private(set) var isClosed = false
+    public var isClosed: Bool { gate.isClosed }
 
     /// The default of `flushAboveBytes`: 4 KiB. Measured with the anchors harness (64 requests of
     /// ~200 bytes in flight through the host and the echo plugin): 1.4-1.8x the round trips of
@@ -81,7 +77,7 @@ public final class Connection: UVHandleOwner {
     /// the owner decides when to close. When nil, EOF closes at once.
     public var onEOF: (() -> Void)?
     /// True after the peer shut down its sending side.
-    public private(set) var peerShutdown = false
+    public var peerShutdown: Bool { gate.peerShutdown }
 
     public var maxLineBytes: Int {
         get { framer.maxLineBytes }
@@ -131,20 +127,18 @@ public final class Connection: UVHandleOwner {
 
     public func startReading() {
         loop.preconditionInLoop()
-        guard !isClosed, !peerShutdown else { return }
-        wantsReading = true
+        guard gate.startReading() else { return }
         syncReading()
     }
 
     public func stopReading() {
         loop.preconditionInLoop()
-        wantsReading = false
+        gate.stopReading()
         syncReading()
     }
 
     /// True while input may be dispatched.
-    private var gateOpen: Bool { !isClosed && holds == 0 && !pausedForBackpressure }
-    private var canDispatch: Bool { wantsReading && gateOpen }
+    private var canDispatch: Bool { gate.canDispatch }
 
     /// Work units (one per line, more for what the owner `charge`s) dispatched from one read
     /// (or one backlog turn) before the rest waits for the next loop turn: one peer's burst
@@ -159,9 +153,8 @@ public final class Connection: UVHandleOwner {
 
     /// Makes libuv's reading match the gate, and schedules the backlog when it can go on.
     private func syncReading() {
-        let active = wantsReading && gateOpen && backlog.isEmpty
-        if active && !uvReading {
-            uvReading = true
+        let effects = gate.sync(hasBacklog: !backlog.isEmpty)
+        if effects.startRead {
             uv_read_start(
                 stream,
                 { h, _, buf in
@@ -171,17 +164,15 @@ public final class Connection: UVHandleOwner {
                     let c = Unmanaged<Connection>.fromOpaque(s!.pointee.data).takeUnretainedValue()
                     c.didRead(nread)
                 })
-        } else if !active && uvReading && !isClosed {
-            uvReading = false
+        } else if effects.stopRead {
             uv_read_stop(stream)
         }
-        if canDispatch && !backlog.isEmpty && !backlogScheduled {
+        if effects.scheduleBacklog {
             // On the next loop turn, after others' I/O (this may run inside another
             // connection's dispatch, too).
-            backlogScheduled = true
             loop.nextTurn { [weak self] in
                 guard let self else { return }
-                self.backlogScheduled = false
+                self.gate.backlogRan()
                 self.dispatchBacklog()
             }
         }
@@ -234,9 +225,8 @@ public final class Connection: UVHandleOwner {
         if nread < 0 {
             if nread == Int(UV_EOF.rawValue), let onEOF {
                 // Half-close: the peer sent everything it will send but may still read.
-                wantsReading = false
+                gate.peerShutDown()
                 syncReading()
-                peerShutdown = true
                 onEOF()
             } else {
                 close(error: nread == Int(UV_EOF.rawValue) ? 0 : Int32(nread))
@@ -246,7 +236,7 @@ public final class Connection: UVHandleOwner {
         guard nread > 0 else { return }
         let chunk = UnsafeRawBufferPointer(start: readBuffer, count: nread)
         let used = dispatch(chunk)
-        if used < nread || !deferred.isEmpty, !isClosed, wantsReading {
+        if used < nread || !deferred.isEmpty, !isClosed, gate.wantsReading {
             keepBacklog(UnsafeRawBufferPointer(rebasing: chunk[used...]))
             syncReading()
         }
@@ -258,7 +248,7 @@ public final class Connection: UVHandleOwner {
         let data = backlog
         backlog = []
         let used = data.withUnsafeBytes { dispatch($0) }
-        if used < data.count || !deferred.isEmpty, !isClosed, wantsReading {
+        if used < data.count || !deferred.isEmpty, !isClosed, gate.wantsReading {
             data.withUnsafeBytes { keepBacklog(UnsafeRawBufferPointer(rebasing: $0[used...])) }
         }
         syncReading()
@@ -275,19 +265,19 @@ public final class Connection: UVHandleOwner {
     /// `pauseAbove` (or closed): backpressure from a congested peer to whoever fills it.
     public func hold(until other: Connection) {
         guard !isClosed, !other.isClosed, other.isCongested, !other.drainWaiters.contains(where: { $0 === self }) else { return }
-        holds += 1
+        gate.hold()
         other.drainWaiters.append(self)
         syncReading()
     }
 
     /// True while held by a congested peer.
-    public var isHeld: Bool { holds > 0 }
+    public var isHeld: Bool { gate.isHeld }
 
     private func releaseWaiters() {
         let waiters = drainWaiters
         drainWaiters = []
         for w in waiters {
-            w.holds -= 1
+            w.gate.release()
             w.syncReading()
         }
     }
@@ -370,8 +360,8 @@ public final class Connection: UVHandleOwner {
             // (`flushNow`), including closing on an error met here.
             earlyWriteError = writer.flush()
         }
-        if pauseAbove > 0, pausesReadingWhenCongested, !pausedForBackpressure, queuedBytes > pauseAbove {
-            pausedForBackpressure = true
+        if pauseAbove > 0, pausesReadingWhenCongested, !gate.backpressured, queuedBytes > pauseAbove {
+            gate.setBackpressured(true)
             syncReading()
         }
     }
@@ -403,16 +393,16 @@ public final class Connection: UVHandleOwner {
     }
 
     private func afterDrain() {
-        if pausedForBackpressure, queuedBytes <= pauseAbove / 2 {
-            pausedForBackpressure = false
+        if gate.backpressured, queuedBytes <= pauseAbove / 2 {
+            gate.setBackpressured(false)
             syncReading()
         }
         if !drainWaiters.isEmpty, queuedBytes <= pauseAbove / 2 { releaseWaiters() }
-        if closeWhenFlushed, queuedBytes == 0 { close() }
+        if gate.closeWhenFlushed, queuedBytes == 0 { close() }
     }
 
     /// True while reading is paused because the peer is not taking its output.
-    public var isBackpressured: Bool { pausedForBackpressure }
+    public var isBackpressured: Bool { gate.backpressured }
 
     /// Refuses a just-accepted connection: writes `line` (and a newline) if the socket takes it
     /// at once, never queueing, then closes. The descriptor is released immediately.
@@ -425,8 +415,9 @@ public final class Connection: UVHandleOwner {
 
     /// Closes once everything queued has been written.
     public func closeAfterFlush() {
-        closeWhenFlushed = true
-        stopReading()
+        loop.preconditionInLoop()
+        gate.closeAfterFlush()
+        syncReading()
         if queuedBytes == 0 { close() } else { markDirty() }
     }
 
@@ -435,10 +426,9 @@ public final class Connection: UVHandleOwner {
     public func close(error: Int32 = 0) {
         loop.preconditionInLoop()
         guard !isClosed else { return }
-        isClosed = true
+        let stopRead = gate.close()
         closeError = error
-        if uvReading { uv_read_stop(stream) }
-        uvReading = false
+        if stopRead { uv_read_stop(stream) }
         backlog = []
         releaseWaiters()
         handle.close()

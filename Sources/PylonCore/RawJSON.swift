@@ -61,7 +61,7 @@ public enum RawJSON {
     }
 
     /// `i` at an opening quote; returns the index after the closing quote.
-    static func skipString(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {
+    public static func skipString(_ t: UnsafeRawBufferPointer, _ i: Int) -> Int {
         var i = i + 1
         while i < t.count {
             i = skipPlain(t, i, stopAtControl: false)
@@ -238,13 +238,28 @@ extension RawJSON {
     struct Scanner {
         let t: UnsafeRawBufferPointer
         let maxDepth: Int
+        /// Whether the scan decides everything itself (`validate`): keys with escapes, `\uD...`
+        /// escapes and keys holding U+0000 are then ordinary, and nesting beyond `maxDepth` is
+        /// invalid (`tooDeep`) instead of unsure.
+        let decides: Bool
         var i = 0
         /// Set when the scan stopped at something it does not judge (see `ScanOutcome.unsure`).
         var unsure = false
+        /// Set when the scan stopped at a container nested beyond `maxDepth`.
+        var tooDeep = false
 
-        init(t: UnsafeRawBufferPointer, maxDepth: Int) {
+        init(t: UnsafeRawBufferPointer, maxDepth: Int, decides: Bool = false) {
             self.t = t
             self.maxDepth = maxDepth
+            self.decides = decides
+        }
+
+        /// One JSON text: a value with nothing but whitespace around it (`validate`).
+        mutating func document() -> Bool {
+            ws()
+            guard value(depth: 0) else { return false }
+            ws()
+            return i == t.count
         }
 
         @inline(__always) mutating func ws() { i = RawJSON.skipSpace(t, i) }
@@ -288,6 +303,12 @@ extension RawJSON {
         /// A value starting at `i`, inside `depth` levels of containers.
         mutating func value(depth: Int) -> Bool {
             guard i < t.count else { return false }
+            // In `validate`, a scalar inside `depth` containers is a level of its own, as json-c
+            // counts them (`[[0]]` is 3 levels, `[[]]` 2).
+            if decides, depth >= maxDepth, t[i] != UInt8(ascii: "{"), t[i] != UInt8(ascii: "[") {
+                tooDeep = true
+                return false
+            }
             switch t[i] {
             case UInt8(ascii: "\""): return string() != nil
             case UInt8(ascii: "{"): return container(depth: depth + 1, close: UInt8(ascii: "}"), keyed: true)
@@ -301,7 +322,10 @@ extension RawJSON {
         }
 
         mutating func container(depth: Int, close: UInt8, keyed: Bool) -> Bool {
-            guard depth <= maxDepth else { unsure = true; return false }
+            guard depth <= maxDepth else {
+                if decides { tooDeep = true } else { unsure = true }
+                return false
+            }
             i += 1
             ws()
             if i < t.count, t[i] == close { i += 1; return true }
@@ -312,7 +336,7 @@ extension RawJSON {
                     guard i < t.count, t[i] == UInt8(ascii: "\""), let escaped = string() else { return false }
                     // json-c cuts a key at U+0000, other parsers do not: json-c's to judge
                     // (the host refuses such keys).
-                    if escaped, RawJSON.jsonCKeyName(t, (keyStart + 1)..<(i - 1)).hadNUL { unsure = true; return false }
+                    if !decides, escaped, RawJSON.jsonCKeyName(t, (keyStart + 1)..<(i - 1)).hadNUL { unsure = true; return false }
                     ws()
                     guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
                     i += 1
@@ -384,8 +408,9 @@ extension RawJSON {
                     case UInt8(ascii: "u"):
                         guard i + 4 < t.count else { return nil }
                         for k in 1...4 where !isHex(t[i + k]) { return nil }
-                        // Surrogates are json-c's to judge (lone halves and pairs): not sure here.
-                        if t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { unsure = true; return nil }
+                        // Surrogates are json-c's to judge (lone halves and pairs): not sure here. In
+                        // `validate` they are grammar like any `\u` (a lone half decodes to U+FFFD).
+                        if !decides, t[i + 1] == UInt8(ascii: "d") || t[i + 1] == UInt8(ascii: "D") { unsure = true; return nil }
                         i += 5
                     default:
                         return nil
@@ -491,59 +516,10 @@ extension RawJSON {
     /// escapes decoded, and cut at the first U+0000, since json-c keeps an object's keys as C
     /// strings (`"id\u0000x"` is its `id`). `hadNUL` says the key held one.
     public static func jsonCKeyName(_ t: UnsafeRawBufferPointer, _ key: Range<Int>) -> (name: [UInt8], hadNUL: Bool) {
-        var out: [UInt8] = []
-        var i = key.lowerBound
-        @inline(__always) func hex4(_ at: Int) -> UInt32? {
-            guard at + 4 <= key.upperBound else { return nil }
-            var v: UInt32 = 0
-            for j in at..<(at + 4) {
-                let c = t[j]
-                let d: UInt8
-                switch c {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"): d = c - UInt8(ascii: "0")
-                case UInt8(ascii: "a")...UInt8(ascii: "f"): d = c - UInt8(ascii: "a") + 10
-                case UInt8(ascii: "A")...UInt8(ascii: "F"): d = c - UInt8(ascii: "A") + 10
-                default: return nil
-                }
-                v = v << 4 | UInt32(d)
-            }
-            return v
-        }
-        func append(scalar v: UInt32) {
-            let u = Unicode.Scalar(v) ?? "\u{FFFD}"
-            out.append(contentsOf: String(u).utf8)
-        }
-        while i < key.upperBound {
-            let c = t[i]
-            guard c == UInt8(ascii: "\\"), i + 1 < key.upperBound else {
-                if c == 0 { return (out, true) }
-                out.append(c)
-                i += 1
-                continue
-            }
-            let e = t[i + 1]
-            i += 2
-            switch e {
-            case UInt8(ascii: "b"): out.append(0x08)
-            case UInt8(ascii: "f"): out.append(0x0C)
-            case UInt8(ascii: "n"): out.append(0x0A)
-            case UInt8(ascii: "r"): out.append(0x0D)
-            case UInt8(ascii: "t"): out.append(0x09)
-            case UInt8(ascii: "u"):
-                guard var v = hex4(i) else { return (out, false) }
-                i += 4
-                if v == 0 { return (out, true) }
-                if (0xD800..<0xDC00).contains(v), i + 6 <= key.upperBound, t[i] == UInt8(ascii: "\\"), t[i + 1] == UInt8(ascii: "u"),
-                    let lo = hex4(i + 2), (0xDC00..<0xE000).contains(lo)
-                {
-                    v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00)
-                    i += 6
-                }
-                append(scalar: v)
-            default: out.append(e)  // \" \\ \/
-            }
-        }
-        return (out, false)
+        var name = decode(t, key)
+        guard let nul = name.firstIndex(of: 0) else { return (name, false) }
+        name.removeSubrange(nul...)
+        return (name, true)
     }
 
     /// The value spans of every member of the top-level object of `line` (JSON json-c accepted)
@@ -715,165 +691,5 @@ extension RawJSON {
     @inline(__always) public static func contains(_ t: UnsafeRawBufferPointer, _ r: Range<Int>, _ byte: UInt8) -> Bool {
         guard !r.isEmpty else { return false }
         return memchr(t.baseAddress! + r.lowerBound, Int32(byte), r.count) != nil
-    }
-
-    /// What json-c would print for the value at `span` of validated JSON text `t` (compact, "/"
-    /// not escaped: `flagsPlain`), when that is certain from the bytes alone: the value with the
-    /// whitespace between tokens removed. Writes it to `out` (room for `span.count` bytes) when
-    /// given; returns its length. nil when json-c's text could differ in more than whitespace: a
-    /// string or key with an escape other than `\" \\ \b \f \n \r \t` (json-c decodes `\/` and
-    /// `\u`), an integer it would rewrite (`-0`, beyond Int64), or a key repeated in one object
-    /// (json-c keeps the last). Numbers with a fraction or exponent keep their text in json-c.
-    public static func jsonCText(_ t: UnsafeRawBufferPointer, _ span: Range<Int>, into out: UnsafeMutableRawPointer? = nil) -> Int? {
-        jsonCText(t, at: span.lowerBound, into: out)?.length
-    }
-
-    /// `jsonCText` of the value starting at `start`, and the index just past that value.
-    public static func jsonCText(_ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil) -> (
-        length: Int, end: Int
-    )? {
-        var scratch: [Range<Int>] = []
-        return jsonCText(t, at: start, into: out, scratch: &scratch)
-    }
-
-    /// `jsonCText(_:at:into:)` for a caller that walks many values: `scratch` (left empty) holds
-    /// the walk's list of keys, so its storage is allocated once for all of them.
-    public static func jsonCText(
-        _ t: UnsafeRawBufferPointer, at start: Int, into out: UnsafeMutableRawPointer? = nil, scratch: inout [Range<Int>]
-    ) -> (length: Int, end: Int)? {
-        var w = JSONCWriter(t: t, out: out)
-        swap(&w.keys, &scratch)
-        defer {
-            swap(&w.keys, &scratch)
-            scratch.removeAll(keepingCapacity: true)
-        }
-        var i = start
-        guard w.value(&i, depth: 0) else { return nil }
-        return (w.n, i)
-    }
-
-    /// The walk of `jsonCText`.
-    struct JSONCWriter {
-        let t: UnsafeRawBufferPointer
-        let out: UnsafeMutableRawPointer?
-        var n = 0
-        /// The keys of the objects being walked, outermost first (each object's own after the
-        /// count it found on entry): one array for the whole walk, not one per object.
-        var keys: [Range<Int>] = []
-        /// Containers nested deeper than this are left to json-c (the recursion stays bounded).
-        static let maxDepth = 256
-
-        @inline(__always) mutating func copy(_ r: Range<Int>) {
-            if let out, !r.isEmpty { (out + n).copyMemory(from: t.baseAddress! + r.lowerBound, byteCount: r.count) }
-            n += r.count
-        }
-
-        @inline(__always) mutating func byte(_ b: UInt8) {
-            out?.storeBytes(of: b, toByteOffset: n, as: UInt8.self)
-            n += 1
-        }
-
-        mutating func value(_ i: inout Int, depth: Int) -> Bool {
-            i = skipSpace(t, i)
-            guard i < t.count else { return false }
-            switch t[i] {
-            case UInt8(ascii: "\""):
-                return string(&i)
-            case UInt8(ascii: "{"), UInt8(ascii: "["):
-                guard depth < JSONCWriter.maxDepth else { return false }
-                let keyed = t[i] == UInt8(ascii: "{")
-                let close = keyed ? UInt8(ascii: "}") : UInt8(ascii: "]")
-                byte(t[i])
-                i += 1
-                let ownKeys = keys.count
-                defer { keys.removeLast(keys.count - ownKeys) }
-                var first = true
-                while true {
-                    i = skipSpace(t, i)
-                    guard i < t.count else { return false }
-                    if t[i] == close { byte(close); i += 1; return true }
-                    if !first {
-                        guard t[i] == UInt8(ascii: ",") else { return false }
-                        byte(UInt8(ascii: ","))
-                        i = skipSpace(t, i + 1)
-                    }
-                    first = false
-                    if keyed {
-                        guard i < t.count, t[i] == UInt8(ascii: "\"") else { return false }
-                        let keyStart = i
-                        guard string(&i) else { return false }
-                        let key = keyStart..<i
-                        for k in keys[ownKeys...]
-                        where k.count == key.count
-                            && RawJSON.equals(t, k.lowerBound, k.upperBound, UnsafeRawBufferPointer(rebasing: t[key]))
-                        {
-                            return false
-                        }
-                        keys.append(key)
-                        i = skipSpace(t, i)
-                        guard i < t.count, t[i] == UInt8(ascii: ":") else { return false }
-                        byte(UInt8(ascii: ":"))
-                        i += 1
-                    }
-                    guard value(&i, depth: depth + 1) else { return false }
-                }
-            case UInt8(ascii: "t"), UInt8(ascii: "f"), UInt8(ascii: "n"):
-                let start = i
-                while i < t.count, t[i] >= UInt8(ascii: "a"), t[i] <= UInt8(ascii: "z") { i += 1 }
-                copy(start..<i)
-                return true
-            default:
-                let start = i
-                var integer = true
-                while i < t.count {
-                    let c = t[i]
-                    if c == UInt8(ascii: ".") || c == UInt8(ascii: "e") || c == UInt8(ascii: "E") {
-                        integer = false
-                    } else if !(c == UInt8(ascii: "-") || c == UInt8(ascii: "+") || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9"))) {
-                        break
-                    }
-                    i += 1
-                }
-                guard i > start else { return false }
-                if integer {
-                    // json-c prints the integer it read: `-0` becomes `0`, out-of-range values clamp.
-                    // (plainInt reads magnitudes as positive Int64s, so Int64.min is spelled out.)
-                    guard RawJSON.plainInt(t, start..<i) != nil || RawJSON.equals(t, start, i, "-9223372036854775808"),
-                        !RawJSON.equals(t, start, i, "-0")
-                    else { return false }
-                }
-                copy(start..<i)
-                return true
-            }
-        }
-
-        /// A string at `i` (its opening quote), copied when json-c would print it as written.
-        mutating func string(_ i: inout Int) -> Bool {
-            let start = i
-            i += 1
-            while i < t.count {
-                i = RawJSON.skipPlain(t, i, stopAtControl: false)
-                guard i < t.count else { return false }
-                let c = t[i]
-                if c == UInt8(ascii: "\"") {
-                    i += 1
-                    copy(start..<i)
-                    return true
-                }
-                if c == UInt8(ascii: "\\") {
-                    guard i + 1 < t.count else { return false }
-                    switch t[i + 1] {
-                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"),
-                        UInt8(ascii: "t"):
-                        i += 2
-                    default:
-                        return false
-                    }
-                    continue
-                }
-                i += 1
-            }
-            return false
-        }
     }
 }

@@ -51,12 +51,12 @@ extension Bus {
     func handleBatch(_ peer: Peer, _ line: UnsafeRawBufferPointer, count: Int) {
         let limit = config.limits.maxBatchMembers
         guard count > 0 else {
-            protocolErrors += 1
+            counters.protocolErrors += 1
             sendError(peer.conn, id: nil, RPCError(.invalidRequest, "an empty batch is not a request"))
             return
         }
         guard count <= limit else {
-            protocolErrors += 1
+            counters.protocolErrors += 1
             sendError(
                 peer.conn, id: nil,
                 RPCError(
@@ -66,14 +66,14 @@ extension Bus {
         }
         let start = RawJSON.skipSpace(line, 0)
         let batch = BatchReply(peer: peer)
-        batches += 1
+        counters.batches += 1
         currentBatch = batch
         for span in RawJSON.Elements(line, start..<line.count) {
             let member = UnsafeRawBufferPointer(rebasing: line[span])
             if member.first == UInt8(ascii: "{") {
                 handleLine(peer, member)
             } else {
-                protocolErrors += 1
+                counters.protocolErrors += 1
                 sendError(peer.conn, id: nil, RPCError(.invalidRequest, "a batch member must be a JSON object"))
             }
             if peer.closed { break }
@@ -82,7 +82,7 @@ extension Bus {
         batch.sealed = true
         if let target = batch.congested, !peer.closed {
             peer.conn.hold(until: target.conn)
-            heldForCongestion += 1
+            counters.heldForCongestion += 1
         }
         finishBatch(batch)
     }

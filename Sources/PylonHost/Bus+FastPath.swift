@@ -62,7 +62,7 @@ extension Bus {
         }
         guard case .forward(let target, let timeoutMs, _) = decision, !unsure, !takesParamCheck(target, method) else { return false }
         forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
-        fastRouted += 1
+        counters.fastRouted += 1
         return true
     }
 
@@ -79,7 +79,7 @@ extension Bus {
         else { return false }
         if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
-        fastRouted += 1
+        counters.fastRouted += 1
         return true
     }
 
@@ -99,7 +99,7 @@ extension Bus {
             let ownOver = origin.conn.queuedBytes + line.count > max(limits.closeAboveQueuedBytes, limits.maxQueuedBytes)
             let uidOver = origin.credentials.map { queuedBytes(ofUid: $0.uid) + line.count > limits.maxQueuedBytesPerUid } ?? false
             if ownOver || uidOver {
-                slowReadersClosed += 1
+                counters.slowReadersClosed += 1
                 log.warn(
                     "client disconnected: it does not read its replies",
                     [

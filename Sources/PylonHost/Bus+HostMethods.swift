@@ -61,7 +61,7 @@ extension Bus {
     }
 
     /// A required non-empty string parameter; `aliases` are accepted spellings (documented).
-    private func str(_ params: JSON?, _ key: String, aliases: [String] = []) throws(RPCError) -> String {
+    func str(_ params: JSON?, _ key: String, aliases: [String] = []) throws(RPCError) -> String {
         for k in [key] + aliases {
             if let s = params?[k]?.stringValue, !s.isEmpty { return s }
         }
@@ -81,7 +81,7 @@ extension Bus {
                 "state": .string(s.life.state.rawValue), "restarts": .int(Int64(s.life.restarts)),
                 "uptime_s": s.life.runningSince.map { .double(Double(now - $0) / 1000) } ?? .int(0),
                 "requests_served": .int(Int64(s.served)),
-                "inflight": .int(Int64(pending.values.reduce(0) { $0 + ($1.target === s.peer && s.peer != nil ? 1 : 0) })),
+                "inflight": .int(Int64(s.peer.map { pending.count(targeting: $0.id) } ?? 0)),
                 "queued_bytes": .int(Int64(s.peer?.conn.queuedBytes ?? 0)),
                 "restart_policy": .string(s.config.policy.restart.rawValue),
                 "version": s.manifest.map { .string($0.version) } ?? .null,
@@ -119,18 +119,18 @@ extension Bus {
             "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
             "plugins": .array(plugins), "clients": .array(clients), "clients_total": .int(Int64(clientCount)),
             "counters": [
-                "routed": .int(Int64(routed)), "routed_fast": .int(Int64(fastRouted)),
+                "routed": .int(Int64(counters.routed)), "routed_fast": .int(Int64(counters.fastRouted)),
                 "inflight": .int(
                     Int64(
                         pending.values.reduce(0) {
                             $1.isHostCall ? $0 : $0 + 1
                         })),
-                "timeouts": .int(Int64(timeouts)), "protocol_errors": .int(Int64(protocolErrors)),
-                "published": .int(Int64(published)), "held_for_congestion": .int(Int64(heldForCongestion)),
-                "slow_readers_closed": .int(Int64(slowReadersClosed)), "batches": .int(Int64(batches)),
-                "dropped_for_uid_queue": .int(Int64(droppedForUidQueue)),
+                "timeouts": .int(Int64(counters.timeouts)), "protocol_errors": .int(Int64(counters.protocolErrors)),
+                "published": .int(Int64(counters.published)), "held_for_congestion": .int(Int64(counters.heldForCongestion)),
+                "slow_readers_closed": .int(Int64(counters.slowReadersClosed)), "batches": .int(Int64(counters.batches)),
+                "dropped_for_uid_queue": .int(Int64(counters.droppedForUidQueue)),
                 "connections_refused": .int(Int64(refusedTotal)),
-                "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(monitorsDropped)),
+                "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(counters.monitorsDropped)),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),
@@ -183,26 +183,20 @@ extension Bus {
                         data: ["limit": "maxSubscriptionsPerConnection"])
                 }
                 peer.subscriptions.append(p)
+                subscriptions.add(p, peer.id)
             }
         } else {
             peer.subscriptions.removeAll { $0 == p }
+            subscriptions.remove(p, peer.id)
         }
         return ["subscriptions": .array(peer.subscriptions.map { .string($0.text) })]
     }
 
     func publishMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         let topic = try str(params, "topic")
-        // It becomes the notification's method: the method-name rule.
-        guard InboundEnvelope.isValidMethodName(topic) else {
-            throw RPCError(.invalidParams, "topic must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
-        }
-        guard !HostMethod.isHostNamespace(topic) else {
-            throw RPCError(.notPermitted, "topics bus.* and consent.* are published by the host only")
-        }
-        let ns = topic.split(separator: ".", maxSplits: 1).first.map(String.init) ?? topic
-        guard slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
-            throw RPCError(.notPermitted, "topics \(ns).* are published by the \(ns) plugin only")
-        }
+        // It becomes the notification's method: the method-name rule, and no namespace of the
+        // host's or a plugin's.
+        if let e = policy.publishRefusal(topic, configured: { slots[$0] != nil }) { throw e }
         let data = params?["data"] ?? params?["params"] ?? .null
         switch data {
         case .null, .object, .array: break
@@ -226,13 +220,8 @@ extension Bus {
         }
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
+            if let e = policy.provideRefusal(n, configured: { slots[$0] != nil }) { throw e }
             let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
-            guard n.contains("."), !n.hasSuffix("."), InboundEnvelope.isValidMethodName(n) else {
-                throw RPCError(.invalidParams, "cannot provide \(n): use <namespace>.<name> (printable ASCII)")
-            }
-            guard ns != "bus", ns != "consent", slots[ns] == nil, !config.disclosure.reservedNamespaces.contains(ns) else {
-                throw RPCError(.notPermitted, "cannot provide \(n): \(ns).* belongs to the host or a plugin")
-            }
             if add, let other = provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
@@ -275,143 +264,6 @@ extension Bus {
         log.info("manual restart requested", ["plugin": name])
         supervise(slot) { $0.restartRequested(now: $1) }
         return ["plugin": .string(name), "state": .string(slot.life.state.rawValue)]
-    }
-
-    // MARK: Consent
-
-    /// `switches`: each switch's own value (both layers; plugins read this); `operator` and
-    /// `app`: each layer as set.
-    /// The consent state. `all` false (a client that is not an admin): only the `device` master
-    /// switch — the other switches name other users' apps (`ma:<appKey>`, `gtm:<containerId>`);
-    /// `consent.get` answers for a switch the caller names.
-    func consentJSON(all: Bool = true) -> JSON {
-        func map(_ d: [String: Bool]) -> JSON {
-            var o = JSONObject()
-            for k in d.keys.sorted() where all || k == ConsentStore.master { o[k] = .bool(d[k]!) }
-            return .object(o)
-        }
-        return [
-            "master": .bool(consent.masterGranted), "epoch": .int(Int64(consent.epoch)),
-            "switches": map(consent.effective), "operator": map(consent.switches), "app": map(consent.appSwitches),
-        ]
-    }
-
-    func consentGet(_ params: JSON?) throws(RPCError) -> JSON {
-        let key = try str(params, "key", aliases: ["switch", "name"])
-        return [
-            "key": .string(key), "granted": .bool(consent.isGranted(key)),
-            "explicit": consent.explicitValue(key).map { .bool($0) } ?? .null,
-            "app": consent.appValue(key).map { .bool($0) } ?? .null,
-            "master": .bool(consent.masterGranted),
-        ]
-    }
-
-    func consentSet(_ params: JSON?, layer: ConsentStore.Layer) throws(RPCError) -> JSON {
-        let key = try str(params, "key", aliases: ["switch", "name"])
-        if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
-        guard let granted = (params?["granted"] ?? params?["enabled"] ?? params?["value"])?.boolValue else {
-            throw RPCError(.invalidParams, "params.granted (true or false) is required")
-        }
-        if layer == .app && key == ConsentStore.master {
-            throw RPCError(.notPermitted, "the \(ConsentStore.master) master switch is the operator's")
-        }
-        return try applyConsent(key, layer: layer) { $0.set(key, granted: granted, layer: layer) }
-    }
-
-    /// `consent.clear`: the switch of `layer` (default the operator's) back to "never set".
-    func consentClear(_ params: JSON?) throws(RPCError) -> JSON {
-        let key = try str(params, "key", aliases: ["switch", "name"])
-        if let why = ConsentStore.validate(key: key) { throw RPCError(.invalidParams, why) }
-        let layer: ConsentStore.Layer
-        switch params?["layer"]?.stringValue ?? "operator" {
-        case "operator": layer = .operatorLayer
-        case "app": layer = .app
-        default: throw RPCError(.invalidParams, "params.layer must be \"operator\" or \"app\"")
-        }
-        var r = try applyConsent(key, layer: layer) { $0.clear(key, layer: layer) }
-        if case .object(var o) = r {
-            o["cleared"] = true
-            r = .object(o)
-        }
-        return r
-    }
-
-    /// Applies `change` to the switches: persisted first (nothing changes if the file cannot be
-    /// written), then, if the effective value changed, `consent.changed` to every plugin and to
-    /// subscribed clients.
-    private func applyConsent(
-        _ key: String, layer: ConsentStore.Layer, _ change: (inout ConsentStore) -> Bool
-    ) throws(RPCError) -> JSON {
-        var next = consent
-        let changed = change(&next)
-        if next != consent {
-            do throws(IOError) {
-                try System.writeFileAtomically(atPath: consentPath, contents: Array(next.snapshot.serialized.utf8))
-            } catch {
-                throw RPCError(.internalError, "could not persist consent: \(error)")
-            }
-            consent = next
-        }
-        let effective = key == ConsentStore.master ? consent.masterGranted : consent.ownValue(key)
-        if changed {
-            log.info("consent changed", ["key": key, "granted": effective, "layer": layer.rawValue, "epoch": consent.epoch])
-            // Queued on every plugin channel before anything routed after this point.
-            let note = Envelope.notification(
-                method: HostTopic.consentChanged,
-                params: .value([
-                    "key": .string(key), "granted": .bool(effective), "epoch": .int(Int64(consent.epoch)),
-                    "master": .bool(consent.masterGranted),
-                ]))
-            // Clients get it as a publication (subscribers only, admins only by default); never
-            // dropped for a slow reader, unlike other publications.
-            let adminOnly = isAdminTopic(HostTopic.consentChanged)
-            note.withUnsafeBytes { line in
-                for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.sendLine(line) } }
-                for p in peers.values where !p.isPlugin && p.subscriptions.contains(where: { $0.matches(HostTopic.consentChanged) }) {
-                    if adminOnly && !isAdmin(p) { continue }
-                    p.conn.sendLine(line)
-                }
-            }
-        }
-        return [
-            "key": .string(key), "granted": .bool(effective), "layer": .string(layer.rawValue), "changed": .bool(changed),
-            "epoch": .int(Int64(consent.epoch)),
-        ]
-    }
-
-    /// Loads persisted switches. No file means nothing was ever set (all granted). A file that
-    /// exists but cannot be read or understood fails closed: the master switch is denied until an
-    /// operator sets consent again, because granting by accident is the worse error.
-    func loadConsent() {
-        var problem: String
-        let bytes: [UInt8]?
-        do throws(IOError) {
-            bytes = try System.readFile(atPath: consentPath)
-            problem = "unreadable"
-        } catch {
-            if error.errnoCode == ENOENT { return }
-            bytes = nil
-            problem = "unreadable (\(error))"
-        }
-        if let bytes {
-            var parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
-            if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
-                parsed = nil
-                problem = "damaged (key \(dup) appears twice)"
-            }
-            switch parsed.map(ConsentStore.restore) {
-            case .success(let restored)?:
-                consent = restored
-                return
-            case .failure(let e)?: problem = "not a consent snapshot (\(e.reason))"
-            case nil: if !problem.hasPrefix("damaged") { problem = "not JSON" }
-            }
-        }
-        log.error(
-            "consent file \(problem); collection denied (master switch) until consent is set again",
-            ["path": consentPath])
-        consent = ConsentStore()
-        consent.set(ConsentStore.master, granted: false)
     }
 }
 

@@ -75,7 +75,7 @@ extension Bus {
             }
         }
         for peer in over {
-            monitorsDropped += 1
+            counters.monitorsDropped += 1
             log.warn(
                 "monitor disconnected: it does not read its events",
                 ["client": peer.id, "queued_bytes": peer.conn.queuedBytes, "limit": "maxMonitorQueuedBytes"])

@@ -14,6 +14,8 @@ final class Peer {
     let connectedAtMs: UInt64
     /// Requests this peer sent that still await a reply.
     var inflight = 0
+    /// Topic patterns: a client's `bus.subscribe`s, a plugin's manifest `subscribes` (from its
+    /// handshake); mirrored in `Bus.subscriptions`.
     var subscriptions: [TopicPattern] = []
     /// Methods this client serves for others (`bus.provide`).
     var provided: Set<String> = []

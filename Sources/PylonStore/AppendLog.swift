@@ -22,6 +22,9 @@ import Glibc
 public final class AppendLog {
     /// The longest frame body read back or written (a longer length field is a torn tail).
     public static let maxFrameBytes = 64 << 20
+    /// The largest file opened (its owner compacts long before; a larger one is refused with
+    /// `EFBIG`, not read into memory).
+    public static let maxFileBytes = 256 << 20
     public static let headBytes = 8
 
     public let path: String
@@ -41,7 +44,7 @@ public final class AppendLog {
         self.magic = magic
         fd = try System.syscall("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         do throws(IOError) {
-            let data = try System.readFile(atPath: path, maxBytes: Int.max)
+            let data = try System.readFile(atPath: path, maxBytes: Self.maxFileBytes)
             if data.isEmpty {
                 try writeAll(magic)
                 bytes = magic.count

@@ -4,11 +4,13 @@ import Testing
 @testable import PylonPluginKit
 @testable import pylon_ma
 
-/// The two readers of `ma.eventRecord` params agree: whatever the raw reader (the request's
-/// bytes) decides is what the json-c reader decides — the same AppKey, the same -3 message, or
-/// the same event text — and it decides ordinary requests itself.
+/// The one reader of `ma.eventRecord` params (`EventParams.read`): on random params, what it
+/// reads is what json-c reads (json-c is the oracle: a reference model of ma.md's rules on
+/// json-c's tree gives the same AppKey, the same verdict and -3 message, or the same event name
+/// and a properties text json-c reads as the same value), and the properties it stores are
+/// canonical (reading them again gives the same bytes).
 struct EventParamsTests {
-    /// One reader's outcome as comparable text: the AppKey, then the message or the event's record.
+    /// The reader's outcome as comparable text: the AppKey, then the message or the event's record.
     static func describe(_ p: EventParams, _ t: UnsafeRawBufferPointer) -> String {
         let head = "appKey=\(p.appKey.map { "[\($0)]" } ?? "<nil>") "
         if let why = p.invalid { return head + "invalid " + why }
@@ -21,78 +23,103 @@ struct EventParamsTests {
         }
     }
 
-    /// Both readers on `text`: (json-c's outcome, the raw reader's or nil when it declined).
-    static func outcomes(_ text: String) throws -> (jsonC: String, raw: String?) {
-        try Array(text.utf8).withUnsafeBytes { t throws -> (String, String?) in
-            let tree = try JSONRef.parse(t, maxDepth: Plugin.maxDepth)
-            return (describe(EventParams(ref: tree.ptr), t), EventParams.read(raw: t).map { describe($0, t) })
-        }
+    static func outcome(_ text: String) -> String {
+        Array(text.utf8).withUnsafeBytes { describe(EventParams.read($0), $0) }
     }
 
-    @Test func randomParamsGiveTheSameOutcomeThroughBothReaders() throws {
+    /// ma.md's rules on json-c's reading of the params (the oracle): nil when valid, else the
+    /// message (json-c's member order).
+    static func expectedInvalid(_ p: JSON) -> String? {
+        guard case .string(let name)? = p["eventName"] else { return EventValidation.nameRequired }
+        if let why = Array(name.utf8).withUnsafeBytes({ EventValidation.checkName($0) }) { return why }
+        guard let property = p["property"], property != .null else { return nil }
+        guard case .object(let o) = property else { return EventValidation.propertyNotObject }
+        if o.keys.count > EventValidation.maxProperties { return EventValidation.tooManyProperties(o.keys.count) }
+        func value(_ v: JSON) -> String? {
+            switch v {
+            case .string(let s): return s.utf8.count > EventValidation.maxStringBytes ? EventValidation.stringTooLong : nil
+            case .double(let d): return d.isFinite ? nil : EventValidation.notFinite
+            case .array(let a): return a.lazy.compactMap(value).first
+            case .object(let o):
+                for k in o.keys {
+                    if k.utf8.count > EventValidation.maxStringBytes { return EventValidation.keyTooLong }
+                    if let w = value(o[k]!) { return w }
+                }
+                return nil
+            default: return nil
+            }
+        }
+        for k in o.keys {
+            let key = Array(k.utf8)
+            if let why = key.withUnsafeBytes({ EventValidation.checkKey($0) }) {
+                return key.withUnsafeBytes { EventValidation.badKey($0, why) }
+            }
+            if let why = value(o[k]!) { return key.withUnsafeBytes { EventValidation.badValue($0, why) } }
+        }
+        return nil
+    }
+
+    @Test func randomParamsReadAsJsonCReadsThem() throws {
         var g = EventGenerator(seed: 2027)
-        var decided = 0
-        var declined = 0
         var recorded = 0
         var invalid = 0
         for _ in 0..<8000 {
             let text = g.params()
-            let (viaJSONC, viaRaw) = try Self.outcomes(text)
-            if let viaRaw {
-                #expect(viaRaw == viaJSONC, "\(text)")
-                decided += 1
-                if viaRaw.contains(" record ") { recorded += 1 } else { invalid += 1 }
-            } else {
-                declined += 1
+            let bytes = Array(text.utf8)
+            // The host refuses a key holding U+0000 (json-c cuts it there): never a plugin's input.
+            guard !bytes.withUnsafeBytes({ RawJSON.hasNULKey($0) }) else { continue }
+            let j = try JSON.parse(text)
+            let want = Self.expectedInvalid(j)
+            bytes.withUnsafeBytes { t in
+                let got = EventParams.read(t)
+                #expect(got.appKey == j["appKey"]?.stringValue, "\(text)")
+                #expect((got.invalid == nil) == (want == nil), "\(text): \(got.invalid ?? "valid") / \(want ?? "valid")")
+                // With a repeated key, the first failure in member order may be another member's.
+                if RawJSON.duplicateKey(in: t) == nil { #expect(got.invalid == want, "\(text)") }
+                guard got.invalid == nil else {
+                    invalid += 1
+                    return
+                }
+                recorded += 1
+                got.withEvent(params: t) { name, properties in
+                    #expect(String(decoding: name, as: UTF8.self) == j["eventName"]?.stringValue, "\(text)")
+                    let stored = try? JSON.parse(String(decoding: properties, as: UTF8.self))
+                    let expected = j["property"].flatMap { $0 == .null ? nil : $0 } ?? .object([:])
+                    #expect(stored?.isSameValue(as: expected) == true, "\(text)")
+                    #expect(RawJSON.canonicalBytes(properties).elementsEqual(properties), "not canonical: \(text)")
+                }
             }
         }
-        #expect(
-            decided > 3000 && declined > 500 && recorded > 1500 && invalid > 1200,
-            "decided \(decided), declined \(declined), recorded \(recorded), invalid \(invalid)")
+        #expect(recorded > 1500 && invalid > 1200, "recorded \(recorded), invalid \(invalid)")
     }
 
-    @Test func ordinaryRequestsAreReadFromTheBytes() throws {
-        let cases = [
-            // pylon-bench ma, the anchors' pylon_ma row, the python client (compact, UTF-8 as is).
-            #"{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}"#,
-            #"{"appKey":"bench","eventName":"purchase","property":{"sku":"A-1","price":9.99,"session":"3f2a9c1e-7b4d-4e8a-9c21-5d6e7f8a9b0c"}}"#,
-            #"{"eventName":"页面","property":{"title":"é 😀","tags":["a","b"],"n":null,"ok":true,"pos":{"x":-1.5e3,"y":0}}}"#,
-            #"{"eventName":"tap"}"#,
-            #"{"eventName":"tap","property":null,"appKey":" bench "}"#,
-            // Pretty-printed: the record holds the properties compact, as json-c prints them.
-            #"{ "appKey": "bench", "eventName": "tap", "property": { "a": [1, 2], "b": { "c": "line\nbreak" } } }"#,
+    @Test func propertiesAreStoredCanonical() {
+        let cases: [(String, String)] = [
+            // pylon-bench ma: compact already, stored as written.
+            (
+                #"{"appKey":"bench","eventName":"purchase","property":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}}"#,
+                #""properties":{"sku":"SKU-1","price":1999,"currency":"EUR","screen":"checkout"}"#
+            ),
+            (#"{"eventName":"tap"}"#, #""properties":{}"#),
+            (#"{"eventName":"tap","property":null,"appKey":" bench "}"#, "appKey=[ bench ] record"),
+            // Pretty-printed: compact, escapes as written, numbers as written.
+            (
+                #"{ "appKey": "bench", "eventName": "tap", "property": { "a": [1, -0, 1E2], "b": { "c": "line\nbreak \/ \u00e9" } } }"#,
+                #""properties":{"a":[1,-0,1E2],"b":{"c":"line\nbreak \/ \u00e9"}}"#
+            ),
+            // A repeated key: its last member only (keys compared decoded).
+            (#"{"eventName":"tap","property":{"k":1,"j":2,"\u006b":"x"}}"#, #""properties":{"j":2,"\u006b":"x"}"#),
+            // Keys and the name decoded.
+            (#"{"event\u004eame":"t\u0061p","\u0061ppKey":"\u0062ench"}"#, "appKey=[bench] record"),
+            (#"{"eventName":"t\u0061p"}"#, "nameBytes=3"),
         ]
-        for text in cases {
-            let (viaJSONC, viaRaw) = try Self.outcomes(text)
-            #expect(viaRaw == viaJSONC, "\(text)")
-            #expect(viaRaw != nil && viaJSONC.contains(" record "), "\(text) -> \(viaJSONC)")
-        }
-        let (pretty, _) = try Self.outcomes(cases[5])
-        #expect(pretty.contains(#""properties":{"a":[1,2],"b":{"c":"line\nbreak"}}"#), "\(pretty)")
-    }
-
-    @Test func escapesAndRewritesAreLeftToJsonC() throws {
-        let cases = [
-            #"{"eventName":"\u0065l_x"}"#,  // spells "el_x": json-c decodes it
-            #"{"eventName":"a\"b"}"#,
-            #"{"event\u004eame":"tap"}"#,  // key with an escape
-            #"{"eventName":"tap","appKey":"\u0062ench"}"#,
-            #"{"eventName":"tap","property":{"k\u0065y":1}}"#,
-            #"{"eventName":"tap","property":{"a\nb":1}}"#,  // the message names the decoded key
-            #"{"eventName":"tap","property":{"k":1,"k":"x"}}"#,  // json-c keeps the last
-            #"{"eventName":"tap","property":{"k":{"n":{"a\tb":1}}}}"#,
-            #"{"eventName":"tap","property":{"k":"x\/y"}}"#,  // json-c prints x/y
-            #"{"eventName":"tap","property":{"k":-0}}"#,  // json-c prints 0
-            #"{"eventName":"tap","property":{"k":99999999999999999999}}"#,  // json-c clamps
-            "null", "[1]",
-        ]
-        for text in cases {
-            let (viaJSONC, viaRaw) = try Self.outcomes(text)
-            #expect(viaRaw == nil, "\(text) -> \(viaJSONC)")
+        for (text, expected) in cases {
+            let got = Self.outcome(text)
+            #expect(got.contains(expected), "\(text) -> \(got)")
         }
     }
 
-    @Test func messagesAreTheDocumentedOnes() throws {
+    @Test func messagesAreTheDocumentedOnes() {
         let long = String(repeating: "x", count: 257)
         let cases: [(String, String)] = [
             (#"{"appKey":"a"}"#, "eventName is required and must be a string"),
@@ -115,16 +142,29 @@ struct EventParamsTests {
             // Escapes count as the byte they stand for: 250 + 6 is within the limit.
             (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 250))\n\n\n\"\"\\"}}"#, " record "),
             (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 251))\n\n\n\"\"\\"}}"#, "string longer than 256 bytes"),
-            // The entry count is checked before the keys.
+            // Keys and names are checked decoded.
+            (#"{"eventName":"\u0065l_x"}"#, #"eventName must not start with "el""#),
+            (#"{"eventName":"e","property":{"a\nb":1}}"#, "property key \"a\nb\": only lowercase letters"),
+            (#"{"eventName":"e","property":{"k\u0065y":"\#(long)"}}"#, #"property "key": string longer than 256 bytes"#),
+            // A \u escape counts as the UTF-8 bytes it stands for: 254 + 2 is within the limit.
+            (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 254))\u00e9"}}"#, " record "),
+            (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 255))\u00e9"}}"#, "string longer than 256 bytes"),
+            (#"{"eventName":"e","property":{"s":"\#(String(repeating: "y", count: 253))\ud83d\ude00"}}"#, "string longer than 256 bytes"),
+            ("null", "eventName is required"),
+            ("[1]", "eventName is required"),
+            // The entry count is checked before the keys (a repeated key counts once).
+            (
+                "{\"eventName\":\"e\",\"property\":{" + (0..<500).map { "\"p\($0)\":1" }.joined(separator: ",") + ",\"p0\":2}}",
+                " record "
+            ),
             (
                 "{\"eventName\":\"e\",\"property\":{\"B-\":1," + (0..<500).map { "\"p\($0)\":1" }.joined(separator: ",") + "}}",
                 "property has 501 entries; at most 500"
             ),
         ]
         for (text, expected) in cases {
-            let (viaJSONC, viaRaw) = try Self.outcomes(text)
-            #expect(viaJSONC.contains(expected), "\(text.prefix(80)) -> \(viaJSONC)")
-            #expect(viaRaw == viaJSONC, "\(text.prefix(80))")
+            let got = Self.outcome(text)
+            #expect(got.contains(expected), "\(text.prefix(80)) -> \(got)")
         }
     }
 }

@@ -71,8 +71,8 @@ struct ConsentTemplateTests {
 struct PendingTableRemoveIfTests {
     @Test func removesOnlyWhatIsAccepted() {
         var t = PendingTable<String>()
-        t.insert(1, "a", deadlineMs: 100)
-        t.insert(2, "b", deadlineMs: 200)
+        t.insert(1, "a", target: 1, deadlineMs: 100)
+        t.insert(2, "b", target: 1, deadlineMs: 200)
         #expect(t.remove(1, if: { $0 == "x" }) == nil)
         #expect(t.count == 2, "refused: kept")
         #expect(t.remove(1, if: { $0 == "a" }) == "a")

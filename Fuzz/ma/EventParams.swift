@@ -1,0 +1,1 @@
+../../Plugins/ma/EventParams.swift

@@ -1,0 +1,293 @@
+import PylonCore
+import PylonProtocol
+import Testing
+
+@testable import PylonHost
+
+/// The host's routing, security and consent rules without a process: `RoutingPolicy` over fake
+/// plugin and provider tables. (One end-to-end case per rule stays in RoutingTests,
+/// SecurityTests and ConsentTests.)
+struct RoutingPolicyTests {
+    struct FakePlugin: RoutablePlugin {
+        var name: String
+        var routeTarget: String?
+        var methodRoutes: [String: PluginSlot.MethodRoute] = [:]
+        var requestTimeoutMs: UInt64?
+        func unavailableError() -> RPCError { RPCError(.pluginUnavailable, "\(name) down") }
+    }
+
+    struct FakeTables: RoutingTables {
+        var plugins: [String: FakePlugin] = [:]
+        var provided: [String: String] = [:]
+        func plugin(namespace: Substring) -> FakePlugin? { plugins[String(namespace)] }
+        func provider(of method: String) -> String? { provided[method] }
+    }
+
+    static let root = PeerCredentials(pid: 10, uid: 0, gid: 0)
+    static let user = PeerCredentials(pid: 11, uid: 1000, gid: 1000)
+    static let other = PeerCredentials(pid: 12, uid: 1001, gid: 1001)
+
+    static func client(_ c: PeerCredentials?, id: UInt64 = 7) -> Principal { Principal(plugin: nil, client: id, credentials: c) }
+
+    static func method(_ name: String, consent: String? = nil, drop: Bool = false) -> (String, PluginSlot.MethodRoute) {
+        let spec = Manifest.Method(name: name, consent: consent, dropWhenDenied: drop, deniedResult: drop ? ["dropped": true] : .null)
+        return (name, PluginSlot.MethodRoute(spec: spec, consent: ConsentTemplate(consent)))
+    }
+
+    static let tables = FakeTables(
+        plugins: [
+            "ma": FakePlugin(
+                name: "ma", routeTarget: "ma-peer",
+                methodRoutes: Dictionary(
+                    uniqueKeysWithValues: [
+                        method("ma.eventRecord", consent: "ma:{appKey}"), method("ma.ping"),
+                        method("ma.optional", consent: "ma:{appKey}", drop: true),
+                    ]), requestTimeoutMs: 5_000),
+            "echo": FakePlugin(name: "echo", routeTarget: "echo-peer"),
+            "down": FakePlugin(name: "down", routeTarget: nil),
+        ],
+        provided: ["app.thing": "provider-peer", "ma.hijack": "provider-peer"])
+
+    func decide(
+        _ p: Principal, _ method: String, policy: RoutingPolicy = RoutingPolicy(requestTimeoutMs: 30_000),
+        consent: ConsentStore = ConsentStore(), shuttingDown: Bool = false, fields: [String: String] = [:]
+    ) -> RoutingPolicy.Decision<String> {
+        policy.decide(p, method, tables: Self.tables, consent: consent, shuttingDown: shuttingDown) { fields[$0] }
+    }
+
+    // MARK: Namespaces and providers
+
+    @Test func hostMethodsAreTheHosts() {
+        guard case .host = decide(Self.client(Self.user), "bus.ping") else { Issue.record("bus.ping"); return }
+        guard case .host = decide(Self.client(Self.user), "consent.get") else { Issue.record("consent.get"); return }
+    }
+
+    @Test func aPluginNamespaceGoesToThePluginWithItsTimeout() {
+        guard case .forward(let t, let ms, let provider) = decide(Self.client(Self.user), "ma.ping") else {
+            Issue.record("not forwarded")
+            return
+        }
+        #expect(t == "ma-peer" && ms == 5_000 && !provider)
+        guard case .forward(let e, let ems, false) = decide(Self.client(Self.user), "echo.anything") else {
+            Issue.record("a plugin without a method list takes every method of its namespace")
+            return
+        }
+        #expect(e == "echo-peer" && ems == 30_000, "no timeout of its own: the host's")
+    }
+
+    @Test func aConfiguredNamespaceWinsOverAProvider() {
+        // "ma.hijack" is in the provided table, but ma is a configured plugin that does not list it.
+        guard case .refused(let e) = decide(Self.client(Self.user), "ma.hijack") else {
+            Issue.record("a provider reached a plugin's namespace")
+            return
+        }
+        #expect(e.code == RPCError.Code.methodNotFound.rawValue)
+        #expect(e.message.contains("plugin ma does not serve it"))
+    }
+
+    @Test func aProvidedMethodGoesToItsProvider() {
+        guard case .forward(let t, let ms, true) = decide(Self.client(Self.user), "app.thing") else {
+            Issue.record("not forwarded to the provider")
+            return
+        }
+        #expect(t == "provider-peer" && ms == 30_000)
+    }
+
+    @Test func unknownMethodsAndDownPlugins() {
+        guard case .refused(let e) = decide(Self.client(Self.user), "nobody.here") else { Issue.record("routed"); return }
+        #expect(e.code == RPCError.Code.methodNotFound.rawValue && e.message == "method not found: nobody.here")
+        guard case .refused(let d) = decide(Self.client(Self.user), "down.x") else { Issue.record("routed to a down plugin"); return }
+        #expect(d.message == "down down", "the plugin's own unavailable error")
+    }
+
+    @Test func shuttingDownRefusesEverything() {
+        for m in ["bus.ping", "ma.ping", "app.thing"] {
+            guard case .refused(let e) = decide(Self.client(Self.root), m, shuttingDown: true) else {
+                Issue.record("\(m) routed while shutting down")
+                continue
+            }
+            #expect(e.code == RPCError.Code.shuttingDown.rawValue)
+        }
+    }
+
+    // MARK: Permissions
+
+    static func rules(_ r: [(String, AccessList)]) -> RoutingPolicy {
+        RoutingPolicy(permissions: r.map { PermissionRule(method: TopicPattern($0.0), allowed: $0.1) })
+    }
+
+    @Test func theFirstMatchingRuleDecides() {
+        let policy = Self.rules([("ma.ping", AccessList(uids: [1000])), ("ma.*", AccessList(uids: [0]))])
+        #expect(policy.isPermitted("ma.ping", Self.client(Self.user)), "the first rule allows uid 1000")
+        #expect(!policy.isPermitted("ma.eventRecord", Self.client(Self.user)), "the second rule is root's")
+        #expect(policy.isPermitted("ma.eventRecord", Self.client(Self.root)))
+        #expect(!policy.isPermitted("ma.ping", Self.client(Self.root)), "the first rule decides even against root")
+        #expect(policy.isPermitted("echo.x", Self.client(Self.user)), "no rule matches: allowed")
+        let reversed = Self.rules([("ma.*", AccessList(uids: [0])), ("ma.ping", AccessList(uids: [1000]))])
+        #expect(!reversed.isPermitted("ma.ping", Self.client(Self.user)), "order matters")
+    }
+
+    @Test func gidsAllowAndUnknownCredentialsNever() {
+        let policy = Self.rules([("x.*", AccessList(gids: [1001]))])
+        #expect(policy.isPermitted("x.a", Self.client(Self.other)))
+        #expect(!policy.isPermitted("x.a", Self.client(Self.user)))
+        #expect(!policy.isPermitted("x.a", Self.client(nil)), "a client without credentials satisfies no rule")
+        #expect(policy.isPermitted("y.a", Self.client(nil)), "…but no rule: allowed")
+    }
+
+    @Test func aPluginOnItsOwnIsAllowedOnlyIfListed() {
+        let policy = Self.rules([("consent.set", AccessList(uids: [0], plugins: ["ma"]))])
+        #expect(policy.isPermitted("consent.set", .plugin("ma")))
+        #expect(!policy.isPermitted("consent.set", .plugin("gtm")))
+        #expect(policy.isPermitted("consent.set", .host), "the host's own requests")
+    }
+
+    @Test func onBehalfOfTheClientAtTheStartOfTheChainDecides() {
+        let policy = Self.rules([("consent.set", AccessList(uids: [0], plugins: ["ma"]))])
+        let viaUser = Principal.plugin("ma", via: Self.client(Self.user))
+        #expect(!policy.isPermitted("consent.set", viaUser), "ma is listed, but it acts for uid 1000")
+        #expect(policy.isPermitted("consent.set", .plugin("ma", via: Self.client(Self.root))))
+        // Two hops: gtm serving ma serving the user still acts for the user.
+        let twoHops = Principal.plugin("gtm", via: viaUser)
+        #expect(twoHops.client == 7 && twoHops.credentials == Self.user)
+        #expect(!policy.isPermitted("consent.set", twoHops))
+        guard case .refused(let e) = decide(viaUser, "consent.set", policy: policy) else { Issue.record("permitted"); return }
+        #expect(e.code == RPCError.Code.notPermitted.rawValue)
+        #expect(e.message == "uid 1000 may not call consent.set (through plugin ma)")
+        #expect(e.data?["uid"] == .int(1000) && e.data?["method"] == "consent.set")
+    }
+
+    @Test func refusalsNameWhoWasRefused() {
+        let policy = Self.rules([("ma.*", AccessList(uids: [0]))])
+        guard case .refused(let a) = decide(Self.client(Self.user), "ma.ping", policy: policy) else { Issue.record("a"); return }
+        #expect(a.message == "uid 1000 may not call ma.ping")
+        guard case .refused(let b) = decide(.plugin("gtm"), "ma.ping", policy: policy) else { Issue.record("b"); return }
+        #expect(b.message == "plugin gtm may not call ma.ping" && b.data?["uid"] == JSON.null)
+        guard case .refused(let c) = decide(Self.client(nil), "ma.ping", policy: policy) else { Issue.record("c"); return }
+        #expect(c.message == "uid unknown may not call ma.ping")
+    }
+
+    @Test func permissionsApplyToHostMethodsBeforeRouting() {
+        let policy = Self.rules([("bus.*", AccessList(uids: [0]))])
+        guard case .refused = decide(Self.client(Self.user), "bus.status", policy: policy) else { Issue.record("allowed"); return }
+        guard case .host = decide(Self.client(Self.root), "bus.status", policy: policy) else { Issue.record("root refused"); return }
+    }
+
+    // MARK: Principals (_onBehalfOf)
+
+    @Test func principalsOfClientsAndPlugins() {
+        let served: (Int64) -> Principal? = { $0 == 41 ? Self.client(Self.user, id: 3) : nil }
+        #expect(RoutingPolicy.principal(client: (3, Self.user), plugin: nil, via: nil, served: served) == Self.client(Self.user, id: 3))
+        #expect(RoutingPolicy.principal(client: (3, Self.user), plugin: nil, via: 41, served: served) == nil, "clients cannot name one")
+        #expect(RoutingPolicy.principal(client: nil, plugin: "ma", via: nil, served: served) == .plugin("ma"))
+        let chained = RoutingPolicy.principal(client: nil, plugin: "ma", via: 41, served: served)
+        #expect(chained == Principal(plugin: "ma", client: 3, credentials: Self.user))
+        #expect(chained?.actsForClient == true)
+        #expect(RoutingPolicy.principal(client: nil, plugin: "ma", via: 42, served: served) == nil, "not a request it serves")
+    }
+
+    // MARK: Consent
+
+    static func consent(_ switches: [String: Bool]) -> ConsentStore {
+        var c = ConsentStore()
+        for (k, v) in switches { c.set(k, granted: v) }
+        return c
+    }
+
+    @Test func aDeniedSwitchRefusesWithItsKey() {
+        let c = Self.consent(["ma:app1": false])
+        guard case .denied(let spec, let key) = decide(Self.client(Self.user), "ma.eventRecord", consent: c, fields: ["appKey": "app1"])
+        else {
+            Issue.record("not denied")
+            return
+        }
+        #expect(key == "ma:app1" && !spec.dropWhenDenied, "error form")
+        guard case .forward = decide(Self.client(Self.user), "ma.eventRecord", consent: c, fields: ["appKey": "app2"]) else {
+            Issue.record("another app's switch refused it")
+            return
+        }
+        guard case .forward = decide(Self.client(Self.user), "ma.eventRecord", consent: c) else {
+            Issue.record("an absent field refused it")
+            return
+        }
+    }
+
+    @Test func theDropFormCarriesItsResult() {
+        let c = Self.consent(["ma:app1": false])
+        guard case .denied(let spec, "ma:app1") = decide(Self.client(Self.user), "ma.optional", consent: c, fields: ["appKey": "app1"])
+        else {
+            Issue.record("not denied")
+            return
+        }
+        #expect(spec.dropWhenDenied && spec.deniedResult == ["dropped": true])
+    }
+
+    @Test func theMasterSwitchRefusesEveryConsentMethodButNoOther() {
+        let c = Self.consent([ConsentStore.master: false])
+        guard case .denied(_, let key) = decide(Self.client(Self.root), "ma.eventRecord", consent: c) else {
+            Issue.record("not denied")
+            return
+        }
+        #expect(key == ConsentStore.master, "even without the field")
+        guard case .forward = decide(Self.client(Self.root), "ma.ping", consent: c) else {
+            Issue.record("a method without a consent template was refused")
+            return
+        }
+        guard case .forward = decide(Self.client(Self.root), "echo.x", consent: c) else { Issue.record("echo refused"); return }
+    }
+
+    @Test func permissionIsCheckedBeforeConsent() {
+        let policy = RoutingPolicy(permissions: [PermissionRule(method: TopicPattern("ma.*"), allowed: AccessList(uids: [0]))])
+        let c = Self.consent(["ma:app1": false])
+        guard
+            case .refused(let e) = decide(Self.client(Self.user), "ma.eventRecord", policy: policy, consent: c, fields: ["appKey": "app1"])
+        else {
+            Issue.record("consent answered before permissions")
+            return
+        }
+        #expect(e.code == RPCError.Code.notPermitted.rawValue)
+    }
+
+    // MARK: Disclosure
+
+    @Test func whoSeesEverything() {
+        var d = Disclosure()
+        d.admins = AccessList(uids: [0], gids: [1001])
+        let policy = RoutingPolicy(disclosure: d)
+        #expect(policy.seesEverything(Self.client(Self.root)))
+        #expect(policy.seesEverything(Self.client(Self.other)), "by gid")
+        #expect(!policy.seesEverything(Self.client(Self.user)))
+        #expect(!policy.seesEverything(Self.client(nil)))
+        #expect(policy.seesEverything(.plugin("ma")), "a plugin on its own")
+        #expect(!policy.seesEverything(.plugin("ma", via: Self.client(Self.user))), "a plugin acting for a user sees what the user sees")
+        #expect(policy.seesEverything(.plugin("ma", via: Self.client(Self.root))))
+    }
+
+    @Test func adminTopicsReachAdminsOnly() {
+        let policy = RoutingPolicy()
+        #expect(policy.isAdminTopic("bus.plugin.exited") && policy.isAdminTopic("consent.changed"))
+        #expect(!policy.isAdminTopic("app.news"))
+        #expect(policy.clientReceives("bus.plugin.exited", credentials: Self.root))
+        #expect(!policy.clientReceives("bus.plugin.exited", credentials: Self.user))
+        #expect(!policy.clientReceives("bus.plugin.exited", credentials: nil))
+        #expect(policy.clientReceives("app.news", credentials: Self.user))
+    }
+
+    @Test func reservedAndConfiguredNamespacesCannotBeProvidedOrPublished() {
+        let policy = RoutingPolicy()
+        let configured: (String) -> Bool = { $0 == "echo" }
+        #expect(policy.provideRefusal("app.thing", configured: configured) == nil)
+        for m in ["bus.x", "consent.x", "echo.x", "ma.x", "uploader.enqueue"] {
+            #expect(policy.provideRefusal(m, configured: configured)?.code == RPCError.Code.notPermitted.rawValue, "\(m)")
+        }
+        for m in ["nodot", "app.", "app.with space"] {
+            #expect(policy.provideRefusal(m, configured: configured)?.code == RPCError.Code.invalidParams.rawValue, "\(m)")
+        }
+        #expect(policy.publishRefusal("app.news", configured: configured) == nil)
+        #expect(policy.publishRefusal("plain", configured: configured) == nil, "a topic need not have a namespace")
+        for t in ["bus.x", "consent.changed", "echo.x", "push.x"] {
+            #expect(policy.publishRefusal(t, configured: configured)?.code == RPCError.Code.notPermitted.rawValue, "\(t)")
+        }
+        #expect(policy.publishRefusal("bad topic", configured: configured)?.code == RPCError.Code.invalidParams.rawValue)
+    }
+}

@@ -3,8 +3,8 @@ import PylonCore
 
 /// Fuzz target (a): the host's input path for one connection. The input is cut into reads of
 /// input-derived sizes and fed to `LineFramer`; every line goes through
-/// `RawJSON.classifyMessage` and json-c (`Tokener`) with the host's depth settings
-/// (scanner `maxDepth - 1`, tokener `maxDepth`, as in `Bus.handleLine`).
+/// `RawJSON.classifyMessage` and json-c (`Tokener`) with the host's depth setting (both
+/// `maxDepth`, as in `Bus.handleLine`).
 ///
 /// Properties (a failure traps, so libFuzzer keeps the input):
 /// - the framer yields exactly the input's complete lines, lines over the limit as `.oversized`
@@ -12,8 +12,8 @@ import PylonCore
 /// - the scanner never accepts what json-c rejects;
 /// - `RawJSON.hostMessageSpans` (the plugin kit's reader) stays inside any line and, where the
 ///   scanner accepts, finds the scanner's spans;
-/// - where the scanner accepts, its `id` span is the splice scanner's, and the plain `method`
-///   string and plain integer `id` it finds are what json-c parsed (the last duplicate wins);
+/// - where the scanner accepts, its `id` span is the one a reader decoding keys finds, and the
+///   plain `method` string and plain integer `id` it finds are what json-c parsed;
 /// - the one reader of message-shaped JSON (`RawJSON.validate`, `canonical`) never accepts what
 ///   json-c rejects; on a text it accepts, the canonical form is valid, stable (its own canonical
 ///   form) and read by json-c as the same value.
@@ -68,11 +68,14 @@ public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     return 0
 }
 
+let idKey: StaticString = "id"
+
 func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
-    let scan = RawJSON.classifyMessage(line, maxDepth: Int(maxDepth) - 1)
+    let scan = RawJSON.classifyMessage(line, maxDepth: Int(maxDepth))
     let parsed = try? tokener.parse(line)
     checkCanonical(line, parsed: parsed, tokener: tokener, maxDepth: maxDepth)
-    let idSpan = RawJSON.memberValueSpan(line, key: "id")
+    let idSpan = RawJSON.member(
+        line, RawJSON.skipSpace(line, 0)..<line.count, named: UnsafeRawBufferPointer(start: idKey.utf8Start, count: 2))
     // The plugin kit's finder for host-validated lines: on any bytes, spans inside the line; on
     // a line the scanner accepts, the scanner's spans.
     let host = RawJSON.hostMessageSpans(line)
@@ -88,7 +91,7 @@ func check(_ line: UnsafeRawBufferPointer, tokener: Tokener, maxDepth: Int32) {
     }
     fuzzCheck(parsed != nil, "scanner accepted what json-c rejects: \(String(decoding: line, as: UTF8.self))")
     guard let parsed else { return }
-    fuzzCheck(idSpan == m.id, "id span differs from the splice scanner's")
+    fuzzCheck(idSpan == m.id, "id span differs from the decoding reader's")
     for span in [m.jsonrpc, m.id, m.method, m.params, m.result, m.error, m.pylon, m.onBehalfOf] {
         if let span { fuzzCheck(span.lowerBound >= 0 && span.upperBound <= line.count && !span.isEmpty, "span out of the line") }
     }

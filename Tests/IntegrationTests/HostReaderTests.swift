@@ -48,4 +48,18 @@ import Testing
         // Other keys may repeat (the last wins), and the connection goes on.
         #expect(try c.roundTrip(#"{"jsonrpc":"2.0","id":5,"method":"echo.echo","params":{"a":1,"a":2},"x":1,"x":2}"#)["result"] == ["a": 2])
     }
+
+    /// The plugin kit finds escaped top-level keys decoded too: the params a `.text` method gets
+    /// are the line's bytes (the sender's canonical text), not json-c's re-print of them.
+    @Test func thePluginGetsTheParamsBytesWhenATopLevelKeyIsEscaped() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let params = #"{"s":"a\/b","e":"\u00e9","n":1E2}"#
+        try c.sendLine(#"{"jsonrpc":"2.0","id":1,"m\u0065thod":"echo.echo","p\u0061rams":"# + params + "}")
+        var buf = [UInt8]()
+        var byte: UInt8 = 0
+        while read(c.fd, &byte, 1) == 1, byte != 0x0A { buf.append(byte) }
+        let line = String(decoding: buf, as: UTF8.self)
+        #expect(line == #"{"jsonrpc":"2.0","id":1,"result":"# + params + "}", "\(line)")
+    }
 }

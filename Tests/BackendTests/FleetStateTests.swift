@@ -107,17 +107,26 @@ func race(_ ports: [UInt16], _ request: (Int) -> (String, String, JSON, String?)
     }
     let results = RaceResults(ports.count)
     let barrier = RaceBarrier(ports.count)
-    DispatchQueue.concurrentPerform(iterations: ports.count) { i in
-        do {
-            let c = try RawHTTPClient(port: ports[i])
-            barrier.wait()
-            try c.send(messages[i])
-            results.set(i, .success(try c.readResponse()))
-        } catch {
-            barrier.wait()
-            results.set(i, .failure(error))
-        }
+    // One thread each, not DispatchQueue.concurrentPerform: on one CPU (`taskset -c 0`) that
+    // runs the iterations one after another, and the first waits at the barrier forever.
+    let done = DispatchGroup()
+    for i in ports.indices {
+        done.enter()
+        let port = ports[i], message = messages[i]
+        Thread {
+            defer { done.leave() }
+            do {
+                let c = try RawHTTPClient(port: port)
+                barrier.wait()
+                try c.send(message)
+                results.set(i, .success(try c.readResponse()))
+            } catch {
+                barrier.wait()
+                results.set(i, .failure(error))
+            }
+        }.start()
     }
+    done.wait()
     return try results.all().map { r in
         guard let reply = try r.get() else { throw TestFailure(description: "no response") }
         return reply

@@ -145,11 +145,13 @@ let package = Package(
         .executableTarget(
             name: "fuzz-backend-http", dependencies: ["PylonBackend", "PylonCore", "FuzzSupport"], path: "Fuzz/backend-http",
             swiftSettings: strict),
-        // The plugins are executables (not linkable): these two compile the plugin's pure
-        // validation/policy files through symlinks in their directories.
-        .executableTarget(name: "fuzz-ma", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma", swiftSettings: strict),
+        // These two link the plugin libraries; what they call is `package` there (a fuzz build is
+        // a release build, where `@testable import` is unavailable).
         .executableTarget(
-            name: "fuzz-uploader", dependencies: ["PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader", swiftSettings: strict),
+            name: "fuzz-ma", dependencies: ["pylon_ma", "PylonPluginKit", "FuzzSupport"], path: "Fuzz/ma", swiftSettings: strict),
+        .executableTarget(
+            name: "fuzz-uploader", dependencies: ["pylon_uploader", "PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader",
+            swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol", "PylonPluginKit"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target for FUZZ_SECONDS (default 60) and prints executions and findings.
+# Runs each libFuzzer target for FUZZ_SECONDS (default 60), or until FUZZ_RUNS inputs when that is
+# set and comes first (a quick check: FUZZ_RUNS=20000), and prints executions and findings.
 # Used by `make fuzz` after the fuzz build (.build-fuzz). Seeds: Fuzz/corpus/<target> (read
 # only); what a run discovers goes to .fuzz-work/<target>/corpus, crash artifacts to
 # .fuzz-work/<target>/artifacts (both ignored by git). Exit status 1 if any target found
@@ -8,6 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FUZZ_BIN:-.build-fuzz/release}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
+RUNS=${FUZZ_RUNS:-}
 TARGETS=${FUZZ_TARGETS:-message manifest backend-http ma uploader}
 export SWIFT_BACKTRACE=enable=no   # a trap goes straight to libFuzzer, which saves the input
 found=0
@@ -17,6 +19,7 @@ for t in $TARGETS; do
     mkdir -p "$work/corpus" "$work/artifacts"
     before=$(ls "$work/artifacts" | sort)
     extra=()
+    if [ -n "$RUNS" ]; then extra+=(-runs="$RUNS"); fi
     asan=${ASAN_OPTIONS:-}
     if [ "$t" = backend-http ]; then
         # Swift keeps weak-reference side tables behind tagged pointers that LeakSanitizer
@@ -39,7 +42,7 @@ for t in $TARGETS; do
         verdict="FOUND (exit $rc): $(echo $new | head -c 200) see $work/last.log"
         found=1
     fi
-    rate=$(( ${execs:-0} / (SECONDS_EACH > 0 ? SECONDS_EACH : 1) ))
-    printf '%-14s %12s %10s %10s %s\n' "$t" "${execs:-?}" "$rate" "${news:-?}" "$verdict"
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/last.log" | tail -1)
+    printf '%-14s %12s %10s %10s %s\n' "$t" "${execs:-?}" "${rate:-?}" "${news:-?}" "$verdict"
 done
 exit $found

@@ -1,15 +1,14 @@
 import FuzzSupport
 import PylonPluginKit
+import pylon_ma
 
 /// Fuzz target (d, MA): the MA plugin's parameter validation, on params json-c accepts (as the
 /// host checks them). `EventParams`/`EventValidation` (eventRecord, its one reader, on the text),
 /// `PropertyValidation` (setProperty/increase/add/remove, object_array element targets)
 /// and `IdentityInput` (identifyAccount normalisation).
 ///
-/// The plugin is an executable, which another executable cannot link: this target compiles the
-/// plugin's own validation files (symlinks to Plugins/ma/EventParams.swift,
-/// EventValidation.swift, PropertyValidation.swift, Identity.swift), so they are fuzzed exactly
-/// as shipped.
+/// This target links the plugin's library (`pylon_ma`), so the code is fuzzed exactly as shipped;
+/// what it calls is `package` there.
 ///
 /// Properties: nothing traps; an accepted event's properties are canonical (reading them again
 /// gives the same bytes), parse with json-c as an object of at most 500 entries whose keys pass
@@ -45,11 +44,6 @@ public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
 
     if p.objectValue != nil { _ = IdentityInput(p) }
     return 0
-}
-
-/// The plugin's error type (Plugins/ma/MAService.swift, which this target does not compile).
-struct MAError: Error {
-    let message: String
 }
 
 @main struct Main {

@@ -1,14 +1,14 @@
 import FuzzSupport
 import PylonPluginKit
+import pylon_uploader
 
 /// Fuzz target (d, uploader): the uploader's configuration and stream policy. The input is parsed
 /// by json-c and read as the plugin's config section (`UploaderConfig`, with `EndpointRule` on
 /// every endpoint), as a caller's `_pylon` (`Principal`), and its strings as stream names and
 /// owner labels (`StreamCatalog` consent keys, settings, ownership, `decide`).
 ///
-/// The plugin is an executable, which another executable cannot link: this target compiles the
-/// plugin's own policy files (symlinks to Plugins/uploader/StreamPolicy.swift,
-/// UploaderConfig.swift, StreamState.swift), so they are fuzzed exactly as shipped.
+/// This target links the plugin's library (`pylon_uploader`), so the code is fuzzed exactly as
+/// shipped; what it calls is `package` there.
 ///
 /// Properties: nothing traps; an accepted config's endpoints pass `EndpointRule`; settings stay
 /// within their limits; `StreamOwner` labels round-trip.

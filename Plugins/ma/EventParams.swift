@@ -7,11 +7,11 @@ import PylonPluginKit
 /// Read by one reader, `read(_:)`, from the params' JSON text, building nothing per event
 /// (docs/PROTOCOL.md "Canonical form"): keys and strings decoded, the last of a repeated key
 /// winning.
-struct EventParams: Equatable {
+package struct EventParams: Equatable {
     /// `params.appKey` when it is a string, as written (not trimmed).
     var appKey: String?
     /// nil when the event passed every check; else the -3 message naming the field.
-    var invalid: String?
+    package var invalid: String?
     /// Where `name` and `properties` point: nil for the params' text itself, else these bytes.
     var storage: [UInt8]?
     /// The event name's bytes (its string value).
@@ -21,7 +21,9 @@ struct EventParams: Equatable {
 
     /// Calls `body` with the event's name bytes and properties text (`{}` when none). `params`:
     /// the text this was read from.
-    func withEvent<R>(params: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ properties: UnsafeRawBufferPointer) -> R)
+    package func withEvent<R>(
+        params: UnsafeRawBufferPointer, _ body: (_ name: UnsafeRawBufferPointer, _ properties: UnsafeRawBufferPointer) -> R
+    )
         -> R
     {
         func call(_ t: UnsafeRawBufferPointer) -> R {
@@ -39,7 +41,7 @@ struct EventParams: Equatable {
     private init() {}
 
     /// Reads params from their JSON text (valid JSON, as the host checked it).
-    static func read(_ t: UnsafeRawBufferPointer) -> EventParams {
+    package static func read(_ t: UnsafeRawBufferPointer) -> EventParams {
         var p = EventParams()
         let first = RawJSON.skipSpace(t, 0)
         guard first < t.count, t[first] == UInt8(ascii: "{") else {

@@ -12,8 +12,8 @@ import Glibc
 /// The rules are applied to the properties' canonical text (`RawJSON.canonical`: no repeated
 /// key, so each member is the one a reader keeps), keys and strings decoded: one walk, nothing
 /// built (`checkProperties(text:_:)`).
-enum EventValidation {
-    static let maxProperties = 500
+package enum EventValidation {
+    package static let maxProperties = 500
     static let maxStringBytes = 256
 
     static let nameRequired = "eventName is required and must be a string"
@@ -42,7 +42,7 @@ enum EventValidation {
     // MARK: Shared rules
 
     /// The event name's rules, on its bytes (a string).
-    static func checkName(_ name: UnsafeRawBufferPointer) -> String? {
+    package static func checkName(_ name: UnsafeRawBufferPointer) -> String? {
         if name.isEmpty { return "eventName must not be empty" }
         if name.count >= 2 && name[0] == 0x65 && name[1] == 0x6C { return "eventName must not start with \"el\"" }
         if name.count > maxStringBytes { return "eventName is longer than \(maxStringBytes) bytes" }
@@ -50,7 +50,7 @@ enum EventValidation {
     }
 
     /// A top-level property key's rules, on its bytes.
-    static func checkKey(_ k: UnsafeRawBufferPointer) -> String? {
+    package static func checkKey(_ k: UnsafeRawBufferPointer) -> String? {
         // ma.md §3: a lowercase letter first, then lowercase letters, digits and `_` (the key
         // contains only those: an uppercase first letter is refused like one later on).
         guard let f = k.first, f >= 0x61 && f <= 0x7A else { return "must start with a lowercase letter" }

@@ -16,7 +16,7 @@ enum MACode {
 /// a non-string or malformed value is dropped with 3013, a too-long one with 3003; the others are
 /// kept. Limits (Pylon's choice, the source's table is missing): user_id and anonymous_id ≤ 256
 /// characters; email ≤ 256 and `local@domain.tld`; phone `+` then 6–20 digits (≤ 32 in total).
-struct IdentityInput {
+package struct IdentityInput {
     /// Wire names of the fields, in the order results are reported.
     static let fields: [(param: String, wire: String)] = [
         ("userID", "user_id"), ("anonymousID", "anonymous_id"), ("email", "email"), ("phone", "phone"),
@@ -29,7 +29,7 @@ struct IdentityInput {
     /// Local rejections by wire name: (code, message).
     var rejected: [String: (code: Int64, msg: String)] = [:]
 
-    init(_ params: JSON?) {
+    package init(_ params: JSON?) {
         for (param, wire) in IdentityInput.fields {
             guard let raw = params?[param] ?? params?[wire] else { continue }
             guard let s = raw.stringValue else {

@@ -2,7 +2,7 @@ import PylonHTTP
 import PylonPluginKit
 import PylonStore
 
-struct MAError: Error {
+package struct MAError: Error {
     let message: String
 }
 

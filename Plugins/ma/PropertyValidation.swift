@@ -2,12 +2,12 @@ import PylonPluginKit
 
 /// Local checks of the user-property calls (docs/MA.md, "User properties"). All-or-nothing: any failure is -3 and
 /// nothing is sent. The server applies the semantic rules (merge, object_array metadata).
-enum PropertyValidation {
-    static let maxPerCall = 100
+package enum PropertyValidation {
+    package static let maxPerCall = 100
     static let maxNameBytes = 50
     static let reservedPrefixes = ["el", "engagelab", "metaverse"]
 
-    static func checkName(_ k: String) -> String? {
+    package static func checkName(_ k: String) -> String? {
         guard let f = k.unicodeScalars.first, f >= "a" && f <= "z" else {
             return "property name \"\(k)\" must start with a lowercase letter"
         }
@@ -19,7 +19,7 @@ enum PropertyValidation {
         return nil
     }
 
-    static func isFiniteNumber(_ v: JSON) -> Bool {
+    package static func isFiniteNumber(_ v: JSON) -> Bool {
         switch v {
         case .int: return true
         case .double(let d): return d.isFinite
@@ -27,7 +27,7 @@ enum PropertyValidation {
         }
     }
 
-    static func isStringArray(_ v: JSON) -> Bool {
+    package static func isStringArray(_ v: JSON) -> Bool {
         guard let a = v.arrayValue else { return false }
         return a.allSatisfy { $0.stringValue != nil }
     }
@@ -79,7 +79,7 @@ enum PropertyValidation {
     }
 
     /// `{"properties": {...}}` or `{"key": k, "value": v}` → the map to send, or an error.
-    static func setProperties(_ p: JSON) -> Result<JSONObject, MAError> {
+    package static func setProperties(_ p: JSON) -> Result<JSONObject, MAError> {
         guard let props = propertyMap(p, valueKey: "value") else {
             return .failure(MAError(message: "properties (object) or key and value are required"))
         }
@@ -92,7 +92,7 @@ enum PropertyValidation {
     }
 
     /// `{key, by}` or `{properties: {k: v}}` for increase/add/remove, with a per-value check.
-    static func keyed(_ p: JSON, _ check: (JSON) -> Bool, what: String) -> Result<JSONObject, MAError> {
+    package static func keyed(_ p: JSON, _ check: (JSON) -> Bool, what: String) -> Result<JSONObject, MAError> {
         guard let props = propertyMap(p, valueKey: "by") else {
             return .failure(MAError(message: "key and by, or properties, are required"))
         }
@@ -106,11 +106,11 @@ enum PropertyValidation {
 
     /// The element an update/removeObjectArray call addresses: `key`, `identifierKey`, and an
     /// `identifierValue` that is a string or a finite number.
-    struct ElementTarget {
+    package struct ElementTarget {
         var key: String
         var identifierKey: String
         var identifierValue: JSON
-        func body(op: String, _ extra: JSONObject = [:]) -> JSONObject {
+        package func body(op: String, _ extra: JSONObject = [:]) -> JSONObject {
             var o: JSONObject = [
                 "op": .string(op), "key": .string(key), "identifierKey": .string(identifierKey),
                 "identifierValue": identifierValue,
@@ -120,7 +120,7 @@ enum PropertyValidation {
         }
     }
 
-    static func elementTarget(_ p: JSON) -> Result<ElementTarget, MAError> {
+    package static func elementTarget(_ p: JSON) -> Result<ElementTarget, MAError> {
         guard let k = p["key"]?.stringValue, let ik = p["identifierKey"]?.stringValue, !ik.isEmpty else {
             return .failure(MAError(message: "key and identifierKey are required"))
         }

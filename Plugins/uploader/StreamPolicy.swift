@@ -3,21 +3,21 @@ import PylonPluginKit
 /// Who owns a stream: the plugin whose namespace names it, or the uid that first wrote it (or
 /// whatever the operator pinned in the config, or an admin handed it to with `uploader.setOwner`).
 /// The kit's `Owner`: written `plugin:NAME` / `uid:N` in config, status and the queue database.
-typealias StreamOwner = Owner
+package typealias StreamOwner = Owner
 
 /// The caller of a request, from the `_pylon` member the host injects into every request it
 /// forwards to the uploader (clients cannot forge it; `CallerInfo`), as the kit's ownership rule
 /// for streams sees it (`Ownership.streams`): a plugin (on its own or a client's behalf) acts as
 /// that plugin, a client as its uid, and an admin is the host's flag only. No `_pylon` at all is an
 /// anonymous, unprivileged caller.
-struct Principal: Equatable, Sendable, CustomStringConvertible {
+package struct Principal: Equatable, Sendable, CustomStringConvertible {
     var info: CallerInfo
 
     init(plugin: String? = nil, uid: Int64? = nil, admin: Bool = false) {
         info = CallerInfo(uid: uid, plugin: plugin, admin: admin ? true : nil)
     }
 
-    init(caller: JSON?) { info = CallerInfo(json: caller) }
+    package init(caller: JSON?) { info = CallerInfo(json: caller) }
 
     /// From the caller info as the plugin kit reads it (`Call.callerInfo`).
     init(caller: CallerInfo) { info = caller }
@@ -32,9 +32,9 @@ struct Principal: Equatable, Sendable, CustomStringConvertible {
 
     func mayUse(_ owner: StreamOwner) -> Bool { Ownership.streams.access(owner, caller: info, claims: false).isAllowed }
 
-    var description: String { info.description }
+    package var description: String { info.description }
 
-    static func == (a: Principal, b: Principal) -> Bool {
+    package static func == (a: Principal, b: Principal) -> Bool {
         a.info.plugin == b.info.plugin && a.info.uid == b.info.uid && a.isAdmin == b.isAdmin
     }
 }
@@ -43,7 +43,7 @@ struct Principal: Equatable, Sendable, CustomStringConvertible {
 /// maxBatchBytes?, consent?, owner?}}`) and the plugin namespaces: what a stream's name fixes
 /// about it. A pure value; every field of a stream comes from the most specific matching entry
 /// that sets it (an exact name first, then the longest pattern).
-struct StreamCatalog: Sendable {
+package struct StreamCatalog: Sendable {
     struct Entry: Sendable {
         var pattern: String
         var endpoint: String?
@@ -80,7 +80,7 @@ struct StreamCatalog: Sendable {
     }
 
     /// The stream's settings before any `configureStream`.
-    func settings(for stream: String, defaultEndpoint: String) -> StreamSettings {
+    package func settings(for stream: String, defaultEndpoint: String) -> StreamSettings {
         var s = StreamSettings(endpoint: value(stream, \.endpoint) ?? defaultEndpoint)
         if let n = value(stream, \.maxCount) { s.maxCount = n }
         if let n = value(stream, \.intervalMs) { s.intervalMs = n }
@@ -99,7 +99,7 @@ struct StreamCatalog: Sendable {
     /// The consent switch every record of `stream` falls under, whatever the caller says: the
     /// configured `consent`, else `<ns>:<rest>` for `<ns>.<rest>` (`ma.abc` → `ma:abc`), else the
     /// name itself.
-    func consentKey(for stream: String) -> String {
+    package func consentKey(for stream: String) -> String {
         if let c = value(stream, \.consent) { return c }
         if let (ns, rest) = StreamCatalog.split(stream) { return ns + ":" + rest }
         return stream
@@ -113,13 +113,13 @@ struct StreamCatalog: Sendable {
     }
 
     /// The owner of `stream`, given the first writer the queue database recorded.
-    func owner(of stream: String, recorded: StreamOwner?) -> StreamOwner? {
+    package func owner(of stream: String, recorded: StreamOwner?) -> StreamOwner? {
         fixedOwner(of: stream) ?? recorded
     }
 }
 
 /// The decision for one request naming a stream.
-enum StreamAccess: Equatable {
+package enum StreamAccess: Equatable {
     /// Allowed; `claim` when the caller becomes the owner of a stream nobody owned yet (`owner`
     /// is nil only for an admin reading a stream nobody owns, such as one queued before owners
     /// were recorded).
@@ -129,7 +129,7 @@ enum StreamAccess: Equatable {
     /// Whether `caller` may `action` (`"enqueue to"`, `"configure"`, ...) stream `stream` whose
     /// owner is `owner`. `claims`: the action writes, so a caller with an identity becomes the
     /// owner of an unowned stream; reading an unowned stream is for admins only.
-    static func decide(_ stream: String, owner: StreamOwner?, caller: Principal, action: String, claims: Bool) -> StreamAccess {
+    package static func decide(_ stream: String, owner: StreamOwner?, caller: Principal, action: String, claims: Bool) -> StreamAccess {
         switch Ownership.streams.access(owner, caller: caller.info, claims: claims) {
         case .owner, .admin, .unowned: return .allowed(owner: owner, claim: false)
         case .claim(let o): return .allowed(owner: o, claim: true)

@@ -3,8 +3,8 @@ import PylonCore
 /// Per-stream upload settings. `maxCount` is MA's `setMaxEventCacheCount` (≤ 500): holding more
 /// than that many records makes the stream send everything queued (batches of at most 500
 /// records and `maxBatchBytes`). `intervalMs` is its `setReportInterval`.
-struct StreamSettings: Equatable {
-    static let maxCountLimit = 500
+package struct StreamSettings: Equatable {
+    package static let maxCountLimit = 500
     /// The bounds of each setting, wherever it is set (a `streams` entry of the config, or
     /// `uploader.configureStream`); a value outside them is refused with an error naming the
     /// setting and its bounds (config: exit 78; call: -32602), never clamped.
@@ -17,8 +17,8 @@ struct StreamSettings: Equatable {
     /// takes 1 MiB per request by default (a larger batch is split after its 413): 1e15 was
     /// accepted, and a flush then read the whole queue into one body.
     static let maxBatchBytesRange: ClosedRange<Int64> = 1024...(8 << 20)
-    var endpoint: String
-    var maxCount = 50
+    package var endpoint: String
+    package var maxCount = 50
     var intervalMs: UInt64 = 10_000
     var maxBatchBytes = 512 * 1024
     /// A GET stream (config `"delivery": "get"`): each record is one HTTP GET of its `data.url`,

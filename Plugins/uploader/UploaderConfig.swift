@@ -1,7 +1,7 @@
 import PylonPluginKit
 
 /// Named limits of the uploader (each configurable in the plugin's config section).
-struct UploaderLimits {
+package struct UploaderLimits {
     /// Disk cap for queued records (bytes of record bodies), shared by every owner. When full,
     /// enqueue is refused with -32004 and nothing already acknowledged is touched.
     var maxDiskBytes = 64 << 20
@@ -22,7 +22,7 @@ struct UploaderLimits {
     var requestTimeoutMs = 30_000
 
     // (No lookup, so no hashing of the owner, when there are no overrides: every enqueue asks.)
-    func diskBytes(for owner: StreamOwner) -> Int {
+    package func diskBytes(for owner: StreamOwner) -> Int {
         ownerOverrides.isEmpty ? maxDiskBytesPerOwner : ownerOverrides[owner]?.diskBytes ?? maxDiskBytesPerOwner
     }
     func streams(for owner: StreamOwner) -> Int {
@@ -63,19 +63,19 @@ enum ConfigBounds {
 
 /// An invalid `plugins[uploader].config`: the plugin logs it and exits 78 (EX_CONFIG), so the
 /// host marks it failed instead of restarting it in a loop.
-struct UploaderConfigError: Error, Equatable, CustomStringConvertible {
-    let description: String
+package struct UploaderConfigError: Error, Equatable, CustomStringConvertible {
+    package let description: String
     init(_ d: String) { description = d }
 }
 
 /// Where batches may go: operator configuration only (callers cannot set an endpoint), `http` or
 /// `https` with a host, optionally restricted to `allowedHosts`. `{stream}` (the stream name) may
 /// appear only after the host, so the host of every URL is the template's.
-enum EndpointRule {
+package enum EndpointRule {
     static let schemes = ["http", "https"]
 
     /// The host of an endpoint template, or why it is not acceptable.
-    static func check(_ url: String, allowedHosts: Set<String>?) -> Result<String, UploaderConfigError> {
+    package static func check(_ url: String, allowedHosts: Set<String>?) -> Result<String, UploaderConfigError> {
         guard let sep = url.range(of: "://") else {
             return .failure(UploaderConfigError("endpoint \(url) has no scheme (http:// or https://)"))
         }
@@ -111,20 +111,20 @@ enum EndpointRule {
 }
 
 /// The uploader's configuration, read once at start from `plugins[uploader].config`.
-struct UploaderConfig {
-    var defaultEndpoint = "http://127.0.0.1:8780/v1/batches/{stream}"
-    var limits = UploaderLimits()
+package struct UploaderConfig {
+    package var defaultEndpoint = "http://127.0.0.1:8780/v1/batches/{stream}"
+    package var limits = UploaderLimits()
     var retry = RetryPolicy()
     var fsyncFull = false
     /// Hosts endpoints may name (lower-case); nil: any.
-    var allowedHosts: Set<String>?
-    var catalog = StreamCatalog()
+    package var allowedHosts: Set<String>?
+    package var catalog = StreamCatalog()
     /// The device credential file sent as `Authorization: Bearer` (docs/SECURITY.md, "Backend").
     var credentialFile: String?
 
-    init() {}
+    package init() {}
 
-    init(_ c: JSON) throws(UploaderConfigError) {
+    package init(_ c: JSON) throws(UploaderConfigError) {
         func int(_ k: String, _ range: ClosedRange<Int64>) throws(UploaderConfigError) -> Int? {
             try ConfigBounds.int(c[k], k, range).map { Int($0) }
         }

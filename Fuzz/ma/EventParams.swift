@@ -1,1 +1,0 @@
-../../Plugins/ma/EventParams.swift

@@ -1,1 +1,0 @@
-../../Plugins/uploader/StreamState.swift

@@ -92,9 +92,10 @@ pydeps: deps
 ## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,
 ## check, remove, purge on this machine) is `make test-deb`. Measured on 2 cores: release build
 ## 1-3 min, the deb test 20 s (the rest of `make test` ~2 min), so `make test` runs it too when it
-## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it.
+## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it. Randomised property tests draw
+## all their inputs here (PYLON_PROPERTY_RUNS=full), a quarter of them in test-unit and test-asan.
 test: build pydeps
-	$(SWIFT) test --no-parallel
+	PYLON_PROPERTY_RUNS=full $(SWIFT) test --no-parallel
 	$(MAKE) --no-print-directory test-python test-install test-run fleet-test
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \

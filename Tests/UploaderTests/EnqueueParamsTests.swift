@@ -76,7 +76,7 @@ struct EnqueueParamsTests {
         var g = EnqueueGenerator(seed: 2026)
         var accepted = 0
         var refused = 0
-        for n in 0..<6000 {
+        for n in 0..<PropertyRuns.count(6000) {
             let text = g.params()
             let bytes = Array(text.utf8)
             // The host refuses a key holding U+0000 (json-c cuts it there): never a plugin's input.
@@ -105,7 +105,9 @@ struct EnqueueParamsTests {
                 Issue.record("\(text): \(Self.describe(got)) / \(want.records)")
             }
         }
-        #expect(accepted > 800 && refused > 800, "accepted \(accepted), refused \(refused)")
+        #expect(
+            accepted > PropertyRuns.share(800, of: 6000) && refused > PropertyRuns.share(800, of: 6000),
+            "accepted \(accepted), refused \(refused)")
     }
 
     /// The uploader reads every request into one `Scratch`: what an earlier request left in it
@@ -113,7 +115,7 @@ struct EnqueueParamsTests {
     @Test func aReusedScratchReadsLikeAFreshOne() {
         var g = EnqueueGenerator(seed: 13)
         var shared = EnqueueParams.Scratch()
-        for n in 0..<3000 {
+        for n in 0..<PropertyRuns.count(3000) {
             let bytes = Array(g.params().utf8)
             let limits = n % 2 == 0 ? UploaderLimits() : Self.smallLimits
             bytes.withUnsafeBytes { t in
@@ -231,7 +233,7 @@ struct EnqueueParamsTests {
     @Test func callerInfoFromTextMatchesTheParsedCaller() throws {
         var g = EnqueueGenerator(seed: 5)
         var fast = 0
-        for _ in 0..<3000 {
+        for _ in 0..<PropertyRuns.count(3000) {
             let text = g.caller()
             let parsed = try JSON.parse(text)
             let viaText = Array(text.utf8).withUnsafeBytes { CallerInfo(text: $0) }
@@ -239,7 +241,7 @@ struct EnqueueParamsTests {
             #expect(Principal(caller: viaText) == Principal(caller: parsed))
             if Array(text.utf8).withUnsafeBytes({ CallerInfo.scan($0) }) != nil { fast += 1 }
         }
-        #expect(fast > 500, "most callers read from the bytes: \(fast)")
+        #expect(fast > PropertyRuns.share(500, of: 3000), "most callers read from the bytes: \(fast)")
         let host = Array(#"{"client":12,"uid":1000,"gid":1000,"pid":4242,"admin":true}"#.utf8)
         #expect(host.withUnsafeBytes { CallerInfo(text: $0) } == CallerInfo(client: 12, uid: 1000, gid: 1000, pid: 4242, admin: true))
         #expect(CallerInfo(text: nil) == CallerInfo())

@@ -1,6 +1,7 @@
 import Glibc
 import PylonPluginKit
 import PylonStore
+import TestSupport
 import Testing
 
 @testable import pylon_uploader
@@ -372,7 +373,7 @@ struct SegmentQueueModelTests {
         var delivered = Set<String>()
         var live: [String: String] = [:]  // batch key -> stream
         var n = 0
-        for step in 0..<1500 {
+        for step in 0..<PropertyRuns.count(1500) {
             let op = r(10)
             switch op {
             case 0...3:

@@ -16,15 +16,11 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, "appKey must be a non-empty string"))
             return
         }
-        let uid: Int64?
-        if case .null? = call.params["uid"] {
-            uid = nil
-        } else if let u = call.params["uid"]?.intValue, u >= 0, u <= Int64(UInt32.max) {
-            uid = u
-        } else {
-            call.reply(Self.result(MACode.invalidParams, "uid must be a uid (an integer 0-4294967295) or null (release)"))
+        guard let handOver = Ownership.HandOver(uidParam: call.params["uid"]) else {
+            call.reply(Self.result(MACode.invalidParams, Ownership.HandOver.problem))
             return
         }
+        let uid = handOver.uid
         guard let inst = instances[appKey] else {
             call.reply(Self.result(MACode.notStarted, "start not called for AppKey \(appKey)"))
             return

@@ -18,15 +18,11 @@ extension PushService {
             call.reply(reply(PushCode.invalidParams, "appId must be 1-128 of [A-Za-z0-9._-]"))
             return
         }
-        let uid: Int64?
-        if case .null? = call.params["uid"] {
-            uid = nil
-        } else if let u = call.params["uid"]?.intValue, u >= 0, u <= Int64(UInt32.max) {
-            uid = u
-        } else {
-            call.reply(reply(PushCode.invalidParams, "uid must be a uid (an integer 0-4294967295) or null (release)"))
+        guard let handOver = Ownership.HandOver(uidParam: call.params["uid"]) else {
+            call.reply(reply(PushCode.invalidParams, Ownership.HandOver.problem))
             return
         }
+        let uid = handOver.uid
         guard let previous = store.appOwner(appId) else {
             call.reply(reply(PushCode.invalidParams, "appId \(appId) has no owner: no uid attached it yet"))
             return

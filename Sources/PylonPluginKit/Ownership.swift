@@ -106,6 +106,31 @@ public struct Ownership: Sendable, Equatable {
     /// Whether `caller` may hand a resource to another owner or release it: an admin only.
     public static func mayHandOver(_ caller: CallerInfo) -> Bool { caller.isAdmin }
 
+    /// What a `setOwner` call's `uid` param asks for: hand over to a uid, or release.
+    public enum HandOver: Equatable, Sendable {
+        case uid(Int64)
+        case release
+
+        /// The new owner's uid, nil for a release.
+        public var uid: Int64? {
+            if case .uid(let u) = self { return u }
+            return nil
+        }
+
+        /// A uid (an integer 0-4294967295) or null; nil for anything else (`problem` says why).
+        public init?(uidParam v: JSON?) {
+            if case .null? = v {
+                self = .release
+            } else if let u = v?.intValue, u >= 0, u <= Int64(UInt32.max) {
+                self = .uid(u)
+            } else {
+                return nil
+            }
+        }
+
+        public static let problem = "uid must be a uid (an integer 0-4294967295) or null (release)"
+    }
+
     /// The rule of uploader streams.
     public static let streams = Ownership(identity: .principal, unownedIsShared: false)
     /// The rule of MA AppKeys.

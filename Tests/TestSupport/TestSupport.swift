@@ -150,7 +150,7 @@ public func startMosquitto(dir: String, log: String, port fixed: Int? = nil, con
 
 /// A loopback port nothing listens on now (bound to 0, read back, closed): only for servers
 /// that cannot bind port 0 themselves, with a retry on "in use" (`startMosquitto`).
-private func chooseFreeLoopbackPort() throws -> Int {
+public func chooseFreeLoopbackPort() throws -> Int {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     defer { close(fd) }
     var addr = sockaddr_in()

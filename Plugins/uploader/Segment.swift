@@ -20,6 +20,14 @@ enum Frame: Equatable {
     /// records' text lengths; the texts follow in the upload body's form, joined by commas
     /// (`{"id":…,"ts":…,"data":…},{…}`), so a batch body is these bytes copied.
     case records(lane: UInt64, first: Int64, enqueuedMs: Int64, deltas: [UInt64], lengths: [Int], textStart: Int)
+    /// Records of one lane as `records`, their texts (`lengths` are the uncompressed ones, joined
+    /// by commas as there) one raw-deflate chunk from `dataStart` to the frame's end: the output
+    /// of the lane's running deflate stream, ended with a sync flush whose final empty stored
+    /// block (`00 00 ff ff`) is left off. `seq` numbers the frames of one context (a run of the
+    /// lane's packed frames in one segment, decodable only in order): 0 starts a new context,
+    /// and a frame whose `seq` is not its lane's previous one plus 1 breaks the context (one
+    /// lost in between). `docs/UPLOADER.md` "On disk".
+    case packed(lane: UInt64, first: Int64, enqueuedMs: Int64, deltas: [UInt64], lengths: [Int], seq: UInt64, dataStart: Int)
     /// A batch: every record of `stream` whose position is in one of `runs` (closed ranges)
     /// belongs to batch `key`. `seq` orders batches as they were cut.
     case cut(key: String, stream: String, final: Bool, seq: UInt64, createdMs: Int64, runs: [ClosedRange<Int64>])
@@ -46,8 +54,12 @@ enum Frame: Equatable {
     static let segmentMagic = Array("PYLQSEG1".utf8)
 
     enum Kind: UInt8 {
-        case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6, ended = 7
+        case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6, ended = 7, packed = 8
     }
+
+    /// The uncompressed texts of one packed frame are at most this many bytes (a chunk is cut
+    /// at `Chunk.targetBytes` plus one record): a frame claiming more is not one.
+    static let maxPackedTextBytes = 64 << 20
 
     // MARK: Writing
 
@@ -102,6 +114,27 @@ enum Frame: Equatable {
             o.append(contentsOf: chunk.body)
         }
         return starts
+    }
+
+    /// A packed frame for `chunk`'s records at `positions`, its texts deflated by `stream`
+    /// (frame `seq` of its context: `stream` was reset for 0).
+    static func appendPacked(
+        _ out: inout [UInt8], lane: UInt64, positions: [Int64], enqueuedMs: Int64, chunk: Chunk, seq: UInt64, stream: Deflater
+    ) throws {
+        let start = out.count
+        out.append(contentsOf: [0, 0, 0, 0, 0, 0, 0, 0])
+        out.append(Kind.packed.rawValue)
+        varint(&out, lane)
+        varint(&out, UInt64(bitPattern: positions[0]))
+        varint(&out, UInt64(bitPattern: max(0, enqueuedMs)))
+        varint(&out, UInt64(chunk.count))
+        for i in 1..<max(1, positions.count) { varint(&out, UInt64(positions[i] - positions[i - 1])) }
+        chunk.index.withUnsafeBytes { ix in
+            for i in 0..<chunk.count { varint(&out, UInt64(Chunk.span(ix, i).count)) }
+        }
+        varint(&out, seq)
+        try stream.deflate(chunk.body, into: &out)
+        seal(&out, at: start)
     }
 
     static func appendCut(
@@ -217,7 +250,8 @@ enum Frame: Equatable {
         case .lane:
             guard let id = r.varint(), let s = r.string(), let c = r.string(), r.at == b.count else { return nil }
             return .lane(id: id, stream: s, consent: c)
-        case .records:
+        case .records, .packed:
+            let packed = kind == .packed
             guard let lane = r.varint(), let first = r.varint(), let ms = r.varint(), let count = r.varint(),
                 count > 0, count <= UInt64(b.count)
             else { return nil }
@@ -228,10 +262,17 @@ enum Frame: Equatable {
             }
             var lengths: [Int] = []
             var total = 0
+            let most = UInt64(packed ? maxPackedTextBytes : b.count)
             for _ in 0..<count {
-                guard let l = r.varint(), l > 0, l < UInt64(b.count) else { return nil }
+                guard let l = r.varint(), l > 0, l < most else { return nil }
                 lengths.append(Int(l))
                 total += Int(l)
+            }
+            if packed {
+                guard let seq = r.varint(), total + Int(count) - 1 <= maxPackedTextBytes, r.at < b.count else { return nil }
+                return .packed(
+                    lane: lane, first: Int64(bitPattern: first), enqueuedMs: Int64(bitPattern: ms), deltas: deltas, lengths: lengths,
+                    seq: seq, dataStart: bodyStart + r.at)
             }
             guard r.at + total + Int(count) - 1 == b.count else { return nil }
             return .records(
@@ -312,6 +353,108 @@ enum Frame: Equatable {
             at += Int(n)
             return s
         }
+    }
+}
+
+/// A lane's running raw-deflate stream in the active segment (the writer of packed frames):
+/// `windowBits` and `memLevel` small, so a lane costs `memoryBytes` (docs/UPLOADER.md).
+final class Deflater {
+    /// zlib's level 3 (its fast strategy): within a byte per record of level 9 on near-identical
+    /// records, at about half the CPU of level 6.
+    static let level: Int32 = 3
+    /// A 4 KiB window: some twenty records of a device's event back, all a record repeats.
+    static let windowBits: Int32 = 12
+    static let memLevel: Int32 = 2
+    /// What zlib allocates for one stream: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
+    /// plus its state (about 6 KiB).
+    static let memoryBytes = (1 << (Int(windowBits) + 2)) + (1 << (Int(memLevel) + 9)) + 6 * 1024
+    /// The sync flush's final empty stored block, left off every frame and put back to inflate.
+    static let syncTail: [UInt8] = [0, 0, 0xff, 0xff]
+
+    private let s: UnsafeMutablePointer<z_stream>
+
+    init() throws {
+        s = .allocate(capacity: 1)
+        s.initialize(to: z_stream())
+        let rc = deflateInit2_(
+            s, Deflater.level, Z_DEFLATED, -Deflater.windowBits, Deflater.memLevel, Z_DEFAULT_STRATEGY, zlibVersion(),
+            Int32(MemoryLayout<z_stream>.size))
+        guard rc == Z_OK else {
+            s.deallocate()
+            throw QueueError(message: "deflateInit2 failed (\(rc))")
+        }
+    }
+
+    deinit {
+        deflateEnd(s)
+        s.deallocate()
+    }
+
+    /// Starts a new context: what follows decodes without what came before.
+    func reset() { deflateReset(s) }
+
+    /// Appends `input` deflated and sync-flushed to `out`, the sync tail left off.
+    func deflate(_ input: [UInt8], into out: inout [UInt8]) throws {
+        let start = out.count
+        let room = Int(deflateBound(s, uLong(input.count))) + 16
+        out.append(contentsOf: repeatElement(0, count: room))
+        let rc = input.withUnsafeBytes { inp in
+            out.withUnsafeMutableBytes { o in
+                s.pointee.next_in = UnsafeMutablePointer(mutating: inp.baseAddress?.assumingMemoryBound(to: Bytef.self))
+                s.pointee.avail_in = uInt(inp.count)
+                s.pointee.next_out = (o.baseAddress! + start).assumingMemoryBound(to: Bytef.self)
+                s.pointee.avail_out = uInt(room)
+                return CZlib.deflate(s, Z_SYNC_FLUSH)
+            }
+        }
+        let produced = room - Int(s.pointee.avail_out)
+        guard rc == Z_OK, s.pointee.avail_in == 0, s.pointee.avail_out > 0, produced >= 4,
+            Array(out[(start + produced - 4)..<(start + produced)]) == Deflater.syncTail
+        else { throw QueueError(message: "deflate failed (\(rc))") }
+        out.removeLast(room - produced + 4)
+    }
+}
+
+/// The reader of packed frames: one raw-inflate stream, fed a context's frames in order.
+final class Inflater {
+    private let s: UnsafeMutablePointer<z_stream>
+
+    init() throws {
+        s = .allocate(capacity: 1)
+        s.initialize(to: z_stream())
+        // The largest window: reads whatever window the writer used.
+        let rc = inflateInit2_(s, -15, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
+        guard rc == Z_OK else {
+            s.deallocate()
+            throw QueueError(message: "inflateInit2 failed (\(rc))")
+        }
+    }
+
+    deinit {
+        inflateEnd(s)
+        s.deallocate()
+    }
+
+    func reset() { inflateReset(s) }
+
+    /// The `expected` bytes `payload` (a packed frame's deflated texts) inflates to, after the
+    /// frames of its context before it; nil when it does not (zeroed, damaged, or out of order).
+    func inflate(_ payload: UnsafeRawBufferPointer, expected: Int) -> [UInt8]? {
+        var input = [UInt8](payload)
+        input += Deflater.syncTail
+        var out = [UInt8](repeating: 0, count: expected + 1)
+        let rc = input.withUnsafeMutableBytes { inp in
+            out.withUnsafeMutableBytes { o in
+                s.pointee.next_in = inp.baseAddress!.assumingMemoryBound(to: Bytef.self)
+                s.pointee.avail_in = uInt(inp.count)
+                s.pointee.next_out = o.baseAddress!.assumingMemoryBound(to: Bytef.self)
+                s.pointee.avail_out = uInt(o.count)
+                return CZlib.inflate(s, Z_SYNC_FLUSH)
+            }
+        }
+        guard rc == Z_OK, s.pointee.avail_in == 0, Int(s.pointee.avail_out) == 1 else { return nil }
+        out.removeLast()
+        return out
     }
 }
 

@@ -36,6 +36,8 @@ final class UploaderStore {
     let db: Database
     let log: SegmentLog
     let fsyncEveryCommit: Bool
+    /// How new records frames are written: packed (`deflate`) or as they are sent (`none`).
+    let compression: QueueCompression
 
     /// The on-disk format this code writes (`PRAGMA user_version` of the database); 3 and below
     /// kept the records in the database and are migrated at open (`Store+Migration.swift`).
@@ -50,6 +52,10 @@ final class UploaderStore {
     /// The oldest segment, closed and still holding live records, is copied forward and removed
     /// once its live records take less than 1/`compactLiveFraction` of it.
     static let compactLiveFraction = 4
+    /// A lane's deflate context (docs/UPLOADER.md "On disk") ends once it has taken this many
+    /// bytes of uncompressed text, so reading one record never inflates more than this (and one
+    /// chunk).
+    static let packContextBytes = 64 << 10
 
     /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
     var ids: [String: Set<RecordKey>] = [:]
@@ -67,10 +73,31 @@ final class UploaderStore {
         var consent: Int32
         /// Its batch (`batches`), `-1` while queued, `-2` once gone.
         var batch: Int32 = -1
+        /// `-1`: its frame is a records frame and `text` a file offset. Else a packed frame:
+        /// `text` is its offset in the frame's inflated texts, and its deflate context starts
+        /// `ctx` bytes before `frame` (`contextStart`).
+        var ctx: Int32 = -1
         var enqueuedMs: Int64
         var key: RecordKey
         var gone: Bool { batch == -2 }
         var charge: Int { Chunk.charge(textBytes: Int(len)) }
+        var packed: Bool { ctx >= 0 }
+        var contextStart: Int { frame - Int(ctx) }
+    }
+
+    /// A deflate context: a segment and the offset of its first frame.
+    struct Context: Hashable {
+        var seg: UInt32
+        var start: Int
+    }
+
+    /// A lane's running deflate context in the active segment: its stream, where it started,
+    /// the next frame's `seq`, and the uncompressed text it has taken.
+    struct Pack {
+        var stream: Deflater
+        var start: Int
+        var seq: UInt64
+        var bytes: Int
     }
 
     /// One stream's records in position order (gone ones dropped lazily).
@@ -132,6 +159,8 @@ final class UploaderStore {
     /// Lanes declared in the active segment.
     private var lanes: [LaneKey: UInt64] = [:]
     private var lanesOf: UInt32 = 0
+    /// The deflate contexts open in the active segment, per lane (freed when it closes).
+    private var packs: [UInt64: Pack] = [:]
 
     struct LaneKey: Hashable {
         var stream: String
@@ -145,8 +174,12 @@ final class UploaderStore {
 
     /// Opens (creating or migrating) the queue of database `path`: its segments are in
     /// `<path minus .db>.queue/`.
-    init(path: String, fsyncEveryCommit: Bool, segmentBytes: Int = UploaderStore.defaultSegmentBytes) throws {
+    init(
+        path: String, fsyncEveryCommit: Bool, segmentBytes: Int = UploaderStore.defaultSegmentBytes,
+        compression: QueueCompression = .deflate
+    ) throws {
         self.fsyncEveryCommit = fsyncEveryCommit
+        self.compression = compression
         db = try Database(path: path)
         try db.exec("PRAGMA journal_mode=WAL")
         try db.exec("PRAGMA synchronous=\(fsyncEveryCommit ? "FULL" : "NORMAL")")
@@ -204,9 +237,12 @@ final class UploaderStore {
     private func replay() throws {
         var seen = Set<Int64>()
         var controls: [Control] = []
-        var purgedRuns: [String: [ClosedRange<Int64>]] = [:]
+        // Runs of batches ended (delivered, purged, set aside): their records are gone whatever
+        // their texts read as.
+        var endedRuns: [String: [ClosedRange<Int64>]] = [:]
         var damaged: [(seg: UInt32, offset: Int, length: Int)] = []
         var unreadable: [(stream: String, pos: Int64)] = []
+        var unreadableFrames: [(seg: UInt32, offset: Int, length: Int, dataStart: Int)] = []
         var maxPos: Int64 = -1
         for n in log.numbers {
             let bytes = try log.read(n)
@@ -218,6 +254,9 @@ final class UploaderStore {
                 continue
             }
             var localLanes: [UInt64: (stream: String, consent: Int32)] = [:]
+            // Per lane, its context being read: the inflate stream, where it started, the next
+            // frame's seq, and whether a frame of it failed (the rest of it then cannot be read).
+            var contexts: [UInt64: (inflater: Inflater, start: Int, seq: UInt64, broken: Bool)] = [:]
             let (frames, validEnd) = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
             if validEnd < bytes.count {
                 truncatedBytes += bytes.count - validEnd
@@ -236,14 +275,61 @@ final class UploaderStore {
                         if i > 0 { pos += Int64(deltas[i - 1]) }
                         defer { at += len + 1 }
                         maxPos = max(maxPos, pos)
-                        guard seen.insert(pos).inserted else { continue }
+                        guard !seen.contains(pos) else { continue }
                         let text = bytes.withUnsafeBytes { UnsafeRawBufferPointer(rebasing: $0[at..<(at + len)]) }
                         guard let id = RecordText.escapedID(text) else {
                             unreadable.append((l.stream, pos))
                             continue
                         }
+                        seen.insert(pos)
                         let rec = Rec(
                             pos: pos, seg: n, frame: f.offset, text: at, len: Int32(len), consent: l.consent, enqueuedMs: ms,
+                            key: RecordKey(id))
+                        queues[l.stream, default: Queue()].recs.append(rec)
+                    }
+                case .packed(let lane, let first, let ms, let deltas, let lengths, let seq, let dataStart)?:
+                    guard let l = localLanes[lane] else { continue }
+                    if seq == 0 {
+                        if let c = contexts[lane] {
+                            c.inflater.reset()
+                            contexts[lane] = (c.inflater, f.offset, 0, false)
+                        } else {
+                            contexts[lane] = (try Inflater(), f.offset, 0, false)
+                        }
+                    }
+                    var texts: [UInt8]?
+                    if var c = contexts[lane] {
+                        if f.crcOK, !c.broken, c.seq == seq {
+                            texts = bytes.withUnsafeBytes {
+                                c.inflater.inflate(
+                                    UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]),
+                                    expected: lengths.reduce(lengths.count - 1, +))
+                            }
+                        }
+                        c.broken = texts == nil
+                        c.seq = seq + 1
+                        contexts[lane] = c
+                    }
+                    // A frame its context cannot read (zeroed by a purge, damaged, or after one
+                    // such): its payload is zeroed below, whatever of it a decoder could guess.
+                    if texts == nil && f.crcOK { unreadableFrames.append((n, f.offset, f.length, dataStart)) }
+                    let ctx = contexts[lane].map { Int32(f.offset - $0.start) } ?? -1
+                    var pos = first
+                    var at = 0
+                    for (i, len) in lengths.enumerated() {
+                        if i > 0 { pos += Int64(deltas[i - 1]) }
+                        defer { at += len + 1 }
+                        maxPos = max(maxPos, pos)
+                        guard !seen.contains(pos) else { continue }
+                        guard let t = texts,
+                            let id = t.withUnsafeBytes({ RecordText.escapedID(UnsafeRawBufferPointer(rebasing: $0[at..<(at + len)])) })
+                        else {
+                            unreadable.append((l.stream, pos))
+                            continue
+                        }
+                        seen.insert(pos)
+                        let rec = Rec(
+                            pos: pos, seg: n, frame: f.offset, text: at, len: Int32(len), consent: l.consent, ctx: ctx, enqueuedMs: ms,
                             key: RecordKey(id))
                         queues[l.stream, default: Queue()].recs.append(rec)
                     }
@@ -278,15 +364,15 @@ final class UploaderStore {
                     Batch(key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs, positions: positions, cutSeg: seg))
                 nextCutSeq = max(nextCutSeq, seq + 1)
             case .final(let keys): for k in keys { if let id = batchIDs[k] { batches[id]!.final = true } }
-            case .done(let entries, let zeroed):
+            case .done(let entries, _):
                 for e in entries {
                     if let id = batchIDs[e.key], let b = batches[id] {
-                        if zeroed { purgedRuns[b.stream, default: []] += b.runs }
+                        endedRuns[b.stream, default: []] += b.runs
                         removeBatch(e.key, recordsGone: true)
                         continue
                     }
                     // Its cut frame is gone with an older segment: its records end by their runs.
-                    if zeroed { purgedRuns[e.stream, default: []] += e.runs }
+                    endedRuns[e.stream, default: []] += e.runs
                     guard var q = queues.removeValue(forKey: e.stream) else { continue }
                     for run in e.runs {
                         var i = q.lowerBound(run.lowerBound)
@@ -300,9 +386,11 @@ final class UploaderStore {
             case .unbatch(let keys): for k in keys { removeBatch(k, recordsGone: false) }
             }
         }
-        // Texts that do not read as records: zeroed by a purge a crash interrupted, or damaged
-        // (then lost, and counted).
-        damagedRecords = unreadable.filter { u in !(purgedRuns[u.stream] ?? []).contains { $0.contains(u.pos) } }.count
+        // Texts that do not read as records: zeroed by a purge (a packed context is zeroed whole,
+        // its delivered records' texts too) or damaged (then lost, and counted, unless ended or
+        // read elsewhere: a forward copy; a position counts once).
+        damagedRecords = unreadable.filter { u in !seen.contains(u.pos) && !(endedRuns[u.stream] ?? []).contains { $0.contains(u.pos) } }
+            .count
         for (name, var q) in queues {
             q.recs.removeAll { $0.gone }
             q.goneCount = 0
@@ -322,6 +410,11 @@ final class UploaderStore {
         for (_, b) in batches { segmentUse[b.cutSeg, default: SegmentUse()].cuts += 1 }
         // Damaged frames: rewritten with what is not live zeroed and a crc that matches.
         for d in damaged { try rewriteFrame(seg: d.seg, at: d.offset) { pos, r in !isLive(pos: pos, seg: d.seg, text: r.lowerBound) } }
+        // Packed frames no context reads: their payload zeroed (once: a zeroed one is skipped).
+        for u in unreadableFrames where log.sizes[u.seg] != nil {
+            let payload = try log.read(u.seg, u.dataStart..<(u.offset + u.length))
+            if payload.contains(where: { $0 != 0 }) { try rewriteFrame(seg: u.seg, at: u.offset) { _, _ in true } }
+        }
         try reclaim()
     }
 
@@ -383,6 +476,7 @@ final class UploaderStore {
         if log.needsNewSegment(for: bytes) { try log.startSegment() }
         if lanesOf != log.active {
             lanes.removeAll()
+            packs.removeAll()
             lanesOf = log.active
         }
     }
@@ -397,6 +491,7 @@ final class UploaderStore {
         var len: Int32
         var key: RecordKey
         var enqueuedMs: Int64
+        var ctx: Int32 = -1
     }
 
     /// Appends records frames for `chunks` (each at the positions given, or new ones from
@@ -409,11 +504,17 @@ final class UploaderStore {
         var estimate = prefix.count + suffix.count
         for c in chunks { estimate += c.chunk.body.count + 6 * c.chunk.count + 64 + c.stream.utf8.count + c.consent.utf8.count }
         try prepareSegment(for: estimate)
+        // Where this write will start (the packed frames' contexts are file offsets).
+        let base = log.sizes[log.active] ?? 0
         var out = prefix
         out.reserveCapacity(estimate)
         var newLanes: [LaneKey: UInt64] = [:]
         var placed: [Placed] = []
         var position = nextPosition
+        // A deflate stream advanced for bytes that never reach the file cannot go on: on any
+        // failure every context ends, and the next frames start new ones.
+        var packing = false
+        defer { if packing { packs.removeAll() } }
         for c in chunks where !c.chunk.isEmpty {
             let lk = LaneKey(stream: c.stream, consent: c.consent)
             let lane: UInt64
@@ -427,7 +528,29 @@ final class UploaderStore {
             let positions = c.positions ?? (0..<Int64(c.chunk.count)).map { position + $0 }
             if c.positions == nil { position += Int64(c.chunk.count) }
             let frameStart = out.count
-            let starts = Frame.appendRecords(&out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk)
+            var ctx: Int32 = -1
+            var starts: [Int] = []
+            if compression == .deflate {
+                packing = true
+                var pack: Pack
+                if let p = packs[lane], p.bytes < UploaderStore.packContextBytes {
+                    pack = p
+                } else if let p = packs[lane] {
+                    pack = Pack(stream: p.stream, start: base + frameStart, seq: 0, bytes: 0)
+                    pack.stream.reset()
+                } else {
+                    pack = Pack(stream: try Deflater(), start: base + frameStart, seq: 0, bytes: 0)
+                }
+                try Frame.appendPacked(
+                    &out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk, seq: pack.seq, stream: pack.stream)
+                ctx = Int32(base + frameStart - pack.start)
+                pack.seq += 1
+                pack.bytes += c.chunk.body.count
+                packs[lane] = pack
+                c.chunk.index.withUnsafeBytes { ix in for i in 0..<c.chunk.count { starts.append(Chunk.span(ix, i).lowerBound) } }
+            } else {
+                starts = Frame.appendRecords(&out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk)
+            }
             let cid = consentID(c.consent)
             c.chunk.body.withUnsafeBytes { body in
                 c.chunk.index.withUnsafeBytes { ix in
@@ -438,18 +561,20 @@ final class UploaderStore {
                             Placed(
                                 stream: c.stream, consent: cid, pos: positions[i], frame: frameStart, text: starts[i],
                                 len: Int32(span.count),
-                                key: RecordKey(id), enqueuedMs: c.enqueuedMs))
+                                key: RecordKey(id), enqueuedMs: c.enqueuedMs, ctx: ctx))
                     }
                 }
             }
         }
         out.append(contentsOf: suffix)
         let at = try log.append(out, sync: sync)
+        guard at == base else { throw QueueError(message: "segment \(log.active): appended at \(at), not at its end \(base)") }
+        packing = false
         lanes.merge(newLanes) { a, _ in a }
         nextPosition = position
         for i in placed.indices {
             placed[i].frame += at
-            placed[i].text += at
+            if placed[i].ctx < 0 { placed[i].text += at }
         }
         return (placed, log.active)
     }
@@ -464,8 +589,8 @@ final class UploaderStore {
                 let p = placed[i]
                 q.recs.append(
                     Rec(
-                        pos: p.pos, seg: seg, frame: p.frame, text: p.text, len: p.len, consent: p.consent, enqueuedMs: p.enqueuedMs,
-                        key: p.key))
+                        pos: p.pos, seg: seg, frame: p.frame, text: p.text, len: p.len, consent: p.consent, ctx: p.ctx,
+                        enqueuedMs: p.enqueuedMs, key: p.key))
                 var use = segmentUse[seg] ?? SegmentUse()
                 use.recs += 1
                 use.bytes += Chunk.charge(textBytes: Int(p.len))
@@ -641,17 +766,42 @@ final class UploaderStore {
         return b.positions.compactMap { p in q.index(of: p).flatMap { q.recs[$0].batch == id ? q.recs[$0] : nil } }
     }
 
-    /// The texts of `recs` (each record's upload form), read with one pread per run of records
-    /// that lie close together in one segment.
+    /// The texts of `recs` (each record's upload form), in their order: a records frame's read
+    /// with one pread per run of records that lie close together in one segment; a packed
+    /// frame's by inflating its context from its first frame (one pread per context, each
+    /// context inflated once).
     func texts(_ recs: [Rec], _ each: (UnsafeRawBufferPointer) -> Void) throws {
+        var needed: [Context: Set<Int>] = [:]
+        for r in recs where r.packed { needed[Context(seg: r.seg, start: r.contextStart), default: []].insert(r.frame) }
+        var inflated: [Context: [Int: [UInt8]]] = [:]
+        for (c, frames) in needed { inflated[c] = try inflateContext(c, frames: frames) }
         var i = 0
         while i < recs.count {
+            if recs[i].packed {
+                let r = recs[i]
+                guard let t = inflated[Context(seg: r.seg, start: r.contextStart)]?[r.frame], r.text + Int(r.len) <= t.count else {
+                    throw QueueError(message: "segment \(r.seg): no packed frame at \(r.frame)")
+                }
+                t.withUnsafeBytes { each(UnsafeRawBufferPointer(rebasing: $0[r.text..<(r.text + Int(r.len))])) }
+                i += 1
+                continue
+            }
+            var j = i
+            while j < recs.count, !recs[j].packed { j += 1 }
+            try plainTexts(recs[i..<j], each)
+            i = j
+        }
+    }
+
+    private func plainTexts(_ recs: ArraySlice<Rec>, _ each: (UnsafeRawBufferPointer) -> Void) throws {
+        var i = recs.startIndex
+        while i < recs.endIndex {
             let seg = recs[i].seg
             let start = recs[i].text
             var end = start + Int(recs[i].len)
             var j = i + 1
             var useful = Int(recs[i].len)
-            while j < recs.count, recs[j].seg == seg, recs[j].text >= end,
+            while j < recs.endIndex, recs[j].seg == seg, recs[j].text >= end,
                 recs[j].text + Int(recs[j].len) - start <= 2 * (useful + Int(recs[j].len)) + 4096
             {
                 end = recs[j].text + Int(recs[j].len)
@@ -667,6 +817,40 @@ final class UploaderStore {
             }
             i = j
         }
+    }
+
+    /// The inflated texts of the packed frames at `frames` of context `c`: its frames are read
+    /// with one pread, from its first to the last of `frames`, and inflated in order.
+    private func inflateContext(_ c: Context, frames: Set<Int>) throws -> [Int: [UInt8]] {
+        guard let last = frames.max() else { return [:] }
+        let head = try log.read(c.seg, last..<(last + Frame.headBytes))
+        let bytes = try log.read(c.seg, c.start..<(last + Frame.headBytes + Int(Chunk.u32(head, 0))))
+        let broken = QueueError(message: "segment \(c.seg): the deflate context at \(c.start) does not inflate")
+        let inflater = try Inflater()
+        var out: [Int: [UInt8]] = [:]
+        var lane: UInt64?
+        var seq: UInt64 = 0
+        try bytes.withUnsafeBytes { b in
+            var at = 0
+            while at + Frame.headBytes <= b.count, out.count < frames.count {
+                let n = Int(Chunk.u32(b, at))
+                guard n > 0, at + Frame.headBytes + n <= b.count else { throw broken }
+                let body = UnsafeRawBufferPointer(rebasing: b[(at + Frame.headBytes)..<(at + Frame.headBytes + n)])
+                defer { at += Frame.headBytes + n }
+                guard let first = body.first, first == Frame.Kind.packed.rawValue,
+                    case .packed(let l, _, _, _, let lengths, let s, let dataStart)? = Frame.decode(body, bodyStart: at + Frame.headBytes),
+                    lane == nil || l == lane
+                else { continue }
+                guard s == seq, Frame.crc32(of: body) == Chunk.u32(b, at + 4) else { throw broken }
+                lane = l
+                seq += 1
+                let payload = UnsafeRawBufferPointer(rebasing: b[dataStart..<(at + Frame.headBytes + n)])
+                guard let t = inflater.inflate(payload, expected: lengths.reduce(lengths.count - 1, +)) else { throw broken }
+                if frames.contains(c.start + at) { out[c.start + at] = t }
+            }
+        }
+        guard out.count == frames.count else { throw broken }
+        return out
     }
 
     /// The upload body of batch `key`: `{"batch","stream","records":[{"id","ts","data"}]}`, its
@@ -710,12 +894,20 @@ final class UploaderStore {
         try reclaim()
     }
 
-    /// Overwrites the texts of `recs` with zeros: each frame holding one is rewritten with its
-    /// crc recomputed, then each segment touched is fdatasynced.
+    /// Overwrites the texts of `recs` (gone already) with zeros: each records frame holding one
+    /// is rewritten with its crc recomputed; a packed frame's text cannot be zeroed alone (the
+    /// later frames of its context depend on it), so the live records of every context holding
+    /// one are copied forward first (fdatasynced), then every frame of those contexts has its
+    /// whole deflated payload zeroed. Then each segment touched is fdatasynced.
     func zeroTexts(_ recs: [Rec]) throws {
+        var touched = Set<UInt32>()
+        for c in try copyCompanionsForward(recs).sorted(by: { ($0.seg, $0.start) < ($1.seg, $1.start) }) {
+            try zeroContext(c)
+            touched.insert(c.seg)
+        }
         var byFrame: [Int: (seg: UInt32, ranges: [Range<Int>])] = [:]
         var order: [(UInt32, Int)] = []
-        for r in recs {
+        for r in recs where !r.packed {
             let k = r.frame ^ (Int(r.seg) << 40)
             if byFrame[k] == nil {
                 byFrame[k] = (r.seg, [])
@@ -723,7 +915,6 @@ final class UploaderStore {
             }
             byFrame[k]!.ranges.append(r.text..<(r.text + Int(r.len)))
         }
-        var touched = Set<UInt32>()
         for (seg, frame) in order {
             let ranges = byFrame[frame ^ (Int(seg) << 40)]!.ranges
             try rewriteFrame(seg: seg, at: frame, sync: false) { _, r in ranges.contains(r) }
@@ -732,9 +923,47 @@ final class UploaderStore {
         for s in touched.sorted() { try log.sync(s) }
     }
 
+    /// The deflate contexts holding packed records of `recs`, once every live record sharing
+    /// one with them (but `recs`) is copied forward, fdatasynced, to new contexts: the first step
+    /// of zeroing them.
+    func copyCompanionsForward(_ recs: [Rec]) throws -> Set<Context> {
+        let contexts = Set(recs.filter(\.packed).map { Context(seg: $0.seg, start: $0.contextStart) })
+        guard !contexts.isEmpty else { return [] }
+        let purged = Set(recs.map(\.pos))
+        // The copies go to new contexts, never to one about to be zeroed.
+        packs.removeAll()
+        _ = try copyRecordsForward(suffix: []) {
+            $0.packed && !purged.contains($0.pos) && contexts.contains(Context(seg: $0.seg, start: $0.contextStart))
+        }
+        return contexts
+    }
+
+    /// Zeroes the deflated payload of every frame of context `c` (its lane's packed frames from
+    /// `c.start` up to the lane's next context), in order, each with its crc recomputed; not
+    /// fdatasynced.
+    private func zeroContext(_ c: Context) throws {
+        guard let size = log.sizes[c.seg], c.start < size else { return }
+        let bytes = try log.read(c.seg, c.start..<size)
+        var lane: UInt64?
+        var at = 0
+        while at + Frame.headBytes <= bytes.count {
+            let n = Int(Chunk.u32(bytes, at))
+            guard n > 0, at + Frame.headBytes + n <= bytes.count else { break }
+            defer { at += Frame.headBytes + n }
+            let decoded = bytes.withUnsafeBytes {
+                Frame.decode(UnsafeRawBufferPointer(rebasing: $0[(at + Frame.headBytes)..<(at + Frame.headBytes + n)]), bodyStart: 0)
+            }
+            guard case .packed(let l, _, _, _, _, let seq, _)? = decoded, lane == nil || l == lane else { continue }
+            if lane != nil && seq == 0 { break }
+            lane = l
+            try rewriteFrame(seg: c.seg, at: c.start + at, sync: false) { _, _ in true }
+        }
+    }
+
     /// Rewrites the records frame at `offset` of segment `seg` with the texts `zeroing` picks
-    /// (by position and file range) overwritten with zeros, and its crc recomputed. A frame that
-    /// is not a records frame has its crc recomputed only.
+    /// (by position and file range) overwritten with zeros, and its crc recomputed. A packed
+    /// frame has its whole deflated payload zeroed (its texts cannot be zeroed one by one); any
+    /// other frame has its crc recomputed only.
     private func rewriteFrame(seg: UInt32, at offset: Int, sync: Bool = true, zeroing: (Int64, Range<Int>) -> Bool) throws {
         guard log.sizes[seg] != nil else { return }
         let head = try log.read(seg, offset..<(offset + Frame.headBytes))
@@ -751,6 +980,8 @@ final class UploaderStore {
                 if zeroing(pos, at..<(at + len)) { for k in (at - offset)..<(at - offset + len) { frame[k] = 0 } }
                 at += len + 1
             }
+        } else if case .packed(_, _, _, _, _, _, let dataStart)? = decoded {
+            for k in (dataStart - offset)..<frame.count { frame[k] = 0 }
         }
         Frame.seal(&frame, at: 0)
         try log.overwrite(seg, at: offset, frame)
@@ -939,10 +1170,26 @@ final class UploaderStore {
     /// Appends segment `seg`'s live records (at their positions) and live cut frames to the
     /// active segment, fdatasynced, and points the queue at the copies.
     private func copyForward(_ seg: UInt32) throws {
+        var cuts: [UInt8] = []
+        for b in batches.values.sorted(by: { $0.seq < $1.seq }) where b.cutSeg == seg {
+            Frame.appendCut(&cuts, key: b.key, stream: b.stream, final: b.final, seq: b.seq, createdMs: b.createdMs, runs: b.runs)
+        }
+        let to = try copyRecordsForward(suffix: cuts) { $0.seg == seg }
+        for (id, b) in batches where b.cutSeg == seg {
+            batches[id]!.cutSeg = to
+            segmentUse[to, default: SegmentUse()].cuts += 1
+        }
+        segmentUse[seg] = SegmentUse()
+    }
+
+    /// Appends the live records `match` picks (at their positions), then `suffix`, to the
+    /// active segment with one write, fdatasynced, and points the queue at the copies. Returns
+    /// the segment written to.
+    private func copyRecordsForward(suffix: [UInt8], _ match: (Rec) -> Bool) throws -> UInt32 {
         var chunks: [(stream: String, consent: String, chunk: Chunk, positions: [Int64]?, enqueuedMs: Int64)] = []
         for (name, q) in queues.sorted(by: { $0.key < $1.key }) {
             var byConsent: [Int32: [Rec]] = [:]
-            for r in q.recs where !r.gone && r.seg == seg { byConsent[r.consent, default: []].append(r) }
+            for r in q.recs where !r.gone && match(r) { byConsent[r.consent, default: []].append(r) }
             for (c, recs) in byConsent.sorted(by: { $0.key < $1.key }) {
                 var i = 0
                 while i < recs.count {
@@ -954,12 +1201,8 @@ final class UploaderStore {
                 }
             }
         }
-        var cuts: [UInt8] = []
-        for b in batches.values.sorted(by: { $0.seq < $1.seq }) where b.cutSeg == seg {
-            Frame.appendCut(&cuts, key: b.key, stream: b.stream, final: b.final, seq: b.seq, createdMs: b.createdMs, runs: b.runs)
-        }
         let saved = nextPosition
-        let r = try appendChunks(chunks, prefix: [], suffix: cuts, sync: true)
+        let r = try appendChunks(chunks, prefix: [], suffix: suffix, sync: true)
         nextPosition = saved
         for p in r.placed {
             guard var q = queues.removeValue(forKey: p.stream) else { continue }
@@ -968,16 +1211,17 @@ final class UploaderStore {
                 q.recs[i].seg = r.seg
                 q.recs[i].frame = p.frame
                 q.recs[i].text = p.text
+                q.recs[i].ctx = p.ctx
+                var use = segmentUse[old.seg] ?? SegmentUse()
+                use.recs -= 1
+                use.bytes -= old.charge
+                segmentUse[old.seg] = use
                 segmentUse[r.seg, default: SegmentUse()].recs += 1
                 segmentUse[r.seg, default: SegmentUse()].bytes += old.charge
             }
             queues[p.stream] = q
         }
-        for (id, b) in batches where b.cutSeg == seg {
-            batches[id]!.cutSeg = r.seg
-            segmentUse[r.seg, default: SegmentUse()].cuts += 1
-        }
-        segmentUse[seg] = SegmentUse()
+        return r.seg
     }
 
     // MARK: Owners and settings (the database)

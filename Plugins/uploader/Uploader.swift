@@ -121,7 +121,7 @@ final class Uploader {
         do {
             store = try UploaderStore(
                 path: plugin.stateDir + "/uploader.db", fsyncEveryCommit: config.fsyncFull,
-                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: config.limits.maxDiskBytes))
+                segmentBytes: UploaderStore.segmentBytes(maxDiskBytes: config.limits.maxDiskBytes), compression: config.queueCompression)
         } catch {
             plugin.log.error("cannot open the queue database", ["error": "\(error)"])
             System.exit(exitStatusConfigError)

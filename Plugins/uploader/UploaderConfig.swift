@@ -110,12 +110,20 @@ package enum EndpointRule {
     }
 }
 
+/// How the queue's segments store record texts: `deflate`, packed frames (a running deflate
+/// stream per lane); `none`, records frames holding the texts as they are sent.
+package enum QueueCompression: String, Sendable {
+    case deflate, none
+}
+
 /// The uploader's configuration, read once at start from `plugins[uploader].config`.
 package struct UploaderConfig {
     package var defaultEndpoint = "http://127.0.0.1:8780/v1/batches/{stream}"
     package var limits = UploaderLimits()
     var retry = RetryPolicy()
     var fsyncFull = false
+    /// How the queue stores record texts (`queueCompression`, docs/UPLOADER.md "On disk").
+    var queueCompression = QueueCompression.deflate
     /// Hosts endpoints may name (lower-case); nil: any.
     package var allowedHosts: Set<String>?
     package var catalog = StreamCatalog()
@@ -152,6 +160,12 @@ package struct UploaderConfig {
             throw UploaderConfigError("retryMaxMs (\(retry.maxMs)) must be at least retryInitialMs (\(retry.initialMs))")
         }
         fsyncFull = c["fsync"]?.stringValue == "full"
+        if let v = c["queueCompression"], v != .null {
+            guard let t = v.stringValue, let q = QueueCompression(rawValue: t) else {
+                throw UploaderConfigError("queueCompression must be \"deflate\" or \"none\"")
+            }
+            queueCompression = q
+        }
         if let h = c["allowedHosts"], h != .null {
             guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
                 throw UploaderConfigError("allowedHosts must be an array of host names")

@@ -16,6 +16,13 @@ struct SegmentQueueTests {
         try T.records(store.batchBody(key, stream: stream).body).records.map(\.id)
     }
 
+    /// A JSON string of `n` random letters and digits: what deflate cannot shrink much, so
+    /// segments fill at about the rate they would uncompressed.
+    static func noise(_ n: Int, _ rng: inout SplitMix64) -> String {
+        let alphabet = Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+        return "\"" + String((0..<n).map { _ in alphabet[Int(rng.next() % UInt64(alphabet.count))] }) + "\""
+    }
+
     // MARK: Frames
 
     @Test func framesReadBackAsWritten() throws {
@@ -54,13 +61,63 @@ struct SegmentQueueTests {
         #expect(zeroed.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }.validEnd == found[6].offset)
     }
 
+    /// A packed frame decodes with its head as written; its texts inflate, in order, after the
+    /// frames of its context before it, and not without them; a zeroed payload does not
+    /// inflate.
+    @Test func packedFramesInflateInTheirContextOnly() throws {
+        var out = Frame.segmentMagic
+        Frame.appendLane(&out, id: 1, stream: "s", consent: "s")
+        let deflater = try Deflater()
+        var chunks: [Chunk] = []
+        for (k, texts) in [[("\"a\"", #"{"event":"purchase","sku":"A-1"}"#), ("\"b\"", "2")], [("\"c\"", #"{"event":"purchase","sku":"A-1"}"#)]]
+            .enumerated()
+        {
+            var chunk = Chunk()
+            for (id, data) in texts {
+                Array(id.utf8).withUnsafeBytes { i in Array(data.utf8).withUnsafeBytes { d in _ = chunk.append(escapedID: i, ts: 9, data: d) } }
+            }
+            try Frame.appendPacked(
+                &out, lane: 1, positions: (0..<Int64(chunk.count)).map { Int64(10 * k) + $0 }, enqueuedMs: 5, chunk: chunk, seq: UInt64(k),
+                stream: deflater)
+            chunks.append(chunk)
+        }
+        let (found, end) = out.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
+        #expect(end == out.count && found.count == 3 && found.allSatisfy { $0.crcOK })
+        func payload(_ f: Frame.Found) -> (Range<Int>, Int)? {
+            guard case .packed(_, _, _, _, let lengths, _, let dataStart)? = f.frame else { return nil }
+            return (dataStart..<(f.offset + f.length), lengths.reduce(lengths.count - 1, +))
+        }
+        guard case .packed(1, 0, 5, [1], let lengths, 0, _)? = found[1].frame, let p1 = payload(found[1]), let p2 = payload(found[2]),
+            case .packed(1, 10, 5, [], _, 1, _)? = found[2].frame
+        else {
+            Issue.record("not the packed frames written: \(found.map(\.frame))")
+            return
+        }
+        #expect(lengths == chunks[0].index.withUnsafeBytes { ix in (0..<2).map { Chunk.span(ix, $0).count } })
+        let inflater = try Inflater()
+        let t1 = out.withUnsafeBytes { inflater.inflate(UnsafeRawBufferPointer(rebasing: $0[p1.0]), expected: p1.1) }
+        let t2 = out.withUnsafeBytes { inflater.inflate(UnsafeRawBufferPointer(rebasing: $0[p2.0]), expected: p2.1) }
+        #expect(t1 == chunks[0].body && t2 == chunks[1].body)
+        #expect(p2.0.count < chunks[1].body.count / 2, "the second frame's text is mostly back-references")
+        // Without the frame before it, the second does not inflate to its text.
+        let alone = try Inflater()
+        #expect(out.withUnsafeBytes { alone.inflate(UnsafeRawBufferPointer(rebasing: $0[p2.0]), expected: p2.1) } != chunks[1].body)
+        var zeroed = out
+        for i in p1.0 { zeroed[i] = 0 }
+        let fresh = try Inflater()
+        #expect(zeroed.withUnsafeBytes { fresh.inflate(UnsafeRawBufferPointer(rebasing: $0[p1.0]), expected: p1.1) } == nil)
+    }
+
     // MARK: What a record costs on disk
 
     /// One record per group commit (a device's rate): the segment grows by the record's upload
-    /// form and a frame of less than 20 bytes around it, and by nothing else (no page, journal or
-    /// index rewritten).
-    @Test func oneRecordPerCommitAppendsItsTextAndASmallFrame() throws {
-        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false)
+    /// form and a frame of less than 20 bytes around it (`none`), or by less than half of it
+    /// (`deflate`: the lane's deflate stream has seen the record before), and by nothing else
+    /// (no page, journal or index rewritten).
+    @Test(arguments: [QueueCompression.none, .deflate]) func oneRecordPerCommitAppendsItsTextAndASmallFrame(
+        compression: QueueCompression
+    ) throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, compression: compression)
         defer { store.close() }
         let data = #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":9.99}}"#
         try T.enqueue(store, "s", [("r0", data)])  // declares the lane
@@ -69,13 +126,45 @@ struct SegmentQueueTests {
             try T.enqueue(store, "s", [("r\(i)", data)], ts: 1_764_590_000_000)
             let text = #"{"id":"r\#(i)","ts":1764590000000,"data":"#.utf8.count + data.utf8.count + 1
             let grew = store.log.fileBytes - before
-            #expect(grew > text && grew <= text + 20, "record \(i): \(grew) bytes for a text of \(text)")
+            if compression == .none {
+                #expect(grew > text && grew <= text + 20, "record \(i): \(grew) bytes for a text of \(text)")
+            } else {
+                #expect(grew < text / 2, "record \(i): \(grew) bytes for a text of \(text)")
+            }
         }
         // A cut and a delivery are one small frame each.
         let before = store.log.fileBytes
         _ = try store.cutBatch(stream: "s", key: "0123456789abcdef", maxCount: 50, maxBytes: 1 << 20, final: false, nowMs: 1)
         try store.deleteBatch("0123456789abcdef")
         #expect(store.log.fileBytes - before < 80)
+    }
+
+    /// What the device target rests on (issue 24): 200 near-identical records (one stream, the
+    /// same keys and values but the id, ts and one number), one per group commit, grow the
+    /// segments by under a third of their upload form with `deflate` (headers and cut frames
+    /// included), where `none` stores more than all of it.
+    @Test func nearIdenticalRecordsPackToAFractionOfTheirText() throws {
+        var grew: [QueueCompression: Int] = [:]
+        var texts = 0
+        for compression in [QueueCompression.none, .deflate] {
+            let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, compression: compression)
+            defer { store.close() }
+            let before = store.log.fileBytes
+            texts = 0
+            for i in 0..<200 {
+                let data = #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":\#(i % 7).99,"#
+                    + #""session":"3f2a9c1e-7b4d-4e8a-9c21-5d6e7f8a9b0c"}}"#
+                let ts = 1_764_590_000_000 + Int64(i) * 97
+                try T.enqueue(store, "ma.lowrate", [("r\(i)", data)], ts: ts)
+                texts += #"{"id":"r\#(i)","ts":\#(ts),"data":"#.utf8.count + data.utf8.count + 1
+                if i % 50 == 49 {
+                    _ = try store.cutBatch(stream: "ma.lowrate", key: "k\(i)", maxCount: 50, maxBytes: 1 << 20, final: false, nowMs: 1)
+                }
+            }
+            grew[compression] = store.log.fileBytes - before
+        }
+        #expect(grew[.none]! > texts)
+        #expect(grew[.deflate]! * 3 < texts, "\(grew[.deflate]!) bytes for \(texts) of texts")
     }
 
     // MARK: Replay
@@ -141,11 +230,18 @@ struct SegmentQueueTests {
     /// A purge interrupted between its zeroing and its crc leaves a frame that fails its crc with
     /// valid frames after it: its live records are kept, the purged ones stay zeroed, and the
     /// frame is rewritten whole.
-    @Test func anInterruptedPurgeKeepsTheFramesOtherRecords() throws {
+    ///
+    /// Packed (`deflate`): the purge has copied the context's live records forward, then zeroed
+    /// the payload of the context's first frame when the crash comes (its crc not rewritten, the
+    /// frame after it untouched): the live records are read from their copies, nothing of the
+    /// purged ones can be inflated, and every frame of the context is zeroed at the open.
+    @Test(arguments: [QueueCompression.none, .deflate]) func anInterruptedPurgeKeepsTheFramesOtherRecords(
+        compression: QueueCompression
+    ) throws {
         let path = T.tempPath()
         let marker = "interrupted-purge-"
         do {
-            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false, compression: compression)
             try T.enqueue(store, "s", [("p0", #""\#(marker)0""#), ("p1", #""\#(marker)1""#), ("keep", "2")])
             try T.enqueue(store, "s", [("later", "3")])
             _ = try store.cutBatch(stream: "s", key: "f", maxCount: 2, maxBytes: 1 << 20, final: true, nowMs: 1)
@@ -154,10 +250,22 @@ struct SegmentQueueTests {
             var done: [UInt8] = []
             Frame.appendKeys(&done, .done, ["f"], zeroed: true)
             try store.log.append(done)
-            for r in recs { try store.log.overwrite(r.seg, at: r.text, [UInt8](repeating: 0, count: Int(r.len))) }
+            if compression == .none {
+                for r in recs { try store.log.overwrite(r.seg, at: r.text, [UInt8](repeating: 0, count: Int(r.len))) }
+            } else {
+                let contexts = try store.copyCompanionsForward(recs)
+                #expect(contexts.count == 1)
+                let c = contexts.first!
+                let found = try store.log.read(c.seg).withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames }
+                guard let f = found.first(where: { $0.offset == c.start }), case .packed(_, _, _, _, _, 0, let dataStart)? = f.frame else {
+                    Issue.record("no packed frame at \(c.start)")
+                    return
+                }
+                try store.log.overwrite(c.seg, at: dataStart, [UInt8](repeating: 0, count: f.offset + f.length - dataStart))
+            }
             store.close()
         }
-        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false, compression: compression)
         defer { store.close() }
         #expect(store.damagedRecords == 0)
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
@@ -165,21 +273,62 @@ struct SegmentQueueTests {
         #expect(try !T.fileHolds(store, path, marker))
         store.close()
         // Rewritten: it passes its crc now.
-        let again = try UploaderStore(path: path, fsyncEveryCommit: false)
+        let again = try UploaderStore(path: path, fsyncEveryCommit: false, compression: compression)
         defer { again.close() }
         let all = try again.log.read(again.log.active).withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames }
         #expect(all.allSatisfy { $0.crcOK })
     }
 
+    /// A purge in a packed context (issue 24's zeroing rule): two batches and a queued record
+    /// share one deflate context; purging one batch copies the others' records forward and
+    /// zeroes the whole context. The other batch is delivered intact, also after a reopen, the
+    /// queued record is still queued, and no text of the purged batch can be recovered from any
+    /// file, by inflating any context there.
+    @Test func aPurgeCopiesItsContextsOtherRecordsForwardAndZeroesTheContext() throws {
+        let path = T.tempPath()
+        let marker = "purged-in-context-"
+        let kept = (0..<4).map { ("k\($0)", #"{"event":"purchase","n":\#($0)}"#) }
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            // One record per commit: four frames of one context, the purged batch in between.
+            try T.enqueue(store, "s", [kept[0]])
+            try T.enqueue(store, "s", [kept[1]])
+            try T.enqueue(store, "s", [("p0", #"{"event":"\#(marker)0","n":9}"#)])
+            try T.enqueue(store, "s", [("p1", #"{"event":"\#(marker)1","n":9}"#)])
+            try T.enqueue(store, "s", [kept[2]])
+            try T.enqueue(store, "s", [kept[3]])
+            #expect(try store.cutBatch(stream: "s", key: "a", maxCount: 2, maxBytes: 1 << 20, final: false, nowMs: 1).count == 2)
+            #expect(try store.cutBatch(stream: "s", key: "p", maxCount: 2, maxBytes: 1 << 20, final: true, nowMs: 1).count == 2)
+            #expect(try store.cutBatch(stream: "s", key: "b", maxCount: 1, maxBytes: 1 << 20, final: false, nowMs: 1).count == 1)
+            let before = Set(store.records(ofBatch: "a").map { Int($0.seg) << 32 | $0.contextStart })
+            #expect(before == Set(store.records(ofBatch: "p").map { Int($0.seg) << 32 | $0.contextStart }), "one context")
+            #expect(try T.fileHolds(store, path, marker), "readable before the purge")
+            try store.deleteBatch("p", zero: true)
+            #expect(try !T.fileHolds(store, path, marker))
+            #expect(try Self.ids(store, "a") == ["k0", "k1"])
+            #expect(store.segmentUseErrors().isEmpty)
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.damagedRecords == 0)
+        #expect(try !T.fileHolds(store, path, marker))
+        #expect(try T.records(store.batchBody("a", stream: "s").body).records.map { "\($0.id) \($0.data)" } == kept[0...1].map { "\($0.0) \($0.1)" })
+        #expect(try Self.ids(store, "b") == ["k2"])
+        #expect(try store.summaries()["s"]?.queued == 1)
+        _ = try store.cutBatch(stream: "s", key: "c", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        #expect(try T.records(store.batchBody("c", stream: "s").body).records.map { "\($0.id) \($0.data)" } == ["k3 \(kept[3].1)"])
+    }
+
     // MARK: Segments
 
     /// Full segments are closed; the oldest is removed once all it holds is delivered.
-    @Test func deliveredSegmentsAreRemoved() throws {
-        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, segmentBytes: 4096)
+    @Test(arguments: [QueueCompression.none, .deflate]) func deliveredSegmentsAreRemoved(compression: QueueCompression) throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, segmentBytes: 4096, compression: compression)
         defer { store.close() }
-        let data = #""\#(String(repeating: "d", count: 200))""#
+        var rng = SplitMix64(seed: 7)
         for round in 0..<20 {
-            try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, data) })
+            try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, Self.noise(200, &rng)) })
             _ = try store.cutBatch(stream: "s", key: "k\(round)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
             try store.deleteBatch("k\(round)")
         }
@@ -191,15 +340,15 @@ struct SegmentQueueTests {
     /// A record that is never delivered does not keep every later segment: the oldest segment,
     /// mostly dead, is copied forward (its live records and its live batch's cut frame) and
     /// removed; the record keeps its batch and key, also after a restart.
-    @Test func aStuckRecordIsCopiedForward() throws {
+    @Test(arguments: [QueueCompression.none, .deflate]) func aStuckRecordIsCopiedForward(compression: QueueCompression) throws {
         let path = T.tempPath()
-        let data = #""\#(String(repeating: "d", count: 200))""#
+        var rng = SplitMix64(seed: 8)
         do {
-            let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096)
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096, compression: compression)
             try T.enqueue(store, "stuck", [("x", #"{"stuck":true}"#)])
             _ = try store.cutBatch(stream: "stuck", key: "held", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
             for round in 0..<40 {
-                try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, data) })
+                try T.enqueue(store, "s", T.numbered("r\(round)-", 0..<5).map { ($0.0, Self.noise(200, &rng)) })
                 _ = try store.cutBatch(stream: "s", key: "k\(round)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
                 try store.deleteBatch("k\(round)")
             }
@@ -208,7 +357,7 @@ struct SegmentQueueTests {
             #expect(try Self.ids(store, "held", "stuck") == ["x"])
             store.close()
         }
-        let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096)
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 4096, compression: compression)
         defer { store.close() }
         #expect(try store.summaries()["stuck"]?.pendingBatches == ["held"])
         #expect(try Self.ids(store, "held", "stuck") == ["x"])
@@ -362,11 +511,12 @@ struct SegmentQueueTests {
 struct SegmentQueueModelTests {
     typealias T = StoreTests
 
-    @Test(arguments: [1, 2, 3, 4, 5, 6]) func randomOperationsLoseNothing(seed: UInt64) throws {
+    @Test(arguments: [1, 2, 3, 4, 5, 6], [QueueCompression.deflate, .none])
+    func randomOperationsLoseNothing(seed: UInt64, compression: QueueCompression) throws {
         var rng = SplitMix64(seed: seed)
         func r(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
         let path = T.tempPath()
-        var store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 2048)
+        var store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 2048, compression: compression)
         defer { store.close() }
         let streams = ["a", "b", "c"]
         var enqueued = Set<String>()
@@ -414,7 +564,7 @@ struct SegmentQueueModelTests {
                     try store.applyDeliveredDeletes()
                     let before = try store.summaries().mapValues { "\($0.queued) \($0.pendingBatches.sorted())" }
                     store.close()
-                    store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 2048)
+                    store = try UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: 2048, compression: compression)
                     let after = try store.summaries().mapValues { "\($0.queued) \($0.pendingBatches.sorted())" }
                     #expect(before == after, "reopen at \(step)")
                     #expect(store.truncatedBytes == 0 && store.damagedRecords == 0, "reopen at \(step)")

@@ -20,11 +20,13 @@ struct StoreTests {
     }
 
     /// Whether `marker` is anywhere in the database file at `path` (once the WAL is emptied into
-    /// it) or in a segment file of its queue.
+    /// it) or in a segment file of its queue, or in the texts of any packed frame that inflates
+    /// (what a reader of the files could recover).
     static func fileHolds(_ store: UploaderStore, _ path: String, _ marker: String) throws -> Bool {
         try store.db.exec("PRAGMA wal_checkpoint(TRUNCATE)")
         var files = [try System.readFile(atPath: path, maxBytes: 64 << 20)]
         for n in store.log.numbers { files.append(try store.log.read(n)) }
+        files += try inflatedTexts(store)
         let m = Array(marker.utf8)
         return files.contains { file in
             file.count >= m.count
@@ -39,8 +41,43 @@ struct StoreTests {
         }
     }
 
+    /// Records frames and packed frames.
     static func recordFrames(_ store: UploaderStore) throws -> Int {
-        try frames(store).filter { if case .records = $0 { return true } else { return false } }.count
+        try frames(store).filter {
+            switch $0 {
+            case .records, .packed: return true
+            default: return false
+            }
+        }.count
+    }
+
+    /// The texts of every packed frame in the store's segments that inflates: each lane's
+    /// frames fed in order to one inflate stream per context, as far as they go (every context,
+    /// each from its first frame, not only those the queue points at).
+    static func inflatedTexts(_ store: UploaderStore) throws -> [[UInt8]] {
+        var out: [[UInt8]] = []
+        for n in store.log.numbers {
+            let bytes = try store.log.read(n)
+            let found = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames }
+            var lanes: [UInt64: (inflater: Inflater, seq: UInt64, broken: Bool)] = [:]
+            for f in found {
+                guard case .packed(let lane, _, _, _, let lengths, let seq, let dataStart)? = f.frame else { continue }
+                if seq == 0 { lanes[lane] = (try Inflater(), 0, false) }
+                guard var l = lanes[lane] else { continue }
+                var text: [UInt8]?
+                if !l.broken, l.seq == seq {
+                    text = bytes.withUnsafeBytes {
+                        l.inflater.inflate(
+                            UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]), expected: lengths.reduce(lengths.count - 1, +))
+                    }
+                }
+                l.broken = text == nil
+                l.seq = seq + 1
+                lanes[lane] = l
+                if let text { out.append(text) }
+            }
+        }
+        return out
     }
 
     /// Enqueues `records` (id, data JSON text) to `stream` in one group commit.

@@ -389,7 +389,8 @@ final class UploaderStore {
         // Texts that do not read as records: zeroed by a purge (a packed context is zeroed whole,
         // its delivered records' texts too) or damaged (then lost, and counted, unless ended or
         // read elsewhere: a forward copy; a position counts once).
-        damagedRecords = unreadable.filter { u in !seen.contains(u.pos) && !(endedRuns[u.stream] ?? []).contains { $0.contains(u.pos) } }
+        damagedRecords =
+            unreadable.filter { u in !seen.contains(u.pos) && !(endedRuns[u.stream] ?? []).contains { $0.contains(u.pos) } }
             .count
         for (name, var q) in queues {
             q.recs.removeAll { $0.gone }

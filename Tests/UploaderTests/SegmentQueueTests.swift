@@ -1,4 +1,5 @@
 import Glibc
+import PylonCore
 import PylonPluginKit
 import PylonStore
 import TestSupport
@@ -69,12 +70,15 @@ struct SegmentQueueTests {
         Frame.appendLane(&out, id: 1, stream: "s", consent: "s")
         let deflater = try Deflater()
         var chunks: [Chunk] = []
-        for (k, texts) in [[("\"a\"", #"{"event":"purchase","sku":"A-1"}"#), ("\"b\"", "2")], [("\"c\"", #"{"event":"purchase","sku":"A-1"}"#)]]
-            .enumerated()
-        {
+        for (k, texts) in [
+            [("\"a\"", #"{"event":"purchase","sku":"A-1"}"#), ("\"b\"", "2")], [("\"c\"", #"{"event":"purchase","sku":"A-1"}"#)],
+        ]
+        .enumerated() {
             var chunk = Chunk()
             for (id, data) in texts {
-                Array(id.utf8).withUnsafeBytes { i in Array(data.utf8).withUnsafeBytes { d in _ = chunk.append(escapedID: i, ts: 9, data: d) } }
+                Array(id.utf8).withUnsafeBytes { i in
+                    Array(data.utf8).withUnsafeBytes { d in _ = chunk.append(escapedID: i, ts: 9, data: d) }
+                }
             }
             try Frame.appendPacked(
                 &out, lane: 1, positions: (0..<Int64(chunk.count)).map { Int64(10 * k) + $0 }, enqueuedMs: 5, chunk: chunk, seq: UInt64(k),
@@ -106,6 +110,22 @@ struct SegmentQueueTests {
         for i in p1.0 { zeroed[i] = 0 }
         let fresh = try Inflater()
         #expect(zeroed.withUnsafeBytes { fresh.inflate(UnsafeRawBufferPointer(rebasing: $0[p1.0]), expected: p1.1) } == nil)
+    }
+
+    /// `queueCompression`: `deflate` by default, `none` on request, anything else refused (the
+    /// plugin exits 78 on a refused configuration) with a message naming the key.
+    @Test func queueCompressionIsReadStrictly() throws {
+        #expect(try UploaderConfig([:]).queueCompression == .deflate)
+        #expect(try UploaderConfig(["queueCompression": "none"]).queueCompression == .none)
+        #expect(try UploaderConfig(["queueCompression": "deflate"]).queueCompression == .deflate)
+        for bad: JSON in ["gzip", "Deflate", 1, true, ["deflate"]] {
+            #expect(throws: UploaderConfigError.self) { try UploaderConfig(["queueCompression": bad]) }
+        }
+        do {
+            _ = try UploaderConfig(["queueCompression": "zstd"])
+        } catch {
+            #expect(error.description.contains("queueCompression must be \"deflate\" or \"none\""))
+        }
     }
 
     // MARK: What a record costs on disk
@@ -152,7 +172,8 @@ struct SegmentQueueTests {
             let before = store.log.fileBytes
             texts = 0
             for i in 0..<200 {
-                let data = #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":\#(i % 7).99,"#
+                let data =
+                    #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":\#(i % 7).99,"#
                     + #""session":"3f2a9c1e-7b4d-4e8a-9c21-5d6e7f8a9b0c"}}"#
                 let ts = 1_764_590_000_000 + Int64(i) * 97
                 try T.enqueue(store, "ma.lowrate", [("r\(i)", data)], ts: ts)
@@ -165,6 +186,11 @@ struct SegmentQueueTests {
         }
         #expect(grew[.none]! > texts)
         #expect(grew[.deflate]! * 3 < texts, "\(grew[.deflate]!) bytes for \(texts) of texts")
+    }
+
+    /// A live record costs 72 bytes in memory, packed or not (docs/UPLOADER.md "In memory").
+    @Test func aRecordInMemoryStaysSmall() {
+        #expect(MemoryLayout<UploaderStore.Rec>.stride == 72)
     }
 
     // MARK: Replay
@@ -313,7 +339,9 @@ struct SegmentQueueTests {
         defer { store.close() }
         #expect(store.damagedRecords == 0)
         #expect(try !T.fileHolds(store, path, marker))
-        #expect(try T.records(store.batchBody("a", stream: "s").body).records.map { "\($0.id) \($0.data)" } == kept[0...1].map { "\($0.0) \($0.1)" })
+        #expect(
+            try T.records(store.batchBody("a", stream: "s").body).records.map { "\($0.id) \($0.data)" }
+                == kept[0...1].map { "\($0.0) \($0.1)" })
         #expect(try Self.ids(store, "b") == ["k2"])
         #expect(try store.summaries()["s"]?.queued == 1)
         _ = try store.cutBatch(stream: "s", key: "c", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)

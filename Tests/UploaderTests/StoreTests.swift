@@ -68,7 +68,8 @@ struct StoreTests {
                 if !l.broken, l.seq == seq {
                     text = bytes.withUnsafeBytes {
                         l.inflater.inflate(
-                            UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]), expected: lengths.reduce(lengths.count - 1, +))
+                            UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]),
+                            expected: lengths.reduce(lengths.count - 1, +))
                     }
                 }
                 l.broken = text == nil

@@ -820,17 +820,32 @@ final class UploaderStore {
         }
     }
 
+    /// Where the last read of a context stopped: its inflate stream after the last frame read,
+    /// that frame's end, its lane and the next `seq`. Batches are read in queue order, so the
+    /// next read of the same context usually goes on from there instead of from its first frame.
+    /// Dropped when a frame is rewritten or a segment removed.
+    private var readCursor: (c: Context, next: Int, lane: UInt64, seq: UInt64, inflater: Inflater)?
+
     /// The inflated texts of the packed frames at `frames` of context `c`: its frames are read
-    /// with one pread, from its first to the last of `frames`, and inflated in order.
+    /// with one pread, from its first (or where the last read of it stopped, when that is
+    /// before all of `frames`) to the last of `frames`, and inflated in order.
     private func inflateContext(_ c: Context, frames: Set<Int>) throws -> [Int: [UInt8]] {
-        guard let last = frames.max() else { return [:] }
-        let head = try log.read(c.seg, last..<(last + Frame.headBytes))
-        let bytes = try log.read(c.seg, c.start..<(last + Frame.headBytes + Int(Chunk.u32(head, 0))))
-        let broken = QueueError(message: "segment \(c.seg): the deflate context at \(c.start) does not inflate")
-        let inflater = try Inflater()
-        var out: [Int: [UInt8]] = [:]
+        guard let firstNeeded = frames.min(), let last = frames.max() else { return [:] }
+        var from = c.start
         var lane: UInt64?
         var seq: UInt64 = 0
+        let inflater: Inflater
+        if let k = readCursor, k.c == c, k.next <= firstNeeded {
+            (from, lane, seq, inflater) = (k.next, k.lane, k.seq, k.inflater)
+        } else {
+            inflater = try Inflater()
+        }
+        readCursor = nil
+        let head = try log.read(c.seg, last..<(last + Frame.headBytes))
+        let end = last + Frame.headBytes + Int(Chunk.u32(head, 0))
+        let bytes = try log.read(c.seg, from..<end)
+        let broken = QueueError(message: "segment \(c.seg): the deflate context at \(c.start) does not inflate")
+        var out: [Int: [UInt8]] = [:]
         try bytes.withUnsafeBytes { b in
             var at = 0
             while at + Frame.headBytes <= b.count, out.count < frames.count {
@@ -847,10 +862,11 @@ final class UploaderStore {
                 seq += 1
                 let payload = UnsafeRawBufferPointer(rebasing: b[dataStart..<(at + Frame.headBytes + n)])
                 guard let t = inflater.inflate(payload, expected: lengths.reduce(lengths.count - 1, +)) else { throw broken }
-                if frames.contains(c.start + at) { out[c.start + at] = t }
+                if frames.contains(from + at) { out[from + at] = t }
             }
         }
-        guard out.count == frames.count else { throw broken }
+        guard out.count == frames.count, let lane else { throw broken }
+        readCursor = (c, end, lane, seq, inflater)
         return out
     }
 
@@ -985,6 +1001,7 @@ final class UploaderStore {
             for k in (dataStart - offset)..<frame.count { frame[k] = 0 }
         }
         Frame.seal(&frame, at: 0)
+        readCursor = nil
         try log.overwrite(seg, at: offset, frame)
         if sync { try log.sync(seg) }
     }
@@ -1157,6 +1174,7 @@ final class UploaderStore {
                 continue
             }
             if dead {
+                if readCursor?.c.seg == head { readCursor = nil }
                 try log.remove(head)
                 segmentUse[head] = nil
                 continue

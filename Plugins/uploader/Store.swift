@@ -56,6 +56,10 @@ final class UploaderStore {
     /// bytes of uncompressed text, so reading one record never inflates more than this (and one
     /// chunk).
     static let packContextBytes = 64 << 10
+    /// At most this many lanes keep a deflate stream open (`Deflater.memoryBytes` each): a frame
+    /// of another lane takes the stream of the one written least recently, whose context ends
+    /// (its next frame starts a new one). Bounds the memory whatever the number of streams.
+    static let maxOpenPacks = 16
 
     /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
     var ids: [String: Set<RecordKey>] = [:]
@@ -98,6 +102,8 @@ final class UploaderStore {
         var start: Int
         var seq: UInt64
         var bytes: Int
+        /// When it was last written to (`packClock`): the least recent gives its stream up.
+        var used: UInt64 = 0
     }
 
     /// One stream's records in position order (gone ones dropped lazily).
@@ -161,6 +167,9 @@ final class UploaderStore {
     private var lanesOf: UInt32 = 0
     /// The deflate contexts open in the active segment, per lane (freed when it closes).
     private var packs: [UInt64: Pack] = [:]
+    private var packClock: UInt64 = 0
+    /// Lanes with a deflate stream open (tests).
+    var openPacks: Int { packs.count }
 
     struct LaneKey: Hashable {
         var stream: String
@@ -539,9 +548,15 @@ final class UploaderStore {
                 } else if let p = packs[lane] {
                     pack = Pack(stream: p.stream, start: base + frameStart, seq: 0, bytes: 0)
                     pack.stream.reset()
+                } else if packs.count >= UploaderStore.maxOpenPacks, let lru = packs.min(by: { $0.value.used < $1.value.used }) {
+                    packs[lru.key] = nil
+                    pack = Pack(stream: lru.value.stream, start: base + frameStart, seq: 0, bytes: 0)
+                    pack.stream.reset()
                 } else {
                     pack = Pack(stream: try Deflater(), start: base + frameStart, seq: 0, bytes: 0)
                 }
+                packClock += 1
+                pack.used = packClock
                 try Frame.appendPacked(
                     &out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk, seq: pack.seq, stream: pack.stream)
                 ctx = Int32(base + frameStart - pack.start)

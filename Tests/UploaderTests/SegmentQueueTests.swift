@@ -348,6 +348,69 @@ struct SegmentQueueTests {
         #expect(try T.records(store.batchBody("c", stream: "s").body).records.map { "\($0.id) \($0.data)" } == ["k3 \(kept[3].1)"])
     }
 
+    /// Many streams written in turn: at most `maxOpenPacks` deflate streams are open (the least
+    /// recently written lane's context ends when another needs one), and every record reads back,
+    /// before and after a reopen.
+    @Test func manyLanesShareABoundedNumberOfDeflateStreams() throws {
+        let path = T.tempPath()
+        let streams = (0..<(UploaderStore.maxOpenPacks * 2 + 3)).map { "s\($0)" }
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            for round in 0..<4 {
+                for s in streams { try T.enqueue(store, s, [("\(s)-\(round)", #"{"round":\#(round),"stream":"\#(s)"}"#)]) }
+                #expect(store.openPacks <= UploaderStore.maxOpenPacks)
+            }
+            #expect(store.openPacks == UploaderStore.maxOpenPacks)
+            for s in streams.prefix(5) {
+                _ = try store.cutBatch(stream: s, key: "k\(s)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+                #expect(try Self.ids(store, "k\(s)", s) == (0..<4).map { "\(s)-\($0)" })
+            }
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.damagedRecords == 0)
+        for s in streams {
+            let key = "k\(s)"
+            if try !store.summaries()[s, default: .init()].pendingBatches.contains(key) {
+                _ = try store.cutBatch(stream: s, key: key, maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+            }
+            let recs = try T.records(store.batchBody(key, stream: s).body).records
+            #expect(recs.map(\.id) == (0..<4).map { "\(s)-\($0)" })
+            #expect(recs.map(\.data) == (0..<4).map { #"{"round":\#($0),"stream":"\#(s)"}"# })
+        }
+    }
+
+    /// The setting may change between starts: a queue written with one is read, extended and
+    /// delivered with the other (both kinds of frame in one queue, even one segment).
+    @Test(arguments: [(QueueCompression.deflate, QueueCompression.none), (.none, .deflate)])
+    func aQueueWrittenWithOneSettingIsReadWithTheOther(first: QueueCompression, then: QueueCompression) throws {
+        let path = T.tempPath()
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false, compression: first)
+            try T.enqueue(store, "s", T.numbered("a", 0..<3))
+            try T.enqueue(store, "s", T.numbered("b", 0..<2))
+            store.close()
+        }
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false, compression: then)
+            try T.enqueue(store, "s", T.numbered("c", 0..<2))
+            _ = try store.cutBatch(stream: "s", key: "k", maxCount: 4, maxBytes: 1 << 20, final: true, nowMs: 1)
+            #expect(try Self.ids(store, "k") == ["a0", "a1", "a2", "b0"])
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false, compression: first)
+        defer { store.close() }
+        #expect(try Self.ids(store, "k") == ["a0", "a1", "a2", "b0"])
+        try store.deleteBatch("k", zero: true)
+        _ = try store.cutBatch(stream: "s", key: "j", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        #expect(
+            try T.records(store.batchBody("j", stream: "s").body).records.map { "\($0.id) \($0.data)" } == [
+                #"b1 {"n":1}"#, #"c0 {"n":0}"#, #"c1 {"n":1}"#,
+            ])
+        #expect(store.damagedRecords == 0)
+    }
+
     // MARK: Segments
 
     /// Full segments are closed; the oldest is removed once all it holds is delivered.

@@ -5,14 +5,16 @@ import PylonMQTT
 import Glibc
 #endif
 
-/// `pylon-bench lowrate push|gtm|ma|consent|uploader [--rate 10] [--seconds 30]`: one writer on
+/// `pylon-bench lowrate push|gtm|ma|consent|uploader [--rate 10] [--seconds 30] [--warmup 0]`: one writer on
 /// the device driven one call at a time at a fixed rate through a real `pylond`, counted the way
 /// the harness's `lowrate.sh` counts (docs/BENCHMARKS.md "Device rate"). Per acknowledged call,
 /// summed over the host and every plugin: bytes handed to storage (`write_bytes` of
 /// `/proc/PID/io`), that divided by the call's payload, write syscalls (`syscw`: socket writes
 /// count too) and CPU µs (`/proc/PID/task/*/schedstat`, all threads). The reference backend and
 /// the broker are listed apart. The counters are read after a warm-up second and again one second
-/// after the last call, so writes a commit timer defers are counted.
+/// after the last call, so writes a commit timer defers are counted. `--warmup N` makes N calls
+/// at the same rate before the first reading: what happens once (a stream's owner row, MA's
+/// session start) is then left out, and the figures are the cost per call that goes on.
 ///
 /// - `push`: a QoS 1 message published to the device's topic on a local mosquitto → the push
 ///   plugin's inbox → the app's callback, which acknowledges it; the next one when the ack is sent.
@@ -21,6 +23,8 @@ import Glibc
 /// - `consent`: `consent.set` of one switch, alternating granted and denied (every call a change).
 /// - `uploader`: `uploader.enqueue` of one record (the standard the others are held to).
 nonisolated(unsafe) var lowRate = 10.0
+/// Calls made before the counters are first read (`--warmup`).
+nonisolated(unsafe) var lowRateWarmup = 0
 nonisolated(unsafe) var lowRateTarget = "uploader"
 let lowRateTargets = ["push", "gtm", "ma", "consent", "uploader"]
 
@@ -70,11 +74,18 @@ func lowRateRun(
 ) rethrows {
     usleep(1_000_000)
     let all = measured + apart
+    let w0 = Loop.hrtimeNs
+    for i in 0..<lowRateWarmup {
+        try one(i)
+        let next = w0 + UInt64(Double(i + 1) / lowRate * 1e9)
+        let now = Loop.hrtimeNs
+        if next > now { usleep(UInt32((next - now) / 1000)) }
+    }
     let c0 = all.map { ProcCounters.read($0.1) }
     let t0 = Loop.hrtimeNs
     var n = 0
     while Double(Loop.hrtimeNs - t0) / 1e9 < seconds {
-        try one(n)
+        try one(lowRateWarmup + n)
         n += 1
         let next = t0 + UInt64(Double(n) / lowRate * 1e9)
         let now = Loop.hrtimeNs
@@ -85,7 +96,7 @@ func lowRateRun(
     let sum = d.prefix(measured.count).reduce(ProcCounters(), +)
     let per = { (v: Int64) in Double(v) / Double(max(n, 1)) }
     var line =
-        "ROW \(label) rate=\(fmt(lowRate)) events=\(n) payload=\(payload) write_bytes=\(Int(per(sum.writeBytes).rounded()))"
+        "ROW \(label) rate=\(fmt(lowRate)) warmup=\(lowRateWarmup) events=\(n) payload=\(payload) write_bytes=\(Int(per(sum.writeBytes).rounded()))"
         + " amp=\(fmt2(per(sum.writeBytes) / Double(max(payload, 1)))) syscw=\(fmt2(per(sum.syscw))) cpu_us=\(fmt(per(sum.cpuNs) / 1000))"
     for (p, c) in zip(all, d) {
         line += " \(p.0)_bytes=\(Int(per(c.writeBytes).rounded()))"

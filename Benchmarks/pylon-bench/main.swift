@@ -32,19 +32,20 @@ while let a = it.next() {
     case "--fsync": fsyncMode = it.next() ?? "normal"
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow; gtmWindow = maWindow
     case "--rate": lowRate = Double(it.next() ?? "") ?? lowRate
+    case "--warmup": lowRateWarmup = max(0, Int(it.next() ?? "") ?? 0)
     case "bus", "uploader", "ma", "idle", "push", "gtm": benchMode = a
     case "lowrate":
         benchMode = a
         if !secondsGiven { seconds = 30 }
         guard let t = it.next(), lowRateTargets.contains(t) else {
-            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
+            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N]")
             exit(2)
         }
         lowRateTarget = t
     default:
         print(
             "usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]\n"
-                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
+                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N]")
         exit(2)
     }
 }

@@ -1,11 +1,12 @@
 import PylonClientKit
+import PylonHTTP
 import PylonMQTT
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// `pylon-bench lowrate push|gtm|ma|consent|uploader [--rate 10] [--seconds 30] [--warmup 0]`: one writer on
+/// `pylon-bench lowrate push|gtm|gtm-container|ma|consent|uploader [--rate 10] [--seconds 30] [--warmup 0]`: one writer on
 /// the device driven one call at a time at a fixed rate through a real `pylond`, counted the way
 /// the harness's `lowrate.sh` counts (docs/BENCHMARKS.md "Device rate"). Per acknowledged call,
 /// summed over the host and every plugin: bytes handed to storage (`write_bytes` of
@@ -18,7 +19,12 @@ import Glibc
 ///
 /// - `push`: a QoS 1 message published to the device's topic on a local mosquitto → the push
 ///   plugin's inbox → the app's callback, which acknowledges it; the next one when the ack is sent.
-/// - `gtm`: `gtm.push` of an event carrying `gtm.lifetime` (the values persisted in `gtm.db`).
+/// - `gtm`: `gtm.push` of an event carrying `gtm.lifetime` (the values persisted in `gtm.lifetime`).
+/// - `gtm-container`: a saved container (`gtm.db`): each call publishes a new version of a
+///   container at the backend (the backend's work is listed apart), then `gtm.refresh` and a
+///   re-open that waits for the network load, so the new version is fetched and saved; the
+///   payload is the container's text. `gtm.refresh` is accepted at most every 5 s, so the rate
+///   is at most 0.18/s (`--rate 0.1 --seconds 60`: six fetches).
 /// - `ma`: `ma.eventRecord` (MA's own state plus the uploader's queue).
 /// - `consent`: `consent.set` of one switch, alternating granted and denied (every call a change).
 /// - `uploader`: `uploader.enqueue` of one record (the standard the others are held to).
@@ -26,7 +32,7 @@ nonisolated(unsafe) var lowRate = 10.0
 /// Calls made before the counters are first read (`--warmup`).
 nonisolated(unsafe) var lowRateWarmup = 0
 nonisolated(unsafe) var lowRateTarget = "uploader"
-let lowRateTargets = ["push", "gtm", "ma", "consent", "uploader"]
+let lowRateTargets = ["push", "gtm", "gtm-container", "ma", "consent", "uploader"]
 
 /// The MA event of `lowrate.sh`, byte for byte.
 let lowRateEvent =
@@ -120,6 +126,7 @@ func lowRateBench() throws {
     switch lowRateTarget {
     case "push": try lowRatePush()
     case "gtm": try lowRateGTM()
+    case "gtm-container": try lowRateGTMContainer()
     case "consent": try lowRateConsent()
     case "ma": try lowRateMA()
     default: try lowRateUploader()
@@ -189,6 +196,50 @@ func lowRateGTM() throws {
     try lowRateRun("gtm", payload: params.serialized.utf8.count, measured: try serverPids(sync), apart: []) { _ in
         _ = try sync.call("gtm.push", params)
     }
+    stopHost()
+}
+
+func lowRateGTMContainer() throws {
+    guard lowRate <= 0.18 else {
+        print("pylon-bench lowrate gtm-container: --rate at most 0.18 (gtm.refresh is accepted every 5 s at most)")
+        exit(2)
+    }
+    let (backend, port) = try startBackend()
+    let http = HTTPClient(loop: loop)
+    let container = try JSON.parse(gtmRulesContainer(40))
+    let body = Array(JSON.object(["container": container]).serialized.utf8)
+    var published = ""
+    func publish() {
+        let url = "http://127.0.0.1:\(port)/v1/admin/gtm/containers/GTM-SAVED/versions"
+        http.send(HTTPRequest(method: "POST", url: url, headers: [("Content-Type", "application/json"), benchOperatorHeader], body: body)) {
+            r in
+            guard case .success(let resp) = r, resp.status == 200, let v = (try? JSON.parse(resp.bodyText))?["version"]?.stringValue else {
+                fatalError("publish: \(r)")
+            }
+            published = v
+            loop.stop()
+        }
+        loop.run()
+    }
+    publish()
+    startHost(plugins: [
+        [
+            "name": "gtm", "exec": "pylon-gtm",
+            "config": ["backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile), "logLevel": "error"],
+        ]
+    ])
+    let sync = try SyncClient(path: socketPath)
+    let open: JSON = ["containerId": "GTM-SAVED", "openType": "prefer_fresh", "timeoutMs": 10_000]
+    guard try sync.call("gtm.openContainer", open)["version"]?.stringValue == published else { fatalError("first open") }
+    try lowRateRun("gtm-container", payload: body.count, measured: try serverPids(sync), apart: [("backend", backend.pid)]) { _ in
+        publish()
+        let r = try sync.call("gtm.refresh", ["containerId": "GTM-SAVED"])
+        guard r["accepted"]?.boolValue == true else { fatalError("gtm.refresh: \(r.serialized)") }
+        let o = try sync.call("gtm.openContainer", open)
+        guard o["version"]?.stringValue == published else { fatalError("gtm.openContainer: \(o.serialized), want \(published)") }
+    }
+    http.shutdown()
+    backend.kill(SIGTERM)
     stopHost()
 }
 

@@ -225,7 +225,9 @@ func lowRateGTMContainer() throws {
     startHost(plugins: [
         [
             "name": "gtm", "exec": "pylon-gtm",
-            "config": ["backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile), "logLevel": "error"],
+            "config": [
+                "backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile), "logLevel": "error",
+            ],
         ]
     ])
     let sync = try SyncClient(path: socketPath)

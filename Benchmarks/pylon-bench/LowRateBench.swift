@@ -139,8 +139,9 @@ private func uploaderPlugin(_ port: Int) -> JSON {
         "config": [
             "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "credentialFile": .string(benchCredentialFile),
             "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000], "lowrate": ["maxCount": 50, "intervalMs": 10000]],
+            "fsync": .string(fsyncMode),
         ],
-    ]  // as lowrate.sh
+    ]  // as lowrate.sh (`--fsync full` for the other setting)
 }
 
 func lowRateUploader() throws {

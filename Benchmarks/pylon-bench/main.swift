@@ -38,14 +38,14 @@ while let a = it.next() {
         benchMode = a
         if !secondsGiven { seconds = 30 }
         guard let t = it.next(), lowRateTargets.contains(t) else {
-            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N]")
+            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N] [--fsync normal|full]")
             exit(2)
         }
         lowRateTarget = t
     default:
         print(
             "usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]\n"
-                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N]")
+                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N] [--fsync normal|full]")
         exit(2)
     }
 }

@@ -424,8 +424,15 @@ def probe_dead_letters(st, seconds):
     code, _ = http(st.base, "/v1/faults", token=st.op, body={"failNext": 1000000, "status": 400}, method="POST")
     db = next((os.path.join(d, "uploader.db") for d, _, files in os.walk(os.path.join(st.work, "state"))
                if "uploader.db" in files), os.path.join(st.work, "state", "uploader.db"))
-    peak = {"db": 0, "wal": 0}
+    queue = os.path.join(os.path.dirname(db), "uploader.queue")
+    peak = {"db": 0, "wal": 0, "queue": 0}
     stop = threading.Event()
+
+    def queue_bytes():
+        try:
+            return sum(e.stat().st_size for e in os.scandir(queue) if e.name.endswith(".seg"))
+        except OSError:
+            return 0
 
     def sample():
         while not stop.is_set():
@@ -434,6 +441,7 @@ def probe_dead_letters(st, seconds):
                     peak[k] = max(peak[k], os.path.getsize(pth))
                 except OSError:
                     pass
+            peak["queue"] = max(peak["queue"], queue_bytes())
             time.sleep(0.05)
     t = threading.Thread(target=sample, daemon=True)
     t.start()
@@ -451,7 +459,8 @@ def probe_dead_letters(st, seconds):
     return ok, (f"backend answering 400 to every batch; uid {ATTACKER} enqueued {r.get('enqueued')} x 16 KB records "
                 f"(then refused {r.get('refused')}x: {(r.get('error') or {}).get('message')}); dead letters "
                 f"{s.get('deadLetters')} ({s.get('deadLetterBytes')} B); uploader.db peak {peak['db'] / 1048576:.1f} MiB, "
-                f"-wal peak {peak['wal'] / 1048576:.1f} MiB, maxDiskBytes {cap / 1048576:.0f} MiB")
+                f"-wal peak {peak['wal'] / 1048576:.1f} MiB, queue segments peak {peak['queue'] / 1048576:.1f} MiB, "
+                f"maxDiskBytes {cap / 1048576:.0f} MiB")
 
 
 def main():

@@ -1,28 +1,38 @@
 import PylonClientKit
+import PylonHTTP
 import PylonMQTT
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// `pylon-bench lowrate push|gtm|ma|consent|uploader [--rate 10] [--seconds 30]`: one writer on
+/// `pylon-bench lowrate push|gtm|gtm-container|ma|consent|uploader [--rate 10] [--seconds 30] [--warmup 0]`: one writer on
 /// the device driven one call at a time at a fixed rate through a real `pylond`, counted the way
 /// the harness's `lowrate.sh` counts (docs/BENCHMARKS.md "Device rate"). Per acknowledged call,
 /// summed over the host and every plugin: bytes handed to storage (`write_bytes` of
 /// `/proc/PID/io`), that divided by the call's payload, write syscalls (`syscw`: socket writes
 /// count too) and CPU µs (`/proc/PID/task/*/schedstat`, all threads). The reference backend and
 /// the broker are listed apart. The counters are read after a warm-up second and again one second
-/// after the last call, so writes a commit timer defers are counted.
+/// after the last call, so writes a commit timer defers are counted. `--warmup N` makes N calls
+/// at the same rate before the first reading: what happens once (a stream's owner row, MA's
+/// session start) is then left out, and the figures are the cost per call that goes on.
 ///
 /// - `push`: a QoS 1 message published to the device's topic on a local mosquitto → the push
 ///   plugin's inbox → the app's callback, which acknowledges it; the next one when the ack is sent.
-/// - `gtm`: `gtm.push` of an event carrying `gtm.lifetime` (the values persisted in `gtm.db`).
+/// - `gtm`: `gtm.push` of an event carrying `gtm.lifetime` (the values persisted in `gtm.lifetime`).
+/// - `gtm-container`: a saved container (`gtm.db`): each call publishes a new version of a
+///   container at the backend (the backend's work is listed apart), then `gtm.refresh` and a
+///   re-open that waits for the network load, so the new version is fetched and saved; the
+///   payload is the container's text. `gtm.refresh` is accepted at most every 5 s, so the rate
+///   is at most 0.18/s (`--rate 0.1 --seconds 60`: six fetches).
 /// - `ma`: `ma.eventRecord` (MA's own state plus the uploader's queue).
 /// - `consent`: `consent.set` of one switch, alternating granted and denied (every call a change).
 /// - `uploader`: `uploader.enqueue` of one record (the standard the others are held to).
 nonisolated(unsafe) var lowRate = 10.0
+/// Calls made before the counters are first read (`--warmup`).
+nonisolated(unsafe) var lowRateWarmup = 0
 nonisolated(unsafe) var lowRateTarget = "uploader"
-let lowRateTargets = ["push", "gtm", "ma", "consent", "uploader"]
+let lowRateTargets = ["push", "gtm", "gtm-container", "ma", "consent", "uploader"]
 
 /// The MA event of `lowrate.sh`, byte for byte.
 let lowRateEvent =
@@ -70,11 +80,18 @@ func lowRateRun(
 ) rethrows {
     usleep(1_000_000)
     let all = measured + apart
+    let w0 = Loop.hrtimeNs
+    for i in 0..<lowRateWarmup {
+        try one(i)
+        let next = w0 + UInt64(Double(i + 1) / lowRate * 1e9)
+        let now = Loop.hrtimeNs
+        if next > now { usleep(UInt32((next - now) / 1000)) }
+    }
     let c0 = all.map { ProcCounters.read($0.1) }
     let t0 = Loop.hrtimeNs
     var n = 0
     while Double(Loop.hrtimeNs - t0) / 1e9 < seconds {
-        try one(n)
+        try one(lowRateWarmup + n)
         n += 1
         let next = t0 + UInt64(Double(n) / lowRate * 1e9)
         let now = Loop.hrtimeNs
@@ -85,7 +102,7 @@ func lowRateRun(
     let sum = d.prefix(measured.count).reduce(ProcCounters(), +)
     let per = { (v: Int64) in Double(v) / Double(max(n, 1)) }
     var line =
-        "ROW \(label) rate=\(fmt(lowRate)) events=\(n) payload=\(payload) write_bytes=\(Int(per(sum.writeBytes).rounded()))"
+        "ROW \(label) rate=\(fmt(lowRate)) warmup=\(lowRateWarmup) events=\(n) payload=\(payload) write_bytes=\(Int(per(sum.writeBytes).rounded()))"
         + " amp=\(fmt2(per(sum.writeBytes) / Double(max(payload, 1)))) syscw=\(fmt2(per(sum.syscw))) cpu_us=\(fmt(per(sum.cpuNs) / 1000))"
     for (p, c) in zip(all, d) {
         line += " \(p.0)_bytes=\(Int(per(c.writeBytes).rounded()))"
@@ -109,6 +126,7 @@ func lowRateBench() throws {
     switch lowRateTarget {
     case "push": try lowRatePush()
     case "gtm": try lowRateGTM()
+    case "gtm-container": try lowRateGTMContainer()
     case "consent": try lowRateConsent()
     case "ma": try lowRateMA()
     default: try lowRateUploader()
@@ -121,8 +139,9 @@ private func uploaderPlugin(_ port: Int) -> JSON {
         "config": [
             "endpoint": .string("http://127.0.0.1:\(port)/v1/batches/{stream}"), "credentialFile": .string(benchCredentialFile),
             "streams": ["ma.*": ["maxCount": 50, "intervalMs": 10000], "lowrate": ["maxCount": 50, "intervalMs": 10000]],
+            "fsync": .string(fsyncMode),
         ],
-    ]  // as lowrate.sh
+    ]  // as lowrate.sh (`--fsync full` for the other setting)
 }
 
 func lowRateUploader() throws {
@@ -178,6 +197,52 @@ func lowRateGTM() throws {
     try lowRateRun("gtm", payload: params.serialized.utf8.count, measured: try serverPids(sync), apart: []) { _ in
         _ = try sync.call("gtm.push", params)
     }
+    stopHost()
+}
+
+func lowRateGTMContainer() throws {
+    guard lowRate <= 0.18 else {
+        print("pylon-bench lowrate gtm-container: --rate at most 0.18 (gtm.refresh is accepted every 5 s at most)")
+        exit(2)
+    }
+    let (backend, port) = try startBackend()
+    let http = HTTPClient(loop: loop)
+    let container = try JSON.parse(gtmRulesContainer(40))
+    let body = Array(JSON.object(["container": container]).serialized.utf8)
+    var published = ""
+    func publish() {
+        let url = "http://127.0.0.1:\(port)/v1/admin/gtm/containers/GTM-SAVED/versions"
+        http.send(HTTPRequest(method: "POST", url: url, headers: [("Content-Type", "application/json"), benchOperatorHeader], body: body)) {
+            r in
+            guard case .success(let resp) = r, resp.status == 200, let v = (try? JSON.parse(resp.bodyText))?["version"]?.stringValue else {
+                fatalError("publish: \(r)")
+            }
+            published = v
+            loop.stop()
+        }
+        loop.run()
+    }
+    publish()
+    startHost(plugins: [
+        [
+            "name": "gtm", "exec": "pylon-gtm",
+            "config": [
+                "backend": .string("http://127.0.0.1:\(port)"), "credentialFile": .string(benchCredentialFile), "logLevel": "error",
+            ],
+        ]
+    ])
+    let sync = try SyncClient(path: socketPath)
+    let open: JSON = ["containerId": "GTM-SAVED", "openType": "prefer_fresh", "timeoutMs": 10_000]
+    guard try sync.call("gtm.openContainer", open)["version"]?.stringValue == published else { fatalError("first open") }
+    try lowRateRun("gtm-container", payload: body.count, measured: try serverPids(sync), apart: [("backend", backend.pid)]) { _ in
+        publish()
+        let r = try sync.call("gtm.refresh", ["containerId": "GTM-SAVED"])
+        guard r["accepted"]?.boolValue == true else { fatalError("gtm.refresh: \(r.serialized)") }
+        let o = try sync.call("gtm.openContainer", open)
+        guard o["version"]?.stringValue == published else { fatalError("gtm.openContainer: \(o.serialized), want \(published)") }
+    }
+    http.shutdown()
+    backend.kill(SIGTERM)
     stopHost()
 }
 

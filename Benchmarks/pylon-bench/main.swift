@@ -24,6 +24,8 @@ nonisolated(unsafe) var externalSocket: String?
 nonisolated(unsafe) var benchMode = "bus"
 nonisolated(unsafe) var fsyncMode = "normal"
 nonisolated(unsafe) var secondsGiven = false
+let lowRateUsage =
+    "usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N] [--warmup N] [--fsync normal|full]"
 var it = CommandLine.arguments.dropFirst().makeIterator()
 while let a = it.next() {
     switch a {
@@ -32,19 +34,20 @@ while let a = it.next() {
     case "--fsync": fsyncMode = it.next() ?? "normal"
     case "--window": maWindow = Int(it.next() ?? "") ?? maWindow; gtmWindow = maWindow
     case "--rate": lowRate = Double(it.next() ?? "") ?? lowRate
+    case "--warmup": lowRateWarmup = max(0, Int(it.next() ?? "") ?? 0)
     case "bus", "uploader", "ma", "idle", "push", "gtm": benchMode = a
     case "lowrate":
         benchMode = a
         if !secondsGiven { seconds = 30 }
         guard let t = it.next(), lowRateTargets.contains(t) else {
-            print("usage: pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
+            print(lowRateUsage)
             exit(2)
         }
         lowRateTarget = t
     default:
         print(
             "usage: pylon-bench [bus|uploader|ma|idle|push|gtm] [--seconds N] [--window N] [--socket PATH] [--fsync normal|full]\n"
-                + "       pylon-bench lowrate \(lowRateTargets.joined(separator: "|")) [--rate N] [--seconds N]")
+                + "       " + lowRateUsage.dropFirst("usage: ".count))
         exit(2)
     }
 }

@@ -22,15 +22,16 @@ extension Bus {
         return true
     }
 
-    /// Issues a request from the host itself (heartbeats, callbacks to providers).
+    /// Issues a request from the host itself (heartbeats, callbacks to providers); `caller`: the
+    /// `_pylon` it carries (none: the plugin sees a caller without uid or plugin).
     func call(
-        _ target: Peer, method: String, params: JSON?, timeoutMs: UInt64,
+        _ target: Peer, method: String, params: JSON?, timeoutMs: UInt64, caller: CallerInfo? = nil,
         _ done: @escaping (Result<JSON, RPCError>) -> Void
     ) -> Int64 {
         let hostId = nextRequestId
         nextRequestId += 1
         addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)
-        target.conn.send(envelope: Envelope.request(id: .int(hostId), method: method, params: .params(params)))
+        target.conn.send(envelope: Envelope.request(id: .int(hostId), method: method, params: .params(params), caller: caller))
         return hostId
     }
 

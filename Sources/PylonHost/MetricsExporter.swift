@@ -1,4 +1,5 @@
 import PylonCore
+import PylonProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -19,6 +20,9 @@ final class MetricsExporter {
     /// 0640: the metrics name every user's AppKeys and streams, so only the host's user and
     /// group read them (add node_exporter's user to the `pylon` group).
     static let fileMode: mode_t = 0o640
+    /// The host asks for every owner's figures, as its own uid and an admin: a plugin's status
+    /// shows a caller without a uid its own state only (the tag manager gave no `totals`).
+    static let statusCaller = CallerInfo(uid: Int64(getuid()), gid: Int64(getgid()), pid: Int64(getpid()), admin: true)
 
     init(bus: Bus, path: String, intervalMs: UInt64) {
         self.bus = bus
@@ -57,7 +61,8 @@ final class MetricsExporter {
         }
         if targets.isEmpty { finish(); return }
         for (name, peer) in targets {
-            _ = bus.call(peer, method: name + ".status", params: nil, timeoutMs: Self.pluginReplyTimeoutMs) { r in
+            _ = bus.call(peer, method: name + ".status", params: nil, timeoutMs: Self.pluginReplyTimeoutMs, caller: Self.statusCaller) {
+                r in
                 if case .success(let v) = r { replies[name] = v }
                 outstanding -= 1
                 if outstanding == 0 { finish() }

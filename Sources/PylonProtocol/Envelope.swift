@@ -43,10 +43,13 @@ public enum JSONPiece {
 public enum Envelope {
     /// `{"jsonrpc":"2.0","id":…,"method":…[,"params":…][,"_onBehalfOf":N]}`. `onBehalfOf`: a
     /// plugin calling for the request it serves (that request's host-issued id).
-    public static func request(id: JSONPiece, method: String, params: JSONPiece? = nil, onBehalfOf: Int64? = nil) -> [UInt8] {
+    public static func request(
+        id: JSONPiece, method: String, params: JSONPiece? = nil, onBehalfOf: Int64? = nil, caller: CallerInfo? = nil
+    ) -> [UInt8] {
         var out = start(capacity: 64 + method.utf8.count + (params?.sizeHint ?? 0))
         out.append(contentsOf: idKey)
         id.write(&out)
+        if let caller { out.append(contentsOf: callerKey); out.append(contentsOf: caller.serialized.utf8) }
         out.append(contentsOf: methodKey)
         JSONText.appendString(method, to: &out)
         if let params { out.append(contentsOf: paramsKey); params.write(&out) }
@@ -104,6 +107,7 @@ public enum Envelope {
     private static let resultKey = Array(#","result":"#.utf8)
     private static let errorKey = Array(#","error":"#.utf8)
     private static let onBehalfOfKey = Array(#","_onBehalfOf":"#.utf8)
+    private static let callerKey = Array(#","_pylon":"#.utf8)
     fileprivate static let nullText = Array("null".utf8)
 
     private static func start(capacity: Int) -> [UInt8] {

@@ -119,6 +119,29 @@ import Testing
         #expect(status == 0 && said.isEmpty, "promtool: \(said)")
     }
 
+    /// The tag manager's totals reach the textfile: the exporter asks as an admin (it used to ask
+    /// as nobody, and the tag manager answered with an empty caller's state, without `totals`).
+    @Test func theTagManagersTotalsReachTheTextfile() throws {
+        let b = try TestBackend()
+        let h = try TestHost(plugins: TestHost.gtmPlugins(b, defaults: try defaultsDir([:])))
+        let file = h.dir + "/gtm.prom"
+        var cfg = try JSON.parse(try String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
+        cfg["metricsTextfile"] = .string(file)
+        cfg["metricsIntervalMs"] = 1000
+        try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+        let c = try h.client()
+        #expect(try c.call("bus.reload", nil)["notApplied"] == [])
+        _ = try c.call("gtm.push", ["data": ["event": "tap"]])
+        _ = try c.call("gtm.push", ["data": ["event": "tap"]])
+        do {
+            try waitUntil(timeout: 15) {
+                (try? String(contentsOfFile: file, encoding: .utf8))?.contains("pylon_gtm_pushes_total 2") == true
+            }
+        } catch {
+            Issue.record("\(error): \((try? String(contentsOfFile: file, encoding: .utf8)) ?? "no file")")
+        }
+    }
+
     /// A reload applies `metricsTextfile` (it used to be ignored silently until a restart).
     @Test func aReloadStartsTheTextfile() throws {
         let h = try TestHost(plugins: [TestHost.echo()])

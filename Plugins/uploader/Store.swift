@@ -970,25 +970,41 @@ final class UploaderStore {
         return contexts
     }
 
+    /// How much of a segment `zeroContext` reads at a time (tests: less).
+    var zeroReadWindow = 256 << 10
+
     /// Zeroes the deflated payload of every frame of context `c` (its lane's packed frames from
     /// `c.start` up to the lane's next context), in order, each with its crc recomputed; not
     /// fdatasynced.
     private func zeroContext(_ c: Context) throws {
         guard let size = log.sizes[c.seg], c.start < size else { return }
-        let bytes = try log.read(c.seg, c.start..<size)
+        // Read in windows: a context ends long before its segment does, mostly.
+        let window = zeroReadWindow
+        var buf: [UInt8] = []
+        var bufStart = c.start
         var lane: UInt64?
-        var at = 0
-        while at + Frame.headBytes <= bytes.count {
-            let n = Int(Chunk.u32(bytes, at))
-            guard n > 0, at + Frame.headBytes + n <= bytes.count else { break }
-            defer { at += Frame.headBytes + n }
-            let decoded = bytes.withUnsafeBytes {
-                Frame.decode(UnsafeRawBufferPointer(rebasing: $0[(at + Frame.headBytes)..<(at + Frame.headBytes + n)]), bodyStart: 0)
+        var taken = 0
+        var at = c.start
+        while at + Frame.headBytes <= size, taken < UploaderStore.packContextBytes {
+            if at + Frame.headBytes > bufStart + buf.count {
+                bufStart = at
+                buf = try log.read(c.seg, at..<min(size, at + window))
             }
-            guard case .packed(let l, _, _, _, _, let seq, _)? = decoded, lane == nil || l == lane else { continue }
+            let n = Int(Chunk.u32(buf, at - bufStart))
+            guard n > 0, at + Frame.headBytes + n <= size else { break }
+            if at + Frame.headBytes + n > bufStart + buf.count {
+                bufStart = at
+                buf = try log.read(c.seg, at..<min(size, at + max(window, Frame.headBytes + n)))
+            }
+            defer { at += Frame.headBytes + n }
+            let o = at - bufStart + Frame.headBytes
+            let decoded = buf.withUnsafeBytes { Frame.decode(UnsafeRawBufferPointer(rebasing: $0[o..<(o + n)]), bodyStart: 0) }
+            guard case .packed(let l, _, _, _, let lengths, let seq, _)? = decoded, lane == nil || l == lane else { continue }
             if lane != nil && seq == 0 { break }
             lane = l
-            try rewriteFrame(seg: c.seg, at: c.start + at, sync: false) { _, _ in true }
+            // The writer starts a new context once this one has taken `packContextBytes`.
+            taken += lengths.reduce(lengths.count - 1, +)
+            try rewriteFrame(seg: c.seg, at: at, sync: false) { _, _ in true }
         }
     }
 

@@ -348,6 +348,46 @@ struct SegmentQueueTests {
         #expect(try T.records(store.batchBody("c", stream: "s").body).records.map { "\($0.id) \($0.data)" } == ["k3 \(kept[3].1)"])
     }
 
+    /// Purges across full contexts (each past `packContextBytes`, read in small windows):
+    /// the purged batch's contexts are zeroed whole and only they; the records before and after
+    /// them are delivered intact, also after a reopen.
+    @Test func aPurgeAcrossFullContextsZeroesThemAndOnlyThem() throws {
+        let path = T.tempPath()
+        var rng = SplitMix64(seed: 24)
+        let marker = "purged-large-"
+        var all: [(String, String)] = []
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            for i in 0..<300 {
+                let noise = Self.noise(2000, &rng)
+                let data = i >= 120 && i < 150 ? "\"\(marker)\(i)-" + noise.dropFirst() : noise
+                all.append(("r\(i)", data))
+                try T.enqueue(store, "s", [all[i]])
+            }
+            // Windows smaller than a frame: every frame is read on its own.
+            store.zeroReadWindow = 1000
+            let before = try T.inflatedTexts(store).count
+            for (k, n) in [("a", 120), ("p", 30), ("b", 150)] {
+                #expect(try store.cutBatch(stream: "s", key: k, maxCount: n, maxBytes: 1 << 30, final: k == "p", nowMs: 1).count == n)
+            }
+            let contexts = Set(store.records(ofBatch: "p").map { $0.contextStart })
+            #expect(contexts.count == 2, "batch p spans two contexts")
+            try store.deleteBatch("p", zero: true)
+            #expect(try !T.fileHolds(store, path, marker))
+            // Frames of the two contexts are zeroed; the rest still inflate (and copies were added).
+            #expect(try T.inflatedTexts(store).count < before)
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.damagedRecords == 0)
+        #expect(try !T.fileHolds(store, path, marker))
+        for (k, range) in [("a", 0..<120), ("b", 150..<300)] {
+            let recs = try T.records(store.batchBody(k, stream: "s").body).records
+            #expect(recs.map { "\($0.id) \($0.data)" } == all[range].map { "\($0.0) \($0.1)" })
+        }
+    }
+
     /// Many streams written in turn: at most `maxOpenPacks` deflate streams are open (the least
     /// recently written lane's context ends when another needs one), and every record reads back,
     /// before and after a reopen.

@@ -70,6 +70,8 @@ final class UploaderStore {
     struct Rec {
         var pos: Int64
         var seg: UInt32
+        /// A packed record's share of its frame's bytes in the file (`fileBytes`).
+        var packedBytes: Int32 = 0
         /// File offsets of its frame and its text.
         var frame: Int
         var text: Int
@@ -87,6 +89,14 @@ final class UploaderStore {
         var charge: Int { Chunk.charge(textBytes: Int(len)) }
         var packed: Bool { ctx >= 0 }
         var contextStart: Int { frame - Int(ctx) }
+        /// What it takes of its segment (`SegmentUse.bytes`, for `reclaim`): its charge, or its
+        /// share of its packed frame.
+        var fileBytes: Int { packed ? Int(packedBytes) : charge }
+
+        /// A packed record's share of a frame of `frameBytes` holding `textBytes` of texts.
+        static func share(frameBytes: Int, textBytes: Int, len: Int) -> Int32 {
+            Int32(max(1, frameBytes * len / max(1, textBytes)))
+        }
     }
 
     /// A deflate context: a segment and the offset of its first frame.
@@ -146,8 +156,8 @@ final class UploaderStore {
         var cutSeg: UInt32
     }
 
-    /// What each segment still holds: live records (and their charges) and cut frames of live
-    /// batches.
+    /// What each segment still holds: live records (and the bytes they take of it: their charges,
+    /// or their shares of packed frames) and cut frames of live batches.
     struct SegmentUse {
         var recs = 0
         var bytes = 0
@@ -337,9 +347,10 @@ final class UploaderStore {
                             continue
                         }
                         seen.insert(pos)
+                        let share = Rec.share(frameBytes: f.length, textBytes: lengths.reduce(lengths.count - 1, +), len: len)
                         let rec = Rec(
-                            pos: pos, seg: n, frame: f.offset, text: at, len: Int32(len), consent: l.consent, ctx: ctx, enqueuedMs: ms,
-                            key: RecordKey(id))
+                            pos: pos, seg: n, packedBytes: share, frame: f.offset, text: at, len: Int32(len), consent: l.consent, ctx: ctx,
+                            enqueuedMs: ms, key: RecordKey(id))
                         queues[l.stream, default: Queue()].recs.append(rec)
                     }
                 case .cut(let key, let stream, let fin, let seq, let ms, let runs)?:
@@ -413,7 +424,7 @@ final class UploaderStore {
             for r in q.recs {
                 set.insert(r.key)
                 segmentUse[r.seg, default: SegmentUse()].recs += 1
-                segmentUse[r.seg, default: SegmentUse()].bytes += r.charge
+                segmentUse[r.seg, default: SegmentUse()].bytes += r.fileBytes
             }
             if !set.isEmpty { ids[name] = set }
         }
@@ -467,7 +478,7 @@ final class UploaderStore {
                 q.goneCount += 1
                 var use = segmentUse[r.seg] ?? SegmentUse()
                 use.recs -= 1
-                use.bytes -= r.charge
+                use.bytes -= r.fileBytes
                 segmentUse[r.seg] = use
             } else {
                 q.recs[i].batch = -1
@@ -502,6 +513,7 @@ final class UploaderStore {
         var key: RecordKey
         var enqueuedMs: Int64
         var ctx: Int32 = -1
+        var packedBytes: Int32 = 0
     }
 
     /// Appends records frames for `chunks` (each at the positions given, or new ones from
@@ -539,6 +551,7 @@ final class UploaderStore {
             if c.positions == nil { position += Int64(c.chunk.count) }
             let frameStart = out.count
             var ctx: Int32 = -1
+            var frameBytes = 0
             var starts: [Int] = []
             if compression == .deflate {
                 packing = true
@@ -560,6 +573,7 @@ final class UploaderStore {
                 try Frame.appendPacked(
                     &out, lane: lane, positions: positions, enqueuedMs: c.enqueuedMs, chunk: c.chunk, seq: pack.seq, stream: pack.stream)
                 ctx = Int32(base + frameStart - pack.start)
+                frameBytes = out.count - frameStart
                 pack.seq += 1
                 pack.bytes += c.chunk.body.count
                 packs[lane] = pack
@@ -577,7 +591,8 @@ final class UploaderStore {
                             Placed(
                                 stream: c.stream, consent: cid, pos: positions[i], frame: frameStart, text: starts[i],
                                 len: Int32(span.count),
-                                key: RecordKey(id), enqueuedMs: c.enqueuedMs, ctx: ctx))
+                                key: RecordKey(id), enqueuedMs: c.enqueuedMs, ctx: ctx,
+                                packedBytes: Rec.share(frameBytes: frameBytes, textBytes: c.chunk.body.count, len: span.count)))
                     }
                 }
             }
@@ -603,13 +618,13 @@ final class UploaderStore {
             var q = queues.removeValue(forKey: stream) ?? Queue()
             while i < placed.count, placed[i].stream == stream {
                 let p = placed[i]
-                q.recs.append(
-                    Rec(
-                        pos: p.pos, seg: seg, frame: p.frame, text: p.text, len: p.len, consent: p.consent, ctx: p.ctx,
-                        enqueuedMs: p.enqueuedMs, key: p.key))
+                let rec = Rec(
+                    pos: p.pos, seg: seg, packedBytes: p.packedBytes, frame: p.frame, text: p.text, len: p.len, consent: p.consent,
+                    ctx: p.ctx, enqueuedMs: p.enqueuedMs, key: p.key)
+                q.recs.append(rec)
                 var use = segmentUse[seg] ?? SegmentUse()
                 use.recs += 1
-                use.bytes += Chunk.charge(textBytes: Int(p.len))
+                use.bytes += rec.fileBytes
                 segmentUse[seg] = use
                 i += 1
             }
@@ -1175,7 +1190,7 @@ final class UploaderStore {
         for q in queues.values {
             for r in q.recs where !r.gone {
                 want[r.seg, default: SegmentUse()].recs += 1
-                want[r.seg, default: SegmentUse()].bytes += r.charge
+                want[r.seg, default: SegmentUse()].bytes += r.fileBytes
             }
         }
         for b in batches.values { want[b.cutSeg, default: SegmentUse()].cuts += 1 }
@@ -1262,12 +1277,13 @@ final class UploaderStore {
                 q.recs[i].frame = p.frame
                 q.recs[i].text = p.text
                 q.recs[i].ctx = p.ctx
+                q.recs[i].packedBytes = p.packedBytes
                 var use = segmentUse[old.seg] ?? SegmentUse()
                 use.recs -= 1
-                use.bytes -= old.charge
+                use.bytes -= old.fileBytes
                 segmentUse[old.seg] = use
                 segmentUse[r.seg, default: SegmentUse()].recs += 1
-                segmentUse[r.seg, default: SegmentUse()].bytes += old.charge
+                segmentUse[r.seg, default: SegmentUse()].bytes += q.recs[i].fileBytes
             }
             queues[p.stream] = q
         }

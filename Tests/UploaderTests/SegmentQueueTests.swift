@@ -495,6 +495,28 @@ struct SegmentQueueTests {
         #expect(try T.enqueue(store, "stuck", [("x", "0")]).added == 0, "still queued")
     }
 
+    /// Copy-forward weighs a segment's live records by what they take of it: packed records by
+    /// their share of their frames, not by their uncompressed charge (which would make a segment
+    /// of compressed records look live long after most of it is delivered). One stream's records
+    /// stay queued, a sixth of all; the others are delivered: the files stay a few segments.
+    @Test func packedRecordsAreWeighedByTheirShareOfTheSegment() throws {
+        let store = try UploaderStore(path: T.tempPath(), fsyncEveryCommit: false, segmentBytes: 4096)
+        defer { store.close() }
+        let data = #"{"appKey":"lowrate","eventName":"purchase","property":{"sku":"A-1","price":9.99}}"#
+        for round in 0..<300 {
+            try T.enqueue(store, "stuck", [("x\(round)", data)])
+            try T.enqueue(store, "s", (0..<5).map { ("r\(round)-\($0)", data) })
+            _ = try store.cutBatch(stream: "s", key: "k\(round)", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+            try store.deleteBatch("k\(round)")
+        }
+        // 300 queued records of ~150 bytes deflate to a few KiB: one segment and the active one,
+        // give or take one being copied.
+        #expect(store.log.active > 10, "several segments were written")
+        #expect(store.log.numbers.count <= 4 && store.log.fileBytes <= 4 * 4096, "\(store.log.numbers.count) segments")
+        #expect(try store.summaries()["stuck"]?.queued == 300)
+        #expect(store.segmentUseErrors().isEmpty)
+    }
+
     /// One process at a time: a second open of the same queue (an uploader started while its
     /// predecessor, whose host was killed, still runs) waits for the lock, then gives up.
     @Test func aSecondOpenWaitsForTheLock() throws {

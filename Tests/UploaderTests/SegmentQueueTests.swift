@@ -451,6 +451,48 @@ struct SegmentQueueTests {
         #expect(store.damagedRecords == 0)
     }
 
+    /// A damaged packed frame breaks the rest of its context: the frames before it read, the
+    /// records of it and after it (in that context) are dropped and counted, never read as
+    /// other texts through a stale window. Damage is a flipped payload byte (the crc fails) or a
+    /// frame no reader knows, crc and all (the next frame's `seq` then skips one).
+    @Test(arguments: ["payload", "kind"]) func aDamagedPackedFrameBreaksTheRestOfItsContext(damage: String) throws {
+        let path = T.tempPath()
+        do {
+            let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+            for i in 0..<10 { try T.enqueue(store, "s", [("r\(i)", #"{"event":"purchase","n":\#(i)}"#)]) }
+            let bytes = try store.log.read(store.log.active)
+            let packed = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count).frames }.filter {
+                if case .packed? = $0.frame { return true } else { return false }
+            }
+            #expect(packed.count == 10)
+            let f = packed[3]
+            guard case .packed(_, _, _, _, _, 3, let dataStart)? = f.frame else {
+                Issue.record("frame 3 is not the context's fourth")
+                return
+            }
+            var frame = Array(bytes[f.offset..<(f.offset + f.length)])
+            if damage == "payload" {
+                frame[dataStart - f.offset] ^= 0x5a
+            } else {
+                frame[Frame.headBytes] = 99
+                Frame.seal(&frame, at: 0)
+            }
+            try store.log.overwrite(store.log.active, at: f.offset, frame)
+            store.close()
+        }
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        // The records of a frame no reader knows are not known either: six counted then.
+        #expect(store.damagedRecords == (damage == "payload" ? 7 : 6))
+        try T.enqueue(store, "s", [("after", #"{"event":"purchase","n":10}"#)])
+        _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
+        let recs = try T.records(store.batchBody("k", stream: "s").body).records
+        #expect(
+            recs.map { "\($0.id) \($0.data)" } == (0..<3).map { #"r\#($0) {"event":"purchase","n":\#($0)}"# } + [
+                #"after {"event":"purchase","n":10}"#
+            ])
+    }
+
     // MARK: Segments
 
     /// Full segments are closed; the oldest is removed once all it holds is delivered.

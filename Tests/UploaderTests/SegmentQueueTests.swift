@@ -1,3 +1,4 @@
+import CZlib
 import Glibc
 import PylonCore
 import PylonPluginKit
@@ -186,6 +187,31 @@ struct SegmentQueueTests {
         }
         #expect(grew[.none]! > texts)
         #expect(grew[.deflate]! * 3 < texts, "\(grew[.deflate]!) bytes for \(texts) of texts")
+    }
+
+    /// What one lane's deflate stream costs, measured: zlib's allocations for a stream of the
+    /// parameters `Deflater` uses (counted through `zalloc`), within `Deflater.memoryBytes`
+    /// (the figure docs/UPLOADER.md gives) and not far below it.
+    @Test func aDeflateStreamTakesWhatTheDocsSay() throws {
+        let counter = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+        counter.initialize(to: 0)
+        defer { counter.deallocate() }
+        let s = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
+        s.initialize(to: z_stream())
+        defer { s.deallocate() }
+        s.pointee.opaque = UnsafeMutableRawPointer(counter)
+        s.pointee.zalloc = { opaque, items, size in
+            opaque!.assumingMemoryBound(to: Int.self).pointee += Int(items) * Int(size)
+            return calloc(Int(items), Int(size))
+        }
+        s.pointee.zfree = { _, p in free(p) }
+        let rc = deflateInit2_(
+            s, Deflater.level, Z_DEFLATED, -Deflater.windowBits, Deflater.memLevel, Z_DEFAULT_STRATEGY, zlibVersion(),
+            Int32(MemoryLayout<z_stream>.size))
+        #expect(rc == Z_OK)
+        deflateEnd(s)
+        #expect(counter.pointee + MemoryLayout<z_stream>.size <= Deflater.memoryBytes, "\(counter.pointee) bytes")
+        #expect(counter.pointee * 4 > Deflater.memoryBytes * 3, "\(counter.pointee) bytes")
     }
 
     /// A live record costs 72 bytes in memory, packed or not (docs/UPLOADER.md "In memory").

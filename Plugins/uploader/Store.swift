@@ -1217,6 +1217,7 @@ final class UploaderStore {
             if head == log.active {
                 guard dead, log.numbers.count == 1, (log.sizes[head] ?? 0) > log.maxSegmentBytes / 4 else { return }
                 try log.startSegment()
+                packs.removeAll()  // the closed segment's deflate streams
                 continue
             }
             if dead {

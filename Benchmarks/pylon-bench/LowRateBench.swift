@@ -105,7 +105,7 @@ func lowRateRun(
         "ROW \(label) rate=\(fmt(lowRate)) warmup=\(lowRateWarmup) events=\(n) payload=\(payload) write_bytes=\(Int(per(sum.writeBytes).rounded()))"
         + " amp=\(fmt2(per(sum.writeBytes) / Double(max(payload, 1)))) syscw=\(fmt2(per(sum.syscw))) cpu_us=\(fmt(per(sum.cpuNs) / 1000))"
     for (p, c) in zip(all, d) {
-        line += " \(p.0)_bytes=\(Int(per(c.writeBytes).rounded()))"
+        line += " \(p.0)_bytes=\(Int(per(c.writeBytes).rounded())) \(p.0)_cpu_us=\(fmt(per(c.cpuNs) / 1000))"
     }
     print(line)
 }

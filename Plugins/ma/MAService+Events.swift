@@ -187,9 +187,12 @@ extension MAService {
     /// and the uploader ignores records it already has (ids are unique per stream), so nothing
     /// is doubled. Any other answer settles the batch.
     private func enqueue(_ batch: EventBatch, _ inst: MAInstance, attempt: Int) {
+        // Once the enqueue succeeds the host answers the callers itself (`okReply`), in the
+        // loop turn it relays the uploader's answer here: no reply of this plugin's to read.
+        let answering = Plugin.Answering(batch.calls.compactMap { $0 }, with: Self.okReply)
         batch.text.withUnsafeBytes { params in
             plugin.call(
-                "uploader.enqueue", .text(params),
+                "uploader.enqueue", .text(params), answering: answering,
                 answer: .text { [unowned self] r in
                     let err: String?
                     switch r {
@@ -211,6 +214,7 @@ extension MAService {
                     let n = batch.count
                     self.held -= n
                     self.enqueueSettled(inst.appKey)
+                    // On success the calls are answered already (by the host), and these replies are ignored.
                     let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
                     for c in batch.calls { c?.reply(serialized: reply) }
                     self.recycle(batch)

@@ -52,6 +52,7 @@ public struct MetricsText {
             .counter("batches", "pylon_batches", "JSON-RPC batches received"),
             .counter("dropped_for_uid_queue", "pylon_dropped_for_uid_queue", "Publications dropped at a uid's queue bound"),
             .counter("monitors_dropped", "pylon_monitors_dropped", "Monitors disconnected for not reading their events"),
+            .counter("answered_on_success", "pylon_answered_on_success", "Requests answered by the host for their plugin (_answers)"),
             .gauge("inflight", "pylon_requests_inflight", "Requests awaiting a plugin's reply"),
             .gauge("monitors", "pylon_monitors", "Connections watching traffic (bus.monitor)"),
         ]

@@ -165,6 +165,28 @@ public enum RawJSON {
         return negative ? -v : v
     }
 
+    /// The integers of the array at `span` when it holds plain integers only (`[1, 2]`: each as
+    /// `plainInt` reads it), in order; nil for anything else. `t` is validated JSON.
+    public static func intArray(_ t: UnsafeRawBufferPointer, _ span: Range<Int>) -> [Int64]? {
+        var i = skipSpace(t, span.lowerBound)
+        guard i < span.upperBound, t[i] == UInt8(ascii: "[") else { return nil }
+        var out: [Int64] = []
+        i = skipSpace(t, i + 1)
+        if i < span.upperBound, t[i] == UInt8(ascii: "]") { return out }
+        while i < span.upperBound {
+            var e = i
+            while e < span.upperBound, isNumber(t[e]) { e += 1 }
+            guard let n = plainInt(t, i..<e) else { return nil }
+            out.append(n)
+            i = skipSpace(t, e)
+            guard i < span.upperBound else { return nil }
+            if t[i] == UInt8(ascii: "]") { return out }
+            guard t[i] == UInt8(ascii: ",") else { return nil }
+            i = skipSpace(t, i + 1)
+        }
+        return nil
+    }
+
     /// Whether bytes `s..<e` of `t` are exactly `key`.
     @inline(__always) public static func equals(_ t: UnsafeRawBufferPointer, _ s: Int, _ e: Int, _ key: StaticString) -> Bool {
         equals(t, s, e, UnsafeRawBufferPointer(start: key.utf8Start, count: key.utf8CodeUnitCount))
@@ -190,6 +212,9 @@ public struct MessageSpans: Equatable, Sendable {
     public var pylon: Range<Int>?
     /// `_onBehalfOf`: the host-issued id of the request a plugin is serving when it calls for it.
     public var onBehalfOf: Range<Int>?
+    /// `_answers`: requests a plugin is serving that the host answers once this call succeeds
+    /// (docs/PROTOCOL.md "Answers on success").
+    public var answers: Range<Int>?
     public init() {}
 
     /// Records `span` as the value of the member whose key is `t[keyStart..<keyEnd]` (raw key
@@ -223,6 +248,7 @@ public struct MessageSpans: Equatable, Sendable {
         case 6 where RawJSON.equals(k, 0, n, "result"): return set(&result, "result")
         case 6 where RawJSON.equals(k, 0, n, "_pylon"): return set(&pylon, "_pylon")
         case 11 where RawJSON.equals(k, 0, n, "_onBehalfOf"): return set(&onBehalfOf, "_onBehalfOf")
+        case 8 where RawJSON.equals(k, 0, n, "_answers"): return set(&answers, "_answers")
         case 7 where RawJSON.equals(k, 0, n, "jsonrpc"): return set(&jsonrpc, "jsonrpc")
         default: return nil
         }

@@ -22,7 +22,7 @@ extension Bus {
             return fastRequest(peer, line, m, idSpan: idSpan, methodSpan: methodSpan)
         }
         guard m.result != nil || m.error != nil else { return false }
-        return fastResponse(peer, line, idSpan: idSpan)
+        return fastResponse(peer, line, idSpan: idSpan, succeeded: m.error == nil)
     }
 
     private func fastRequest(
@@ -46,6 +46,11 @@ extension Bus {
             via = n
         }
         guard let principal = principal(of: peer, via: via) else { return false }
+        var answers: PendingAnswers?
+        if let a = m.answers {
+            guard case .success(let read) = readAnswers(peer, line, a) else { return false }  // reported by the full path
+            answers = read
+        }
         // Consent-template fields read from the params bytes, keys and strings decoded (the
         // reader of docs/PROTOCOL.md "Canonical form": the value json-c gives the plugin). Absent
         // params, or an array: no such field (as json-c's lookup says).
@@ -59,12 +64,12 @@ extension Bus {
             return span.flatMap { RawJSON.stringValue(params, $0) }  // absent, or not a string: nil
         }
         guard case .forward(let target, let timeoutMs, _) = decision, !takesParamCheck(target, method) else { return false }
-        forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
+        forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method, answers: answers)
         counters.fastRouted += 1
         return true
     }
 
-    private func fastResponse(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan: Range<Int>) -> Bool {
+    private func fastResponse(_ peer: Peer, _ line: UnsafeRawBufferPointer, idSpan: Range<Int>, succeeded: Bool) -> Bool {
         // Answers to the host's own requests take the full path.
         guard let hostId = RawJSON.plainInt(line, idSpan),
             let p = takePending(
@@ -76,6 +81,7 @@ extension Bus {
             case .peer(let origin, let originalId) = p.origin
         else { return false }
         if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
+        settleAnswers(hostId, succeeded: succeeded, plugin: origin)
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         counters.fastRouted += 1
         return true

@@ -131,6 +131,7 @@ extension Bus {
                 "dropped_for_uid_queue": .int(Int64(counters.droppedForUidQueue)),
                 "connections_refused": .int(Int64(refusedTotal)),
                 "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(counters.monitorsDropped)),
+                "answered_on_success": .int(Int64(counters.answeredOnSuccess)),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),

@@ -151,7 +151,20 @@ extension Bus {
         }
         // Answers carry the id exactly as the caller wrote it (json-c would rewrite 2^64-1 or -0).
         let idText = String(decoding: UnsafeRawBufferPointer(rebasing: line[idSpan]), as: UTF8.self)
-        switch route(peer, principal, method, field: Bus.paramField(msg)) {
+        let decision = route(peer, principal, method, field: Bus.paramField(msg))
+        // `_answers` (Bus+Answers) count only on a call routed to a plugin: a refused call does
+        // not succeed, and a host method's answer answers nothing else.
+        var answers: PendingAnswers?
+        if msg.has("_answers"), !peer.isPlugin || decision.isForward {
+            guard let span = RawJSON.memberValueSpan(line, key: "_answers") else {
+                return sendError(peer.conn, idText: idText, RPCError(.invalidRequest, "\"_answers\" must be written without escapes"))
+            }
+            switch readAnswers(peer, line, span) {
+            case .success(let a): answers = a
+            case .failure(let e): return sendError(peer.conn, idText: idText, e)
+            }
+        }
+        switch decision {
         case .host:
             // A report costs much more than a routed message: fewer of the peer's lines follow
             // in this loop turn (a flood of them cannot stall everyone else).
@@ -195,7 +208,7 @@ extension Bus {
             }
         case .forward(let target, let timeoutMs, _):
             if let e = paramCheckError(target, method, msg) { return sendError(peer.conn, idText: idText, e) }
-            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method)
+            forward(peer, principal, line, idSpan: idSpan, to: target, timeoutMs: timeoutMs, method: method, answers: answers)
         }
     }
 

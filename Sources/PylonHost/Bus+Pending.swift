@@ -44,7 +44,9 @@ extension Bus {
         }
         if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         switch p.origin {
-        case .peer(let origin, let originalId): relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
+        case .peer(let origin, let originalId):
+            settleAnswers(hostId, succeeded: msg.has("result") && !msg.has("error"), plugin: origin)
+            relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         case .batch(let b, let originalId): relayToBatch(line, idSpan: idSpan, b, originalId: originalId)
         case .host(let done): done(msg.responseResult)
         }
@@ -71,6 +73,7 @@ extension Bus {
 
     private func finish(_ id: Int64, _ p: Pending, _ error: RPCError) {
         if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
+        if !pendingAnswers.isEmpty { pendingAnswers[id] = nil }  // not a success: its plugin answers them
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1

@@ -69,6 +69,8 @@ public final class Bus {
     /// Forwarded requests' method and start, by host id, kept only while a monitor is connected
     /// (so `Pending` and the routing path stay as they are without one).
     var monitorTraces: [Int64: MonitorTrace] = [:]
+    /// `_answers` of forwarded plugin calls, by the host id of the call (Bus+Answers).
+    var pendingAnswers: [Int64: PendingAnswers] = [:]
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
@@ -249,7 +251,7 @@ public final class Bus {
     /// replaced (a parsed message is never re-serialised).
     func forward(
         _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
-        timeoutMs: UInt64, method: String
+        timeoutMs: UInt64, method: String, answers: PendingAnswers? = nil
     ) {
         // Backpressure reaches whoever fills a congested target: a client's request waits (the
         // line is dispatched again later) and its input is held until the target drains, so a
@@ -293,6 +295,7 @@ public final class Bus {
             monitorRequest(peer, principal, method, line, id: original, to: target.label)
         }
         addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
+        if let answers { pendingAnswers[hostId] = answers }
         peer.inflight += 1
         peer.requestsSent += 1
         counters.routed += 1
@@ -332,4 +335,6 @@ struct BusCounters {
     var droppedForUidQueue: UInt64 = 0
     /// Monitors disconnected for not reading their events (`maxMonitorQueuedBytes`).
     var monitorsDropped: UInt64 = 0
+    /// Requests the host answered for their plugin once a call naming them succeeded (`_answers`).
+    var answeredOnSuccess: UInt64 = 0
 }

@@ -62,6 +62,11 @@ struct RoutingPolicy: Equatable {
         /// Refused by consent switch `key` (the method's manifest entry says how to answer: an
         /// error, or `deniedResult` when `dropWhenDenied`).
         case denied(Manifest.Method, key: String)
+
+        var isForward: Bool {
+            if case .forward = self { return true }
+            return false
+        }
     }
 
     /// The routing decision for `principal` calling `method`. `field` reads a top-level params

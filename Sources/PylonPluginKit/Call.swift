@@ -173,6 +173,12 @@ public final class Call: ManagedBuffer<CallHeader, UInt8> {
         withIdText { plugin.channel?.send(envelope: Envelope.error(id: .text($0), e)) }
     }
 
+    /// Whether the call was answered (or was a notification, which takes no answer).
+    var isAnswered: Bool { header.answered || header.isNotification }
+
+    /// The host answered the call for this plugin (`Plugin.Answering`): later replies are ignored.
+    func answeredByHost() { header.answered = true }
+
     /// The host's id of this request, when it is an integer (the host issues integer ids); nil
     /// for a notification.
     var hostId: Int64? {

@@ -219,6 +219,22 @@ public final class Plugin {
         /// The hot path of a plugin that feeds another one.
         case text((Result<UnsafeRawBufferPointer, RPCError>) -> Void)
 
+        /// The same answer, with `first` run before it when it is a success.
+        func onSuccess(_ first: @escaping () -> Void) -> Answer {
+            switch self {
+            case .value(let done):
+                return .value {
+                    if case .success = $0 { first() }
+                    done($0)
+                }
+            case .text(let done):
+                return .text {
+                    if case .success = $0 { first() }
+                    done($0)
+                }
+            }
+        }
+
         /// Answers with an error of the plugin's own (the channel is closed).
         func fail(_ e: RPCError) {
             switch self {
@@ -238,23 +254,48 @@ public final class Plugin {
         }
     }
 
+    /// Requests this plugin serves that the host answers with `result` (JSON text) once the call
+    /// carrying them succeeds (docs/PROTOCOL.md "Answers on success"): the plugin's own replies,
+    /// and the host's wake-up to read them, are saved. On success the calls count as answered
+    /// (a later `reply` is ignored); on an error the plugin answers them as it sees fit.
+    public struct Answering {
+        public var calls: [Call]
+        public var result: [UInt8]
+        public init(_ calls: [Call], with result: [UInt8]) {
+            self.calls = calls
+            self.result = result
+        }
+    }
+
     /// Calls a method of another plugin (or the host) through the host, as this plugin (or on
     /// behalf of the request with host id `onBehalfOf`; see `Call.call`). `params` and `answer`
-    /// choose the representation on each side (`Params`, `Answer`).
-    public func call(_ method: String, _ params: Params, onBehalfOf: Int64? = nil, answer: Answer) {
+    /// choose the representation on each side (`Params`, `Answer`); `answering`: requests the
+    /// host answers if this call succeeds (`Answering`).
+    public func call(_ method: String, _ params: Params, onBehalfOf: Int64? = nil, answering: Answering? = nil, answer: Answer) {
         guard let channel, !channel.isClosed else {
             answer.fail(RPCError(.pluginUnavailable, "bus channel closed"))
             return
         }
         let id = nextId
         nextId += 1
+        var answer = answer
+        var answers: Envelope.Answers?
+        if let answering {
+            let calls = answering.calls.filter { !$0.isAnswered && $0.hostId != nil }
+            if !calls.isEmpty {
+                answers = Envelope.Answers(ids: calls.map { $0.hostId! }, result: answering.result)
+                answer = answer.onSuccess { for c in calls { c.answeredByHost() } }
+            }
+        }
         pendingCalls[id] = answer
         if case .text = answer { pendingTextCalls += 1 }
         switch params {
         case .value(let v):
-            channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .params(v), onBehalfOf: onBehalfOf))
+            channel.send(
+                envelope: Envelope.request(id: .int(id), method: method, params: .params(v), onBehalfOf: onBehalfOf, answers: answers))
         case .text(let t):
-            channel.send(envelope: Envelope.request(id: .int(id), method: method, params: .text(t), onBehalfOf: onBehalfOf))
+            channel.send(
+                envelope: Envelope.request(id: .int(id), method: method, params: .text(t), onBehalfOf: onBehalfOf, answers: answers))
         }
     }
 

@@ -38,13 +38,16 @@ public enum JSONPiece {
 /// JSON-RPC 2.0 envelopes (request, notification, result, error), each written by one function
 /// here and nowhere else in Pylon: the host, the plugin kit, the client kit and pylonctl all call
 /// these. Each returns one line's bytes without the trailing newline (`Connection.sendLine` adds
-/// it). Members are written in a fixed order — `jsonrpc`, `id`, `method`, `params`, then
-/// Pylon's `_onBehalfOf` — so the output is byte-for-byte predictable.
+/// it). Members are written in a fixed order — `jsonrpc`, `id`, then Pylon's `_pylon`, `method`,
+/// `params`, then Pylon's `_onBehalfOf` and `_answers` — so the output is byte-for-byte predictable.
 public enum Envelope {
-    /// `{"jsonrpc":"2.0","id":…,"method":…[,"params":…][,"_onBehalfOf":N]}`. `onBehalfOf`: a
-    /// plugin calling for the request it serves (that request's host-issued id).
+    /// `{"jsonrpc":"2.0","id":…[,"_pylon":…],"method":…[,"params":…][,"_onBehalfOf":N][,"_answers":…]}`.
+    /// `caller`: the host's own calls' caller information. `onBehalfOf`: a plugin calling for the
+    /// request it serves (that request's host-issued id). `answers`: requests the plugin serves
+    /// that the host answers once this call succeeds.
     public static func request(
-        id: JSONPiece, method: String, params: JSONPiece? = nil, onBehalfOf: Int64? = nil, caller: CallerInfo? = nil
+        id: JSONPiece, method: String, params: JSONPiece? = nil, onBehalfOf: Int64? = nil, caller: CallerInfo? = nil,
+        answers: Answers? = nil
     ) -> [UInt8] {
         var out = start(capacity: 64 + method.utf8.count + (params?.sizeHint ?? 0))
         out.append(contentsOf: idKey)
@@ -54,8 +57,30 @@ public enum Envelope {
         JSONText.appendString(method, to: &out)
         if let params { out.append(contentsOf: paramsKey); params.write(&out) }
         if let onBehalfOf { out.append(contentsOf: onBehalfOfKey); JSONText.appendDecimal(onBehalfOf, to: &out) }
+        if let answers {
+            out.append(contentsOf: answersKey)
+            for (i, id) in answers.ids.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONText.appendDecimal(id, to: &out)
+            }
+            out.append(contentsOf: answersResultKey)
+            out.append(contentsOf: answers.result)
+            out.append(UInt8(ascii: "}"))
+        }
         out.append(UInt8(ascii: "}"))
         return out
+    }
+
+    /// A plugin's `_answers`: the host-issued ids of requests it is serving, and the result
+    /// (JSON text) the host answers each of them with once the call carrying it succeeds
+    /// (docs/PROTOCOL.md "Answers on success").
+    public struct Answers: Sendable {
+        public var ids: [Int64]
+        public var result: [UInt8]
+        public init(ids: [Int64], result: [UInt8]) {
+            self.ids = ids
+            self.result = result
+        }
     }
 
     /// `{"jsonrpc":"2.0","method":…[,"params":…]}`: a notification, or a publication on a topic.
@@ -108,6 +133,8 @@ public enum Envelope {
     private static let errorKey = Array(#","error":"#.utf8)
     private static let onBehalfOfKey = Array(#","_onBehalfOf":"#.utf8)
     private static let callerKey = Array(#","_pylon":"#.utf8)
+    private static let answersKey = Array(#","_answers":{"ids":["#.utf8)
+    private static let answersResultKey = Array(#"],"result":"#.utf8)
     fileprivate static let nullText = Array("null".utf8)
 
     private static func start(capacity: Int) -> [UInt8] {

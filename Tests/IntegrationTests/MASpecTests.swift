@@ -554,6 +554,9 @@ import Testing
             codes[m["result"]?["code"]?.intValue ?? 99, default: 0] += 1
         }
         #expect(codes == [0: n], "every event acknowledged after the uploader came back: \(codes)")
+        // Answered by the host once the (resent) enqueue succeeded, not by MA (Bus+Answers).
+        let answered = try c.call("bus.status")["counters"]?["answered_on_success"]?.intValue ?? 0
+        #expect(answered >= Int64(n), "\(answered)")
         let got = Set(try delivered(b, c, "hold").compactMap { $0["properties"]?["n"]?.intValue })
         #expect(got.count == n, "\(n - got.count) acknowledged events missing")
         #expect(h.logText.contains("uploader unavailable; holding events"), "the events were held, not refused")

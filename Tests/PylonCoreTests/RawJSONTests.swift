@@ -17,6 +17,27 @@ struct RawJSONTests {
         #expect(span(#"{ "id" : -1.5e3 , "x":1}"#) == "-1.5e3")
     }
 
+    /// `_answers.ids` (Bus+Answers): plain integers only, anything else is not an id list.
+    @Test func intArrayReadsPlainIntegersOnly() {
+        func ints(_ s: String) -> [Int64]? {
+            let b = Array(s.utf8)
+            return b.withUnsafeBytes { RawJSON.intArray($0, 0..<b.count) }
+        }
+        #expect(ints("[1,2,3]") == [1, 2, 3])
+        #expect(ints(" [ 7 , -8 ] ") == [7, -8])
+        #expect(ints("[]") == [])
+        #expect(ints("[9223372036854775807]") == [Int64.max])
+        #expect(ints("[9223372036854775808]") == nil, "overflow")
+        #expect(ints("[1.5]") == nil)
+        #expect(ints("[1e3]") == nil)
+        #expect(ints(#"["1"]"#) == nil)
+        #expect(ints("[1,]") == nil)
+        #expect(ints("[1 2]") == nil)
+        #expect(ints("[null]") == nil)
+        #expect(ints("{}") == nil)
+        #expect(ints("[1") == nil)
+    }
+
     @Test func ignoresNestedIds() {
         #expect(span(#"{"params":{"id":1,"list":[{"id":2}]},"id":3}"#) == "3")
         #expect(span(#"{"params":{"id":1}}"#) == nil)

@@ -156,8 +156,13 @@ extension Bus {
         // not succeed, and a host method's answer answers nothing else.
         var answers: PendingAnswers?
         if msg.has("_answers"), !peer.isPlugin || decision.isForward {
-            guard let span = RawJSON.memberValueSpan(line, key: "_answers") else {
-                return sendError(peer.conn, idText: idText, RPCError(.invalidRequest, "\"_answers\" must be written without escapes"))
+            // The plain key, or else the scan's (keys decoded, as the fast path reads them).
+            var span = RawJSON.memberValueSpan(line, key: "_answers")
+            if span == nil, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth)) {
+                span = m.answers
+            }
+            guard let span else {
+                return sendError(peer.conn, idText: idText, RPCError(.invalidRequest, "\"_answers\" could not be read"))
             }
             switch readAnswers(peer, line, span) {
             case .success(let a): answers = a

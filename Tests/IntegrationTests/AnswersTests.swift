@@ -66,6 +66,7 @@ import Testing
         #expect(try attacker.call("bus.status")["counters"]?["answered_on_success"] == 0)
     }
 
+    /// A client's `_answers` is refused on either path: spelled plainly, or with escapes.
     @Test func aClientMayNotSendAnswers() throws {
         let h = try Self.host()
         let c = try h.client()
@@ -73,6 +74,8 @@ import Testing
         let m = try #require(try c.readMessage())
         #expect(m.errorCode == -32600, "\(m.serialized)")
         try c.sendLine(#"{"jsonrpc":"2.0","id":4,"method":"bus.ping","_answers":{"ids":[1],"result":{}}}"#)
+        #expect(try #require(try c.readMessage()).errorCode == -32600)
+        try c.sendLine(#"{"jsonrpc":"2.0","id":5,"method":"echo.echo","params":{},"_an\u0073wers":{"ids":[1],"result":{}}}"#)
         #expect(try #require(try c.readMessage()).errorCode == -32600)
     }
 }

@@ -203,7 +203,7 @@ bench: release
 ## Hardening (docs/HARDENING.md). None of these take /tmp/pylon-build.lock themselves: on a
 ## shared machine run them as `flock /tmp/pylon-build.lock make fuzz` (and so on).
 
-FUZZ_TARGETS ?= message manifest backend-http ma uploader
+FUZZ_TARGETS ?= message manifest backend-http ma uploader segment
 FUZZ_SECONDS ?= 60
 
 ## libFuzzer targets (Fuzz/): built with -sanitize=fuzzer,address in .build-fuzz, then each runs

@@ -152,6 +152,9 @@ let package = Package(
         .executableTarget(
             name: "fuzz-uploader", dependencies: ["pylon_uploader", "PylonPluginKit", "FuzzSupport"], path: "Fuzz/uploader",
             swiftSettings: strict),
+        .executableTarget(
+            name: "fuzz-segment", dependencies: ["pylon_uploader", "PylonCore", "CZlib", "FuzzSupport"], path: "Fuzz/segment",
+            swiftSettings: strict),
 
         .testTarget(name: "PylonCoreTests", dependencies: ["PylonCore", "PylonProtocol", "PylonPluginKit"], swiftSettings: strict),
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),

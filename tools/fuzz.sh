@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 BIN=${FUZZ_BIN:-.build-fuzz/release}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 RUNS=${FUZZ_RUNS:-}
-TARGETS=${FUZZ_TARGETS:-message manifest backend-http ma uploader}
+TARGETS=${FUZZ_TARGETS:-message manifest backend-http ma uploader segment}
 export SWIFT_BACKTRACE=enable=no   # a trap goes straight to libFuzzer, which saves the input
 found=0
 printf '%-14s %12s %10s %10s %s\n' target executions exec/s new-units findings

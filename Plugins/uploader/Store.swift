@@ -1365,3 +1365,16 @@ enum RecordText {
         return (id, negative ? -v : v, UnsafeRawBufferPointer(rebasing: t[j..<(t.count - 1)]))
     }
 }
+
+/// Opens the queue of database `path` as the uploader does at start (the replay of its
+/// segments), reads every pending batch's body and closes it. Returns what the segment
+/// accounting check finds wrong (empty: consistent), or nil when the queue could not be opened
+/// (an error, as the uploader would report). For the fuzz target `Fuzz/segment`.
+package func fuzzReplayQueue(path: String) -> [String]? {
+    guard let store = try? UploaderStore(path: path, fsyncEveryCommit: false, segmentBytes: UploaderStore.minSegmentBytes) else {
+        return nil
+    }
+    defer { store.close() }
+    for b in store.batches.values { _ = try? store.batchBody(b.key, stream: b.stream) }
+    return store.segmentUseErrors()
+}

@@ -80,12 +80,16 @@ func lowRateRun(
 ) rethrows {
     usleep(1_000_000)
     let all = measured + apart
+    /// Sleeps until call `n` of a run started at `t0` is due.
+    func pace(_ t0: UInt64, _ n: Int) {
+        let next = t0 + UInt64(Double(n) / lowRate * 1e9)
+        let now = Loop.hrtimeNs
+        if next > now { usleep(UInt32((next - now) / 1000)) }
+    }
     let w0 = Loop.hrtimeNs
     for i in 0..<lowRateWarmup {
         try one(i)
-        let next = w0 + UInt64(Double(i + 1) / lowRate * 1e9)
-        let now = Loop.hrtimeNs
-        if next > now { usleep(UInt32((next - now) / 1000)) }
+        pace(w0, i + 1)
     }
     let c0 = all.map { ProcCounters.read($0.1) }
     let t0 = Loop.hrtimeNs
@@ -93,9 +97,7 @@ func lowRateRun(
     while Double(Loop.hrtimeNs - t0) / 1e9 < seconds {
         try one(lowRateWarmup + n)
         n += 1
-        let next = t0 + UInt64(Double(n) / lowRate * 1e9)
-        let now = Loop.hrtimeNs
-        if next > now { usleep(UInt32((next - now) / 1000)) }
+        pace(t0, n)
     }
     usleep(1_000_000)
     let d = zip(all, c0).map { p, c in ProcCounters.read(p.1) - c }

@@ -57,6 +57,9 @@ enum Frame: Equatable {
         case lane = 1, records = 2, cut = 3, final = 4, done = 5, unbatch = 6, ended = 7, packed = 8
     }
 
+    /// The length of a records or packed frame's texts joined by commas (`lengths`: each text's).
+    static func textBytes(_ lengths: [Int]) -> Int { lengths.reduce(lengths.count - 1, +) }
+
     /// The uncompressed texts of one packed frame are at most this many bytes (a chunk is cut
     /// at `Chunk.targetBytes` plus one record): a frame claiming more is not one.
     static let maxPackedTextBytes = 64 << 20
@@ -455,6 +458,44 @@ final class Inflater {
         guard rc == Z_OK, s.pointee.avail_in == 0, Int(s.pointee.avail_out) == 1 else { return nil }
         out.removeLast()
         return out
+    }
+}
+
+/// The packed contexts of one segment followed frame by frame in file order (the replay, and
+/// the tests that look for what a file still gives up): per lane one inflate stream, where its
+/// context starts and the `seq` it expects next. A frame that is not its lane's next, fails its
+/// crc or does not inflate to its texts breaks the rest of its context, up to the next `seq` 0.
+struct PackedContexts {
+    struct Context {
+        let inflater: Inflater
+        /// The offset of the context's first frame.
+        var start: Int
+        var seq: UInt64
+        var broken: Bool
+    }
+
+    private(set) var lanes: [UInt64: Context] = [:]
+
+    /// The texts (joined by commas) of packed frame `seq` of `lane` at `offset`, whose deflated
+    /// payload is `payload`; nil when its context cannot read it.
+    mutating func texts(
+        lane: UInt64, seq: UInt64, offset: Int, crcOK: Bool, payload: UnsafeRawBufferPointer, lengths: [Int]
+    ) throws -> [UInt8]? {
+        if seq == 0 {
+            if let c = lanes[lane] {
+                c.inflater.reset()
+                lanes[lane] = Context(inflater: c.inflater, start: offset, seq: 0, broken: false)
+            } else {
+                lanes[lane] = Context(inflater: try Inflater(), start: offset, seq: 0, broken: false)
+            }
+        }
+        guard var c = lanes[lane] else { return nil }
+        var texts: [UInt8]?
+        if crcOK, !c.broken, c.seq == seq { texts = c.inflater.inflate(payload, expected: Frame.textBytes(lengths)) }
+        c.broken = texts == nil
+        c.seq = seq + 1
+        lanes[lane] = c
+        return texts
     }
 }
 

@@ -275,7 +275,7 @@ final class UploaderStore {
             var localLanes: [UInt64: (stream: String, consent: Int32)] = [:]
             // Per lane, its context being read: the inflate stream, where it started, the next
             // frame's seq, and whether a frame of it failed (the rest of it then cannot be read).
-            var contexts: [UInt64: (inflater: Inflater, start: Int, seq: UInt64, broken: Bool)] = [:]
+            var contexts = PackedContexts()
             let (frames, validEnd) = bytes.withUnsafeBytes { Frame.scan($0, from: Frame.segmentMagic.count) }
             if validEnd < bytes.count {
                 truncatedBytes += bytes.count - validEnd
@@ -308,31 +308,15 @@ final class UploaderStore {
                     }
                 case .packed(let lane, let first, let ms, let deltas, let lengths, let seq, let dataStart)?:
                     guard let l = localLanes[lane] else { continue }
-                    if seq == 0 {
-                        if let c = contexts[lane] {
-                            c.inflater.reset()
-                            contexts[lane] = (c.inflater, f.offset, 0, false)
-                        } else {
-                            contexts[lane] = (try Inflater(), f.offset, 0, false)
-                        }
-                    }
-                    var texts: [UInt8]?
-                    if var c = contexts[lane] {
-                        if f.crcOK, !c.broken, c.seq == seq {
-                            texts = bytes.withUnsafeBytes {
-                                c.inflater.inflate(
-                                    UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]),
-                                    expected: lengths.reduce(lengths.count - 1, +))
-                            }
-                        }
-                        c.broken = texts == nil
-                        c.seq = seq + 1
-                        contexts[lane] = c
+                    let texts = try bytes.withUnsafeBytes {
+                        try contexts.texts(
+                            lane: lane, seq: seq, offset: f.offset, crcOK: f.crcOK,
+                            payload: UnsafeRawBufferPointer(rebasing: $0[dataStart..<(f.offset + f.length)]), lengths: lengths)
                     }
                     // A frame its context cannot read (zeroed by a purge, damaged, or after one
                     // such): its payload is zeroed below, whatever of it a decoder could guess.
                     if texts == nil && f.crcOK { unreadableFrames.append((n, f.offset, f.length, dataStart)) }
-                    let ctx = contexts[lane].map { Int32(f.offset - $0.start) } ?? -1
+                    let ctx = contexts.lanes[lane].map { Int32(f.offset - $0.start) } ?? -1
                     var pos = first
                     var at = 0
                     for (i, len) in lengths.enumerated() {
@@ -347,7 +331,7 @@ final class UploaderStore {
                             continue
                         }
                         seen.insert(pos)
-                        let share = Rec.share(frameBytes: f.length, textBytes: lengths.reduce(lengths.count - 1, +), len: len)
+                        let share = Rec.share(frameBytes: f.length, textBytes: Frame.textBytes(lengths), len: len)
                         let rec = Rec(
                             pos: pos, seg: n, packedBytes: share, frame: f.offset, text: at, len: Int32(len), consent: l.consent, ctx: ctx,
                             enqueuedMs: ms, key: RecordKey(id))
@@ -891,7 +875,7 @@ final class UploaderStore {
                 lane = l
                 seq += 1
                 let payload = UnsafeRawBufferPointer(rebasing: b[dataStart..<(at + Frame.headBytes + n)])
-                guard let t = inflater.inflate(payload, expected: lengths.reduce(lengths.count - 1, +)) else { throw broken }
+                guard let t = inflater.inflate(payload, expected: Frame.textBytes(lengths)) else { throw broken }
                 if frames.contains(from + at) { out[from + at] = t }
             }
         }
@@ -1018,7 +1002,7 @@ final class UploaderStore {
             if lane != nil && seq == 0 { break }
             lane = l
             // The writer starts a new context once this one has taken `packContextBytes`.
-            taken += lengths.reduce(lengths.count - 1, +)
+            taken += Frame.textBytes(lengths)
             try rewriteFrame(seg: c.seg, at: at, sync: false) { _, _ in true }
         }
     }

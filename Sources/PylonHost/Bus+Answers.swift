@@ -10,21 +10,18 @@ import PylonProtocol
 ///
 /// Nothing new is allowed: a plugin may answer the requests it serves in any case, and the host
 /// takes only those (the same check as a plugin's own reply, at the time of the answer); the call
-/// carrying `_answers` is routed and judged as any other call of that plugin.
-struct PendingAnswers {
-    var ids: [Int64]
-    /// The result's JSON text, as the plugin wrote it (validated with the whole line).
-    var result: [UInt8]
-}
-
+/// carrying `_answers` is routed and judged as any other call of that plugin. What it names is
+/// kept as the kit writes it (`Envelope.Answers`: the ids, and the result's text as the plugin
+/// wrote it, validated with the whole line).
 extension Bus {
-    /// Reads and checks `_answers` (its value at `span` of `line`) of a request from `peer`:
-    /// `{"ids": [host-issued ids], "result": value}`, only from a plugin, each id a request
-    /// forwarded to that plugin, unanswered (no more ids than it serves).
-    func readAnswers(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ span: Range<Int>) -> Result<PendingAnswers, RPCError> {
+    /// Reads and checks `_answers` (its value at `span` of `line`, as the line's scan found it)
+    /// of a request from `peer`: `{"ids": [host-issued ids], "result": value}`, only from a
+    /// plugin, each id a request forwarded to that plugin, unanswered (no more ids than it serves).
+    func readAnswers(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ span: Range<Int>?) -> Result<Envelope.Answers, RPCError> {
         guard peer.isPlugin else {
             return .failure(RPCError(.invalidRequest, "\"_answers\" is for plugins: requests they serve, answered when this call succeeds"))
         }
+        guard let span else { return .failure(RPCError(.invalidRequest, "\"_answers\" could not be read")) }
         let v = UnsafeRawBufferPointer(rebasing: line[span])
         guard v.first == UInt8(ascii: "{"), let idsSpan = RawJSON.memberValueSpan(v, key: "ids"),
             let ids = RawJSON.intArray(v, idsSpan), !ids.isEmpty, let r = RawJSON.memberValueSpan(v, key: "result")
@@ -41,24 +38,20 @@ extension Bus {
                     RPCError(.notPermitted, "\"_answers\": \(id) is not a request \(peer.label) is serving (answered or timed out)"))
             }
         }
-        return .success(PendingAnswers(ids: ids, result: Array(v[r])))
+        return .success(Envelope.Answers(ids: ids, result: Array(v[r])))
     }
 
     /// The call that carried `answers` succeeded: answers each request still pending at `plugin`
     /// with `answers.result`, as the plugin's own reply would have (its caller's id restored).
-    func answerOnSuccess(_ answers: PendingAnswers, plugin: Peer) {
-        var line = Array(#"{"jsonrpc":"2.0","id":"#.utf8)
-        let idStart = line.count
+    func answerOnSuccess(_ answers: Envelope.Answers, plugin: Peer) {
+        var line: [UInt8] = []
         for id in answers.ids {
             guard let p = takePending(id, answeredBy: plugin, if: { !$0.isHostCall }) else { continue }
-            line.removeSubrange(idStart...)
-            JSONText.appendDecimal(id, to: &line)
-            let idSpan = idStart..<line.count
-            line.append(contentsOf: #","result":"#.utf8)
-            line.append(contentsOf: answers.result)
-            line.append(UInt8(ascii: "}"))
+            line.removeAll(keepingCapacity: true)
+            answers.result.withUnsafeBytes { Envelope.appendResult(id: .int(id), .text($0), to: &line) }
             counters.answeredOnSuccess += 1
             line.withUnsafeBytes { l in
+                guard let idSpan = RawJSON.memberValueSpan(l, key: "id") else { return }
                 if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, l) }
                 switch p.origin {
                 case .peer(let origin, let originalId): relayResponse(l, idSpan: idSpan, to: origin, originalId: originalId)

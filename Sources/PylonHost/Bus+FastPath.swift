@@ -46,7 +46,7 @@ extension Bus {
             via = n
         }
         guard let principal = principal(of: peer, via: via) else { return false }
-        var answers: PendingAnswers?
+        var answers: Envelope.Answers?
         if let a = m.answers {
             guard case .success(let read) = readAnswers(peer, line, a) else { return false }  // reported by the full path
             answers = read

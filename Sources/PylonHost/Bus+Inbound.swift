@@ -41,10 +41,12 @@ extension Bus {
         // members the host routes by read once. json-c only builds the tree of a line it
         // accepted (host methods, the handshake, batches, errors to word).
         var idSpan: Range<Int>?
+        var answersSpan: Range<Int>?
         switch RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth)) {
         case .message(let spans):
             if fastRoute(peer, line, spans) { return }
             idSpan = spans.id
+            answersSpan = spans.answers
         case .notObject:
             break  // a batch, or a scalar (answered as an invalid request)
         case .invalid(let at):
@@ -78,7 +80,7 @@ extension Bus {
             handleBatch(peer, line, count: Int(json_object_array_length(msg.ptr)))
             return
         }
-        dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan)
+        dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan, answersSpan: answersSpan)
     }
 
     /// A line that is not (strict) JSON: `-32700`, without an id (none can be trusted).
@@ -92,7 +94,7 @@ extension Bus {
     /// The rungs after parsing: the envelope's verdict, who the message speaks for, where it goes.
     private func dispatch(
         _ peer: Peer, _ envelope: InboundEnvelope, _ msg: JSONRef, _ line: UnsafeRawBufferPointer,
-        idSpan: Range<Int>?
+        idSpan: Range<Int>?, answersSpan: Range<Int>?
     ) {
         switch envelope {
         case .invalid(let e, let id, let answer):
@@ -103,7 +105,7 @@ extension Bus {
         case .request(let method, let id):
             switch principal(of: peer, msg) {
             case .success(let principal):
-                handleRequest(peer, principal, msg, line, method: method, id: id, idSpan: idSpan!)
+                handleRequest(peer, principal, msg, line, method: method, id: id, idSpan: idSpan!, answersSpan: answersSpan)
             case .failure(let e):
                 counters.protocolErrors += 1
                 sendError(peer.conn, id: id, e)
@@ -139,7 +141,7 @@ extension Bus {
 
     func handleRequest(
         _ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
-        id: OpaquePointer?, idSpan: Range<Int>
+        id: OpaquePointer?, idSpan: Range<Int>, answersSpan: Range<Int>?
     ) {
         if let slot = peer.slot, !peer.handshaken {
             if method == HostMethod.hello {
@@ -154,17 +156,9 @@ extension Bus {
         let decision = route(peer, principal, method, field: Bus.paramField(msg))
         // `_answers` (Bus+Answers) count only on a call routed to a plugin: a refused call does
         // not succeed, and a host method's answer answers nothing else.
-        var answers: PendingAnswers?
+        var answers: Envelope.Answers?
         if msg.has("_answers"), !peer.isPlugin || decision.isForward {
-            // The plain key, or else the scan's (keys decoded, as the fast path reads them).
-            var span = RawJSON.memberValueSpan(line, key: "_answers")
-            if span == nil, case .message(let m) = RawJSON.classifyMessage(line, maxDepth: Int(config.limits.maxDepth)) {
-                span = m.answers
-            }
-            guard let span else {
-                return sendError(peer.conn, idText: idText, RPCError(.invalidRequest, "\"_answers\" could not be read"))
-            }
-            switch readAnswers(peer, line, span) {
+            switch readAnswers(peer, line, answersSpan) {
             case .success(let a): answers = a
             case .failure(let e): return sendError(peer.conn, idText: idText, e)
             }

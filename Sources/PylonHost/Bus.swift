@@ -70,7 +70,7 @@ public final class Bus {
     /// (so `Pending` and the routing path stay as they are without one).
     var monitorTraces: [Int64: MonitorTrace] = [:]
     /// `_answers` of forwarded plugin calls, by the host id of the call (Bus+Answers).
-    var pendingAnswers: [Int64: PendingAnswers] = [:]
+    var pendingAnswers: [Int64: Envelope.Answers] = [:]
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
@@ -251,7 +251,7 @@ public final class Bus {
     /// replaced (a parsed message is never re-serialised).
     func forward(
         _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, idSpan span: Range<Int>, to target: Peer,
-        timeoutMs: UInt64, method: String, answers: PendingAnswers? = nil
+        timeoutMs: UInt64, method: String, answers: Envelope.Answers? = nil
     ) {
         // Backpressure reaches whoever fills a congested target: a client's request waits (the
         // line is dispatched again later) and its input is held until the target drains, so a

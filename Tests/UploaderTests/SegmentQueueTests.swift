@@ -90,7 +90,7 @@ struct SegmentQueueTests {
         #expect(end == out.count && found.count == 3 && found.allSatisfy { $0.crcOK })
         func payload(_ f: Frame.Found) -> (Range<Int>, Int)? {
             guard case .packed(_, _, _, _, let lengths, _, let dataStart)? = f.frame else { return nil }
-            return (dataStart..<(f.offset + f.length), lengths.reduce(lengths.count - 1, +))
+            return (dataStart..<(f.offset + f.length), Frame.textBytes(lengths))
         }
         guard case .packed(1, 0, 5, [1], let lengths, 0, _)? = found[1].frame, let p1 = payload(found[1]), let p2 = payload(found[2]),
             case .packed(1, 10, 5, [], _, 1, _)? = found[2].frame

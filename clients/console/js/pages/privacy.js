@@ -1,0 +1,73 @@
+import {h, fmtTime, replace} from '../dom.js';
+import {get, put, isAdmin} from '../api.js';
+import {page, panel, errorBox, pagedTable, table, input, status, button, busy, note} from '../ui.js';
+
+function retentionPanel() {
+  const body = h('div', {id: 'retention'}, h('p', {class: 'muted'}, 'Loading…'));
+  const st = status();
+  async function load() {
+    let r;
+    try {
+      r = (await get('/v1/admin/retention')) || {};
+    } catch (e) {
+      replace(body, errorBox(e));
+      return;
+    }
+    const rows = [];
+    for (const [k, v] of Object.entries(r.apps || {})) rows.push({kind: 'apps', name: k, days: v && v.maxAgeDays});
+    for (const [k, v] of Object.entries(r.streams || {})) rows.push({kind: 'streams', name: k, days: v && v.maxAgeDays});
+    const edits = [];
+    const t = table([
+      {label: 'Kind', value: (x) => (x.kind === 'apps' ? 'AppKey' : 'stream')},
+      {label: 'Name', value: (x) => x.name},
+      {label: 'Max age (days)', value: (x) => {
+        const i = input('days', {type: 'number', min: 1, value: x.days === undefined || x.days === null ? '' : String(x.days), class: 'narrow'});
+        if (!isAdmin()) i.disabled = true;
+        edits.push([x, i]);
+        return i;
+      }},
+    ], rows, {empty: 'No limit set: records are kept until erased.'});
+    const kind = h('select', null, h('option', {value: 'apps'}, 'AppKey'), h('option', {value: 'streams'}, 'stream'));
+    const name = input('name', {placeholder: 'AppKey or stream'});
+    const days = input('days', {type: 'number', min: 1, placeholder: 'days', class: 'narrow'});
+    const save = button('Save retention', null, {admin: true});
+    save.id = 'retention-save';
+    save.addEventListener('click', () => busy(save, st, async () => {
+      const next = {apps: {}, streams: {}};
+      for (const [x, i] of edits) if (i.value) next[x.kind][x.name] = {maxAgeDays: Number(i.value)};
+      if (name.value.trim() && days.value) next[kind.value][name.value.trim()] = {maxAgeDays: Number(days.value)};
+      await put('/v1/admin/retention', next);
+      st.ok('Saved.');
+      load();
+    }));
+    replace(body, t, isAdmin() ? h('div', {class: 'row'}, kind, name, days) : null, h('div', {class: 'row actions'}, save));
+  }
+  load();
+  return panel('Retention', h('p', {class: 'muted'}, 'The maximum age of stored events per AppKey and per stream; older ones are deleted in bounded batches (with --nats: the stream\'s max_age). An empty field removes the limit.'), body, st);
+}
+
+export function render({root}) {
+  const optouts = pagedTable([
+    {label: 'Time', value: (r) => fmtTime(r.timeMs)},
+    {label: 'AppKey', value: (r) => r.appKey},
+    {label: 'EUID', value: (r) => r.euid},
+    {label: 'Install', value: (r) => r.installId},
+    {label: 'Switch', value: (r) => r.switch},
+  ], (cursor) => get('/v1/admin/optouts', {cursor, limit: 50}), {empty: 'No opt-out reported.'});
+  optouts.id = 'optouts';
+  const erasures = pagedTable([
+    {label: 'Request', value: (r) => r.id},
+    {label: 'Requested', value: (r) => fmtTime(r.requestedMs)},
+    {label: 'By', value: (r) => r.actor},
+    {label: 'AppKey', value: (r) => r.appKey},
+    {label: 'Subject', value: (r) => r.euid || r.userId || r.subject},
+    {label: 'Status', value: (r) => h('span', {class: ['badge', r.status === 'done' ? 'good' : r.status === 'failed' ? 'bad' : 'idle']}, String(r.status))},
+    {label: 'Finished', value: (r) => fmtTime(r.finishedMs)},
+    {label: 'Deleted', value: (r) => (r.deleted ? Object.entries(r.deleted).map(([k, v]) => `${k} ${v}`).join(', ') : '—')},
+  ], (cursor) => get('/v1/admin/erasures', {cursor, limit: 50}), {empty: 'No erasure requested.'});
+  erasures.id = 'erasures';
+  root.appendChild(page('Privacy',
+    panel('Opt-outs reported by devices', optouts),
+    panel('Erasure requests', note('Erase a user from the Users page (or pylon-backend --erase-user APPKEY:EUID).', 'info'), erasures),
+    retentionPanel()));
+}

@@ -8,12 +8,14 @@ DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqli
 DEB_PACKAGES += libssl-dev openssl
 # promtool (Debian's prometheus) checks the metrics exporter's output in the tests.
 DEB_PACKAGES += prometheus
+# The console's browser tests (make test-console): Debian's headless Chromium and its driver.
+DEB_PACKAGES += chromium chromium-driver
 RUN_DIR ?= $(CURDIR)/run
 # Always this run directory's socket: a PYLON_SOCKET exported for an earlier `make run` must not
 # point a second one (another RUN_DIR) at the first one's socket.
 export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build release run test test-unit test-install test-run test-deb test-python install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build release run test test-unit test-install test-run test-deb test-python test-console install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -83,9 +85,10 @@ run: build
 	trap 'kill $$pylond $$backend $$broker 2>/dev/null; wait $$pylond 2>/dev/null' EXIT INT TERM HUP; \
 	wait $$pylond
 
-## pytest and mypy for the Python client tests (pip; Debian's python3 needs --break-system-packages).
+## pytest and mypy for the Python client tests, selenium for the console's browser tests (pip;
+## Debian's python3 needs --break-system-packages).
 pydeps: deps
-	@for m in pytest mypy; do python3 -c "import $$m" 2>/dev/null || python3 -m pip install -q $$m 2>/dev/null \
+	@for m in pytest mypy selenium; do python3 -c "import $$m" 2>/dev/null || python3 -m pip install -q $$m 2>/dev/null \
 	  || python3 -m pip install -q --break-system-packages $$m; done
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
@@ -96,7 +99,7 @@ pydeps: deps
 ## all their inputs here (PYLON_PROPERTY_RUNS=full), a quarter of them in test-unit and test-asan.
 test: build pydeps
 	PYLON_PROPERTY_RUNS=full $(SWIFT) test --no-parallel
-	$(MAKE) --no-print-directory test-python test-install test-run fleet-test
+	$(MAKE) --no-print-directory test-python test-console test-install test-run fleet-test
 	@if [ "$(PYLON_TEST_DEB)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v dpkg-deb >/dev/null \
 	    && ! dpkg -s pylon >/dev/null 2>&1; then $(MAKE) --no-print-directory test-deb; \
 	else echo "make test: .deb test skipped (not root, no dpkg, pylon installed, or PYLON_TEST_DEB=0)"; fi
@@ -115,6 +118,13 @@ test-unit: deps
 test-python: build pydeps
 	cd clients/python && PYLON_BUILD_DIR=$(CURDIR)/.build/debug PYTHONPATH=$(CURDIR)/clients/python/src \
 	  python3 -m pytest -q -p no:cacheprovider tests
+
+## The operator console (clients/console) in Debian's headless Chromium, driven by Selenium with
+## /usr/bin/chromedriver (nothing downloaded), against a real backend, mosquitto and pylond on free
+## ports. Screenshots of the main pages go to docs/console (PYLON_CONSOLE_SCREENSHOTS= for none).
+test-console: build pydeps
+	cd Tests/console && PYLON_BUILD_DIR=$(CURDIR)/.build/debug SE_OFFLINE=true \
+	  python3 -m pytest -q -p no:cacheprovider .
 
 ## `make run` on free loopback ports in a session of its own: a hang-up stops pylond, the backend
 ## and the broker, and it starts again on the same RUN_DIR; Ctrl-C stops it.
@@ -145,6 +155,8 @@ SYSUSERSDIR ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/sysusers.d,$(PREFIX)/lib/s
 BASHCOMPDIR = $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR = $(PREFIX)/share/zsh/vendor-completions
 DOCDIR = $(PREFIX)/share/doc/pylon
+## The operator console's static files (pylon-backend --console-dir).
+CONSOLEDIR = $(PREFIX)/share/pylon/console
 ## Where the installed configuration sends uploads and MA calls.
 BACKEND_URL ?= http://127.0.0.1:8780
 ## Binaries to install (the release build by default).
@@ -184,6 +196,11 @@ install-files:
 	gzip -9n < docs/man/pylon-backend.8 > $(DESTDIR)$(MANDIR)/man8/pylon-backend.8.gz
 	install -m 644 etc/completion/pylonctl.bash $(DESTDIR)$(BASHCOMPDIR)/pylonctl
 	install -m 644 etc/completion/_pylonctl $(DESTDIR)$(ZSHCOMPDIR)/_pylonctl
+	install -d $(DESTDIR)$(CONSOLEDIR)/css $(DESTDIR)$(CONSOLEDIR)/js/pages
+	install -m 644 clients/console/index.html $(DESTDIR)$(CONSOLEDIR)/
+	install -m 644 clients/console/css/*.css $(DESTDIR)$(CONSOLEDIR)/css/
+	install -m 644 clients/console/js/*.js $(DESTDIR)$(CONSOLEDIR)/js/
+	install -m 644 clients/console/js/pages/*.js $(DESTDIR)$(CONSOLEDIR)/js/pages/
 
 ## A Debian package (dpkg-deb) of the release build: pylon_$(VERSION)_<arch>.deb in .build/deb.
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)

@@ -22,7 +22,8 @@ for f in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plu
          etc/pylon/gtm/GTM-DEMO etc/pylon/pylon.json lib/systemd/system/pylond.service \
          lib/systemd/system/pylon-backend.service usr/lib/sysusers.d/pylon.conf \
          usr/share/man/man1/pylonctl.1.gz usr/share/man/man5/pylon.json.5.gz usr/share/man/man8/pylond.8.gz \
-         usr/share/bash-completion/completions/pylonctl usr/share/zsh/vendor-completions/_pylonctl; do
+         usr/share/bash-completion/completions/pylonctl usr/share/zsh/vendor-completions/_pylonctl \
+         usr/share/pylon/console/index.html usr/share/pylon/console/js/app.js usr/share/pylon/console/js/pages/push.js; do
     [ -e "$root/$f" ] || fail "$f not installed"
 done
 [ ! -e "$root/usr/lib/pylon/plugins/pylon-echo" ] || fail "test plugin installed"

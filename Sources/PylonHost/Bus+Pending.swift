@@ -113,6 +113,16 @@ extension Bus {
     func sweepTimeouts() {
         for (id, p) in pending.expired(nowMs: loop.nowMs) {
             if !p.isHostCall { counters.timeouts += 1 }
+            guard !p.continues else {
+                // Not a failure: the plugin carries on with the request and its effect still
+                // happens (docs/PROTOCOL.md "Pending answers").
+                finish(
+                    id, p,
+                    RPCError(
+                        .pending, "\(p.target.label) is still working on it: it will take effect; no later answer is sent",
+                        data: ["target": .string(p.target.label), "pending": true]))
+                continue
+            }
             finish(id, p, RPCError(.timeout, "no reply from \(p.target.label) in time", data: ["target": .string(p.target.label)]))
         }
         armSweep()

@@ -294,7 +294,9 @@ public final class Bus {
             monitorTraces[hostId] = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
             monitorRequest(peer, principal, method, line, id: original, to: target.label)
         }
-        addPending(hostId, Pending(origin: origin, target: target, principal: principal), deadlineMs: loop.nowMs + timeoutMs)
+        var entry = Pending(origin: origin, target: target, principal: principal)
+        if let slot = target.slot, !slot.continuing.isEmpty { entry.continues = slot.continuing.contains(method) }
+        addPending(hostId, entry, deadlineMs: loop.nowMs + timeoutMs)
         if let answers { pendingAnswers[hostId] = answers }
         peer.inflight += 1
         peer.requestsSent += 1

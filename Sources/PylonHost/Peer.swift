@@ -96,4 +96,7 @@ struct Pending {
     }
     /// Whom the request acts for; inherited by calls the target makes on its behalf.
     var principal = Principal.host
+    /// The target carries on with it after the deadline (`PluginSlot.continuing`): the deadline
+    /// is answered `-32008` (pending), not `-32002`.
+    var continues = false
 }

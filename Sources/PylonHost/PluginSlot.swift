@@ -13,6 +13,7 @@ final class PluginSlot {
     var manifest: Manifest? {
         didSet {
             wantsCallerInfo = manifest?.callerInfo ?? false
+            continuing = Set((manifest?.methods ?? [:]).values.filter(\.continuesAfterDeadline).map(\.name))
             // The docs stay in the manifest (bus.describe): the route copies no more than before.
             methods = (manifest?.methods ?? [:]).mapValues {
                 var spec = $0
@@ -27,6 +28,9 @@ final class PluginSlot {
     private(set) var checkedParams: [String: MethodDoc] = [:]
     /// From the manifest, kept apart so the routing hot path does not copy the manifest.
     private(set) var wantsCallerInfo = false
+    /// The methods whose requests the plugin carries on with after the deadline
+    /// (`Manifest.Method.continuesAfterDeadline`): their timeout is answered `-32008`, pending.
+    private(set) var continuing: Set<String> = []
     /// What the router needs of each method the manifest lists (none listed: every method of
     /// the namespace goes to the plugin).
     private(set) var methods: [String: MethodRoute] = [:]

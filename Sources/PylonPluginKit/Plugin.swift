@@ -49,6 +49,10 @@ public final class Plugin {
     private var publishes: [String] = []
     /// Ask the host to tell us who called (`Call.callerInfo`).
     public var wantsCallerInfo = false
+    /// Every method of this plugin carries on with a request after the host's deadline (its
+    /// effect still happens): the host then answers `-32008` (pending), not `-32002` (timeout)
+    /// (`Manifest.Method.continuesAfterDeadline`). Set it before `run()`.
+    public var continuesAfterDeadline = false
     /// The plugin's strict configuration reader, for `--check-config` (and so `pylond
     /// --check-config`): throws the problems that would make it refuse to start; returns
     /// warnings (unknown settings). Set it before `run()`; usually the same reader the plugin
@@ -348,7 +352,7 @@ public final class Plugin {
             m.add(
                 Manifest.Method(
                     name: full, consent: s.consent, dropWhenDenied: s.dropWhenDenied, deniedResult: s.deniedResult,
-                    doc: methodDocs[full]))
+                    doc: methodDocs[full], continuesAfterDeadline: continuesAfterDeadline))
         }
         m.publishes = publishes
         m.subscribes = subscriptions.map(\.pattern)

@@ -14,14 +14,21 @@ public struct Manifest: Equatable, Sendable {
         /// reaching the plugin (the SDK behaviour of silently dropping events).
         public var dropWhenDenied = false
         public var deniedResult: JSON = .null
+        /// The plugin carries on with a request of this method after the host's deadline (a
+        /// start waiting for the network, an event held for a restarting uploader): the host then
+        /// answers `-32008` (pending) instead of `-32002` (timeout). Wire: `"afterDeadline":
+        /// "continues"` in the handshake.
+        public var continuesAfterDeadline = false
         /// What the method says about itself (summary, params, result); nil from a plugin that
         /// declares none (older plugins).
         public var doc: MethodDoc?
 
         public init(
-            name: String, consent: String? = nil, dropWhenDenied: Bool = false, deniedResult: JSON = .null, doc: MethodDoc? = nil
+            name: String, consent: String? = nil, dropWhenDenied: Bool = false, deniedResult: JSON = .null, doc: MethodDoc? = nil,
+            continuesAfterDeadline: Bool = false
         ) {
             self.name = name
+            self.continuesAfterDeadline = continuesAfterDeadline
             self.consent = consent
             self.dropWhenDenied = dropWhenDenied
             self.deniedResult = deniedResult
@@ -57,8 +64,8 @@ public struct Manifest: Equatable, Sendable {
         if methods.updateValue(spec, forKey: spec.name) == nil { methodOrder.append(spec.name) }
     }
 
-    /// The methods in announcement order; `deniedResult` is part of the handshake, not of
-    /// `bus.describe`.
+    /// The methods in announcement order; `deniedResult` and `afterDeadline` are part of the
+    /// handshake, not of `bus.describe`.
     private func methodsJSON(withDeniedResult: Bool) -> [JSON] {
         methodOrder.compactMap { n in
             guard let s = methods[n] else { return nil }
@@ -68,6 +75,7 @@ public struct Manifest: Equatable, Sendable {
                 o["onDenied"] = s.dropWhenDenied ? "drop" : "error"
                 if withDeniedResult { o["deniedResult"] = s.deniedResult }
             }
+            if withDeniedResult, s.continuesAfterDeadline { o["afterDeadline"] = "continues" }
             if let d = s.doc { for (k, v) in d.wireMembers { o[k] = v } }
             return .object(o)
         }
@@ -110,13 +118,16 @@ public struct Manifest: Equatable, Sendable {
                     spec.consent = o["consent"]?.stringValue
                     spec.dropWhenDenied = o["onDenied"]?.stringValue == "drop"
                     spec.deniedResult = o["deniedResult"] ?? .null
+                    spec.continuesAfterDeadline = o["afterDeadline"]?.stringValue == "continues"
                     do throws(MethodDoc.DocError) {
                         spec.doc = try MethodDoc.parse(o)
                     } catch {
                         throw bad("manifest.methods \(s): \(error.description)")
                     }
                 } else {
-                    throw bad("manifest.methods entries must be strings or {name, consent?, onDenied?, summary?, params?, result?}")
+                    throw bad(
+                        "manifest.methods entries must be strings or {name, consent?, onDenied?, afterDeadline?, summary?, params?, result?}"
+                    )
                 }
                 m.add(spec)
             }

@@ -56,6 +56,11 @@ public struct RPCError: Error, Equatable, Sendable, CustomStringConvertible {
         public static let messageTooLarge = Code(rawValue: -32006)
         /// The host is shutting down.
         public static let shuttingDown = Code(rawValue: -32007)
+        /// Not a failure: the request's deadline passed while the plugin still works on it, and
+        /// the plugin declared that such requests carry on (`Manifest.Method.continuesAfterDeadline`):
+        /// its effect still happens, its outcome is not sent to this request. Do not retry it as
+        /// if it had failed (docs/PROTOCOL.md "Pending answers").
+        public static let pending = Code(rawValue: -32008)
         /// `bus.reload`: the new configuration was refused (the running one stays); the message
         /// names the file, line and column or the setting.
         public static let configRefused = Code(rawValue: -32010)

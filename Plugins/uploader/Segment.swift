@@ -503,6 +503,11 @@ struct PackedContexts {
 /// digits), mode 0600 in a directory of mode 0700. Records and the batch ledger are appended to
 /// the newest (the active one); a full one is closed and the next one started; the oldest is
 /// removed once nothing in it is live (`UploaderStore.reclaim`). Loop thread only.
+///
+/// A segment file that cannot be read as one (a symlink, a directory or anything not a regular
+/// file, a file this user cannot open or read, one without the segment magic) is quarantined
+/// at open: renamed `<number>.seg.quarantined` beside it, never followed or opened through a
+/// link, and the queue goes on without it (docs/UPLOADER.md "Quarantine").
 final class SegmentLog {
     let dir: String
     /// An active segment holding at least this many bytes is closed before the next append.
@@ -514,6 +519,26 @@ final class SegmentLog {
     private var fds: [UInt32: Int32] = [:]
     /// Tests: the next append fails with this error before writing anything.
     var failNextAppend: IOError?
+
+    /// A segment file set aside: its name in the queue directory now, and why.
+    struct Quarantined: Equatable {
+        var file: String
+        var reason: String
+    }
+
+    /// What a quarantined segment's name gets: `0000000900.seg.quarantined` (then `.2`, `.3`, …
+    /// when that name is taken).
+    static let quarantineSuffix = ".quarantined"
+    /// At most this many files of one segment's name are kept aside; one more is refused (the
+    /// queue does not open until an operator clears them).
+    static let maxQuarantinedPerName = 100
+    /// The files this open set aside (each logged once, by the uploader).
+    private(set) var quarantinedNow: [Quarantined] = []
+    /// The names of every file set aside in the queue directory (this open's and earlier
+    /// ones' until an operator removes them), sorted.
+    private(set) var quarantinedFiles: [String] = []
+    /// Segment files this open tightened to `StateFile.mode` (each logged once, by the uploader).
+    private(set) var tightened: [StateFile.Tightened] = []
 
     /// Bytes of every segment file.
     var fileBytes: Int { sizes.values.reduce(0, +) }
@@ -533,7 +558,8 @@ final class SegmentLog {
         try System.createDirectories(atPath: dir, mode: 0o700)
         _ = chmod(dir, 0o700)
         let lock = dir + "/lock"
-        lockFD = try System.syscall("open \(lock)") { open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        lockFD = try System.syscall("open \(lock)") { open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, StateFile.mode) }
+        if let t = StateFile.tighten(fd: lockFD, path: lock) { tightened.append(t) }
         var waited = 0
         while flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
             let e = errno
@@ -546,11 +572,76 @@ final class SegmentLog {
             waited += 20
         }
         for n in try SegmentLog.list(dir) {
-            var st = stat()
-            _ = try System.syscall("stat \(path(n))") { stat(path(n), &st) }
-            sizes[n] = Int(st.st_size)
+            if let reason = openExisting(n) { try quarantine(n, reason: reason) }
         }
+        quarantinedFiles = try SegmentLog.listQuarantined(dir)
         active = sizes.keys.max() ?? 0
+    }
+
+    /// Opens existing segment `n` for reading and appending, never through a symlink, and
+    /// tightens its mode; returns why it cannot be used (nil: it can).
+    private func openExisting(_ n: UInt32) -> String? {
+        let p = path(n)
+        var st = stat()
+        guard lstat(p, &st) == 0 else { return "lstat: " + String(cString: strerror(errno)) }
+        guard st.st_mode & S_IFMT == S_IFREG else { return SegmentLog.kind(st.st_mode) }
+        let f = open(p, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard f >= 0 else { return "open: " + String(cString: strerror(errno)) }
+        guard fstat(f, &st) == 0, st.st_mode & S_IFMT == S_IFREG else {
+            Glibc.close(f)
+            return SegmentLog.kind(st.st_mode)
+        }
+        if let t = StateFile.tighten(fd: f, path: p) { tightened.append(t) }
+        fds[n] = f
+        sizes[n] = Int(st.st_size)
+        return nil
+    }
+
+    /// What a file that is not a regular one is, for the quarantine's reason.
+    private static func kind(_ mode: mode_t) -> String {
+        switch mode & S_IFMT {
+        case S_IFLNK: return "a symbolic link"
+        case S_IFDIR: return "a directory"
+        default: return "not a regular file"
+        }
+    }
+
+    /// Sets segment `n` aside (`<name>.quarantined`): closed, forgotten, renamed (the name
+    /// itself: a symlink is moved, never followed), the directory fsynced. The queue goes on
+    /// without it; what it held is lost to the queue.
+    func quarantine(_ n: UInt32, reason: String) throws {
+        if let f = fds.removeValue(forKey: n) { Glibc.close(f) }
+        sizes[n] = nil
+        let from = path(n)
+        let base = from + SegmentLog.quarantineSuffix
+        var to = base
+        var st = stat()
+        var k = 1
+        while lstat(to, &st) == 0 {
+            k += 1
+            guard k <= SegmentLog.maxQuarantinedPerName else {
+                throw QueueError(message: "\(from): cannot be read (\(reason)) and \(k - 1) files of its name are quarantined already")
+            }
+            to = base + ".\(k)"
+        }
+        _ = try System.syscall("rename \(from)") { rename(from, to) }
+        syncDirectory()
+        let name = String(to.dropFirst(dir.count + 1))
+        quarantinedNow.append(Quarantined(file: name, reason: reason))
+        quarantinedFiles = (quarantinedFiles + [name]).sorted()
+        if active == n { active = sizes.keys.max() ?? 0 }
+    }
+
+    /// Names of the quarantined segment files in `dir`.
+    static func listQuarantined(_ dir: String) throws -> [String] {
+        guard let d = opendir(dir) else { throw IOError(errnoCode: errno, reason: "opendir \(dir)") }
+        defer { closedir(d) }
+        var out: [String] = []
+        while let e = readdir(d) {
+            let name = withUnsafeBytes(of: e.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            if name.contains(".seg" + quarantineSuffix) { out.append(name) }
+        }
+        return out.sorted()
     }
 
     func path(_ n: UInt32) -> String {
@@ -570,8 +661,9 @@ final class SegmentLog {
         return out.sorted()
     }
 
-    /// The whole file of segment `n` (at start-up, and for a compaction).
-    func read(_ n: UInt32) throws -> [UInt8] { try System.readFile(atPath: path(n), maxBytes: Int.max / 2) }
+    /// The whole file of segment `n` (at start-up, and for a compaction), through the
+    /// descriptor opened at start.
+    func read(_ n: UInt32) throws -> [UInt8] { try read(n, 0..<(sizes[n] ?? 0)) }
 
     private func fd(_ n: UInt32) throws -> Int32 {
         if let f = fds[n] { return f }

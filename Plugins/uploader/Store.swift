@@ -264,8 +264,19 @@ final class UploaderStore {
         var unreadableFrames: [(seg: UInt32, offset: Int, length: Int, dataStart: Int)] = []
         var maxPos: Int64 = -1
         for n in log.numbers {
-            let bytes = try log.read(n)
+            let bytes: [UInt8]
+            do {
+                bytes = try log.read(n)
+            } catch {
+                try log.quarantine(n, reason: "read: \(error)")
+                continue
+            }
             guard bytes.count >= Frame.segmentMagic.count, bytes.starts(with: Frame.segmentMagic) else {
+                // Bytes that are not a segment's: not this queue's file, set aside whole.
+                if bytes.count > Frame.segmentMagic.count && bytes.contains(where: { $0 != 0 }) {
+                    try log.quarantine(n, reason: "not a segment (no segment magic)")
+                    continue
+                }
                 // Created but its header never reached the disk: nothing in it.
                 try log.truncate(n, to: 0)
                 try log.overwrite(n, at: 0, Frame.segmentMagic)
@@ -338,11 +349,16 @@ final class UploaderStore {
                         queues[l.stream, default: Queue()].recs.append(rec)
                     }
                 case .cut(let key, let stream, let fin, let seq, let ms, let runs)?:
+                    // New positions never reuse one a batch names, though its records were in a
+                    // quarantined segment (they would join that batch at the next replay).
+                    for r in runs { maxPos = max(maxPos, r.upperBound) }
                     controls.append(.cut(seg: n, key: key, stream: stream, final: fin, seq: seq, createdMs: ms, runs: runs))
                 case .final(let keys)?: controls.append(.final(keys))
                 case .done(let keys, let zeroed)?:
                     controls.append(.done(keys.map { Frame.Ended(key: $0, stream: "", runs: []) }, zeroed: zeroed))
-                case .ended(let entries, let zeroed)?: controls.append(.done(entries, zeroed: zeroed))
+                case .ended(let entries, let zeroed)?:
+                    for e in entries { for r in e.runs { maxPos = max(maxPos, r.upperBound) } }
+                    controls.append(.done(entries, zeroed: zeroed))
                 case .unbatch(let keys)?: controls.append(.unbatch(keys))
                 case nil: break
                 }

@@ -114,6 +114,8 @@ extension Bus {
     /// exists but cannot be read or understood fails closed: the master switch is denied until an
     /// operator sets consent again, because granting by accident is the worse error.
     func loadConsent() {
+        // A state file left looser by an earlier release is tightened to 0600 first.
+        StateFile.tighten(consentPath)?.report(to: log)
         var problem: String
         let bytes: [UInt8]?
         do throws(IOError) {

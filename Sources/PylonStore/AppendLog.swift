@@ -38,11 +38,14 @@ public final class AppendLog {
     public private(set) var truncatedBytes = 0
 
     /// Opens `path` (creating it with `magic`), calls `frame` with each whole frame's body in
-    /// order and truncates a torn tail. A file whose first bytes are not `magic` is refused.
-    public init(path: String, magic: [UInt8], _ frame: (UnsafeRawBufferPointer) -> Void) throws(IOError) {
+    /// order and truncates a torn tail. A file whose first bytes are not `magic` is refused. The
+    /// file is a state file: created 0600, never through a symlink, and one left looser by an
+    /// earlier run is tightened to 0600 (logged on `log`).
+    public init(path: String, magic: [UInt8], log: Log = Log("store"), _ frame: (UnsafeRawBufferPointer) -> Void) throws(IOError) {
         self.path = path
         self.magic = magic
-        fd = try System.syscall("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        fd = try System.syscall("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, StateFile.mode) }
+        StateFile.tighten(fd: fd, path: path)?.report(to: log)
         do throws(IOError) {
             let data = try System.readFile(atPath: path, maxBytes: Self.maxFileBytes)
             if data.isEmpty {

@@ -1,4 +1,5 @@
 import CSQLite
+import PylonCore
 
 /// A SQLite error: result code and message.
 public struct SQLiteError: Error, CustomStringConvertible, Sendable {
@@ -16,16 +17,36 @@ public final class Database {
     let db: OpaquePointer
     private var cache: [String: Statement] = [:]
 
-    /// Opens (creating if needed) the database at `path` in WAL mode.
-    public init(path: String) throws(SQLiteError) {
+    /// The files of database `path` this opener tightened to `StateFile.mode` (logged too).
+    public private(set) var tightened: [StateFile.Tightened] = []
+
+    /// Opens (creating if needed) the database at `path`, a state file (docs/SECURITY.md "File
+    /// modes"): the file is created 0600 before SQLite opens it, never through a symlink (a link
+    /// at `path` is refused: `SQLITE_OPEN_NOFOLLOW`), and an existing one, its `-wal`, `-shm` and
+    /// `-journal` left by an earlier run are tightened to 0600 (each logged on `log`). SQLite
+    /// creates the `-wal`, `-shm` and `-journal` files it makes later with the database file's
+    /// mode, so they are 0600 too. `:memory:`, `""` and `file:` URIs are opened as they are.
+    public init(path: String, log: Log = Log("store")) throws(SQLiteError) {
+        var fixed: [StateFile.Tightened] = []
+        if !(path.isEmpty || path == ":memory:" || path.hasPrefix("file:")) {
+            do throws(IOError) {
+                if let t = try StateFile.create(path) { fixed.append(t) }
+            } catch {
+                throw SQLiteError(code: SQLITE_CANTOPEN, message: error.description)
+            }
+            for suffix in ["-wal", "-shm", "-journal"] { if let t = StateFile.tighten(path + suffix) { fixed.append(t) } }
+            for t in fixed { t.report(to: log) }
+        }
         var h: OpaquePointer?
-        let rc = sqlite3_open_v2(path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nil)
+        let rc = sqlite3_open_v2(
+            path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, nil)
         guard rc == SQLITE_OK, let h else {
             let msg = h.map { String(cString: sqlite3_errmsg($0)) } ?? "cannot open"
             sqlite3_close(h)  // required even after a failed open
             throw SQLiteError(code: rc, message: "\(path): \(msg)")
         }
         db = h
+        tightened = fixed
         sqlite3_busy_timeout(db, 5000)
     }
 

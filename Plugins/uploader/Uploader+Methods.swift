@@ -151,6 +151,9 @@ extension Uploader {
             "fsync": fsyncFull ? "full" : "normal", "commits": .int(Int64(commits)),
             "pendingDeletes": .int(Int64(store.deliveredQueue.count)),
             "ownerChanges": .int(Int64(ownerChanges)),
+            // Segment files set aside as unreadable (docs/UPLOADER.md "Quarantine").
+            "quarantinedFiles": .int(Int64(store.log.quarantinedFiles.count)),
+            "quarantined": .array(store.log.quarantinedFiles.prefix(Uploader.maxQuarantinedNamesShown).map { .string($0) }),
         ]
         if let me = caller.identity { r["owner"] = usage(me) }
         if caller.isAdmin {

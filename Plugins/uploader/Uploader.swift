@@ -73,6 +73,9 @@ final class Uploader {
     /// instead, about two in three deletions at 64 in flight had a transaction of their own
     /// (~140 µs each); with 20 ms, about one in twenty-five.
     static let deliveredDeleteDelayMs: UInt64 = 20
+    /// `uploader.status` names at most this many quarantined segment files (`quarantinedFiles`
+    /// counts them all).
+    static let maxQuarantinedNamesShown = 32
 
     /// A batch read from disk and compressed: ready to post.
     struct Loaded {
@@ -137,6 +140,11 @@ final class Uploader {
             if store.damagedRecords > 0 {
                 plugin.log.error("damaged records dropped from the queue", ["records": store.damagedRecords])
             }
+            // Once each, when set aside: what was in them is lost to the queue.
+            for q in store.log.quarantinedNow {
+                plugin.log.error("queue segment quarantined: its records are lost to the queue", ["file": q.file, "reason": q.reason])
+            }
+            for t in store.log.tightened { t.report(to: plugin.log) }
             diskBytes = try store.totalBytes()
             for (name, o) in try store.recordedOwners() { recordedOwners[name] = StreamOwner(o) }
             for (name, s) in try store.summaries() {

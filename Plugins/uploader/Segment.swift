@@ -526,8 +526,9 @@ final class SegmentLog {
         var reason: String
     }
 
-    /// What a quarantined segment's name gets: `0000000900.seg.quarantined` (then `.2`, `.3`, …
-    /// when that name is taken).
+    /// What a quarantined file's name gets: `0000000900.seg.quarantined` (then `.2`, `.3`, …
+    /// when that name is taken). The queue's `lock`, when it is not a regular file, is set
+    /// aside the same way (`lock.quarantined`) and made anew.
     static let quarantineSuffix = ".quarantined"
     /// At most this many files of one segment's name are kept aside; one more is refused (the
     /// queue does not open until an operator clears them).
@@ -558,7 +559,25 @@ final class SegmentLog {
         try System.createDirectories(atPath: dir, mode: 0o700)
         _ = chmod(dir, 0o700)
         let lock = dir + "/lock"
-        lockFD = try System.syscall("open \(lock)") { open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, StateFile.mode) }
+        // A lock that is not a regular file (a planted symlink or directory) is set aside too:
+        // no process could have locked it, since each opens it with O_NOFOLLOW.
+        var lockAside: Quarantined?
+        var f = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, StateFile.mode)
+        var unusable: String?
+        var st = stat()
+        if f < 0, errno == ELOOP || errno == EISDIR || errno == ENXIO {
+            unusable = errno == EISDIR ? "a directory" : errno == ELOOP ? "a symbolic link" : "not a regular file"
+        } else if f >= 0, fstat(f, &st) == 0, st.st_mode & S_IFMT != S_IFREG {
+            Glibc.close(f)
+            unusable = "not a regular file"
+        }
+        if let reason = unusable {
+            lockAside = Quarantined(file: try SegmentLog.setAside(lock, in: dir, reason: reason), reason: reason)
+            f = open(lock, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, StateFile.mode)
+        }
+        guard f >= 0 else { throw IOError(errnoCode: errno, reason: "open \(lock)") }
+        lockFD = f
+        quarantinedNow += lockAside.map { [$0] } ?? []
         if let t = StateFile.tighten(fd: lockFD, path: lock) { tightened.append(t) }
         var waited = 0
         while flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
@@ -612,34 +631,43 @@ final class SegmentLog {
     func quarantine(_ n: UInt32, reason: String) throws {
         if let f = fds.removeValue(forKey: n) { Glibc.close(f) }
         sizes[n] = nil
-        let from = path(n)
-        let base = from + SegmentLog.quarantineSuffix
-        var to = base
-        var st = stat()
-        var k = 1
-        while lstat(to, &st) == 0 {
-            k += 1
-            guard k <= SegmentLog.maxQuarantinedPerName else {
-                throw QueueError(message: "\(from): cannot be read (\(reason)) and \(k - 1) files of its name are quarantined already")
-            }
-            to = base + ".\(k)"
-        }
-        _ = try System.syscall("rename \(from)") { rename(from, to) }
-        syncDirectory()
-        let name = String(to.dropFirst(dir.count + 1))
+        let name = try SegmentLog.setAside(path(n), in: dir, reason: reason)
         quarantinedNow.append(Quarantined(file: name, reason: reason))
         quarantinedFiles = (quarantinedFiles + [name]).sorted()
         if active == n { active = sizes.keys.max() ?? 0 }
     }
 
-    /// Names of the quarantined segment files in `dir`.
+    /// Renames `from` (a name in `dir`) to `<name>.quarantined` (`.2`, … when taken) and
+    /// fsyncs `dir`; returns the new name.
+    private static func setAside(_ from: String, in dir: String, reason: String) throws -> String {
+        let base = from + quarantineSuffix
+        var to = base
+        var st = stat()
+        var k = 1
+        while lstat(to, &st) == 0 {
+            k += 1
+            guard k <= maxQuarantinedPerName else {
+                throw QueueError(message: "\(from): cannot be read (\(reason)) and \(k - 1) files of its name are quarantined already")
+            }
+            to = base + ".\(k)"
+        }
+        _ = try System.syscall("rename \(from)") { rename(from, to) }
+        let d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if d >= 0 {
+            _ = fsync(d)
+            Glibc.close(d)
+        }
+        return String(to.dropFirst(dir.count + 1))
+    }
+
+    /// Names of the files set aside in `dir` (`*.quarantined`, `*.quarantined.N`).
     static func listQuarantined(_ dir: String) throws -> [String] {
         guard let d = opendir(dir) else { throw IOError(errnoCode: errno, reason: "opendir \(dir)") }
         defer { closedir(d) }
         var out: [String] = []
         while let e = readdir(d) {
             let name = withUnsafeBytes(of: e.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
-            if name.contains(".seg" + quarantineSuffix) { out.append(name) }
+            if name.hasSuffix(quarantineSuffix) || name.contains(quarantineSuffix + ".") { out.append(name) }
         }
         return out.sorted()
     }

@@ -102,6 +102,7 @@ public struct MetricsText {
     static let uploaderFields: [Field] = [
         .gauge("diskBytes", "disk_bytes", "Bytes the uploader's queue takes on disk"),
         .counter("commits", "commits", "Group commits of the uploader's queue"),
+        .gauge("quarantinedFiles", "quarantined_files", "Queue segment files set aside as unreadable"),
     ]
     static let uploaderStreamFields: [Field] = [
         .gauge("queued", "stream_queued_records", "Records queued in the stream"),

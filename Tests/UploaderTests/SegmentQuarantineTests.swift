@@ -97,6 +97,21 @@ struct SegmentQuarantineTests {
         #expect(store.log.quarantinedFiles == ["0000000900.seg.quarantined", "0000000900.seg.quarantined.2"])
     }
 
+    /// The queue's lock planted as a symlink or a directory: set aside and made anew (nothing
+    /// could have locked it: every opener uses O_NOFOLLOW), the queue opens.
+    @Test(arguments: ["symlink", "directory"]) func aLockThatIsNotAFileIsSetAside(kind: String) throws {
+        let path = try Self.threeSegments()
+        let lock = UploaderStore.queueDirectory(path) + "/lock"
+        #expect(unlink(lock) == 0)
+        #expect(kind == "symlink" ? symlink("/etc/passwd", lock) == 0 : mkdir(lock, 0o700) == 0)
+        let store = try UploaderStore(path: path, fsyncEveryCommit: false)
+        defer { store.close() }
+        #expect(store.log.quarantinedNow.map(\.file) == ["lock.quarantined"])
+        #expect(store.log.quarantinedFiles == ["lock.quarantined"])
+        #expect(Self.fileType(lock) == S_IFREG && Self.mode(lock) == 0o600)
+        #expect(try store.summaries()["s"]?.queued == 15)
+    }
+
     /// A batch whose records were in a quarantined segment (its cut frame in a later one) keeps
     /// no record; records enqueued afterwards get positions past every one a batch names, so
     /// they never join that batch at the next open (they would, numbered from the highest

@@ -37,11 +37,7 @@ extension Bus {
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
             case HostMethod.consentClear:
-                // Clearing a switch can grant collection again: whoever may not set it may not
-                // clear it either (the `consent.set` rules apply too, not only their own).
-                guard isPermitted(HostMethod.consentSet, principal) else {
-                    throw RPCError(.notPermitted, "consent.clear needs the permission of consent.set")
-                }
+                // Who may: whoever may set the switch (`RoutingPolicy.permission`, decided before).
                 return .success(try consentClear(params))
             case HostMethod.monitor: return .success(try monitorMethod(peer, principal, params))
             case HostMethod.reload:

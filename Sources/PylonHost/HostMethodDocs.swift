@@ -64,7 +64,7 @@ extension Bus {
             params: [P("method", .string, "<namespace>.<name>"), P("methods", .array, "several names")],
             result: .init(.object, "", fields: [P("provides", .array, required: true, "this connection's methods")])),
         HostMethod.restart: MethodDoc(
-            "Restart a plugin now (also clears failed)",
+            "Admins: restart a plugin now (also clears failed)",
             params: [P("plugin", .string, required: true, "the plugin's name")],
             result: .init(.object, "", fields: [P("plugin", .string, required: true, ""), P("state", .string, required: true, "")])),
         HostMethod.consentGet: MethodDoc(
@@ -79,7 +79,7 @@ extension Bus {
                     P("master", .boolean, required: true, "the device switch"),
                 ])),
         HostMethod.consentSet: MethodDoc(
-            "Set a switch in the operator layer",
+            "Admins: set a switch in the operator layer",
             params: [keyParam, P("granted", .boolean, required: true, "true grants, false denies (aliases: enabled, value)")],
             result: consentResult),
         HostMethod.consentSetApp: MethodDoc(
@@ -95,7 +95,7 @@ extension Bus {
                     P("app", .object, required: true, ""),
                 ])),
         HostMethod.consentClear: MethodDoc(
-            "Return a switch to never set (needs consent.set's permission)",
+            "Admins: return a switch to never set (whoever may call consent.set)",
             params: [keyParam, P("layer", .string, "operator (default) or app")],
             result: .init(.object, "the switch after the change, with cleared: true", fields: consentResult.fields)),
         HostMethod.monitor: MethodDoc(
@@ -110,7 +110,7 @@ extension Bus {
                     P("maxQueuedBytes", .integer, required: true, "a monitor further behind is disconnected"),
                 ])),
         HostMethod.reload: MethodDoc(
-            "Admins: re-read the configuration, as SIGHUP does",
+            "Admins and pylond's own user: re-read the configuration, as SIGHUP does",
             result: .init(
                 .object, "what changed (a refused configuration is error -32010)",
                 fields: [

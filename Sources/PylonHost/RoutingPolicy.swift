@@ -1,6 +1,10 @@
 import PylonCore
 import PylonProtocol
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// What the router needs to know of one configured plugin at the moment of a decision. `PluginSlot`
 /// is one; tests use plain structs.
 protocol RoutablePlugin {
@@ -40,14 +44,24 @@ struct RoutingPolicy: Equatable {
     /// The request timeout of a plugin without its own, and of a provided method.
     var requestTimeoutMs: UInt64
 
-    init(permissions: [PermissionRule] = [], disclosure: Disclosure = Disclosure(), requestTimeoutMs: UInt64 = Limits().requestTimeoutMs) {
+    /// pylond's own uid: besides the admins, it may `bus.reload` without a rule (it may send
+    /// pylond SIGHUP anyway; systemd's `ExecReload` runs `pylonctl reload` as it).
+    var hostUid: UInt32
+
+    init(
+        permissions: [PermissionRule] = [], disclosure: Disclosure = Disclosure(), requestTimeoutMs: UInt64 = Limits().requestTimeoutMs,
+        hostUid: UInt32 = 0
+    ) {
         self.permissions = permissions
         self.disclosure = disclosure
         self.requestTimeoutMs = requestTimeoutMs
+        self.hostUid = hostUid
     }
 
-    init(_ config: HostConfig) {
-        self.init(permissions: config.permissions, disclosure: config.disclosure, requestTimeoutMs: config.limits.requestTimeoutMs)
+    init(_ config: HostConfig, hostUid: UInt32 = getuid()) {
+        self.init(
+            permissions: config.permissions, disclosure: config.disclosure, requestTimeoutMs: config.limits.requestTimeoutMs,
+            hostUid: hostUid)
     }
 
     /// Where a call goes: the one routing decision shared by requests (both paths) and client
@@ -76,13 +90,17 @@ struct RoutingPolicy: Equatable {
         field: (String) -> String?
     ) -> Decision<T.Plugin.Target> {
         if shuttingDown { return .refused(RPCError(.shuttingDown, "host is shutting down")) }
-        if !isPermitted(method, principal) {
+        let permission = permission(method, principal)
+        if !permission.allows {
             let uid = principal.credentials.map { Int64($0.uid) }
             let who = principal.actsForClient ? "uid \(uid.map(String.init) ?? "unknown")" : "plugin \(principal.plugin ?? "?")"
             let via = principal.actsForClient && principal.plugin != nil ? " (through plugin \(principal.plugin!))" : ""
+            let why =
+                permission == .operatorDefault(false)
+                ? ": an operator method, for admins (disclosure.admins) unless a permissions rule opens it" : ""
             return .refused(
                 RPCError(
-                    .notPermitted, "\(who) may not call \(method)\(via)",
+                    .notPermitted, "\(who) may not call \(method)\(via)\(why)",
                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
         if HostMethod.isHostNamespace(method) { return .host }
@@ -107,10 +125,48 @@ struct RoutingPolicy: Equatable {
         return .forward(target, timeoutMs: plugin.requestTimeoutMs ?? requestTimeoutMs, provider: false)
     }
 
+    /// The host's operator methods: they change what the device does for every user (consent,
+    /// supervision, configuration, logging) or watch every user's traffic. Without a matching
+    /// `permissions` rule only admins may call them (`operatorDefault`); `consent.clear` follows
+    /// `consent.set` (`permission`). Plugins' operator methods (`*.setOwner`, another owner's
+    /// dead letters) are the plugins' to refuse: they read the host's admin flag (`Ownership`).
+    static let operatorMethods: Set<String> = [
+        HostMethod.consentSet, HostMethod.restart, HostMethod.reload, HostMethod.logLevel, HostMethod.monitor,
+    ]
+
+    /// Why a principal may or may not call a method.
+    enum Permission: Equatable {
+        /// The first matching `permissions` rule decided.
+        case rule(Bool)
+        /// No rule matched and the method is an operator method: admins (and the host) only.
+        case operatorDefault(Bool)
+        /// No rule matched: allowed.
+        case open
+    }
+
     /// The first rule matching `method` decides, for the client at the start of the chain (unknown
     /// credentials never satisfy a rule) or for a plugin acting on its own (only if listed). No
-    /// matching rule: allowed.
-    func isPermitted(_ method: String, _ p: Principal) -> Bool {
+    /// matching rule: an operator method (`operatorMethods`) is for admins only, any other method
+    /// is allowed. `consent.clear` can grant collection again: it needs the permission of
+    /// `consent.set` as well as its own rule's, and without a rule of its own it is exactly as
+    /// open as `consent.set`.
+    func permission(_ method: String, _ p: Principal) -> Permission {
+        if method == HostMethod.consentClear {
+            let set = permission(HostMethod.consentSet, p)
+            guard set.allows else { return set }
+            return ruleDecision(method, p).map(Permission.rule) ?? set
+        }
+        if let ruled = ruleDecision(method, p) { return .rule(ruled) }
+        // Host methods only: the set is not consulted for a plugin's method (the routing hot path).
+        guard HostMethod.isHostNamespace(method), RoutingPolicy.operatorMethods.contains(method) else { return .open }
+        return .operatorDefault(isOperator(p, method))
+    }
+
+    /// Whether `p` may call `method` (`permission`).
+    func isPermitted(_ method: String, _ p: Principal) -> Bool { permission(method, p).allows }
+
+    /// The first matching rule's decision, nil when no rule matches.
+    private func ruleDecision(_ method: String, _ p: Principal) -> Bool? {
         for rule in permissions where rule.method.matches(method) {
             if p.actsForClient {
                 guard let c = p.credentials else { return false }
@@ -119,7 +175,18 @@ struct RoutingPolicy: Equatable {
             if let name = p.plugin { return rule.allowed.plugins.contains(name) }
             return true
         }
-        return true
+        return nil
+    }
+
+    /// Who may call an operator method no rule names: an admin client, also through plugins acting
+    /// for it (the client at the start of the chain, as for rules); pylond's own uid for
+    /// `bus.reload`; the host's own requests. Not a plugin acting on its own (a rule may list it).
+    func isOperator(_ p: Principal, _ method: String) -> Bool {
+        if p.actsForClient {
+            guard let c = p.credentials else { return false }
+            return disclosure.admins.allows(c) || (method == HostMethod.reload && c.uid == hostUid)
+        }
+        return p.plugin == nil
     }
 
     /// The switch that refuses a call under `template`, or nil when it may pass: the master switch
@@ -193,6 +260,15 @@ struct RoutingPolicy: Equatable {
             return RPCError(.notPermitted, "topics \(ns).* are published by the \(ns) plugin only")
         }
         return nil
+    }
+}
+
+extension RoutingPolicy.Permission {
+    var allows: Bool {
+        switch self {
+        case .rule(let ok), .operatorDefault(let ok): return ok
+        case .open: return true
+        }
     }
 }
 

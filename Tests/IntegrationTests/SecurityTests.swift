@@ -36,6 +36,44 @@ import Testing
         #expect(own.errorCode == -32005)
     }
 
+    /// Secure with no configuration (issue 32 item 3): with an empty `permissions` (and with
+    /// none at all) every operator method is refused to a uid that is not an admin, directly and
+    /// through a plugin, with -32005; root and an admin listed in `disclosure.admins` may.
+    @Test func operatorMethodsAreForAdminsWithoutAnyRule() throws {
+        for extra: JSONObject in [["permissions": []], [:]] {
+            var config = extra
+            config["disclosure"] = ["admins": ["uids": [0, 4242]]]
+            let h = try TestHost.open(extra: config)
+            let operatorCalls: [(String, JSON)] = [
+                ("consent.set", ["key": "echo:X", "granted": false]), ("consent.set", ["key": "device", "granted": false]),
+                ("consent.clear", ["key": "echo:X"]), ("bus.restart", ["plugin": "echo"]), ("bus.logLevel", ["level": "debug"]),
+                ("bus.monitor", ["pattern": "*"]), ("bus.reload", [:]),
+            ]
+            var lines = operatorCalls.enumerated().map { req($0.offset + 1, $0.element.0, $0.element.1) }
+            lines.append(req(20, "echo.call", ["method": "consent.set", "params": ["key": "echo:X", "granted": false]]))
+            let refusals = lines.count
+            lines.append(req(21, "consent.get", ["key": "echo:X"]))
+            lines.append(req(22, "bus.ping"))
+            let r = try h.runAs(uid: 65534, sequential: true, lines)
+            #expect(r.replies.count == lines.count, "\(r.replies)")
+            for reply in r.replies.prefix(refusals) {
+                #expect(reply.errorCode == -32005, "\(extra): \(reply.serialized)")
+                #expect(reply["error"]?["message"]?.stringValue?.contains("operator method") == true, "\(reply.serialized)")
+            }
+            #expect(r.replies.dropFirst(refusals).allSatisfy { $0["result"] != nil }, "other methods stay open: \(r.replies)")
+            let root = try h.client()
+            #expect(try root.call("consent.get", ["key": "echo:X"])["granted"] == .bool(true), "nothing changed")
+            #expect(try h.plugin()["restarts"] == 0)
+            #expect(try h.status()["counters"]?["monitors"] == 0)
+            // An admin by `disclosure.admins` may, and so may root.
+            let admin = try h.runAs(uid: 4242, sequential: true, [req(0, "consent.set", ["key": "echo:X", "granted": false])])
+            #expect(admin.replies.first?["result"]?["changed"] == .bool(true), "\(admin.replies)")
+            #expect(try root.call("consent.clear", ["key": "echo:X"])["cleared"] == .bool(true))
+            #expect(try root.call("bus.restart", ["plugin": "echo"])["plugin"] == "echo")
+            h.stop()
+        }
+    }
+
     /// Caller information is the host's: a sender's `_pylon`, however spelled, is refused; a
     /// plugin sees the real client, also through another plugin.
     @Test func callerInformationCannotBeForged() throws {

@@ -1,3 +1,4 @@
+import Foundation
 import PylonCore
 import PylonProtocol
 import Testing
@@ -171,6 +172,108 @@ struct RoutingPolicyTests {
         let policy = Self.rules([("bus.*", AccessList(uids: [0]))])
         guard case .refused = decide(Self.client(Self.user), "bus.status", policy: policy) else { Issue.record("allowed"); return }
         guard case .host = decide(Self.client(Self.root), "bus.status", policy: policy) else { Issue.record("root refused"); return }
+    }
+
+    // MARK: Operator methods without rules (issue 32 item 3)
+
+    static let operatorMethods = ["consent.set", "consent.clear", "bus.restart", "bus.reload", "bus.logLevel", "bus.monitor"]
+
+    /// With no `permissions` rule at all, every operator method is an admin's: root, an admin by
+    /// gid, and an admin through a plugin may; another uid, a client without credentials and a
+    /// plugin on its own may not. Every other host method stays open.
+    @Test func anEmptyPermissionsListLeavesOperatorMethodsToAdmins() {
+        var d = Disclosure()
+        d.admins = AccessList(uids: [0], gids: [1001])
+        let policy = RoutingPolicy(permissions: [], disclosure: d, hostUid: 4242)
+        for m in Self.operatorMethods {
+            #expect(policy.isPermitted(m, Self.client(Self.root)), "\(m): root")
+            #expect(policy.isPermitted(m, Self.client(Self.other)), "\(m): an admin by gid")
+            #expect(policy.isPermitted(m, .plugin("echo", via: Self.client(Self.root))), "\(m): an admin through a plugin")
+            #expect(policy.isPermitted(m, .host), "\(m): the host itself")
+            #expect(!policy.isPermitted(m, Self.client(Self.user)), "\(m): uid 1000")
+            #expect(!policy.isPermitted(m, .plugin("echo", via: Self.client(Self.user))), "\(m): uid 1000 through a plugin")
+            #expect(!policy.isPermitted(m, Self.client(nil)), "\(m): unknown credentials")
+            #expect(!policy.isPermitted(m, .plugin("ma")), "\(m): a plugin on its own")
+            guard case .refused(let e) = decide(Self.client(Self.user), m, policy: policy) else {
+                Issue.record("\(m) reached the host for uid 1000")
+                continue
+            }
+            #expect(e.code == RPCError.Code.notPermitted.rawValue && e.code == -32005)
+            #expect(
+                e.message
+                    == "uid 1000 may not call \(m): an operator method, for admins (disclosure.admins) unless a permissions rule opens it")
+            #expect(e.data?["uid"] == .int(1000) && e.data?["method"] == .string(m))
+            guard case .host = decide(Self.client(Self.root), m, policy: policy) else { Issue.record("\(m) refused to root"); continue }
+        }
+        for m in [
+            "bus.ping", "bus.status", "bus.describe", "bus.subscribe", "bus.provide", "consent.get", "consent.list", "consent.setApp",
+        ] {
+            guard case .host = decide(Self.client(Self.user), m, policy: policy) else { Issue.record("\(m) refused to uid 1000"); continue }
+        }
+        guard case .forward = decide(Self.client(Self.user), "ma.ping", policy: policy) else { Issue.record("ma.ping refused"); return }
+    }
+
+    /// pylond's own uid may reload (it may send SIGHUP anyway), and nothing else of the operator's.
+    @Test func theHostsOwnUidMayReloadOnly() {
+        let policy = RoutingPolicy(hostUid: 1000)
+        #expect(policy.isPermitted("bus.reload", Self.client(Self.user)))
+        #expect(!policy.isPermitted("bus.reload", Self.client(Self.other)))
+        for m in Self.operatorMethods where m != "bus.reload" { #expect(!policy.isPermitted(m, Self.client(Self.user)), "\(m)") }
+    }
+
+    /// Rules change the default only where they say so: a rule opens an operator method to a
+    /// non-admin, a rule narrows it below the admins (an admin does not bypass a rule).
+    @Test func rulesWidenOrNarrowOperatorMethodsExplicitly() {
+        var d = Disclosure()
+        d.admins = AccessList(uids: [0], gids: [1001])
+        let widen = RoutingPolicy(
+            permissions: [PermissionRule(method: TopicPattern("bus.restart"), allowed: AccessList(uids: [1000]))], disclosure: d)
+        #expect(widen.isPermitted("bus.restart", Self.client(Self.user)), "opened to uid 1000")
+        #expect(!widen.isPermitted("bus.restart", Self.client(Self.root)), "the rule decides, also against root")
+        #expect(!widen.isPermitted("consent.set", Self.client(Self.user)), "other operator methods keep their default")
+        let narrow = RoutingPolicy(
+            permissions: [PermissionRule(method: TopicPattern("consent.*"), allowed: AccessList(uids: [0]))], disclosure: d)
+        #expect(narrow.isPermitted("consent.set", Self.client(Self.root)))
+        #expect(!narrow.isPermitted("consent.set", Self.client(Self.other)), "an admin by gid, not in the rule")
+        #expect(!narrow.isPermitted("consent.get", Self.client(Self.user)), "the rule also narrows an open method")
+        #expect(narrow.isPermitted("bus.monitor", Self.client(Self.other)), "no rule: the admin default")
+        let plugins = RoutingPolicy(permissions: [PermissionRule(method: TopicPattern("consent.set"), allowed: AccessList(plugins: ["ma"]))]
+        )
+        #expect(plugins.isPermitted("consent.set", .plugin("ma")), "a plugin on its own only where a rule lists it")
+        #expect(!plugins.isPermitted("consent.set", Self.client(Self.root)), "…and that rule lists no uid")
+    }
+
+    /// `consent.clear` can grant again: it needs `consent.set`'s permission, and without a rule
+    /// of its own it is as open as `consent.set`.
+    @Test func consentClearFollowsConsentSet() {
+        let opened = RoutingPolicy(permissions: [PermissionRule(method: TopicPattern("consent.set"), allowed: AccessList(uids: [1000]))])
+        #expect(opened.isPermitted("consent.clear", Self.client(Self.user)), "whoever may set may clear")
+        #expect(!opened.isPermitted("consent.clear", Self.client(Self.root)), "whoever may not set may not clear")
+        let clearOnly = RoutingPolicy(permissions: [
+            PermissionRule(method: TopicPattern("consent.clear"), allowed: AccessList(uids: [1000]))
+        ])
+        #expect(!clearOnly.isPermitted("consent.clear", Self.client(Self.user)), "a clear rule does not bypass set's default")
+        let both = RoutingPolicy(permissions: [
+            PermissionRule(method: TopicPattern("consent.clear"), allowed: AccessList(uids: [0])),
+            PermissionRule(method: TopicPattern("consent.set"), allowed: AccessList(uids: [0, 1000])),
+        ])
+        #expect(both.isPermitted("consent.set", Self.client(Self.user)) && !both.isPermitted("consent.clear", Self.client(Self.user)))
+        #expect(both.isPermitted("consent.clear", Self.client(Self.root)))
+    }
+
+    /// A configuration without rules is at least as closed as the shipped etc/pylon.json for
+    /// every operator method and principal.
+    @Test func noRulesIsAsSafeAsTheShippedConfig() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../etc/pylon.json").path
+        let shipped = RoutingPolicy(try HostConfig.load(path: path, environment: { _ in nil }), hostUid: 4242)
+        let empty = RoutingPolicy(hostUid: 4242)
+        let principals: [Principal] = [
+            Self.client(Self.root), Self.client(Self.user), Self.client(nil), Self.client(PeerCredentials(pid: 1, uid: 4242, gid: 4242)),
+            .plugin("ma"), .plugin("ma", via: Self.client(Self.user)), .plugin("ma", via: Self.client(Self.root)),
+        ]
+        for m in Self.operatorMethods {
+            for p in principals where empty.isPermitted(m, p) { #expect(shipped.isPermitted(m, p), "\(m) for \(p)") }
+        }
     }
 
     // MARK: Principals (_onBehalfOf)

@@ -78,22 +78,17 @@ extension Bus {
         return report
     }
 
-    /// `bus.reload`: what SIGHUP does, answered. For admins, and for the host's own uid (which
-    /// may send pylond SIGHUP anyway: systemd's `ExecReload` runs `pylonctl reload` as it).
+    /// `bus.reload`: what SIGHUP does, answered. Who may is the routing policy's (an operator
+    /// method: admins and pylond's own uid unless a rule says otherwise); a plugin never.
     func reloadAllowed(_ peer: Peer, _ principal: Principal) throws(RPCError) {
-        guard !peer.isPlugin, principal.plugin == nil else { throw RPCError(.notPermitted, "bus.reload is for admin clients, not plugins") }
-        guard isAdmin(peer) || peer.credentials?.uid == getuid() else {
-            let uid = peer.credentials.map { String($0.uid) } ?? "unknown"
-            throw RPCError(
-                .notPermitted, "bus.reload is for admins (disclosure.admins) and pylond's own user; uid \(uid) is neither",
-                data: ["method": .string(HostMethod.reload), "uid": peer.credentials.map { .int(Int64($0.uid)) } ?? .null])
-        }
+        guard !peer.isPlugin, principal.plugin == nil else { throw RPCError(.notPermitted, "bus.reload is for clients, not plugins") }
         guard onReloadRequest != nil else { throw RPCError(.internalError, "this host cannot reload its configuration") }
     }
 
-    /// Reloads on the next loop turn and then answers `idText` (nil: a notification) on `peer`:
+    /// Reloads from a later loop turn and then answers `idText` (nil: a notification) on `peer`:
     /// a reload changes every connection's framing limits, which cannot happen while one of them
-    /// is delivering the very line that asked for it.
+    /// is delivering the very line that asked for it. The reload answers once the plugins have
+    /// checked the new file (`Host.reload`); the loop goes on meanwhile.
     func deferReload(_ peer: Peer, idText: String?) {
         reloadWaiters.append((peer, idText))
         peer.inflight += 1
@@ -102,28 +97,31 @@ extension Bus {
             self.reloadTimer = nil
             let waiters = self.reloadWaiters
             self.reloadWaiters = []
-            let result = self.onReloadRequest?() ?? .failure(RPCError(.internalError, "this host cannot reload its configuration"))
-            for (p, id) in waiters {
-                p.inflight -= 1
-                guard let id, !p.closed else { continue }
-                switch result {
-                case .success(let v): self.sendResult(p.conn, idText: id, v)
-                case .failure(let e): self.sendError(p.conn, idText: id, e)
-                }
-                self.closeIfDone(p)
+            guard let reload = self.onReloadRequest else {
+                return self.answerReload(waiters, .failure(RPCError(.internalError, "this host cannot reload its configuration")))
             }
+            reload { [weak self] result in self?.answerReload(waiters, result) }
+        }
+    }
+
+    private func answerReload(_ waiters: [(Peer, String?)], _ result: Result<JSON, RPCError>) {
+        for (p, id) in waiters {
+            p.inflight -= 1
+            guard let id, !p.closed else { continue }
+            switch result {
+            case .success(let v): sendResult(p.conn, idText: id, v)
+            case .failure(let e): sendError(p.conn, idText: id, e)
+            }
+            closeIfDone(p)
         }
     }
 
     /// `bus.logLevel {level, plugin?}`: the host's level, or a plugin's (sent to it as a
-    /// `bus.logLevel` notification, and its level at later restarts). Admin clients only.
+    /// `bus.logLevel` notification, and its level at later restarts). Clients only; which ones is
+    /// the routing policy's (an operator method: admins unless a rule says otherwise).
     func logLevelMethod(_ peer: Peer, _ principal: Principal, _ params: JSON?) throws(RPCError) -> JSON {
-        guard !peer.isPlugin, principal.plugin == nil, isAdmin(peer) else {
-            let uid = peer.credentials.map { String($0.uid) } ?? "unknown"
-            throw RPCError(
-                .notPermitted,
-                "bus.logLevel is for admins (disclosure.admins); " + (peer.isPlugin ? "not plugins" : "uid \(uid) is not one"),
-                data: ["method": .string(HostMethod.logLevel)])
+        guard !peer.isPlugin, principal.plugin == nil else {
+            throw RPCError(.notPermitted, "bus.logLevel is for clients, not plugins", data: ["method": .string(HostMethod.logLevel)])
         }
         guard let name = params?["level"]?.stringValue, let level = Log.Level(name: name) else {
             throw RPCError(.invalidParams, "params.level must be debug, info, warn or error")

@@ -74,8 +74,9 @@ public final class Bus {
 
     /// Called once every enabled plugin has left `starting` for the first time.
     public var onReady: () -> Void = {}
-    /// Set by `Host`: re-reads the configuration file and applies it (`bus.reload`).
-    public var onReloadRequest: (() -> Result<JSON, RPCError>)?
+    /// Set by `Host`: re-reads the configuration file, checks it and applies it, then calls back
+    /// with the answer (`bus.reload`; the plugins check it asynchronously, `Host.reload`).
+    public var onReloadRequest: ((@escaping (Result<JSON, RPCError>) -> Void) -> Void)?
     /// `bus.reload` requests waiting for the next loop turn (`deferReload`).
     var reloadWaiters: [(Peer, String?)] = []
     var reloadTimer: Timer?

@@ -138,6 +138,13 @@ public struct ConfigError: Error, CustomStringConvertible, Sendable {
 extension HostConfig {
     /// Loads and validates a configuration file, then applies `PYLON_SOCKET` / `PYLON_STATE_DIR`.
     public static func load(path: String, environment: (String) -> String? = System.env) throws(ConfigError) -> HostConfig {
+        try loadDocument(path: path, environment: environment).config
+    }
+
+    /// `load`, with the file's text (a plugin's problem is located in it: `line(of:in:)`).
+    public static func loadDocument(
+        path: String, environment: (String) -> String? = System.env
+    ) throws(ConfigError) -> (config: HostConfig, text: [UInt8]) {
         let bytes: [UInt8]
         do throws(IOError) {
             bytes = try System.readFile(atPath: path)
@@ -157,7 +164,7 @@ extension HostConfig {
         var c = try parse(json)
         if let s = environment("PYLON_SOCKET"), !s.isEmpty { c.socketPath = s }
         if let s = environment("PYLON_STATE_DIR"), !s.isEmpty { c.stateDir = s }
-        return c
+        return (c, bytes)
     }
 
     public static func parse(_ j: JSON) throws(ConfigError) -> HostConfig {

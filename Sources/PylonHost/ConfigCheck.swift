@@ -61,49 +61,150 @@ extension HostConfig {
     }
 }
 
-/// `pylond --check-config` asks each enabled plugin to check its own `config` with the reader
-/// it starts with: it runs `EXEC ARGS… --check-config` with the config on stdin and no bus
-/// channel (`Plugin.checkConfig` in the plugin kit; `Plugin.check_config` in Python).
+/// `pylond --check-config` and every reload ask each enabled plugin to check its own `config`
+/// with the reader it starts with: `EXEC ARGS… --check-config` with the config on stdin and no
+/// bus channel (`Plugin.checkConfig` in the plugin kit; `Plugin.check_config` in Python).
+/// `--check-config` runs them one after another (`pluginConfigChecks`, blocking: nothing else
+/// runs then); a reload runs them on the host's loop (`PluginCheckRun`, ReloadCheck.swift).
+/// Both build the same invocations and read the answers with the same rule (`verdict`).
 extension HostConfig {
-    /// What one plugin's check said.
-    public struct PluginCheck {
-        public var problems: [String] = []
+    /// One problem a plugin's check found (its reader's text, e.g. `config.endpoint: …`).
+    public struct PluginProblem: Equatable, Sendable, CustomStringConvertible {
+        public var plugin: String
+        public var message: String
+        public var description: String { "plugin \(plugin): \(message)" }
+    }
+
+    /// What the plugins' checks said.
+    public struct PluginCheck: Equatable, Sendable {
+        public var problems: [PluginProblem] = []
+        /// Prefixed `plugin NAME: `.
         public var warnings: [String] = []
+
+        public mutating func merge(_ other: PluginCheck) {
+            problems += other.problems
+            warnings += other.warnings
+        }
+    }
+
+    /// How to run one plugin's check: its resolved executable, arguments, environment and the
+    /// config it is given on stdin.
+    public struct PluginCheckInvocation: Sendable {
+        public var plugin: String
+        public var exec: String
+        public var args: [String]
+        public var env: [String]
+        public var input: [UInt8]
     }
 
     /// Longest a plugin may take to answer `--check-config`.
-    public static let pluginCheckTimeoutMs = 5_000
+    public static let pluginCheckTimeoutMs: UInt64 = 5_000
 
-    /// Runs every enabled plugin's check; problems and warnings are prefixed `plugin NAME: `.
-    public func pluginConfigChecks(selfDir: String? = System.executableDirectory()) -> PluginCheck {
-        var all = PluginCheck()
+    /// The check of every enabled plugin whose executable is found (one that is not is reported
+    /// by `executableProblems`).
+    public func pluginCheckInvocations(
+        selfDir: String? = System.executableDirectory(), path: String = System.env("PATH") ?? "/usr/bin:/bin",
+        environment: [String] = System.environment()
+    ) -> [PluginCheckInvocation] {
+        var out: [PluginCheckInvocation] = []
         for p in plugins where p.enabled {
             var exec = p.exec
             if !exec.contains("/") {
-                let dirs = execSearchPath(selfDir: selfDir, path: System.env("PATH") ?? "/usr/bin:/bin")
-                guard let d = dirs.first(where: { access($0 + "/" + exec, X_OK) == 0 }) else { continue }  // reported by executableProblems
+                let dirs = execSearchPath(selfDir: selfDir, path: path)
+                guard let d = dirs.first(where: { access($0 + "/" + exec, X_OK) == 0 }) else { continue }
                 exec = d + "/" + exec
+            } else if access(exec, X_OK) != 0 {
+                continue
             }
-            var env = System.environment().filter { !$0.hasPrefix("PYLON_BUS_FD=") }
+            var env = environment.filter { !$0.hasPrefix("PYLON_BUS_FD=") && !$0.hasPrefix("NOTIFY_SOCKET=") }
             env.append("PYLON_PLUGIN_NAME=" + p.name)
             for (k, v) in p.env.sorted(by: { $0.key < $1.key }) { env.append(k + "=" + v) }
-            let r = Self.runCheck(exec, p.args + ["--check-config"], env, input: Array(p.config.serialized.utf8))
-            let prefix = "plugin \(p.name): "
-            switch r.status {
-            case 0:
-                all.warnings += r.stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
-            case exitStatusConfigError:
-                all.warnings += r.stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
-                let lines = r.stderr.isEmpty ? ["the configuration is refused (exit 78)"] : r.stderr
-                all.problems += lines.map { prefix + $0 }
-            case nil:
-                all.warnings.append(
-                    prefix + "did not answer --check-config within \(Self.pluginCheckTimeoutMs) ms; its config is not checked")
-            case let s?:
-                all.warnings.append(prefix + "--check-config exited \(s) (not supported?); its config is not checked")
-            }
+            out.append(
+                PluginCheckInvocation(
+                    plugin: p.name, exec: exec, args: p.args + ["--check-config"], env: env, input: Array(p.config.serialized.utf8)))
+        }
+        return out
+    }
+
+    /// What one check's exit says: 0 accepted (its `warning: ` lines are warnings), 78 refused
+    /// (each stderr line a problem), nil (no answer within `pluginCheckTimeoutMs`) or another
+    /// status (the plugin cannot check: a warning, its config is not checked).
+    public static func verdict(plugin: String, status: Int32?, stdout: [String], stderr: [String]) -> PluginCheck {
+        var v = PluginCheck()
+        let prefix = "plugin \(plugin): "
+        switch status {
+        case 0:
+            v.warnings += stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
+        case exitStatusConfigError:
+            v.warnings += stdout.filter { $0.hasPrefix("warning: ") }.map { prefix + $0.dropFirst(9) }
+            let lines = stderr.isEmpty ? ["the configuration is refused (exit 78)"] : stderr
+            v.problems += lines.map { PluginProblem(plugin: plugin, message: $0) }
+        case nil:
+            v.warnings.append(prefix + "did not answer --check-config within \(pluginCheckTimeoutMs) ms; its config is not checked")
+        case let s?:
+            v.warnings.append(prefix + "--check-config exited \(s) (not supported?); its config is not checked")
+        }
+        return v
+    }
+
+    /// Runs every enabled plugin's check, one after another (blocking: `pylond --check-config`).
+    public func pluginConfigChecks(selfDir: String? = System.executableDirectory()) -> PluginCheck {
+        var all = PluginCheck()
+        for c in pluginCheckInvocations(selfDir: selfDir) {
+            let r = Self.runCheck(c.exec, c.args, c.env, input: c.input)
+            all.merge(Self.verdict(plugin: c.plugin, status: r.status, stdout: r.stdout, stderr: r.stderr))
         }
         return all
+    }
+
+    /// The 1-based line of the configuration text `text` where `problem` is best shown: the
+    /// setting its message names (`config.KEY…` or `config: KEY …`) in that plugin's `config`,
+    /// else the plugin's `config`, else its entry in `plugins`; nil when the entry is not found.
+    public static func line(of problem: PluginProblem, in text: [UInt8]) -> Int? {
+        text.withUnsafeBytes { t -> Int? in
+            guard case .valid = RawJSON.validate(t, maxDepth: 1000) else { return nil }
+            let root = RawJSON.skipSpace(t, 0)..<t.count
+            guard let list = member(t, root, "plugins") else { return nil }
+            for entry in RawJSON.Elements(t, list) {
+                guard let n = member(t, entry, "name"), RawJSON.stringValue(t, n) == problem.plugin else { continue }
+                guard let config = member(t, entry, "config") else { return lineNumber(t, entry.lowerBound) }
+                if let key = settingName(problem.message), let v = member(t, config, key) { return lineNumber(t, v.lowerBound) }
+                return lineNumber(t, config.lowerBound)
+            }
+            return nil
+        }
+    }
+
+    /// The top-level setting a reader's message names: `config.KEY…: …` or `config: KEY …`.
+    static func settingName(_ message: String) -> String? {
+        let rest: Substring
+        if message.hasPrefix("config.") {
+            rest = message.dropFirst(7)
+        } else if message.hasPrefix("config: ") {
+            rest = message.dropFirst(8)
+        } else {
+            return nil
+        }
+        let key = rest.prefix { $0.isLetter || $0.isNumber || $0 == "_" || $0 == "-" }
+        return key.isEmpty ? nil : String(key)
+    }
+
+    private static func member(_ t: UnsafeRawBufferPointer, _ span: Range<Int>, _ name: String) -> Range<Int>? {
+        var name = name
+        return name.withUTF8 { RawJSON.member(t, span, named: UnsafeRawBufferPointer($0)) }
+    }
+
+    private static func lineNumber(_ t: UnsafeRawBufferPointer, _ offset: Int) -> Int {
+        1 + t[0..<offset].reduce(0) { $1 == 0x0A ? $0 + 1 : $0 }
+    }
+
+    /// The problems as `pylond --check-config` and a refused reload name them:
+    /// `PATH:LINE: plugin NAME: MESSAGE` (`PATH: …` when the line is not found).
+    public static func located(_ problems: [PluginProblem], path: String, text: [UInt8]) -> [String] {
+        problems.map { p in
+            if let l = line(of: p, in: text) { return "\(path):\(l): \(p)" }
+            return "\(path): \(p)"
+        }
     }
 
     /// Runs `exec` with `args`, `input` on stdin; its output lines. `status` nil: it did not
@@ -145,7 +246,7 @@ extension HostConfig {
         close(inPipe[1])
         var out: [UInt8] = [], err: [UInt8] = []
         var fds = [pollfd(fd: outPipe[0], events: Int16(POLLIN), revents: 0), pollfd(fd: errPipe[0], events: Int16(POLLIN), revents: 0)]
-        let deadline = (Loop.hrtimeNs / 1_000_000) + UInt64(pluginCheckTimeoutMs)
+        let deadline = (Loop.hrtimeNs / 1_000_000) + pluginCheckTimeoutMs
         var open = 2
         var buf = [UInt8](repeating: 0, count: 4096)
         while open > 0 {

@@ -17,6 +17,11 @@ public final class Host {
     var metrics: MetricsExporter?
     let log = Log("host")
     public private(set) var exitCode: Int32 = 0
+    /// The plugins' checks of the configuration a reload is about to apply, while they run.
+    var reloadCheck: PluginCheckRun?
+    /// Reloads asked for while a check runs: one more reload answers them all once it ends (the
+    /// file may have changed since the running one read it).
+    var reloadsWaiting: [(source: String, done: (Result<JSON, RPCError>) -> Void)] = []
     /// Command-line overrides, re-applied to every reloaded configuration.
     public var overrides: (socket: String?, stateDir: String?, logLevel: String?) = (nil, nil, nil)
 
@@ -68,8 +73,8 @@ public final class Host {
 
         signals.append(SignalWatcher(loop: loop, signal: SIGTERM) { [unowned self] _ in self.stop(reason: "SIGTERM") })
         signals.append(SignalWatcher(loop: loop, signal: SIGINT) { [unowned self] _ in self.stop(reason: "SIGINT") })
-        signals.append(SignalWatcher(loop: loop, signal: SIGHUP) { [unowned self] _ in self.reload(source: "SIGHUP") })
-        bus.onReloadRequest = { [unowned self] in self.reload(source: "bus.reload") }
+        signals.append(SignalWatcher(loop: loop, signal: SIGHUP) { [unowned self] _ in self.reload(source: "SIGHUP") { _ in } })
+        bus.onReloadRequest = { [unowned self] done in self.reload(source: "bus.reload", done) }
         startWatchdog()
 
         bus.onReady = { [unowned self] in
@@ -89,6 +94,8 @@ public final class Host {
         System.sdNotify("STOPPING=1")
         listener?.close()
         listener = nil
+        reloadCheck?.cancel()
+        reloadCheck = nil
         bus.shutdown { [unowned self] in self.finish() }
     }
 
@@ -103,30 +110,71 @@ public final class Host {
         loop.stop()
     }
 
-    /// Re-reads the configuration file and applies it (SIGHUP, `bus.reload`). A refused file
-    /// changes nothing and is answered with its error (file:line:col for JSON errors, the
-    /// setting's path otherwise); systemd's reload fails then through `pylonctl reload`
-    /// (pylond.service's ExecReload), since sd_notify has no way to say "reload failed".
-    @discardableResult
-    func reload(source: String) -> Result<JSON, RPCError> {
+    /// Re-reads the configuration file, has every enabled plugin check its own `config` with its
+    /// strict reader (`PluginCheckRun`: the plugins' `--check-config`, run on the loop), and only
+    /// then applies it (SIGHUP, `bus.reload`); `done` gets the answer. A refused file changes
+    /// nothing and is answered with its error: file:line:col for JSON errors, the setting's path
+    /// for the host's settings, file:line and the plugin for a plugin's setting (the running
+    /// plugins keep their configuration). systemd's reload fails then through `pylonctl reload`
+    /// (pylond.service's ExecReload, exit 78), since sd_notify has no way to say "reload failed".
+    func reload(source: String, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         // Stopping: a reload would start the plugins it adds, and the host would wait for them
         // forever (a second SIGTERM is ignored once stopping).
         guard !bus.shuttingDown else {
             log.warn("reload ignored: the host is stopping")
-            return .failure(RPCError(.shuttingDown, "host is shutting down"))
+            return done(.failure(RPCError(.shuttingDown, "host is shutting down")))
+        }
+        guard reloadCheck == nil else {
+            reloadsWaiting.append((source, done))
+            return
         }
         System.sdNotify("RELOADING=1")
-        defer { System.sdNotify("READY=1") }
-        var c: HostConfig
+        let loaded: (config: HostConfig, text: [UInt8])
         do throws(ConfigError) {
-            c = try HostConfig.load(path: configPath)
+            loaded = try HostConfig.loadDocument(path: configPath)
         } catch {
-            log.error("reload failed; keeping the running configuration", ["error": error.description, "source": source])
-            return .failure(
-                RPCError(
-                    .configRefused, "configuration refused; the running one stays: \(error.description)",
-                    data: ["path": .string(configPath), "error": .string(error.description)]))
+            System.sdNotify("READY=1")
+            return done(.failure(refused(error.description, source: source)))
         }
+        let missing = loaded.config.executableProblems().map { "\(configPath): \($0)" }
+        reloadCheck = PluginCheckRun(loop: loop, invocations: loaded.config.pluginCheckInvocations()) { [unowned self] check in
+            self.reloadCheck = nil
+            for w in check.warnings { self.log.warn("reload: a plugin's check warns", ["warning": w, "source": source]) }
+            let problems = missing + HostConfig.located(check.problems, path: self.configPath, text: loaded.text)
+            if !problems.isEmpty {
+                var e = self.refused(problems.joined(separator: "; "), source: source)
+                if var data = e.data?.objectValue {
+                    data["problems"] = .array(problems.map { .string($0) })
+                    if let p = check.problems.first { data["plugin"] = .string(p.plugin) }
+                    e.data = .object(data)
+                }
+                done(.failure(e))
+            } else if self.bus.shuttingDown {
+                self.log.warn("reload ignored: the host is stopping")
+                done(.failure(RPCError(.shuttingDown, "host is shutting down")))
+            } else {
+                done(.success(self.apply(loaded.config, source: source)))
+            }
+            System.sdNotify("READY=1")
+            // Asked for meanwhile: one more reload answers them all.
+            let waiting = self.reloadsWaiting
+            self.reloadsWaiting = []
+            guard let first = waiting.first else { return }
+            self.reload(source: first.source) { r in for w in waiting { w.done(r) } }
+        }
+    }
+
+    /// A refused configuration: logged, and the answer that says the running one stays.
+    private func refused(_ error: String, source: String) -> RPCError {
+        log.error("reload failed; keeping the running configuration", ["error": error, "source": source])
+        return RPCError(
+            .configRefused, "configuration refused; the running one stays: \(error)",
+            data: ["path": .string(configPath), "error": .string(error)])
+    }
+
+    /// Applies a configuration every check accepted; the answer says what changed.
+    private func apply(_ loaded: HostConfig, source: String) -> JSON {
+        var c = loaded
         var hostNotApplied: [(setting: String, reason: String)] = []
         if let s = overrides.socket { c.socketPath = s }
         if let s = overrides.stateDir { c.stateDir = s }
@@ -150,7 +198,7 @@ public final class Host {
         var answer = report.json.objectValue!
         answer["config"] = .string(configPath)
         answer["source"] = .string(source)
-        return .success(.object(answer))
+        return .object(answer)
     }
 
     /// systemd's watchdog: when WATCHDOG_USEC is set, ping at half the interval from the loop, so a

@@ -87,12 +87,13 @@ public enum Pylond {
         if checkOnly {
             // The host's settings were read above; then each plugin's executable, then each
             // plugin's own strict reader of its `config` (`PLUGIN --check-config`).
-            var problems = config.executableProblems()
+            // A plugin's problem is shown at its line (`PATH:LINE: plugin NAME: …`).
+            let problems = config.executableProblems().map { "\(configPath): \($0)" }
             let plugins = config.pluginConfigChecks()
-            problems += plugins.problems
+            let text = (try? System.readFile(atPath: configPath)) ?? []
             for w in plugins.warnings { Log.writeRaw("pylond: \(configPath): warning: \(w)\n") }
-            for p in problems { Log.writeRaw("pylond: \(configPath): \(p)\n") }
-            if !problems.isEmpty { System.exit(exitStatusConfigError) }
+            for p in problems + HostConfig.located(plugins.problems, path: configPath, text: text) { Log.writeRaw("pylond: \(p)\n") }
+            if !problems.isEmpty || !plugins.problems.isEmpty { System.exit(exitStatusConfigError) }
             print("configuration ok: \(config.plugins.count) plugins, socket \(config.socketPath)")
             System.exit(0)
         }

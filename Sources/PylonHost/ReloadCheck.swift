@@ -76,8 +76,10 @@ final class PluginCheckRun {
         let err = Connection(loop: loop, maxLineBytes: Self.maxLineBytes)
         o.stdout = out
         o.stderr = err
+        // The callbacks hold their check strongly: a cancelled run is gone before its killed
+        // checks' exits and closes arrive (the handles drop the callbacks when they close).
         do throws(UVError) {
-            c.process = try ChildProcess(loop: loop, options: o) { [weak self, unowned c] status, signal in
+            c.process = try ChildProcess(loop: loop, options: o) { [weak self, c] status, signal in
                 c.exited = true
                 c.status = signal != 0 ? 128 + signal : Int32(truncatingIfNeeded: status)
                 self?.finishIfDone(c)
@@ -95,7 +97,7 @@ final class PluginCheckRun {
         c.stderr = err
         c.openStreams = 2
         for (stream, isErr) in [(out, false), (err, true)] {
-            stream.onLine = { [unowned c] line in
+            stream.onLine = { [c] line in
                 let text = String(decoding: line, as: UTF8.self)
                 if isErr {
                     if c.err.count < Self.maxLinesPerStream { c.err.append(text) }
@@ -103,7 +105,7 @@ final class PluginCheckRun {
                     c.out.append(text)
                 }
             }
-            stream.onClose = { [weak self, unowned c] _ in
+            stream.onClose = { [weak self, c] _ in
                 c.openStreams -= 1
                 self?.finishIfDone(c)
             }

@@ -83,18 +83,14 @@ import Testing
         }
     }
 
-    /// The plugins' checks run beside the loop: while one has not answered, other clients are
-    /// served, and the reload is answered once it has.
-    @Test func theHostAnswersWhileAPluginChecksItsConfig() throws {
-        let h = try TestHost(plugins: [])
-        // A plugin whose check waits for the test's go-ahead (a file), then accepts.
-        let gate = h.dir + "/go"
-        let started = h.dir + "/checking"
+    /// Configures an echo plugin whose `--check-config` writes its pid to `started`, waits for
+    /// the test's go-ahead (the file `gate`), then accepts.
+    func configureSlowCheck(_ h: TestHost, started: String, gate: String) throws {
         let script = h.dir + "/slow-check.sh"
         try """
         #!/bin/sh
         if [ "$1" = "--check-config" ]; then
-            touch "\(started)"
+            echo $$ > "\(started).tmp" && mv "\(started).tmp" "\(started)"
             while [ ! -e "\(gate)" ]; do sleep 0.05; done
             echo "config ok"; exit 0
         fi
@@ -104,6 +100,15 @@ import Testing
         var cfg = try JSON.parse(String(contentsOfFile: h.configPath, encoding: .utf8)).objectValue!
         cfg["plugins"] = [TestHost.echo(["exec": .string(script)])]
         try JSON.object(cfg).serialized.write(toFile: h.configPath, atomically: true, encoding: .utf8)
+    }
+
+    /// The plugins' checks run beside the loop: while one has not answered, other clients are
+    /// served, and the reload is answered once it has.
+    @Test func theHostAnswersWhileAPluginChecksItsConfig() throws {
+        let h = try TestHost(plugins: [])
+        let gate = h.dir + "/go"
+        let started = h.dir + "/checking"
+        try configureSlowCheck(h, started: started, gate: gate)
 
         let reloader = try h.client()
         try reloader.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"bus.reload"}"#)
@@ -117,5 +122,20 @@ import Testing
         let answer = try #require(try reloader.readMessage(timeoutMs: 10_000))
         #expect(answer["result"]?["added"] == ["echo"], "\(answer)")
         try h.waitForPlugin("echo")
+    }
+
+    /// A stop while a check runs: the check is killed, the reload is not applied, pylond exits 0.
+    @Test func aStopWhileAPluginChecksKillsTheCheck() throws {
+        let h = try TestHost(plugins: [])
+        let started = h.dir + "/checking"
+        try configureSlowCheck(h, started: started, gate: h.dir + "/never")
+        let reloader = try h.client()
+        try reloader.sendLine(#"{"jsonrpc":"2.0","id":1,"method":"bus.reload"}"#)
+        try waitUntil(timeout: 10) { FileManager.default.fileExists(atPath: started) }
+        let check = try #require(
+            Int32(try String(contentsOfFile: started, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(h.stop() == 0)
+        try waitUntil(timeout: 5) { !isAlive(check) }
+        #expect(!h.logText.contains("plugin spawned"), "the reload was not applied")
     }
 }

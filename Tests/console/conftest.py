@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(REPO, "clients", "python", "src"))
 # Selenium Manager must never fetch a driver or a browser.
 os.environ["SE_OFFLINE"] = "true"
 
-ADMIN = ("ada", "correct horse battery staple")
-VIEWER = ("vic", "viewer password 12345")
+ADMIN = ("ada", "correct-horse-battery-staple")
+VIEWER = ("vic", "viewer-password-12345")
 WAIT_S = 30
 
 
@@ -274,6 +274,8 @@ class Console:
         self.d, self.stack = driver, stack
 
     def open(self, hash_="#/login"):
+        # A fresh page load (a get that changes only the fragment would not reload).
+        self.d.get("about:blank")
         self.d.get(self.stack.url + "/" + hash_)
 
     def go(self, hash_):
@@ -284,8 +286,10 @@ class Console:
 
         self.open("#/login")
         self.wait_css("#login-name")
-        self.d.find_element(By.ID, "login-name").send_keys(name)
-        self.d.find_element(By.ID, "login-password").send_keys(password)
+        for field, value in (("login-name", name), ("login-password", password)):
+            e = self.d.find_element(By.ID, field)
+            e.clear()
+            e.send_keys(value)
         self.d.find_element(By.ID, "login-submit").click()
         self.wait_text("#who-name", name)
 

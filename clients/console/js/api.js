@@ -72,8 +72,9 @@ export async function request(method, path, body) {
     }
   }
   if (!res.ok) {
-    const code = data && data.error ? String(data.error) : null;
-    const msg = data && (data.message || data.reason) ? String(data.message || data.reason) : null;
+    // The backend's error shape: {"error": "<human message>", "code": "<machine code>"}.
+    const code = data && (data.code || data.error) ? String(data.code || data.error) : null;
+    const msg = data && data.code && data.error ? String(data.error) : data && data.message ? String(data.message) : null;
     const err = new ApiError(res.status, code, msg || code || `HTTP ${res.status}`, data);
     if (res.status === 401 && session && !path.startsWith('/v1/session')) {
       setSession(null);

@@ -4,7 +4,8 @@ import {h, svg, fmtNum} from './dom.js';
 // points: [{label, value, title?}]; opts: {height, label}
 export function barChart(points, opts = {}) {
   const W = 640, H = opts.height || 160, padL = 44, padB = 22, padT = 8, padR = 8;
-  const max = Math.max(1, ...points.map((p) => Number(p.value) || 0));
+  // At least 4, so the three grid labels (0, half, max) are distinct integers.
+  const max = Math.max(4, ...points.map((p) => Number(p.value) || 0));
   const innerW = W - padL - padR, innerH = H - padT - padB;
   const bw = points.length ? innerW / points.length : innerW;
   const root = svg('svg', {viewBox: `0 0 ${W} ${H}`, class: 'chart', role: 'img', 'aria-label': opts.label || 'chart',

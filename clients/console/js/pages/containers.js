@@ -20,7 +20,7 @@ function listView({root}) {
     {label: 'Container', value: (r) => link(route('containers', r.id), r.id)},
     {label: 'Published', value: (r) => (r.publishedVersion === null || r.publishedVersion === undefined ? '—' : `v${r.publishedVersion}`)},
     {label: 'Versions', value: (r) => (Array.isArray(r.versions) ? r.versions.length : r.versions), class: 'num'},
-    {label: 'Fetches', value: (r) => fetchesText(r.fetches)},
+    {label: 'Fetches', value: (r) => fetchesText(r.fetchesByOutcome || r.fetches)},
   ], (cursor) => get('/v1/admin/gtm/containers', {cursor, limit: 50}), {empty: 'No container yet.', class: 'containers'});
   list.id = 'containers-list';
   root.appendChild(page('Containers', list, form));
@@ -56,8 +56,9 @@ async function detailView({root, params, query, navigate}) {
   const st = status();
   st.id = 'container-status';
   const reload = () => navigate(route('containers', id) + (query.v ? `?v=${encodeURIComponent(query.v)}` : ''));
-  const published = info ? info.published : null;
   const byNum = [...versions].sort((x, y) => Number(y.version) - Number(x.version));
+  const flagged = byNum.find((v) => v.published === true);
+  const published = flagged ? flagged.version : info ? info.published : null;
 
   const versionTable = table([
     {label: 'Version', value: (r) => link(`${route('containers', id)}?v=${encodeURIComponent(r.version)}`, `v${r.version}`)},

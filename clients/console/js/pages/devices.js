@@ -18,8 +18,8 @@ function searchView({root, query, navigate}) {
     {label: 'Device id', value: (r) => r.deviceId},
     {label: 'AppKeys', value: (r) => (r.appKeys || []).join(', ')},
     {label: 'Last seen', value: (r) => fmtTime(r.lastSeenMs)},
-    {label: 'Broker', value: (r) => h('span', {class: ['badge', r.connected ? 'good' : 'idle']}, r.connected ? 'connected' : 'offline')},
-    {label: 'Bindings', value: (r) => Array.isArray(r.bindings) ? String(r.bindings.length) : r.bindings},
+    {label: 'Broker', value: (r) => connection(r.connected)},
+    {label: 'Bound users', value: (r) => (Array.isArray(r.bindings) ? r.bindings.map((b) => (typeof b === 'object' ? b.userId : b)).join(', ') : r.bindings)},
   ], (cursor) => get('/v1/admin/devices', {q: query.q, appKey: query.appKey, cursor, limit: 50}), {empty: 'No device matches.', class: 'devices'});
   root.appendChild(page('Devices', form, list));
 }
@@ -38,7 +38,7 @@ async function detailView({root, params}) {
   body.append(
     panel('Device', kv([
       ['Install id', d.installId], ['Device id', d.deviceId], ['AppKeys', (d.appKeys || []).join(', ')],
-      ['Last seen', fmtTime(d.lastSeenMs)], ['Broker', d.connected ? 'connected' : 'offline'],
+      ['Last seen', fmtTime(d.lastSeenMs)], ['Broker', connection(d.connected)],
     ])),
     panel('Bindings', table([
       {label: 'User', value: (b) => (typeof b === 'object' ? b.userId : b)},
@@ -46,13 +46,18 @@ async function detailView({root, params}) {
       {label: 'Token', value: (b) => (typeof b === 'object' ? b.token : '')},
     ], d.bindings || [], {empty: 'No binding.'})),
     panel('Consent the device reported', d.consent && Object.keys(d.consent).length
-      ? table([{label: 'Switch', value: (r) => r[0]}, {label: 'State', value: (r) => r[1]}], Object.entries(d.consent))
+      ? table([
+        {label: 'Switch', value: (r) => r[0]},
+        {label: 'State', value: (r) => consentState(r[1])},
+        {label: 'Reported', value: (r) => fmtTime(r[1] && r[1].timeMs)},
+      ], Object.entries(d.consent))
       : h('p', {class: 'muted'}, 'Nothing reported.')),
     panel('Recent pushes', table([
-      {label: 'Message', value: (p) => p.msgId || p.id},
-      {label: 'Title', value: (p) => p.title},
-      {label: 'State', value: (p) => p.state},
-      {label: 'Time', value: (p) => fmtTime(p.createdMs || p.publishedMs || p.timeMs)},
+      {label: 'Message', value: (p) => link(route('push', p.msgId || p.id), p.msgId || p.id)},
+      {label: 'App', value: (p) => p.appId},
+      {label: 'Published', value: (p) => fmtTime(p.publishedMs)},
+      {label: 'Broker ack', value: (p) => fmtTime(p.brokerAckMs)},
+      {label: 'Delivered to the app', value: (p) => fmtTime(p.deliveredMs)},
     ], d.recentPushes || [], {empty: 'No push.'})),
     panel('Recent events', table([
       {label: 'Time', value: (e) => fmtTime(e.timeMs)},
@@ -61,6 +66,19 @@ async function detailView({root, params}) {
       {label: 'Properties', value: (e) => pre(e.properties)},
     ], d.recentEvents || [], {empty: 'No event.'})),
   );
+}
+
+// The backend cannot always tell (the broker does not report presence): null shows as unknown.
+function connection(c) {
+  if (c === null || c === undefined) return h('span', {class: 'badge idle'}, 'unknown');
+  return h('span', {class: ['badge', c ? 'good' : 'idle']}, c ? 'connected' : 'offline');
+}
+
+function consentState(v) {
+  const granted = v && typeof v === 'object' ? v.granted : v;
+  if (granted === true) return h('span', {class: 'badge good'}, 'granted');
+  if (granted === false) return h('span', {class: 'badge bad'}, 'denied');
+  return String(granted ?? '—');
 }
 
 export function render(ctx) {

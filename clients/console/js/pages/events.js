@@ -64,6 +64,7 @@ export function render({root, query, navigate}) {
     source = new EventSource(url);
     tailBtn.textContent = 'Stop live tail';
     setState('connecting', 'idle');
+    replace(tailBody, h('tr', {class: 'empty'}, h('td', {colspan: COLUMNS.length}, 'Waiting for events…')));
     source.addEventListener('open', () => setState('live', 'good'));
     source.addEventListener('record', (ev) => {
       let item;
@@ -72,6 +73,8 @@ export function render({root, query, navigate}) {
       } catch (e) {
         return;
       }
+      const waiting = tailBody.querySelector('tr.empty');
+      if (waiting) waiting.remove();
       tailBody.prepend(rowOf(COLUMNS, item));
       while (tailBody.childElementCount > TAIL_MAX_ROWS) tailBody.lastElementChild.remove();
     });

@@ -2,7 +2,7 @@ import {h, fmtTime, replace} from '../dom.js';
 import {get, post, patch, del, seg, isAdmin, currentSession} from '../api.js';
 import {page, panel, errorBox, table, field, input, select, status, button, busy, confirmBox, note} from '../ui.js';
 
-const MIN_PASSWORD = 12;
+const MIN_PASSWORD = 16;
 
 export async function render({root, navigate}) {
   const st = status();
@@ -54,7 +54,7 @@ export async function render({root, navigate}) {
   role.id = 'op-role';
   const password = input('password', {id: 'op-password', type: 'password', autocomplete: 'new-password'});
   const create = h('button', {type: 'submit', id: 'op-create'}, 'Create operator');
-  const form = h('form', {class: 'filters'}, field('Name', name), field('Role', role), field('Password', password, `at least ${MIN_PASSWORD} characters`), create);
+  const form = h('form', {class: 'filters'}, field('Name', name), field('Role', role), field('Password', password, `${MIN_PASSWORD} or more printable characters, no spaces`), create);
   if (!isAdmin()) for (const c of [name, role, password, create]) c.disabled = true;
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();

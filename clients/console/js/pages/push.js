@@ -125,7 +125,10 @@ function composer(onSent) {
       h('span', {class: 'sep'}), field('Test device', f.testToken), test),
     st);
   form.addEventListener('submit', (ev) => ev.preventDefault());
-  if (!isAdmin()) form.prepend(note('Viewers can read the history; sending needs the admin role.', 'info'));
+  if (!isAdmin()) {
+    for (const c of form.querySelectorAll('input, textarea, select')) c.disabled = true;
+    form.prepend(note('Viewers can read the history; sending needs the admin role.', 'info'));
+  }
   return form;
 }
 

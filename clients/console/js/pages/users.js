@@ -2,6 +2,13 @@ import {h, fmtTime, replace} from '../dom.js';
 import {get, post, seg} from '../api.js';
 import {page, panel, errorBox, table, pagedTable, field, input, kv, link, route, pre, button, status, confirmBox, note, busy} from '../ui.js';
 
+// {"email": ["a@x"], "phone": [...]} → "email a@x · phone …".
+function contactsText(c) {
+  if (!c || typeof c !== 'object') return c ? String(c) : '—';
+  const parts = Object.entries(c).map(([k, v]) => `${k} ${Array.isArray(v) ? v.join(', ') : typeof v === 'object' ? JSON.stringify(v) : v}`);
+  return parts.length ? parts.join(' · ') : '—';
+}
+
 function searchView({root, query, navigate}) {
   const appKey = input('appKey', {id: 'users-appkey', value: query.appKey || '', placeholder: 'AppKey'});
   const q = input('q', {id: 'users-q', value: query.q || '', placeholder: 'user id, EUID or contact'});
@@ -16,7 +23,7 @@ function searchView({root, query, navigate}) {
       {label: 'AppKey', value: (r) => r.appKey},
       {label: 'EUID', value: (r) => link(route('users', r.appKey, r.euid), r.euid)},
       {label: 'User id', value: (r) => r.userId},
-      {label: 'Contacts', value: (r) => (Array.isArray(r.contacts) ? r.contacts.map((c) => (typeof c === 'object' ? c.value || JSON.stringify(c) : c)).join(', ') : r.contacts)},
+      {label: 'Contacts', value: (r) => contactsText(r.contacts)},
       {label: 'Last seen', value: (r) => fmtTime(r.lastSeenMs)},
       {label: 'Opted out', value: (r) => (r.optedOut ? h('span', {class: 'badge bad'}, 'opted out') : 'no')},
     ], (cursor) => get('/v1/admin/users', {appKey: query.appKey, q: query.q, cursor, limit: 50}), {empty: 'No user matches.', class: 'users'});
@@ -57,14 +64,19 @@ async function detailView({root, params}) {
   body.append(
     optOut ? note(`Opted out (${optOut.switch || ''}) at ${fmtTime(optOut.timeMs)}.`, 'warn') : null,
     panel('Identities', table([
-      {label: 'Kind', value: (r) => r.kind || r.type || r.identityType || r.name},
-      {label: 'Value', value: (r) => r.value || r.id || JSON.stringify(r)},
-    ], (u.identities || []).map((x) => (typeof x === 'object' ? x : {value: String(x)})), {empty: 'No identity.'})),
+      {label: 'Kind', value: (r) => r[0]},
+      {label: 'Value', value: (r) => (Array.isArray(r[1]) ? r[1].join(', ') : r[1])},
+    ], Object.entries(u.identities || {}), {empty: 'No identity.'})),
+    panel('Contacts', table([
+      {label: 'Kind', value: (r) => r[0]},
+      {label: 'Value', value: (r) => (Array.isArray(r[1]) ? r[1].join(', ') : r[1])},
+    ], Object.entries(u.contacts && typeof u.contacts === 'object' ? u.contacts : {}), {empty: 'No contact.'})),
     panel('Properties', u.properties && Object.keys(u.properties).length ? pre(u.properties) : h('p', {class: 'muted'}, 'No property.')),
     panel('Push bindings', table([
-      {label: 'App', value: (b) => b.appId || b.appKey},
+      {label: 'User id', value: (b) => b.userId},
+      {label: 'Device', value: (b) => (b.installId ? link(route('devices', b.installId), b.installId) : '—')},
       {label: 'Token', value: (b) => b.token},
-      {label: 'Install', value: (b) => b.installId},
+      {label: 'Bound', value: (b) => fmtTime(b.boundMs)},
     ], u.bindings || [], {empty: 'No binding.'})),
     panel('Recent events', table([
       {label: 'Time', value: (e) => fmtTime(e.timeMs)},

@@ -151,6 +151,13 @@ public final class Connection: UVHandleOwner {
     /// method), so fewer of the peer's lines follow in this turn.
     public func charge(_ units: Int) { turnBudget -= units }
 
+    /// Called from `onLine` by an owner that works through one line in parts (a JSON-RPC batch,
+    /// whose members cost what they would cost as lines of their own): whether this turn may
+    /// take another part — budget left after the line's own unit, and the gate still open (not
+    /// backpressured, not held). When false, the owner keeps its place and `deferCurrentLine`s:
+    /// the line comes again, first, on a later turn.
+    public var mayContinueLine: Bool { turnBudget > 1 && canDispatch }
+
     /// Makes libuv's reading match the gate, and schedules the backlog when it can go on.
     private func syncReading() {
         let effects = gate.sync(hasBacklog: !backlog.isEmpty)

@@ -84,6 +84,25 @@ struct Admission<Member: AnyObject> {
     /// The connections of `uid`.
     func members(ofUid uid: UInt32) -> [Member] { byUid[uid, default: []] }
 
+    /// The connections of `uid` to disconnect so that what the host holds for them together
+    /// (`held`: output not yet read, replies gathered in open batches) is back within `limit`
+    /// (`maxQueuedBytesPerUid`): those holding the most first (the earlier adopted of equals). A
+    /// connection that reads its replies holds next to nothing, so its siblings that do not read
+    /// go before it; one holding nothing is never named. Empty while the uid is within `limit`.
+    func evictions(ofUid uid: UInt32, limit: Int, held: (Member) -> Int) -> [Member] {
+        let same = byUid[uid, default: []]
+        let sizes = same.map(held)
+        var total = sizes.reduce(0, +)
+        guard total > limit else { return [] }
+        var out: [Member] = []
+        for i in same.indices.sorted(by: { sizes[$0] != sizes[$1] ? sizes[$0] > sizes[$1] : $0 < $1 }) where sizes[i] > 0 {
+            out.append(same[i])
+            total -= sizes[i]
+            if total <= limit { break }
+        }
+        return out
+    }
+
     /// Counts a refusal under `limit` at `nowMs`: log now, or arm the timer for the window's end.
     mutating func refused(_ limit: String, nowMs: UInt64) -> LogAction {
         refusedTotal += 1

@@ -94,29 +94,15 @@ extension Bus {
         guard !origin.closed else { return }
         // A client that does not read is not dispatched past `maxQueuedBytes`, but the answers to
         // what it had in flight still come (a provider's may be far larger than the question):
-        // past `closeAboveQueuedBytes` it is disconnected rather than held in memory.
-        // The same for a uid's connections together: one that does not read, and whose uid has
-        // more than `maxQueuedBytesPerUid` queued, is disconnected (its siblings that read are
-        // not). Only looked at for a connection that already has a lot queued: no cost per reply.
-        if !origin.isPlugin, origin.conn.queuedBytes + line.count > config.limits.maxQueuedBytes {
-            let limits = config.limits
-            let ownOver = origin.conn.queuedBytes + line.count > max(limits.closeAboveQueuedBytes, limits.maxQueuedBytes)
-            let uidOver = origin.credentials.map { queuedBytes(ofUid: $0.uid) + line.count > limits.maxQueuedBytesPerUid } ?? false
-            if ownOver || uidOver {
-                counters.slowReadersClosed += 1
-                log.warn(
-                    "client disconnected: it does not read its replies",
-                    [
-                        "peer": origin.label, "queued_bytes": origin.conn.queuedBytes,
-                        "limit": ownOver ? "closeAboveQueuedBytes" : "maxQueuedBytesPerUid",
-                    ])
-                origin.conn.close()
-                peerClosed(origin)
-                return
-            }
+        // past `closeAboveQueuedBytes` it is disconnected rather than held in memory. Its uid's
+        // connections together are bounded after the answer is queued (`enforceOutputBounds`).
+        // Only looked at for a connection that already has a lot queued: no cost per reply.
+        if !origin.isPlugin, origin.heldBytes + line.count > max(config.limits.closeAboveQueuedBytes, config.limits.maxQueuedBytes) {
+            return disconnectSlowReader(origin, limit: "closeAboveQueuedBytes")
         }
         var idText = originalId
         idText.withUTF8 { origin.conn.sendSpliced(line, idSpan, UnsafeRawBufferPointer($0)) }
+        guard enforceOutputBounds(origin) else { return }
         if origin.conn.peerShutdown { closeIfDone(origin) }
     }
 }

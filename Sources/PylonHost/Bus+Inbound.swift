@@ -35,6 +35,11 @@ extension Bus {
 
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
         peer.lastInboundMs = loop.nowMs
+        // A batch line handled in part on an earlier turn, come again (`continueBatch`): on with
+        // its next member (the line was checked and counted the first time).
+        if currentBatch == nil, let cursor = peer.batchInProgress, cursor.lineBytes == line.count {
+            return continueBatch(peer, line, cursor)
+        }
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
         // The scan decides every line (docs/PROTOCOL.md, "Canonical form"): keys decoded, the
@@ -139,6 +144,12 @@ extension Bus {
     /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
     static let reportCost = 32
 
+    /// Host methods that change nothing `bus.status` shows: every other one starts a new status
+    /// snapshot (`ReportCache`).
+    static let readOnlyHostMethods: Set<String> = [
+        HostMethod.ping, HostMethod.status, HostMethod.describe, HostMethod.consentGet, HostMethod.consentList,
+    ]
+
     func handleRequest(
         _ peer: Peer, _ principal: Principal, _ msg: JSONRef, _ line: UnsafeRawBufferPointer, method: String,
         id: OpaquePointer?, idSpan: Range<Int>, answersSpan: Range<Int>?
@@ -165,10 +176,20 @@ extension Bus {
         }
         switch decision {
         case .host:
-            // A report costs much more than a routed message: fewer of the peer's lines follow
-            // in this loop turn (a flood of them cannot stall everyone else).
-            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
             let params = msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil
+            if method == HostMethod.status || method == HostMethod.describe {
+                // A report costs much more than a routed message: fewer of the peer's lines follow
+                // in this loop turn (a flood of them cannot stall everyone else). Its text is
+                // built once and shared by the callers who see the same (`ReportCache`).
+                peer.conn.charge(Bus.reportCost)
+                if let text = reportText(peer, principal, method, params) {
+                    let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
+                    sendResult(peer.conn, idText: idText, text: text)
+                    if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: nil) }
+                    enforceOutputBounds(peer)
+                    return
+                }
+            }
             if method == HostMethod.reload {
                 do throws(RPCError) {
                     try reloadAllowed(peer, principal)
@@ -181,10 +202,12 @@ extension Bus {
             }
             let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
             let answer = hostMethod(peer, principal, method, params)
+            if !Bus.readOnlyHostMethods.contains(method) { stateRevision &+= 1 }
             switch answer {
             case .success(let v): sendResult(peer.conn, idText: idText, v)
             case .failure(let e): sendError(peer.conn, idText: idText, e)
             }
+            enforceOutputBounds(peer)
             if !monitors.isEmpty, method != HostMethod.monitor {
                 var error: RPCError?
                 if case .failure(let e) = answer { error = e }
@@ -245,9 +268,11 @@ extension Bus {
             counters.routed += 1
             if !monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
         case .host:
-            // Done as the request would be; the answer, error or not, is nobody's.
-            if method == HostMethod.status || method == HostMethod.describe { peer.conn.charge(Bus.reportCost) }
+            // Done as the request would be; the answer, error or not, is nobody's (a report's is
+            // not even built).
+            if method == HostMethod.status || method == HostMethod.describe { return peer.conn.charge(Bus.reportCost) }
             _ = hostMethod(peer, principal, method, msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil)
+            if !Bus.readOnlyHostMethods.contains(method) { stateRevision &+= 1 }
         case .denied(_, let key):
             consentRefused[key, default: 0] += 1
         case .refused, .forward:

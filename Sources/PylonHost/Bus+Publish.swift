@@ -42,9 +42,9 @@ extension Bus {
         return delivered
     }
 
-    /// Bytes queued to all client connections of `uid`.
+    /// Bytes held for all client connections of `uid`: queued, and in open batches.
     func queuedBytes(ofUid uid: UInt32) -> Int {
-        admission.members(ofUid: uid).reduce(0) { $0 + $1.conn.queuedBytes }
+        admission.members(ofUid: uid).reduce(0) { $0 + $1.heldBytes }
     }
 
     func publish(topic: String, params: JSON, from sender: Peer? = nil) {

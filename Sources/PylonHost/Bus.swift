@@ -47,7 +47,13 @@ public final class Bus {
     /// Every peer's topic patterns (clients' `bus.subscribe`, plugins' manifest `subscribes`).
     var subscriptions = SubscriptionIndex<UInt64>()
     /// Methods served by clients (`bus.provide`), by full name.
-    var provided: [String: Peer] = [:]
+    var provided: [String: Peer] = [:] { didSet { providedRevision &+= 1 } }
+    var providedRevision: UInt64 = 0
+    /// `bus.describe` and `bus.status` answers, built once and shared (`ReportCache`).
+    var reports = ReportCache()
+    /// Bumped when the host's state that `bus.status` shows changes outside a plugin slot: a
+    /// client came or went, a host method that changes state ran.
+    var stateRevision: UInt64 = 0
 
     var consent = ConsentStore()
     var consentRefused: [String: UInt64] = [:]
@@ -123,6 +129,7 @@ public final class Bus {
         }
         let peer = newPeer(kind: .client(creds), conn: conn)
         admission.admit(peer, uid: creds?.uid)
+        stateRevision &+= 1
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
         // answer what is in flight, then close.
         conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
@@ -202,7 +209,14 @@ public final class Bus {
     /// system (glibc keeps freed heap otherwise), once the burst is over.
     func clientGone() {
         closedSinceTrim += 1
-        guard closedSinceTrim >= Bus.trimAfterClosedClients, trimTimer == nil else { return }
+        guard closedSinceTrim >= Bus.trimAfterClosedClients else { return }
+        releaseFreeMemorySoon()
+    }
+
+    /// Returns free memory to the system one second from now (once for a burst): after many
+    /// clients went away, or one that did not read its replies (it held a lot).
+    func releaseFreeMemorySoon() {
+        guard trimTimer == nil else { return }
         trimTimer = loop.after(ms: 1_000, unref: true) { [unowned self] in
             self.trimTimer = nil
             self.closedSinceTrim = 0
@@ -215,6 +229,9 @@ public final class Bus {
         guard !peer.closed else { return }
         peer.closed = true
         peers[peer.id] = nil
+        stateRevision &+= 1
+        // Its batch's place (which holds the peer: a cycle) and what it gathered go now.
+        peer.batchInProgress = nil
         if !peer.isPlugin {
             admission.remove(peer, uid: peer.credentials?.uid)
             clientGone()

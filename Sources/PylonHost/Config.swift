@@ -26,10 +26,12 @@ public struct Limits: Equatable, Sendable {
     /// each up to `maxLineBytes`, and a provider's answer may be far larger than its question)
     /// are not held beyond this. Never below `maxQueuedBytes` in effect.
     public var closeAboveQueuedBytes = 64 << 20
-    /// Bytes queued to all client connections of one uid together: beyond it publications to
-    /// them are dropped (counted), and one of them that does not read its replies is
-    /// disconnected. So many connections of one user cannot hold `maxQueuedBytes` each.
-    public var maxQueuedBytesPerUid = 64 << 20
+    /// Bytes held for all client connections of one uid together (output not yet read, and
+    /// replies gathered in open batches): beyond it publications to them are dropped (counted),
+    /// and the ones holding the most are disconnected until the uid is back within it. So many
+    /// connections of one user cannot hold `maxQueuedBytes` each. 16 MiB: one user that stops
+    /// reading costs the host that much, whatever it sends (issue 32: 64 connections of batches).
+    public var maxQueuedBytesPerUid = 16 << 20
     /// Topic patterns one connection may subscribe to.
     public var maxSubscriptionsPerConnection = 256
     /// Methods one connection may provide (`bus.provide`): every answer lists them all.

@@ -31,6 +31,15 @@ final class Peer {
     /// Plugins: true once `bus.hello` succeeded.
     var handshaken = false
     var closed = false
+    /// Bytes of replies gathered in this peer's open batches and not yet queued to `conn`: they
+    /// count toward its output bounds as queued bytes do (`heldBytes`).
+    var batchBytes = 0
+    /// The batch line being worked through over several loop turns (`Bus.continueBatch`): its
+    /// members cost what they would cost as lines of their own.
+    var batchInProgress: BatchCursor?
+
+    /// What the host holds for this peer: output queued to it, and its open batches' replies.
+    var heldBytes: Int { conn.queuedBytes + batchBytes }
 
     init(id: UInt64, kind: Kind, conn: Connection, now: UInt64) {
         self.id = id

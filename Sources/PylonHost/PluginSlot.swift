@@ -5,13 +5,17 @@ import PylonProtocol
 /// what the machine's actions act on — the process, the channel's peer and one timer per kind.
 final class PluginSlot {
     var config: PluginConfig
-    var life: PluginLifecycle
+    var life: PluginLifecycle { didSet { revision &+= 1 } }
+    /// Bumped by every change of `life` or `manifest`: the cached reports that show them
+    /// (`ReportCache`) are built again.
+    private(set) var revision: UInt64 = 0
     /// The current process, or the last one until the next spawn (its late output lines are
     /// still sorted by `output`).
     var process: ChildProcess?
     var peer: Peer?
     var manifest: Manifest? {
         didSet {
+            revision &+= 1
             wantsCallerInfo = manifest?.callerInfo ?? false
             continuing = Set((manifest?.methods ?? [:]).values.filter(\.continuesAfterDeadline).map(\.name))
             // The docs stay in the manifest (bus.describe): the route copies no more than before.

@@ -38,6 +38,30 @@ struct AdmissionTests {
         #expect(a.members(ofUid: 1000).count == 1 && a.members(ofUid: 1000)[0] === c2)
     }
 
+    /// The per-uid output bound: the uid's connections holding the most go first, until the uid
+    /// is within its limit; one that reads (holds nothing) and other uids are never named.
+    @Test func aUidOverItsOutputBoundLosesItsLargestHoldersFirst() {
+        var a = Admission<Conn>()
+        let reader = Conn(), small = Conn(), big = Conn(), bigToo = Conn(), other = Conn()
+        for c in [reader, small, big, bigToo] { a.admit(c, uid: 65534) }
+        a.admit(other, uid: 4242)
+        let held: [ObjectIdentifier: Int] = [
+            ObjectIdentifier(reader): 0, ObjectIdentifier(small): 300, ObjectIdentifier(big): 1000,
+            ObjectIdentifier(bigToo): 1000, ObjectIdentifier(other): 1_000_000,
+        ]
+        let size = { (c: Conn) in held[ObjectIdentifier(c)]! }
+        #expect(a.evictions(ofUid: 65534, limit: 2300, held: size).isEmpty, "within the limit")
+        // 2,300 held, limit 2,000: one of the two largest (the earlier adopted) is enough.
+        #expect(a.evictions(ofUid: 65534, limit: 2000, held: size).map(ObjectIdentifier.init) == [ObjectIdentifier(big)])
+        #expect(
+            a.evictions(ofUid: 65534, limit: 200, held: size).map(ObjectIdentifier.init) == [
+                ObjectIdentifier(big), ObjectIdentifier(bigToo), ObjectIdentifier(small),
+            ])
+        // Nothing held by the reader: it is not named even when the rest cannot bring the uid under.
+        #expect(!a.evictions(ofUid: 65534, limit: 0, held: size).contains { $0 === reader })
+        #expect(a.evictions(ofUid: 4242, limit: 2_000_000, held: size).isEmpty)
+    }
+
     @Test func totalLimitAndShutdown() {
         var a = Admission<Conn>()
         let l = Self.limits(total: 2, perUid: 5)

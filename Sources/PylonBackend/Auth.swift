@@ -27,6 +27,7 @@ extension Endpoint {
         case .deviceRegister: .enrolment
         case .ingest, .maCall, .gtmPublished, .gtmDraft: .device
         case .pushCall: .pushDevice
+        case .data: .operator
         case .inspectStream, .inspectRecords, .stats, .reset, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
             .maGetMetadata, .maSetMetadata, .maFindUser, .maInspectUser, .pushSend, .pushInspect, .gtmPublish, .gtmInspect:
             .operator

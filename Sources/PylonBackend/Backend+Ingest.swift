@@ -15,10 +15,13 @@ import PylonStore
 ///    No ack within `--nats-ack-timeout-ms`, or a JetStream error: 503 `stream_unavailable`,
 ///    Retry-After: 1; an ack arriving later still records the key.
 extension Backend {
-    func ingestToStream(_ request: HTTPRequest, stream: String, _ js: JetStreamPublisher) throws(APIError) -> Disposition {
+    func ingestToStream(
+        _ request: HTTPRequest, stream: String, _ js: JetStreamPublisher, _ principal: Principal
+    ) throws(APIError) -> Disposition {
         let key = try idempotencyKey(request)
         let body = try decodedBody(request)
-        let records = try Batch.parse(body, key: key, stream: stream).records.count
+        let batch = try Batch.parse(body, key: key, stream: stream)
+        let records = batch.records.count
         if try storage({ () throws(StoreError) in try store.ledgerSeen(key, stream: stream) }) {
             log.debug("batch: key already recorded", ["stream": stream, "key": key])
             return .respond(Backend.ingestAnswer(accepted: 0, duplicates: records, duplicateBatch: true, seq: nil), delayMs: 0)
@@ -28,8 +31,10 @@ extension Backend {
         let subject = JetStreamWire.subject(prefix: js.settings.stream.subjectPrefix, stream: stream)
         let headers = JetStreamWire.headers(
             stream: stream, receivedAtMs: receivedAt, records: records, contentType: "application/json")
+        // The event index rows (`Store+Events.swift`), written once JetStream acknowledged.
+        let index = EventIndex.Published(records: Store.indexed(batch, keepData: true), installId: principal.installId)
         let admission = js.publish(subject: subject, msgID: key, headers: headers, body: body) { [weak self] outcome in
-            self?.streamOutcome(outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records)
+            self?.streamOutcome(outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index)
         }
         switch admission {
         case .published:
@@ -46,7 +51,8 @@ extension Backend {
     }
 
     private func streamOutcome(
-        _ outcome: JetStreamPublisher.Outcome, _ answer: DeferredAnswer, key: String, stream: String, receivedAt: Int64, records: Int
+        _ outcome: JetStreamPublisher.Outcome, _ answer: DeferredAnswer, key: String, stream: String, receivedAt: Int64, records: Int,
+        index: EventIndex.Published
     ) {
         switch outcome {
         case .acked(let seq, let duplicate, let late):
@@ -55,6 +61,9 @@ extension Backend {
                 fresh =
                     try store.ledgerRecord(key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate)
                     && !duplicate
+                if fresh {
+                    try store.indexEvents(index.records, stream: stream, receivedAt: receivedAt, installId: index.installId, jsSeq: seq)
+                }
             } catch {
                 // The batch is in the stream: the device is told so. Its key is not in the
                 // ledger, so a re-send after the duplicate window would be published again.

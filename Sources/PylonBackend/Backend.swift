@@ -33,6 +33,8 @@ package final class Backend {
     var pendingDynsec: [String: [UInt8]] = [:]
     /// NATS mode (`--nats`): batches go to the JetStream ingest stream (`Backend+Ingest.swift`).
     package var jetstream: JetStreamPublisher?
+    /// The live tail and the data jobs (`Backend+Events.swift`); nil until `startConsoleData`.
+    package var consoleData: ConsoleData?
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -78,8 +80,9 @@ package final class Backend {
         do throws(APIError) {
             let (endpoint, principal) = try admitted.get()
             if case .ingest(let stream) = endpoint, let js = jetstream {
-                return try ingestToStream(request, stream: stream, js)
+                return try ingestToStream(request, stream: stream, js, principal)
             }
+            if case .data(.eventsTail) = endpoint { return try tail(request) }
             response = try route(request, endpoint, principal)
         } catch {
             response = HTTPResponse(error)
@@ -105,7 +108,7 @@ package final class Backend {
         switch e {
         case .health: return HTTPResponse(["ok": true])
         case .deviceRegister: return try registerDevice(request, principal)
-        case .ingest(let stream): return try ingest(request, stream: stream)
+        case .ingest(let stream): return try ingest(request, stream: stream, principal)
         case .inspectStream(let stream): return try inspect(stream: stream)
         case .inspectRecords(let stream): return try records(request, stream: stream)
         case .stats: return try statsResponse()
@@ -126,23 +129,24 @@ package final class Backend {
         case .maFindUser(let appKey): return try maFindUser(request, appKey: appKey)
         case .maInspectUser(let appKey, let euid): return try maInspectUser(appKey: appKey, euid: euid)
         case .pushCall(let call): return try pushCall(request, call, principal)
-        case .pushSend: return try pushSend(request)
+        case .pushSend: return try pushSendRecorded(request, principal)
         case .pushInspect(let what): return try pushInspect(request, what)
         case .gtmPublished(let id): return try gtmPublished(request, id: id)
         case .gtmDraft(let id): return try gtmDraft(request, id: id)
         case .gtmPublish(let id): return try gtmPublish(request, id: id)
         case .gtmInspect(let id): return try gtmInspect(id: id)
+        case .data(let r): return try data(request, r, principal)
         }
     }
 
     // MARK: Endpoints
 
-    private func ingest(_ request: HTTPRequest, stream: String) throws(APIError) -> HTTPResponse {
+    private func ingest(_ request: HTTPRequest, stream: String, _ principal: Principal) throws(APIError) -> HTTPResponse {
         let key = try idempotencyKey(request)
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
         let r: Store.IngestResult
         do throws(StoreError) {
-            r = try store.ingest(batch, receivedAt: System.wallClockMs())
+            r = try store.ingest(batch, receivedAt: System.wallClockMs(), installId: principal.installId)
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
             throw .storage(error)

@@ -20,6 +20,41 @@ package enum Disposition {
     /// answers 503); until then the connection answers nothing after this request, as with a
     /// response held back by injected latency.
     case later(DeferredAnswer)
+    /// Answer a `200` head without a length, then write the body as `stream` is given it,
+    /// until either side ends (Server-Sent Events, `Backend+Tail.swift`). Requests pipelined
+    /// after this one are not answered.
+    case stream(ResponseStream)
+}
+
+/// A response body written as it is produced (`Disposition.stream`). Loop thread only.
+package final class ResponseStream {
+    /// The head's `Content-Type`.
+    let contentType: String
+    /// Unwritten bytes the client may fall behind by: a `send` beyond it closes the connection.
+    let maxBufferedBytes: Int
+    fileprivate var write: (([UInt8]) -> Bool)?
+    fileprivate var end: (() -> Void)?
+    /// Runs once when the connection closes (the client left, was too slow, or `finish`).
+    var onClose: () -> Void = {}
+
+    init(contentType: String, maxBufferedBytes: Int) {
+        self.contentType = contentType
+        self.maxBufferedBytes = maxBufferedBytes
+    }
+
+    /// Queues `bytes`; false when the connection is gone or was closed for falling behind.
+    @discardableResult func send(_ bytes: [UInt8]) -> Bool { write?(bytes) ?? false }
+
+    /// Ends the body (the connection then closes).
+    func finish() { end?() }
+
+    fileprivate func closed() {
+        write = nil
+        end = nil
+        let c = onClose
+        onClose = {}
+        c()
+    }
 }
 
 /// A response the application gives after `handle` returned (`Disposition.later`). Loop thread
@@ -29,6 +64,8 @@ package final class DeferredAnswer {
     /// An answer given before the connection took the request (kept until `take`).
     private var early: HTTPResponse?
     private(set) var answered = false
+    /// Sees the response as it is given (the backend's request counters).
+    var observer: ((HTTPResponse) -> Void)?
 
     package init() {}
 
@@ -36,6 +73,7 @@ package final class DeferredAnswer {
     func answer(_ response: HTTPResponse) {
         guard !answered else { return }
         answered = true
+        observer?(response)
         if let d = deliver {
             deliver = nil
             d(response)
@@ -131,6 +169,8 @@ final class HTTPConnection: UVHandleOwner {
     private var held: (response: HTTPResponse, framing: Framing)?
     /// A request answered later (`Disposition.later`), and how to frame its response.
     private var awaiting: (answer: DeferredAnswer, framing: Framing)?
+    /// The streamed response being written (`Disposition.stream`).
+    private var streaming: ResponseStream?
     private var delayTimer: Timer?
     /// Armed for the deadline in force (`armDeadline`), or for the linger period.
     private var deadlineTimer: Timer?
@@ -404,6 +444,8 @@ final class HTTPConnection: UVHandleOwner {
                     } else {
                         awaiting = (answer, framing)
                     }
+                case .stream(let s):
+                    startStream(s)
                 }
             }
             if writer.queuedBytes > Limits.maxPendingOutput { flush() }
@@ -413,6 +455,37 @@ final class HTTPConnection: UVHandleOwner {
             queue.removeAll(keepingCapacity: true)
             queueHead = 0
         }
+    }
+
+    /// Writes the head of a streamed response; its body follows through `s`.
+    private func startStream(_ s: ResponseStream) {
+        pending.append(
+            "HTTP/1.1 200 OK\r\nContent-Type: \(s.contentType)\r\nCache-Control: no-cache\r\n"
+                + "X-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n")
+        account()
+        discardQueue()
+        streaming = s
+        s.write = { [weak self] bytes in self?.streamWrite(bytes) ?? false }
+        s.end = { [weak self] in self?.streamEnd() }
+    }
+
+    private func streamWrite(_ bytes: [UInt8]) -> Bool {
+        guard let s = streaming, state != .closed else { return false }
+        if writer.queuedBytes + bytes.count > s.maxBufferedBytes {
+            close()
+            return false
+        }
+        bytes.withUnsafeBytes { pending.append($0) }
+        flush()
+        return state != .closed
+    }
+
+    private func streamEnd() {
+        guard streaming != nil, state != .closed else { return }
+        let s = streaming
+        streaming = nil
+        s?.closed()
+        pump()
     }
 
     /// Blocks above the high-water mark, unblocks at the low-water mark.
@@ -507,6 +580,10 @@ final class HTTPConnection: UVHandleOwner {
     /// In `ending`, once everything is answered and written: close if the client already shut
     /// down, else shut down our side and linger.
     private func maybeFinish() {
+        if streaming != nil {
+            if peerDone { close() }
+            return
+        }
         guard state == .ending, queueHead == queue.count, held == nil, awaiting == nil, writer.queuedBytes == 0 else {
             return
         }
@@ -527,7 +604,7 @@ final class HTTPConnection: UVHandleOwner {
 
     /// The deadline in force while open or ending (`lingering` has its own, set once).
     private var currentDeadline: (at: UInt64, expiry: ConnectionDeadlines.Expiry)? {
-        deadlines.next(reading: state == .open && reading, held: held != nil || awaiting != nil)
+        deadlines.next(reading: state == .open && reading, held: held != nil || awaiting != nil || streaming != nil)
     }
 
     /// Arms the timer for the deadline in force, or stops it when none is.
@@ -576,6 +653,9 @@ final class HTTPConnection: UVHandleOwner {
         reading = false
         awaiting?.answer.cancel()
         awaiting = nil
+        let s = streaming
+        streaming = nil
+        s?.closed()
         delayTimer?.close()
         deadlineTimer?.close()
         delayTimer = nil

@@ -88,6 +88,8 @@ package final class JetStreamPublisher: UVHandleOwner {
         case ready
     }
     private var setup = Setup.idle
+    /// API requests besides stream setup (message deletes), by token: the callback and deadline.
+    private var apiCalls: [UInt64: (done: (Bool) -> Void, deadline: UInt64)] = [:]
     private var apiToken: UInt64 = 1 << 62
     private var connected = false
     private var stopped = false
@@ -284,6 +286,14 @@ package final class JetStreamPublisher: UVHandleOwner {
     }
 
     private func reply(token: UInt64, _ r: JetStreamWire.Reply) {
+        if token >= 1 << 62, let call = apiCalls.removeValue(forKey: token) {
+            switch r {
+            case .success: call.done(true)
+            case .error(_, let errCode, _): call.done(errCode == JetStreamWire.ErrorCode.noMessageFound)
+            case .ack, .streamInfo, .invalid: call.done(false)
+            }
+            return
+        }
         if token >= 1 << 62 {
             setupReply(token: token, r)
             return
@@ -307,7 +317,7 @@ package final class JetStreamPublisher: UVHandleOwner {
                     errCode == JetStreamWire.ErrorCode.messageTooLarge
                         ? .tooLarge("JetStream refused the batch: \(d)") : .failed("JetStream refused the batch: \(d) (\(errCode))"))
             }
-        case .streamInfo, .invalid:
+        case .streamInfo, .invalid, .success:
             counters.failed += 1
             if !late { done(.failed("unexpected JetStream reply")) }
         }
@@ -363,7 +373,7 @@ package final class JetStreamPublisher: UVHandleOwner {
             case .error(_, let errCode, let d):
                 setup = .idle
                 retryLater("stream create refused: \(d) (\(errCode))")
-            case .ack, .invalid:
+            case .ack, .invalid, .success:
                 setup = .idle
                 retryLater("unexpected reply to stream create")
             }
@@ -397,7 +407,7 @@ package final class JetStreamPublisher: UVHandleOwner {
     }
 
     private func armTimer() {
-        let wake = [pending.nextWake, setupDeadline].compactMap { $0 }.min()
+        let wake = ([pending.nextWake, setupDeadline] + apiCalls.values.map { Optional($0.deadline) }).compactMap { $0 }.min()
         guard let wake else {
             timer?.stop()
             return
@@ -416,7 +426,29 @@ package final class JetStreamPublisher: UVHandleOwner {
             setup = .idle
             retryLater("no reply from JetStream within \(Limits.natsAPITimeoutMs) ms")
         }
+        for (token, call) in apiCalls where call.deadline <= now {
+            apiCalls[token] = nil
+            call.done(false)
+        }
         armTimer()
+    }
+
+    /// Deletes message `seq` from the stream, overwriting it (`$JS.API.STREAM.MSG.DELETE.<name>`,
+    /// an erasure's stream part). `done(true)` once it is gone (deleted now, or not there);
+    /// `done(false)` on an error or no answer within `Limits.natsAPITimeoutMs`. Answers false,
+    /// without calling `done`, when not connected.
+    func deleteMessage(seq: Int64, done: @escaping (Bool) -> Void) -> Bool {
+        refreshStatus()
+        guard connected, !stopped, let nc else { return false }
+        let token = nextAPIToken()
+        let body = Array(JSON.object(["seq": .int(seq), "no_erase": .bool(false)]).serialized.utf8)
+        let s = send(
+            nc, subject: "$JS.API.STREAM.MSG.DELETE." + settings.stream.name, reply: "\(inboxPrefix).api.\(token)", body: body,
+            headers: [])
+        guard s == NATS_OK else { return false }
+        apiCalls[token] = (done, loop.nowMs + Limits.natsAPITimeoutMs)
+        armTimer()
+        return true
     }
 
     /// Closes the connection and the handles (at shutdown, on the loop thread).

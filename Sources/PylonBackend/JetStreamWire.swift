@@ -95,6 +95,8 @@ package enum JetStreamWire {
         static let streamNotFound: Int64 = 10059
         /// A message larger than the stream's `max_msg_size`.
         static let messageTooLarge: Int64 = 10054
+        /// A message delete named a sequence the stream does not hold.
+        static let noMessageFound: Int64 = 10037
     }
 
     /// A publish acknowledgement (`{"stream":…,"seq":…,"duplicate":true?}`) or an API reply.
@@ -105,6 +107,8 @@ package enum JetStreamWire {
         /// configured replicas and subjects.
         case streamInfo(replicas: Int64, subjects: [String])
         case error(code: Int64, errCode: Int64, description: String)
+        /// An API success answered `{"success": true}` (a message delete).
+        case success
         /// Not JSON, or none of the above.
         case invalid(String)
     }
@@ -126,6 +130,7 @@ package enum JetStreamWire {
             let subjects = config["subjects"]?.arrayValue?.compactMap(\.stringValue) ?? []
             return .streamInfo(replicas: config["num_replicas"]?.intValue ?? 1, subjects: subjects)
         }
+        if json["success"]?.boolValue == true { return .success }
         if let stream = json["stream"]?.stringValue, let seq = json["seq"]?.intValue {
             return .ack(stream: stream, seq: seq, duplicate: json["duplicate"]?.boolValue ?? false)
         }

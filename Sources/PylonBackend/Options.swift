@@ -44,11 +44,15 @@ package struct Options {
     package var nats: NATSSettings?
     /// `--nats-password-file`: read by `main` into `nats.password`.
     package var natsPasswordFile: String?
+    /// `--max-sse-clients`: live tails (`GET /v1/admin/events/tail`) open at once.
+    package var maxSSEClients = TailLimits.defaultMaxClients
+    /// `--erase-user APPKEY:EUID`: erase that user (`Backend+Erasure.swift`), print the result, exit.
+    package var eraseUser: String?
 
     package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH | --db postgresql://...] [--db-timeout-ms MS]
                              [--max-body BYTES] [--max-connections N]
-                             [--max-output-bytes N]
+                             [--max-output-bytes N] [--max-sse-clients N] [--erase-user APPKEY:EUID]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT[,HOST:PORT...]] [--mqtt-username USER]
                              [--mqtt-password-file PATH] [--mqtt-dynsec | --mqtt-nats-auth PATH]
@@ -81,6 +85,13 @@ package struct Options {
                                   first byte (default 20000)
           --body-timeout-ms MS    408 when a request body is not complete this long after its
                                   head (default 60000)
+          --max-sse-clients N live tails (GET /v1/admin/events/tail) open at once; beyond it
+                              503 server_busy (default 32)
+          --erase-user APPKEY:EUID
+                              erase that user (events, profile, identities, contacts, push
+                              bindings; docs/SECURITY.md "Erasure"), print the request's record
+                              as JSON and exit: 0 done, 3 pending (stream deletes wait for a
+                              backend running with --nats), 1 failed, 2 invalid
           --log-level LEVEL   debug, info, warn or error (default info)
           --mqtt HOST:PORT[,HOST:PORT...]
                               MQTT broker for the push API (QoS 1); several addresses are the
@@ -240,6 +251,8 @@ package struct Options {
             case "--nats-max-bytes": o.natsSettings.stream.maxBytes = Int64(try positive(try value(), a))
             case "--nats-ack-timeout-ms": o.natsSettings.ackTimeoutMs = UInt64(try positive(try value(), a))
             case "--nats-max-pending": o.natsSettings.maxPending = try positive(try value(), a)
+            case "--max-sse-clients": o.maxSSEClients = try positive(try value(), a)
+            case "--erase-user": o.eraseUser = try value()
             case "-h", "--help":
                 throw UsageError(description: "")
             default:

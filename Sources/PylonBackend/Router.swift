@@ -25,6 +25,8 @@ enum Endpoint: Equatable {
     case pushInspect(String)
     /// Tag-manager containers (Backend+GTM.swift).
     case gtmPublished(id: String), gtmDraft(id: String), gtmPublish(id: String), gtmInspect(id: String)
+    /// The console's data routes (`Router+Data.swift`).
+    case data(DataRoute)
 }
 
 /// Maps a method and path to an `Endpoint`. A value type with no I/O.
@@ -56,6 +58,7 @@ enum Router {
             return pick(build(s))
         }
         func starts(_ fixed: String...) -> Bool { segs.starts(with: fixed) }
+        if let m = matchData(method: method, segs) { return m }
         switch segs.count {
         case 1 where starts("healthz"): return pick([("GET", .health)])
         case 3 where starts("v1", "devices", "register"): return pick([("POST", .deviceRegister)])

@@ -80,7 +80,7 @@ package final class Store {
         """
 
     /// Every table, in the order they are created (`schema` of each part).
-    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema] }
+    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema, dataSchema] }
 
     /// Permission bits of the database file and of its `-wal` and `-shm` files: the data is
     /// the clients', so only the backend's user may read it.
@@ -221,7 +221,7 @@ package final class Store {
     /// unique keys alone (`ON CONFLICT`), so the same batch posted to two instances at once is
     /// stored once: the second insert of the key waits for the first transaction and then
     /// stores nothing.
-    func ingest(_ batch: Batch, receivedAt: Int64) throws(StoreError) -> IngestResult {
+    func ingest(_ batch: Batch, receivedAt: Int64, installId: String = "") throws(StoreError) -> IngestResult {
         try transaction(.readCommitted) { () throws(StoreError) -> IngestResult in
             let stream = try streamID(batch.stream)
             guard
@@ -237,6 +237,11 @@ package final class Store {
                 return IngestResult(accepted: 0, duplicates: batch.records.count, duplicateBatch: true)
             }
             let accepted = try insertRecords(batch, stream: stream, batchID: batchID)
+            if accepted > 0 || EventIndex.appliesDuplicates(batch.stream) {
+                try indexEvents(
+                    Store.indexed(batch, keepData: false), stream: batch.stream, receivedAt: receivedAt, installId: installId,
+                    jsSeq: nil)
+            }
             let duplicates = batch.records.count - accepted
             try db.run("UPDATE batches SET accepted = ? WHERE id = ?", [.int(Int64(accepted)), .int(batchID)])
             if duplicates > 0 { try bump(batch.stream, "duplicateRecords", duplicates) }
@@ -292,7 +297,7 @@ package final class Store {
     }
 
     /// The id of stream `name`, created when new (a concurrent creation is waited for).
-    private func streamID(_ name: String) throws(StoreError) -> Int64 {
+    func streamID(_ name: String) throws(StoreError) -> Int64 {
         let select = "SELECT id FROM streams WHERE name = ?"
         if let id = try db.query(select, [.text(name)]).first?.first?.int { return id }
         try db.run("INSERT INTO streams (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [.text(name)])
@@ -371,6 +376,7 @@ package final class Store {
             try db.exec(Store.maReset)
             try db.exec(Store.pushReset)
             try db.exec("DELETE FROM gtm_versions; DELETE FROM gtm_containers;")
+            try db.exec(Store.dataReset)
         }
     }
 

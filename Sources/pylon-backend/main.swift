@@ -37,6 +37,13 @@ do {
     System.exit(1)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
+if let target = options.eraseUser {
+    // `--erase-user APPKEY:EUID`: erase, print the request's record, exit (0 when done).
+    let (code, text) = backend.eraseFromCommandLine(target)
+    print(text)
+    store.close()
+    System.exit(code)
+}
 func secret(_ path: String?, _ what: String) -> [UInt8]? {
     guard let path else { return nil }
     switch SecretFile.read(path) {
@@ -99,6 +106,7 @@ do {
 }
 
 server.outputBudget.limit = options.maxOutputBytes
+backend.startConsoleData(loop: loop, maxSSEClients: options.maxSSEClients)
 backend.outputBudget = server.outputBudget
 
 // The one line tests and scripts wait for, written unbuffered.
@@ -126,6 +134,7 @@ for sig in [SIGTERM, SIGINT] {
             server.close()
             backend.mqtt?.stop()
             backend.jetstream?.stop()
+            backend.stopConsoleData()
             for w in signals { w.close() }
         })
 }

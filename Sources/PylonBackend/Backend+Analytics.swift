@@ -1,0 +1,106 @@
+import PylonCore
+import PylonStore
+
+/// Analytics of one AppKey, computed by the database over the event index
+/// (`GET /v1/admin/analytics/{appKey}/{counts|top-events|uniques|funnel}`). Every query is a
+/// range of the `(app_key, time_ms)`, `(app_key, event, time_ms)` or `(app_key, euid, time_ms)`
+/// index over `[fromMs, toMs)`, which may span at most `AnalyticsLimits.maxSpanDays` (hourly
+/// buckets: `maxHourlySpanDays`); the default is the last 30 days.
+extension Backend {
+    func analytics(_ request: HTTPRequest, appKey: String, _ kind: DataRoute.AnalyticsKind) throws(APIError) -> HTTPResponse {
+        let q = request.query
+        let now = System.wallClockMs()
+        let to = try intParam(q, "toMs") ?? now
+        let from = try intParam(q, "fromMs") ?? to - 30 * 86_400_000
+        guard from < to else { throw .badRequest(.invalidRequest, "fromMs must be before toMs") }
+        let hourly = q["bucket"] == "hour"
+        if let b = nonEmpty(q["bucket"]), b != "hour", b != "day" { throw .badRequest(.invalidRequest, "bucket must be hour or day") }
+        let maxDays = kind == .counts && hourly ? AnalyticsLimits.maxHourlySpanDays : AnalyticsLimits.maxSpanDays
+        guard to - from <= maxDays * 86_400_000 else {
+            throw .badRequest(.invalidRequest, "the range may span at most \(maxDays) days")
+        }
+        let app = SQLBind.text(appKey)
+        switch kind {
+        case .counts:
+            let width: Int64 = hourly ? 3_600_000 : 86_400_000
+            let rows = try analyticsQuery(
+                "SELECT (time_ms / ?) * ?, count(*) FROM events WHERE app_key = ? AND time_ms >= ? AND time_ms < ? GROUP BY 1 ORDER BY 1",
+                [.int(width), .int(width), app, .int(from), .int(to)])
+            return items(rows.map { ["tMs": .int($0[0].int ?? 0), "events": .int($0[1].int ?? 0)] })
+        case .topEvents:
+            let limit = try pageLimit(q, max: AnalyticsLimits.maxTopEvents, default: 10)
+            let rows = try analyticsQuery(
+                """
+                SELECT event, count(*) FROM events WHERE app_key = ? AND time_ms >= ? AND time_ms < ?
+                GROUP BY event ORDER BY 2 DESC, 1 LIMIT ?
+                """, [app, .int(from), .int(to), .int(Int64(limit))])
+            return items(rows.map { ["event": .string($0[0].text ?? ""), "count": .int($0[1].int ?? 0)] })
+        case .uniques:
+            let rows = try analyticsQuery(
+                """
+                SELECT time_ms / 86400000, count(DISTINCT euid) FROM events
+                WHERE app_key = ? AND time_ms >= ? AND time_ms < ? AND euid <> '' GROUP BY 1 ORDER BY 1
+                """, [app, .int(from), .int(to)])
+            return items(rows.map { ["day": .string(AnalyticsLimits.day(($0[0].int ?? 0) * 86_400_000)), "users": .int($0[1].int ?? 0)] })
+        case .funnel:
+            guard let a = nonEmpty(q["a"]), let b = nonEmpty(q["b"]) else { throw .badRequest(.invalidRequest, "a and b are required") }
+            let days = try intParam(q, "days") ?? 7
+            guard (1...AnalyticsLimits.maxFunnelDays).contains(days) else {
+                throw .badRequest(.invalidRequest, "days must be 1...\(AnalyticsLimits.maxFunnelDays)")
+            }
+            // Each user's first `a` in the range, then whether a `b` follows within `days`.
+            let firsts = """
+                SELECT euid, min(time_ms) AS t FROM events
+                WHERE app_key = ? AND event = ? AND time_ms >= ? AND time_ms < ? AND euid <> '' GROUP BY euid
+                """
+            let rows = try analyticsQuery(
+                """
+                SELECT count(*), coalesce(sum(CASE WHEN EXISTS (SELECT 1 FROM events x WHERE x.app_key = ? AND x.euid = f.euid
+                    AND x.time_ms > f.t AND x.time_ms <= f.t + ? AND x.event = ?) THEN 1 ELSE 0 END), 0)
+                FROM (\(firsts)) f
+                """, [app, .int(days * 86_400_000), .text(b), app, .text(a), .int(from), .int(to)])
+            let n = rows.first?[0].int ?? 0
+            let m = rows.first?[1].int ?? 0
+            return HTTPResponse([
+                "a": .int(n), "ab": .int(m), "rate": n > 0 ? .double(Double(m) / Double(n)) : .null, "days": .int(days),
+            ])
+        }
+    }
+
+    private func analyticsQuery(_ sql: String, _ args: [SQLBind]) throws(APIError) -> [[SQLValue]] {
+        try storage { () throws(StoreError) in try store.consoleRows(sql, args) }
+    }
+
+    private func items(_ list: [JSON]) -> HTTPResponse { HTTPResponse(["items": .array(list)]) }
+}
+
+extension Store {
+    /// A read of the console's data API (statements written in this module, bounded by their
+    /// ranges and limits).
+    func consoleRows(_ sql: String, _ args: [SQLBind]) throws(StoreError) -> [[SQLValue]] { try db.query(sql, args) }
+}
+
+enum AnalyticsLimits {
+    /// The widest range of a query (daily buckets, top events, uniques, funnel).
+    static let maxSpanDays: Int64 = 400
+    /// The widest range of hourly counts.
+    static let maxHourlySpanDays: Int64 = 31
+    static let maxTopEvents = 100
+    static let maxFunnelDays: Int64 = 90
+
+    /// `YYYY-MM-DD` (UTC) of a time in milliseconds.
+    static func day(_ ms: Int64) -> String {
+        // Civil-from-days (Howard Hinnant's algorithm).
+        let z = (ms >= 0 ? ms / 86_400_000 : (ms - 86_399_999) / 86_400_000) + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        let y = yoe + era * 400 + (m <= 2 ? 1 : 0)
+        func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        return "\(y)-\(two(m))-\(two(d))"
+    }
+}

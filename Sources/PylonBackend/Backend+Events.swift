@@ -1,0 +1,137 @@
+import PylonCore
+
+/// The console's data services that need the loop: the live tail and the periodic jobs
+/// (erasures in bounded batches, retention, scheduled pushes). Created by `startConsoleData`.
+package final class ConsoleData {
+    let loop: Loop
+    let tail: EventTail
+    var jobTimer: Timer?
+    /// Stream message deletes sent and not yet answered (`--nats` erasures).
+    var streamDeletesInFlight = Set<Int64>()
+    /// Job rounds since the start (retention runs every `RetentionLimits.everyRounds`).
+    var rounds = 0
+
+    init(loop: Loop, store: Store, maxSSEClients: Int) {
+        self.loop = loop
+        tail = EventTail(loop: loop, store: store, maxClients: maxSSEClients)
+    }
+}
+
+extension Backend {
+    /// Starts the live tail and the periodic jobs on `loop` (`main`).
+    package func startConsoleData(loop: Loop, maxSSEClients: Int) {
+        let d = ConsoleData(loop: loop, store: store, maxSSEClients: maxSSEClients)
+        consoleData = d
+        d.jobTimer = Timer(loop: loop, unref: true) { [weak self] in self?.runJobs() }
+        d.jobTimer?.start(after: DataLimits.jobIntervalMs, repeat: DataLimits.jobIntervalMs)
+    }
+
+    /// Ends the live tails and stops the jobs (shutdown).
+    package func stopConsoleData() {
+        consoleData?.tail.stop()
+        consoleData?.jobTimer?.close()
+        consoleData?.jobTimer = nil
+    }
+
+    /// One round of the periodic jobs; each does a bounded amount of work.
+    func runJobs() {
+        for job in dataJobs { job(self) }
+    }
+
+    /// The console's data routes (`Router+Data.swift`), except the tail (`tail`).
+    func data(_ request: HTTPRequest, _ r: DataRoute, _ principal: Principal) throws(APIError) -> HTTPResponse {
+        switch r {
+        case .events: return try searchEvents(request)
+        case .eventsTail: throw .notFound(request.path)
+        default: return try moreData(request, r, principal)
+        }
+    }
+
+    /// `GET /v1/admin/events`: newest first, by cursor.
+    func searchEvents(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
+        let q = request.query
+        var e = Store.EventQuery()
+        e.limit = try pageLimit(q, max: EventIndex.maxPage, default: EventIndex.defaultPage)
+        e.appKey = try appKeyParam(q)
+        if let s = nonEmpty(q["stream"]) {
+            if let why = Router.invalidName(s, what: "stream") { throw .badRequest(.invalidRequest, why) }
+            e.stream = s
+            if e.appKey == nil, !EventIndex.appKey(ofStream: s).isEmpty { e.appKey = EventIndex.appKey(ofStream: s) }
+        }
+        e.event = nonEmpty(q["event"])
+        e.euid = nonEmpty(q["euid"])
+        e.fromMs = try intParam(q, "fromMs")
+        e.toMs = try intParam(q, "toMs")
+        let user = nonEmpty(q["user"])
+        if e.appKey == nil, e.stream == nil, e.event != nil || e.euid != nil || user != nil {
+            throw .badRequest(.invalidRequest, "filtering by event, euid or user needs appKey (or an ma.<appKey> stream)")
+        }
+        if let c = nonEmpty(q["cursor"]) {
+            guard let parsed = EventCursor.parse(c) else { throw .badRequest(.invalidRequest, "cursor is not one this API gave") }
+            e.before = parsed
+        }
+        let rows = try storage { () throws(StoreError) -> [Store.EventRow] in
+            if let user, let appKey = e.appKey {
+                guard let euid = try store.maHolder(appKey, .userID, user) else { return [] }
+                if let given = e.euid, given != euid { return [] }
+                e.euid = euid
+            }
+            return try store.searchEvents(e, maxBytes: EventIndex.maxPageBytes)
+        }
+        let full = rows.count == e.limit || rows.reduce(0, { $0 + $1.data.utf8.count }) >= EventIndex.maxPageBytes
+        return HTTPResponse([
+            "items": .array(rows.map(EventIndex.json)),
+            "nextCursor": full ? rows.last.map { .string(EventCursor.make($0.timeMs, $0.id)) } ?? .null : .null,
+        ])
+    }
+
+    // MARK: Parameters
+
+    func nonEmpty(_ s: String?) -> String? {
+        guard let s, !s.isEmpty else { return nil }
+        return s
+    }
+
+    /// `limit` in 1...max (default `def`).
+    func pageLimit(_ q: [String: String], max: Int = DataLimits.maxPage, default def: Int = DataLimits.defaultPage) throws(APIError)
+        -> Int
+    {
+        guard let l = nonEmpty(q["limit"]) else { return def }
+        guard let n = Int(l), (1...max).contains(n) else {
+            throw .badRequest(.invalidRequest, "limit must be an integer in 1...\(max)")
+        }
+        return n
+    }
+
+    func intParam(_ q: [String: String], _ name: String) throws(APIError) -> Int64? {
+        guard let v = nonEmpty(q[name]) else { return nil }
+        guard let n = Int64(v) else { throw .badRequest(.invalidRequest, "\(name) must be an integer (milliseconds since the epoch)") }
+        return n
+    }
+
+    func appKeyParam(_ q: [String: String]) throws(APIError) -> String? {
+        guard let a = nonEmpty(q["appKey"]) else { return nil }
+        if let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
+        return a
+    }
+}
+
+/// The event search's cursor: `<timeMs>.<id>` of the last event of the page (opaque to clients).
+enum EventCursor {
+    static func make(_ timeMs: Int64, _ id: Int64) -> String { "\(timeMs).\(id)" }
+
+    static func parse(_ s: String) -> (timeMs: Int64, id: Int64)? {
+        let parts = s.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 2, let t = Int64(parts[0]), let i = Int64(parts[1]) else { return nil }
+        return (t, i)
+    }
+}
+
+/// Limits of the console's data API.
+enum DataLimits {
+    /// Lists: `?limit=` default and largest.
+    static let defaultPage = 50
+    static let maxPage = 500
+    /// How often the periodic jobs run (erasure batches, retention, scheduled pushes).
+    static let jobIntervalMs: UInt64 = 200
+}

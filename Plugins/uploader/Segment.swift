@@ -591,29 +591,39 @@ final class SegmentLog {
             waited += 20
         }
         for n in try SegmentLog.list(dir) {
-            if let reason = openExisting(n) { try quarantine(n, reason: reason) }
+            if let reason = try openExisting(n) { try quarantine(n, reason: reason) }
         }
         quarantinedFiles = try SegmentLog.listQuarantined(dir)
         active = sizes.keys.max() ?? 0
     }
 
-    /// Opens existing segment `n` for reading and appending, never through a symlink, and
-    /// tightens its mode; returns why it cannot be used (nil: it can).
-    private func openExisting(_ n: UInt32) -> String? {
+    /// Checks that existing segment `n` opens for reading and appending, never through a
+    /// symlink, and tightens its mode; returns why it cannot be used (nil: it can). A shortage
+    /// of descriptors or memory throws: it says nothing about the file.
+    private func openExisting(_ n: UInt32) throws -> String? {
         let p = path(n)
         var st = stat()
         guard lstat(p, &st) == 0 else { return "lstat: " + String(cString: strerror(errno)) }
         guard st.st_mode & S_IFMT == S_IFREG else { return SegmentLog.kind(st.st_mode) }
         let f = open(p, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard f >= 0 else { return "open: " + String(cString: strerror(errno)) }
-        guard fstat(f, &st) == 0, st.st_mode & S_IFMT == S_IFREG else {
-            Glibc.close(f)
-            return SegmentLog.kind(st.st_mode)
+        guard f >= 0 else {
+            let e = errno
+            if SegmentLog.transientErrnos.contains(e) { throw IOError(errnoCode: e, reason: "open \(p)") }
+            return "open: " + String(cString: strerror(e))
         }
+        defer { Glibc.close(f) }
+        guard fstat(f, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { return SegmentLog.kind(st.st_mode) }
         if let t = StateFile.tighten(fd: f, path: p) { tightened.append(t) }
-        fds[n] = f
         sizes[n] = Int(st.st_size)
         return nil
+    }
+
+    /// Failures of the process, not of a file: never a reason to set a segment aside.
+    static let transientErrnos: Set<Int32> = [EMFILE, ENFILE, ENOMEM, EINTR, EAGAIN]
+
+    /// Whether `error` is one of `transientErrnos`.
+    static func isTransient(_ error: any Error) -> Bool {
+        (error as? IOError).map { transientErrnos.contains($0.errnoCode) } ?? false
     }
 
     /// What a file that is not a regular one is, for the quarantine's reason.
@@ -689,9 +699,15 @@ final class SegmentLog {
         return out.sorted()
     }
 
-    /// The whole file of segment `n` (at start-up, and for a compaction), through the
-    /// descriptor opened at start.
-    func read(_ n: UInt32) throws -> [UInt8] { try read(n, 0..<(sizes[n] ?? 0)) }
+    /// The whole file of segment `n` as its size was at open (at start-up, and for a
+    /// compaction), never through a symlink.
+    func read(_ n: UInt32) throws -> [UInt8] {
+        if fds[n] != nil { return try read(n, 0..<(sizes[n] ?? 0)) }
+        // Not kept open: the replay reads every segment once, most are never written again.
+        let f = try System.syscall("open \(path(n))") { open(path(n), O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        defer { Glibc.close(f) }
+        return try read(f, n, 0..<(sizes[n] ?? 0))
+    }
 
     private func fd(_ n: UInt32) throws -> Int32 {
         if let f = fds[n] { return f }
@@ -762,8 +778,9 @@ final class SegmentLog {
     }
 
     /// Bytes `range` of segment `n`.
-    func read(_ n: UInt32, _ range: Range<Int>) throws -> [UInt8] {
-        let f = try fd(n)
+    func read(_ n: UInt32, _ range: Range<Int>) throws -> [UInt8] { try read(try fd(n), n, range) }
+
+    private func read(_ f: Int32, _ n: UInt32, _ range: Range<Int>) throws -> [UInt8] {
         var out = [UInt8](repeating: 0, count: range.count)
         var off = 0
         while off < range.count {

@@ -267,7 +267,7 @@ final class UploaderStore {
             let bytes: [UInt8]
             do {
                 bytes = try log.read(n)
-            } catch {
+            } catch where !SegmentLog.isTransient(error) {
                 try log.quarantine(n, reason: "read: \(error)")
                 continue
             }

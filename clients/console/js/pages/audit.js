@@ -17,7 +17,7 @@ export function render({root, query, navigate}) {
     {label: 'Time', value: (r) => fmtTime(r.timeMs)},
     {label: 'Actor', value: (r) => r.actor},
     {label: 'Action', value: (r) => r.action},
-    {label: 'Target', value: (r) => r.target},
+    {label: 'Target', value: (r) => r.target, class: 'wrap'},
     {label: 'Detail', value: (r) => h('code', {class: 'props'}, typeof r.detail === 'object' ? JSON.stringify(r.detail) : String(r.detail ?? ''))},
   ], (cursor) => get('/v1/admin/audit', {actor: query.actor, action: query.action, cursor, limit: 50}), {empty: 'No entry.', class: 'audit'});
   list.id = 'audit-list';

@@ -6,12 +6,14 @@ import {funnel} from '../chart.js';
 const MAX_USERS = 1000;
 const DETAIL_REFRESH_MS = 2000;
 
+// {type, value} (history) or a send body {targetType, target} (scheduled) → "user: ann".
 function targetText(t) {
   if (!t || typeof t !== 'object') return t === undefined || t === null ? '—' : String(t);
-  const type = t.targetType || t.type || '';
+  const type = t.type || t.targetType || 'device';
+  const value = t.value !== undefined ? t.value : t.target;
   if (type === 'broadcast') return 'everyone';
   if (Array.isArray(t.targets)) return `${type}: ${t.targets.length} (${t.targets.slice(0, 3).join(', ')}${t.targets.length > 3 ? ', …' : ''})`;
-  return `${type}${t.target !== undefined ? `: ${t.target}` : ''}`;
+  return value !== undefined && value !== '' ? `${type}: ${value}` : type;
 }
 
 function funnelText(c) {
@@ -159,10 +161,12 @@ function scheduledPanel() {
     replace(wrap, pagedTable([
       {label: 'Id', value: (r) => r.id},
       {label: 'At', value: (r) => fmtTime(r.atMs)},
-      {label: 'Target', value: (r) => targetText(r.target || r)},
-      {label: 'Title', value: (r) => r.title},
-      {label: 'Status', value: (r) => r.status},
+      {label: 'Target', value: (r) => targetText(r.send || r)},
+      {label: 'Title', value: (r) => (r.send ? r.send.title : r.title)},
+      {label: 'By', value: (r) => r.actor},
+      {label: 'Status', value: (r) => (r.msgId ? `${r.status} (${r.msgId})` : r.error ? `${r.status}: ${r.error}` : r.status)},
       {label: '', value: (r) => {
+        if (r.status !== 'pending') return null;
         const b = button('Cancel', null, {admin: true, class: 'danger small', dataset: {cancel: r.id}});
         b.addEventListener('click', () => busy(b, st, async () => {
           await del(`/v1/admin/push/scheduled/${seg(r.id)}`);
@@ -212,6 +216,8 @@ function detailPanel(id) {
           {label: 'Install id', value: (r) => link(route('devices', r.installId), r.installId)},
           {label: 'State', value: (r) => h('span', {class: ['badge', `state-${r.state}`]}, r.state)},
           {label: 'Reason', value: (r) => r.reason},
+          {label: 'Delivered', value: (r) => fmtTime(r.deliveredMs)},
+          {label: 'Opened', value: (r) => fmtTime(r.openedMs)},
         ], m.devices || m.rows || [], {empty: 'No device row.'}));
     } catch (e) {
       replace(body, errorBox(e));

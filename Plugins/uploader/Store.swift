@@ -267,7 +267,8 @@ final class UploaderStore {
             let bytes: [UInt8]
             do {
                 bytes = try log.read(n)
-            } catch where !SegmentLog.isTransient(error) {
+            } catch {
+                if SegmentLog.isTransient(error) { throw error }
                 try log.quarantine(n, reason: "read: \(error)")
                 continue
             }

@@ -37,8 +37,20 @@ final class ContainerInstance {
     /// The draft this container shows (never saved).
     var preview: PreviewState?
     var defaultFile: String?
+    /// An open of this instance has been answered (`replyOpen`). Until then the container is
+    /// *opening*: a `getValue` of its owner waits in `valueWaiters` for that answer instead of
+    /// evaluating the placeholder (a pipelined getValue behind its own open answered `""`).
+    var answered = false
+    /// `gtm.getValue` calls waiting for the first open's answer, in arrival order (at most
+    /// `GTMLimits.maxValuesWaitingForOpen`); each waits at most as long as that open (its
+    /// `timeoutMs`, or a load that releases it sooner).
+    var valueWaiters: [Call] = []
 
     var isDefault: Bool { lastRefreshMs == 0 }
+    /// Whether the container in use has content: a default file, a saved copy or the network's.
+    /// An instance whose open was answered without any (no default file, the loads failed or
+    /// are still running) is not open for values: `getValue` says `open: false, reason: "not_loaded"`.
+    var hasContainer: Bool { !isDefault || defaultFile != nil }
 
     init(id: String, owner: Owner, container: Container, openedAfterPush: UInt64, limiter: RefreshRateLimiter) {
         self.id = id

@@ -61,6 +61,9 @@ struct GTMLimits {
     var maxBusyMsPerTurn: Int64 = 50
     /// Evaluations waiting for a later turn at once: one more is refused (-32004).
     var maxDeferredEvaluations = 10_000
+    /// `getValue` calls waiting, per container, for the answer to its first `openContainer`:
+    /// one more is answered at once with the type default and `open: false, reason: "opening"`.
+    var maxValuesWaitingForOpen = 256
     /// Device facts not known to the system (`appName`, `resolution`, `deviceType`, ...).
     var environment = JSONObject()
     /// Initial log level.
@@ -114,6 +117,7 @@ struct GTMLimits {
         if let v = r.int("maxValueBytes", counts) { engine.maxValueBytes = Int(v) }
         if let v = r.int("maxBusyMsPerTurn", ms) { maxBusyMsPerTurn = v }
         if let v = r.int("maxDeferredEvaluations", counts) { maxDeferredEvaluations = Int(v) }
+        if let v = r.int("maxValuesWaitingForOpen", counts) { maxValuesWaitingForOpen = Int(v) }
         if let v = r.int("maxMacroDepth", counts) { engine.maxDepth = Int(v) }
         if let v = r.int("regexMatchLimit", 1...Int64(UInt32.max)) { engine.regexMatchLimit = UInt32(v) }
         if let o = r.object("environment") { environment = o }

@@ -35,6 +35,14 @@ extension GTMService {
         }
     }
 
+    /// Answers the getValue calls that waited for `inst`'s first open (or its close), in the order
+    /// they came.
+    func releaseValueWaiters(_ inst: ContainerInstance) {
+        let waiting = inst.valueWaiters
+        inst.valueWaiters.removeAll()
+        for call in waiting { getValueNow(call) }
+    }
+
     private func getValueNow(_ call: Call) {
         guard let who = caller(call) else { return }
         let owner = who.owner
@@ -57,6 +65,22 @@ extension GTMService {
             // The type default, as before (the spec's `{value}`), marked `open: false` with the
             // reason: after a tag-manager restart the client learns it must open it again.
             call.reply(["value": type.defaultValue, "open": false, "reason": "not_open"])
+            return
+        }
+        // Opening (the first open not answered yet): wait for that answer, so a getValue
+        // pipelined behind its own open reads the container the open settles on.
+        if !inst.answered {
+            guard inst.valueWaiters.count < limits.maxValuesWaitingForOpen else {
+                call.reply(["value": type.defaultValue, "open": false, "reason": "opening"])
+                return
+            }
+            inst.valueWaiters.append(call)
+            return
+        }
+        // Answered without any container (no default, the loads failed or still run): not an
+        // answer from a container, and it says so.
+        guard inst.hasContainer else {
+            call.reply(["value": type.defaultValue, "open": false, "reason": "not_loaded"])
             return
         }
         // Only the fact members are converted (not the whole params).
@@ -436,8 +460,13 @@ extension GTMService {
             "kind": pixel ? "pixel" : "analytics", "event": .string(event),
             "tag": .object(props), "ts": .int(now()),
         ]
-        // A pixel goes to the uploader's GET stream, which requests its `url`.
-        if pixel { fields["url"] = .string(TagConversion.toString(props["url"])) }
+        // A pixel goes to the uploader's GET stream, which requests its `url`; `owner` names the
+        // uid it was made for: the uploader's pixel lanes are per owner and destination, so one
+        // uid's failing pixel host holds only that uid's pixels there.
+        if pixel {
+            fields["url"] = .string(TagConversion.toString(props["url"]))
+            fields["owner"] = .string(owner.key)
+        }
         let data = JSON.object(fields)
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
         sendHit(tenant, inst.id, rec, stream: pixel ? GTMService.pixelStream : GTMService.hitStream, attempt: 1)

@@ -187,6 +187,10 @@ final class GTMService {
 
     private func replyOpen(_ call: Call, _ inst: ContainerInstance) {
         call.reply(openResult(inst))
+        if !inst.answered {
+            inst.answered = true
+            releaseValueWaiters(inst)
+        }
         var p: JSONObject = [
             "containerId": .string(inst.id), "isDefault": .bool(inst.isDefault), "source": .string(inst.source.rawValue),
         ]
@@ -394,6 +398,8 @@ final class GTMService {
         }
         for w in inst.waiters { w.timer?.close(); w.call.reply(openResult(inst)) }
         inst.waiters.removeAll()
+        // Values waiting for the open: the container is closed now (`not_open`).
+        releaseValueWaiters(inst)
         inst.refreshTimer?.close()
         inst.refreshTimer = nil
         call.reply(["closed": true])

@@ -1,6 +1,10 @@
 import CSQLite
 import PylonCore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A SQLite error: result code and message.
 public struct SQLiteError: Error, CustomStringConvertible, Sendable {
     public let code: Int32
@@ -25,14 +29,18 @@ public final class Database {
     /// at `path` is refused: `SQLITE_OPEN_NOFOLLOW`), and an existing one, its `-wal`, `-shm` and
     /// `-journal` left by an earlier run are tightened to 0600 (each logged on `log`). SQLite
     /// creates the `-wal`, `-shm` and `-journal` files it makes later with the database file's
-    /// mode, so they are 0600 too. `:memory:`, `""` and `file:` URIs are opened as they are.
+    /// mode, so they are 0600 too. `:memory:`, `""` and `file:` URIs are opened as they are; an
+    /// existing file this user may not write is left to SQLite (read-only, or its error).
     public init(path: String, log: Log = Log("store")) throws(SQLiteError) {
         var fixed: [StateFile.Tightened] = []
         if !(path.isEmpty || path == ":memory:" || path.hasPrefix("file:")) {
             do throws(IOError) {
                 if let t = try StateFile.create(path) { fixed.append(t) }
             } catch {
-                throw SQLiteError(code: SQLITE_CANTOPEN, message: error.description)
+                // A file this user may read but not write: SQLite opens it read-only, as before.
+                if error.errnoCode != EACCES && error.errnoCode != EROFS {
+                    throw SQLiteError(code: SQLITE_CANTOPEN, message: error.description)
+                }
             }
             for suffix in ["-wal", "-shm", "-journal"] { if let t = StateFile.tighten(path + suffix) { fixed.append(t) } }
             for t in fixed { t.report(to: log) }

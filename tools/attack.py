@@ -14,6 +14,12 @@ Starts what `make run` starts in a temporary directory on loopback (mosquitto wi
 security, pylon-backend with an operator token, enrolment secret and the fault API, pylond with
 uploader, ma, push and gtm, socketMode 0666), runs each probe for a bounded time, stops
 everything. Exit status 1 if a plugin was restarted, a ping failed or a probe failed.
+
+The batch amplification probe (issue 32 item 2): one batch of 128 `bus.describe` openrpc, its
+bytes in and out; then 64 connections of the attacker uid write two such batches each and never
+read while root pings (PASS: no ping failed, ping p99 < 50 ms, host RSS < 100 MB, and the per-uid
+bound disconnected some of them: `slow_readers_closed`). tools/batch-attack-bench.py runs the
+same attack alone against a bare pylond.
 """
 import argparse, json, os, shutil, socket, subprocess, sys, tempfile, threading, time
 
@@ -407,6 +413,38 @@ def probe_queue_flood(st, seconds, conns=64):
                 f"connected {r.get('subscribers_open_at_end')}; counters {interesting}")
 
 
+def probe_batch_flood(st, seconds, conns=64):
+    member = '{"jsonrpc":"2.0","id":%d,"method":"bus.describe","params":{"format":"openrpc"}}'
+    batch = ("[" + ",".join(member % i for i in range(128)) + "]\n").encode()
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(st.sock)
+    s.sendall(batch)
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    items = json.loads(buf)
+    results = sum(1 for m in items if "result" in m)
+    too_large = sum(1 for m in items if (m.get("error") or {}).get("code") == -32006)
+    closed_before = call(st.sock, "bus.status")["result"]["counters"]["slow_readers_closed"]
+    base = rss_kib(st.host.pid)
+    m = Monitor(st.sock, st.host.pid).start()
+    r = as_uid(ATTACKER, st.sock, "attacker_batch_flood", {"conns": conns, "lines": 2, "members": 128, "seconds": seconds})
+    mon = m.finish()
+    closed = call(st.sock, "bus.status")["result"]["counters"]["slow_readers_closed"] - closed_before
+    ok = mon["ping_failures"] == 0 and mon["ping_p99_ms"] < 50 and mon["rss_peak_mb"] < 100 and closed > 0
+    return ok, (f"one batch of 128 bus.describe openrpc: {len(batch)} B in, {len(buf)} B out "
+                f"(x{len(buf) / len(batch):.0f}; {results} documents, {too_large} -32006 over maxLineBytes); uid "
+                f"{ATTACKER}: {r.get('conns')} connections x 2 such batches, never reading, {seconds:g} s: host RSS "
+                f"{base / 1024:.1f} -> peak {mon['rss_peak_mb']} MB; root's ping p50/p99/max {mon['ping_p50_ms']}/"
+                f"{mon['ping_p99_ms']}/{mon['ping_max_ms']} ms, failures {mon['ping_failures']}; slow_readers_closed "
+                f"+{closed}")
+
+
 def probe_connect_flood_uid(st, seconds):
     flood = as_uid(ATTACKER, st.sock, "attacker_connect_flood", {"threads": 4, "seconds": seconds}, wait=False)
     time.sleep(0.3)
@@ -467,6 +505,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=".build/release")
     ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--only", help="run only the floods and probes whose name holds this text")
     a = ap.parse_args()
     bin_dir = os.path.abspath(a.bin)
     st = Stack(bin_dir)
@@ -483,6 +522,8 @@ def main():
         for name, attack in [("8: 8 clients x 256 x 1 MB enqueue, not reading", lambda: flood_enqueue(sock, a.seconds)),
                              ("9: 4 clients x 5,041 bus.status in one write, not reading", lambda: flood_status(sock, a.seconds)),
                              ("10: connect/close flood, 4 threads", lambda: flood_connect(sock, a.seconds))]:
+            if a.only and a.only not in name:
+                continue
             m = Monitor(sock, host.pid).start()
             extra = attack() or {}
             r = m.finish()
@@ -501,9 +542,12 @@ def main():
             ("push identity rebind by a non-owner", lambda: probe_push_bind(st)),
             ("per-uid queue flood, 64 connections", lambda: probe_queue_flood(st, a.seconds, 64)),
             ("per-uid queue flood, 160 connections", lambda: probe_queue_flood(st, a.seconds, 160)),
+            ("batch amplification, 64 connections", lambda: probe_batch_flood(st, a.seconds)),
             ("connect flood as another uid", lambda: probe_connect_flood_uid(st, a.seconds)),
             ("dead-letter disk growth", lambda: probe_dead_letters(st, a.seconds)),
         ]:
+            if a.only and a.only not in name:
+                continue
             try:
                 good, detail = probe()
             except Exception as e:  # a probe that breaks is a failed probe, not a crashed report

@@ -154,6 +154,32 @@ def attacker_queue_flood(path, a):
     print(json.dumps({"published": sent, "subscribers_open_at_end": open_subs}))
 
 
+def attacker_batch_flood(path, a):
+    """`conns` connections each write `lines` batches of `members` bus.describe openrpc and never
+    read; closed after `seconds`."""
+    member = '{"jsonrpc":"2.0","id":%d,"method":"bus.describe","params":{"format":"openrpc"}}'
+    batch = ("[" + ",".join(member % i for i in range(a["members"])) + "]\n").encode()
+    socks = []
+    for _ in range(a["conns"]):
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            s.setblocking(False)
+            socks.append(s)
+        except OSError:
+            pass
+    for s in socks:
+        for _ in range(a["lines"]):
+            try:
+                s.send(batch)
+            except OSError:
+                pass
+    time.sleep(a["seconds"])
+    for s in socks:
+        s.close()
+    print(json.dumps({"conns": len(socks)}))
+
+
 def attacker_connect_flood(path, a):
     stop = time.time() + a["seconds"]
     counts = [0] * a["threads"]

@@ -12,6 +12,7 @@ and the counters that say which bound acted (`slow_readers_closed`, `batches`).
 Usage (as root):
   tools/batch-attack-bench.py [--bin .build/debug] [--conns 64] [--lines 2] [--members 128]
                               [--seconds 10] [--limits '{"maxQueuedBytesPerUid": 33554432}']
+  tools/batch-attack-bench.py --read --conns 4 --seconds 8   # clients that do read their replies
 Starts pylond from --bin with the four plugins of `make run` (their backend and broker are
 absent: they run and keep retrying, which is all bus.describe needs), socketMode 0666, in a
 temporary directory; stops it at the end. A benchmark, not a test: it prints, it does not judge
@@ -23,10 +24,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTACKER_UID = 65534
 
 ATTACKER = r"""
-import socket, sys, time
+import socket, sys, threading, time
 path, conns, lines, members, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 batch = ("[" + ",".join('{"jsonrpc":"2.0","id":%d,"method":"bus.describe","params":{"format":"openrpc"}}' % i
                         for i in range(members)) + "]\n").encode()
+if sys.argv[6] == "read":
+    # Clients that read: each sends a batch, reads its reply, and again, until the time is up.
+    done = [0]
+    def one():
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        f = s.makefile("rb")
+        stop = time.time() + seconds
+        while time.time() < stop:
+            s.sendall(batch)
+            f.readline()
+            done[0] += 1
+        s.close()
+    ts = [threading.Thread(target=one) for _ in range(conns)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    print("read %d batch replies" % done[0], flush=True)
+    sys.exit(0)
 socks, sent = [], 0
 for _ in range(conns):
     try:
@@ -131,6 +150,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--gap-ms", type=float, default=10)
     ap.add_argument("--limits", default="{}", help="JSON object merged into the config's limits")
+    ap.add_argument("--read", action="store_true",
+                    help="the attacker reads its replies: each connection sends a batch, reads the reply, again")
     a = ap.parse_args()
     bin_dir = os.path.abspath(a.bin)
     work = tempfile.mkdtemp(prefix="pylon-batch-bench-")
@@ -199,7 +220,7 @@ def main():
         t_attack = time.perf_counter()
         attacker = subprocess.Popen(
             ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups", "/usr/bin/python3", "-c",
-             ATTACKER, sock, str(a.conns), str(a.lines), str(a.members), str(a.seconds)],
+             ATTACKER, sock, str(a.conns), str(a.lines), str(a.members), str(a.seconds), "read" if a.read else "flood"],
             stdout=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
         attacker_out, _ = attacker.communicate(timeout=a.seconds + 120)
         t_gone = time.perf_counter()
@@ -227,8 +248,12 @@ def main():
     print(f"pylond {bin_dir}/pylond; limits {a.limits}")
     print(f"one batch of {a.members} bus.describe openrpc: {len(batch)} bytes in, {len(reply) + 1} bytes out "
           f"(x{(len(reply) + 1) / len(batch):.0f}); {results} results, errors by code {errors}")
-    print(f"attack: uid {ATTACKER_UID}, {a.conns} connections x {a.lines} such lines, never reading, held "
-          f"{a.seconds:g} s ({attacker_out.strip()})")
+    if a.read:
+        print(f"attack: uid {ATTACKER_UID}, {a.conns} connections sending such batches and reading the replies, "
+              f"{a.seconds:g} s ({attacker_out.strip()})")
+    else:
+        print(f"attack: uid {ATTACKER_UID}, {a.conns} connections x {a.lines} such lines, never reading, held "
+              f"{a.seconds:g} s ({attacker_out.strip()})")
     for name, lat in (("before", quiet), ("during", during), ("after (3 s)", after)):
         print(f"victim (root) bus.ping {name}: n={len(lat)} p50={pct(lat, 0.5):.2f} ms p99={pct(lat, 0.99):.2f} ms "
               f"max={max(lat or [0]):.2f} ms")

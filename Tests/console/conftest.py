@@ -333,6 +333,7 @@ class Console:
         if not SCREENSHOTS:
             return
         os.makedirs(SCREENSHOTS, exist_ok=True)
+        self.d.execute_script("window.scrollTo(0, 0)")
         self.d.save_screenshot(os.path.join(SCREENSHOTS, f"{name}.png"))
 
 

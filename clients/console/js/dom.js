@@ -66,6 +66,13 @@ export function svg(tag, attrs, ...children) {
   return node;
 }
 
+// Appends children as h() does (null, undefined and false are skipped; Node.append would
+// write them as text).
+export function add(node, ...children) {
+  append(node, children);
+  return node;
+}
+
 export function clear(node) {
   while (node.firstChild) node.removeChild(node.firstChild);
   return node;

@@ -1,4 +1,4 @@
-import {h, fmtNum, fmtRate, replace} from '../dom.js';
+import {h, add, fmtNum, fmtRate, replace} from '../dom.js';
 import {get, seg} from '../api.js';
 import {page, panel, errorBox, table, field, input, select, status, busy} from '../ui.js';
 import {barChart} from '../chart.js';
@@ -10,6 +10,17 @@ function bucketLabel(tMs, bucket) {
   const d = new Date(Number(tMs));
   const p = (n) => String(n).padStart(2, '0');
   return bucket === 'hour' ? `${p(d.getDate())} ${p(d.getHours())}h` : `${p(d.getMonth() + 1)}-${p(d.getDate())}`;
+}
+
+// The API answers only buckets that have events: the chart shows every bucket of the range.
+function fillBuckets(items, fromMs, toMs, bucket) {
+  const size = bucket === 'hour' ? 3600000 : DAY;
+  const byKey = new Map(items.map((p) => [Math.floor(Number(p.tMs) / size), Number(p.events) || 0]));
+  const out = [];
+  for (let k = Math.floor(fromMs / size); k <= Math.floor(toMs / size); k++) {
+    out.push({label: bucketLabel(k * size, bucket), value: byKey.get(k) || 0});
+  }
+  return out;
 }
 
 export async function render({root, query, navigate}) {
@@ -43,7 +54,7 @@ export async function render({root, query, navigate}) {
   const countsP = panel(`Events per ${bucket}`);
   const topP = panel('Top events');
   const uniqP = panel('Unique users per day');
-  out.append(countsP, h('div', {class: 'two'}, topP, uniqP), funnelPanel(base, fromMs, toMs));
+  add(out, countsP, h('div', {class: 'two'}, topP, uniqP), funnelPanel(base, fromMs, toMs));
   const load = async (p, fn) => {
     try {
       p.appendChild(await fn());
@@ -54,7 +65,7 @@ export async function render({root, query, navigate}) {
   await Promise.all([
     load(countsP, async () => {
       const r = await get(`${base}/counts`, {fromMs, toMs, bucket});
-      return barChart((r.items || []).map((p) => ({label: bucketLabel(p.tMs, bucket), value: p.events})), {label: 'event counts'});
+      return barChart(fillBuckets(r.items || [], fromMs, toMs, bucket), {label: 'event counts'});
     }),
     load(topP, async () => {
       const r = await get(`${base}/top-events`, {fromMs, toMs, limit: 20});
@@ -65,7 +76,10 @@ export async function render({root, query, navigate}) {
     }),
     load(uniqP, async () => {
       const r = await get(`${base}/uniques`, {fromMs, toMs});
-      return barChart((r.items || []).map((p) => ({label: String(p.day).slice(5), title: p.day, value: p.users})), {label: 'unique users per day'});
+      const byDay = new Map((r.items || []).map((p) => [String(p.day), Number(p.users) || 0]));
+      const days = [];
+      for (let t = Math.floor(fromMs / DAY) * DAY; t <= toMs; t += DAY) days.push(new Date(t).toISOString().slice(0, 10));
+      return barChart(days.map((d) => ({label: d.slice(5), title: d, value: byDay.get(d) || 0})), {label: 'unique users per day'});
     }),
   ]);
 }

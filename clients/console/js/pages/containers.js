@@ -1,4 +1,4 @@
-import {h, fmtTime, fmtNum, replace} from '../dom.js';
+import {h, add, fmtTime, fmtNum, replace} from '../dom.js';
 import {get, post, seg, isAdmin} from '../api.js';
 import {page, panel, errorBox, table, pagedTable, field, input, select, status, button, busy, link, route, note} from '../ui.js';
 import {diffLines, hunks, canonicalText} from '../diff.js';
@@ -79,7 +79,7 @@ async function detailView({root, params, query, navigate}) {
   ], byNum, {empty: 'No version yet: publish the first below.'});
 
   const fetches = info && info.fetches ? fetchesText(info.fetches) : '—';
-  body.append(
+  add(body,
     panel('Versions', h('p', {class: 'muted', id: 'container-summary'},
       `Published: ${published === null || published === undefined ? 'none' : `v${published}`} · draft: ${info && info.draft ? `v${info.draft}` : 'none'} · fetches: ${fetches}`),
     versionTable, st));
@@ -111,7 +111,7 @@ async function detailView({root, params, query, navigate}) {
     } catch (e) {
       contentOut.appendChild(errorBox(e));
     }
-    body.append(
+    add(body,
       panel(`Version ${chosen}`, contentOut),
       panel(`Diff against v${chosen}`, h('div', {class: 'filters'}, field('Compare with', other), diffBtn), diffOut));
   }

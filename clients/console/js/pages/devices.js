@@ -1,4 +1,4 @@
-import {h, fmtTime} from '../dom.js';
+import {h, add, fmtTime} from '../dom.js';
 import {get, seg} from '../api.js';
 import {page, panel, errorBox, table, pagedTable, field, input, kv, link, route, pre} from '../ui.js';
 
@@ -35,7 +35,7 @@ async function detailView({root, params}) {
     body.appendChild(errorBox(e));
     return;
   }
-  body.append(
+  add(body,
     panel('Device', kv([
       ['Install id', d.installId], ['Device id', d.deviceId], ['AppKeys', (d.appKeys || []).join(', ')],
       ['Last seen', fmtTime(d.lastSeenMs)], ['Broker', connection(d.connected)],

@@ -1,4 +1,4 @@
-import {h, fmtTime, replace} from '../dom.js';
+import {h, add, fmtTime, replace} from '../dom.js';
 import {get, post, seg} from '../api.js';
 import {page, panel, errorBox, table, pagedTable, field, input, kv, link, route, pre, button, status, confirmBox, note, busy} from '../ui.js';
 
@@ -61,7 +61,7 @@ async function detailView({root, params}) {
       })));
   });
   const optOut = u.optOut;
-  body.append(
+  add(body,
     optOut ? note(`Opted out (${optOut.switch || ''}) at ${fmtTime(optOut.timeMs)}.`, 'warn') : null,
     panel('Identities', table([
       {label: 'Kind', value: (r) => r[0]},

@@ -196,3 +196,45 @@ def test_schedule_a_send_and_cancel_it(console, stack, driver):
                                           if s["id"] == row["id"] and s["status"] == "cancelled"])
     actions = [e["action"] for e in stack.ok("GET", "/v1/admin/audit?limit=500")["items"]]
     assert "push.schedule" in actions
+
+
+def test_log_in_with_the_operator_token(console, stack, driver):
+    from selenium.webdriver.common.by import By
+
+    console.open("#/login")
+    console.wait_css("#login-form")
+    driver.find_element(By.ID, "login-use-token").click()
+    driver.find_element(By.ID, "login-token").send_keys(stack.token)
+    driver.find_element(By.ID, "login-submit").click()
+    console.wait_text("#who-name", "operator")
+    assert console.css("#who-role")[0].text == "admin"
+    # The token was a credential typed once: it is in no URL, storage or cookie the page can read.
+    assert stack.token not in driver.current_url
+    assert driver.execute_script("return localStorage.length + sessionStorage.length + document.cookie.length") == 0
+    assert stack.token not in (driver.get_cookie("pylon_session") or {}).get("value", "")
+
+
+def test_privacy_settings_from_the_page(console, stack, driver):
+    from selenium.webdriver.common.by import By
+
+    app = "priv" + uuid.uuid4().hex[:6]
+    console.login(*ADMIN)
+    console.go("#/privacy")
+    console.wait_css("#settings-appkey").send_keys(app)
+    driver.find_element(By.CSS_SELECTOR, "#settings-appkey").submit()
+    wait_for("the setting loaded", lambda: driver.find_element(By.ID, "settings-erase").is_enabled())
+    driver.find_element(By.ID, "settings-erase").click()
+    driver.find_element(By.ID, "settings-save").click()
+    console.wait_text(".status", "Saved: opt-outs erase")
+    assert stack.ok("GET", f"/v1/admin/apps/{app}/settings")["eraseOnOptOut"] is True
+    # A retention rule for that AppKey, then removed by emptying its field.
+    retention = console.wait_css("#retention-save").find_element(By.XPATH, "ancestor::section")
+    retention.find_element(By.CSS_SELECTOR, "input[name=name]").send_keys(app)
+    retention.find_element(By.CSS_SELECTOR, "input[name=days][placeholder=days]").send_keys("30")
+    driver.find_element(By.ID, "retention-save").click()
+    wait_for("the rule stored", lambda: stack.ok("GET", "/v1/admin/retention")["apps"].get(app) == {"maxAgeDays": 30})
+    row = console.wait_text("#retention tr", app)
+    days = row.find_element(By.CSS_SELECTOR, "input")
+    days.clear()
+    driver.find_element(By.ID, "retention-save").click()
+    wait_for("the rule removed", lambda: app not in stack.ok("GET", "/v1/admin/retention")["apps"])

@@ -1,6 +1,6 @@
 import {h, fmtTime, replace} from '../dom.js';
-import {get, put, isAdmin} from '../api.js';
-import {page, panel, errorBox, pagedTable, table, input, status, button, busy, note} from '../ui.js';
+import {get, put, seg, isAdmin} from '../api.js';
+import {page, panel, errorBox, pagedTable, table, field, input, status, button, busy, note} from '../ui.js';
 
 function retentionPanel() {
   const body = h('div', {id: 'retention'}, h('p', {class: 'muted'}, 'Loading…'));
@@ -34,16 +34,46 @@ function retentionPanel() {
     save.id = 'retention-save';
     save.addEventListener('click', () => busy(save, st, async () => {
       const next = {apps: {}, streams: {}};
-      for (const [x, i] of edits) if (i.value) next[x.kind][x.name] = {maxAgeDays: Number(i.value)};
+      // An emptied field removes that rule (null); the rules not named stay as they are.
+      for (const [x, i] of edits) next[x.kind][x.name] = {maxAgeDays: i.value ? Number(i.value) : null};
       if (name.value.trim() && days.value) next[kind.value][name.value.trim()] = {maxAgeDays: Number(days.value)};
       await put('/v1/admin/retention', next);
       st.ok('Saved.');
       load();
     }));
-    replace(body, t, isAdmin() ? h('div', {class: 'row'}, kind, name, days) : null, h('div', {class: 'row actions'}, save));
+    const nats = r.natsMaxAgeS !== undefined ? h('p', {class: 'muted'}, `JetStream ingest stream max_age: ${r.natsMaxAgeS ? `${Math.round(r.natsMaxAgeS / 86400)} days` : 'none'}.`) : null;
+    replace(body, t, nats, isAdmin() ? h('div', {class: 'row'}, kind, name, days) : null, h('div', {class: 'row actions'}, save));
   }
   load();
   return panel('Retention', h('p', {class: 'muted'}, 'The maximum age of stored events per AppKey and per stream; older ones are deleted in bounded batches (with --nats: the stream\'s max_age). An empty field removes the limit.'), body, st);
+}
+
+// The per-AppKey setting that makes an opt-out also erase the user.
+function optOutSettingPanel() {
+  const appKey = input('appKey', {id: 'settings-appkey', placeholder: 'AppKey'});
+  const erase = h('input', {type: 'checkbox', id: 'settings-erase', disabled: true});
+  const save = button('Save', null, {admin: true});
+  save.id = 'settings-save';
+  save.disabled = true;
+  const st = status();
+  const load = h('button', {type: 'submit'}, 'Load');
+  const form = h('form', {class: 'filters'}, field('AppKey', appKey), load,
+    h('label', {class: 'check'}, erase, ' An opt-out also erases the user'), save);
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(load, st, async () => {
+      const s = await get(`/v1/admin/apps/${seg(appKey.value.trim())}/settings`);
+      erase.checked = !!s.eraseOnOptOut;
+      erase.disabled = !isAdmin();
+      save.disabled = !isAdmin();
+      st.info(`${appKey.value.trim()}: ${s.eraseOnOptOut ? 'opt-outs erase' : 'opt-outs only mark the user'}.`);
+    });
+  });
+  save.addEventListener('click', () => busy(save, st, async () => {
+    const s = await put(`/v1/admin/apps/${seg(appKey.value.trim())}/settings`, {eraseOnOptOut: erase.checked});
+    st.ok(`Saved: ${s.eraseOnOptOut ? 'opt-outs erase' : 'opt-outs only mark the user'}.`);
+  }));
+  return panel('Opt-out setting per AppKey', form, st);
 }
 
 export function render({root}) {
@@ -69,5 +99,6 @@ export function render({root}) {
   root.appendChild(page('Privacy',
     panel('Opt-outs reported by devices', optouts),
     panel('Erasure requests', note('Erase a user from the Users page (or pylon-backend --erase-user APPKEY:EUID).', 'info'), erasures),
+    optOutSettingPanel(),
     retentionPanel()));
 }

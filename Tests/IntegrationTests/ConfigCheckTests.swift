@@ -36,6 +36,7 @@ import Testing
         ])
         #expect(r.status == 78, "\(r.output)")
         #expect(r.output.contains("plugin uploader: config: endpoint ftp://backend/{stream}: scheme ftp is not allowed"), "\(r.output)")
+        #expect(r.output.contains("c.json:1: plugin uploader: config: endpoint"), "each problem at its line: \(r.output)")
         #expect(r.output.contains("plugin ma: config.retryMaxMs: must be an integer from 0 to 86400000"), "\(r.output)")
         #expect(r.output.contains("plugin gtm: config.logLevel: must be one of"), "\(r.output)")
         #expect(r.output.contains("warning: plugin ma: config.typo: unknown setting (ignored)"), "\(r.output)")

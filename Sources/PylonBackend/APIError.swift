@@ -37,8 +37,14 @@ struct APIError: Error {
     var retryAfter: Int? = nil
     /// For 401: the `WWW-Authenticate` challenge.
     var wwwAuthenticate: String? = nil
+    /// More members of the body (`retryAfterMs` of a refused login, `reason` of a refusal).
+    var extra: JSONObject = [:]
 
-    var body: JSON { ["error": .string(message), "code": .string(code.rawValue)] }
+    var body: JSON {
+        var o: JSONObject = ["error": .string(message), "code": .string(code.rawValue)]
+        for (k, v) in extra { o[k] = v }
+        return .object(o)
+    }
 
     static func badRequest(_ code: Code, _ message: String) -> APIError {
         APIError(status: 400, code: code, message: message)

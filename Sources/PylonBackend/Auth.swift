@@ -14,10 +14,12 @@ import Glibc
 /// - `device`: a device credential: a device token issued at registration, or the enrolment
 ///   secret (the fleet-level device key every device is provisioned with).
 /// - `pushDevice`: a device token only: the push calls act on that device's own push identity.
-/// - `operator`: the operator token (`--operator-token-file`); without one configured these
-///   endpoints answer 403.
+/// - `operator`: the operator token (`--operator-token-file`), or an operator session's cookie
+///   (`Backend+Session.swift`: a `viewer` may only read, every change needs `X-CSRF-Token`);
+///   without a token configured and no session these endpoints answer 403.
+/// - `metrics`: as `operator`, or the scrape token (`--metrics-token-file`).
 enum Access: Equatable {
-    case open, enrolment, device, pushDevice, `operator`
+    case open, enrolment, device, pushDevice, `operator`, metrics
 }
 
 extension Endpoint {
@@ -28,6 +30,7 @@ extension Endpoint {
         case .ingest, .maCall, .gtmPublished, .gtmDraft: .device
         case .pushCall: .pushDevice
         case .data: .operator
+        case .console(let r): r.access
         case .inspectStream, .inspectRecords, .stats, .reset, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
             .maGetMetadata, .maSetMetadata, .maFindUser, .maInspectUser, .pushSend, .pushInspect, .gtmPublish, .gtmInspect:
             .operator
@@ -41,7 +44,22 @@ enum Principal: Equatable {
     case enrolment
     /// A registered device (its id and install id).
     case device(id: String, installId: String)
+    /// The operator token: an admin named `SessionLimits.tokenName`.
     case `operator`
+    /// An operator session (`Backend+Session.swift`).
+    case session(name: String, role: Role)
+    /// The scrape token of `GET /metrics`.
+    case scraper
+
+    /// The name written to the audit log.
+    var actor: String {
+        switch self {
+        case .operator: SessionLimits.tokenName
+        case .session(let name, _): name
+        case .device(let id, _): "device:" + id
+        case .anonymous, .enrolment, .scraper: "-"
+        }
+    }
 }
 
 /// The secrets the backend checks requests against, read once at start.
@@ -49,6 +67,8 @@ package struct Credentials {
     package var operatorToken: [UInt8]?
     package var enrolSecret: [UInt8]?
     package var openEnrolment = false
+    /// `--metrics-token-file`: a bearer token that may read `GET /metrics` only.
+    package var metricsToken: [UInt8]?
 
     package init() {}
 
@@ -100,7 +120,11 @@ extension Backend {
     func authorize(_ request: HTTPRequest, _ access: Access) throws(APIError) -> Principal {
         if access == .open { return .anonymous }
         let token = Backend.bearer(request)
-        if access == .operator {
+        if access == .operator || access == .metrics, token == nil, let id = SessionCookie.value(request.header("cookie")) {
+            return try sessionPrincipal(request, id: id)
+        }
+        if access == .metrics, let token, let m = credentials.metricsToken, Credentials.equal(token.utf8, m) { return .scraper }
+        if access == .operator || access == .metrics {
             guard let op = credentials.operatorToken else {
                 throw .forbidden("the operator API is disabled: start the backend with --operator-token-file")
             }
@@ -131,6 +155,7 @@ extension Backend {
             guard let row, Credentials.equal(secret.utf8, Array(row.secret.utf8)) else {
                 throw .unauthorized("invalid device token")
             }
+            noteDeviceSeen(id)
             return .device(id: id, installId: row.installId)
         }
         if let e = credentials.enrolSecret, Credentials.equal(token.utf8, e) {

@@ -22,15 +22,7 @@ extension Backend {
         let version = try storage { () throws(StoreError) -> Int64 in
             try store.transaction { () throws(StoreError) -> Int64 in
                 let version = try store.gtmNextVersion(id)
-                // Stamp the version into the container so `_ctv` and the plugin report it.
-                var top = top
-                if case .object(var res)? = top["resource"] {
-                    res["version"] = .string(String(version))
-                    top["resource"] = .object(res)
-                } else {
-                    top["version"] = .string(String(version))
-                }
-                let text = JSON.object(top).serialized
+                let text = JSON.object(Backend.stamp(top, version: version)).serialized
                 try store.gtmStore(id, version: version, body: text, draft: draft, auth: auth)
                 return version
             }

@@ -33,6 +33,8 @@ package final class Backend {
     var pendingDynsec: [String: [UInt8]] = [:]
     /// NATS mode (`--nats`): batches go to the JetStream ingest stream (`Backend+Ingest.swift`).
     package var jetstream: JetStreamPublisher?
+    /// Sessions, accounts, the console's files and counters (`Backend+Session.swift`).
+    package var console = ConsoleState()
     /// The live tail and the data jobs (`Backend+Events.swift`); nil until `startConsoleData`.
     package var consoleData: ConsoleData?
 
@@ -43,8 +45,15 @@ package final class Backend {
 
     /// Counts the request, routes it, authenticates the caller (`Auth.swift`), applies injected
     /// faults unless the path is exempt, then runs the handler. A request refused or answered by
-    /// a fault never reaches its handler, so it stores nothing.
+    /// a fault never reaches its handler, so it stores nothing. Every answer is then counted,
+    /// given the console's headers and audited (`Backend+Console.swift`).
     package func handle(_ request: HTTPRequest) -> Disposition {
+        console.current = nil
+        console.audited = false
+        return finish(request, dispatch(request))
+    }
+
+    private func dispatch(_ request: HTTPRequest) -> Disposition {
         let path = request.path
         stats.count(path: path)
         // A refused credential is answered at once (it consumes no injected fault); routing
@@ -79,6 +88,8 @@ package final class Backend {
         let response: HTTPResponse
         do throws(APIError) {
             let (endpoint, principal) = try admitted.get()
+            console.current = (endpoint, principal)
+            if case .console(let r) = endpoint, let d = try consoleLater(request, r, principal) { return d }
             if case .ingest(let stream) = endpoint, let js = jetstream {
                 return try ingestToStream(request, stream: stream, js, principal)
             }
@@ -136,6 +147,7 @@ package final class Backend {
         case .gtmPublish(let id): return try gtmPublish(request, id: id)
         case .gtmInspect(let id): return try gtmInspect(id: id)
         case .data(let r): return try data(request, r, principal)
+        case .console(let r): return try consoleRoute(request, r, principal)
         }
     }
 
@@ -206,6 +218,9 @@ package final class Backend {
     }
 
     private func reset() throws(APIError) -> HTTPResponse {
+        guard console.resetEnabled else {
+            throw APIError(status: 404, code: .resetDisabled, message: "reset is disabled: start the backend with --enable-reset")
+        }
         try storage { () throws(StoreError) in try store.reset() }
         faults = FaultState()
         stats = Stats()

@@ -111,7 +111,7 @@ extension HTTPConnection {
         let method = String(cString: http_method_str(http_method(rawValue: pylon_http_method(parser))))
         let request = HTTPRequest(
             method: method, target: String(decoding: partial.url, as: UTF8.self), headers: partial.headers,
-            body: partial.body, keepAlive: pylon_http_should_keep_alive(parser) != 0)
+            body: partial.body, peer: peer, keepAlive: pylon_http_should_keep_alive(parser) != 0)
         partial = PartialRequest()
         enqueue(request)
         return 0

@@ -178,6 +178,8 @@ final class HTTPConnection: UVHandleOwner {
     var deadlines: ConnectionDeadlines
     /// Accept order, to break ties between equally idle connections.
     let serial: UInt64
+    /// The client's address without the port (`HTTPRequest.peer`), read once at `start`.
+    private(set) var peer = ""
 
     /// The request being parsed (used by the parser callbacks).
     var partial = PartialRequest()
@@ -226,9 +228,27 @@ final class HTTPConnection: UVHandleOwner {
     /// Starts serving an accepted connection.
     func start() {
         uv_tcp_nodelay(handle.pointer, 1)
+        peer = HTTPConnection.peerName(handle.pointer)
         deadlineTimer = Timer(loop: loop) { [weak self] in self?.deadlineFired() }
         startReading()
         armDeadline()
+    }
+
+    /// The peer address of `tcp` as text (IPv4 or IPv6, no port); empty when unknown.
+    private static func peerName(_ tcp: UnsafeMutablePointer<uv_tcp_t>) -> String {
+        var addr = sockaddr_storage()
+        var len = Int32(MemoryLayout<sockaddr_storage>.size)
+        var name = [CChar](repeating: 0, count: 64)
+        return withUnsafeMutablePointer(to: &addr) { p -> String in
+            let raw = UnsafeMutableRawPointer(p)
+            guard uv_tcp_getpeername(tcp, raw.assumingMemoryBound(to: sockaddr.self), &len) == 0 else { return "" }
+            if Int32(p.pointee.ss_family) == AF_INET6 {
+                uv_ip6_name(raw.assumingMemoryBound(to: sockaddr_in6.self), &name, name.count)
+            } else {
+                uv_ip4_name(raw.assumingMemoryBound(to: sockaddr_in.self), &name, name.count)
+            }
+            return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
     }
 
     /// Answers `error` without reading any request, then closes (used when over a limit).

@@ -7,6 +7,8 @@ package struct HTTPRequest {
     var target: String
     var headers: [(name: String, value: String)]
     var body: [UInt8]
+    /// The client's address (`HOST`, no port), for per-address limits such as login attempts.
+    var peer = ""
     /// False when the client asked to close after this request (`Connection: close`, or
     /// HTTP/1.0 without keep-alive); the response then carries `Connection: close`.
     var keepAlive: Bool
@@ -41,11 +43,18 @@ package struct HTTPResponse {
     var status: Int
     var headers: [(String, String)] = []
     var body: JSON
+    /// A body that is not JSON (console files, Prometheus text): sent instead of `body`.
+    var raw: (contentType: String, bytes: [UInt8])?
 
     init(status: Int = 200, headers: [(String, String)] = [], _ body: JSON) {
         self.status = status
         self.headers = headers
         self.body = body
+    }
+
+    init(status: Int = 200, headers: [(String, String)] = [], contentType: String, bytes: [UInt8]) {
+        self.init(status: status, headers: headers, .null)
+        raw = (contentType, bytes)
     }
 
     init(_ error: APIError) {
@@ -60,9 +69,9 @@ package struct HTTPResponse {
     /// (`headOnly`) the body is left out but `Content-Length` still describes it.
     func serialized(close: Bool, headOnly: Bool = false) -> [UInt8] {
         // 304 Not Modified carries no body (RFC 9110 15.4.5).
-        let payload = status == 304 ? [] : Array(body.serialized.utf8)
+        let payload = status == 304 ? [] : raw?.bytes ?? Array(body.serialized.utf8)
         var head = "HTTP/1.1 \(status) \(HTTPResponse.reason(status))\r\n"
-        if status != 304 { head += "Content-Type: application/json\r\n" }
+        if status != 304 { head += "Content-Type: \(raw?.contentType ?? "application/json")\r\n" }
         head += "Content-Length: \(payload.count)\r\n"
         for (k, v) in headers { head += "\(k): \(v)\r\n" }
         if close { head += "Connection: close\r\n" }
@@ -74,8 +83,10 @@ package struct HTTPResponse {
         switch status {
         case 100: "Continue"
         case 200: "OK"
+        case 204: "No Content"
         case 304: "Not Modified"
         case 400: "Bad Request"
+        case 401: "Unauthorized"
         case 403: "Forbidden"
         case 404: "Not Found"
         case 405: "Method Not Allowed"

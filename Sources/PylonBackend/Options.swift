@@ -44,6 +44,8 @@ package struct Options {
     package var nats: NATSSettings?
     /// `--nats-password-file`: read by `main` into `nats.password`.
     package var natsPasswordFile: String?
+    /// The console's options (`Options+Console.swift`).
+    package var console = ConsoleOptions()
     /// `--max-sse-clients`: live tails (`GET /v1/admin/events/tail`) open at once.
     package var maxSSEClients = TailLimits.defaultMaxClients
     /// `--erase-user APPKEY:EUID`: erase that user (`Backend+Erasure.swift`), print the result, exit.
@@ -58,7 +60,10 @@ package struct Options {
                              [--mqtt-password-file PATH] [--mqtt-dynsec | --mqtt-nats-auth PATH]
                              [--mqtt-protocol 3.1.1|5|auto]
                              [--operator-token-file PATH] [--enrol-secret-file PATH | --open-enrolment]
-                             [--enable-fault-injection]
+                             [--enable-fault-injection] [--console-dir DIR] [--session-idle-ms MS]
+                             [--session-max-ms MS] [--cookie-secure] [--enable-reset]
+                             [--metrics-token-file PATH]
+                             [--add-operator NAME --role viewer|admin --password-file PATH]
                              [--nats URL[,URL...] [--nats-user USER --nats-password-file PATH |
                               --nats-creds PATH] [--nats-stream NAME] [--nats-subject-prefix P]
                               [--nats-replicas N] [--nats-duplicate-window-ms MS]
@@ -122,6 +127,8 @@ package struct Options {
           --open-enrolment    anyone may register a new device (no secret; see docs/SECURITY.md)
           --enable-fault-injection
                               serve /v1/faults (tests only; 404 without it)
+
+        \(ConsoleOptions.usage)
 
         Ingest into NATS JetStream (docs/FLEET.md "Ingest stream (JetStream)"):
           --nats URL[,URL...] nats://HOST:PORT of one or more servers (comma-separated; the
@@ -256,7 +263,7 @@ package struct Options {
             case "-h", "--help":
                 throw UsageError(description: "")
             default:
-                throw UsageError(description: "unknown argument \(a)")
+                guard try o.console.parse(a, value) else { throw UsageError(description: "unknown argument \(a)") }
             }
         }
         if o.openEnrolment && o.enrolSecretFile != nil {
@@ -283,6 +290,7 @@ package struct Options {
             o.natsSettings.stream.maxMessageBytes = o.maxBody + Limits.natsHeaderAllowance
             o.nats = o.natsSettings
         }
+        try o.console.validate()
         return o
     }
 

@@ -27,6 +27,8 @@ enum Endpoint: Equatable {
     case gtmPublished(id: String), gtmDraft(id: String), gtmPublish(id: String), gtmInspect(id: String)
     /// The console's data routes (`Router+Data.swift`).
     case data(DataRoute)
+    /// The console's own routes (`Router+Console.swift`).
+    case console(ConsoleRoute)
 }
 
 /// Maps a method and path to an `Endpoint`. A value type with no I/O.
@@ -59,6 +61,7 @@ enum Router {
         }
         func starts(_ fixed: String...) -> Bool { segs.starts(with: fixed) }
         if let m = matchData(method: method, segs) { return m }
+        if let m = matchConsole(method: method, segs) { return m }
         switch segs.count {
         case 1 where starts("healthz"): return pick([("GET", .health)])
         case 3 where starts("v1", "devices", "register"): return pick([("POST", .deviceRegister)])
@@ -91,7 +94,7 @@ enum Router {
         case 4 where starts("v1", "gtm", "containers"): return gtm(segs[3]) { [("GET", .gtmPublished(id: $0))] }
         case 5 where starts("v1", "gtm", "containers") && segs[4] == "draft": return gtm(segs[3]) { [("GET", .gtmDraft(id: $0))] }
         case 6 where starts("v1", "admin", "gtm", "containers") && segs[5] == "versions":
-            return gtm(segs[4]) { [("POST", .gtmPublish(id: $0))] }
+            return gtm(segs[4]) { [("GET", .console(.containerVersions(id: $0))), ("POST", .gtmPublish(id: $0))] }
         case 5 where starts("v1", "inspect", "gtm", "containers"): return gtm(segs[4]) { [("GET", .gtmInspect(id: $0))] }
         default: return .notFound
         }

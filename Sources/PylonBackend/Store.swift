@@ -80,7 +80,7 @@ package final class Store {
         """
 
     /// Every table, in the order they are created (`schema` of each part).
-    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema, dataSchema] }
+    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema, dataSchema, consoleSchema] }
 
     /// Permission bits of the database file and of its `-wal` and `-shm` files: the data is
     /// the clients', so only the backend's user may read it.
@@ -377,6 +377,7 @@ package final class Store {
             try db.exec(Store.pushReset)
             try db.exec("DELETE FROM gtm_versions; DELETE FROM gtm_containers;")
             try db.exec(Store.dataReset)
+            try db.exec(Store.consoleReset)
         }
     }
 

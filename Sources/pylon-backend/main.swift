@@ -36,6 +36,11 @@ do {
     log.error("cannot open the database", ["db": Store.redacted(options.dbPath), "error": "\(error)"])
     System.exit(1)
 }
+if options.console.addOperator != nil {
+    let status = Backend.addOperator(store, options.console, log: log)
+    store.close()
+    System.exit(status)
+}
 let backend = Backend(store: store, maxBody: options.maxBody)
 if let target = options.eraseUser {
     // `--erase-user APPKEY:EUID`: erase, print the request's record, exit (0 when done).
@@ -43,6 +48,10 @@ if let target = options.eraseUser {
     print(text)
     store.close()
     System.exit(code)
+}
+if let why = backend.startConsole(options.console, loop: loop) {
+    log.error("cannot start the console", ["error": why])
+    System.exit(1)
 }
 func secret(_ path: String?, _ what: String) -> [UInt8]? {
     guard let path else { return nil }

@@ -10,7 +10,8 @@ enum TestCredentials {
     static let operatorToken = "test-operator-token-0123456789abcdef"
     static let deviceKey = "test-device-key-0123456789abcdef"
 
-    /// Writes both (mode 0600) into `dir`; the backend arguments that use them.
+    /// Writes both (mode 0600) into `dir`; the backend arguments that use them (with `faults`,
+    /// also the fault API and `/v1/admin/reset`, which the tests use to start over).
     static func arguments(_ dir: String, faults: Bool = true) throws -> [String] {
         for (name, v) in [("operator.token", operatorToken), ("enrol.secret", deviceKey)] {
             let p = dir + "/" + name
@@ -18,7 +19,7 @@ enum TestCredentials {
             chmod(p, 0o600)
         }
         return ["--operator-token-file", dir + "/operator.token", "--enrol-secret-file", dir + "/enrol.secret"]
-            + (faults ? ["--enable-fault-injection"] : [])
+            + (faults ? ["--enable-fault-injection", "--enable-reset"] : [])
     }
 
     /// The header `RawHTTPClient.message` adds for `target`.

@@ -1,0 +1,35 @@
+import PylonCore
+
+/// What every answer passes through (`Backend.handle`): the request counters of `/metrics`,
+/// the console's security headers on every response that is not a device route's, and the
+/// audit entry of a change an operator made through an endpoint that writes none itself.
+extension Backend {
+    func finish(_ request: HTTPRequest, _ d: Disposition) -> Disposition {
+        switch d {
+        case .respond(let r, let delay): return .respond(finish(request, r), delayMs: delay)
+        case .later(let answer):
+            let path = String(request.path)
+            answer.observer = { [unowned self] r in console.metrics.count(path: path[...], r, now: System.wallClockMs()) }
+            return d
+        default: return d
+        }
+    }
+
+    private func finish(_ request: HTTPRequest, _ response: HTTPResponse) -> HTTPResponse {
+        console.metrics.count(path: request.path, response, now: System.wallClockMs())
+        if let (e, p) = console.current, !console.audited, response.status < 400, !Backend.isRead(request.method) {
+            switch p {
+            case .operator, .session:
+                if case .console = e { break }
+                if case .gtmPublish(let id) = e, let v = response.body["version"]?.stringValue.flatMap({ Int64($0) }) {
+                    do throws(StoreError) { try store.recordGTMActor(id, version: v, actor: p.actor) } catch {
+                        log.warn("cannot record who published", ["id": id, "error": error.description])
+                    }
+                }
+                audit(p, Backend.auditAction(request, e), target: String(request.path), detail: response.body)
+            default: break
+            }
+        }
+        return consoleAnswer(request, response)
+    }
+}

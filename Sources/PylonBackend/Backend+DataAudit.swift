@@ -1,17 +1,14 @@
 import PylonCore
 
 /// The audit log entries of the data API's changes (erasures, sends and scheduled sends,
-/// settings, retention). The audit log itself arrives with the console's operator accounts;
-/// until then a change is logged only.
+/// settings, retention), written through the console's audit log (`audit`,
+/// `Backend+Admin.swift`).
 extension Backend {
-    /// Records a change (logged).
+    /// Writes a change to the audit log (a failure is logged, the change stands).
     func recordChange(_ principal: Principal, _ action: String, target: String, detail: JSONObject = [:]) {
-        log.info("change", ["actor": actorName(principal), "action": action, "target": target])
+        audit(principal, action, target: target, detail: .object(detail))
     }
 
-    /// The name the push history and erasure records give the caller.
-    func actorName(_ principal: Principal) -> String {
-        if case .device(let id, _) = principal { return "device:" + id }
-        return "operator"
-    }
+    /// The name the audit log and the push history give the caller.
+    func actorName(_ principal: Principal) -> String { principal.actor }
 }

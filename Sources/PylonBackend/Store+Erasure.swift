@@ -125,7 +125,7 @@ extension Store {
             if !ids.isEmpty {
                 let inList = ids.map(String.init).joined(separator: ",")  // integers read from the database
                 try db.run(
-                    "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT ?, js_seq FROM events WHERE id IN (\(inList))"
+                    "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT CAST(? AS BIGINT), js_seq FROM events WHERE id IN (\(inList))"
                         + " AND js_seq IS NOT NULL ON CONFLICT DO NOTHING", [.int(id)])
                 try db.run(
                     "DELETE FROM records WHERE (stream, id) IN (SELECT stream, record_id FROM events WHERE id IN (\(inList)))", [])
@@ -148,7 +148,7 @@ extension Store {
             for u in userIds {
                 bindings += try db.run("DELETE FROM push_bindings WHERE user_id = ?", [.text(u)])
                 sends += try db.run(
-                    "UPDATE push_sends SET target = ? || seq WHERE target_type = 'user' AND target = ?",
+                    "UPDATE push_sends SET target = CAST(? AS TEXT) || CAST(seq AS TEXT) WHERE target_type = 'user' AND target = ?",
                     [.text("erased:\(id):"), .text(u)])
             }
             deleted["bindings"] = .int(Int64(bindings))

@@ -6,8 +6,9 @@ import PylonStore
 /// retention").
 ///
 /// - `optouts`: a device reported a denied switch (a record on stream `pylon.consent`: `switch`
-///   `ma:<appKey>` or `device`, `granted` false) — one row per AppKey (`*` for the device's
-///   master switch), install and switch; a later `granted` true removes it.
+///   `ma:<appKey>`, `device`, `push` or `push:<name>`, `granted` false) — one row per AppKey
+///   (`*` for the device's master switch and push switches, unless the record names `appKey`),
+///   install and switch; a later `granted` true removes it.
 /// - `app_settings`: `eraseOnOptOut` (an opt-out naming a user erases that user) and the
 ///   AppKey's retention (`maxAgeDays`).
 /// - `stream_retention`: a stream's retention (`maxAgeDays`).
@@ -138,7 +139,7 @@ extension Store {
         for r in records {
             guard let sw = r.consentSwitch, let granted = r.granted else { continue }
             let appKey: String
-            if sw == "device" {
+            if sw == "device" || sw == "push" || sw.hasPrefix("push:") {
                 appKey = r.consentAppKey ?? "*"
             } else if sw.hasPrefix("ma:"), AppKey.isValid(String(sw.dropFirst(3))) {
                 appKey = String(sw.dropFirst(3))

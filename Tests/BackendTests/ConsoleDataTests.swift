@@ -111,6 +111,222 @@ import Testing
         let second = try b.request("GET", "/v1/admin/events/tail")
         #expect(second.status == 503)
     }
+
+    /// A device registered with the fleet key and push-registered: its device id, device token
+    /// and push token.
+    static func device(_ b: BackendProcess, _ install: String) throws -> (id: String, token: String, push: String) {
+        let d = try b.post("/v1/devices/register", ["installId": .string(install)])
+        let token = try #require(d["token"]?.stringValue)
+        let id = try #require(d["deviceId"]?.stringValue)
+        let r = try b.request("POST", "/v1/push/register", headers: [("Authorization", "Bearer " + token)], body: Array("{}".utf8))
+        let push = try #require(try r.json()["token"]?.stringValue)
+        return (id, token, push)
+    }
+
+    /// A batch posted with a device's own token (so its install is recorded with the events).
+    static func post(_ b: BackendProcess, stream: String, key: String, token: String, _ records: [JSON]) throws {
+        let body: JSON = ["batch": .string(key), "stream": .string(stream), "records": .array(records)]
+        let r = try b.request(
+            "POST", "/v1/batches/\(stream)", headers: [("Idempotency-Key", key), ("Authorization", "Bearer " + token)],
+            body: Array(body.serialized.utf8))
+        guard r.status == 200 else { throw TestFailure(description: "batch \(key): \(r.status) \(r.text)") }
+    }
+
+    @Test(arguments: StoreKind.allCases) func anErasedUserIsFoundByNoAPI(_ kind: StoreKind) throws {
+        let b = try BackendProcess(store: kind)
+        let gone = try #require(try b.ma("start", ["deviceId": "d1", "identity": ["user_id": "u-9"]], app: "shop")["euid"]?.stringValue)
+        #expect(try b.identify("d1", gone, ["email": "nine@example.com"], app: "shop")["euid"] == .string(gone))
+        let kept = try #require(try b.ma("start", ["deviceId": "d2", "identity": ["user_id": "u-10"]], app: "shop")["euid"]?.stringValue)
+        let dev = try ConsoleDataTests.device(b, "install-9")
+        let bind = try b.request(
+            "POST", "/v1/push/bind", headers: [("Authorization", "Bearer " + dev.token)],
+            body: Array(JSON.object(["token": .string(dev.push), "userId": "u-9"]).serialized.utf8))
+        #expect(try bind.json()["code"] == 0)
+        try ConsoleDataTests.post(
+            b, stream: "ma.shop", key: "k1", token: dev.token,
+            (0..<5).map { ConsoleDataTests.event("g\($0)", "view", euid: gone, time: 1000 + Int64($0)) }
+                + (0..<3).map { ConsoleDataTests.event("k\($0)", "view", euid: kept, time: 2000 + Int64($0)) })
+        try ConsoleDataTests.post(
+            b, stream: "pylon.consent", key: "c1", token: dev.token,
+            [["id": "c1", "ts": 3000, "data": ["switch": "ma:shop", "granted": false, "euid": .string(gone)]]])
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop&user=u-9").count == 5)
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop&user=u-9").first?["installId"] == "install-9")
+        #expect(try b.get("/v1/admin/users?q=u-9")["items"]?.arrayValue?.first?["optedOut"] == true)
+        #expect(try b.get("/v1/admin/optouts?appKey=shop")["items"]?.arrayValue?.count == 1)
+        #expect(try b.request("GET", "/v1/admin/users/shop/\(gone)").status == 200)
+
+        let r = try b.request("POST", "/v1/admin/erasures", body: Array(#"{"appKey":"shop","userId":"u-9"}"#.utf8))
+        #expect(r.status == 200)
+        let erasure = try r.json()
+        #expect(erasure["status"] == "done")
+        #expect(erasure["deleted"]?["events"] == 5)
+        #expect(erasure["deleted"]?["bindings"] == 1)
+        #expect(erasure["deleted"]?["profile"] == 1)
+        let id = try #require(erasure["id"]?.stringValue)
+
+        // Nothing of the user by any read: events, users, user detail, MA inspection, records,
+        // push bindings, opt-outs; the other user is untouched.
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop&euid=\(gone)").isEmpty)
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop&user=u-9").isEmpty)
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop").compactMap { $0["euid"]?.stringValue } == Array(repeating: kept, count: 3))
+        for q in ["u-9", "nine@example.com", gone] {
+            #expect(try b.get("/v1/admin/users?q=\(q)")["items"]?.arrayValue?.isEmpty == true, "users?q=\(q)")
+        }
+        #expect(try b.get("/v1/admin/users?appKey=shop")["items"]?.arrayValue?.compactMap { $0["euid"]?.stringValue } == [kept])
+        #expect(try b.request("GET", "/v1/admin/users/shop/\(gone)").status == 404)
+        #expect(try b.request("GET", "/v1/inspect/ma/shop/users/\(gone)").status == 404)
+        let records = try b.get("/v1/inspect/streams/ma.shop/records")["records"]?.arrayValue ?? []
+        #expect(records.count == 3)
+        #expect(!records.contains { $0.serialized.contains(gone) })
+        #expect(!(try b.get("/v1/inspect/push/bindings").serialized.contains("u-9")))
+        #expect(try b.get("/v1/admin/optouts")["items"]?.arrayValue?.isEmpty == true)
+        #expect(try b.get("/v1/admin/analytics/shop/uniques?fromMs=0&toMs=86400000")["items"] == [["day": "1970-01-01", "users": 1]])
+        // The request is kept, without the user.
+        let kept1 = try b.get("/v1/admin/erasures/\(id)")
+        #expect(kept1["status"] == "done" && kept1["finishedMs"]?.intValue != nil)
+        #expect(!kept1.serialized.contains(gone) && !kept1.serialized.contains("u-9"))
+        #expect(try b.get("/v1/admin/erasures")["items"]?.arrayValue?.count == 1)
+        #expect(try b.request("POST", "/v1/admin/erasures", body: Array(#"{"appKey":"shop"}"#.utf8)).status == 400)
+    }
+
+    @Test func eraseUserFromTheCommandLine() throws {
+        let dir = NSTemporaryDirectory() + "pylon-erase-cli-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let db = ["--db", dir + "/backend.db"]
+        let b = try BackendProcess(dir: dir, database: db)
+        try ConsoleDataTests.post(b, app: "shop", key: "k1", [ConsoleDataTests.event("a", "view", euid: "e-cli", time: 5)])
+        #expect(b.stop() == 0)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binDir + "/pylon-backend")
+        p.arguments = db + ["--erase-user", "shop:e-cli"]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 0)
+        let answer = try JSON.parse(text.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(answer["status"] == "done" && answer["deleted"]?["events"] == 1)
+        let again = try BackendProcess(dir: dir, database: db)
+        #expect(try ConsoleDataTests.walk(again, "appKey=shop").isEmpty)
+        #expect(try again.get("/v1/admin/erasures")["items"]?.arrayValue?.first?["actor"] == "cli")
+    }
+
+    @Test func aScheduledSendFiresAfterARestartAndACancelledOneNever() throws {
+        let broker = try AnonymousBroker()
+        let dir = NSTemporaryDirectory() + "pylon-schedule-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let args = ["--mqtt", "127.0.0.1:\(broker.port)"]
+        let db = ["--db", dir + "/backend.db"]
+        var b = try BackendProcess(args, dir: dir, database: db)
+        let dev = try ConsoleDataTests.device(b, "i1")
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        func schedule(_ at: Int64) throws -> String {
+            let body: JSON = ["appId": "a1", "targetType": "device", "target": .string(dev.push), "title": "later", "atMs": .int(at)]
+            let r = try b.request("POST", "/v1/admin/push/schedule", body: Array(body.serialized.utf8))
+            guard r.status == 200, let id = try r.json()["id"]?.stringValue else { throw TestFailure(description: "\(r.status) \(r.text)") }
+            return id
+        }
+        let due = try schedule(now + 3000)
+        let cancelled = try schedule(now + 4000)
+        #expect(try b.request("DELETE", "/v1/admin/push/scheduled/\(cancelled)").status == 200)
+        #expect(try b.request("DELETE", "/v1/admin/push/scheduled/\(cancelled)").status == 409)
+        #expect(try b.request("POST", "/v1/admin/push/schedule", body: Array(#"{"appId":"a1","atMs":1}"#.utf8)).status == 400)
+        // Kept across a restart.
+        #expect(b.stop() == 0)
+        b = try BackendProcess(args, dir: dir, database: db)
+        func row(_ id: String) throws -> JSON? {
+            try b.get("/v1/admin/push/scheduled")["items"]?.arrayValue?.first { $0["id"] == .string(id) }
+        }
+        try waitUntil(timeout: 20) { try row(due)?["status"] == "sent" }
+        let msgId = try #require(try row(due)?["msgId"]?.stringValue)
+        #expect(try row(cancelled)?["status"] == "cancelled")
+        let messages = try b.get("/v1/admin/push/messages")["items"]?.arrayValue ?? []
+        #expect(messages.count == 1)
+        #expect(messages.first?["id"] == .string(msgId))
+        #expect(messages.first?["actor"]?.stringValue?.contains("scheduled") == true)
+    }
+
+    @Test(arguments: StoreKind.allCases) func theFunnelCountsSentDeliveredOpenedAndSaysWhyNot(_ kind: StoreKind) throws {
+        let broker = try AnonymousBroker()
+        let b = try BackendProcess(["--mqtt", "127.0.0.1:\(broker.port)"], store: kind)
+        let one = try ConsoleDataTests.device(b, "i1")
+        let two = try ConsoleDataTests.device(b, "i2")
+        let three = try ConsoleDataTests.device(b, "i3")
+        for d in [one, two, three] {
+            let r = try b.request(
+                "POST", "/v1/push/bind", headers: [("Authorization", "Bearer " + d.token)],
+                body: Array(JSON.object(["token": .string(d.push), "userId": "fan"]).serialized.utf8))
+            #expect(try r.json()["code"] == 0)
+        }
+        let send: JSON = ["appId": "a1", "targetType": "user", "target": "fan", "title": "hello", "content": "world"]
+        var sent = JSON.null
+        try waitUntil(timeout: 10) {
+            let r = try b.request("POST", "/v1/admin/push/send", body: Array(send.serialized.utf8))
+            if r.status == 200 { sent = try r.json() }
+            return r.status == 200
+        }
+        let msgId = try #require(sent["msgId"]?.stringValue)
+        #expect(sent["devices"] == 3)
+        // Device one acknowledges (over MQTT, as the push plugin does) and reports an open;
+        // device two acknowledges; device three reported its push switch denied.
+        try MQTTPublish.once(port: broker.port, topic: "pylon/push/ack/\(one.id)", payload: #"{"ids":["\#(msgId)"]}"#)
+        try MQTTPublish.once(port: broker.port, topic: "pylon/push/ack/\(two.id)", payload: #"{"ids":["\#(msgId)"]}"#)
+        try ConsoleDataTests.post(
+            b, stream: "push.opens", key: "o1", token: one.token,
+            [["id": .string(msgId), "ts": 1, "data": ["msgId": .string(msgId), "token": .string(one.push), "openedAt": 7]]])
+        try ConsoleDataTests.post(
+            b, stream: "pylon.consent", key: "c3", token: three.token,
+            [["id": "c3", "ts": 1, "data": ["switch": "push", "granted": false]]])
+        var message = JSON.null
+        try waitUntil(timeout: 10) {
+            message = try b.get("/v1/admin/push/messages")["items"]?.arrayValue?.first ?? .null
+            return message["counts"]?["delivered"] == 2
+        }
+        #expect(message["counts"] == ["sent": 3, "delivered": 2, "opened": 1])
+        #expect(message["title"] == "hello" && message["body"] == "world")
+        #expect(message["target"] == ["type": "user", "value": "fan"])
+        let detail = try b.get("/v1/admin/push/messages/\(msgId)")
+        let states = Dictionary(
+            uniqueKeysWithValues: (detail["devices"]?.arrayValue ?? []).compactMap { d in
+                d["installId"]?.stringValue.map { ($0, d["state"]?.stringValue ?? "") }
+            })
+        #expect(states == ["i1": "opened", "i2": "delivered", "i3": "refused_consent"])
+        #expect(try b.get("/v1/admin/push/why?messageId=\(msgId)&installId=i3")["state"] == "refused_consent")
+        #expect(try b.get("/v1/admin/push/why?messageId=\(msgId)&installId=nobody")["state"] == "unbound")
+        #expect(try b.request("GET", "/v1/admin/push/why?messageId=nope&installId=i1").status == 404)
+    }
+
+    @Test(arguments: StoreKind.allCases) func analyticsAreComputedByTheDatabase(_ kind: StoreKind) throws {
+        let b = try BackendProcess(store: kind)
+        let day: Int64 = 86_400_000
+        let t0 = 20_000 * day  // a midnight
+        var records: [JSON] = []
+        // Day 0: u1 views then buys, u2 and u3 view; u2 buys a day later, u3 nine days later.
+        records.append(ConsoleDataTests.event("1", "view", euid: "u1", time: t0 + 1000))
+        records.append(ConsoleDataTests.event("2", "buy", euid: "u1", time: t0 + 2000))
+        records.append(ConsoleDataTests.event("3", "view", euid: "u2", time: t0 + 3000))
+        records.append(ConsoleDataTests.event("4", "view", euid: "u3", time: t0 + 4000))
+        records.append(ConsoleDataTests.event("5", "buy", euid: "u2", time: t0 + day + 5000))
+        records.append(ConsoleDataTests.event("6", "buy", euid: "u3", time: t0 + 9 * day))
+        try ConsoleDataTests.post(b, app: "shop", key: "k1", records)
+        let range = "fromMs=\(t0)&toMs=\(t0 + 10 * day)"
+        let counts = try b.get("/v1/admin/analytics/shop/counts?\(range)&bucket=day")
+        #expect(
+            counts["items"] == [
+                ["tMs": .int(t0), "events": 4], ["tMs": .int(t0 + day), "events": 1], ["tMs": .int(t0 + 9 * day), "events": 1],
+            ])
+        let top = try b.get("/v1/admin/analytics/shop/top-events?\(range)&limit=1")
+        #expect(top["items"] == [["event": "buy", "count": 3]])
+        let uniques = try b.get("/v1/admin/analytics/shop/uniques?\(range)")
+        #expect(uniques["items"]?.arrayValue?.first == ["day": .string(AnalyticsDay.of(t0)), "users": 3])
+        let funnel = try b.get("/v1/admin/analytics/shop/funnel?a=view&b=buy&days=2&\(range)")
+        #expect(funnel["a"] == 3 && funnel["ab"] == 2)
+        #expect(try b.request("GET", "/v1/admin/analytics/shop/counts?fromMs=0&toMs=\(t0)&bucket=hour").status == 400)
+        #expect(try b.request("GET", "/v1/admin/analytics/shop/nothing").status == 404)
+    }
 }
 
 /// Reads a Server-Sent Events response from a raw socket.
@@ -165,5 +381,45 @@ final class SSEReader {
             guard lines.contains("event: record"), let data = lines.first(where: { $0.hasPrefix("data: ") }) else { continue }
             return try JSON.parse(String(data.dropFirst(6)))
         }
+    }
+}
+
+/// `YYYY-MM-DD` of a time in ms (UTC), as the API writes days.
+enum AnalyticsDay {
+    static func of(_ ms: Int64) -> String {
+        let f = DateFormatter()
+        f.timeZone = TimeZone(identifier: "UTC")
+        f.dateFormat = "yyyy-MM-dd"
+        return f.string(from: Date(timeIntervalSince1970: Double(ms) / 1000))
+    }
+}
+
+/// One MQTT 3.1.1 QoS 0 publish over a raw socket (CONNECT, CONNACK, PUBLISH, DISCONNECT): a
+/// device's acknowledgement on the anonymous test broker.
+enum MQTTPublish {
+    static func once(port: UInt16, topic: String, payload: String) throws {
+        let c = try RawHTTPClient(port: port)
+        func utf8(_ s: String) -> [UInt8] { let b = Array(s.utf8); return [UInt8(b.count >> 8), UInt8(b.count & 0xFF)] + b }
+        func packet(_ type: UInt8, _ body: [UInt8]) -> [UInt8] {
+            var out = [type]
+            var n = body.count
+            repeat {
+                var byte = UInt8(n % 128)
+                n /= 128
+                if n > 0 { byte |= 0x80 }
+                out.append(byte)
+            } while n > 0
+            return out + body
+        }
+        let connect = utf8("MQTT") + [4, 0x02, 0, 30] + utf8("test-ack-" + String(UInt32.random(in: 0...UInt32.max)))
+        try c.send(packet(0x10, connect))
+        var ack = [UInt8](repeating: 0, count: 4)
+        var pfd = pollfd(fd: c.fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&pfd, 1, 5000) == 1, recv(c.fd, &ack, 4, 0) == 4, ack[0] == 0x20, ack[3] == 0 else {
+            throw TestFailure(description: "no CONNACK from the broker")
+        }
+        try c.send(packet(0x30, utf8(topic) + Array(payload.utf8)))
+        try c.send([0xE0, 0])
+        _ = try c.isClosedByPeer(timeoutMs: 2000)
     }
 }

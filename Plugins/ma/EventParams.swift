@@ -10,6 +10,9 @@ import PylonPluginKit
 package struct EventParams: Equatable {
     /// `params.appKey` when it is a string, as written (not trimmed).
     var appKey: String?
+    /// `params.eventId`, decoded: the client's id for the event, which the device stores once
+    /// however often it is sent (docs/MA.md, `ma.eventRecord`); nil when absent or `null`.
+    var eventId: String?
     /// nil when the event passed every check; else the -3 message naming the field.
     package var invalid: String?
     /// Where `name` and `properties` point: nil for the params' text itself, else these bytes.
@@ -35,6 +38,17 @@ package struct EventParams: Equatable {
         return storage.withUnsafeBytes { call($0) }
     }
 
+    /// The longest client event id, in bytes: its record id (`c:` and the id) stays within the
+    /// uploader's 128-byte id rule.
+    static let maxEventIdBytes = 100
+    static let eventIdInvalid = "eventId must be a string of 1-\(maxEventIdBytes) bytes without control characters"
+
+    /// 1-100 bytes of UTF-8 without control characters (U+0000-U+001F, U+007F).
+    static func isValidEventId(_ id: String) -> Bool {
+        let n = id.utf8.count
+        return n >= 1 && n <= maxEventIdBytes && !id.utf8.contains { $0 < 0x20 || $0 == 0x7F }
+    }
+
     /// The properties of an event that has none.
     static let noProperties = Array("{}".utf8)
 
@@ -50,6 +64,7 @@ package struct EventParams: Equatable {
         }
         // The last of a repeated key wins.
         var appKey: Range<Int>?
+        var eventId: Range<Int>?
         var eventName: Range<Int>?
         var property: Range<Int>?
         /// The canonical length of `property` when it is an object.
@@ -58,6 +73,8 @@ package struct EventParams: Equatable {
         while let m = members.nextKey() {
             if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "appKey") {
                 appKey = members.skipValue()
+            } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "eventId") {
+                eventId = members.skipValue()
             } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "eventName") {
                 eventName = members.skipValue()
             } else if RawJSON.keyIs(t, m.key, escaped: m.keyEscaped, "property") {
@@ -73,6 +90,13 @@ package struct EventParams: Equatable {
             }
         }
         if let s = appKey { p.appKey = RawJSON.stringValue(t, s) }
+        if let s = eventId, !RawJSON.equals(t, s.lowerBound, s.upperBound, "null") {
+            guard let id = RawJSON.stringValue(t, s), EventParams.isValidEventId(id) else {
+                p.invalid = EventParams.eventIdInvalid
+                return p
+            }
+            p.eventId = id
+        }
         guard let n = eventName, t[n.lowerBound] == UInt8(ascii: "\"") else {
             p.invalid = EventValidation.nameRequired
             return p

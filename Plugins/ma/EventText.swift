@@ -31,7 +31,27 @@ enum EventText {
         out.append(contentsOf: idPrefix)
         out.append(UInt8(ascii: "-"))
         JSONText.appendDecimal(seq, to: &out)
-        append(#"","data":{"event":"#, &out)
+        out.append(UInt8(ascii: "\""))
+        data(name: name, timeMs: timeMs, euid: euid, session: session, properties: properties, tail: tail, into: &out)
+    }
+
+    /// One record with the id `id` (a client's event id with its prefix, or a parked event's id).
+    static func record(
+        id: String, name: UnsafeRawBufferPointer, timeMs: Int64, euid: String?, session: String?,
+        properties: UnsafeRawBufferPointer, tail: UnsafeRawBufferPointer, into out: inout [UInt8]
+    ) {
+        append(#"{"id":"#, &out)
+        JSONText.appendString(id, to: &out)
+        data(name: name, timeMs: timeMs, euid: euid, session: session, properties: properties, tail: tail, into: &out)
+    }
+
+    /// A record's `,"data":{…}}`, after its id.
+    @inline(__always)
+    private static func data<Tail: Collection<UInt8>>(
+        name: UnsafeRawBufferPointer, timeMs: Int64, euid: String?, session: String?, properties: UnsafeRawBufferPointer,
+        tail: Tail, into out: inout [UInt8]
+    ) {
+        append(#","data":{"event":"#, &out)
         JSONText.appendString(name, to: &out)
         append(#","time":"#, &out)
         JSONText.appendDecimal(timeMs, to: &out)

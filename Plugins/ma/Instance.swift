@@ -50,6 +50,22 @@ final class MAInstance {
     var channelQueue: [() -> Void] = []
     var channelRunning = false
 
+    // Offline (MAService+Offline).
+    /// Set while the start or identify at the head of the queue waits for the backend (network
+    /// errors or 5xx, retried with backoff): `ma.status` shows it, and calls that wait behind it
+    /// are answered pending (-32008) at once.
+    var networkWait: NetworkWait?
+    /// Events parked in ma.db (`parked`), not yet stored by the uploader: recorded while a start
+    /// or identify was pending (they wait for its EUID) or behind other parked events (order).
+    var parked = 0
+    /// Of `parked`, those read back and handed to the outbox, not yet settled.
+    var releasing = 0
+    /// Client event ids (`eventId`) of parked events: a repeat is a duplicate.
+    var parkedEventIds: Set<String> = []
+    /// Client event ids the uploader stored lately (`eventIdWindow`, persisted): a repeat is a
+    /// duplicate.
+    var recentEventIds = RecentIds()
+
     /// Sends the next queued setChannelValue, unless one is running or a start/identify that was
     /// called earlier is still pending (it runs first; the queued request then sees its effect).
     func channelKick() {
@@ -146,5 +162,43 @@ final class MAInstance {
         sessionId = j["sessionId"]?.stringValue
         background = j["background"]?.boolValue ?? false
         ownerUid = j["ownerUid"]?.intValue
+    }
+}
+
+/// A start or identify waiting for the network: since when (Unix ms, the first failed attempt),
+/// the attempts made, when the next one goes (Unix ms) and why the last one failed.
+struct NetworkWait: Equatable {
+    var sinceMs: Int64
+    var attempts: Int
+    var nextTryMs: Int64
+    var reason: String
+
+    var json: JSON {
+        ["since": .int(sinceMs), "attempts": .int(Int64(attempts)), "nextTryMs": .int(nextTryMs), "reason": .string(reason)]
+    }
+}
+
+/// The latest client event ids of one AppKey, at most `limit` (the oldest leaves first): a set
+/// for the check, a ring for the order.
+struct RecentIds {
+    private var ids: Set<String> = []
+    private var ring: [String] = []
+    private var head = 0
+
+    func contains(_ id: String) -> Bool { ids.contains(id) }
+    var count: Int { ids.count }
+
+    /// Adds `id`; returns the id that left to keep at most `limit`, if one did.
+    mutating func add(_ id: String, limit: Int) -> String? {
+        guard ids.insert(id).inserted else { return nil }
+        if ring.count < limit {
+            ring.append(id)
+            return nil
+        }
+        let old = ring[head]
+        ring[head] = id
+        head = (head + 1) % ring.count
+        ids.remove(old)
+        return old
     }
 }

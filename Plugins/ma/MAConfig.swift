@@ -16,10 +16,14 @@ struct MAConfig {
     var maxEnqueueBytes = 512 * 1024
     var maxAppKeys = 1_024
     var maxEnqueuesInFlight = MAService.defaultMaxEnqueuesInFlight
+    var maxParkedEvents = MAService.defaultMaxParkedEvents
+    var eventIdWindow = MAService.defaultEventIdWindow
+    var pendingAfterMs = MAService.defaultPendingAfterMs
 
     /// Bounds: retries up to a day; counts and sizes from 1 to the values below.
     static let retryRange: ClosedRange<Int64> = 0...86_400_000
     static let countRange: ClosedRange<Int64> = 1...100_000_000
+    static let pendingRange: ClosedRange<Int64> = 1...3_600_000
     static let bytesRange: ClosedRange<Int64> = 1...(64 << 20)
 
     /// Warnings (unknown settings) of the last read.
@@ -41,6 +45,9 @@ struct MAConfig {
         if let v = r.int("maxEnqueueBytes", Self.bytesRange) { maxEnqueueBytes = Int(v) }
         if let v = r.int("maxAppKeys", Self.countRange) { maxAppKeys = Int(v) }
         if let v = r.int("maxEnqueuesInFlight", Self.countRange) { maxEnqueuesInFlight = Int(v) }
+        if let v = r.int("maxParkedEvents", Self.countRange) { maxParkedEvents = Int(v) }
+        if let v = r.int("eventIdWindow", Self.countRange) { eventIdWindow = Int(v) }
+        if let v = r.int("pendingAfterMs", Self.pendingRange) { pendingAfterMs = UInt64(v) }
         if retryMaxMs < retryInitialMs { r.fail("retryMaxMs", "must not be less than retryInitialMs (\(retryInitialMs))") }
         try r.check()
         warnings = r.unknown

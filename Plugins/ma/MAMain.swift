@@ -14,6 +14,9 @@ public enum MAMain {
         let plugin = Plugin(name: "ma", version: "0.1.0")
         // Calls act on the caller's AppKey: `appKey`, else the AppKey its connection last started.
         plugin.wantsCallerInfo = true
+        // A call past the host's deadline still goes on (a start waiting for the network, an
+        // event held for a restarting uploader): the host answers it pending, -32008.
+        plugin.continuesAfterDeadline = true
         let ma = MAService(plugin: plugin)
         plugin.checkConfig = { j throws(ConfigProblems) in try MAConfig(j).warnings }
 

@@ -70,10 +70,11 @@ enum MAMethodDocs {
         plugin.describe(
             "eventRecord",
             MethodDoc(
-                "Record an event (answered once the uploader has it on disk; dropped with code 0 while ma:<appKey> is denied)",
+                "Record an event (answered once it is on disk: the uploader's queue, or parked while a start waits; dropped with code 0 while ma:<appKey> is denied)",
                 params: [
                     appKey, P("eventName", .string, required: true, "non-empty, not starting with el"),
                     P("property", .object, "at most 500 properties: lowercase [a-z0-9_] keys, strings at most 256 bytes"),
+                    P("eventId", .string, "the client's id for the event, 1-100 bytes: stored once however often it is sent"),
                 ],
                 result: codeMessage))
         plugin.describe(

@@ -5,12 +5,20 @@ import PylonPluginKit
 extension MAService {
     /// POSTs to the MA backend, retrying network failures and 5xx with backoff until it answers
     /// (an offline start waits for the backend; later calls wait behind it).
-    func backend(_ path: String, _ body: JSON, retry: Bool, _ done: @escaping (Result<JSON, MAError>) -> Void) {
-        post(path, Array(body.serialized.utf8), retry: retry, attempt: 1, done)
+    /// `failed`: told of each failed attempt that is retried (its number, the delay before the
+    /// next, the reason).
+    func backend(
+        _ path: String, _ body: JSON, retry: Bool, failed: ((Int, UInt64, String) -> Void)? = nil,
+        _ done: @escaping (Result<JSON, MAError>) -> Void
+    ) {
+        post(path, Array(body.serialized.utf8), retry: retry, attempt: 1, failed: failed, done)
     }
 
     /// One attempt with the body serialised once for all retries.
-    private func post(_ path: String, _ body: [UInt8], retry: Bool, attempt: Int, _ done: @escaping (Result<JSON, MAError>) -> Void) {
+    private func post(
+        _ path: String, _ body: [UInt8], retry: Bool, attempt: Int, failed: ((Int, UInt64, String) -> Void)?,
+        _ done: @escaping (Result<JSON, MAError>) -> Void
+    ) {
         let req = HTTPRequest(
             method: "POST", url: backendURL + path,
             headers: [("Content-Type", "application/json")] + DeviceCredential.headers(credentialFile, log: plugin.log),
@@ -24,15 +32,15 @@ extension MAService {
                 }
                 done(.success(j))
             case .success(let resp):
-                self.again(path, body, retry: retry, attempt: attempt, reason: "HTTP \(resp.status)", done)
+                self.again(path, body, retry: retry, attempt: attempt, reason: "HTTP \(resp.status)", failed: failed, done)
             case .failure(let e):
-                self.again(path, body, retry: retry, attempt: attempt, reason: e.description, done)
+                self.again(path, body, retry: retry, attempt: attempt, reason: e.description, failed: failed, done)
             }
         }
     }
 
     private func again(
-        _ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String,
+        _ path: String, _ body: [UInt8], retry: Bool, attempt: Int, reason: String, failed: ((Int, UInt64, String) -> Void)?,
         _ done: @escaping (Result<JSON, MAError>) -> Void
     ) {
         guard retry else {
@@ -41,8 +49,9 @@ extension MAService {
         }
         let delay = BackoffPolicy(initialMs: retryInitialMs, maxMs: retryMaxMs).delay(attempt: attempt)
         plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
+        failed?(attempt, delay, reason)
         plugin.loop.after(ms: delay) { [unowned self] in
-            self.post(path, body, retry: retry, attempt: attempt + 1, done)
+            self.post(path, body, retry: retry, attempt: attempt + 1, failed: failed, done)
         }
     }
 
@@ -50,17 +59,39 @@ extension MAService {
     /// returns the backend path and body; the backend is retried until it answers; `handle`
     /// turns its answer into the reply through `finish`. The next queued op begins only after
     /// that reply (strict call order per AppKey).
+    ///
+    /// Offline (docs/MA.md, "Offline"): when an attempt fails with a network error or 5xx the
+    /// call is answered pending (-32008) at once and the op goes on; a call queued while the
+    /// AppKey waits for the network is answered pending when queued. `opSeq`: the op's row in
+    /// `identity_ops`, removed once the backend answered; `call` nil: run again after a restart.
     func identityOp(
-        _ inst: MAInstance, _ call: Call, prepare: @escaping () -> (path: String, body: JSON),
+        _ inst: MAInstance, _ call: Call?, opSeq: Int64?, prepare: @escaping () -> (path: String, body: JSON),
         handle: @escaping (JSON, @escaping (JSON) -> Void) -> Void
     ) {
+        if inst.networkWait != nil {
+            call?.fail(pendingAnswer(inst))
+        } else if let call {
+            // Not answered within `pendingAfterMs` (a backend that does not answer, or a long
+            // queue): pending, so that no client gives up on a call that still takes effect.
+            plugin.loop.after(ms: pendingAfterMs) { [unowned self] in call.fail(self.pendingAnswer(inst)) }
+        }
         inst.enqueueOp { [unowned self] in
             let (path, body) = prepare()
             func finish(_ reply: JSON) {
-                call.reply(reply)
+                self.forgetOp(opSeq)
+                call?.reply(reply)
                 inst.opFinished()
+                // The queue is empty: parked events go with the EUID now known.
+                if inst.pendingStarts == 0 { self.releaseParked(inst) }
             }
-            self.backend(path, body, retry: true) { r in
+            self.backend(
+                path, body, retry: true,
+                failed: { [unowned self] attempt, delay, reason in
+                    self.networkFailed(inst, attempt: attempt, delayMs: delay, reason: reason)
+                    call?.fail(self.pendingAnswer(inst))
+                }
+            ) { r in
+                inst.networkWait = nil
                 switch r {
                 case .failure(let why): finish(MAService.result(MACode.failed, why.message))
                 case .success(let j): handle(j, finish)

@@ -10,6 +10,8 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, "enabled (true or false) is required"))
             return
         }
+        // Behind a start waiting for the network: answered pending now, applied in order later.
+        if inst.networkWait != nil { call.fail(pendingAnswer(inst)) }
         inst.whenReady { [unowned self] in
             if inst.collectionEnabled == enabled {
                 call.reply(Self.result(0, "unchanged"))

@@ -19,29 +19,11 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, why))
             return
         }
-        // The call holds the params' text the event points into.
-        if inst.pendingStarts == 0 {
-            recordEvent(inst, call, params)
-        } else {
-            // Behind a start still waiting for the backend: counted with the events waiting for
-            // the uploader, so an offline backend cannot make them grow without bound.
-            guard held + outboxCount + eventsWaitingForStart < maxHeldEvents else {
-                call.reply(Self.result(MACode.failed, "too many events waiting (maxHeldEvents \(maxHeldEvents))"))
-                return
-            }
-            eventsWaitingForStart += 1
-            inst.whenReady { [unowned self] in
-                self.eventsWaitingForStart -= 1
-                self.recordEvent(inst, call, params, admitted: true)
-            }
-        }
-    }
-
-    /// `admitted`: it already took its place under `maxHeldEvents` while it waited for the start.
-    private func recordEvent(_ inst: MAInstance, _ call: Call, _ params: EventParams, admitted: Bool = false) {
+        // Behind a pending start or identify the event is parked on disk (answered once it is
+        // durable) and sent with that call's EUID once it is known (MAService+Offline).
         touchSession(inst)
         params.withEvent(params: call.paramsText) { name, properties in
-            record(inst, name: name, properties: properties, session: inst.sessionId, for: call, admitted: admitted)
+            record(inst, name: name, properties: properties, session: inst.sessionId, eventId: params.eventId, for: call)
         }
     }
 
@@ -57,18 +39,21 @@ extension MAService {
 
     /// Stamps an event and puts its record in the AppKey's open batch; `call` (nil for the
     /// plugin's own events) is answered once the batch is durable in the uploader — or at once
-    /// when collection is off (0, dropped as the SDK does) or too many events wait (-1).
-    /// `properties` is the properties' JSON text (an object, as json-c prints it).
+    /// when collection is off (0, dropped as the SDK does), when `eventId` repeats one the device
+    /// has (0, stored nothing) or too many events wait (-1). While a start or identify of the
+    /// AppKey is pending, or parked events wait before it, the event is parked instead
+    /// (`park`). `properties` is the properties' JSON text (an object, as json-c prints it).
     func record(
-        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?, for call: Call?,
-        admitted: Bool = false
+        _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?,
+        eventId: String? = nil, for call: Call?
     ) {
         guard inst.collectionEnabled != false, plugin.isConsentGranted(inst.consentKey) else {
             call?.reply(serialized: Self.okReply)  // collection disabled: dropped silently
             return
         }
-        guard admitted || held + outboxCount + eventsWaitingForStart < maxHeldEvents else {
-            call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
+        if let eventId, isKnownEvent(inst, eventId) {
+            duplicateEvents += 1
+            call?.reply(serialized: Self.okReply)  // a retry: the device has it already
             return
         }
         // The record's size, from above: its name, properties and tail, and room for the id,
@@ -78,7 +63,41 @@ extension MAService {
             call?.reply(Self.result(MACode.invalidParams, "event larger than maxEventBytes (\(maxEventBytes))"))
             return
         }
+        if inst.pendingStarts > 0 || inst.parked > 0 {
+            park(inst, name: name, properties: properties, session: session, eventId: eventId, for: call)
+            return
+        }
+        guard held + outboxCount < maxHeldEvents else {
+            call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
+            return
+        }
         eventSeq &+= 1
+        let timeMs = System.wallClockMs()
+        addToOutbox(inst, size: size, call: call, eventId: eventId) { text in
+            if let eventId {
+                eventTail(inst).withUnsafeBytes { tail in
+                    EventText.record(
+                        id: Self.recordId(eventId: eventId), name: name, timeMs: timeMs, euid: inst.euid, session: session,
+                        properties: properties, tail: tail, into: &text)
+                }
+            } else {
+                // Unique without a syscall per event: a random per-process prefix plus a counter.
+                EventText.record(
+                    idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: timeMs, euid: inst.euid, session: session,
+                    properties: properties, tail: eventTail(inst), into: &text)
+            }
+        }
+    }
+
+    /// The record id of an event with a client event id: stable, so a resend of it is the same
+    /// record for the uploader's and the backend's duplicate checks.
+    static func recordId(eventId: String) -> String { "c:" + eventId }
+
+    /// Puts one record, written by `write`, in the AppKey's open batch (a new one when full);
+    /// `parked`: the parked row it comes from (its seq), answered already.
+    func addToOutbox(
+        _ inst: MAInstance, size: Int, call: Call?, eventId: String?, parked: Int64? = nil, _ write: (inout [UInt8]) -> Void
+    ) {
         outboxCount += 1
         inst.eventsInFlight += 1
         let batch: EventBatch
@@ -89,13 +108,7 @@ extension MAService {
             batch.open(stream: inst.stream, consent: inst.consentKey)
             outbox[inst.appKey, default: []].append(batch)
         }
-        batch.add(call) { text in
-            // Unique without a syscall per event: a random per-process prefix plus a counter.
-            EventText.record(
-                idPrefix: eventIdPrefix, seq: eventSeq, name: name, timeMs: System.wallClockMs(),
-                euid: inst.euid, session: session, properties: properties, tail: eventTail(inst),
-                into: &text)
-        }
+        batch.add(call, eventId: eventId, parked: parked, write)
         // Events recorded in the same loop turn go to the uploader in one enqueue (one hop and
         // one commit for many events); each caller is answered when that enqueue is durable.
         // While the AppKey has `maxEnqueuesInFlight` enqueues unanswered the batch waits and
@@ -105,7 +118,7 @@ extension MAService {
 
     /// Sends the AppKey's open batches at the end of this loop turn, unless all its enqueue
     /// slots are taken (an answer then arms the flush).
-    private func armOutboxFlush(_ appKey: String) {
+    func armOutboxFlush(_ appKey: String) {
         guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight, !outboxTimer.isActive else { return }
         outboxTimer.start(after: 0)
     }
@@ -217,6 +230,8 @@ extension MAService {
                     // On success the calls are answered already (by the host), and these replies are ignored.
                     let reply = err.map { Self.serialized(Self.result(MACode.failed, $0)) } ?? Self.okReply
                     for c in batch.calls { c?.reply(serialized: reply) }
+                    // Parked rows leave the disk, and client event ids enter the window.
+                    self.batchSettled(batch, inst, stored: err == nil)
                     self.recycle(batch)
                     self.eventsSettled(inst, n)
                 })
@@ -235,15 +250,17 @@ extension MAService {
     static func serialized(_ result: JSON) -> [UInt8] { JSONRef(result).withSerialized { Array($0) } }
 
     /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
+    /// Parked events count: they go first (`releaseParked`).
     func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
-        guard inst.eventsInFlight > 0 else { return action() }
+        guard inst.eventsInFlight > 0 || inst.parked > 0 else { return action() }
         inst.drainWaiters.append(action)
+        if inst.parked > 0 { releaseParked(inst) }
         if !outbox.isEmpty { flushOutbox() }
     }
 
-    private func eventsSettled(_ inst: MAInstance, _ n: Int) {
+    func eventsSettled(_ inst: MAInstance, _ n: Int) {
         inst.eventsInFlight -= n
-        guard inst.eventsInFlight == 0, !inst.drainWaiters.isEmpty else { return }
+        guard inst.eventsInFlight == 0, inst.parked == 0, !inst.drainWaiters.isEmpty else { return }
         let waiters = inst.drainWaiters
         inst.drainWaiters = []
         for w in waiters { w() }
@@ -259,6 +276,12 @@ final class EventBatch {
     /// Who waits for each record, in order.
     private(set) var calls: [Call?] = []
     var count: Int { calls.count }
+    /// The client event ids of its records.
+    private(set) var eventIds: [String] = []
+    /// The parked rows among its records (`MAService+Offline`): the lowest and highest seq
+    /// (they are consecutive) and how many.
+    private(set) var parkedSeqs: ClosedRange<Int64>?
+    private(set) var parkedCount = 0
 
     init() {
         // Room for a full batch of typical records (~350 bytes each): no regrowth on the way.
@@ -270,14 +293,22 @@ final class EventBatch {
     func open(stream: String, consent: String) {
         text.removeAll(keepingCapacity: true)
         calls.removeAll(keepingCapacity: true)
+        eventIds.removeAll(keepingCapacity: true)
+        parkedSeqs = nil
+        parkedCount = 0
         EventText.paramsHead(stream: stream, consent: consent, into: &text)
     }
 
     /// Adds one record, written by `write`, and who waits for it.
-    func add(_ call: Call?, _ write: (inout [UInt8]) -> Void) {
+    func add(_ call: Call?, eventId: String? = nil, parked: Int64? = nil, _ write: (inout [UInt8]) -> Void) {
         if !calls.isEmpty { text.append(UInt8(ascii: ",")) }
         write(&text)
         calls.append(call)
+        if let eventId { eventIds.append(eventId) }
+        if let parked {
+            parkedSeqs = parkedSeqs.map { min($0.lowerBound, parked)...max($0.upperBound, parked) } ?? parked...parked
+            parkedCount += 1
+        }
     }
 
     /// Completes `text` as the enqueue's params (no record is added after).

@@ -23,9 +23,9 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, "dataCollectionEnabled must be true or false"))
             return
         }
-        let enable = collection.boolValue ?? true
-        let identity = IdentityInput(call.params["userID"]?.objectValue.map { JSON.object($0) })
-        let project = call.params["project"]?.stringValue ?? defaultProject
+        let input = StartInput(
+            enable: collection.boolValue ?? true, userID: call.params["userID"]?.objectValue.map { JSON.object($0) },
+            project: call.params["project"]?.stringValue ?? defaultProject)
         for k in call.params.objectValue?.keys ?? [] where !Self.startKeys.contains(k) {
             plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
         }
@@ -43,13 +43,25 @@ extension MAService {
         if inst.ownerUid == nil, case .claim(let o) = Ownership.appKeys.access(nil, caller: CallerInfo(uid: uid), claims: true) {
             inst.ownerUid = o.uid
         }
+        // Kept until the backend answers: a restart of this plugin runs it again.
+        var kept = input.json
+        if let o = inst.ownerUid { kept["ownerUid"] = .int(o) }
+        let seq = persistOp(appKey, kind: "start", .object(kept))
+        runStart(inst, input, client: client, call: call, opSeq: seq)
+    }
+
+    /// Queues a start of `inst` (`call`: nil when run again after a restart; `opSeq`: its row
+    /// in `identity_ops`).
+    func runStart(_ inst: MAInstance, _ input: StartInput, client: Int64?, call: Call?, opSeq: Int64?) {
+        let appKey = inst.appKey
+        let identity = IdentityInput(input.userID)
         identityOp(
-            inst, call,
+            inst, call, opSeq: opSeq,
             prepare: { [unowned self] in
                 // The AppKey switch takes effect when this start begins executing.
                 self.bind(client: client, to: appKey)
                 var body: JSONObject = ["deviceId": .string(self.deviceId), "identity": identity.identityJSON]
-                if let project { body["project"] = .string(project) }
+                if let project = input.project { body["project"] = .string(project) }
                 return ("/v1/ma/\(appKey)/start", .object(body))
             },
             handle: { [unowned self] j, finish in
@@ -59,10 +71,10 @@ extension MAService {
                     return
                 }
                 inst.euid = euid
-                inst.project = j["project"]?.stringValue ?? project
+                inst.project = j["project"]?.stringValue ?? input.project
                 inst.identity.merge(identity.valid) { _, new in new }
                 inst.started = true
-                self.applyCollection(inst, enabled: enable) { err in  // it persists the instance
+                self.applyCollection(inst, enabled: input.enable) { err in  // it persists the instance
                     if let err {
                         finish(Self.result(MACode.failed, err, ["euid": .string(euid)]))
                     } else {
@@ -82,8 +94,18 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, identity.rejected.isEmpty ? "no valid identifier" : identity.localMessage))
             return
         }
+        // Kept until the backend answers (the identifiers as given: read again after a restart).
+        var kept = JSONObject()
+        for (param, wire) in IdentityInput.fields {
+            if let v = call.params[param] { kept[param] = v } else if let v = call.params[wire] { kept[wire] = v }
+        }
+        runIdentify(inst, identity, call: call, opSeq: persistOp(inst.appKey, kind: "identify", .object(kept)))
+    }
+
+    /// Queues an identify of `inst` (`call`: nil when run again after a restart).
+    func runIdentify(_ inst: MAInstance, _ identity: IdentityInput, call: Call?, opSeq: Int64?) {
         identityOp(
-            inst, call,
+            inst, call, opSeq: opSeq,
             prepare: { [unowned self] in
                 var body: JSONObject = [
                     "deviceId": .string(self.deviceId), "euid": inst.euid.map { .string($0) } ?? .null,
@@ -113,5 +135,29 @@ extension MAService {
             return
         }
         call.reply(Self.result(0, "", ["euid": (inst?.started == true ? inst?.euid : nil).map { .string($0) } ?? .null]))
+    }
+}
+
+/// What `ma.start` captured at receipt: the collection switch, the `userID` object and the
+/// project (kept in ma.db until the backend answers).
+struct StartInput {
+    var enable: Bool
+    var userID: JSON?
+    var project: String?
+
+    init(enable: Bool, userID: JSON?, project: String?) {
+        self.enable = enable
+        self.userID = userID
+        self.project = project
+    }
+
+    init(_ j: JSON) {
+        enable = j["enable"]?.boolValue ?? true
+        userID = j["userID"].flatMap { $0 == .null ? nil : $0 }
+        project = j["project"]?.stringValue
+    }
+
+    var json: JSONObject {
+        ["enable": .bool(enable), "userID": userID ?? .null, "project": project.map { .string($0) } ?? .null]
     }
 }

@@ -8,6 +8,11 @@ extension MAService {
     /// A contact is at most this many characters.
     static let maxContactLength = 256
 
+    /// The -1 answer of a backend call not sent because the AppKey waits for the network.
+    static func offlineResult(_ w: NetworkWait) -> JSON {
+        result(MACode.failed, "backend unreachable: waiting for the network since \(w.sinceMs) (\(w.reason)); not sent")
+    }
+
     func setUserContact(_ call: Call) {
         guard let inst = usable(call) else { return }
         guard let contacts = call.params["contacts"]?.objectValue else {
@@ -52,6 +57,10 @@ extension MAService {
                 return
             }
             values.append(.string(s))
+        }
+        if let w = inst.networkWait {
+            call.reply(Self.offlineResult(w))
+            return
         }
         // In call order; invalidated (-2) if the AppKey, project or identity changed meanwhile.
         let client = call.callerInfo.client
@@ -153,7 +162,13 @@ extension MAService {
     }
 
     /// `postProfile`, once pending starts are done.
+    /// While a start or identify of the AppKey waits for the network the call is not kept: it is
+    /// answered -1 at once, as one attempt against an unreachable backend is (docs/MA.md, "Offline").
     private func sendProfile(_ call: Call, _ inst: MAInstance, _ path: String, _ body: JSONObject) {
+        if let w = inst.networkWait {
+            call.reply(Self.offlineResult(w))
+            return
+        }
         inst.whenReady { [unowned self] in self.postProfile(call, inst, path, body) }
     }
 

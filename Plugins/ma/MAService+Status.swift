@@ -14,12 +14,15 @@ extension MAService {
                 "session": i.sessionId.map { .string($0) } ?? .null, "background": .bool(i.background),
                 "sessionTimeoutS": .int(i.sessionTimeoutS), "reportIntervalS": i.reportIntervalS.map { .int($0) } ?? .null,
                 "clients": .int(Int64(clientCount(k))), "ownerUid": i.ownerUid.map { .int($0) } ?? .null,
+                "waitingForNetwork": i.networkWait?.json ?? .null, "parkedEvents": .int(Int64(i.parked)),
             ]
         }
         call.reply([
             "backend": .string(backendURL), "appKeys": .object(apps),
             "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents)),
-            "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(eventsWaitingForStart)),
+            "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(parkedTotal)),
+            "maxParkedEvents": .int(Int64(maxParkedEvents)), "duplicateEvents": .int(Int64(duplicateEvents)),
+            "parkedDropped": .int(Int64(parkedDropped)),
             "maxEnqueuesInFlight": .int(Int64(maxEnqueuesInFlight)),
             "enqueues": .int(Int64(enqueuesSent)), "enqueuedEvents": .int(Int64(eventsEnqueued)),
             "ownerChanges": .int(Int64(ownerChanges)),

@@ -38,6 +38,10 @@ final class MAService {
     /// The most AppKeys (MA instances) this plugin keeps (config `maxAppKeys`); a start for one
     /// more is answered -1.
     var maxAppKeys = 1_024
+    /// A start or identify the backend has not answered within this many ms is answered pending
+    /// (-32008) and goes on (config `pendingAfterMs`); below the host's `requestTimeoutMs`.
+    var pendingAfterMs: UInt64 = MAService.defaultPendingAfterMs
+    static let defaultPendingAfterMs: UInt64 = 3_000
     var eventSeq: UInt64 = 0
     /// Event ids: this install's device id and a random value drawn once per process start.
     lazy var eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
@@ -54,9 +58,26 @@ final class MAService {
     /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
     /// it new events are answered -1 at once instead of waiting.
     var maxHeldEvents = 100_000
-    /// `ma.eventRecord` calls waiting for their AppKey's start to complete (counted in
-    /// `maxHeldEvents`).
-    var eventsWaitingForStart = 0
+    // Offline (MAService+Offline).
+    /// Events recorded and waiting to be parked in ma.db at the end of this loop turn (one
+    /// transaction for all), answered once it commits.
+    var parkQueue: [ParkedEvent] = []
+    lazy var parkTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushParkQueue() }
+    /// Events parked in ma.db, every AppKey (`eventsWaitingForStart` in `ma.status`).
+    var parkedTotal = 0
+    /// The most events parked at once (config `maxParkedEvents`); beyond it `ma.eventRecord`
+    /// answers -1 at once.
+    var maxParkedEvents = MAService.defaultMaxParkedEvents
+    static let defaultMaxParkedEvents = 200_000
+    /// Client event ids remembered per AppKey after the uploader stored them (config
+    /// `eventIdWindow`): a repeat within the window is answered 0 and stored nothing.
+    var eventIdWindow = MAService.defaultEventIdWindow
+    static let defaultEventIdWindow = 10_000
+    /// Events answered as repeats of a client event id, since the start (`ma.status`).
+    var duplicateEvents = 0
+    /// Parked events dropped because their AppKey never got an EUID (its starts failed), since
+    /// the start (`ma.status`).
+    var parkedDropped = 0
     /// The largest event record (config `maxEventBytes`), answered -3 beyond: it must stay under
     /// the uploader's `maxRecordBytes` (256 KiB by default), which refuses the whole enqueue of a
     /// record over it, the other apps' events with it.
@@ -116,6 +137,9 @@ final class MAService {
         maxEnqueueBytes = c.maxEnqueueBytes
         maxAppKeys = c.maxAppKeys
         maxEnqueuesInFlight = c.maxEnqueuesInFlight
+        maxParkedEvents = c.maxParkedEvents
+        pendingAfterMs = c.pendingAfterMs
+        eventIdWindow = c.eventIdWindow
         do {
             try db.exec(
                 """
@@ -124,6 +148,7 @@ final class MAService {
                 CREATE TABLE IF NOT EXISTS bindings(client INTEGER PRIMARY KEY, app_key TEXT NOT NULL);
                 CREATE TABLE IF NOT EXISTS device(k TEXT PRIMARY KEY, v TEXT NOT NULL);
                 """)
+            try db.exec(MAService.offlineSchema)
             for r in try db.query("SELECT app_key, state FROM apps") {
                 guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
                 guard AppKey.isValid(k) else {
@@ -139,11 +164,14 @@ final class MAService {
                 if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
             }
             restoredBindings = Set(clientAppKey.keys)
+            vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
+            deviceId = try deviceValue("device_id") { System.randomHex(16) }
+            // Parked events and the starts and identifies they wait for, before anything is
+            // recorded (a session ended by the restart is recorded behind them).
+            try restoreOffline()
             // A session that was in the background when the plugin stopped ends after a full
             // timeout from now.
             for inst in instances.values { restoreSession(inst) }
-            vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
-            deviceId = try deviceValue("device_id") { System.randomHex(16) }
         } catch {
             plugin.log.error("cannot open MA state", ["error": "\(error)"])
             System.exit(exitStatusConfigError)

@@ -267,6 +267,7 @@ case "status":
     print(
         "consent: master \(c?["master"]?.boolValue == false ? "denied" : "granted")" + (sw.isEmpty ? "" : "; " + sw.joined(separator: ", "))
     )
+    for line in maWaitLines(s, nowMs: System.wallClockMs()) { print(line) }
     exit(statusCode)
 case "publish":
     guard let topic = args.first else { fail("publish needs a TOPIC", code: 64) }

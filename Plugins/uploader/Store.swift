@@ -63,6 +63,8 @@ final class UploaderStore {
 
     /// Ids of the records on disk, per stream: an enqueue of an id already queued is a duplicate.
     var ids: [String: Set<RecordKey>] = [:]
+    /// Ids delivered lately, per stream (`DeliveredIds`): a duplicate too.
+    var delivered: [String: DeliveredIds] = [:]
     /// Queue position of the next record.
     var nextPosition: Int64 = 0
 
@@ -659,6 +661,8 @@ final class UploaderStore {
             gone.append((b.stream, keys))
             forget(keys, of: b.stream)
         }
+        // Delivered ids stay duplicates for a while (`DeliveredIds`), this commit's included.
+        for g in gone where !g.keys.isEmpty { delivered[g.stream, default: DeliveredIds()].add(g.keys) }
         let built = build(enqueues)
         var prefix: [UInt8] = []
         if !deliveredQueue.isEmpty { Frame.appendEnded(&prefix, ended(deliveredQueue), zeroed: false) }
@@ -714,7 +718,7 @@ final class UploaderStore {
                 JSONText.appendString(UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)), to: &escaped)
                 let charge = escaped.withUnsafeBytes { id -> Int? in
                     let key = RecordKey(id)
-                    guard current!.set.insert(key).inserted else { return nil }
+                    guard delivered[e.stream]?.contains(key) != true, current!.set.insert(key).inserted else { return nil }
                     b.added.append(key)
                     if slot == nil || b.chunks[slot!].chunk.isFull {
                         b.chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))
@@ -1084,7 +1088,9 @@ final class UploaderStore {
         try log.append(out)
         for key in deliveredQueue {
             guard let id = batchIDs[key], let stream = batches[id]?.stream else { continue }
-            forget(removeBatch(key, recordsGone: true), of: stream)
+            let keys = removeBatch(key, recordsGone: true)
+            forget(keys, of: stream)
+            delivered[stream, default: DeliveredIds()].add(keys)
         }
         deliveredQueue.removeAll()
         try reclaim()

@@ -49,11 +49,12 @@ import Testing
         #expect(try count(b, "s.count") == 21)
     }
 
-    /// A delivered batch's deletion waits for the next group commit (or 20 ms), and that commit
-    /// deletes it before its duplicate check: the same ids enqueued right after the delivery are
-    /// new records, stored and sent again (in a batch of their own; the backend keeps an id once
-    /// per stream). Also after the deletion ran alone.
-    @Test func idsOfADeliveredBatchAreStoredAgainAtOnce() throws {
+    /// A delivered batch's ids stay duplicates for the stream's last `DeliveredIds.window`
+    /// (1,024) delivered ids: a client retrying an enqueue whose answer it lost stores nothing
+    /// twice (issue 32). Past the window they are new records again, stored and sent again; the
+    /// delivered batch's deletion waits for the next group commit, which deletes it before its
+    /// duplicate check, so none of them is lost to it. Also after the deletion ran alone.
+    @Test func idsOfADeliveredBatchAreDuplicatesForAWindowThenStoredAgain() throws {
         let b = try TestBackend()
         let h = try TestHost(plugins: [TestHost.uploader(b, config: ["streams": ["s.again": ["maxCount": 500, "intervalMs": 600000]]])])
         let c = try h.client()
@@ -64,12 +65,20 @@ import Testing
             // A second enqueue of the same ids before the delivery: duplicates.
             #expect(try enqueue(c, "s.again", records("a", 0..<20))["duplicates"] == .int(20))
             #expect(try c.call("uploader.flush", ["stream": "s.again", "wait": true])["drained"] == .bool(true))
-            #expect(try b.stream("s.again")["batches"] == .int(Int64(round)))
-            #expect(try count(b, "s.again") == 20)
+            // Delivered: still duplicates (a retry after a lost answer).
+            #expect(try enqueue(c, "s.again", records("a", 0..<20))["duplicates"] == .int(20), "round \(round)")
+            // 1,024 other ids delivered after them push them out of the window.
+            for part in 0..<2 {
+                let fill = try enqueue(c, "s.again", records("f\(round)", (part * 512)..<((part + 1) * 512)))
+                #expect(fill["accepted"] == .int(512))
+            }
+            #expect(try c.call("uploader.flush", ["stream": "s.again", "wait": true])["drained"] == .bool(true))
             if round == 2 {  // round 3 comes after the deletion's own transaction
                 try waitUntil(timeout: 10) { try c.call("uploader.status")["pendingDeletes"] == .int(0) }
             }
         }
+        #expect(try count(b, "s.again") == 20 + 3 * 1024)
+        #expect(try b.stream("s.again")["duplicateRecords"] == .int(40), "a-0…a-19 sent again in rounds 2 and 3")
         #expect(try c.call("uploader.status")["diskBytes"] == .int(0))
     }
 

@@ -24,6 +24,12 @@ extension Backend {
         consoleData = d
         d.jobTimer = Timer(loop: loop, unref: true) { [weak self] in self?.runJobs() }
         d.jobTimer?.start(after: DataLimits.jobIntervalMs, repeat: DataLimits.jobIntervalMs)
+        console.metricSources.append { [weak d] m in
+            guard let d else { return }
+            m.single(
+                "pylon_backend_sse_clients", .gauge, "Live tails (Server-Sent Events) open on this instance.", Double(d.tail.clientCount))
+            m.single("pylon_backend_sse_events_total", .counter, "Events sent to live tails.", Double(d.tail.sent))
+        }
     }
 
     /// Ends the live tails and stops the jobs (shutdown).

@@ -327,6 +327,32 @@ import Testing
         #expect(try b.request("GET", "/v1/admin/analytics/shop/counts?fromMs=0&toMs=\(t0)&bucket=hour").status == 400)
         #expect(try b.request("GET", "/v1/admin/analytics/shop/nothing").status == 404)
     }
+
+    @Test func withNATSTwoInstancesSearchTailAndEraseFromTheStream() throws {
+        let nats = try NATSCluster(nodes: 1)
+        let db = try StoreKind.postgres.databaseArguments()
+        let a = try BackendProcess(["--nats", nats.urls], database: db)
+        let b = try BackendProcess(["--nats", nats.urls], database: db)
+        for x in [a, b] { try waitUntil(timeout: 60) { try x.get("/v1/inspect/stats")["nats"]?["ready"] == true } }
+        let tail = try SSEReader(port: b.port, "/v1/admin/events/tail?appKey=shop")
+        try ConsoleDataTests.post(
+            a, app: "shop", key: "k1",
+            [ConsoleDataTests.event("g1", "view", euid: "gone", time: 10), ConsoleDataTests.event("g2", "buy", euid: "gone", time: 11)])
+        try ConsoleDataTests.post(a, app: "shop", key: "k2", [ConsoleDataTests.event("k1", "view", euid: "kept", time: 12)])
+        // B's tail shows what A ingested (the index is shared), and so does B's search.
+        #expect(try tail.next(timeout: 10)["euid"] == "gone")
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop").count == 3)
+        #expect(try b.get("/v1/inspect/stats")["records"] == 0)  // the records table stays empty
+        #expect(try StreamReader.readAll(urls: nats.urls, durable: "before").count == 2)
+
+        let r = try a.request("POST", "/v1/admin/erasures", body: Array(#"{"appKey":"shop","euid":"gone"}"#.utf8))
+        let id = try #require(try r.json()["id"]?.stringValue)
+        try waitUntil(timeout: 20) { try b.get("/v1/admin/erasures/\(id)")["status"] == "done" }
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop").compactMap { $0["euid"]?.stringValue } == ["kept"])
+        // The batch that held the user's records is gone from the stream; the other stays.
+        let left = try StreamReader.readAll(urls: nats.urls, durable: "after")
+        #expect(left.map(\.msgId) == ["k2"])
+    }
 }
 
 /// Reads a Server-Sent Events response from a raw socket.

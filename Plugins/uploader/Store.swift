@@ -711,6 +711,7 @@ final class UploaderStore {
                 current = (e.stream, ids.removeValue(forKey: e.stream) ?? [])
             }
             var slot = b.chunks.lastIndex { $0.stream == e.stream && $0.consent == e.consent }
+            let recent = delivered[e.stream]  // once per enqueue, not per record
             var n = 0
             var bytes = 0
             for r in e.records {
@@ -718,7 +719,7 @@ final class UploaderStore {
                 JSONText.appendString(UnsafeRawBufferPointer(start: r.id, count: Int(r.idLength)), to: &escaped)
                 let charge = escaped.withUnsafeBytes { id -> Int? in
                     let key = RecordKey(id)
-                    guard delivered[e.stream]?.contains(key) != true, current!.set.insert(key).inserted else { return nil }
+                    guard recent?.contains(key) != true, current!.set.insert(key).inserted else { return nil }
                     b.added.append(key)
                     if slot == nil || b.chunks[slot!].chunk.isFull {
                         b.chunks.append((e.stream, e.consent, Chunk(reservingBody: bodyEstimate)))

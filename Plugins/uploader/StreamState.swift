@@ -54,8 +54,13 @@ enum UploadOutcome: Equatable {
     /// Classifies the answer to a GET stream's request (a pixel): as `classify`, but a 3xx counts
     /// as delivered. The request reached the host the operator allowed; its redirect (often to
     /// another tracker's host) is not followed, and retrying the GET would count the hit again.
+    /// A 401 or 403 is final for a pixel: it is sent without credentials, so no token the
+    /// operator renews changes the answer (the record is set aside at once, not retried).
     static func classifyGet(status: Int?, retryAfterMs: UInt64?, error: String?) -> UploadOutcome {
         if let status, (300..<400).contains(status) { return .delivered }
+        if let status, status == 401 || status == 403 {
+            return .rejected(status: status, reason: "HTTP \(status) (a pixel carries no credentials)")
+        }
         return classify(status: status, retryAfterMs: retryAfterMs, error: error)
     }
 

@@ -15,6 +15,8 @@ extension Uploader {
 
     func reconcileConsent() {
         commit()  // anything accepted before the change is part of the final batch
+        // The pixel sender looks through its streams' pending pixels again: final ones are purged.
+        pixelSender.scanned.removeAll()
         var finalized: [String] = []
         do {
             // Streams whose own switch is denied (or all, while `device` is denied).

@@ -102,6 +102,7 @@ extension Uploader {
             // A flush also skips a pending retry wait: the caller asked for "now".
             st.flush()
             streams[n] = st
+            if st.settings.getHosts != nil { pixelSender.schedule.flush(stream: n) }
         }
         let wait = call.params["wait"]?.boolValue ?? false
         if wait {
@@ -145,6 +146,7 @@ extension Uploader {
                 "maxBatchBytes": .int(Int64(st.settings.maxBatchBytes)), "endpoint": .string(st.settings.endpoint),
                 "delivery": st.settings.getHosts == nil ? "post" : "get",
             ]
+            if st.settings.getHosts != nil, let entry = o[name]?.objectValue { o[name] = .object(pixelStatus(entry, name, now: t)) }
         }
         var r: JSONObject = [
             "streams": .object(o), "diskBytes": .int(Int64(diskBytes)), "maxDiskBytes": .int(Int64(limits.maxDiskBytes)),

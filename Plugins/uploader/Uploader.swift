@@ -54,6 +54,8 @@ final class Uploader {
     var multiDrainWaiters: [DrainWaiter] = []
     /// Per-endpoint "not before" from Retry-After.
     private var endpointNotBefore: [String: UInt64] = [:]
+    /// The pixel sender's lanes (GET streams, `Uploader+Get`).
+    var pixelSender: PixelSender
     var commits: UInt64 = 0
     /// Hand-overs and releases by `uploader.setOwner` since the start (`uploader.status`).
     var ownerChanges: UInt64 = 0
@@ -97,6 +99,7 @@ final class Uploader {
         self.config = config
         self.store = store
         http = HTTPClient(loop: plugin.loop)
+        pixelSender = PixelSender(schedule: PixelScheduler(limits: config.pixels))
         wakeTimer = Timer(loop: plugin.loop) {}
         commitTimer = Timer(loop: plugin.loop) {}
         deleteTimer = Timer(loop: plugin.loop) {}
@@ -433,8 +436,8 @@ final class Uploader {
     /// Arms the wake timer for the earliest stream that will need a look without an event.
     func armWake() {
         let t = now
-        var next: UInt64?
-        for st in streams.values {
+        var next = pixelWake(now: t)
+        for st in streams.values where st.settings.getHosts == nil {
             guard var w = st.nextWake(now: t) else { continue }
             if let nb = endpointNotBefore[st.settings.endpoint], nb > w { w = nb }
             next = min(next ?? w, w)
@@ -455,6 +458,11 @@ final class Uploader {
     /// of the next batch while that one is in flight.
     func pump(_ name: String, now t: UInt64) {
         guard var st = streams[name] else { return }
+        // A GET stream's pixels go by their lanes (`Uploader+Get`).
+        if st.settings.getHosts != nil {
+            pumpGet(name, now: t)
+            return
+        }
         while true {
             switch st.poll(now: t, endpointHeldUntil: endpointNotBefore[st.settings.endpoint]) {
             case .idle:
@@ -475,11 +483,7 @@ final class Uploader {
                 }
             case .send(let key):
                 streams[name] = st
-                if let hosts = st.settings.getHosts {
-                    sendGet(stream: name, key: key, hosts: hosts)
-                } else {
-                    send(stream: name, key: key, endpoint: st.settings.endpoint)
-                }
+                send(stream: name, key: key, endpoint: st.settings.endpoint)
                 // The work ahead waits for the next turn: curl writes the request from a zero
                 // timer, which runs first then; done now, the cut and read of the next batch
                 // would hold the request back.
@@ -490,8 +494,7 @@ final class Uploader {
                 return
             case .prepare(let key):
                 streams[name] = st
-                // A GET stream's request has no body to read and compress ahead.
-                if st.settings.getHosts == nil { prepare(stream: name, key: key) }
+                prepare(stream: name, key: key)
             }
         }
     }

@@ -71,11 +71,30 @@ package struct UploaderConfigError: Error, Equatable, CustomStringConvertible {
 /// Where batches may go: operator configuration only (callers cannot set an endpoint), `http` or
 /// `https` with a host, optionally restricted to `allowedHosts`. `{stream}` (the stream name) may
 /// appear only after the host, so the host of every URL is the template's.
+///
+/// An `allowedHosts` entry names a host and which ports: `"host"` the scheme's default port only
+/// (80 for http, 443 for https), `"host:8080"` that port only, `"host:*"` any port. IPv6 hosts
+/// are written in brackets when a port follows (`"[::1]:8080"`); a bare `"::1"` or `"[::1]"` is
+/// the default port. Secure by default: `["127.0.0.1"]` does not open every local service.
 package enum EndpointRule {
     static let schemes = ["http", "https"]
 
     /// The host of an endpoint template, or why it is not acceptable.
     package static func check(_ url: String, allowedHosts: Set<String>?) -> Result<String, UploaderConfigError> {
+        parse(url, allowedHosts: allowedHosts).map(\.host)
+    }
+
+    /// Where a URL goes: its lower-case host and its port (explicit, or the scheme's default),
+    /// and `destination`, the two as one `host:port` key (IPv6 in brackets).
+    package struct Target: Equatable {
+        package var host: String
+        package var port: Int
+        package var destination: String { (host.contains(":") ? "[\(host)]" : host) + ":\(port)" }
+    }
+
+    /// The URL's target, or why it is not acceptable (scheme, characters, credentials, host,
+    /// port, `allowedHosts`).
+    package static func parse(_ url: String, allowedHosts: Set<String>?) -> Result<Target, UploaderConfigError> {
         guard let sep = url.range(of: "://") else {
             return .failure(UploaderConfigError("endpoint \(url) has no scheme (http:// or https://)"))
         }
@@ -94,19 +113,82 @@ package enum EndpointRule {
         guard !authority.contains("{") else {
             return .failure(UploaderConfigError("endpoint \(url): {stream} may only appear in the path"))
         }
+        let defaultPort = scheme == "https" ? 443 : 80
         var host = Substring(authority)
+        var portText: Substring = ""
         if host.hasPrefix("[") {
             guard let close = host.firstIndex(of: "]") else { return .failure(UploaderConfigError("endpoint \(url): bad IPv6 host")) }
+            let rest = host[host.index(after: close)...]
             host = host[host.index(after: host.startIndex)..<close]
+            if !rest.isEmpty {
+                guard rest.hasPrefix(":") else { return .failure(UploaderConfigError("endpoint \(url): bad IPv6 host")) }
+                portText = rest.dropFirst()
+            }
         } else if let colon = host.lastIndex(of: ":") {
+            portText = host[host.index(after: colon)...]
             host = host[..<colon]
         }
         guard !host.isEmpty else { return .failure(UploaderConfigError("endpoint \(url) has no host")) }
-        let h = host.lowercased()
-        if let allowedHosts, !allowedHosts.contains(h) {
-            return .failure(UploaderConfigError("endpoint \(url): host \(h) is not in allowedHosts"))
+        var port = defaultPort
+        if !portText.isEmpty {
+            guard portText.count <= 5, portText.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let p = Int(portText),
+                (1...65_535).contains(p)
+            else { return .failure(UploaderConfigError("endpoint \(url): bad port \(portText)")) }
+            port = p
         }
-        return .success(h)
+        let target = Target(host: host.lowercased(), port: port)
+        if let allowedHosts, !allows(allowedHosts, target, defaultPort: defaultPort) {
+            let what = port == defaultPort ? target.host : target.destination
+            return .failure(UploaderConfigError("endpoint \(url): \(what) is not in allowedHosts"))
+        }
+        return .success(target)
+    }
+
+    /// Whether `entries` (normalized by `allowedHost`) allow `target`: its host on the default
+    /// port, or `host:port`, or `host:*`.
+    static func allows(_ entries: Set<String>, _ target: Target, defaultPort: Int) -> Bool {
+        let h = target.host.contains(":") ? "[\(target.host)]" : target.host
+        if entries.contains(h + ":*") || entries.contains(h + ":\(target.port)") { return true }
+        return target.port == defaultPort && entries.contains(target.host)
+    }
+
+    /// An `allowedHosts` entry in the form `allows` compares (lower-case; `[v6]` alone as `v6`),
+    /// or nil when it is not a host, `host:port` or `host:*`.
+    static func allowedHost(_ entry: String) -> String? {
+        let e = entry.lowercased()
+        guard !e.isEmpty, e.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F && $0 != UInt8(ascii: "/") && $0 != UInt8(ascii: "@") })
+        else { return nil }
+        func portOK(_ p: Substring) -> Bool {
+            p == "*" || (p.count <= 5 && p.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 } && Int(p).map { (1...65_535).contains($0) } == true)
+        }
+        if e.hasPrefix("[") {
+            guard let close = e.firstIndex(of: "]"), close > e.index(after: e.startIndex) else { return nil }
+            let rest = e[e.index(after: close)...]
+            if rest.isEmpty { return String(e[e.index(after: e.startIndex)..<close]) }
+            guard rest.hasPrefix(":"), portOK(rest.dropFirst()) else { return nil }
+            return e
+        }
+        let colons = e.filter { $0 == ":" }.count
+        if colons == 1, let c = e.firstIndex(of: ":") {
+            guard c > e.startIndex, portOK(e[e.index(after: c)...]) else { return nil }
+        }
+        return e  // a host, host:port, or a bare IPv6 address (several colons)
+    }
+
+    /// The `allowedHosts` list at `key`, normalized, or the error naming the bad entry.
+    static func allowedHosts(_ v: JSON, _ key: String) throws(UploaderConfigError) -> Set<String> {
+        guard let list = v.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
+            throw UploaderConfigError("\(key) must be an array of host names")
+        }
+        var out = Set<String>()
+        for item in list {
+            let s = item.stringValue ?? ""
+            guard let h = allowedHost(s) else {
+                throw UploaderConfigError("\(key): \(s) is not a host, host:port or host:* (IPv6 as [addr]:port)")
+            }
+            out.insert(h)
+        }
+        return out
     }
 }
 
@@ -129,6 +211,8 @@ package struct UploaderConfig {
     package var catalog = StreamCatalog()
     /// The device credential file sent as `Authorization: Bearer` (docs/SECURITY.md, "Backend").
     var credentialFile: String?
+    /// The pixel sender's bounds (config `pixels`: GET streams, docs/UPLOADER.md).
+    var pixels = PixelScheduler.Limits()
 
     package init() {}
 
@@ -166,12 +250,7 @@ package struct UploaderConfig {
             }
             queueCompression = q
         }
-        if let h = c["allowedHosts"], h != .null {
-            guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
-                throw UploaderConfigError("allowedHosts must be an array of host names")
-            }
-            allowedHosts = Set(list.compactMap { $0.stringValue?.lowercased() })
-        }
+        if let h = c["allowedHosts"], h != .null { allowedHosts = try EndpointRule.allowedHosts(h, "allowedHosts") }
         if let o = c["owners"], o != .null {
             guard let obj = o.objectValue else { throw UploaderConfigError("owners must be an object of \"plugin:NAME\"/\"uid:N\" keys") }
             for (k, v) in obj {
@@ -180,6 +259,22 @@ package struct UploaderConfig {
                 let d = try ConfigBounds.int(v["maxDiskBytes"], "owners[\(k)].maxDiskBytes", ConfigBounds.ownerMaxDiskBytes)
                 let s = try ConfigBounds.int(v["maxStreams"], "owners[\(k)].maxStreams", ConfigBounds.ownerMaxStreams)
                 limits.ownerOverrides[owner] = (d.map { Int($0) }, s.map { Int($0) })
+            }
+        }
+        if let px = c["pixels"], px != .null {
+            guard px.objectValue != nil else {
+                throw UploaderConfigError("pixels must be an object {maxInFlight?, maxInFlightPerHost?, maxAttempts?, maxScheduled?}")
+            }
+            let r = PixelScheduler.Limits.self
+            if let v = try ConfigBounds.int(px["maxInFlight"], "pixels.maxInFlight", r.maxInFlightRange) { pixels.maxInFlight = Int(v) }
+            if let v = try ConfigBounds.int(px["maxInFlightPerHost"], "pixels.maxInFlightPerHost", r.maxInFlightRange) {
+                pixels.maxInFlightPerHost = Int(v)
+            }
+            if let v = try ConfigBounds.int(px["maxAttempts"], "pixels.maxAttempts", r.maxAttemptsRange) { pixels.maxAttempts = Int(v) }
+            if let v = try ConfigBounds.int(px["maxScheduled"], "pixels.maxScheduled", r.maxScheduledRange) { pixels.maxScheduled = Int(v) }
+            guard pixels.maxInFlightPerHost <= pixels.maxInFlight else {
+                throw UploaderConfigError(
+                    "pixels.maxInFlightPerHost (\(pixels.maxInFlightPerHost)) must not exceed pixels.maxInFlight (\(pixels.maxInFlight))")
             }
         }
         var namespaces: Set<String>?
@@ -212,10 +307,7 @@ package struct UploaderConfig {
                 case .string("get")?:
                     var hosts = allowedHosts
                     if let h = v["allowedHosts"], h != .null {
-                        guard let list = h.arrayValue, list.allSatisfy({ $0.stringValue != nil }) else {
-                            throw UploaderConfigError("streams[\(pattern)].allowedHosts must be an array of host names")
-                        }
-                        hosts = Set(list.compactMap { $0.stringValue?.lowercased() })
+                        hosts = try EndpointRule.allowedHosts(h, "streams[\(pattern)].allowedHosts")
                     }
                     guard let hosts, !hosts.isEmpty else {
                         throw UploaderConfigError(

@@ -9,11 +9,13 @@ import Testing
 /// one, durably, under the stream's consent switch, only to its `allowedHosts`, with retry. A
 /// local test server receives the GETs.
 @Suite(.serialized) struct UploaderPixelTests {
-    func host(_ server: UploaderTestServer, config extra: JSONObject = [:]) throws -> TestHost {
+    func host(_ server: UploaderTestServer, config extra: JSONObject = [:], allow: [UploaderTestServer] = []) throws -> TestHost {
+        // Destinations are host and port: the servers' ports are named (a bare host is port 80).
+        let hosts = ([server] + allow).map { JSON.string("127.0.0.1:\($0.port)") }
         var cfg: JSONObject = [
             "endpoint": .string(server.baseURL + "/v1/batches/{stream}"), "retryInitialMs": 100, "retryMaxMs": 2000,
             "streams": [
-                "gtm.pixels": ["delivery": "get", "allowedHosts": ["127.0.0.1"], "consent": "gtm:hits", "intervalMs": 600_000]
+                "gtm.pixels": ["delivery": "get", "allowedHosts": .array(hosts), "consent": "gtm:hits", "intervalMs": 600_000]
             ],
         ]
         for (k, v) in extra { cfg[k] = v }
@@ -27,13 +29,12 @@ import Testing
         return h
     }
 
-    func pixel(_ c: SyncClient, _ id: String, _ url: String) throws -> JSON {
-        try c.call(
+    func pixel(_ c: SyncClient, _ id: String, _ url: String, owner: String? = nil) throws -> JSON {
+        var data: JSONObject = ["kind": "pixel", "url": .string(url)]
+        if let owner { data["owner"] = .string(owner) }
+        return try c.call(
             "uploader.enqueue",
-            [
-                "stream": "gtm.pixels", "consent": "gtm:hits",
-                "records": [["id": .string(id), "data": ["kind": "pixel", "url": .string(url)]]],
-            ])
+            ["stream": "gtm.pixels", "consent": "gtm:hits", "records": [["id": .string(id), "data": .object(data)]]])
     }
 
     func gets(_ server: UploaderTestServer) throws -> [String] {
@@ -58,7 +59,12 @@ import Testing
         let server = try UploaderTestServer()
         let h = try host(server)
         let c = try h.client()
-        for url in ["http://evil.example/x", "ftp://127.0.0.1/x", "http://user:pw@127.0.0.1/x", "127.0.0.1/x"] {
+        // Another port of the allowed host is another destination (the issue's
+        // `127.0.0.1:8850/v1/inspect/stats`), and so is the bare host's port 80.
+        for url in [
+            "http://evil.example/x", "ftp://127.0.0.1/x", "http://user:pw@127.0.0.1/x", "127.0.0.1/x",
+            "http://127.0.0.1:8850/v1/inspect/stats", "http://127.0.0.1/x",
+        ] {
             do {
                 _ = try pixel(c, "bad", url)
                 Issue.record("\(url) accepted")
@@ -129,7 +135,10 @@ import Testing
                 b,
                 config: [
                     "streams": [
-                        "gtm.pixels": ["delivery": "get", "allowedHosts": ["127.0.0.1"], "consent": "gtm:hits", "intervalMs": 0]
+                        "gtm.pixels": [
+                            "delivery": "get", "allowedHosts": [.string("127.0.0.1:\(server.port)")], "consent": "gtm:hits",
+                            "intervalMs": 0,
+                        ]
                     ]
                 ]),
             [
@@ -147,5 +156,50 @@ import Testing
         _ = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
         #expect(try c.call("uploader.status")["streams"]?["gtm.pixels"]?["delivered"] == .int(1))
         #expect(try b.records("gtm.hits").isEmpty, "a pixel is not an analytics hit")
+    }
+
+    /// Issue 32 item 4: uid 65534's pixel to a destination that keeps failing (503 on every
+    /// request) holds only its own lane. uid 1000's pixel to a healthy destination arrives while
+    /// the failing one is still being retried. (Before the lanes: one GET in flight for the
+    /// whole stream, retried forever, held every other pixel behind it.)
+    @Test func aFailingDestinationHoldsOnlyItsOwnPixels() throws {
+        let failing = try UploaderTestServer()
+        try failing.answer([], then: 503)
+        let healthy = try UploaderTestServer()
+        let h = try host(failing, config: ["pixels": ["maxAttempts": 1000]], allow: [healthy])
+        let c = try h.client()
+        _ = try pixel(c, "bad", failing.baseURL + "/v1/inspect/stats", owner: "uid:65534")
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels"])
+        // The failing pixel is in its retries (two requests seen) before the healthy one is queued.
+        try waitUntil(timeout: 10) { try gets(failing).count >= 2 }
+        _ = try pixel(c, "good", healthy.baseURL + "/px?uid=1000", owner: "uid:1000")
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels"])
+        try waitUntil(timeout: 10) { try gets(healthy) == ["/px?uid=1000"] }
+        // ... while the failing one is still failing: queued, not given up, and requested again.
+        let seen = try gets(failing).count
+        try waitUntil(timeout: 10) { try gets(failing).count > seen }
+        let st = try c.call("uploader.status")["streams"]?["gtm.pixels"]
+        #expect(st?["pendingBatches"] == .int(1) && st?["deadLetters"] == .int(0) && st?["delivered"] == .int(1), "\(st ?? .null)")
+        #expect(try failing.log().allSatisfy { $0["status"] == .int(503) })
+    }
+
+    /// A pixel that keeps failing is dead-lettered after `pixels.maxAttempts` tries, with its
+    /// last status; a 401 (or 403) is dead-lettered at once (a pixel carries no credentials).
+    @Test func aPixelThatKeepsFailingIsDeadLettered() throws {
+        let server = try UploaderTestServer()
+        try server.answer([503, 503, 503, 401])
+        let h = try host(server, config: ["pixels": ["maxAttempts": 3]])
+        let c = try h.client()
+        _ = try pixel(c, "p7", server.baseURL + "/px?n=7", owner: "uid:1000")
+        let r = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(r["delivered"] == .int(0) && r["deadLettered"] == .int(1), "\(r)")
+        _ = try pixel(c, "p8", server.baseURL + "/px?n=8", owner: "uid:1000")
+        let r8 = try c.call("uploader.flush", ["stream": "gtm.pixels", "wait": true])
+        #expect(r8["deadLettered"] == .int(1), "\(r8)")
+        #expect(try gets(server) == ["/px?n=7", "/px?n=7", "/px?n=7", "/px?n=8"])
+        let dead = try c.call("uploader.deadLetters", ["stream": "gtm.pixels"])["deadLetters"]?.arrayValue ?? []
+        #expect(dead.map { $0["id"] } == [.string("p7"), .string("p8")], "\(dead)")
+        #expect(dead.map { $0["status"] } == [.int(503), .int(401)], "\(dead)")
+        #expect(dead.first?["reason"]?.stringValue?.hasPrefix("gave up after 3 attempts") == true, "\(dead)")
     }
 }

@@ -207,13 +207,14 @@ struct StreamPolicyTests {
     /// else the plugin's `allowedHosts`, else a configuration error; a batch is one record; a
     /// 3xx answer to the GET is a delivery; a record's URL must be http/https to an allowed host.
     @Test func getStreamsNeedAllowedHostsAndSendOneRecordPerRequest() throws {
+        // The top-level list covers the default endpoint's port (8780): a bare host is port 80 only.
         let c = try UploaderConfig([
-            "allowedHosts": ["127.0.0.1"],
+            "allowedHosts": ["127.0.0.1", "127.0.0.1:8780"],
             "streams": ["gtm.pixels": ["delivery": "get", "allowedHosts": ["Pixel.Example.com"]], "p2": ["delivery": "get"]],
         ])
         let s = c.catalog.settings(for: "gtm.pixels", defaultEndpoint: c.defaultEndpoint)
         #expect(s.getHosts == ["pixel.example.com"])
-        #expect(c.catalog.settings(for: "p2", defaultEndpoint: c.defaultEndpoint).getHosts == ["127.0.0.1"])
+        #expect(c.catalog.settings(for: "p2", defaultEndpoint: c.defaultEndpoint).getHosts == ["127.0.0.1", "127.0.0.1:8780"])
         #expect(c.catalog.settings(for: "ma.x", defaultEndpoint: c.defaultEndpoint).getHosts == nil)
         var st = StreamState(settings: s)
         st.committed(added: 3, bytes: 30, now: 0)

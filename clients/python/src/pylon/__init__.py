@@ -7,7 +7,7 @@
 """
 from .errors import (
     PylonError, ConnectionClosed, ParseError, InvalidRequest, MethodNotFound, InvalidParams, InternalError,
-    PluginUnavailable, Timeout, ConsentDenied, Overloaded, NotPermitted, MessageTooLarge, ShuttingDown, ServiceError,
+    PluginUnavailable, Timeout, ConsentDenied, Overloaded, NotPermitted, MessageTooLarge, ShuttingDown, Pending, ServiceError,
 )
 from .client import Client, Notification, default_socket_path
 from .aio import AsyncClient
@@ -18,5 +18,5 @@ __all__ = [
     "Client", "AsyncClient", "Plugin", "Call", "Notification", "default_socket_path",
     "PylonError", "ConnectionClosed", "ParseError", "InvalidRequest", "MethodNotFound", "InvalidParams",
     "InternalError", "PluginUnavailable", "Timeout", "ConsentDenied", "Overloaded", "NotPermitted",
-    "MessageTooLarge", "ShuttingDown",
+    "MessageTooLarge", "ShuttingDown", "Pending",
 ]

@@ -101,6 +101,14 @@ class ShuttingDown(PylonError):
     code = -32007
 
 
+class Pending(PylonError):
+    """-32008: not a failure. The request goes on and may still take effect (the host's deadline
+    passed for a plugin that carries on, or the plugin said so: an MA start waiting for the
+    network); no later answer comes. Retry only with an idempotency key (MA's ``eventId``, the
+    uploader's record ids)."""
+    code = -32008
+
+
 class ServiceError(PylonError):
     """A service's failure code in a successful reply (``call(..., check=True)``).
 
@@ -119,7 +127,7 @@ class ServiceError(PylonError):
 _BY_CODE: Dict[int, Type[PylonError]] = {
     c.code: c for c in (ParseError, InvalidRequest, MethodNotFound, InvalidParams, InternalError,
                         PluginUnavailable, Timeout, ConsentDenied, Overloaded, NotPermitted,
-                        MessageTooLarge, ShuttingDown)}
+                        MessageTooLarge, ShuttingDown, Pending)}
 
 
 def from_wire(err: Mapping[str, Any]) -> PylonError:

@@ -37,8 +37,9 @@ release: deps
 BACKEND_LISTEN ?= 127.0.0.1:8780
 MQTT_LISTEN ?= 127.0.0.1:1883
 
-## Start the MQTT broker (MQTT_LISTEN), the reference backend (BACKEND_LISTEN) and the host with every
-## plugin, wired to them. The configuration is CONFIG (default: the tracked etc/pylon.json): every
+## Start the MQTT broker (MQTT_LISTEN), the reference backend (BACKEND_LISTEN, serving the operator
+## console from clients/console at its root) and the host with every plugin, wired to them. The
+## configuration is CONFIG (default: the tracked etc/pylon.json): every
 ## backend URL (http://127.0.0.1:8780), the broker port (1883) and /etc/pylon/device.key in it are
 ## rewritten to this run's into $(RUN_DIR)/pylon.json at each start (the file pylond reads and
 ## `pylonctl reload` re-reads), so a second `make run RUN_DIR=... BACKEND_LISTEN=... MQTT_LISTEN=...`
@@ -70,7 +71,8 @@ run: build
 	@(cd $(RUN_DIR) && exec mosquitto -c $(RUN_DIR)/mosquitto.conf 2>>$(RUN_DIR)/mosquitto.log) & broker=$$!; \
 	.build/debug/pylon-backend --listen $(BACKEND_LISTEN) --db $(RUN_DIR)/backend.db --mqtt $(MQTT_LISTEN) \
 	  --operator-token-file $(RUN_DIR)/operator.token --enrol-secret-file $(RUN_DIR)/device.key \
-	  --mqtt-username pylon-backend --mqtt-password-file $(RUN_DIR)/broker.password --mqtt-dynsec > $(RUN_DIR)/backend.out & backend=$$!; \
+	  --mqtt-username pylon-backend --mqtt-password-file $(RUN_DIR)/broker.password --mqtt-dynsec \
+	  --console-dir $(CURDIR)/clients/console > $(RUN_DIR)/backend.out & backend=$$!; \
 	trap 'kill $$backend $$broker 2>/dev/null' EXIT INT TERM HUP; \
 	for i in $$(seq 50); do grep -q listening $(RUN_DIR)/backend.out 2>/dev/null && break; \
 	  kill -0 $$backend 2>/dev/null || break; sleep 0.1; done; \
@@ -78,6 +80,7 @@ run: build
 	  echo "make run: pylon-backend could not listen on $(BACKEND_LISTEN) (in use by another 'make run'?); choose another: make run BACKEND_LISTEN=127.0.0.1:8790 MQTT_LISTEN=127.0.0.1:1884 RUN_DIR=..." >&2; exit 1; fi; \
 	kill -0 $$broker 2>/dev/null || { echo "make run: mosquitto could not start on $(MQTT_LISTEN) (see $(RUN_DIR)/mosquitto.log)" >&2; exit 1; }; \
 	echo "mosquitto: $(MQTT_LISTEN)   pylon-backend: http://$(BACKEND_LISTEN)   pylond: socket $(PYLON_SOCKET)   config: $(CONFIG)"; \
+	echo "console: http://$(BACKEND_LISTEN)/   (log in with an operator account, or the operator token in $(RUN_DIR)/operator.token)"; \
 	echo "use: . $(RUN_DIR)/env   (PYLON_SOCKET, PATH, BACKEND, OP)   then: pylonctl status"; \
 	echo "operator API (token in $(RUN_DIR)/operator.token, mode 0600):"; \
 	echo "  curl -H \"\$$OP\" \$$BACKEND/v1/inspect/stats"; \
@@ -186,7 +189,7 @@ install-files:
 	  chmod 640 $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; \
 	  if [ -z "$(DESTDIR)" ] && getent group pylon >/dev/null; then chgrp pylon $(SYSCONFDIR)/pylon/pylon.json; fi; fi
 	for u in pylond pylon-backend; do \
-	  sed 's|/usr/local/bin/|$(BINDIR)/|' etc/$$u.service > $(DESTDIR)$(UNITDIR)/$$u.service; \
+	  sed -e 's|/usr/local/bin/|$(BINDIR)/|' -e 's|/usr/local/share/pylon/console|$(CONSOLEDIR)|' etc/$$u.service > $(DESTDIR)$(UNITDIR)/$$u.service; \
 	  chmod 644 $(DESTDIR)$(UNITDIR)/$$u.service; done
 	install -m 644 etc/pylon.sysusers $(DESTDIR)$(SYSUSERSDIR)/pylon.conf
 	install -m 644 etc/mosquitto/pylon-push.conf $(DESTDIR)$(DOCDIR)/examples/mosquitto-pylon-push.conf

@@ -45,6 +45,7 @@ dpkg -i "$deb" >/dev/null || fail "dpkg -i"
 getent passwd pylon >/dev/null || fail "no pylon user"
 getent group pylon >/dev/null || fail "no pylon group"
 [ -x /usr/bin/pylond ] && [ -x /usr/lib/pylon/plugins/pylon-uploader ] || fail "binaries"
+[ -f /usr/share/pylon/console/index.html ] && [ -f /usr/share/pylon/console/js/app.js ] || fail "the operator console is not installed"
 [ ! -e /usr/lib/pylon/plugins/pylon-echo ] || fail "test plugin shipped"
 dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
 [ "$(stat -c '%a %U:%G' /etc/pylon/device.key)" = "600 pylon:pylon" ] || fail "device.key is not 600 pylon:pylon"
@@ -139,11 +140,13 @@ else
             sleep 0.1
         done
         [ -n "$got" ] || fail "the push plugin did not receive the operator's send"
+        # The operator console, served by the packaged backend from /usr/share/pylon/console.
+        curl -sf 127.0.0.1:8780/ | grep -q '<title>Pylon console</title>' || fail "the packaged backend does not serve the console"
         kill "$bpid"; wait "$bpid" 2>/dev/null || true; bpid=""
         kill "$mpid"; wait "$mpid" 2>/dev/null || true; mpid=""
         [ -n "$mosq_db_before" ] || rm -f /var/lib/mosquitto/mosquitto.db
         rmdir /run/mosquitto 2>/dev/null || true
-        echo "deb-test: packaged push path ok (broker login from the postinst, device registered, send received)"
+        echo "deb-test: packaged push path ok (broker login from the postinst, device registered, send received, console served)"
     else
         echo "deb-test: ports 1883/8780 in use here; packaged push path not exercised"
     fi

@@ -39,6 +39,7 @@ grep -q '"socketGroup": "pylon"' "$cfg" || fail "socketGroup not set"
 grep -q "http://127.0.0.1:$port/v1/batches" "$cfg" || fail "BACKEND_URL not substituted"
 ! grep -q '@' "$cfg" || fail "unsubstituted placeholder in $cfg"
 grep -q "ExecStart=/usr/bin/pylond " "$root/lib/systemd/system/pylond.service" || fail "unit ExecStart not under PREFIX"
+grep -q -- "--console-dir /usr/share/pylon/console" "$root/lib/systemd/system/pylon-backend.service" || fail "the backend unit does not serve the installed console"
 for b in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader usr/lib/pylon/plugins/pylon-ma \
          usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm; do
     "$root/$b" --version | grep -q "0\.1\.0" || fail "$b --version"

@@ -6,8 +6,9 @@ every door of "Trust on every door" as unprivileged uids (the attacker 65534, a 
 through `setpriv`; the probes' client side is tools/attack_probe.py) and prints one verdict line
 per probe (PASS/FAIL): notifications acting as another uid, the backend without a token, the
 broker anonymously and with another device's credential, GTM's data layer across uids, a push
-identity rebind by a non-owner, a per-uid queue flood, a connect flood measured by another uid
-with pylon.AsyncClient and plain non-blocking connects, and dead-letter disk growth.
+identity rebind by a non-owner, one uid's failing pixel destination (another uid's pixel must
+arrive within 1 s), a per-uid queue flood, a connect flood measured by another uid with
+pylon.AsyncClient and plain non-blocking connects, and dead-letter disk growth.
 
 Usage: tools/attack.py [--bin .build/release] [--seconds N]   (as root: it switches uids)
 Starts what `make run` starts in a temporary directory on loopback (mosquitto with dynamic
@@ -197,6 +198,37 @@ def http(base, path, token=None, body=None, method=None, timeout=10):
             return e.code, None
 
 
+class PixelServer:
+    """A pixel destination on loopback: answers every GET with `status` and notes when each came."""
+
+    def __init__(self, status):
+        import http.server
+        outer = self
+        self.status, self.times, self.lock = status, [], threading.Lock()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with outer.lock:
+                    outer.times.append(time.time())
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def count(self):
+        with self.lock:
+            return len(self.times)
+
+    def stop(self):
+        self.server.shutdown()
+
+
 def as_uid(uid, sock, probe, args=None, wait=True, timeout=120):
     """Runs `attack_probe.py PROBE` as `uid` (no groups); returns its JSON line (or the process)."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.path.join(REPO, "clients", "python", "src"),
@@ -261,12 +293,18 @@ class Stack:
         if b"listening" not in self.backend.stdout.readline():
             raise SystemExit("pylon-backend did not start")
         self.disk_cap = 16 << 20
+        # Pixel destinations (the pixel probe): one down (503 on every GET), one healthy. The
+        # shipped gtm.pixels allows "127.0.0.1" (port 80 only); these two ports are named.
+        self.px_down, self.px_up = PixelServer(503), PixelServer(204)
         cfg = {"socket": self.sock, "socketMode": "0666", "stateDir": w + "/state", "pluginDir": bin_dir,
                "logLevel": "info",
                "plugins": [
                    {"name": "uploader", "exec": "pylon-uploader", "config": {
                        "endpoint": f"{self.base}/v1/batches/{{stream}}", "credentialFile": self.dev_key,
-                       "maxDiskBytes": self.disk_cap, "retryInitialMs": 200, "retryMaxMs": 1000}},
+                       "maxDiskBytes": self.disk_cap, "retryInitialMs": 200, "retryMaxMs": 1000,
+                       "streams": {"gtm.pixels": {
+                           "delivery": "get", "consent": "gtm:hits", "intervalMs": 0,
+                           "allowedHosts": ["127.0.0.1", f"127.0.0.1:{self.px_down.port}", f"127.0.0.1:{self.px_up.port}"]}}}},
                    {"name": "ma", "exec": "pylon-ma", "config": {"backend": self.base, "credentialFile": self.dev_key}},
                    {"name": "push", "exec": "pylon-push", "config": {
                        "backend": self.base, "credentialFile": self.dev_key,
@@ -288,6 +326,8 @@ class Stack:
             time.sleep(0.05)
 
     def stop(self):
+        self.px_down.stop()
+        self.px_up.stop()
         for p in (self.host, self.backend, self.mosquitto):
             if p.poll() is None:
                 p.terminate()
@@ -382,6 +422,50 @@ def probe_gtm(st):
     return ok, (f"victim uid {VICTIM} pushed screenName and reads it back ({own.get('own') == secret_value}); uid "
                 f"{ATTACKER} reads {r.get('value')!r}, with uid:{VICTIM} gets {r.get('asVictim')}, logLines all "
                 f"{r.get('logLinesAll')}, its gtm.status names the value: {r.get('statusLeaks')}")
+
+
+def probe_pixels(st):
+    """Issue 32 item 4: the attacker's pixels go to a destination that is down (503 on every GET,
+    retried) and to the backend's own port (refused at the enqueue: a bare allowed host is port
+    80 only); then the victim's pixel to a healthy destination must arrive within 1 s of its
+    gtm.push while the attacker's is still being retried. Both pixels come from a GTM container's
+    `_img` tag whose url is a data-layer value, pushed by each uid through gtm.push."""
+    res = {"macros": [{"function": "_e", "instance_name": "event"},
+                      {"function": "_v", "instance_name": "pixelUrl", "name": "pixelUrl"}],
+           "predicates": [{"function": "_eq", "arg0": ["macro", 0], "arg1": "px"}],
+           "tags": [{"function": "_img", "url": ["macro", 1]}], "rules": [[["if", 0], ["add", 0]]]}
+    status, _ = http(st.base, "/v1/admin/gtm/containers/GTM-PIXEL/versions", token=st.op,
+                     body={"container": {"resource": res}, "draft": False})
+    for key in ("gtm:hits", "gtm:GTM-PIXEL"):
+        call(st.sock, "consent.set", {"key": key, "granted": True})
+    inspect = f"http://127.0.0.1:{st.port}/v1/inspect/stats"
+    down = f"http://127.0.0.1:{st.px_down.port}/px?uid={ATTACKER}"
+    down0, up0 = st.px_down.count(), st.px_up.count()
+    a = as_uid(ATTACKER, st.sock, "pixel_gtm", {"urls": [inspect, down]})
+    deadline = time.time() + 20
+    while st.px_down.count() < down0 + 2 and time.time() < deadline:  # in its retries
+        time.sleep(0.05)
+    retried_before = st.px_down.count()
+    v = as_uid(VICTIM, st.sock, "pixel_gtm", {"urls": [f"http://127.0.0.1:{st.px_up.port}/px?uid={VICTIM}"]})
+    deadline = time.time() + 20
+    while st.px_up.count() <= up0 and time.time() < deadline:
+        time.sleep(0.01)
+    latency = (st.px_up.times[up0] - v["pushedAt"]) if st.px_up.count() > up0 and "pushedAt" in v else None
+    deadline = time.time() + 20
+    while st.px_down.count() <= retried_before and time.time() < deadline:  # and the attacker's still fails
+        time.sleep(0.05)
+    px = call(st.sock, "uploader.status", {})["result"]["streams"].get("gtm.pixels", {})
+    lines = call(st.sock, "gtm.logLines", {"uid": ATTACKER, "limit": 100})["result"]["lines"]
+    refused = sum(1 for ln in lines if "not allowed" in ln["message"] and str(st.port) in ln["message"])
+    # Still failing: requested again after the victim's pixel went, and still queued (a pixel is
+    # dead-lettered after pixels.maxAttempts tries, 8: a repeated probe sees earlier ones there).
+    still_failing = st.px_down.count() > retried_before and px.get("pendingBatches", 0) >= 1
+    ok = status == 200 and latency is not None and latency < 1.0 and still_failing and refused >= 1
+    lat = f"{latency * 1000:.0f} ms" if latency is not None else "never (20 s)"
+    return ok, (f"uid {ATTACKER}'s pixel to 127.0.0.1:{st.port} (backend) refused at the enqueue: {refused >= 1}; its pixel "
+                f"to a destination answering 503: {st.px_down.count() - down0} GETs, still queued ({px.get('pendingBatches')} pending, "
+                f"{px.get('deadLetters')} dead letters, lanes {px.get('pixels')}); uid {VICTIM}'s pixel to a healthy "
+                f"destination arrived {lat} after its gtm.push (attacker probe {a.get('pushes')}, victim {v.get('pushes')})")
 
 
 def probe_push_bind(st):
@@ -540,6 +624,7 @@ def main():
             ("broker with another device's credential", lambda: probe_broker_other_device(st)),
             ("GTM cross-uid data layer", lambda: probe_gtm(st)),
             ("push identity rebind by a non-owner", lambda: probe_push_bind(st)),
+            ("one uid's failing pixel destination", lambda: probe_pixels(st)),
             ("per-uid queue flood, 64 connections", lambda: probe_queue_flood(st, a.seconds, 64)),
             ("per-uid queue flood, 160 connections", lambda: probe_queue_flood(st, a.seconds, 160)),
             ("batch amplification, 64 connections", lambda: probe_batch_flood(st, a.seconds)),

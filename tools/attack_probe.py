@@ -95,6 +95,20 @@ def attacker_gtm(path, a):
                       "statusLeaks": a["secret"] in json.dumps(status)}))
 
 
+def pixel_gtm(path, a):
+    """Opens GTM-PIXEL (its `_img` tag's url is the data-layer value `pixelUrl`) and pushes one
+    `px` event per URL; prints when the last push was sent (`pushedAt`, wall clock) and the answers."""
+    c = Line(path)
+    c.call("gtm.openContainer", {"containerId": "GTM-PIXEL", "timeoutMs": 5000})
+    pushes = []
+    t = None
+    for u in a["urls"]:
+        t = time.time()
+        r = c.call("gtm.push", {"data": {"event": "px", "pixelUrl": u}})
+        pushes.append(r.get("result", r.get("error")))
+    print(json.dumps({"pushedAt": t, "pushes": pushes}))
+
+
 def attacker_push_bind(path, a):
     c = Line(path)
     r = c.call("push.bind", {"userId": a["userId"]})

@@ -119,17 +119,18 @@ extension Store {
                 // The database part is done: waiting for the stream's deletes.
                 return try finishIfStreamDone(e, now: now)
             }
+            // The next batch of the user's events, named by the same subquery in each statement
+            // (one transaction: each sees the same rows).
+            let batch = "SELECT id FROM events WHERE app_key = ? AND euid = ? ORDER BY time_ms, id LIMIT ?"
             let user: [SQLBind] = [.text(e.appKey), .text(euid), .int(Int64(ErasureLimits.batchRows))]
-            let pick = "SELECT id FROM events WHERE app_key = ? AND euid = ? ORDER BY id LIMIT ?"
-            let ids = try db.query(pick, user).compactMap { $0[0].int }
-            if !ids.isEmpty {
-                let inList = ids.map(String.init).joined(separator: ",")  // integers read from the database
-                try db.run(
-                    "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT CAST(? AS BIGINT), js_seq FROM events WHERE id IN (\(inList))"
-                        + " AND js_seq IS NOT NULL ON CONFLICT DO NOTHING", [.int(id)])
-                try db.run(
-                    "DELETE FROM records WHERE (stream, id) IN (SELECT stream, record_id FROM events WHERE id IN (\(inList)))", [])
-                let n = try db.run("DELETE FROM events WHERE id IN (\(inList))", [])
+            try db.run(
+                "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT CAST(? AS BIGINT), js_seq FROM events"
+                    + " WHERE id IN (\(batch)) AND js_seq IS NOT NULL ON CONFLICT DO NOTHING", [.int(id)] + user)
+            try db.run(
+                "DELETE FROM records WHERE seq IN (SELECT r.seq FROM events e JOIN records r ON r.stream = e.stream"
+                    + " AND r.id = e.record_id WHERE e.id IN (\(batch)))", user)
+            let n = try db.run("DELETE FROM events WHERE id IN (\(batch))", user)
+            if n > 0 {
                 try db.run("UPDATE erasures SET events = events + ? WHERE id = ?", [.int(Int64(n)), .int(id)])
                 return false
             }

@@ -95,23 +95,24 @@ extension Store {
     /// Deletes at most `RetentionLimits.batchRows` events (and their records) older than
     /// `cutoffMs` of one AppKey (`appKey`) or stream (`stream`); answers how many.
     func expireEvents(appKey: String? = nil, stream: String? = nil, before cutoffMs: Int64) throws(StoreError) -> Int {
-        try transaction(.readCommitted) { () throws(StoreError) -> Int in
-            let pick: String
+        try transaction { () throws(StoreError) -> Int in
+            // The oldest expired batch, named by the same subquery in both statements (one
+            // transaction: both see the same rows).
+            let batch: String
             let args: [SQLBind]
             if let appKey {
-                pick = "SELECT id FROM events WHERE app_key = ? AND time_ms < ? ORDER BY time_ms LIMIT ?"
+                batch = "SELECT id FROM events WHERE app_key = ? AND time_ms < ? ORDER BY time_ms LIMIT ?"
                 args = [.text(appKey), .int(cutoffMs), .int(Int64(RetentionLimits.batchRows))]
             } else if let stream, let sid = try db.query("SELECT id FROM streams WHERE name = ?", [.text(stream)]).first?.first?.int {
-                pick = "SELECT id FROM events WHERE stream = ? AND time_ms < ? ORDER BY time_ms LIMIT ?"
+                batch = "SELECT id FROM events WHERE stream = ? AND time_ms < ? ORDER BY time_ms LIMIT ?"
                 args = [.int(sid), .int(cutoffMs), .int(Int64(RetentionLimits.batchRows))]
             } else {
                 return 0
             }
-            let ids = try db.query(pick, args).compactMap { $0[0].int }
-            guard !ids.isEmpty else { return 0 }
-            let inList = ids.map(String.init).joined(separator: ",")  // integers read from the database
-            try db.run("DELETE FROM records WHERE (stream, id) IN (SELECT stream, record_id FROM events WHERE id IN (\(inList)))", [])
-            return try db.run("DELETE FROM events WHERE id IN (\(inList))", [])
+            try db.run(
+                "DELETE FROM records WHERE seq IN (SELECT r.seq FROM events e JOIN records r ON r.stream = e.stream"
+                    + " AND r.id = e.record_id WHERE e.id IN (\(batch)))", args)
+            return try db.run("DELETE FROM events WHERE id IN (\(batch))", args)
         }
     }
 

@@ -353,6 +353,32 @@ import Testing
         let left = try StreamReader.readAll(urls: nats.urls, durable: "after")
         #expect(left.map(\.msgId) == ["k2"])
     }
+
+    @Test(arguments: StoreKind.allCases) func retentionExpiresOldEventsAndAnOptOutErasesWhenTheAppSaysSo(_ kind: StoreKind) throws {
+        let b = try BackendProcess(store: kind)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try ConsoleDataTests.post(
+            b, app: "shop", key: "k1",
+            (0..<3).map { ConsoleDataTests.event("old\($0)", "view", euid: "e1", time: now - 10 * 86_400_000 + Int64($0)) }
+                + [ConsoleDataTests.event("new", "view", euid: "e1", time: now)])
+        try ConsoleDataTests.post(b, app: "other", key: "k2", [ConsoleDataTests.event("o", "view", euid: "e9", time: 5)])
+        let put = try b.request("PUT", "/v1/admin/retention", body: Array(#"{"apps":{"shop":{"maxAgeDays":2}}}"#.utf8))
+        #expect(put.status == 200)
+        #expect(try put.json()["apps"] == ["shop": ["maxAgeDays": 2]])
+        #expect(try b.request("PUT", "/v1/admin/retention", body: Array(#"{"apps":{"shop":{"maxAgeDays":0}}}"#.utf8)).status == 400)
+        try waitUntil(timeout: 30) { try ConsoleDataTests.walk(b, "appKey=shop").count == 1 }
+        #expect(try ConsoleDataTests.walk(b, "appKey=other").count == 1)
+        #expect(try b.get("/v1/inspect/streams/ma.shop/records")["records"]?.arrayValue?.count == 1)
+
+        // eraseOnOptOut: a reported opt-out naming the user erases them.
+        let set = try b.request("PUT", "/v1/admin/apps/shop/settings", body: Array(#"{"eraseOnOptOut":true}"#.utf8))
+        #expect(try set.json() == ["eraseOnOptOut": true, "maxAgeDays": 2])
+        try ConsoleDataTests.post(
+            b, stream: "pylon.consent", key: "c1", token: TestCredentials.deviceKey,
+            [["id": "c1", "ts": .int(now), "data": ["switch": "ma:shop", "granted": false, "euid": "e1"]]])
+        try waitUntil(timeout: 20) { try ConsoleDataTests.walk(b, "appKey=shop").isEmpty }
+        #expect(try b.get("/v1/admin/erasures")["items"]?.arrayValue?.first?["actor"] == "opt-out")
+    }
 }
 
 /// Reads a Server-Sent Events response from a raw socket.

@@ -219,6 +219,11 @@ def test_erase_a_user_and_find_nothing_of_them(console, stack, device, driver):
     for path in (f"/v1/inspect/ma/{app}/users/{euid}", f"/v1/admin/analytics/{app}/top-events?fromMs=0&toMs={int(time.time() * 1000) + 60000}"):
         status, data, _ = stack.api("GET", path)
         assert status == 404 or euid not in json.dumps(data) and "step_" not in json.dumps(data), (path, data)
+    assert stack.ok("GET", f"/v1/admin/devices?q={user}")["items"] == []
+    audit = json.dumps(stack.ok("GET", "/v1/admin/audit?limit=500"))
+    erasures_text = json.dumps(stack.ok("GET", "/v1/admin/erasures"))
+    for text in (audit, erasures_text):
+        assert euid not in text and user not in text, "the audit log or the erasure record keeps the user's ids"
     console.go(f"#/events?appKey={app}")
     console.wait_css("#events-list tr.empty")
     assert user not in driver.find_element(By.ID, "main").text

@@ -87,13 +87,13 @@ export function render({root}) {
   optouts.id = 'optouts';
   const erasures = pagedTable([
     {label: 'Request', value: (r) => r.id},
-    {label: 'Requested', value: (r) => fmtTime(r.requestedMs)},
+    {label: 'Requested', value: (r) => fmtTime(r.requestedMs), class: 'nowrap'},
     {label: 'By', value: (r) => r.actor},
     {label: 'AppKey', value: (r) => r.appKey},
-    {label: 'Subject', value: (r) => r.euid || r.userId || r.subject},
+    {label: 'Subject', value: (r) => r.euid || r.userId || r.subject, class: 'wrap'},
     {label: 'Status', value: (r) => h('span', {class: ['badge', r.status === 'done' ? 'good' : r.status === 'failed' ? 'bad' : 'idle']}, String(r.status))},
-    {label: 'Finished', value: (r) => fmtTime(r.finishedMs)},
-    {label: 'Deleted', value: (r) => (r.deleted ? Object.entries(r.deleted).map(([k, v]) => `${k} ${v}`).join(', ') : '—')},
+    {label: 'Finished', value: (r) => fmtTime(r.finishedMs), class: 'nowrap'},
+    {label: 'Deleted', value: (r) => (r.deleted ? Object.entries(r.deleted).filter(([, v]) => v).map(([k, v]) => `${k} ${v}`).join(', ') || 'nothing' : '—')},
   ], (cursor) => get('/v1/admin/erasures', {cursor, limit: 50}), {empty: 'No erasure requested.'});
   erasures.id = 'erasures';
   root.appendChild(page('Privacy',

@@ -179,6 +179,18 @@ def test_publish_and_roll_back_a_container(console, stack, device, driver):
     assert sorted(int(v["version"]) for v in versions) == [1, 2, 3]
     v1, v3 = (stack.ok("GET", f"/v1/admin/gtm/containers/{cid}/versions/{n}")["content"]["resource"] for n in (1, 3))
     assert v3["macros"] == v1["macros"] == container("first")["resource"]["macros"]
+    # A draft and its preview link: the device previews it, then leaves the preview.
+    area = console.wait_css("#publish-content")
+    area.clear()
+    area.send_keys(json.dumps(container("draft")))
+    driver.find_element(By.ID, "preview").click()
+    link = console.wait_css("#preview-link code").text
+    assert link.startswith("tagmanager.c.") and f"id={cid}" in link and "gtm_auth=" in link, link
+    assert device.call("gtm.preview", {"url": link})["preview"] is True
+    wait_for("the device to show the draft", lambda: gtm_value(device, cid, "title") == "draft")
+    leave = link.split("&gtm_preview=")[0] + "&gtm_preview="
+    device.call("gtm.preview", {"url": leave})
+    wait_for("the device back on the published version", lambda: gtm_value(device, cid, "title") == "first")
     actions = [e["action"] for e in stack.ok("GET", "/v1/admin/audit?limit=500")["items"] if cid in str(e.get("target"))]
     assert any("rollback" in a for a in actions) and any("publish" in a for a in actions), actions
 

@@ -7,7 +7,12 @@ anonymous clients): mosquitto, the reference backend and pylond with the uploade
 gtm plugins (from --bin-dir). It drives
 
   - pipelined `uploader.enqueue` (stream `soak`) and `ma.eventRecord` (AppKey `soak`, stream
-    `ma.soak`) with record ids the driver chooses;
+    `ma.soak`) with record ids / event ids (`eventId`) the driver chooses; a request that is not
+    acknowledged (an error, `-32008` pending, an MA code other than 0, no reply within
+    `--client-timeout`, or in flight when its connection died) is sent again later with the same
+    ids, as an app retries a timeout; the MA drivers call `ma.start` again every
+    `--restart-every` seconds (an app launched again: while the backend is paused the start is
+    pending and the events behind it are parked);
   - push: the operator sends through `POST /v1/admin/push/send` (operator token) to the device's
     token; an app client serves `soakapp.onPush` (`bus.provide`), attaches (`push.attach`) and
     acknowledges every message (a success reply); each send carries the driver's sequence number
@@ -16,14 +21,16 @@ gtm plugins (from --bin-dir). It drives
     screenName: <driver id>}`, which fires the demo's `_ua` tag: a hit in stream `gtm.hits`;
 
 and meanwhile kills the uploader, MA, push, gtm, the host, the backend and mosquitto with SIGKILL
-at random moments. The host's supervisor restarts the plugins; this script restarts the host, the
-backend and mosquitto. At the end it flushes and compares what was acknowledged with what arrived:
+at random moments, and pauses the backend (SIGSTOP, then SIGCONT: the device is offline; MA's
+starts wait for the network, its events are parked) `--pauses` times for `--pause-seconds`. The
+host's supervisor restarts the plugins; this script restarts the host, the backend and mosquitto. At the end it flushes and compares what was acknowledged with what arrived:
 
   acknowledged  records whose enqueue / eventRecord got a success reply; sends the backend answered
                 200 with a msgId; gtm.push calls answered {queued: true}
   delivered     acknowledged records / hits the backend holds; acknowledged sends the app received
   lost          acknowledged but not delivered (must be 0)
-  stored twice  driver ids held more than once (must be 0); for push: one send (driver seq)
+  stored twice  driver ids held more than once (must be 0): a retried record or event stored
+                under a second record id counts here; for push: one send (driver seq)
                 delivered to the app under two message ids (must be 0). The same message id
                 delivered again (at-least-once; the app deduplicates by id) is counted, not failed.
 
@@ -42,6 +49,13 @@ p.add_argument("--batch", type=int, default=5, help="records per uploader.enqueu
 p.add_argument("--rate", type=float, default=250, help="requests per second per connection (at most)")
 p.add_argument("--push-rate", type=float, default=20, help="push sends per second (at most)")
 p.add_argument("--gtm-rate", type=float, default=50, help="gtm.push calls per second (at most)")
+p.add_argument("--client-timeout", type=float, default=5.0,
+               help="seconds a driver waits for a reply before it sends the request again (same ids)")
+p.add_argument("--restart-every", type=float, default=7.0,
+               help="seconds between the MA drivers' ma.start calls (an app launched again)")
+p.add_argument("--pauses", type=int, default=2, help="backend pauses (SIGSTOP/SIGCONT) spread over the run")
+p.add_argument("--pause-seconds", type=float, nargs=2, default=[8.0, 15.0], metavar=("MIN", "MAX"),
+               help="length of each backend pause, drawn uniformly")
 p.add_argument("--seed", type=int, default=None)
 p.add_argument("--keep", action="store_true", help="keep the run directory")
 args = p.parse_args()
@@ -60,10 +74,11 @@ gtm_ack_time = {}                   # driver id -> when gtm.push answered
 push_sent = {}                      # msgId -> driver seq, for sends answered 200
 push_got = {}                       # msgId -> deliveries to the app
 push_seq_ids = {}                   # driver seq -> msgIds it arrived under
-stats = {"requests": 0, "errors": 0, "reconnects": 0, "push_send_errors": 0, "push_acks": 0}
+stats = {"requests": 0, "errors": 0, "pending": 0, "retries": 0, "timeouts": 0, "reconnects": 0, "push_send_errors": 0, "push_acks": 0}
 VICTIMS = ["uploader", "ma", "push", "gtm", "host", "backend", "mosquitto"]
 kills = {v: 0 for v in VICTIMS}
 kill_log = []                       # (time, victim)
+pauses = []                         # (start, seconds) of backend pauses
 
 
 def log(*a):
@@ -233,6 +248,7 @@ class Pipeline:
         self.rate = args.gtm_rate if kind == "gtm" else args.rate
         self.next_id = 0
         self.seq = 0
+        self.retry = []                 # ids not acknowledged: sent again with the same ids
 
     def connect(self):
         s = socket.socket(socket.AF_UNIX)
@@ -242,16 +258,27 @@ class Pipeline:
 
     def request(self, rid):
         if self.kind == "upl":
-            ids = [f"{self.prefix}{self.seq + i}" for i in range(args.batch)]
-            self.seq += args.batch
+            if self.retry:
+                ids = self.retry.pop(0)
+                with lock:
+                    stats["retries"] += 1
+            else:
+                ids = [f"{self.prefix}{self.seq + i}" for i in range(args.batch)]
+                self.seq += args.batch
             recs = [{"id": i, "data": {"n": i, "pad": "x" * 64}} for i in ids]
             msg = {"jsonrpc": "2.0", "id": rid, "method": "uploader.enqueue",
                    "params": {"stream": "soak", "consent": "soak", "records": recs}}
         elif self.kind == "ma":
-            ids = [f"{self.prefix}{self.seq}"]
-            self.seq += 1
+            if self.retry:
+                ids = self.retry.pop(0)
+                with lock:
+                    stats["retries"] += 1
+            else:
+                ids = [f"{self.prefix}{self.seq}"]
+                self.seq += 1
+            # The event id makes the retry safe: the device stores it once.
             msg = {"jsonrpc": "2.0", "id": rid, "method": "ma.eventRecord",
-                   "params": {"appKey": "soak", "eventName": "soak", "property": {"soak_id": ids[0]}}}
+                   "params": {"appKey": "soak", "eventName": "soak", "eventId": ids[0], "property": {"soak_id": ids[0]}}}
         else:
             # The container is opened again before every push (an open id answers at once): a
             # restarted gtm plugin has forgotten its open containers, and a push with no container
@@ -277,7 +304,8 @@ class Pipeline:
             try:
                 s = self.connect()
                 if self.kind == "ma":
-                    # A start waits while the backend is down (MA retries it): give it time.
+                    # While the backend is down or paused the start is answered pending (-32008)
+                    # and goes on: the events behind it are parked and sent with its EUID.
                     s.settimeout(30)
                     s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"ma.start","params":{"appKey":"soak"}}\n')
                     buf = b""
@@ -286,7 +314,11 @@ class Pipeline:
                         if not c:
                             raise OSError("closed")
                         buf += c
-                    if json.loads(buf.split(b"\n", 1)[0]).get("result", {}).get("code") != 0:
+                    r = json.loads(buf.split(b"\n", 1)[0])
+                    if (r.get("error") or {}).get("code") == -32008:
+                        with lock:
+                            stats["pending"] += 1
+                    elif (r.get("result") or {}).get("code") != 0:
                         raise OSError("ma.start failed")
                     s.settimeout(2)
                 self.pump(s)
@@ -298,11 +330,27 @@ class Pipeline:
 
     def pump(self, s):
         inflight = {}
+        sent_at = {}
         buf = b""
         t0, sent = time.time(), 0
+        last_start = time.time()
         try:
             while not stop_load.is_set() or inflight:
                 out = b""
+                now = time.time()
+                # The app's own timeout: no reply in time, so the same ids go again (the late
+                # reply, if any, is ignored).
+                if self.kind != "gtm":
+                    for rid in [r for r, t in sent_at.items() if now - t > args.client_timeout]:
+                        del sent_at[rid]
+                        self.retry.append(inflight.pop(rid))
+                        with lock:
+                            stats["timeouts"] += 1
+                if self.kind == "ma" and not stop_load.is_set() and now - last_start > args.restart_every:
+                    last_start = now
+                    self.next_id += 1
+                    out += json.dumps({"jsonrpc": "2.0", "id": -self.next_id, "method": "ma.start",
+                                       "params": {"appKey": "soak"}}).encode() + b"\n"
                 # Paced: a soak, not a benchmark (and the backend's records listing must stay
                 # quick enough to read everything back at the end).
                 allowed = int(self.rate * (time.time() - t0)) - sent
@@ -315,6 +363,7 @@ class Pipeline:
                     self.next_id += 1
                     line, ids = self.request(self.next_id)
                     inflight[self.next_id] = ids
+                    sent_at[self.next_id] = time.time()
                     out += line
                 if out:
                     s.sendall(out)
@@ -333,7 +382,11 @@ class Pipeline:
                         continue
                     r = json.loads(ln)
                     ids = inflight.pop(r.get("id"), None)
+                    sent_at.pop(r.get("id"), None)
                     if ids is None:
+                        if isinstance(r.get("id"), int) and r["id"] < 0 and (r.get("error") or {}).get("code") == -32008:
+                            with lock:
+                                stats["pending"] += 1  # a start waiting for the network
                         continue
                     good = self.ok(r)
                     with lock:
@@ -344,8 +397,15 @@ class Pipeline:
                                 gtm_ack_time[ids[0]] = time.time()
                         else:
                             stats["errors"] += 1
+                            if (r.get("error") or {}).get("code") == -32008:
+                                stats["pending"] += 1
+                    if not good and self.kind != "gtm":
+                        self.retry.append(ids)
         finally:
             s.close()
+            # Unanswered when the connection went: their outcome is unknown, so they go again.
+            if self.kind != "gtm":
+                self.retry.extend(inflight.values())
 
 
 class PushApp:
@@ -439,11 +499,33 @@ def push_sender(token):
             time.sleep(0.05)
 
 
+def pause_backend():
+    """The device offline: the backend stopped (SIGSTOP) for a while, then resumed (SIGCONT)."""
+    b = procs["backend"]
+    if b.poll() is not None:
+        return
+    secs = rng.uniform(*args.pause_seconds)
+    log(f"pause backend for {secs:.1f} s")
+    os.kill(b.pid, signal.SIGSTOP)
+    t = time.time()
+    try:
+        time.sleep(secs)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    pauses.append((t, secs))
+
+
 def chaos(deadline):
+    start = time.time()
+    due = [start + (deadline - start) * (i + 1) / (args.pauses + 1) for i in range(args.pauses)]
     while time.time() < deadline:
         time.sleep(rng.uniform(*args.kill_every))
         if time.time() >= deadline:
             break
+        if due and time.time() >= due[0]:
+            due.pop(0)
+            pause_backend()
+            continue
         victim = rng.choice(VICTIMS)
         if victim in ("uploader", "ma", "push", "gtm"):
             pid = child_pid("pylon-" + victim)
@@ -558,7 +640,9 @@ def main():
         return len(lost), twice
 
     print(f"soak: {load_s:.0f} s of load, seed {seed}, kills {kills}, replies {stats['requests']}"
-          f" ({stats['errors']} errors), reconnects {stats['reconnects']}")
+          f" ({stats['errors']} errors, {stats['pending']} pending), client timeouts {stats['timeouts']},"
+          f" retries {stats['retries']},"
+          f" reconnects {stats['reconnects']}, backend paused {len(pauses)}x for {sum(p for _, p in pauses):.0f} s")
     l1, d1 = report("uploader", acked_upl, upl_ids, summary["soak"])
     l2, d2 = report("ma", acked_ma, ma_ids, summary["ma.soak"])
     l3, d3 = report("gtm hits", acked_gtm, gtm_ids, summary["gtm.hits"])
@@ -607,6 +691,8 @@ finally:
     for name in ("host", "backend", "mosquitto"):
         pr = procs.get(name)
         if pr and pr.poll() is None:
+            if name == "backend":
+                os.kill(pr.pid, signal.SIGCONT)
             pr.terminate()
             try:
                 pr.wait(timeout=10)

@@ -250,9 +250,11 @@ extension MAService {
     static func serialized(_ result: JSON) -> [UInt8] { JSONRef(result).withSerialized { Array($0) } }
 
     /// Runs `action` once no event of `inst` is waiting for the uploader (sending the outbox now).
-    /// Parked events count: they go first (`releaseParked`).
+    /// Parked events count too, unless a start or identify is pending: they can go only once none
+    /// is (a start turning collection off waits for the events before it, not for those parked
+    /// behind it, which the switch then drops).
     func whenEventsSettled(_ inst: MAInstance, _ action: @escaping () -> Void) {
-        guard inst.eventsInFlight > 0 || inst.parked > 0 else { return action() }
+        guard inst.eventsInFlight > 0 || (inst.parked > 0 && inst.pendingStarts == 0) else { return action() }
         inst.drainWaiters.append(action)
         if inst.parked > 0 { releaseParked(inst) }
         if !outbox.isEmpty { flushOutbox() }
@@ -260,7 +262,7 @@ extension MAService {
 
     func eventsSettled(_ inst: MAInstance, _ n: Int) {
         inst.eventsInFlight -= n
-        guard inst.eventsInFlight == 0, inst.parked == 0, !inst.drainWaiters.isEmpty else { return }
+        guard inst.eventsInFlight == 0, inst.parked == 0 || inst.pendingStarts > 0, !inst.drainWaiters.isEmpty else { return }
         let waiters = inst.drainWaiters
         inst.drainWaiters = []
         for w in waiters { w() }

@@ -198,4 +198,24 @@ import Testing
         kill(pid, SIGCONT)
         #expect(try euid(h, "late1") != .null)
     }
+
+    /// A start that turns collection off, queued behind a start waiting for the network with
+    /// events parked: it completes (it does not wait for events that wait for it), and the events
+    /// parked behind it are not sent (collection is off from that start on).
+    @Test func aStartTurningCollectionOffBehindParkedEventsCompletes() throws {
+        let b = try TestBackend()
+        let h = try host(b)
+        let c = try h.client()
+        try b.faults(["failNext": 1000, "status": 503])
+        try c.sendLine(#"{"jsonrpc":"2.0","id":"s1","method":"ma.start","params":{"appKey":"off3"}}"#)
+        #expect(code(try c.call("ma.eventRecord", ["appKey": "off3", "eventName": "before"])) == 0)
+        try c.sendLine(#"{"jsonrpc":"2.0","id":"s2","method":"ma.start","params":{"appKey":"off3","dataCollectionEnabled":false}}"#)
+        #expect(code(try c.call("ma.eventRecord", ["appKey": "off3", "eventName": "after"])) == 0)
+        try b.clearFaults()
+        try waitUntil(timeout: 20) {
+            let a = try h.client().call("ma.status")["appKeys"]?["off3"]
+            return a?["pendingStarts"] == .int(0) && a?["parkedEvents"] == .int(0)
+        }
+        #expect(try c.call("ma.isDataCollectionEnabled", ["appKey": "off3"])["enabled"] == .bool(false))
+    }
 }

@@ -24,6 +24,8 @@ extension Uploader {
         /// another round.
         var pumping = false
         var again: Set<String> = []
+        /// A GET stream whose last cut failed (the disk) cuts again only after this time.
+        var cutHeldUntil: [String: UInt64] = [:]
         /// Records cut into pixels per round; more wait for the next turn.
         static let cutsPerRound = 256
     }
@@ -88,7 +90,8 @@ extension Uploader {
             st = s
         }
         var cuts = 0
-        while st.wantsBatch(now: t), pixelSender.schedule.hasRoom, cuts < PixelSender.cutsPerRound {
+        let cutHeld = pixelSender.cutHeldUntil[name].map { t < $0 } ?? false
+        while !cutHeld, st.wantsBatch(now: t), pixelSender.schedule.hasRoom, cuts < PixelSender.cutsPerRound {
             cuts += 1
             st.noteCut(now: t)
             let key = System.randomHex(16)
@@ -100,8 +103,7 @@ extension Uploader {
                 if n == 0 { break }
             } catch {
                 plugin.log.error("cannot cut a batch", ["stream": name, "error": "\(error)"])
-                st.storeFailed(now: t)
-                streams[name] = st
+                pixelSender.cutHeldUntil[name] = t + StreamState.storeErrorRetryMs
                 break
             }
             registerPixel(name, key, hosts: hosts)
@@ -129,7 +131,9 @@ extension Uploader {
         do {
             body = try store.batchBody(key, stream: stream)
         } catch {
-            batchLoadFailed(stream, key, error)
+            // Looked for again at the stream's next turn.
+            pixelSender.scanned.remove(stream)
+            plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
             return
         }
         guard body.count > 0 else {
@@ -244,12 +248,13 @@ extension Uploader {
     func pixelWake(now t: UInt64) -> UInt64? {
         var next = pixelSender.schedule.nextWake(now: t)
         guard pixelSender.schedule.hasRoom else { return next }
-        for st in streams.values where st.settings.getHosts != nil && st.queued > 0 {
-            // The queue's own timing only: the pending pixels are the lanes'.
+        for (name, st) in streams where st.settings.getHosts != nil && st.queued > 0 {
+            // The queue's own timing only: the pending pixels are the lanes', and a failed
+            // pixel's backoff is its lane's, not the stream's.
             var q = st
             q.pendingBatches = []
             q.inFlight = false
-            q.notBeforeMs = 0
+            q.notBeforeMs = pixelSender.cutHeldUntil[name] ?? 0
             if let w = q.nextWake(now: t) { next = min(next ?? w, w) }
         }
         return next

@@ -190,9 +190,10 @@ enum ErasureLimits {
     static let batchRows = 500
     /// Steps an erasure request runs before it answers (the rest runs in the periodic job):
     /// a user with up to `batchRows` × this many events is erased before the answer.
-    static let stepsInRequest = 20
-    /// Steps the periodic job runs per round.
-    static let stepsPerJob = 4
+    static let stepsInRequest = 4
+    /// Steps the periodic job runs per round (`DataLimits.jobIntervalMs`), so the loop is
+    /// never held for more than a few short transactions.
+    static let stepsPerJob = 2
     /// Steps `--erase-user` runs at most (a user of up to 500 million events).
     static let maxCommandLineSteps = 1_000_000
     /// Stream message deletes in flight at once (`--nats`).

@@ -48,6 +48,7 @@ extension Store {
         CREATE INDEX IF NOT EXISTS events_app_euid_time ON events(app_key, euid, time_ms, id);
         CREATE INDEX IF NOT EXISTS events_stream_time ON events(stream, time_ms, id);
         CREATE INDEX IF NOT EXISTS ma_identities_value ON ma_identities(value);
+        CREATE INDEX IF NOT EXISTS ma_users_euid ON ma_users(euid);
         """
 
     /// One indexed record, as the API answers it.
@@ -148,6 +149,14 @@ extension Store {
         _ records: [IndexedRecord], stream: String, receivedAt: Int64, installId: String, jsSeq: Int64?
     ) throws(StoreError) {
         guard !records.isEmpty else { return }
+        try transaction(.readCommitted) { () throws(StoreError) in
+            try indexEventsNow(records, stream: stream, receivedAt: receivedAt, installId: installId, jsSeq: jsSeq)
+        }
+    }
+
+    private func indexEventsNow(
+        _ records: [IndexedRecord], stream: String, receivedAt: Int64, installId: String, jsSeq: Int64?
+    ) throws(StoreError) {
         let streamId = try streamID(stream)
         let appKey = EventIndex.appKey(ofStream: stream)
         var next = 0

@@ -27,6 +27,7 @@ extension Store {
             PRIMARY KEY (app_key, install_id, switch)
         );
         CREATE INDEX IF NOT EXISTS optouts_user ON optouts(app_key, euid);
+        CREATE INDEX IF NOT EXISTS optouts_install ON optouts(install_id);
         CREATE INDEX IF NOT EXISTS optouts_time ON optouts(time_ms);
         CREATE TABLE IF NOT EXISTS app_settings (
             app_key TEXT PRIMARY KEY,

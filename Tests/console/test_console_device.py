@@ -247,4 +247,34 @@ def test_erase_a_user_and_find_nothing_of_them(console, stack, device, driver):
     assert mine and mine[0]["status"] == "done"
     console.go("#/privacy")
     console.wait_text("#erasures", app)
-    console.screenshot("privacy")
+
+
+def test_an_opt_out_shows_on_the_privacy_and_users_pages(console, stack, device, driver):
+    """The record a device's uploader sends on stream pylon.consent when a switch is denied, posted
+    with a registered install's device token (pylond does not report opt-outs by itself yet; the
+    fixture's own install is not re-registered, which would replace its token)."""
+    app = "optout" + uuid.uuid4().hex[:6]
+    user = "quiet-" + uuid.uuid4().hex[:6]
+    start = device.call("ma.start", {"appKey": app, "userID": {"userID": user}})
+    assert start["code"] == 0, start
+    euid = start["euid"]
+    install = "console-optout-" + uuid.uuid4().hex[:8]
+    status, reg, _ = stack.api("POST", "/v1/devices/register", {"installId": install}, token=False,
+                               headers={"Authorization": "Bearer " + stack.device_secret})
+    assert status == 200 and reg.get("token"), reg
+    token = reg["token"]
+    now = int(time.time() * 1000)
+    status, data, _ = stack.api("POST", "/v1/batches/pylon.consent",
+                                {"records": [{"id": uuid.uuid4().hex, "ts": now,
+                                              "data": {"switch": f"ma:{app}", "granted": False, "euid": euid, "time": now}}]},
+                                token=False, headers={"Authorization": "Bearer " + token, "Idempotency-Key": uuid.uuid4().hex})
+    assert status == 200, data
+    console.login(*ADMIN)
+    console.go("#/privacy")
+    row = console.wait_text("#optouts tr", app)
+    assert f"ma:{app}" in row.text and euid in row.text and install in row.text
+    console.screenshot("privacy")  # after the erasure scenario: both lists have a row
+    console.go(f"#/users?appKey={app}&q={user}")
+    assert "opted out" in console.wait_text("#users-list tr", euid).text
+    console.go(f"#/users/{app}/{euid}")
+    console.wait_text("#user-detail .msg", "Opted out")

@@ -202,4 +202,27 @@ import Testing
         #expect(dead.map { $0["status"] } == [.int(503), .int(401)], "\(dead)")
         #expect(dead.first?["reason"]?.stringValue?.hasPrefix("gave up after 3 attempts") == true, "\(dead)")
     }
+
+    /// Through an uploader restart: a pixel queued and failing before it is found again from disk
+    /// and requested at once (its lane starts afresh), and another owner's pixel queued behind it
+    /// still goes while it keeps failing.
+    @Test func afterARestartTheFailingPixelHoldsOnlyItsOwnLane() throws {
+        let failing = try UploaderTestServer()
+        try failing.answer([], then: 503)
+        let healthy = try UploaderTestServer()
+        // A first retry 10 min away: after its first failure the pixel waits for that, or a restart.
+        let h = try host(failing, config: ["retryInitialMs": 600_000, "retryMaxMs": 600_000], allow: [healthy])
+        let c = try h.client()
+        _ = try pixel(c, "bad", failing.baseURL + "/px?uid=65534", owner: "uid:65534")
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels"])
+        try waitUntil(timeout: 10) { try gets(failing).count == 1 }
+        _ = try c.call("bus.restart", ["plugin": "uploader"])
+        try h.waitForPlugin("uploader", restartsAtLeast: 1)
+        try waitUntil(timeout: 10) { try gets(failing).count == 2 }
+        _ = try pixel(c, "good", healthy.baseURL + "/px?uid=1000", owner: "uid:1000")
+        _ = try c.call("uploader.flush", ["stream": "gtm.pixels"])
+        try waitUntil(timeout: 10) { try gets(healthy) == ["/px?uid=1000"] }
+        let st = try c.call("uploader.status")["streams"]?["gtm.pixels"]
+        #expect(st?["pendingBatches"] == .int(1) && st?["pixels"]?["lanes"] == .int(1) && st?["deadLetters"] == .int(0), "\(st ?? .null)")
+    }
 }

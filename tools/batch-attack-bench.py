@@ -257,6 +257,8 @@ def main():
     for name, lat in (("before", quiet), ("during", during), ("after (3 s)", after)):
         print(f"victim (root) bus.ping {name}: n={len(lat)} p50={pct(lat, 0.5):.2f} ms p99={pct(lat, 0.99):.2f} ms "
               f"max={max(lat or [0]):.2f} ms")
+    worst = sorted(((ms, t - t_attack) for t, ms in victim.lat if t_attack <= t < t_gone), reverse=True)[:3]
+    print("victim's slowest pings during the attack: " + ", ".join(f"{ms:.1f} ms at +{at:.2f} s" for ms, at in worst))
     print(f"victim ping failures: {victim.failures}")
     print(f"host RSS: start {rss['start'] / 1024:.1f} MB, peak {rss['peak'] / 1024:.1f} MB, end {rss['end'] / 1024:.1f} MB")
     print("counters: " + ", ".join(f"{k}={counters.get(k)}" for k in

@@ -167,7 +167,7 @@ extension Bus {
         var first = true
         while let at = members.nextElement() {
             if !first {
-                guard peer.conn.mayContinueLine else {
+                guard peer.conn.mayContinueLine, takeUidWork(peer, 1) else {
                     var next = cursor
                     next.resumeAt = at
                     peer.batchInProgress = next

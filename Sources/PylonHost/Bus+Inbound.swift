@@ -35,10 +35,19 @@ extension Bus {
 
     func handleLine(_ peer: Peer, _ line: UnsafeRawBufferPointer) {
         peer.lastInboundMs = loop.nowMs
+        // One uid's connections together have a budget per loop turn too: a line over it waits
+        // for a later turn, first in its connection's line.
+        if currentBatch == nil, !takeUidWork(peer, 1) { return peer.conn.deferCurrentLine() }
         // A batch line handled in part on an earlier turn, come again (`continueBatch`): on with
-        // its next member (the line was checked and counted the first time).
-        if currentBatch == nil, let cursor = peer.batchInProgress, cursor.lineBytes == line.count {
-            return continueBatch(peer, line, cursor)
+        // its next member (the line was checked and counted the first time). The connection
+        // dispatches a deferred line before anything else, so another line cannot come first;
+        // were it to, the batch is answered with what it has and the line handled as usual.
+        if currentBatch == nil, let cursor = peer.batchInProgress {
+            if cursor.lineBytes == line.count { return continueBatch(peer, line, cursor) }
+            log.error("a batch's line did not come again; its members not handled are dropped", ["peer": peer.label])
+            peer.batchInProgress = nil
+            cursor.reply.sealed = true
+            finishBatch(cursor.reply)
         }
         // A person pressing Enter in socat sends an empty line: ignore it.
         if line.allSatisfy({ $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }) { return }
@@ -53,7 +62,14 @@ extension Bus {
             idSpan = spans.id
             answersSpan = spans.answers
         case .notObject:
-            break  // a batch, or a scalar (answered as an invalid request)
+            // A batch (the scan validated the whole line: its members are counted by the scan,
+            // no json-c tree of them is built), or a scalar (answered as an invalid request).
+            let start = RawJSON.skipSpace(line, 0)
+            if currentBatch == nil, start < line.count, line[start] == UInt8(ascii: "[") {
+                var count = 0
+                for _ in RawJSON.Elements(line, start..<line.count) { count += 1 }
+                return handleBatch(peer, line, count: count)
+            }
         case .invalid(let at):
             // Refused; json-c words the reason where it can (it accepts a few things RFC 8259
             // does not, such as `2.`: those are worded here).
@@ -80,10 +96,6 @@ extension Bus {
             msg = try tokener.parse(line)
         } catch {
             return refuseUnparsable(peer, error)
-        }
-        if json_object_get_type(msg.ptr) == json_type_array, currentBatch == nil {
-            handleBatch(peer, line, count: Int(json_object_array_length(msg.ptr)))
-            return
         }
         dispatch(peer, InboundEnvelope.classify(msg), msg, line, idSpan: idSpan, answersSpan: answersSpan)
     }
@@ -144,6 +156,33 @@ extension Bus {
     /// Work units a `bus.status` or `bus.describe` costs against a connection's turn budget.
     static let reportCost = 32
 
+    /// Work units all the client connections of one uid may take together in one loop turn (four
+    /// connections' `Connection.maxWorkPerTurn`): one user's many connections cannot make a turn
+    /// long for everyone else. A line (or batch member) over it waits for a later turn, as a
+    /// connection's lines over its own budget do. Plugins, and clients whose credentials are
+    /// unknown, have no such share.
+    static let maxWorkPerUidPerTurn = 4 * Connection.maxWorkPerTurn
+
+    /// Counts `units` of work for `peer`'s uid in this turn; false, counting nothing, once the
+    /// uid has had its share of the turn.
+    func takeUidWork(_ peer: Peer, _ units: Int) -> Bool {
+        guard let w = peer.uidWork else { return true }
+        if w.turn != loop.turn {
+            w.turn = loop.turn
+            w.units = 0
+        }
+        guard w.units < Bus.maxWorkPerUidPerTurn else { return false }
+        w.units += units
+        return true
+    }
+
+    /// A line's cost beyond its own unit (a report): against its connection's budget and its
+    /// uid's.
+    func charge(_ peer: Peer, _ units: Int) {
+        peer.conn.charge(units)
+        if let w = peer.uidWork, w.turn == loop.turn { w.units += units }
+    }
+
     /// Host methods that change nothing `bus.status` shows: every other one starts a new status
     /// snapshot (`ReportCache`).
     static let readOnlyHostMethods: Set<String> = [
@@ -181,7 +220,7 @@ extension Bus {
                 // A report costs much more than a routed message: fewer of the peer's lines follow
                 // in this loop turn (a flood of them cannot stall everyone else). Its text is
                 // built once and shared by the callers who see the same (`ReportCache`).
-                peer.conn.charge(Bus.reportCost)
+                charge(peer, Bus.reportCost)
                 if let text = reportText(peer, principal, method, params) {
                     let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
                     sendResult(peer.conn, idText: idText, text: text)
@@ -270,7 +309,7 @@ extension Bus {
         case .host:
             // Done as the request would be; the answer, error or not, is nobody's (a report's is
             // not even built).
-            if method == HostMethod.status || method == HostMethod.describe { return peer.conn.charge(Bus.reportCost) }
+            if method == HostMethod.status || method == HostMethod.describe { return charge(peer, Bus.reportCost) }
             _ = hostMethod(peer, principal, method, msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil)
             if !Bus.readOnlyHostMethods.contains(method) { stateRevision &+= 1 }
         case .denied(_, let key):

@@ -110,6 +110,8 @@ public final class Bus {
     /// Connected clients.
     public var clientCount: Int { admission.count }
     var refusedTotal: UInt64 { admission.refusedTotal }
+    /// Each uid's work in the current loop turn, shared by its connections (`Peer.uidWork`).
+    var uidWork: [UInt32: UidTurnWork] = [:]
     /// Clients closed since the allocator was last asked to return free memory.
     var closedSinceTrim = 0
     var trimTimer: Timer?
@@ -130,6 +132,11 @@ public final class Bus {
         let peer = newPeer(kind: .client(creds), conn: conn)
         admission.admit(peer, uid: creds?.uid)
         stateRevision &+= 1
+        if let uid = creds?.uid {
+            let work = uidWork[uid] ?? UidTurnWork()
+            uidWork[uid] = work
+            peer.uidWork = work
+        }
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
         // answer what is in flight, then close.
         conn.onEOF = { [unowned self, unowned peer] in self.closeIfDone(peer) }
@@ -234,6 +241,7 @@ public final class Bus {
         peer.batchInProgress = nil
         if !peer.isPlugin {
             admission.remove(peer, uid: peer.credentials?.uid)
+            if let uid = peer.credentials?.uid, admission.members(ofUid: uid).isEmpty { uidWork[uid] = nil }
             clientGone()
         }
         for m in peer.provided where provided[m] === peer { provided[m] = nil }

@@ -40,6 +40,9 @@ final class Peer {
 
     /// What the host holds for this peer: output queued to it, and its open batches' replies.
     var heldBytes: Int { conn.queuedBytes + batchBytes }
+    /// Clients with known credentials: the work their uid's connections took in this loop turn
+    /// (`Bus.maxWorkPerUidPerTurn`), one object shared by them.
+    var uidWork: UidTurnWork?
 
     init(id: UInt64, kind: Kind, conn: Connection, now: UInt64) {
         self.id = id
@@ -58,6 +61,12 @@ final class Peer {
         case .plugin(let s): return "plugin:\(s.config.name)"
         }
     }
+}
+
+/// The work units one uid's client connections took together in one loop turn.
+final class UidTurnWork {
+    var turn: UInt64 = .max
+    var units = 0
 }
 
 /// Who a message acts for: the subject of permission rules, disclosure and the caller information

@@ -37,6 +37,43 @@ import Testing
         #expect(try c.call("bus.describe", ["format": "openrpc"]).serialized.utf8.count == one)
     }
 
+    /// A batch whose members cost more than one loop turn's budget (40 reports at 32 units each)
+    /// is handled over several turns, from where it stopped: every member answered once, with
+    /// its own answer, forwarded ones included; the connection goes on after it.
+    @Test func aBatchHandledOverManyTurnsAnswersEveryMemberOnce() throws {
+        let h = try TestHost()
+        let c = try h.client()
+        let n = 120
+        let members = (0..<n).map { i -> String in
+            switch i % 3 {
+            case 0: return #"{"jsonrpc":"2.0","id":\#(i),"method":"bus.describe"}"#
+            case 1: return #"{"jsonrpc":"2.0","id":\#(i),"method":"echo.echo","params":{"i":\#(i)}}"#
+            default: return #"{"jsonrpc":"2.0","id":\#(i),"method":"bus.ping"}"#
+            }
+        }
+        try c.sendLine("[" + members.joined(separator: ",") + "]\n" + #"{"jsonrpc":"2.0","id":"after","method":"bus.ping"}"#)
+        var batch: [JSON]?
+        var after: JSON?
+        for _ in 0..<2 {
+            let m = try JSON.parse(try #require(try c.readLine(timeoutMs: 20_000)))
+            if let a = m.arrayValue { batch = a } else { after = m }
+        }
+        let items = try #require(batch)
+        #expect(after?["result"]?["pong"] == .bool(true))
+        #expect(items.count == n)
+        var byId: [Int64: JSON] = [:]
+        for m in items { byId[m["id"]?.intValue ?? -1] = m }
+        #expect(byId.count == n, "each member answered once")
+        for i in 0..<n {
+            let m = byId[Int64(i)]
+            switch i % 3 {
+            case 0: #expect(m?["result"]?["plugins"]?["echo"] != nil, "\(i): \(m?.serialized.prefix(200) ?? "none")")
+            case 1: #expect(m?["result"] == ["i": .int(Int64(i))], "\(i): \(m?.serialized ?? "none")")
+            default: #expect(m?["result"]?["pong"] == .bool(true), "\(i)")
+            }
+        }
+    }
+
     /// The attack of the issue: 64 connections of uid 65534 each write two batches of 128
     /// `bus.describe {"format":"openrpc"}` and never read. The host holds for that uid no more
     /// than its output bound (its connections that hold the most are disconnected:

@@ -74,6 +74,23 @@ import Testing
         #expect(back.methodOrder == ["ma.eventRecord", "ma.start"])
     }
 
+    /// `afterDeadline: "continues"` (a plugin that carries on past the host's deadline: pending,
+    /// -32008) is part of the handshake, not of `bus.describe`.
+    @Test func aMethodThatContinuesAfterTheDeadlineRoundTrips() throws {
+        var m = Manifest(name: "ma", version: "1")
+        m.add(Manifest.Method(name: "start", continuesAfterDeadline: true))
+        m.add(Manifest.Method(name: "status"))
+        let hello = m.helloParams(pid: 1)
+        let methods = hello["manifest"]?["methods"]?.arrayValue ?? []
+        #expect(methods.first?["afterDeadline"] == "continues")
+        #expect(methods.last?["afterDeadline"] == nil)
+        #expect(m.json["methods"]?.arrayValue?.first?["afterDeadline"] == nil)
+        let back = try Manifest.parse(hello)
+        #expect(back.methods["ma.start"]?.continuesAfterDeadline == true)
+        #expect(back.methods["ma.status"]?.continuesAfterDeadline == false)
+        #expect(back == m)
+    }
+
     @Test func manifestRefusesAnUnsupportedProtocol() {
         var hello = Manifest(name: "x", version: "1").helloParams(pid: 1)
         if case .object(var o) = hello { o["protocol"] = 99; hello = .object(o) }

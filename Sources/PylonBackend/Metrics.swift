@@ -1,35 +1,21 @@
 import PylonCore
 
-/// Prometheus text exposition (format 0.0.4) built family by family: a family's `# HELP` and
-/// `# TYPE` once, then its samples. Label values are escaped; every label the backend uses has
-/// a bounded set of values (route classes, status classes, states), never a raw path or id.
+/// Prometheus text (format 0.0.4) built family by family over PylonCore's `MetricsText` (which
+/// escapes label values and writes each family's `# HELP` and `# TYPE` once). Every label the
+/// backend uses has a bounded set of values (route classes, status classes, states), never a
+/// raw path or id.
 package struct MetricsText {
-    private(set) var text = ""
+    private var core = PylonCore.MetricsText()
+    var text: String { core.text }
 
     package enum Kind: String { case counter, gauge }
 
     package mutating func family(_ name: String, _ kind: Kind, _ help: String, _ samples: [([(String, String)], Double)]) {
-        text += "# HELP \(name) \(help)\n# TYPE \(name) \(kind.rawValue)\n"
-        for (labels, v) in samples {
-            text += name
-            if !labels.isEmpty {
-                text += "{" + labels.map { "\($0.0)=\"\(MetricsText.escape($0.1))\"" }.joined(separator: ",") + "}"
-            }
-            text += " " + MetricsText.format(v) + "\n"
-        }
+        for (labels, v) in samples { core.add(name, kind.rawValue, help, labels, v) }
     }
 
     package mutating func single(_ name: String, _ kind: Kind, _ help: String, _ value: Double) {
         family(name, kind, help, [([], value)])
-    }
-
-    static func escape(_ s: String) -> String {
-        s.replacingAll("\\", with: "\\\\").replacingAll("\"", with: "\\\"").replacingAll("\n", with: "\\n")
-    }
-
-    static func format(_ v: Double) -> String {
-        if v == v.rounded(), abs(v) < 1e15 { return String(Int64(v)) }
-        return String(v)
     }
 }
 

@@ -101,7 +101,7 @@ struct LoginLimiter {
     private func limit(_ key: String) -> Int { key.hasPrefix("a:") ? maxAddressFailures : maxFailures }
 
     /// A successful login clears its name's failures (not its address's).
-    mutating func succeed(name: String) { failures["n:" + name] = nil }
+    mutating func succeed(name: String) { failures[LoginLimiter.keys(address: "", name: name)[1]] = nil }
 
     /// Forgets expired entries, then the least recently failed ones down to half the bound.
     private mutating func prune(now: Int64) {
@@ -111,7 +111,11 @@ struct LoginLimiter {
         failures = Dictionary(uniqueKeysWithValues: keep.map { ($0.key, $0.value) })
     }
 
-    static func keys(address: String, name: String) -> [String] { ["a:" + address, "n:" + name] }
+    /// The keys of an attempt: its address, and its name (cut to `SessionLimits.maxNameBytes`
+    /// bytes, so a hostile name costs the table no more than a valid one).
+    static func keys(address: String, name: String) -> [String] {
+        ["a:" + address, "n:" + String(decoding: name.utf8.prefix(SessionLimits.maxNameBytes), as: UTF8.self)]
+    }
 }
 
 enum SessionCookie {

@@ -200,7 +200,9 @@ public struct MetricsText {
         }
     }
 
-    mutating func add(_ name: String, _ type: String, _ help: String, _ labels: [(String, String)], _ value: Double?) {
+    /// One sample of family `name` (its HELP and TYPE written once, before its first sample);
+    /// nil adds nothing. Label values are escaped. Also used by `pylon-backend`'s `/metrics`.
+    public mutating func add(_ name: String, _ type: String, _ help: String, _ labels: [(String, String)], _ value: Double?) {
         guard let value else { return }
         if types[name] == nil {
             types[name] = (type, help)
@@ -214,7 +216,7 @@ public struct MetricsText {
         samples[name, default: []].append(line + " " + v)
     }
 
-    var text: String {
+    public var text: String {
         var out = ""
         for f in families {
             let (t, h) = types[f]!

@@ -80,7 +80,7 @@ extension Uploader {
                         complete = false
                         break
                     }
-                    registerPixel(name, key, hosts: hosts)
+                    if !registerPixel(name, key, hosts: hosts) { complete = false }
                 }
             }
             if complete { pixelSender.scanned.insert(name) }
@@ -126,19 +126,21 @@ extension Uploader {
     /// Reads pixel batch `key`'s record and adds it to its lane (its owner: `data.owner`, else the
     /// stream's; its destination: the URL's host and port). A record whose URL is no longer
     /// allowed is set aside at once.
-    private func registerPixel(_ stream: String, _ key: String, hosts: Set<String>) {
+    /// False when the batch could not be read: it stays pending, and the stream's next turn
+    /// looks through its pending pixels again.
+    @discardableResult
+    private func registerPixel(_ stream: String, _ key: String, hosts: Set<String>) -> Bool {
         let body: (body: [UInt8], count: Int, recordBytes: Int)
         do {
             body = try store.batchBody(key, stream: stream)
         } catch {
-            // Looked for again at the stream's next turn.
             pixelSender.scanned.remove(stream)
             plugin.log.error("cannot load batch", ["batch": key, "error": "\(error)"])
-            return
+            return false
         }
         guard body.count > 0 else {
             dropEmptyBatch(stream, key)
-            return
+            return true
         }
         let record = Uploader.pixelRecord(body.body)
         switch EndpointRule.parse(record.url, allowedHosts: hosts) {
@@ -152,6 +154,7 @@ extension Uploader {
             let sent = StreamState.SentBatch(key: key, count: body.count, bytes: body.recordBytes, final: false)
             finished(stream: stream, endpoint: "", batch: sent, outcome: .rejected(status: 0, reason: why.description))
         }
+        return true
     }
 
     /// The URL and the owner label of a pixel batch's one record.

@@ -12,9 +12,10 @@ import PylonStore
 ///   periodic job (`Backend+Erasure.swift`); the erasure is `done` once none is left.
 ///
 /// A step deletes at most `ErasureLimits.batchRows` events (and their `records` rows) in one
-/// transaction; the last step deletes the profile, identities, contacts (`ma_users`), channel
-/// values, opt-outs and push bindings of the user's user ids, and names the user's
-/// user-targeted sends in the push history by the erasure instead of the user id.
+/// transaction: the AppKey's events of the EUID, then the events of streams without an AppKey
+/// (`pylon.consent`) that name the EUID. The last step deletes the profile, identities, contacts
+/// (`ma_users`), channel values, opt-outs and push bindings of the user's user ids, and names
+/// the user's user-targeted sends in the push history by the erasure instead of the user id.
 extension Store {
     static let erasureSchema = """
         CREATE TABLE IF NOT EXISTS erasures (
@@ -119,20 +120,23 @@ extension Store {
                 // The database part is done: waiting for the stream's deletes.
                 return try finishIfStreamDone(e, now: now)
             }
-            // The next batch of the user's events, named by the same subquery in each statement
-            // (one transaction: each sees the same rows).
-            let batch = "SELECT id FROM events WHERE app_key = ? AND euid = ? ORDER BY time_ms, id LIMIT ?"
-            let user: [SQLBind] = [.text(e.appKey), .text(euid), .int(Int64(ErasureLimits.batchRows))]
-            try db.run(
-                "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT CAST(? AS BIGINT), js_seq FROM events"
-                    + " WHERE id IN (\(batch)) AND js_seq IS NOT NULL ON CONFLICT DO NOTHING", [.int(id)] + user)
-            try db.run(
-                "DELETE FROM records WHERE seq IN (SELECT r.seq FROM events e JOIN records r ON r.stream = e.stream"
-                    + " AND r.id = e.record_id WHERE e.id IN (\(batch)))", user)
-            let n = try db.run("DELETE FROM events WHERE id IN (\(batch))", user)
-            if n > 0 {
-                try db.run("UPDATE erasures SET events = events + ? WHERE id = ?", [.int(Int64(n)), .int(id)])
-                return false
+            // The next batch of the user's events: its AppKey's, then those of streams without
+            // an AppKey that name its EUID (its consent reports). Each batch is named by the
+            // same subquery in every statement (one transaction: each sees the same rows).
+            for scope in [e.appKey, ""] {
+                let batch = "SELECT id FROM events WHERE app_key = ? AND euid = ? ORDER BY time_ms, id LIMIT ?"
+                let user: [SQLBind] = [.text(scope), .text(euid), .int(Int64(ErasureLimits.batchRows))]
+                try db.run(
+                    "INSERT INTO erasure_stream_deletes (erasure, js_seq) SELECT DISTINCT CAST(? AS BIGINT), js_seq FROM events"
+                        + " WHERE id IN (\(batch)) AND js_seq IS NOT NULL ON CONFLICT DO NOTHING", [.int(id)] + user)
+                try db.run(
+                    "DELETE FROM records WHERE seq IN (SELECT r.seq FROM events e JOIN records r ON r.stream = e.stream"
+                        + " AND r.id = e.record_id WHERE e.id IN (\(batch)))", user)
+                let n = try db.run("DELETE FROM events WHERE id IN (\(batch))", user)
+                if n > 0 {
+                    try db.run("UPDATE erasures SET events = events + ? WHERE id = ?", [.int(Int64(n)), .int(id)])
+                    return false
+                }
             }
             // The events are gone: the profile and what hangs off it.
             let key: [SQLBind] = [.text(e.appKey), .text(euid)]

@@ -159,7 +159,7 @@ import Testing
         #expect(r.status == 200)
         let erasure = try r.json()
         #expect(erasure["status"] == "done")
-        #expect(erasure["deleted"]?["events"] == 5)
+        #expect(erasure["deleted"]?["events"] == 6)  // five events and its consent report
         #expect(erasure["deleted"]?["bindings"] == 1)
         #expect(erasure["deleted"]?["profile"] == 1)
         let id = try #require(erasure["id"]?.stringValue)
@@ -180,6 +180,9 @@ import Testing
         #expect(!records.contains { $0.serialized.contains(gone) })
         #expect(!(try b.get("/v1/inspect/push/bindings").serialized.contains("u-9")))
         #expect(try b.get("/v1/admin/optouts")["items"]?.arrayValue?.isEmpty == true)
+        let devicePage = try b.get("/v1/admin/devices/install-9").serialized
+        #expect(!devicePage.contains(gone) && !devicePage.contains("u-9"))
+        #expect(try b.get("/v1/admin/devices?q=u-9")["items"]?.arrayValue?.isEmpty == true)
         #expect(try b.get("/v1/admin/analytics/shop/uniques?fromMs=0&toMs=86400000")["items"] == [["day": "1970-01-01", "users": 1]])
         // The request is kept, without the user.
         let kept1 = try b.get("/v1/admin/erasures/\(id)")

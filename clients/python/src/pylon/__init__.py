@@ -11,11 +11,11 @@ from .errors import (
 )
 from .client import Client, Notification, default_socket_path
 from .aio import AsyncClient
-from .plugin import Plugin, Call
+from .plugin import Plugin, Call, param, result
 
 __version__ = "0.1.0"
 __all__ = [
-    "Client", "AsyncClient", "Plugin", "Call", "Notification", "default_socket_path",
+    "Client", "AsyncClient", "Plugin", "Call", "param", "result", "Notification", "default_socket_path",
     "PylonError", "ConnectionClosed", "ParseError", "InvalidRequest", "MethodNotFound", "InvalidParams",
     "InternalError", "PluginUnavailable", "Timeout", "ConsentDenied", "Overloaded", "NotPermitted",
     "MessageTooLarge", "ShuttingDown", "Pending",

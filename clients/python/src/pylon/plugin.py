@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, TypeVar, Union
 
 from .client import JSON, encode
 from .errors import PylonError, from_wire
@@ -29,6 +29,40 @@ MethodHandler = Callable[[JSON, "Call"], JSON]
 #: A subscription handler: ``handler(topic, params)``.
 TopicHandler = Callable[[str, JSON], None]
 F = TypeVar("F", bound=Callable[..., Any])
+#: A param (or result member) description: ``{"name", "type", "required"?, "description"?}``.
+ParamSpec = Dict[str, Any]
+#: A result description: ``{"type", "description"?, "fields"?: [ParamSpec]}``.
+ResultSpec = Dict[str, Any]
+
+#: The JSON types a param or result can be declared as (JSON Schema's names; ``any``: several).
+JSON_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null", "any")
+
+
+def param(name: str, type: str = "any", required: bool = False, description: str = "") -> ParamSpec:
+    """One param (or result member) of a method description: its ``name``, JSON ``type`` (one of
+    :data:`JSON_TYPES`), whether the caller must send it (a result member: always present)."""
+    if type not in JSON_TYPES:
+        raise ValueError(f"param {name}: type must be one of {', '.join(JSON_TYPES)}")
+    return {"name": name, "type": type, "required": required, "description": description}
+
+
+def result(type: str = "object", description: str = "", fields: Sequence[ParamSpec] = ()) -> ResultSpec:
+    """A method's result description: its JSON ``type`` and, for an object, its members
+    (:func:`param` entries; ``required=True``: always present)."""
+    if type not in JSON_TYPES:
+        raise ValueError(f"result: type must be one of {', '.join(JSON_TYPES)}")
+    r: ResultSpec = {"type": type, "description": description}
+    if fields:
+        r["fields"] = [dict(f) for f in fields]
+    return r
+
+
+def method_doc(summary: Optional[str], params: Optional[Sequence[ParamSpec]],
+               result_spec: Optional[ResultSpec]) -> Dict[str, Any]:
+    """The manifest members that describe a method (``summary``, ``params``, ``result``), as the
+    host reads them in ``bus.hello``: an undeclared result is ``any``."""
+    return {"summary": summary or "", "params": [dict(p) for p in params or []],
+            "result": dict(result_spec) if result_spec is not None else {"type": "any", "description": ""}}
 
 
 class Call:
@@ -82,12 +116,18 @@ class Plugin:
 
     # -- registration
     def method(self, name: str, consent: Optional[str] = None, drop_when_denied: bool = False,
-               denied_result: JSON = None) -> Callable[[F], F]:
+               denied_result: JSON = None, summary: Optional[str] = None,
+               params: Optional[Sequence[ParamSpec]] = None,
+               result: Optional[ResultSpec] = None) -> Callable[[F], F]:
         """Decorator: ``handler(params, call)`` returns the result (or raises PylonError). Return
         :data:`Plugin.LATER` and answer with ``plugin.reply(call, result)`` to reply later.
         ``consent``: the switch template the host checks first (e.g. ``"greeter:{appKey}"``);
         while it is denied the host answers ConsentDenied, or ``denied_result`` with
-        ``drop_when_denied=True``."""
+        ``drop_when_denied=True``.
+
+        ``summary``, ``params`` (:func:`pylon.param` entries) and ``result`` (:func:`pylon.result`)
+        describe the method: ``bus.describe`` and its OpenRPC form show them, and ``pylonctl
+        conformance`` compares them with the real plugin's."""
         def register(fn: F) -> F:
             spec: Dict[str, Any] = {"name": name}
             if consent:
@@ -95,6 +135,8 @@ class Plugin:
                 spec["onDenied"] = "drop" if drop_when_denied else "error"
                 if denied_result is not None:
                     spec["deniedResult"] = denied_result
+            if summary is not None or params is not None or result is not None:
+                spec.update(method_doc(summary, params, result))
             self._methods[self._full(name)] = (spec, fn)
             return fn
         return register

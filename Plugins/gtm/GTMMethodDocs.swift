@@ -36,12 +36,19 @@ enum GTMMethodDocs {
         plugin.describe(
             "getValue",
             MethodDoc(
-                "A configuration value of an open container (the type's default when the key is missing)",
+                "A configuration value of an open container (the type's default when the key is missing); behind the "
+                    + "container's pending first open it waits for that open's answer",
                 params: [
                     containerId, P("key", .string, required: true, ""),
                     P("type", .string, "string (default), bool, double or int64"), uid,
                 ],
-                result: .init(.object, "", fields: [P("value", .any, required: true, "of the asked type")]),
+                result: .init(
+                    .object, "",
+                    fields: [
+                        P("value", .any, required: true, "of the asked type"),
+                        P("open", .boolean, "false (with the type default) when the container is not open"),
+                        P("reason", .string, "with open false: not_open, not_loaded (opened without any container) or opening"),
+                    ]),
                 hostChecksParams: true))
         plugin.describe(
             "push",

@@ -47,6 +47,11 @@ struct PushConfig {
     var tokenWaitMs: Int64 = 10_000
     var registerRetryInitialMs: Int64 = 1000
     var registerRetryMaxMs: Int64 = 60_000
+    /// How often a registered device asks the backend whether it still knows it (the same
+    /// `POST /v1/push/register`: its own token back while it does); 0: never.
+    var registrationCheckMs: Int64 = 900_000
+    /// Least time between two re-registrations after the backend lost the device.
+    var minReregisterIntervalMs: Int64 = 60_000
     var httpTimeoutMs = 10_000
     var delivery = Delivery.Limits()
     /// Largest MQTT payload accepted (larger: counted malformed, dropped).
@@ -96,6 +101,8 @@ struct PushConfig {
         if let v = r.int("tokenWaitMs", 1...600_000) { tokenWaitMs = v }
         if let v = r.int("registerRetryInitialMs", 1...600_000) { registerRetryInitialMs = v }
         if let v = r.int("registerRetryMaxMs", 1...3_600_000) { registerRetryMaxMs = v }
+        if let v = r.int("registrationCheckMs", 0...86_400_000) { registrationCheckMs = v }
+        if let v = r.int("minReregisterIntervalMs", 1...86_400_000) { minReregisterIntervalMs = v }
         if let v = r.int("httpTimeoutMs", 100...600_000) { httpTimeoutMs = Int(v) }
         if let v = r.int("inboxMaxCount", 1...1_000_000) { delivery.maxCount = Int(v) }
         if let v = r.int("inboxMaxBytes", 1024...(1 << 32)) { delivery.maxBytes = Int(v) }

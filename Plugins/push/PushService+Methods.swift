@@ -69,15 +69,10 @@ extension PushService {
         }
     }
 
+    /// Another token than the one held asks the machine for `.rebind` (the bound user follows).
     private func tokenFromApp(_ t: String) {
-        let old = reg.token
         try? store.set("token", t)
-        perform(reg.setToken(t))
-        if old != nil, old != t, let user = boundUser {
-            enqueueOp(timedOut: {}) { [unowned self] tok, finish in
-                self.post("/v1/push/bind", ["token": .string(tok), "userId": .string(user)]) { _ in finish() }
-            }
-        }
+        perform(reg.setToken(t, now: now))
     }
 
     /// `push.bind` / `push.unbind {userId}` → `{code, message}`, in call order, each after a token
@@ -99,6 +94,8 @@ extension PushService {
         enqueueOp(timedOut: { [unowned self] in call.reply(self.reply(PushCode.needToken, "NEED_DELIVERYTOKEN")) }) {
             [unowned self] token, finish in
             self.post(unbind ? "/v1/push/unbind" : "/v1/push/bind", ["token": .string(token), "userId": .string(user)]) { r in
+                // The backend lost the device or its token: again once registered again.
+                if let why = Self.loss(r) { return finish(.retry(why)) }
                 switch r {
                 case .success(let j):
                     let code = j["code"]?.intValue ?? PushCode.backend
@@ -114,7 +111,7 @@ extension PushService {
                 case .failure(let e):
                     call.reply(self.reply(PushCode.backend, e.description))
                 }
-                finish()
+                finish(.done)
             }
         }
     }
@@ -212,6 +209,7 @@ extension PushService {
         }) { [unowned self] token, finish in
             let body: JSON = ["token": .string(token), "activityId": .string(aid), "pushToken": .string(pt), "appId": .string(appId)]
             self.post("/v1/push/liveactivity", body) { r in
+                if let why = Self.loss(r) { return finish(.retry(why)) }
                 let code: Int64
                 var message = ""
                 switch r {
@@ -230,7 +228,7 @@ extension PushService {
                     try? self.store.saveActivity(aid, pushToken: pt, appId: appId, schema: schemaText)
                 }
                 call.reply(self.reply(code, message))
-                finish()
+                finish(.done)
             }
         }
     }
@@ -253,6 +251,11 @@ extension PushService {
             "broker": mqtt.map { .string($0.broker.description) } ?? .null,
             "brokerProtocol": mqtt.map { .string($0.protocolVersion == 5 ? "5" : "3.1.1") } ?? .null,
             "registration": .string(reg.phase.rawValue),
+            "reregistration": [
+                "count": .int(Int64(reg.reregistrations)), "lastMs": reg.lastReregisterMs.map { .int($0) } ?? .null,
+                "reason": reg.reason.map { .string($0.rawValue) } ?? .null, "lastCheckMs": reg.lastCheckMs.map { .int($0) } ?? .null,
+                "checkIntervalMs": .int(config.registrationCheckMs),
+            ],
             "deviceRegistered": .bool(deviceToken != nil),
             "attachedApps": .array(attached.filter { owner || $0.value.uid == uid }.keys.sorted().map { .string($0) }),
             "ownerChanges": .int(Int64(ownerChanges)),

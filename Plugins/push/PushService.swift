@@ -46,10 +46,19 @@ final class PushService {
     struct Op {
         var waitId: Int
         var state: OpState
-        var run: (_ token: String, _ finish: @escaping () -> Void) -> Void
+        var run: (_ token: String, _ finish: @escaping (OpEnd) -> Void) -> Void
         var timedOut: () -> Void
+        /// Ran once already and was refused by a backend that lost the device: a second such
+        /// refusal answers the caller (3001) instead of queueing it again.
+        var retried = false
     }
     enum OpState { case waiting, ready, expired }
+    /// How an op ended: done, or refused because the backend lost the device (`why`): the op
+    /// goes back to the head of the queue and runs again once the device registered again.
+    enum OpEnd: Equatable {
+        case done
+        case retry(Registration.Reason)
+    }
     var ops: [Op] = []
     var opRunning = false
     var nextWaitId = 1
@@ -134,7 +143,10 @@ final class PushService {
         let token = store.get("token")
         reg = Registration(
             token: token, deferred: config.deferRegistration,
-            retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs)
+            retryInitialMs: config.registerRetryInitialMs, retryMaxMs: config.registerRetryMaxMs,
+            checkIntervalMs: config.registrationCheckMs, minReregisterIntervalMs: config.minReregisterIntervalMs,
+            // A user bound but no token: the token was dropped as lost before a restart.
+            rebindOwed: token == nil && boundUser != nil)
         delivery = Delivery(limits: config.delivery)
         for m in inbox.entries {
             delivery.restore(
@@ -277,6 +289,7 @@ final class PushService {
             case .register: register()
             case .ready(let ids): for id in ids { waiterReady(id, token: reg.token) }
             case .timedOut(let ids): for id in ids { waiterReady(id, token: nil) }
+            case .rebind: rebind()
             }
         }
     }
@@ -314,10 +327,9 @@ final class PushService {
                 self.log.warn("registration refused", ["reply": j.serialized])
                 self.reg.failed(now: self.now)
             case .failure(let why) where why.status == 401:
-                // The backend no longer knows this device token: enrol again on the next attempt.
-                self.log.warn("device token refused; registering the device again")
-                self.forgetDeviceToken()
+                // The backend no longer knows this device token: enrol again (this attempt ends).
                 self.reg.failed(now: self.now)
+                self.lost(.credentialRejected)
             case .failure(let why):
                 self.log.warn("registration failed; retrying", ["error": why])
                 self.reg.failed(now: self.now)
@@ -327,20 +339,78 @@ final class PushService {
     }
 
     private func tokenChanged(_ token: String) {
-        let old = reg.token
         try? store.set("token", token)
-        perform(reg.succeeded(token: token))
-        if old != nil, old != token, let user = boundUser {
-            log.info("device token changed: rebinding", ["userId": user])
-            enqueueOp(timedOut: {}) { [unowned self] t, finish in
-                self.post("/v1/push/bind", ["token": .string(t), "userId": .string(user)]) { _ in finish() }
+        perform(reg.succeeded(token: token, now: now))
+    }
+
+    /// The backend no longer knows this device's credential (a 401) or its push token (3001):
+    /// drop what it refused and register again (`Registration.lost`: one attempt at a time,
+    /// at most one per `minReregisterIntervalMs`); the bindings follow (`rebind`).
+    func lost(_ why: Registration.Reason) {
+        if why == .credentialRejected, deviceToken != nil {
+            log.warn("the backend refuses this device's credential; registering again", ["reason": why.rawValue])
+            forgetDeviceToken()
+        } else if why == .tokenUnknown {
+            log.warn("the backend does not know this device's push token; registering again", ["reason": why.rawValue])
+        }
+        try? store.set("token", nil)
+        perform(reg.lost(why, now: now))
+        arm()
+    }
+
+    /// Binds the bound user and the Live Activities again (the backend lost them with the
+    /// device or its token), as the first op: calls queued meanwhile come after it, in order.
+    func rebind() {
+        let id = nextWaitId
+        nextWaitId += 1
+        let op = Op(
+            waitId: id, state: .ready,
+            run: { [unowned self] token, finish in
+                var calls: [(String, JSON)] = []
+                if let user = self.boundUser { calls.append(("/v1/push/bind", ["token": .string(token), "userId": .string(user)])) }
+                for a in self.store.activities() {
+                    calls.append(
+                        (
+                            "/v1/push/liveactivity",
+                            [
+                                "token": .string(token), "activityId": .string(a.id), "pushToken": .string(a.pushToken),
+                                "appId": .string(a.appId),
+                            ]
+                        ))
+                }
+                self.log.info("registered again: binding again", ["user": self.boundUser != nil, "activities": calls.count])
+                self.runInOrder(calls, finish)
+            }, timedOut: {})
+        ops.insert(op, at: 0)
+        kickOps()
+    }
+
+    /// POSTs `calls` one after the other; a refusal that says the backend lost the device
+    /// again ends the rest (`.retry`), any other failure is logged and the next call goes.
+    private func runInOrder(_ calls: [(String, JSON)], _ finish: @escaping (OpEnd) -> Void) {
+        guard let (path, body) = calls.first else { return finish(.done) }
+        post(path, body) { [unowned self] r in
+            if let why = Self.loss(r) { return finish(.retry(why)) }
+            if case .success(let j) = r, j["code"]?.intValue != 0 {
+                self.log.warn("binding again refused", ["path": path, "reply": j.serialized])
             }
+            self.runInOrder(Array(calls.dropFirst()), finish)
+        }
+    }
+
+    /// Whether a push call's answer says the backend lost the device (401) or its push token
+    /// (3001): the call is worth making again after registering again.
+    static func loss(_ r: Result<JSON, PushFailure>) -> Registration.Reason? {
+        switch r {
+        case .failure(let e) where e.status == 401: return .credentialRejected
+        case .success(let j) where j["code"]?.intValue == PushCode.needToken: return .tokenUnknown
+        default: return nil
         }
     }
 
     // MARK: Ops in call order
 
-    func enqueueOp(timedOut: @escaping () -> Void, _ run: @escaping (String, @escaping () -> Void) -> Void) {
+    func enqueueOp(timedOut: @escaping () -> Void, _ run: @escaping (String, @escaping (OpEnd) -> Void) -> Void) {
         let id = nextWaitId
         nextWaitId += 1
         ops.append(Op(waitId: id, state: .waiting, run: run, timedOut: timedOut))
@@ -360,8 +430,23 @@ final class PushService {
                 guard let token = reg.token else { return }
                 ops.removeFirst()
                 opRunning = true
-                head.run(token) { [unowned self] in
+                head.run(token) { [unowned self] end in
                     self.opRunning = false
+                    if case .retry(let why) = end, head.retried {
+                        head.timedOut()
+                        self.lost(why)
+                    } else if case .retry(let why) = end {
+                        // Back to the head, waiting (within its own wait) for the new token.
+                        var again = head
+                        again.retried = true
+                        again.waitId = self.nextWaitId
+                        again.state = .waiting
+                        self.nextWaitId += 1
+                        self.ops.insert(again, at: 0)
+                        self.lost(why)
+                        self.perform(self.reg.wait(id: again.waitId, now: self.now, timeoutMs: self.config.tokenWaitMs))
+                        self.arm()
+                    }
                     self.kickOps()
                 }
             }

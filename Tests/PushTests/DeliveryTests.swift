@@ -123,7 +123,7 @@ struct RegistrationTests {
         r.failed(now: 60)
         #expect(r.nextDeadline() == 160)
         #expect(r.tick(now: 160) == [.register])
-        #expect(r.succeeded(token: "t") == [.ready([2])])
+        #expect(r.succeeded(token: "t", now: 160) == [.ready([2])])
         #expect(r.wait(id: 3, now: 200, timeoutMs: 1) == [.ready([3])])
     }
 
@@ -140,6 +140,49 @@ struct RegistrationTests {
             #expect(r.tick(now: t) == [.register])
         }
         #expect(delays == [100, 200, 300, 300])
+    }
+
+    /// A refused credential: one registration at a time, rebinding owed on success, waiters
+    /// after the rebind, and no second re-registration within `minReregisterIntervalMs`.
+    @Test func aLostCredentialRegistersAgainOnceAndRebinds() {
+        var r = Registration(token: "a", deferred: false, checkIntervalMs: 0, minReregisterIntervalMs: 5000)
+        #expect(r.lost(.credentialRejected, now: 10) == [.register])
+        #expect(r.token == nil && r.phase == .registering)
+        #expect(r.lost(.credentialRejected, now: 20).isEmpty, "one re-registration in flight")
+        #expect(r.wait(id: 7, now: 20, timeoutMs: 10_000).isEmpty)
+        #expect(r.succeeded(token: "b", now: 40) == [.rebind, .ready([7])])
+        #expect(r.reregistrations == 1 && r.lastReregisterMs == 10 && r.reason == .credentialRejected)
+        #expect(r.lost(.tokenUnknown, now: 100).isEmpty, "within minReregisterIntervalMs")
+        #expect(r.nextDeadline() == 5010)
+        #expect(r.tick(now: 5010) == [.register])
+        #expect(r.succeeded(token: "c", now: 5020) == [.rebind])
+        #expect(r.reregistrations == 2 && r.reason == .tokenUnknown)
+    }
+
+    /// The periodic check registers again with the token held: the same answer changes
+    /// nothing; another token (the backend lost ours) asks for a rebind.
+    @Test func thePeriodicCheckFindsAReplacedToken() {
+        var r = Registration(token: nil, deferred: false, checkIntervalMs: 1000)
+        #expect(r.start() == [.register])
+        #expect(r.succeeded(token: "a", now: 0).isEmpty)
+        #expect(r.nextDeadline() == 1000)
+        #expect(r.tick(now: 999).isEmpty)
+        #expect(r.tick(now: 1000) == [.register])
+        #expect(r.succeeded(token: "a", now: 1001).isEmpty)
+        #expect(r.reregistrations == 0 && r.lastCheckMs == 1000)
+        #expect(r.tick(now: 2001) == [.register])
+        #expect(r.succeeded(token: "b", now: 2002) == [.rebind])
+        #expect(r.reason == .tokenReplaced && r.reregistrations == 1)
+    }
+
+    /// A failed attempt after a loss backs off, but never sooner than the interval allows.
+    @Test func aFailedReregistrationWaitsForTheInterval() {
+        var r = Registration(token: "a", deferred: false, retryInitialMs: 100, retryMaxMs: 400, minReregisterIntervalMs: 1000)
+        #expect(r.lost(.credentialRejected, now: 0) == [.register])
+        r.failed(now: 50)
+        #expect(r.nextDeadline() == 1000)
+        #expect(r.tick(now: 1000) == [.register])
+        #expect(r.reregistrations == 2)
     }
 }
 

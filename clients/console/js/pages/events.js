@@ -41,8 +41,12 @@ export function render({root, query, navigate}) {
 
   const q = {};
   for (const k of [...FILTERS, 'fromMs', 'toMs']) if (query[k]) q[k] = query[k];
-  const list = pagedTable(COLUMNS, (cursor) => get('/v1/admin/events', {...q, cursor, limit: 50}),
-    {empty: 'No event matches.', class: 'events'});
+  // Every search is one index range: event, user and EUID filters go with an AppKey (or the
+  // AppKey's stream ma.<AppKey>), as the API requires.
+  const needsApp = (q.event || q.user || q.euid) && !q.appKey && !(q.stream || '').startsWith('ma.');
+  const list = needsApp
+    ? note('Filtering by event, user id or EUID needs an AppKey (or the stream ma.<AppKey>).', 'info')
+    : pagedTable(COLUMNS, (cursor) => get('/v1/admin/events', {...q, cursor, limit: 50}), {empty: 'No event matches.', class: 'events'});
   list.id = 'events-list';
 
   // Live tail: Server-Sent Events, the same filters (AppKey, event, stream). The cookie goes

@@ -218,7 +218,8 @@ function detailPanel(id) {
           {label: 'Reason', value: (r) => r.reason},
           {label: 'Delivered', value: (r) => fmtTime(r.deliveredMs)},
           {label: 'Opened', value: (r) => fmtTime(r.openedMs)},
-        ], m.devices || m.rows || [], {empty: 'No device row.'}));
+        ], m.devices || m.rows || [], {empty: 'No device row.'}),
+        m.nextCursor ? note(`The first ${(m.devices || []).length} devices are shown.`, 'info') : null);
     } catch (e) {
       replace(body, errorBox(e));
     }

@@ -9,6 +9,9 @@ function contactsText(c) {
   return parts.length ? parts.join(' · ') : '—';
 }
 
+const ERASURE_POLLS = 60;
+const ERASURE_POLL_MS = 1000;
+
 function searchView({root, query, navigate}) {
   const appKey = input('appKey', {id: 'users-appkey', value: query.appKey || '', placeholder: 'AppKey'});
   const q = input('q', {id: 'users-q', value: query.q || '', placeholder: 'user id, EUID or contact'});
@@ -52,12 +55,20 @@ async function detailView({root, params}) {
     replace(confirmHost, confirmBox(
       `Erase ${euid} of ${appKey}: profile, identities, contacts, push bindings and every stored event are deleted. This cannot be undone.`,
       euid, (box, go) => busy(go, st, async () => {
-        const r = await post('/v1/admin/erasures', {appKey, euid});
+        let r = await post('/v1/admin/erasures', {appKey, euid});
         box.remove();
-        replace(body, panel('Erased', kv([
-          ['Request', r.id], ['Status', r.status], ['Requested', fmtTime(r.requestedMs)], ['Finished', fmtTime(r.finishedMs)],
-          ['Deleted', JSON.stringify(r.deleted || {})],
+        const show = () => replace(body, panel(r.status === 'done' ? 'Erased' : 'Erasure', kv([
+          ['Request', r.id], ['Status', h('span', {class: 'erasure-status'}, r.status)], ['Requested', fmtTime(r.requestedMs)],
+          ['Finished', fmtTime(r.finishedMs)],
+          ['Deleted', Object.entries(r.deleted || {}).filter(([, v]) => v).map(([k, v]) => `${k} ${v}`).join(', ') || '—'],
         ]), h('p', null, link('#/privacy', 'All erasure requests →'))));
+        show();
+        // 202 "pending": the backend finishes it in the background; follow it for a while.
+        for (let i = 0; i < ERASURE_POLLS && r.status === 'pending'; i++) {
+          await new Promise((resolve) => setTimeout(resolve, ERASURE_POLL_MS));
+          r = await get(`/v1/admin/erasures/${seg(r.id)}`);
+          show();
+        }
       })));
   });
   const optOut = u.optOut;

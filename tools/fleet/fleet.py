@@ -332,6 +332,8 @@ def start_backend(i):
         argv += ["--mqtt-password-file", BROKER_PASSWORD, "--mqtt-dynsec"]
     if use_nats_stream:
         argv += ["--nats", nats_urls(), "--nats-replicas", "3"]
+    if "--console-dir" in backend_help:
+        argv += ["--console-dir", os.path.join(REPO, "clients", "console")]  # the operator console (docs/CONSOLE.md)
     pr = spawn(b["name"], argv, stdout=subprocess.PIPE)
     line = pr.stdout.readline()
     if b"listening" not in line:
@@ -391,6 +393,8 @@ backend pylon_backends
         except (OSError, urllib.error.URLError):
             time.sleep(0.1)
     log(f"haproxy: {LB} -> " + ", ".join(f"{b['name']} 127.0.0.1:{b['port']}" for b in backends))
+    if "--console-dir" in backend_help:
+        log(f"console: {LB}/ (the operator token is in {OPERATOR_TOKEN_FILE})")
 
 
 def http_json(path, body=None, timeout=10):

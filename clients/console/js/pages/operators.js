@@ -4,7 +4,7 @@ import {page, panel, errorBox, table, field, input, select, status, button, busy
 
 const MIN_PASSWORD = 16;
 
-export async function render({root, navigate}) {
+export async function render({root}) {
   const st = status();
   st.id = 'operators-status';
   const listWrap = h('div', {id: 'operators-list'});
@@ -73,7 +73,6 @@ export async function render({root, navigate}) {
     panel('New operator', form),
     h('p', null, h('a', {href: '#/audit'}, 'Audit log →'))));
   await load();
-  void navigate;
 }
 
 function passwordBox(name, st) {

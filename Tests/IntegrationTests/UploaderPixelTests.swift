@@ -225,4 +225,63 @@ import Testing
         let st = try c.call("uploader.status")["streams"]?["gtm.pixels"]
         #expect(st?["pendingBatches"] == .int(1) && st?["pixels"]?["lanes"] == .int(1) && st?["deadLetters"] == .int(0), "\(st ?? .null)")
     }
+
+    /// The attack end to end, as unprivileged uids: uid 65534 pushes a data-layer pixel
+    /// URL at the backend's own port (refused at the enqueue: the allowed bare host is port 80
+    /// only) and one at a destination that answers 503 to every GET; while that one is retried,
+    /// uid 4242's pixel to a healthy destination arrives.
+    @Test func oneUidsFailingPixelDoesNotHoldAnotherUidsPixels() throws {
+        let b = try TestBackend()
+        let failing = try UploaderTestServer()
+        try failing.answer([], then: 503)
+        let healthy = try UploaderTestServer()
+        let res = gtmResource(
+            [:],
+            macros: [["function": "_e", "instance_name": "event"], ["function": "_v", "instance_name": "pixelUrl", "name": "pixelUrl"]],
+            predicates: [["function": "_eq", "arg0": ["macro", 0], "arg1": "px"]],
+            tags: [["function": "_img", "url": ["macro", 1]]], rules: [[["if", 0], ["add", 0]]])
+        try b.publishContainer("GTM-PX", res)
+        let allowed: [JSON] = ["127.0.0.1", .string("127.0.0.1:\(failing.port)"), .string("127.0.0.1:\(healthy.port)")]
+        let h = try TestHost.open(plugins: [
+            TestHost.uploader(
+                b,
+                config: [
+                    "streams": [
+                        "gtm.pixels": [
+                            "delivery": "get", "allowedHosts": .array(allowed), "consent": "gtm:hits", "intervalMs": 0,
+                        ]
+                    ]
+                ]),
+            [
+                "name": "gtm", "exec": "pylon-gtm", "backoffInitialMs": 50,
+                "config": [
+                    "backend": .string(b.baseURL), "credentialFile": .string(b.credentialFile),
+                    "defaultsDir": .string(try defaultsDir([:])), "fetchTimeoutMs": 3000,
+                ],
+            ],
+        ])
+        let attackerRelay = try UidClient(h, uid: 65534)
+        let victimRelay = try UidClient(h, uid: 4242)
+        defer { withExtendedLifetime((attackerRelay, victimRelay)) {} }
+        let attacker = attackerRelay.client
+        let victim = victimRelay.client
+        #expect(try attacker.open("GTM-PX")["source"] == "network")
+        let inspect = b.baseURL + "/v1/inspect/stats"
+        _ = try attacker.call("gtm.push", ["data": ["event": "px", "pixelUrl": .string(inspect)]])
+        _ = try attacker.call("gtm.push", ["data": ["event": "px", "pixelUrl": .string(failing.baseURL + "/px?uid=65534")]])
+        try waitUntil(timeout: 10) { try gets(failing).count >= 2 }
+        #expect(try victim.open("GTM-PX")["source"] == "network")
+        _ = try victim.call("gtm.push", ["data": ["event": "px", "pixelUrl": .string(healthy.baseURL + "/px?uid=4242")]])
+        try waitUntil(timeout: 10) { try gets(healthy) == ["/px?uid=4242"] }
+        let seen = try gets(failing).count
+        try waitUntil(timeout: 10) { try gets(failing).count > seen }
+        let root = try h.client()
+        let lines = try root.call("gtm.logLines", ["uid": 65534, "limit": 100])["lines"]?.arrayValue ?? []
+        #expect(
+            lines.contains {
+                ($0["message"]?.stringValue ?? "").contains("127.0.0.1:\(URL(string: b.baseURL)?.port ?? 0) is not in allowedHosts")
+            },
+            "the pixel to the backend's port was refused at the enqueue: \(lines)")
+        #expect(try gets(failing).allSatisfy { $0 == "/px?uid=65534" })
+    }
 }

@@ -238,3 +238,25 @@ def test_privacy_settings_from_the_page(console, stack, driver):
     days.clear()
     driver.find_element(By.ID, "retention-save").click()
     wait_for("the rule removed", lambda: app not in stack.ok("GET", "/v1/admin/retention")["apps"])
+
+
+CHANGE_CONTROLS = ("#push-send, #push-schedule, #push-test, #publish, #preview, [data-rollback], #user-erase, "
+                   "#retention-save, #settings-save, #op-create, [data-cancel], [data-delete-operator]")
+
+
+def test_a_viewer_sees_no_usable_change_control(console, stack, driver):
+    cid = "GTM-V" + uuid.uuid4().hex[:6].upper()
+    resource = {"macros": [{"function": "_c", "instance_name": "title", "value": "v"}], "predicates": [], "tags": [], "rules": []}
+    for _ in range(2):
+        stack.ok("POST", f"/v1/admin/gtm/containers/{cid}/versions", {"container": {"resource": resource}})
+    console.login(*VIEWER)
+    checked = 0
+    for hash_, ready in (("#/push", "#push-composer"), (f"#/containers/{cid}", "#publish-content"),
+                         ("#/privacy", "#retention"), ("#/operators", "#operators-list table")):
+        console.go(hash_)
+        console.wait_css(ready)
+        controls = console.css(CHANGE_CONTROLS)
+        checked += len(controls)
+        usable = [c.get_attribute("id") or c.text for c in controls if c.is_displayed() and c.is_enabled()]
+        assert not usable, f"{hash_}: a viewer can use {usable}"
+    assert checked >= 8, "the change controls were not found on the pages"

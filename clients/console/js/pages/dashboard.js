@@ -21,7 +21,9 @@ function view(d) {
   const pushDays = (series.last30Days || []).map((p) => ({label: String(p.day || '').slice(5), title: p.day, value: p.pushesSent}));
   return [
     h('div', {class: 'cards'},
-      card('Devices registered', fmtNum(dev.registered), `${fmtNum(dev.connected)} connected now`, 'card-devices'),
+      card('Devices registered', fmtNum(dev.registered),
+        dev.connected === null || dev.connected === undefined ? 'connections: not reported by the broker' : `${fmtNum(dev.connected)} connected now`,
+        'card-devices'),
       card('Events / s', fmtNum(ev.perSecond), `${fmtNum(ev.today)} today`, 'card-events'),
       card('Pushes today', fmtNum(push.sentToday),
         `${fmtRate(push.deliveredToday, push.sentToday)} delivered · ${fmtRate(push.openedToday, push.sentToday)} opened`, 'card-push'),

@@ -25,7 +25,10 @@ extension MAService {
             body: body, timeoutMs: 10_000)
         http.send(req) { [unowned self] r in
             switch r {
-            case .success(let resp) where resp.status < 500:
+            // 401: the device credential is not (yet) one the backend knows — the push plugin
+            // registers the device again and `credentialFile` is read again for the next
+            // attempt (docs/PUSH.md, "A backend that forgot the device"): retried as a 5xx.
+            case .success(let resp) where resp.status < 500 && resp.status != 401:
                 guard resp.status == 200, let j = try? JSON.parse(resp.bodyText) else {
                     done(.failure(MAError(message: "backend answered HTTP \(resp.status)")))
                     return

@@ -458,22 +458,36 @@ extension Backend {
 
     // MARK: Apps and streams
 
-    /// `GET /v1/admin/apps`: every AppKey with settings, users or events.
+    /// `GET /v1/admin/apps`: every AppKey with settings, users or events. The distinct keys of
+    /// `events` and `ma_users` are read by skipping from one key to the next in their indexes
+    /// (one probe per AppKey, not a scan of every event). `events` counts the records accepted
+    /// on stream `ma.<appKey>` (from the batches, as the dashboard does: received, whatever
+    /// retention or erasure removed since); `lastEventMs` is the newest indexed event's time.
     func appList(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
         let (limit, cursor) = try page(request)
         let items = try storage { () throws(StoreError) -> [JSON] in
             let keys = try store.consoleQuery(
                 """
-                SELECT k FROM (SELECT app_key AS k FROM ma_apps UNION SELECT app_key FROM ma_users
-                UNION SELECT DISTINCT app_key FROM events WHERE app_key <> '') a WHERE k > ? ORDER BY k LIMIT ?
+                WITH RECURSIVE e(k) AS (
+                    SELECT min(app_key) FROM events WHERE app_key > ?1
+                    UNION ALL SELECT (SELECT min(app_key) FROM events WHERE app_key > e.k) FROM e WHERE e.k IS NOT NULL
+                ), u(k) AS (
+                    SELECT min(app_key) FROM ma_users WHERE app_key > ?1
+                    UNION ALL SELECT (SELECT min(app_key) FROM ma_users WHERE app_key > u.k) FROM u WHERE u.k IS NOT NULL
+                )
+                SELECT k FROM (SELECT k FROM e UNION SELECT k FROM u UNION SELECT app_key FROM ma_apps WHERE app_key > ?1) a
+                WHERE k IS NOT NULL ORDER BY k LIMIT ?2
                 """, [.text(cursor ?? ""), .int(Int64(limit))])
             return try keys.map { r throws(StoreError) -> JSON in
                 let k = r[0].text ?? ""
-                let e = try store.consoleQuery("SELECT count(*), max(time_ms) FROM events WHERE app_key = ?", [.text(k)]).first
+                let events = try store.consoleScalar(
+                    "SELECT CAST(coalesce(sum(accepted), 0) AS BIGINT) FROM batches WHERE stream = (SELECT id FROM streams WHERE name = ?)",
+                    [.text("ma." + k)])
+                let last = try store.consoleQuery("SELECT max(time_ms) FROM events WHERE app_key = ?", [.text(k)]).first?.first?.int
                 return [
-                    "appKey": .string(k), "events": .int(e?[0].int ?? 0),
+                    "appKey": .string(k), "events": .int(events),
                     "users": .int(try store.consoleScalar("SELECT count(*) FROM ma_users WHERE app_key = ?", [.text(k)])),
-                    "lastEventMs": e?[1].int.map { .int($0) } ?? .null,
+                    "lastEventMs": last.map { .int($0) } ?? .null,
                 ]
             }
         }

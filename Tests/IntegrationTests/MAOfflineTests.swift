@@ -218,4 +218,28 @@ import Testing
         }
         #expect(try c.call("ma.isDataCollectionEnabled", ["appKey": "off3"])["enabled"] == .bool(false))
     }
+
+    /// More parked events than one read-back round (`releaseChunk`, 512): every round goes out
+    /// in order, each event once.
+    @Test func manyParkedEventsGoOutInRoundsInOrder() throws {
+        let b = try TestBackend()
+        let h = try host(b)
+        let c = try h.client()
+        try b.faults(["failNext": 100_000, "status": 503])
+        try c.sendLine(#"{"jsonrpc":"2.0","id":0,"method":"ma.start","params":{"appKey":"many"}}"#)
+        let n = 1_000  // two rounds; under the host's maxInflightPerConnection (1024)
+        for i in 1...n {
+            try c.sendLine(
+                #"{"jsonrpc":"2.0","id":\#(i),"method":"ma.eventRecord","params":{"appKey":"many","eventName":"e","property":{"n":\#(i)}}}"#
+            )
+        }
+        let got = try answers(c, n + 1)
+        #expect((1...n).allSatisfy { got[Int64($0)]?["result"]?["code"] == .int(0) })
+        try b.clearFaults()
+        let e = try euid(h, "many")
+        let recs = try stored(b, "many", "e", count: n, c)
+        #expect(recs.map { $0["data"]?["properties"]?["n"]?.intValue } == (1...n).map { Int64($0) })
+        #expect(recs.allSatisfy { $0["data"]?["euid"] == e })
+        #expect(try c.call("ma.status")["eventsWaitingForStart"] == .int(0))
+    }
 }

@@ -260,3 +260,23 @@ def test_a_viewer_sees_no_usable_change_control(console, stack, driver):
         usable = [c.get_attribute("id") or c.text for c in controls if c.is_displayed() and c.is_enabled()]
         assert not usable, f"{hash_}: a viewer can use {usable}"
     assert checked >= 8, "the change controls were not found on the pages"
+
+
+def test_repeated_failed_logins_are_rate_limited(console, driver):
+    from selenium.webdriver.common.by import By
+
+    name = "nobody-" + uuid.uuid4().hex[:6]  # the per-name limit; the per-address one is 20 a minute
+    console.open("#/login")
+    console.wait_css("#login-form")
+    for attempt in range(6):
+        for field, value in (("login-name", name), ("login-password", f"wrong-password-{attempt}")):
+            e = driver.find_element(By.ID, field)
+            e.clear()
+            e.send_keys(value)
+        driver.find_element(By.ID, "login-submit").click()  # disables the button until the answer
+        wait_for("the answer to this attempt", lambda: driver.find_element(By.ID, "login-submit").is_enabled()
+                 and console.css(".status .msg"))
+        if attempt < 5:
+            assert "Wrong name or password" in console.css(".status .msg")[0].text
+    assert "Too many failed attempts" in console.css(".status .msg")[0].text
+    assert not console.css("#who-name")

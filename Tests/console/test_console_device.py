@@ -2,6 +2,7 @@
 a push's funnel reaches "opened", a device's event appears in the live tail, a published and
 rolled-back container changes what the device's gtm.getValue answers, an erased user is gone."""
 import json
+import re
 import socket
 import threading
 import time
@@ -90,6 +91,9 @@ def test_push_from_the_console_reaches_opened(console, stack, device, driver):
             (e for e in console.css("#push-detail .funnel-step[data-step='opened']") if e.get_attribute("data-count") == "1"),
             None), timeout=60)
         assert opened.find_element(By.CSS_SELECTOR, ".funnel-rate").text == "100.0%"
+        # The device's row: opened, with times shown as times (no raw epoch milliseconds).
+        row = console.wait_text("#push-detail tbody tr", "opened")
+        assert not re.search(r"\b1\d{12}\b", row.text), row.text
         for step in ("sent", "delivered"):
             assert console.css(f"#push-detail .funnel-step[data-step='{step}']")[0].get_attribute("data-count") == "1"
         got = [m for m in app.received if m.get("id") == msg_id][0]

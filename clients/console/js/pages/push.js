@@ -16,6 +16,13 @@ function targetText(t) {
   return value !== undefined && value !== '' ? `${type}: ${value}` : type;
 }
 
+// The backend's reasons carry times as epoch milliseconds ("reported at 1796207251104"): shown
+// as local times.
+function reasonText(r) {
+  if (r === null || r === undefined) return '';
+  return String(r).replace(/\b1\d{12}\b/g, (ms) => fmtTime(Number(ms)));
+}
+
 function funnelText(c) {
   c = c || {};
   return `${fmtNum(c.sent)} → ${fmtNum(c.delivered)} (${fmtRate(c.delivered, c.sent)}) → ${fmtNum(c.opened)} (${fmtRate(c.opened, c.sent)})`;
@@ -215,7 +222,7 @@ function detailPanel(id) {
         table([
           {label: 'Install id', value: (r) => link(route('devices', r.installId), r.installId)},
           {label: 'State', value: (r) => h('span', {class: ['badge', `state-${r.state}`]}, r.state)},
-          {label: 'Reason', value: (r) => r.reason},
+          {label: 'Reason', value: (r) => reasonText(r.reason)},
           {label: 'Delivered', value: (r) => fmtTime(r.deliveredMs)},
           {label: 'Opened', value: (r) => fmtTime(r.openedMs)},
         ], m.devices || m.rows || [], {empty: 'No device row.'}),
@@ -241,7 +248,7 @@ function whyPanel(prefill) {
     ev.preventDefault();
     busy(null, st, async () => {
       const r = await get('/v1/admin/push/why', {messageId: msg.value.trim(), installId: inst.value.trim()});
-      replace(out, h('p', null, h('span', {class: ['badge', `state-${r.state}`]}, r.state), ' ', r.reason || ''));
+      replace(out, h('p', null, h('span', {class: ['badge', `state-${r.state}`]}, r.state), ' ', reasonText(r.reason)));
       st.clear();
     });
   });

@@ -51,7 +51,7 @@ enum UploaderMethodDocs {
                 result: .init(
                     .object, "",
                     fields: [
-                        P("flushing", .integer, "streams flushed"), P("drained", .boolean, "with wait"),
+                        P("flushing", .array, "the streams flushed (names)"), P("drained", .boolean, "with wait"),
                         P("delivered", .integer, "with wait"), P("deadLettered", .integer, "with wait"),
                     ])))
         plugin.describe(
@@ -64,7 +64,7 @@ enum UploaderMethodDocs {
                         P("streams", .object, required: true, "per stream: owner, consent, queued, oldestAgeMs, lastResult, ..."),
                         P("diskBytes", .integer, required: true, ""), P("maxDiskBytes", .integer, required: true, ""),
                         P("fsync", .string, required: true, ""), P("commits", .integer, required: true, ""),
-                        P("owner", .object, "the caller's usage and limits"), P("owners", .array, "admins: each owner"),
+                        P("owner", .object, "the caller's usage and limits"), P("owners", .object, "admins: each owner's usage, by owner"),
                     ])))
         plugin.describe(
             "deadLetters",

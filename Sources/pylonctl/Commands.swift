@@ -115,6 +115,10 @@ struct Command {
             summary: "admins: hand an uploader stream, MA AppKey or push appId to another uid, or release it",
             details: ownerUsage),
         Command(
+            name: "conformance", synopsis: "conformance --as NAME [--config JSON] [--] EXEC [ARG...]",
+            summary: "check another implementation of a plugin against the real one's declared contract",
+            valueOptions: ["--as", "--config", "--reference"], details: conformanceUsage),
+        Command(
             name: "dead-letters", synopsis: "dead-letters list|requeue|discard ...", summary: "the uploader's dead letters",
             details: deadLettersUsage),
     ]

@@ -96,7 +96,10 @@ while let a = it.next() {
             command = c
             continue
         }
-        if cmd.flags.contains(a) {
+        if a == "--" {
+            // The rest are arguments, even those that look like options (conformance's EXEC ARG...).
+            while let r = it.next() { rest.append(r) }
+        } else if cmd.flags.contains(a) {
             flags.insert(a)
         } else if cmd.valueOptions.contains(a) {
             guard let v = it.next() else { fail("\(a) needs a value (see pylonctl \(cmd.name) --help)", code: 64) }
@@ -321,6 +324,8 @@ case "reload":
     reloadCommand(json: flags.contains("--json"))
 case "wait-ready":
     waitReadyCommand(timeoutMs: timeoutGiven ? timeoutMs : 30_000)
+case "conformance":  // Conformance.swift
+    conformanceCommand(args, name: values["--as"], configText: values["--config"], reference: values["--reference"])
 case "log-level":
     guard args.count == 1 else { fail("log-level needs one LEVEL: debug, info, warn or error\n" + command.help, code: 64) }
     var p: JSONObject = ["level": .string(args[0])]

@@ -3,7 +3,7 @@
 _pylonctl() {
     local cur prev words cword
     _init_completion 2>/dev/null || { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
-    local commands="call ping status describe sub monitor publish restart reload wait-ready log-level consent metrics dead-letters owner help"
+    local commands="call ping status describe sub monitor publish restart reload wait-ready log-level consent metrics dead-letters owner conformance help"
     local i cmd="" sock=()
     for ((i = 1; i < cword; i++)); do
         case ${words[i]} in

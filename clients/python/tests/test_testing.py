@@ -101,3 +101,32 @@ def test_the_context_manager_removes_its_directory():
         assert bus.plugin_state("push") == "running"
     import os
     assert not os.path.exists(d)
+
+
+FAKE_PUSH = __import__("os").path.join(__import__("os").path.dirname(__file__), "fake_push.py")
+
+
+def test_conformance_passes_a_fake_push_that_keeps_the_contract():
+    import sys
+    from pylon.testing import conformance
+    r = conformance(sys.executable, "push", [FAKE_PUSH])
+    assert r.ok and r.problems == [], r.output
+    assert "conforms to push: 10 methods" in r.output
+
+
+def test_conformance_fails_a_fake_with_a_missing_method(monkeypatch):
+    import sys
+    from pylon.testing import conformance
+    monkeypatch.setenv("FAKE_PUSH_DROP", "detach")
+    r = conformance(sys.executable, "push", [FAKE_PUSH])
+    assert not r.ok
+    assert r.problems == ["push.detach: missing: the real push serves it (Stop receiving an app's messages)"], r.output
+
+
+def test_conformance_fails_a_fake_with_a_wrong_result_type(monkeypatch):
+    import sys
+    from pylon.testing import conformance
+    monkeypatch.setenv("FAKE_PUSH_WRONG", "status")
+    r = conformance(sys.executable, "push", [FAKE_PUSH])
+    assert not r.ok
+    assert r.problems == ["push.status: params {}: the result is string, not object"], r.output

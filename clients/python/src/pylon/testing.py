@@ -589,14 +589,15 @@ class ConformanceReport(NamedTuple):
 def conformance(exec: str, as_plugin: str, args: Sequence[str] = (), build_dir: Optional[str] = None,
                 config: Optional[Dict[str, Any]] = None, timeout: float = 120.0) -> ConformanceReport:
     """Checks the plugin ``exec`` (with ``args``) against the real ``as_plugin``'s declared
-    contract: ``pylonctl conformance EXEC --as NAME`` (see pylonctl(1))."""
+    contract: ``pylonctl conformance --as NAME -- EXEC ARGS`` (see pylonctl(1)), with this
+    ``pylon`` package on the plugin's ``PYTHONPATH``. ``conformance(sys.executable, "push",
+    ["fake_push.py"]).ok``; each of ``problems`` names its method."""
     pylonctl = os.path.join(os.path.dirname(find_pylond(build_dir)), "pylonctl")
-    cmd = [pylonctl, "conformance", exec, "--as", as_plugin]
-    for a in args:
-        cmd += ["--arg", a]
+    cmd = [pylonctl, "conformance", "--as", as_plugin]
     if config is not None:
         cmd += ["--config", json.dumps(config)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYLON_")}
+    cmd += ["--", exec, *args]
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if x)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     problems = [line[len("FAIL "):] for line in r.stdout.splitlines() if line.startswith("FAIL ")]

@@ -97,7 +97,9 @@ extension Bus {
         // past `closeAboveQueuedBytes` it is disconnected rather than held in memory. Its uid's
         // connections together are bounded after the answer is queued (`enforceOutputBounds`).
         // Only looked at for a connection that already has a lot queued: no cost per reply.
-        if !origin.isPlugin, origin.heldBytes + line.count > max(config.limits.closeAboveQueuedBytes, config.limits.maxQueuedBytes) {
+        if !origin.isPlugin, origin.heldBytes + line.count > config.limits.maxQueuedBytes,
+            origin.heldBytes + line.count > max(config.limits.closeAboveQueuedBytes, config.limits.maxQueuedBytes)
+        {
             return disconnectSlowReader(origin, limit: "closeAboveQueuedBytes")
         }
         var idText = originalId

@@ -33,8 +33,7 @@ extension Bus {
     /// nothing and stay). Returns false when `peer` itself was disconnected.
     @discardableResult
     func enforceOutputBounds(_ peer: Peer) -> Bool {
-        guard !peer.closed else { return false }
-        guard !peer.isPlugin, peer.heldBytes > Bus.uidCheckAboveBytes else { return true }
+        guard peer.heldBytes > Bus.uidCheckAboveBytes, !peer.isPlugin, !peer.closed else { return !peer.closed }
         let limits = config.limits
         if peer.heldBytes > max(limits.closeAboveQueuedBytes, limits.maxQueuedBytes) {
             disconnectSlowReader(peer, limit: "closeAboveQueuedBytes")

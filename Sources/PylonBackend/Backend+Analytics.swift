@@ -1,47 +1,54 @@
 import PylonCore
 import PylonStore
 
-/// Analytics of one AppKey, computed by the database over the event index
-/// (`GET /v1/admin/analytics/{appKey}/{counts|top-events|uniques|funnel}`). Every query is a
-/// range of the `(app_key, time_ms)`, `(app_key, event, time_ms)` or `(app_key, euid, time_ms)`
-/// index over `[fromMs, toMs)`, which may span at most `AnalyticsLimits.maxSpanDays` (hourly
-/// buckets: `maxHourlySpanDays`); the default is the last 30 days.
+/// Analytics of one AppKey, computed by the database
+/// (`GET /v1/admin/analytics/{appKey}/{counts|top-events|uniques|funnel}`) over `[fromMs, toMs)`
+/// (default: the last 30 days). Counts and top events sum the hourly rollup and unique users
+/// count the daily one (`Store+Rollups.swift`), so their cost depends on the hours and days in
+/// the range, not on the events: the range is taken in whole hours (days for uniques) and may
+/// span `AnalyticsLimits.maxSpanDays`. The funnel reads the event index (the
+/// `(app_key, event, time_ms)` and `(app_key, euid, time_ms)` ranges), so its range is
+/// shorter: `AnalyticsLimits.maxFunnelSpanDays`.
 extension Backend {
     func analytics(_ request: HTTPRequest, appKey: String, _ kind: DataRoute.AnalyticsKind) throws(APIError) -> HTTPResponse {
         let q = request.query
         let now = System.wallClockMs()
         let to = try intParam(q, "toMs") ?? now
-        let from = try intParam(q, "fromMs") ?? to - 30 * 86_400_000
+        let from = try intParam(q, "fromMs") ?? to - 30 * Rollup.dayMs
         guard from < to else { throw .badRequest(.invalidRequest, "fromMs must be before toMs") }
         let hourly = q["bucket"] == "hour"
         if let b = nonEmpty(q["bucket"]), b != "hour", b != "day" { throw .badRequest(.invalidRequest, "bucket must be hour or day") }
-        let maxDays = kind == .counts && hourly ? AnalyticsLimits.maxHourlySpanDays : AnalyticsLimits.maxSpanDays
-        guard to - from <= maxDays * 86_400_000 else {
+        let maxDays = kind == .funnel ? AnalyticsLimits.maxFunnelSpanDays : AnalyticsLimits.maxSpanDays
+        guard to - from <= maxDays * Rollup.dayMs else {
             throw .badRequest(.invalidRequest, "the range may span at most \(maxDays) days")
         }
         let app = SQLBind.text(appKey)
+        // Whole hours: the hour holding `from` up to the hour holding `to - 1`.
+        let hours: [SQLBind] = [app, .int(Rollup.floor(from, Rollup.hourMs)), .int(to)]
         switch kind {
         case .counts:
-            let width: Int64 = hourly ? 3_600_000 : 86_400_000
+            let width = hourly ? Rollup.hourMs : Rollup.dayMs
             let rows = try analyticsQuery(
-                "SELECT (time_ms / ?) * ?, count(*) FROM events WHERE app_key = ? AND time_ms >= ? AND time_ms < ? GROUP BY 1 ORDER BY 1",
-                [.int(width), .int(width), app, .int(from), .int(to)])
+                """
+                SELECT (hour_ms / ?) * ?, sum(n) FROM event_hours WHERE app_key = ? AND hour_ms >= ? AND hour_ms < ?
+                GROUP BY 1 ORDER BY 1
+                """, [.int(width), .int(width)] + hours)
             return items(rows.map { ["tMs": .int($0[0].int ?? 0), "events": .int($0[1].int ?? 0)] })
         case .topEvents:
             let limit = try pageLimit(q, max: AnalyticsLimits.maxTopEvents, default: 10)
             let rows = try analyticsQuery(
                 """
-                SELECT event, count(*) FROM events WHERE app_key = ? AND time_ms >= ? AND time_ms < ?
+                SELECT event, sum(n) FROM event_hours WHERE app_key = ? AND hour_ms >= ? AND hour_ms < ?
                 GROUP BY event ORDER BY 2 DESC, 1 LIMIT ?
-                """, [app, .int(from), .int(to), .int(Int64(limit))])
+                """, hours + [.int(Int64(limit))])
             return items(rows.map { ["event": .string($0[0].text ?? ""), "count": .int($0[1].int ?? 0)] })
         case .uniques:
             let rows = try analyticsQuery(
                 """
-                SELECT time_ms / 86400000, count(DISTINCT euid) FROM events
-                WHERE app_key = ? AND time_ms >= ? AND time_ms < ? AND euid <> '' GROUP BY 1 ORDER BY 1
-                """, [app, .int(from), .int(to)])
-            return items(rows.map { ["day": .string(AnalyticsLimits.day(($0[0].int ?? 0) * 86_400_000)), "users": .int($0[1].int ?? 0)] })
+                SELECT day_ms, count(*) FROM user_days WHERE app_key = ? AND day_ms >= ? AND day_ms < ?
+                GROUP BY day_ms ORDER BY day_ms
+                """, [app, .int(Rollup.floor(from, Rollup.dayMs)), .int(to)])
+            return items(rows.map { ["day": .string(AnalyticsLimits.day($0[0].int ?? 0)), "users": .int($0[1].int ?? 0)] })
         case .funnel:
             guard let a = nonEmpty(q["a"]), let b = nonEmpty(q["b"]) else { throw .badRequest(.invalidRequest, "a and b are required") }
             let days = try intParam(q, "days") ?? 7
@@ -58,7 +65,7 @@ extension Backend {
                 SELECT count(*), coalesce(sum(CASE WHEN EXISTS (SELECT 1 FROM events x WHERE x.app_key = ? AND x.euid = f.euid
                     AND x.time_ms > f.t AND x.time_ms <= f.t + ? AND x.event = ?) THEN 1 ELSE 0 END), 0)
                 FROM (\(firsts)) f
-                """, [app, .int(days * 86_400_000), .text(b), app, .text(a), .int(from), .int(to)])
+                """, [app, .int(days * Rollup.dayMs), .text(b), app, .text(a), .int(from), .int(to)])
             let n = rows.first?[0].int ?? 0
             let m = rows.first?[1].int ?? 0
             return HTTPResponse([
@@ -81,10 +88,10 @@ extension Store {
 }
 
 enum AnalyticsLimits {
-    /// The widest range of a query (daily buckets, top events, uniques, funnel).
+    /// The widest range of counts, top events and uniques (rollup rows: hours × event names).
     static let maxSpanDays: Int64 = 400
-    /// The widest range of hourly counts.
-    static let maxHourlySpanDays: Int64 = 31
+    /// The widest range of a funnel (it reads events).
+    static let maxFunnelSpanDays: Int64 = 31
     static let maxTopEvents = 100
     static let maxFunnelDays: Int64 = 90
 

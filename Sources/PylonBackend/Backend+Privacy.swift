@@ -94,6 +94,7 @@ extension Backend {
             var batches = 0
             for (a, days) in r.apps where batches < RetentionLimits.batchesPerRound {
                 if try store.expireEvents(appKey: a, before: now - days * 86_400_000) > 0 { batches += 1 }
+                if try store.expireRollups(appKey: a, before: now - days * 86_400_000) > 0 { batches += 1 }
             }
             for (s, days) in r.streams where batches < RetentionLimits.batchesPerRound {
                 if try store.expireEvents(stream: s, before: now - days * 86_400_000) > 0 { batches += 1 }

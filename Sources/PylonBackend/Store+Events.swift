@@ -19,12 +19,13 @@ import PylonStore
 extension Store {
     /// The console's data tables (this file, `Store+Erasure.swift`, `Store+Privacy.swift`,
     /// `Store+PushHistory.swift`).
-    static var dataSchema: String { [eventsSchema, erasureSchema, privacySchema, pushHistorySchema].joined(separator: "\n") }
+    static var dataSchema: String { [eventsSchema, erasureSchema, privacySchema, pushHistorySchema, rollupSchema].joined(separator: "\n") }
 
     /// What `reset` deletes of them (settings and retention rules stay).
     static let dataReset = """
         DELETE FROM events; DELETE FROM erasures; DELETE FROM erasure_stream_deletes; DELETE FROM optouts;
         DELETE FROM push_opens; DELETE FROM push_send_actors; DELETE FROM push_scheduled;
+        DELETE FROM event_hours; DELETE FROM user_days;
         """
 
     static let eventsSchema = """
@@ -161,6 +162,11 @@ extension Store {
         let appKey = EventIndex.appKey(ofStream: stream)
         var next = 0
         var binds: [SQLBind] = []
+        var added: [IndexedRecord] = []
+        var byId: [String: Int] = [:]
+        if !appKey.isEmpty {
+            for (i, r) in records.enumerated() { byId[r.recordId] = i }
+        }
         while next < records.count {
             let rows = Store.insertRows.first { $0 <= min(EventIndex.insertRows, records.count - next) }!
             binds.removeAll(keepingCapacity: true)
@@ -170,9 +176,17 @@ extension Store {
                     .text(r.recordId), .text(r.event), .text(r.euid), .int(r.timeMs), r.data.map { .text($0) } ?? .null,
                 ])
             }
-            try db.run(EventIndex.insertSQLByRows[rows]!, binds)
+            if appKey.isEmpty {
+                try db.run(EventIndex.insertSQLByRows[rows]!, binds)
+            } else {
+                // The rows taken (a record id indexed before is not), for the rollups.
+                for row in try db.query(EventIndex.insertSQLByRows[rows]! + " RETURNING record_id", binds) {
+                    if let id = row[0].text, let i = byId[id] { added.append(records[i]) }
+                }
+            }
             next += rows
         }
+        try rollUp(added, appKey: appKey)
         if stream == EventIndex.opensStream {
             try recordOpens(records.compactMap { r in r.openMsgId.flatMap { m in r.openToken.map { (m, $0, r.timeMs) } } })
         }

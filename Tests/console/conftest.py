@@ -80,9 +80,13 @@ class Stack:
         self.broker_password = secret_file(os.path.join(self.tmp, "broker.password"))
         self.db = os.path.join(self.tmp, "backend.db")
         self.procs = {}
-        self._start_mosquitto()
-        self._add_admin_by_cli()
-        self._start_backend()
+        try:
+            self._start_mosquitto()
+            self._add_admin_by_cli()
+            self._start_backend()
+        except BaseException:
+            self.stop()  # a failed start leaves no broker behind
+            raise
 
     def _start_mosquitto(self):
         subprocess.run([os.path.join(REPO, "tools", "pylon-dynsec-init"), os.path.join(self.tmp, "dynsec.json"),
@@ -212,7 +216,11 @@ class Device:
         def running():
             with pylon.Client(self.socket, timeout=5) as c:
                 return all(p["state"] == "running" for p in c.call("bus.status")["plugins"])
-        wait_for("pylond and its plugins", running, timeout=60)
+        try:
+            wait_for("pylond and its plugins", running, timeout=60)
+        except BaseException:
+            self.stop()
+            raise
 
     def client(self):
         return self.pylon.Client(self.socket, timeout=30)

@@ -128,7 +128,13 @@ extension Backend {
     /// `POST /v1/session/login` `{"name","password"}` or `{"token"}`. Failures count per client
     /// address and per name (`LoginLimiter`); over the limit: 429 before any check. The
     /// password is checked on the thread pool, so the answer comes later.
+    ///
+    /// The body must be sent as `Content-Type: application/json`, which a cross-site HTML form
+    /// cannot send: another site cannot log the browser into an account of its choosing.
     func login(_ request: HTTPRequest) throws(APIError) -> Disposition {
+        guard request.header("content-type")?.lowercased().hasPrefix("application/json") == true else {
+            throw .badRequest(.invalidRequest, "a login is sent as Content-Type: application/json")
+        }
         let body = try jsonBody(request)
         let now = System.wallClockMs()
         if let token = body["token"]?.stringValue {

@@ -31,7 +31,9 @@ import Testing
     }
 
     static func login(_ b: BackendProcess, _ body: JSON) throws -> (HTTPReply, Session?) {
-        let r = try b.request("POST", "/v1/session/login", headers: [("Authorization", "")], body: Array(body.serialized.utf8))
+        let r = try b.request(
+            "POST", "/v1/session/login", headers: [("Authorization", ""), ("Content-Type", "application/json")],
+            body: Array(body.serialized.utf8))
         guard r.status == 200, let set = r.headers["set-cookie"], let csrf = try r.json()["csrfToken"]?.stringValue else { return (r, nil) }
         return (r, Session(cookie: String(set.split(separator: ";")[0]), csrf: csrf))
     }
@@ -79,6 +81,12 @@ import Testing
         #expect(ts != nil)
         #expect(try tok.json()["name"] == "operator")
         #expect(try ConsoleSessionTests.login(b, ["token": "not-the-token-0123456789"]).0.status == 401)
+        // A login a cross-site form could send (no JSON content type) is refused.
+        let form = try b.request(
+            "POST", "/v1/session/login", headers: [("Authorization", ""), ("Content-Type", "text/plain")],
+            body: ConsoleSessionTests.json(["name": "ada", "password": .string(ConsoleSessionTests.adminPassword)]))
+        #expect(form.status == 400)
+        #expect(form.headers["set-cookie"] == nil)
         // Account changes and the failed logins are in the audit log, newest first.
         let audit = try b.get("/v1/admin/audit?action=operator.create")["items"]?.arrayValue ?? []
         #expect(audit.compactMap { $0["target"]?.stringValue } == ["vic", "ada"])

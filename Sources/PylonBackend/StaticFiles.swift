@@ -130,8 +130,9 @@ enum ConsoleLimits {
     /// An instance not seen for this long is shown unhealthy; for `forgetInstanceMs`, removed.
     static let instanceStaleMs: Int64 = 30_000
     static let forgetInstanceMs: Int64 = 24 * 3_600_000
-    /// A device's last use is written at most this often per instance.
-    static let deviceSeenWriteMs: Int64 = 60_000
+    /// A device's last use is written at most this often per instance (10,000 devices cost at
+    /// most 33 writes a second; the console shows the last use to within this).
+    static let deviceSeenWriteMs: Int64 = 300_000
     /// Devices whose last write time is kept (beyond, the table is cleared and rebuilt).
     static let maxDeviceSeenEntries = 100_000
     /// A device page's recent pushes and events, at most.

@@ -38,12 +38,14 @@ public final class Bus {
     private var nextPeerId = UInt64(max(0, System.wallClockMs())) * 1000
     var pending = PendingTable<Pending>()
     var nextRequestId: Int64 = 1
-    var slots: [String: PluginSlot] = [:]
+    var slots: [String: PluginSlot] = [:] { didSet { slotSetRevision &+= 1 } }
+    /// Bumped whenever a slot is added, removed or replaced (`ReportCache.Version`).
+    var slotSetRevision: UInt64 = 0
     /// Slots a reload removed or replaced whose process has not exited yet: kept until it has,
     /// so shutdown waits for them too (a plugin never outlives the host) and a replacement does
     /// not start beside them.
     var retiring: [PluginSlot] = []
-    var slotOrder: [String] = []
+    var slotOrder: [String] = [] { didSet { slotSetRevision &+= 1 } }
     /// Every peer's topic patterns (clients' `bus.subscribe`, plugins' manifest `subscribes`).
     var subscriptions = SubscriptionIndex<UInt64>()
     /// Methods served by clients (`bus.provide`), by full name.

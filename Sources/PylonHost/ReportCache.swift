@@ -15,9 +15,12 @@ import PylonProtocol
 /// ReportCacheTests.
 struct ReportCache {
     /// What a `bus.describe` answer shows besides the caller: each plugin slot (in order) with its
-    /// revision (`PluginSlot.revision`), and the revision of the provided methods.
+    /// revision (`PluginSlot.revision`), the revision of the slot set (a slot added, removed or
+    /// replaced: a new slot object may reuse a freed one's address), and the revision of the
+    /// provided methods.
     struct Version: Equatable {
         var slots: [Mark]
+        var slotSet: UInt64 = 0
         var provided: UInt64
     }
     struct Mark: Equatable {
@@ -86,7 +89,7 @@ extension Bus {
             slots: slotOrder.compactMap { name in
                 slots[name].map { ReportCache.Mark(slot: ObjectIdentifier($0), revision: $0.revision) }
             },
-            provided: providedRevision)
+            slotSet: slotSetRevision, provided: providedRevision)
     }
 
     /// The result bytes of a `bus.status` or `bus.describe` request, from `reports` when the

@@ -60,6 +60,14 @@ extension Backend {
         return (limit, key)
     }
 
+    /// The bounds of the names starting with `?q=` (every name without one): `name >= low AND
+    /// name <= high` is an index range, since no UTF-8 text starting with `q` sorts after `q`
+    /// followed by U+10FFFF.
+    static func prefix(_ request: HTTPRequest) -> (low: SQLBind, high: SQLBind) {
+        guard let q = request.query["q"], !q.isEmpty else { return (.text(""), .text("\u{10FFFF}")) }
+        return (.text(q), .text(q + "\u{10FFFF}"))
+    }
+
     /// A list answer: `items`, and `nextCursor` (the last item's key) when the page is full.
     static func list(_ items: [JSON], limit: Int, lastKey: String?) -> HTTPResponse {
         let next: JSON = items.count == limit ? lastKey.map { .string(hex($0)) } ?? .null : .null
@@ -458,7 +466,7 @@ extension Backend {
 
     // MARK: Apps and streams
 
-    /// `GET /v1/admin/apps`: every AppKey with settings, users or events. The distinct keys of
+    /// `GET /v1/admin/apps?q=`: every AppKey (starting with `q`) with settings, users or events. The distinct keys of
     /// `events` and `ma_users` are read by skipping from one key to the next in their indexes
     /// (one probe per AppKey, not a scan of every event). `events` counts the records accepted
     /// on stream `ma.<appKey>` (from the batches, as the dashboard does: received, whatever
@@ -476,8 +484,8 @@ extension Backend {
                     UNION ALL SELECT (SELECT min(app_key) FROM ma_users WHERE app_key > u.k) FROM u WHERE u.k IS NOT NULL
                 )
                 SELECT k FROM (SELECT k FROM e UNION SELECT k FROM u UNION SELECT app_key FROM ma_apps WHERE app_key > ?1) a
-                WHERE k IS NOT NULL ORDER BY k LIMIT ?2
-                """, [.text(cursor ?? ""), .int(Int64(limit))])
+                WHERE k IS NOT NULL AND k >= ?3 AND k <= ?4 ORDER BY k LIMIT ?2
+                """, [.text(cursor ?? ""), .int(Int64(limit)), Backend.prefix(request).low, Backend.prefix(request).high])
             return try keys.map { r throws(StoreError) -> JSON in
                 let k = r[0].text ?? ""
                 let events = try store.consoleScalar(
@@ -494,12 +502,13 @@ extension Backend {
         return Backend.list(items, limit: limit, lastKey: items.last?["appKey"]?.stringValue)
     }
 
-    /// `GET /v1/admin/streams`: each stream's accepted records (with `--nats` too) and last batch.
+    /// `GET /v1/admin/streams?q=`: each stream (whose name starts with `q`): its accepted records (with `--nats` too) and last batch.
     func streamList(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
         let (limit, cursor) = try page(request)
         let items = try storage { () throws(StoreError) -> [JSON] in
             try store.consoleQuery(
-                "SELECT id, name FROM streams WHERE name > ? ORDER BY name LIMIT ?", [.text(cursor ?? ""), .int(Int64(limit))]
+                "SELECT id, name FROM streams WHERE name > ? AND name >= ? AND name <= ? ORDER BY name LIMIT ?",
+                [.text(cursor ?? ""), Backend.prefix(request).low, Backend.prefix(request).high, .int(Int64(limit))]
             )
             .map { r throws(StoreError) -> JSON in
                 let s = try store.consoleQuery(

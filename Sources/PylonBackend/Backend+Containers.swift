@@ -3,15 +3,17 @@ import PylonCore
 /// The console's container pages: the list, every version (who published it, its size), one
 /// version's content, and rollback (an old version's content published as a new version).
 extension Backend {
-    /// `GET /v1/admin/gtm/containers`: `fetches` are this instance's since it started.
+    /// `GET /v1/admin/gtm/containers?q=`: containers (whose id starts with `q`); `fetches` are
+    /// this instance's since it started.
     func containerList(_ request: HTTPRequest) throws(APIError) -> HTTPResponse {
         let (limit, cursor) = try page(request)
         let rows = try storage { () throws(StoreError) in
             try store.consoleQuery(
                 """
                 SELECT c.container_id, c.published, c.draft, (SELECT count(*) FROM gtm_versions v WHERE v.container_id = c.container_id)
-                FROM gtm_containers c WHERE c.container_id > ? ORDER BY c.container_id LIMIT ?
-                """, [.text(cursor ?? ""), .int(Int64(limit))])
+                FROM gtm_containers c WHERE c.container_id > ? AND c.container_id >= ? AND c.container_id <= ?
+                ORDER BY c.container_id LIMIT ?
+                """, [.text(cursor ?? ""), Backend.prefix(request).low, Backend.prefix(request).high, .int(Int64(limit))])
         }
         let items: [JSON] = rows.map { r in
             let id = r[0].text ?? ""

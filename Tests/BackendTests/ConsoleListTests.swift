@@ -30,8 +30,8 @@ import Testing
     @Test(arguments: StoreKind.allCases) func cursorsWalkEveryItemOnce(_ store: StoreKind) throws {
         let b = try BackendProcess(store: store)
         let installs = (0..<7).map { "inst-\($0)" }
-        var push: [String: String] = [:]
-        for i in installs { push[i] = try ConsoleDataTests.device(b, i).push }
+        var devices: [String: (id: String, token: String, push: String)] = [:]
+        for i in installs { devices[i] = try ConsoleDataTests.device(b, i) }
         for s in ["s-a", "s-b", "s-c", "s-d", "s-e"] {
             #expect(try b.postBatch(s, key: "k-" + s, batchBody(key: "k-" + s, stream: s, ids: ["1", "2"])).status == 200)
         }
@@ -48,10 +48,15 @@ import Testing
         #expect(ids.count == 3)
         #expect(ids.compactMap { Int($0) } == ids.compactMap { Int($0) }.sorted(by: >))
         #expect(try ConsoleListTests.walk(b, "/v1/admin/gtm/containers", key: "id", limit: 2) == ["c1", "c2", "c3"])
+        // Names filtered by prefix (an index range), paged the same way.
+        #expect(try ConsoleListTests.walk(b, "/v1/admin/streams?q=s-", key: "stream", limit: 2) == ["s-a", "s-b", "s-c", "s-d", "s-e"])
+        #expect(try ConsoleListTests.walk(b, "/v1/admin/streams?q=s-c", key: "stream", limit: 2) == ["s-c"])
+        #expect(try ConsoleListTests.walk(b, "/v1/admin/gtm/containers?q=c2", key: "id", limit: 2) == ["c2"])
+        #expect(try ConsoleListTests.walk(b, "/v1/admin/gtm/containers?q=x", key: "id", limit: 2) == [])
         // Search: an install id prefix, a device id, a bound user id.
         let bind = try b.request(
-            "POST", "/v1/push/bind", headers: [("Authorization", "Bearer " + (try ConsoleDataTests.device(b, "inst-3").token))],
-            body: Array(JSON.object(["token": .string(push["inst-3"]!), "userId": "user-42"]).serialized.utf8))
+            "POST", "/v1/push/bind", headers: [("Authorization", "Bearer " + devices["inst-3"]!.token)],
+            body: Array(JSON.object(["token": .string(devices["inst-3"]!.push), "userId": "user-42"]).serialized.utf8))
         #expect(bind.status == 200, "\(bind.text)")
         #expect(try ConsoleListTests.walk(b, "/v1/admin/devices?q=inst-", key: "installId", limit: 2) == installs)
         #expect(try ConsoleListTests.walk(b, "/v1/admin/devices?q=user-42", key: "installId", limit: 2) == ["inst-3"])
@@ -71,6 +76,11 @@ import Testing
     @Test(arguments: StoreKind.allCases) func theDashboardAndADevicesPage(_ store: StoreKind) throws {
         let b = try BackendProcess(store: store)
         let dev = try ConsoleDataTests.device(b, "inst-d")
+        // The device's MA plugin starts AppKey shop (with the device's own token) before its events.
+        let start = try b.request(
+            "POST", "/v1/ma/shop/start", headers: [("Authorization", "Bearer " + dev.token)],
+            body: Array(#"{"deviceId":"d-1","identity":{"user_id":"u-1"}}"#.utf8))
+        #expect(start.status == 200)
         try ConsoleDataTests.post(
             b, stream: "ma.shop", key: "k1", token: dev.token,
             [ConsoleDataTests.event("e1", "open", euid: "eu1", time: 1000), ConsoleDataTests.event("e2", "buy", euid: "eu1", time: 2000)])
@@ -102,6 +112,8 @@ import Testing
         #expect(apps?.first?["appKey"] == "shop")
         #expect(apps?.first?["events"] == 2)
         #expect(apps?.first?["lastEventMs"] == 2000)
+        #expect(try b.get("/v1/admin/apps?q=sh")["items"]?.arrayValue?.count == 1)
+        #expect(try b.get("/v1/admin/apps?q=x")["items"]?.arrayValue?.count == 0)
         #expect(try ConsoleListTests.walk(b, "/v1/admin/devices?appKey=shop", key: "installId", limit: 5) == ["inst-d"])
         #expect(try ConsoleListTests.walk(b, "/v1/admin/devices?appKey=other", key: "installId", limit: 5) == [])
     }

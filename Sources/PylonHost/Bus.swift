@@ -359,7 +359,8 @@ struct BusCounters {
     var heldForCongestion: UInt64 = 0
     /// JSON-RPC batches received.
     var batches: UInt64 = 0
-    /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`).
+    /// Clients disconnected for not reading their replies (`closeAboveQueuedBytes`, or their uid
+    /// over `maxQueuedBytesPerUid`).
     var slowReadersClosed: UInt64 = 0
     /// Publications not queued to a client because its uid had `maxQueuedBytesPerUid` queued.
     var droppedForUidQueue: UInt64 = 0

@@ -330,9 +330,10 @@ import Testing
         #expect(top["items"] == [["event": "buy", "count": 3]])
         let uniques = try b.get("/v1/admin/analytics/shop/uniques?\(range)")
         #expect(uniques["items"]?.arrayValue?.first == ["day": .string(AnalyticsDay.of(t0)), "users": 3])
-        let funnel = try b.get("/v1/admin/analytics/shop/funnel?a=view&b=buy&days=2&\(range)")
+        let funnel = try b.get("/v1/admin/analytics/shop/funnel?a=view&b=buy&days=2&fromMs=\(t0)&toMs=\(t0 + 7 * day)")
         #expect(funnel["a"] == 3 && funnel["ab"] == 2)
         #expect(try b.request("GET", "/v1/admin/analytics/shop/counts?fromMs=0&toMs=\(t0)&bucket=hour").status == 400)
+        #expect(try b.request("GET", "/v1/admin/analytics/shop/funnel?a=view&b=buy&\(range)").status == 400)  // over 7 days
         #expect(try b.request("GET", "/v1/admin/analytics/shop/nothing").status == 404)
     }
 

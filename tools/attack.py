@@ -487,7 +487,7 @@ def probe_queue_flood(st, seconds, conns=64):
     mon = m.finish()
     counters = call(st.sock, "bus.status")["result"].get("counters", {})
     growth = mon["rss_peak_mb"] - base / 1024
-    bound = 64 + 32  # maxQueuedBytesPerUid, plus allocator slack and the publisher's own buffers
+    bound = 16 + 32  # maxQueuedBytesPerUid (16 MiB), plus allocator slack and the publisher's own buffers
     ok = growth <= bound and mon["ping_failures"] == 0
     interesting = {k: v for k, v in counters.items() if "drop" in k or "slow" in k or "refused" in k}
     return ok, (f"uid {ATTACKER}: {conns} connections subscribed to * never reading + one publishing 64 KB "

@@ -120,14 +120,13 @@ enum Router {
         return segs
     }
 
-    /// Control and inspection paths (every path outside `/v1`: `/healthz`, `/metrics`, the
-    /// console's files; and `/v1/faults`, `/v1/session...`, `/v1/inspect/...`,
-    /// `/v1/admin/...`), which injected faults never touch. Decided on the decoded segments,
-    /// as routing is, so an escaped spelling of an exempt path is exempt too.
+    /// Control and inspection paths (`/healthz`, `/metrics`, `/v1/faults`, `/v1/session...`,
+    /// `/v1/inspect/...`, `/v1/admin/...`), which injected faults never touch. Decided on the
+    /// decoded segments, as routing is, so an escaped spelling of an exempt path is exempt too.
     static func isFaultExempt(_ path: Substring) -> Bool {
         guard let segs = segments(path) else { return false }
-        if segs == ["healthz"] || segs == ["v1", "faults"] || segs.first != "v1" { return true }
-        if segs.count >= 2 && segs[1] == "session" { return true }
+        if segs == ["healthz"] || segs == ["metrics"] || segs == ["v1", "faults"] { return true }
+        if segs.count >= 2 && segs[0] == "v1" && segs[1] == "session" { return true }
         return segs.count > 2 && segs[0] == "v1" && (segs[1] == "inspect" || segs[1] == "admin")
     }
 

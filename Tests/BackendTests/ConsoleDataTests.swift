@@ -139,10 +139,14 @@ import Testing
 
     @Test(arguments: StoreKind.allCases) func anErasedUserIsFoundByNoAPI(_ kind: StoreKind) throws {
         let b = try BackendProcess(store: kind)
-        let gone = try #require(try b.ma("start", ["deviceId": "d1", "identity": ["user_id": "u-9"]], app: "shop")["euid"]?.stringValue)
+        // The device starts the AppKey with its own token (so its events on ma.shop are taken).
+        let dev = try ConsoleDataTests.device(b, "install-9")
+        let start = try b.request(
+            "POST", "/v1/ma/shop/start", headers: [("Authorization", "Bearer " + dev.token)],
+            body: Array(JSON.object(["deviceId": "d1", "identity": ["user_id": "u-9"]]).serialized.utf8))
+        let gone = try #require(try start.json()["euid"]?.stringValue)
         #expect(try b.identify("d1", gone, ["email": "nine@example.com"], app: "shop")["euid"] == .string(gone))
         let kept = try #require(try b.ma("start", ["deviceId": "d2", "identity": ["user_id": "u-10"]], app: "shop")["euid"]?.stringValue)
-        let dev = try ConsoleDataTests.device(b, "install-9")
         let bind = try b.request(
             "POST", "/v1/push/bind", headers: [("Authorization", "Bearer " + dev.token)],
             body: Array(JSON.object(["token": .string(dev.push), "userId": "u-9"]).serialized.utf8))

@@ -98,15 +98,18 @@ package struct StreamCatalog: Sendable {
 
     /// The consent switch every record of `stream` falls under, whatever the caller says: the
     /// configured `consent`, else `<ns>:<rest>` for `<ns>.<rest>` (`ma.abc` → `ma:abc`), else the
-    /// name itself.
+    /// name itself; the opt-out reports' stream always its own switch (`OptOutReports`).
     package func consentKey(for stream: String) -> String {
+        if stream == OptOutReports.stream { return OptOutReports.consentKey }
         if let c = value(stream, \.consent) { return c }
         if let (ns, rest) = StreamCatalog.split(stream) { return ns + ":" + rest }
         return stream
     }
 
-    /// The owner fixed by configuration or by the name (nil: the first writer's uid owns it).
+    /// The owner fixed by configuration or by the name (nil: the first writer's uid owns it);
+    /// the opt-out reports' stream is the uploader's own.
     func fixedOwner(of stream: String) -> StreamOwner? {
+        if stream == OptOutReports.stream { return OptOutReports.owner }
         if let o = value(stream, \.owner) { return o }
         if let (ns, _) = StreamCatalog.split(stream), pluginNamespaces.contains(ns) { return .plugin(ns) }
         return nil

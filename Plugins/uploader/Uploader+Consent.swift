@@ -20,14 +20,14 @@ extension Uploader {
         var finalized: [String] = []
         do {
             // Streams whose own switch is denied (or all, while `device` is denied).
-            for (name, st) in streams where (st.queued > 0 || !st.pendingBatches.isEmpty) && !plugin.isConsentGranted(st.consentKey) {
+            for (name, st) in streams where (st.queued > 0 || !st.pendingBatches.isEmpty) && !allows(st.consentKey) {
                 try store.markFinal(stream: name)
                 try cutFinalBatches(name, consent: nil)
                 finalized.append(name)
             }
             // Records stored under a switch that differs from their stream's (queued before the
             // switch was fixed by the stream's name).
-            for key in try store.consentKeys() where !plugin.isConsentGranted(key) {
+            for key in try store.consentKeys() where !allows(key) {
                 try store.markFinal(consent: key)
                 for name in try store.streams(withConsent: key) {
                     try cutFinalBatches(name, consent: key)

@@ -65,7 +65,7 @@ extension Uploader {
         guard let target = deadLetterTarget(call, "re-queue the dead letters of") else { return }
         let name = target.stream
         var st = state(name)
-        guard plugin.isConsentGranted(st.consentKey) else {
+        guard allows(st.consentKey) else {
             let sw = deniedSwitch(st.consentKey)
             call.fail(RPCError(.consentDenied, "consent switch \(sw) is denied", data: ["switch": .string(sw)]))
             return

@@ -297,7 +297,7 @@ final class Uploader {
                     data: ["switch": .string(consent)]))
             return
         }
-        guard plugin.isConsentGranted(consent) else {
+        guard allows(consent) else {
             streams[stream]?.refusedConsent += 1
             let sw = deniedSwitch(consent)
             call.fail(RPCError(.consentDenied, "consent switch \(sw) is denied", data: ["switch": .string(sw)]))

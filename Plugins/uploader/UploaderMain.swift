@@ -47,8 +47,14 @@ public enum UploaderMain {
         // Admins only: hand a stream to another owner, or release it (docs/UPLOADER.md, "Owners").
         plugin.method("setOwner", serve { $0.setOwner($1) })
         UploaderMethodDocs.declare(plugin)
-        plugin.onReady = { uploader = Uploader.open(plugin) }
-        plugin.onConsentChanged = { key, granted in uploader?.consentChanged(key: key, granted: granted) }
+        plugin.onReady = {
+            uploader = Uploader.open(plugin)
+            uploader?.reportConsentAtStart()
+        }
+        plugin.onConsentChanged = { key, granted in
+            uploader?.consentChanged(key: key, granted: granted)
+            uploader?.reportConsent(key: key, granted: granted)  // opt-outs reach the server
+        }
         plugin.onShutdown = { uploader?.shutdown() }
         plugin.run()
     }

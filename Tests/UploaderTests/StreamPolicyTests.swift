@@ -23,6 +23,18 @@ struct StreamPolicyTests {
         #expect(c.catalog.consentKey(for: "ma.special") == "ma:special", "an entry without consent keeps the derived key")
     }
 
+    /// The opt-out reports' stream is the uploader's, under its own switch, whatever the
+    /// configuration or a first writer says: no caller can pin it to a switch that could be
+    /// denied, or own it and forge reports.
+    @Test func theOptOutStreamIsTheUploadersUnderItsOwnSwitch() throws {
+        let c = try UploaderConfig(["streams": ["pylon.*": ["consent": "tracking", "owner": "uid:1000"]]])
+        #expect(c.catalog.consentKey(for: "pylon.consent") == OptOutReports.consentKey)
+        #expect(c.catalog.owner(of: "pylon.consent", recorded: .uid(65534)) == .plugin("uploader"))
+        #expect(c.catalog.consentKey(for: "pylon.other") == "tracking")
+        let refused = StreamAccess.decide("pylon.consent", owner: .plugin("uploader"), caller: other, action: "enqueue to", claims: true)
+        #expect(refused != .allowed(owner: .plugin("uploader"), claim: false))
+    }
+
     @Test func pluginNamespacesBelongToTheirPlugin() {
         let cat = StreamCatalog()
         #expect(cat.owner(of: "ma.victim", recorded: nil) == .plugin("ma"))

@@ -2,7 +2,7 @@
 extension Backend {
     /// The periodic jobs `runJobs` runs, in order.
     var dataJobs: [(Backend) -> Void] {
-        [{ $0.runErasures() }, { $0.runRetention() }, { $0.runScheduledPushes() }]
+        [{ $0.runErasures() }, { $0.runRetention() }, { $0.runScheduledPushes() }, { $0.runAutomation() }]
     }
 
     func moreData(_ request: HTTPRequest, _ r: DataRoute, _ principal: Principal) throws(APIError) -> HTTPResponse {
@@ -25,6 +25,7 @@ extension Backend {
         case .schedulePush: return try schedulePush(request, principal)
         case .scheduledPushes: return try scheduledPushes(request)
         case .cancelScheduled(let id): return try cancelScheduled(request, id: id, principal)
+        case .automation(let a): return try automationRoute(request, a, principal)
         }
     }
 }

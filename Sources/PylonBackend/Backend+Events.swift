@@ -10,9 +10,12 @@ package final class ConsoleData {
     var streamDeletesInFlight = Set<Int64>()
     /// Job rounds since the start (retention runs every `RetentionLimits.everyRounds`).
     var rounds = 0
+    /// The automation evaluator's caches and budgets (`Backend+Automation.swift`).
+    let automation: AutomationState
 
     init(loop: Loop, store: Store, maxSSEClients: Int) {
         self.loop = loop
+        automation = AutomationState(postgres: store.db.dialect == .postgres)
         tail = EventTail(loop: loop, store: store, maxClients: maxSSEClients)
     }
 }

@@ -22,6 +22,8 @@ enum DataRoute: Equatable {
     /// `POST /v1/admin/push/schedule`, `GET /v1/admin/push/scheduled`,
     /// `DELETE /v1/admin/push/scheduled/{id}`.
     case schedulePush, scheduledPushes, cancelScheduled(id: String)
+    /// `/v1/admin/automation/...` (`Router+Automation.swift`).
+    case automation(AutomationRoute)
 
     enum AnalyticsKind: String, Equatable {
         case counts, topEvents = "top-events", uniques, funnel
@@ -53,6 +55,7 @@ extension Router {
             return pick(table)
         }
         let rest = Array(segs.dropFirst(2))
+        if let m = matchAutomation(method: method, rest) { return m }
         switch rest.count {
         case 1 where rest[0] == "events": return pick([("GET", .events)])
         case 2 where rest == ["events", "tail"]: return pick([("GET", .eventsTail)])

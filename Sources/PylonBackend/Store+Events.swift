@@ -19,14 +19,16 @@ import PylonStore
 extension Store {
     /// The console's data tables (this file, `Store+Erasure.swift`, `Store+Privacy.swift`,
     /// `Store+PushHistory.swift`).
-    static var dataSchema: String { [eventsSchema, erasureSchema, privacySchema, pushHistorySchema, rollupSchema].joined(separator: "\n") }
+    static var dataSchema: String {
+        [eventsSchema, erasureSchema, privacySchema, pushHistorySchema, rollupSchema, automationSchema].joined(separator: "\n")
+    }
 
     /// What `reset` deletes of them (settings and retention rules stay).
     static let dataReset = """
         DELETE FROM events; DELETE FROM erasures; DELETE FROM erasure_stream_deletes; DELETE FROM optouts;
         DELETE FROM push_opens; DELETE FROM push_send_actors; DELETE FROM push_scheduled;
         DELETE FROM event_hours; DELETE FROM user_days;
-        """
+        """ + automationReset
 
     static let eventsSchema = """
         CREATE TABLE IF NOT EXISTS events (

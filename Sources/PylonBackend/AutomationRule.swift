@@ -1,0 +1,466 @@
+import PylonCore
+import PylonProtocol
+
+/// A marketing-automation rule (docs/AUTOMATION.md): a trigger (an event of an AppKey by name,
+/// with conditions on its properties), a re-entry rule, an optional wait, a push from a template,
+/// and the guards a send passes (caps, quiet hours, a rate limit). A value type: parsed and
+/// validated from the API's JSON (`parse`), written back (`json`), and matched against an
+/// event (`matches`) without I/O.
+struct AutomationRule: Equatable {
+    /// A property operator of a trigger condition.
+    enum Op: String, CaseIterable {
+        case equals, isIn = "in", range, exists, prefix
+    }
+
+    /// One condition on a property of the trigger event (`properties.<property>`).
+    struct Condition: Equatable {
+        var property: String
+        var op: Op
+        /// `equals` (any scalar), `prefix` (a string).
+        var value: JSON = .null
+        /// `in`: the accepted scalars.
+        var values: [JSON] = []
+        /// `range`: at least one bound.
+        var gt: Double?
+        var gte: Double?
+        var lt: Double?
+        var lte: Double?
+
+        func holds(_ properties: JSON) -> Bool {
+            let v = properties[property]
+            switch op {
+            case .exists: return v != nil && v != .null
+            case .equals: return v.map { AutomationRule.same($0, value) } ?? false
+            case .isIn: return v.map { x in values.contains { AutomationRule.same(x, $0) } } ?? false
+            case .prefix:
+                guard let s = v?.stringValue, let p = value.stringValue else { return false }
+                return s.hasPrefix(p)
+            case .range:
+                guard let d = v?.doubleValue else { return false }
+                if let b = gt, !(d > b) { return false }
+                if let b = gte, !(d >= b) { return false }
+                if let b = lt, !(d < b) { return false }
+                if let b = lte, !(d <= b) { return false }
+                return true
+            }
+        }
+
+        var json: JSON {
+            var o: JSONObject = ["property": .string(property), "op": .string(op.rawValue)]
+            switch op {
+            case .equals, .prefix: o["value"] = value
+            case .isIn: o["values"] = .array(values)
+            case .range:
+                for (k, b) in [("gt", gt), ("gte", gte), ("lt", lt), ("lte", lte)] { if let b { o[k] = AutomationRule.number(b) } }
+            case .exists: break
+            }
+            return .object(o)
+        }
+    }
+
+    /// When a user may enter the rule again.
+    enum Reentry: Equatable {
+        /// Once ever per user.
+        case once
+        /// Again only when the last entry is at least this many days old.
+        case perDays(Int64)
+        /// On every matching event.
+        case every
+    }
+
+    /// The push a journey sends: `title`, `body` and every `data` value are templates
+    /// (`AutomationTemplate`).
+    struct Push: Equatable {
+        var appId: String
+        var title: String
+        var body: String
+        var data: JSONObject = [:]
+    }
+
+    /// Quiet hours, in minutes of the day at the rule's UTC offset: `start` inclusive, `end`
+    /// exclusive; `start > end` spans midnight. `deferSend`: a send due inside is moved to the
+    /// window's end; otherwise it is dropped.
+    struct QuietHours: Equatable {
+        var start: Int
+        var end: Int
+        var deferSend: Bool
+    }
+
+    struct Guards: Equatable {
+        /// At most this many non-transactional automation pushes per user and calendar day
+        /// (at `utcOffsetMinutes`), and per rolling 7 days; nil: no cap.
+        var capPerDay: Int?
+        var capPer7Days: Int?
+        var quietHours: QuietHours?
+        /// This rule's sends per minute at most (a send over it waits for the next minute).
+        var sendsPerMinute = AutomationLimits.defaultSendsPerMinute
+        /// Exempt from caps and quiet hours (an order confirmation), never from consent.
+        var transactional = false
+        /// The offset of the users' time zone from UTC, in minutes (calendar days, quiet hours).
+        var utcOffsetMinutes = 0
+    }
+
+    var name: String
+    var appKey: String
+    var event: String
+    var conditions: [Condition] = []
+    var reentry: Reentry = .once
+    /// The wait before the send, in seconds (0: none).
+    var waitSeconds: Int64 = 0
+    var push: Push
+    var guards = Guards()
+
+    /// Whether an event of this rule's AppKey named `event` with `properties` triggers it.
+    func matches(event name: String, properties: JSON) -> Bool {
+        name == event && conditions.allSatisfy { $0.holds(properties) }
+    }
+
+    /// The journey's uniqueness key for a trigger (`triggerKey`: the event's stream and record
+    /// id): a once-ever rule has one journey per user, the others one per trigger event.
+    func entryKey(triggerKey: String) -> String {
+        reentry == .once ? "once" : triggerKey
+    }
+
+    /// Whether a user whose last entry was at `lastEntryMs` (nil: never) may enter at `now`.
+    func mayEnter(lastEntryMs: Int64?, now: Int64) -> Bool {
+        guard let last = lastEntryMs else { return true }
+        switch reentry {
+        case .once: return false
+        case .every: return true
+        case .perDays(let d): return now - last >= d * 86_400_000
+        }
+    }
+
+    // MARK: JSON
+
+    var json: JSON {
+        var trigger: JSONObject = ["event": .string(event)]
+        trigger["conditions"] = .array(conditions.map(\.json))
+        let re: JSON
+        switch reentry {
+        case .once: re = ["mode": "once"]
+        case .every: re = ["mode": "every"]
+        case .perDays(let d): re = ["mode": "perDays", "days": .int(d)]
+        }
+        var steps: [JSON] = []
+        if waitSeconds > 0 { steps.append(["type": "wait", "seconds": .int(waitSeconds)]) }
+        var p: JSONObject = ["appId": .string(push.appId), "title": .string(push.title), "body": .string(push.body)]
+        if !push.data.isEmpty { p["data"] = .object(push.data) }
+        steps.append(["type": "send", "push": .object(p)])
+        var g: JSONObject = [
+            "sendsPerMinute": .int(Int64(guards.sendsPerMinute)), "transactional": .bool(guards.transactional),
+            "utcOffsetMinutes": .int(Int64(guards.utcOffsetMinutes)),
+        ]
+        if let c = guards.capPerDay { g["capPerDay"] = .int(Int64(c)) }
+        if let c = guards.capPer7Days { g["capPer7Days"] = .int(Int64(c)) }
+        if let q = guards.quietHours {
+            g["quietHours"] = [
+                "start": .string(AutomationRule.clock(q.start)), "end": .string(AutomationRule.clock(q.end)),
+                "mode": .string(q.deferSend ? "defer" : "drop"),
+            ]
+        }
+        return [
+            "name": .string(name), "appKey": .string(appKey), "trigger": .object(trigger), "reentry": re, "steps": .array(steps),
+            "guards": .object(g),
+        ]
+    }
+
+    /// Parses and validates a rule definition; every refusal names the field and what it takes.
+    static func parse(_ j: JSON) throws(AutomationError) -> AutomationRule {
+        guard let o = j.objectValue else { throw AutomationError("", "a rule must be a JSON object") }
+        try only(o, ["name", "appKey", "trigger", "reentry", "steps", "guards"], at: "")
+        let name = try string(o["name"], "name", max: AutomationLimits.maxNameBytes)
+        let appKey = try string(o["appKey"], "appKey", max: AppKey.maxBytes)
+        guard AppKey.isValid(appKey) else { throw AutomationError("appKey", "must be \(AppKey.rule)") }
+        guard let t = o["trigger"]?.objectValue else {
+            throw AutomationError("trigger", "is required: {\"event\": NAME, \"conditions\": [...]}")
+        }
+        try only(t, ["event", "conditions"], at: "trigger")
+        let event = try string(t["event"], "trigger.event", max: EventIndex.maxFieldBytes)
+        var conditions: [Condition] = []
+        if let cs = t["conditions"], !cs.isNull {
+            guard let list = cs.arrayValue, list.count <= AutomationLimits.maxConditions else {
+                throw AutomationError("trigger.conditions", "must be an array of at most \(AutomationLimits.maxConditions) conditions")
+            }
+            for (i, c) in list.enumerated() { conditions.append(try condition(c, at: "trigger.conditions[\(i)]")) }
+        }
+        var rule = AutomationRule(
+            name: name, appKey: appKey, event: event, conditions: conditions,
+            push: Push(appId: "", title: "", body: ""))
+        rule.reentry = try reentry(o["reentry"])
+        try steps(o["steps"], into: &rule)
+        rule.guards = try guards(o["guards"])
+        return rule
+    }
+
+    private static func condition(_ j: JSON, at path: String) throws(AutomationError) -> Condition {
+        guard let o = j.objectValue else { throw AutomationError(path, "must be an object {\"property\", \"op\", ...}") }
+        let property = try string(o["property"], path + ".property", max: AutomationLimits.maxPropertyBytes)
+        guard let opName = o["op"]?.stringValue else {
+            throw AutomationError(path + ".op", "is required: one of \(Op.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard let op = Op(rawValue: opName) else {
+            throw AutomationError(
+                path + ".op", "unknown operator \"\(opName)\" (one of \(Op.allCases.map(\.rawValue).joined(separator: ", ")))")
+        }
+        var c = Condition(property: property, op: op)
+        switch op {
+        case .exists: try only(o, ["property", "op"], at: path)
+        case .equals:
+            try only(o, ["property", "op", "value"], at: path)
+            guard let v = o["value"], isScalar(v) else {
+                throw AutomationError(path + ".value", "equals needs a string, number or boolean value")
+            }
+            c.value = v
+        case .prefix:
+            try only(o, ["property", "op", "value"], at: path)
+            guard let v = o["value"], let s = v.stringValue, !s.isEmpty else {
+                throw AutomationError(path + ".value", "prefix needs a non-empty string value")
+            }
+            c.value = .string(s)
+        case .isIn:
+            try only(o, ["property", "op", "values"], at: path)
+            guard let vs = o["values"]?.arrayValue, !vs.isEmpty, vs.count <= AutomationLimits.maxInValues, vs.allSatisfy(isScalar) else {
+                throw AutomationError(path + ".values", "in needs 1 to \(AutomationLimits.maxInValues) string, number or boolean values")
+            }
+            c.values = vs
+        case .range:
+            try only(o, ["property", "op", "gt", "gte", "lt", "lte"], at: path)
+            func bound(_ k: String) throws(AutomationError) -> Double? {
+                guard let v = o[k], !v.isNull else { return nil }
+                guard let d = v.doubleValue, d.isFinite else { throw AutomationError(path + "." + k, "must be a number") }
+                return d
+            }
+            c.gt = try bound("gt")
+            c.gte = try bound("gte")
+            c.lt = try bound("lt")
+            c.lte = try bound("lte")
+            guard c.gt != nil || c.gte != nil || c.lt != nil || c.lte != nil else {
+                throw AutomationError(path, "range needs at least one of gt, gte, lt, lte")
+            }
+        }
+        return c
+    }
+
+    private static func reentry(_ j: JSON?) throws(AutomationError) -> Reentry {
+        guard let j, !j.isNull else { return .once }
+        guard let o = j.objectValue, let mode = o["mode"]?.stringValue else {
+            throw AutomationError("reentry", "must be {\"mode\": \"once\" | \"every\" | \"perDays\", \"days\": N}")
+        }
+        switch mode {
+        case "once":
+            try only(o, ["mode"], at: "reentry")
+            return .once
+        case "every":
+            try only(o, ["mode"], at: "reentry")
+            return .every
+        case "perDays":
+            try only(o, ["mode", "days"], at: "reentry")
+            guard let d = o["days"]?.intValue, (1...AutomationLimits.maxReentryDays).contains(d) else {
+                throw AutomationError("reentry.days", "perDays needs days, an integer in 1...\(AutomationLimits.maxReentryDays)")
+            }
+            return .perDays(d)
+        default:
+            throw AutomationError("reentry.mode", "unknown mode \"\(mode)\" (once, every, perDays)")
+        }
+    }
+
+    private static func steps(_ j: JSON?, into rule: inout AutomationRule) throws(AutomationError) {
+        guard let list = j?.arrayValue, !list.isEmpty else {
+            throw AutomationError("steps", "is required: an optional wait then one send, e.g. [{\"type\": \"send\", \"push\": {...}}]")
+        }
+        guard list.count <= 2 else { throw AutomationError("steps", "takes at most two steps: an optional wait, then a send") }
+        for (i, s) in list.enumerated() {
+            let path = "steps[\(i)]"
+            guard let o = s.objectValue, let type = o["type"]?.stringValue else {
+                throw AutomationError(path + ".type", "is required: wait or send")
+            }
+            let last = i == list.count - 1
+            switch type {
+            case "wait":
+                guard !last else { throw AutomationError(path, "a wait must be followed by a send") }
+                try only(o, ["type", "seconds"], at: path)
+                guard let sec = o["seconds"] else {
+                    throw AutomationError(
+                        path + ".seconds", "a wait needs a duration: seconds, an integer in 1...\(AutomationLimits.maxWaitSeconds)")
+                }
+                guard let n = sec.intValue, (1...AutomationLimits.maxWaitSeconds).contains(n) else {
+                    throw AutomationError(path + ".seconds", "must be an integer in 1...\(AutomationLimits.maxWaitSeconds)")
+                }
+                rule.waitSeconds = n
+            case "send":
+                guard last else { throw AutomationError(path, "the send must be the last step") }
+                try only(o, ["type", "push"], at: path)
+                rule.push = try push(o["push"], at: path + ".push")
+            default:
+                throw AutomationError(path + ".type", "unknown step type \"\(type)\" (wait, send)")
+            }
+        }
+    }
+
+    private static func push(_ j: JSON?, at path: String) throws(AutomationError) -> Push {
+        guard let o = j?.objectValue else { throw AutomationError(path, "is required: {\"appId\", \"title\", \"body\", \"data\"?}") }
+        try only(o, ["appId", "title", "body", "data"], at: path)
+        let appId = try string(o["appId"], path + ".appId", max: Backend.PushLimits.maxIdBytes)
+        guard Router.invalidName(appId, what: "appId") == nil else { throw AutomationError(path + ".appId", "contains control characters") }
+        let title = try template(o["title"], path + ".title", max: Backend.PushLimits.maxTitleBytes)
+        let body = try template(o["body"], path + ".body", max: Backend.PushLimits.maxContentBytes)
+        var data: JSONObject = [:]
+        if let d = o["data"], !d.isNull {
+            guard let m = d.objectValue, m.count <= Backend.PushLimits.maxExtendedParams else {
+                throw AutomationError(path + ".data", "must be an object of at most \(Backend.PushLimits.maxExtendedParams) strings")
+            }
+            for (k, v) in m {
+                data[k] = .string(try template(v, path + ".data." + k, max: AutomationLimits.maxDataValueBytes))
+            }
+        }
+        return Push(appId: appId, title: title, body: body, data: data)
+    }
+
+    private static func template(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
+        guard let s = j?.stringValue else { throw AutomationError(path, "is required: a string (a template)") }
+        guard s.utf8.count <= max else { throw AutomationError(path, "exceeds \(max) bytes") }
+        if let why = AutomationTemplate.invalid(s) { throw AutomationError(path, why) }
+        return s
+    }
+
+    private static func guards(_ j: JSON?) throws(AutomationError) -> Guards {
+        var g = Guards()
+        guard let j, !j.isNull else { return g }
+        guard let o = j.objectValue else { throw AutomationError("guards", "must be an object") }
+        try only(o, ["capPerDay", "capPer7Days", "quietHours", "sendsPerMinute", "transactional", "utcOffsetMinutes"], at: "guards")
+        func int(_ k: String, _ r: ClosedRange<Int64>) throws(AutomationError) -> Int? {
+            guard let v = o[k], !v.isNull else { return nil }
+            guard let n = v.intValue, r.contains(n) else {
+                throw AutomationError("guards." + k, "must be an integer in \(r.lowerBound)...\(r.upperBound)")
+            }
+            return Int(n)
+        }
+        g.capPerDay = try int("capPerDay", 1...AutomationLimits.maxCap)
+        g.capPer7Days = try int("capPer7Days", 1...AutomationLimits.maxCap)
+        g.sendsPerMinute = try int("sendsPerMinute", 1...AutomationLimits.maxSendsPerMinute) ?? g.sendsPerMinute
+        g.utcOffsetMinutes = try int("utcOffsetMinutes", -14 * 60...14 * 60) ?? 0
+        if let t = o["transactional"], !t.isNull {
+            guard let b = t.boolValue else { throw AutomationError("guards.transactional", "must be a boolean") }
+            g.transactional = b
+        }
+        if let q = o["quietHours"], !q.isNull {
+            guard let qo = q.objectValue else {
+                throw AutomationError(
+                    "guards.quietHours", "must be {\"start\": \"HH:MM\", \"end\": \"HH:MM\", \"mode\": \"drop\" | \"defer\"}")
+            }
+            try only(qo, ["start", "end", "mode"], at: "guards.quietHours")
+            guard let s = qo["start"]?.stringValue.flatMap(minutes) else {
+                throw AutomationError("guards.quietHours.start", "must be a time HH:MM")
+            }
+            guard let e = qo["end"]?.stringValue.flatMap(minutes) else {
+                throw AutomationError("guards.quietHours.end", "must be a time HH:MM")
+            }
+            guard s != e else { throw AutomationError("guards.quietHours", "start and end must differ") }
+            let mode = qo["mode"]?.stringValue ?? "defer"
+            guard mode == "defer" || mode == "drop" else { throw AutomationError("guards.quietHours.mode", "must be drop or defer") }
+            g.quietHours = QuietHours(start: s, end: e, deferSend: mode == "defer")
+        }
+        return g
+    }
+
+    // MARK: Helpers
+
+    /// Refuses members of `o` not in `known` (a misspelt field is an error, not ignored).
+    private static func only(_ o: JSONObject, _ known: Set<String>, at path: String) throws(AutomationError) {
+        for k in o.keys where !known.contains(k) {
+            throw AutomationError(path.isEmpty ? k : path + "." + k, "unknown field (expected \(known.sorted().joined(separator: ", ")))")
+        }
+    }
+
+    private static func string(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
+        guard let j, !j.isNull else { throw AutomationError(path, "is required") }
+        guard let s = j.stringValue, !s.isEmpty, s.utf8.count <= max,
+            !s.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+        else { throw AutomationError(path, "must be a string of 1 to \(max) bytes without control characters") }
+        return s
+    }
+
+    private static func isScalar(_ j: JSON) -> Bool {
+        switch j {
+        case .string, .int, .double, .bool: true
+        default: false
+        }
+    }
+
+    /// Equality of scalars, numbers by value (`100` equals `100.0`).
+    static func same(_ a: JSON, _ b: JSON) -> Bool {
+        if let x = a.doubleValue, let y = b.doubleValue { return x == y }
+        return a == b
+    }
+
+    static func number(_ d: Double) -> JSON {
+        d == d.rounded() && abs(d) < 9.0e15 ? .int(Int64(d)) : .double(d)
+    }
+
+    /// "HH:MM" → minutes of the day.
+    static func minutes(_ s: String) -> Int? {
+        let parts = s.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 2, parts[0].count == 2, parts[1].count == 2, let h = Int(parts[0]), let m = Int(parts[1]),
+            (0..<24).contains(h), (0..<60).contains(m)
+        else { return nil }
+        return h * 60 + m
+    }
+
+    static func clock(_ minutes: Int) -> String {
+        let h = minutes / 60, m = minutes % 60
+        return (h < 10 ? "0" : "") + String(h) + ":" + (m < 10 ? "0" : "") + String(m)
+    }
+}
+
+/// A refused rule definition: the field (a JSON path such as `trigger.conditions[0].op`) and why.
+struct AutomationError: Error, Equatable, CustomStringConvertible {
+    var field: String
+    var message: String
+
+    init(_ field: String, _ message: String) {
+        self.field = field
+        self.message = message
+    }
+
+    var description: String { field.isEmpty ? message : field + ": " + message }
+}
+
+/// Automation limits (named; answered with a clear 400 when a definition exceeds one).
+enum AutomationLimits {
+    static let maxNameBytes = 200
+    static let maxConditions = 20
+    static let maxInValues = 100
+    static let maxPropertyBytes = 256
+    static let maxDataValueBytes = 1024
+    static let maxReentryDays: Int64 = 3650
+    static let maxWaitSeconds: Int64 = 90 * 86_400
+    static let maxCap: Int64 = 1000
+    static let defaultSendsPerMinute = 600
+    static let maxSendsPerMinute: Int64 = 60_000
+    /// Rules that are not archived, at most (every one is matched against every event).
+    static let maxRules = 200
+    /// Event index rows the evaluator reads per loop turn at most (bounded batches).
+    static let eventsPerTurn = 500
+    /// Ids of the event index the evaluator advances over per loop turn at most.
+    static let scanIdsPerTurn: Int64 = 5000
+    /// Journeys the evaluator starts per loop turn at most (each is a few statements).
+    static let journeysPerTurn = 200
+    /// Due journeys claimed per loop turn at most.
+    static let duePerTurn = 64
+    /// Sends per second on this instance at most, all rules together (the global budget)…
+    static let globalSendsPerSecond = 200
+    /// …and per rule.
+    static let ruleSendsPerSecond = 50
+    /// A journey claimed by an instance that did not finish it (killed) is claimed again after
+    /// this long; the push's dedup key makes the second send answer the first one's message.
+    static let reclaimAfterMs: Int64 = 30_000
+    /// A send the broker refused (not connected) is tried again after this long.
+    static let retryAfterMs: Int64 = 2000
+    /// PostgreSQL: the evaluator reads only index rows whose id was the newest at least this long
+    /// ago, so an ingest transaction that took an earlier id and commits a little later is not
+    /// passed over (ids are taken at insert, not at commit).
+    static let settleMs: Int64 = 1000
+    /// Decisions per page at most.
+    static let maxPage = 500
+}

@@ -1,0 +1,348 @@
+import PylonCore
+
+/// Marketing automation (docs/AUTOMATION.md): the rules API under `/v1/admin/automation`, and
+/// the evaluator the periodic job runs each turn (`runAutomation`): read the event index after
+/// the persisted cursor in a bounded batch, start journeys for the rules it matches, then send
+/// the due journeys through the push send path, each past its guards. Rules and journeys are
+/// rows (`Store+Automation.swift`); this instance keeps only caches and its send budgets.
+final class AutomationState {
+    /// Parsed definitions by rule id and version.
+    var definitions: [Int64: (version: Int64, rule: AutomationRule)] = [:]
+    /// The active rules as last read: (id, version, created, rule).
+    var active: [(id: Int64, version: Int64, createdMs: Int64, rule: AutomationRule)] = []
+    var global = AutomationBudget(perSecond: AutomationLimits.globalSendsPerSecond)
+    var perRule: [Int64: AutomationBudget] = [:]
+    var settle: AutomationSettle
+    /// Counters for `/metrics` (this instance).
+    var evaluated = 0
+    var journeys = 0
+    var sent = 0
+    var suppressed = 0
+    var deferredByBudget = 0
+    /// Event index rows not evaluated yet (newest id minus the cursor), as last seen.
+    var backlog: Int64 = 0
+
+    init(postgres: Bool) {
+        settle = AutomationSettle(settleMs: postgres ? AutomationLimits.settleMs : 0)
+    }
+}
+
+extension Backend {
+    var automation: AutomationState? { consoleData?.automation }
+
+    // MARK: API
+
+    func automationRoute(_ request: HTTPRequest, _ r: AutomationRoute, _ principal: Principal) throws(APIError) -> HTTPResponse {
+        let now = System.wallClockMs()
+        switch r {
+        case .rules:
+            let q = request.query
+            let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
+            let status = nonEmpty(q["status"])
+            if let s = status, !["active", "paused", "archived"].contains(s) {
+                throw .badRequest(.invalidRequest, "status must be active, paused or archived")
+            }
+            let after = try cursorInt(q) ?? 0
+            let rows = try storage { () throws(StoreError) in try store.automationRules(status: status, after: after, limit: limit) }
+            return list(rows.map(Backend.ruleJSON), next: rows.count == limit ? rows.last.map { String($0.id) } : nil)
+        case .createRule:
+            var body = try jsonBody(request)
+            let status = try takeStatus(&body)
+            let rule = try parseRule(body)
+            let id = try storage { () throws(StoreError) -> Int64 in
+                guard try store.automationRuleCount() < AutomationLimits.maxRules else { return 0 }
+                return try store.createAutomationRule(rule, status: status, actor: principal.actor, now: now)
+            }
+            guard id > 0 else {
+                throw APIError(
+                    status: 409, code: .invalidRequest,
+                    message: "at most \(AutomationLimits.maxRules) rules that are not archived (archive one first)")
+            }
+            let row = try ruleRow(id)
+            audit(
+                principal, "automation.rule.create", target: "rule " + String(id),
+                detail: ["name": .string(rule.name), "status": .string(status)])
+            return HTTPResponse(status: 201, Backend.ruleJSON(row))
+        case .rule(let id):
+            let row = try ruleRow(id)
+            var o = Backend.ruleJSON(row).objectValue ?? [:]
+            let versions = try storage { () throws(StoreError) in try store.automationRuleVersions(id) }
+            o["versions"] = .array(
+                versions.map { ["version": .int($0.version), "createdMs": .int($0.createdMs), "actor": .string($0.actor)] })
+            return HTTPResponse(.object(o))
+        case .updateRule(let id):
+            var body = try jsonBody(request)
+            if body["status"] != nil {
+                throw .badRequest(.invalidRequest, "status: change it with POST .../pause, .../resume or .../archive")
+            }
+            let rule = try parseRule(body)
+            _ = try takeStatus(&body)
+            guard
+                let v = try storage({ () throws(StoreError) in try store.updateAutomationRule(id, rule, actor: principal.actor, now: now) })
+            else { throw APIError(status: 404, code: .notFound, message: "no rule \(id) that is not archived") }
+            audit(principal, "automation.rule.update", target: "rule " + String(id), detail: ["version": .int(v)])
+            return HTTPResponse(Backend.ruleJSON(try ruleRow(id)))
+        case .setStatus(let id, let action):
+            let status = action == "pause" ? "paused" : action == "resume" ? "active" : "archived"
+            guard try storage({ () throws(StoreError) in try store.setAutomationRuleStatus(id, status, now: now) }) else {
+                throw APIError(status: 404, code: .notFound, message: "no rule \(id) that is not archived")
+            }
+            audit(principal, "automation.rule." + action, target: "rule " + String(id))
+            return HTTPResponse(Backend.ruleJSON(try ruleRow(id)))
+        case .funnel(let id):
+            _ = try ruleRow(id)
+            let f = try storage { () throws(StoreError) in try store.automationFunnel(id) }
+            var counts: JSONObject = ["triggered": 0, "waiting": 0, "sent": 0, "suppressed": 0]
+            var reasons: JSONObject = [:]
+            for d in f.decisions {
+                counts[d.kind] = .int((counts[d.kind]?.intValue ?? 0) + d.count)
+                if d.kind == "suppressed" || d.kind == "waiting", let r = d.reason {
+                    let key = d.kind == "waiting" ? "waiting:" + r : r
+                    reasons[key] = .int((reasons[key]?.intValue ?? 0) + d.count)
+                }
+            }
+            var o = counts
+            o["ruleId"] = .int(id)
+            o["reasons"] = .object(reasons)
+            o["push"] = ["sent": .int(f.sent), "delivered": .int(f.delivered), "opened": .int(f.opened)]
+            return HTTPResponse(.object(o))
+        case .decisions:
+            let q = request.query
+            let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
+            var rule: Int64?
+            if let s = nonEmpty(q["rule"]) {
+                guard let n = Int64(s), n > 0 else { throw .badRequest(.invalidRequest, "rule must be a rule id") }
+                rule = n
+            }
+            if let a = nonEmpty(q["appKey"]), let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
+            let before = try cursorInt(q) ?? .max
+            let rows = try storage { () throws(StoreError) in
+                try store.automationDecisions(
+                    rule: rule, euid: nonEmpty(q["user"]), appKey: nonEmpty(q["appKey"]), before: before, limit: limit)
+            }
+            return list(rows.map(Backend.decisionJSON), next: rows.count == limit ? rows.last.map { String($0.id) } : nil)
+        }
+    }
+
+    private func parseRule(_ body: JSON) throws(APIError) -> AutomationRule {
+        do throws(AutomationError) {
+            return try AutomationRule.parse(body)
+        } catch {
+            var e = APIError.badRequest(.invalidRequest, error.description)
+            e.extra = ["field": .string(error.field)]
+            throw e
+        }
+    }
+
+    /// Removes `status` from a create body: `active` (the default) or `paused`.
+    private func takeStatus(_ body: inout JSON) throws(APIError) -> String {
+        guard var o = body.objectValue, let s = o["status"] else { return "active" }
+        guard let status = s.stringValue, status == "active" || status == "paused" else {
+            throw .badRequest(.invalidRequest, "status must be active or paused")
+        }
+        o["status"] = nil
+        body = .object(o)
+        return status
+    }
+
+    private func ruleRow(_ id: Int64) throws(APIError) -> Store.RuleRow {
+        guard let row = try storage({ () throws(StoreError) in try store.automationRule(id) }) else {
+            throw APIError(status: 404, code: .notFound, message: "no rule \(id)")
+        }
+        return row
+    }
+
+    static func ruleJSON(_ r: Store.RuleRow) -> JSON {
+        [
+            "id": .int(r.id), "name": .string(r.name), "appKey": .string(r.appKey), "status": .string(r.status),
+            "version": .int(r.version), "createdMs": .int(r.createdMs), "updatedMs": .int(r.updatedMs),
+            "definition": (try? JSON.parse(r.definition)) ?? .null,
+        ]
+    }
+
+    static func decisionJSON(_ d: Store.DecisionRow) -> JSON {
+        [
+            "id": .int(d.id), "timeMs": .int(d.timeMs), "ruleId": .int(d.ruleId), "version": .int(d.version), "appKey": .string(d.appKey),
+            "user": .string(d.euid), "journeyId": d.journeyId.map(JSON.int) ?? .null, "eventId": .int(d.eventId),
+            "decision": .string(d.kind), "reason": d.reason.map(JSON.string) ?? .null, "msgId": d.msgId.map(JSON.string) ?? .null,
+        ]
+    }
+
+    // MARK: Evaluator
+
+    /// One turn of the evaluator (the periodic job, every `DataLimits.jobIntervalMs`): bounded
+    /// work — at most `AutomationLimits.eventsPerTurn` index rows read and
+    /// `AutomationLimits.duePerTurn` journeys sent.
+    func runAutomation() {
+        guard let a = automation else { return }
+        let now = System.wallClockMs()
+        do throws(StoreError) {
+            try loadActiveRules(a)
+            let newest = try store.lastEventID()
+            a.settle.note(newestId: newest, now: now)
+            if let upTo = a.settle.limit(now: now) {
+                if let n = try evaluate(a, upTo: upTo, now: now) { a.evaluated += n }
+                a.backlog = max(0, newest - (try store.automationCursor() ?? newest))
+            }
+            try fireDue(a, now: now)
+        } catch {
+            log.warn("automation: turn failed", ["error": error.description])
+        }
+    }
+
+    private func loadActiveRules(_ a: AutomationState) throws(StoreError) {
+        let rows = try store.automationRules(status: "active", after: 0, limit: AutomationLimits.maxRules)
+        var active: [(id: Int64, version: Int64, createdMs: Int64, rule: AutomationRule)] = []
+        for r in rows {
+            if let d = a.definitions[r.id], d.version == r.version {
+                active.append((r.id, r.version, r.createdMs, d.rule))
+                continue
+            }
+            guard let j = try? JSON.parse(r.definition), let rule = try? AutomationRule.parse(j) else {
+                log.warn("automation: a stored rule does not parse", ["rule": r.id, "version": r.version])
+                continue
+            }
+            a.definitions[r.id] = (r.version, rule)
+            active.append((r.id, r.version, r.createdMs, rule))
+        }
+        a.active = active
+        // Definitions of rules no longer active are read from the store when a journey needs one.
+        let ids = Set(active.map(\.id))
+        a.definitions = a.definitions.filter { ids.contains($0.key) }
+    }
+
+    /// The rule of a journey (its version), from the cache or the store.
+    private func journeyRule(_ a: AutomationState, _ j: Store.JourneyRow) throws(StoreError) -> AutomationRule? {
+        if let d = a.definitions[j.ruleId], d.version == j.version { return d.rule }
+        guard let text = try store.automationRuleDefinition(j.ruleId, version: j.version), let json = try? JSON.parse(text) else {
+            return nil
+        }
+        return try? AutomationRule.parse(json)
+    }
+
+    private func evaluate(_ a: AutomationState, upTo: Int64, now: Int64) throws(StoreError) -> Int? {
+        let rules = a.active
+        let apps = Array(Set(rules.map(\.rule.appKey))).sorted()
+        return try store.evaluateAutomation(apps: apps, upTo: upTo, now: now) { rows, lastEntry throws(StoreError) in
+            var turn = Store.AutomationTurn()
+            // Entries decided in this turn (not stored yet), per rule and user.
+            var entered: [String: Int64] = [:]
+            for row in rows {
+                if turn.journeys.count >= AutomationLimits.journeysPerTurn {
+                    break
+                }
+                let data = (try? JSON.parse(row.data, maxDepth: Limits.maxJSONDepth + 1)) ?? .null
+                let properties = data["properties"] ?? .object([:])
+                for r in rules where r.rule.appKey == row.appKey && row.receivedMs >= r.createdMs {
+                    guard !row.euid.isEmpty, r.rule.matches(event: row.event, properties: properties) else { continue }
+                    let key = String(r.id) + "\u{1}" + row.euid
+                    var last = entered[key]
+                    if last == nil { last = try lastEntry(r.id, row.appKey, row.euid) }
+                    guard r.rule.mayEnter(lastEntryMs: last, now: now) else {
+                        turn.refusals.append((r.id, r.version, row, "reentry"))
+                        continue
+                    }
+                    entered[key] = now
+                    turn.journeys.append(
+                        Store.NewJourney(
+                            ruleId: r.id, version: r.version, appKey: row.appKey, euid: row.euid,
+                            entryKey: r.rule.entryKey(triggerKey: String(row.streamId) + ":" + row.recordId), eventId: row.id,
+                            installId: row.installId, properties: properties.serialized, dueMs: now + r.rule.waitSeconds * 1000,
+                            transactional: r.rule.guards.transactional, waits: r.rule.waitSeconds > 0))
+                }
+                if turn.journeys.count >= AutomationLimits.journeysPerTurn { turn.stoppedAfter = row.id }
+            }
+            a.journeys += turn.journeys.count
+            return turn
+        }
+    }
+
+    /// Sends the due journeys, within the global and per-rule budgets of this second.
+    private func fireDue(_ a: AutomationState, now: Int64) throws(StoreError) {
+        let budget = min(AutomationLimits.duePerTurn, a.global.available(now: now))
+        guard budget > 0 else { return }
+        let due = try store.claimDueJourneys(now: now, limit: budget)
+        for j in due {
+            guard let rule = try journeyRule(a, j) else {
+                try store.suppressJourney(j, reason: "rule_missing", now: now)
+                continue
+            }
+            if j.state != "sending" {
+                var ruleBudget = a.perRule[j.ruleId] ?? AutomationBudget(perSecond: AutomationLimits.ruleSendsPerSecond)
+                if ruleBudget.available(now: now) == 0 {
+                    a.deferredByBudget += 1
+                    try store.postponeJourney(j, untilMs: now - now % 1000 + 1000, reason: "budget", log: false, now: now)
+                    continue
+                }
+                let lock = Store.lockKey("automation", j.appKey, j.euid)
+                let outcome = try store.transaction(locking: [lock]) { () throws(StoreError) -> AutomationGuard.Outcome in
+                    let facts = try store.journeyFacts(j, rule: rule, now: now)
+                    let outcome = AutomationGuard.decide(rule, facts)
+                    switch outcome {
+                    case .send: try store.reserveJourney(j, now: now)
+                    case .suppress(let reason): try store.suppressJourney(j, reason: reason, now: now)
+                    case .later(let until, let reason):
+                        try store.postponeJourney(j, untilMs: until, reason: reason, log: reason == "quiet_hours", now: now)
+                    }
+                    return outcome
+                }
+                guard outcome == .send else {
+                    if case .suppress = outcome { a.suppressed += 1 }
+                    continue
+                }
+                ruleBudget.spend(1, now: now)
+                a.perRule[j.ruleId] = ruleBudget
+            }
+            a.global.spend(1, now: now)
+            try send(a, j, rule, now: now)
+        }
+    }
+
+    /// Renders the journey's push and sends it through `POST /v1/admin/push/send`'s path
+    /// (history, funnel, republish), with `automation:<journey id>` as its dedup key.
+    private func send(_ a: AutomationState, _ j: Store.JourneyRow, _ rule: AutomationRule, now: Int64) throws(StoreError) {
+        guard let userId = try store.automationUserId(appKey: j.appKey, euid: j.euid) else {
+            try store.suppressJourney(j, reason: "no_binding", now: now)
+            return
+        }
+        let event = (try? JSON.parse(j.properties)) ?? .object([:])
+        let profile = (try? JSON.parse(try store.automationProfile(appKey: j.appKey, euid: j.euid))) ?? .object([:])
+        func render(_ s: String, _ max: Int) -> JSON {
+            .string(AutomationTemplate.cut(AutomationTemplate.render(s, event: event, profile: profile), max))
+        }
+        var body: JSONObject = [
+            "appId": .string(rule.push.appId), "targetType": "user", "target": .string(userId),
+            "title": render(rule.push.title, PushLimits.maxTitleBytes), "content": render(rule.push.body, PushLimits.maxContentBytes),
+            "msgKey": .string("automation:" + String(j.id)),
+        ]
+        if !rule.push.data.isEmpty {
+            var data: JSONObject = [:]
+            for (k, v) in rule.push.data { data[k] = render(v.stringValue ?? "", AutomationLimits.maxDataValueBytes) }
+            body["extendedParams"] = .object(data)
+        }
+        let request = HTTPRequest(
+            method: "POST", target: "/v1/admin/push/send", headers: [], body: Array(JSON.object(body).serialized.utf8), keepAlive: true)
+        let answer: Result<HTTPResponse, APIError>
+        do throws(APIError) {
+            answer = .success(try pushSendRecorded(request, .operator, actor: "automation rule " + String(j.ruleId)))
+        } catch {
+            answer = .failure(error)
+        }
+        switch answer {
+        case .success(let r):
+            guard let msgId = r.body["msgId"]?.stringValue else {
+                try store.suppressJourney(j, reason: "send_failed", now: now)
+                return
+            }
+            try store.finishJourney(j, msgId: msgId, now: now)
+            a.sent += 1
+        case .failure(let e) where e.status >= 500:
+            // The broker is not connected (or the database is busy): the journey is due again
+            // shortly, and its guards are checked again then.
+            try store.postponeJourney(j, untilMs: now + AutomationLimits.retryAfterMs, reason: "retry", log: false, now: now)
+        case .failure(let e):
+            log.warn("automation: send refused", ["journey": j.id, "error": e.message])
+            try store.suppressJourney(j, reason: "send_failed", now: now)
+        }
+    }
+}

@@ -101,7 +101,9 @@ extension MAService {
         outboxCount += 1
         inst.eventsInFlight += 1
         let batch: EventBatch
-        if let open = outbox[inst.appKey]?.last, open.count < Self.maxRecordsPerEnqueue, open.text.count + size <= maxEnqueueBytes {
+        if let open = outbox[inst.appKey]?.last, !open.isClosed, open.count < Self.maxRecordsPerEnqueue,
+            open.text.count + size <= maxEnqueueBytes
+        {
             batch = open
         } else {
             batch = spareBatches.popLast() ?? EventBatch()
@@ -119,7 +121,7 @@ extension MAService {
     /// Sends the AppKey's open batches at the end of this loop turn, unless all its enqueue
     /// slots are taken (an answer then arms the flush).
     func armOutboxFlush(_ appKey: String) {
-        guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight, !outboxTimer.isActive else { return }
+        guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight || uploaderDown, !outboxTimer.isActive else { return }
         outboxTimer.start(after: 0)
     }
 
@@ -179,6 +181,14 @@ extension MAService {
                 enqueue(batch, inst, attempt: 1)
             }
             enqueuesInFlight[appKey] = inFlight
+            // The uploader is down: the batches that wait for a slot are kept on disk too, and
+            // their callers answered (they are sent when a slot frees).
+            if uploaderDown {
+                for batch in batches[sent...] where !batch.isClosed {
+                    batch.close()
+                    holdOnDisk(batch, inst)
+                }
+            }
             batches.removeFirst(sent)
             outbox[appKey] = batches.isEmpty ? nil : batches
         }
@@ -195,11 +205,11 @@ extension MAService {
     /// Batches kept for reuse (batches of several AppKeys in one turn take one each).
     static let maxSpareBatches = 8
 
-    /// Sends one batch as an enqueue. If the uploader is restarting (-32001) or did not answer
+    /// Sends one batch as an enqueue (also a batch read back from disk at start: `MAService+Offline`). If the uploader is restarting (-32001) or did not answer
     /// in time (-32002), the same records are sent again after a backoff: the app's reply waits,
     /// and the uploader ignores records it already has (ids are unique per stream), so nothing
     /// is doubled. Any other answer settles the batch.
-    private func enqueue(_ batch: EventBatch, _ inst: MAInstance, attempt: Int) {
+    func enqueue(_ batch: EventBatch, _ inst: MAInstance, attempt: Int) {
         // Once the enqueue succeeds the host answers the callers itself (`okReply`), in the
         // loop turn it relays the uploader's answer here: no reply of this plugin's to read.
         let answering = Plugin.Answering(batch.calls.compactMap { $0 }, with: Self.okReply)
@@ -209,7 +219,9 @@ extension MAService {
                 answer: .text { [unowned self] r in
                     let err: String?
                     switch r {
-                    case .success: err = nil
+                    case .success:
+                        err = nil
+                        self.uploaderDown = false
                     case .failure(let e) where e.code == RPCError.Code.consentDenied.rawValue:
                         // The switch was denied between recording and storing (the operator's decision
                         // overtook it): not stored, so not answered as if it were.
@@ -220,6 +232,11 @@ extension MAService {
                         if attempt == 1 {
                             self.plugin.log.warn("uploader unavailable; holding events", ["events": batch.count, "error": e.message])
                         }
+                        // Kept on disk and answered now: the callers need not wait for the uploader,
+                        // nor do those of the batches waiting for a slot meanwhile.
+                        self.uploaderDown = true
+                        self.holdOnDisk(batch, inst)
+                        if self.outbox[inst.appKey] != nil { self.armOutboxFlush(inst.appKey) }
                         self.plugin.loop.after(ms: delay) { [unowned self] in self.enqueue(batch, inst, attempt: attempt + 1) }
                         return
                     case .failure(let e): err = e.message
@@ -284,6 +301,10 @@ final class EventBatch {
     /// (they are consecutive) and how many.
     private(set) var parkedSeqs: ClosedRange<Int64>?
     private(set) var parkedCount = 0
+    /// Its row in ma.db's `held` while the uploader is unavailable (`MAService.holdOnDisk`).
+    var heldSeq: Int64?
+    /// Its params are complete (`close`): no record is added.
+    private(set) var isClosed = false
 
     init() {
         // Room for a full batch of typical records (~350 bytes each): no regrowth on the way.
@@ -298,6 +319,8 @@ final class EventBatch {
         eventIds.removeAll(keepingCapacity: true)
         parkedSeqs = nil
         parkedCount = 0
+        heldSeq = nil
+        isClosed = false
         EventText.paramsHead(stream: stream, consent: consent, into: &text)
     }
 
@@ -314,5 +337,27 @@ final class EventBatch {
     }
 
     /// Completes `text` as the enqueue's params (no record is added after).
-    func close() { EventText.paramsTail(into: &text) }
+    func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        EventText.paramsTail(into: &text)
+    }
+
+    /// Takes the callers out (they were answered): the batch then waits for nobody.
+    func detachCalls() -> [Call?] {
+        let c = calls
+        calls = Array(repeating: nil, count: c.count)
+        return c
+    }
+
+    /// A closed batch read back from ma.db's `held`: its params, its `count` records, their
+    /// client event ids.
+    func restore(params: [UInt8], count: Int, eventIds: [String], heldSeq: Int64) {
+        open(stream: "", consent: "")
+        text = params
+        isClosed = true
+        calls = Array(repeating: nil, count: count)
+        self.eventIds = eventIds
+        self.heldSeq = heldSeq
+    }
 }

@@ -15,6 +15,9 @@ import PylonStore
 /// - A start or identify whose backend attempt fails with a network error or 5xx is answered
 ///   pending (`-32008`, `data`: the wait) at once and goes on in the background; the ones queued
 ///   behind it too. `ma.status` shows the wait (`waitingForNetwork`).
+/// - An enqueue the uploader could not take (restarting: -32001, or no answer in time) is kept in
+///   ma.db (`held`, its params as sent) and its callers answered 0; it is sent again with backoff
+///   (after a restart of this plugin too) and leaves the disk once the uploader answered.
 /// - Starts and identifies not yet answered by the backend are kept in ma.db (`identity_ops`)
 ///   and run again after a restart of the plugin, so parked events get their EUID.
 extension MAService {
@@ -27,6 +30,7 @@ extension MAService {
             seq INTEGER PRIMARY KEY AUTOINCREMENT, app_key TEXT NOT NULL, event_id TEXT NOT NULL, UNIQUE(app_key, event_id));
         CREATE TABLE IF NOT EXISTS identity_ops(
             seq INTEGER PRIMARY KEY AUTOINCREMENT, app_key TEXT NOT NULL, kind TEXT NOT NULL, params TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS held(seq INTEGER PRIMARY KEY AUTOINCREMENT, app_key TEXT NOT NULL, params BLOB NOT NULL);
         """
 
     /// Parked events read back per round: the next round starts once these are settled.
@@ -151,10 +155,29 @@ extension MAService {
         }
     }
 
+    /// Keeps a batch the uploader could not take in ma.db and answers its callers 0: the events
+    /// are durable on the device. Once per batch; a batch without callers waiting stays in memory
+    /// only (parked rows and own events: on disk already, or the plugin's).
+    func holdOnDisk(_ batch: EventBatch, _ inst: MAInstance) {
+        guard batch.heldSeq == nil, batch.calls.contains(where: { $0 != nil }) else { return }
+        do {
+            try db.run("INSERT INTO held(app_key,params) VALUES(?,?)", [.text(inst.appKey), .blob(batch.text)])
+        } catch {
+            plugin.log.warn("cannot keep held events on disk; they wait in memory", ["appKey": inst.appKey, "error": "\(error)"])
+            return
+        }
+        batch.heldSeq = db.lastInsertRowID
+        for c in batch.detachCalls() { c?.reply(serialized: Self.okReply) }
+    }
+
     /// A batch was settled (`stored`: the uploader has it): its parked rows leave the disk and
     /// its client event ids enter the AppKey's window.
     func batchSettled(_ batch: EventBatch, _ inst: MAInstance, stored: Bool) {
         if stored, !batch.eventIds.isEmpty { remember(batch.eventIds, inst) }
+        if let seq = batch.heldSeq {
+            try? db.run("DELETE FROM held WHERE seq=?", [.int(seq)])
+            batch.heldSeq = nil
+        }
         guard let seqs = batch.parkedSeqs else { return }
         do {
             try db.run(
@@ -255,6 +278,25 @@ extension MAService {
         for r in try db.query("SELECT app_key, event_id FROM event_ids ORDER BY seq") {
             guard let k = r[0].text, let id = r[1].text, let inst = instances[k] else { continue }
             _ = inst.recentEventIds.add(id, limit: eventIdWindow)
+        }
+        // Enqueues held for the uploader when the plugin stopped: sent again first.
+        for r in try db.query("SELECT seq, app_key, params FROM held ORDER BY seq") {
+            guard let seq = r[0].int, let k = r[1].text, AppKey.isValid(k),
+                let p = try? JSON.parse(String(decoding: r[2].bytes, as: UTF8.self)),
+                let recs = p["records"]?.arrayValue, !recs.isEmpty
+            else {
+                if let seq = r[0].int { try db.run("DELETE FROM held WHERE seq=?", [.int(seq)]) }
+                continue
+            }
+            let inst = instances[k] ?? MAInstance(appKey: k)
+            instances[k] = inst
+            let ids = recs.compactMap { $0["id"]?.stringValue }.filter { $0.hasPrefix("c:") }.map { String($0.dropFirst(2)) }
+            let batch = EventBatch()
+            batch.restore(params: r[2].bytes, count: recs.count, eventIds: ids, heldSeq: seq)
+            held += recs.count
+            inst.eventsInFlight += recs.count
+            enqueuesInFlight[k, default: 0] += 1
+            enqueue(batch, inst, attempt: 1)
         }
         let parked = instances.values.filter { $0.parked > 0 }
         if !parked.isEmpty {

@@ -63,6 +63,10 @@ final class MAService {
     /// transaction for all), answered once it commits.
     var parkQueue: [ParkedEvent] = []
     lazy var parkTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushParkQueue() }
+    /// The last enqueue met an uploader restarting or not answering in time (cleared by one that
+    /// succeeds): batches waiting for an enqueue slot are kept on disk and answered
+    /// (`flushOutbox`).
+    var uploaderDown = false
     /// Events parked in ma.db, every AppKey (`eventsWaitingForStart` in `ma.status`).
     var parkedTotal = 0
     /// The most events parked at once (config `maxParkedEvents`); beyond it `ma.eventRecord`

@@ -242,4 +242,39 @@ import Testing
         #expect(recs.allSatisfy { $0["data"]?["euid"] == e })
         #expect(try c.call("ma.status")["eventsWaitingForStart"] == .int(0))
     }
+
+    /// With the uploader down, events are kept in ma.db and answered at once (durable on the
+    /// device), survive a kill of MA, and are stored once when the uploader is back.
+    @Test func eventsHeldForADownUploaderAreAnsweredOnceOnDiskAndStoredOnce() throws {
+        let b = try TestBackend()
+        var plugins = TestHost.maPlugins(b, ma: ["pendingAfterMs": 300])
+        var upl = try #require(plugins[0].objectValue)
+        upl["restart"] = "temporary"  // stays down until bus.restart
+        plugins[0] = .object(upl)
+        let h = try TestHost(plugins: plugins, extra: Self.hostExtra)
+        let c = try h.client()
+        #expect(code(try c.call("ma.start", ["appKey": "upd"])) == 0)
+        let upid = try #require(try h.plugin("uploader")["pid"]?.intValue)
+        kill(Int32(upid), SIGKILL)
+        try waitUntil(timeout: 10) { try h.plugin("uploader")["state"] != "running" }
+        for i in 1...10 {
+            try c.sendLine(
+                #"{"jsonrpc":"2.0","id":\#(i),"method":"ma.eventRecord","params":{"appKey":"upd","eventName":"e","eventId":"u-\#(i)"}}"#
+            )
+        }
+        let got = try answers(c, 10)
+        #expect((1...10).allSatisfy { got[Int64($0)]?["result"]?["code"] == .int(0) }, "\(got.values.map(\.serialized))")
+        // One at a time: past the enqueue slots (2) too, each is kept on disk and answered.
+        for i in 11...15 {
+            #expect(code(try c.call("ma.eventRecord", ["appKey": "upd", "eventName": "e", "eventId": .string("u-\(i)")])) == 0)
+        }
+        let pid = try #require(try h.plugin("ma")["pid"]?.intValue)
+        kill(Int32(pid), SIGKILL)
+        try h.waitForPlugin("ma", restartsAtLeast: 1)
+        _ = try h.client().call("bus.restart", ["plugin": "uploader"])
+        try h.waitForPlugin("uploader")
+        let recs = try stored(b, "upd", "e", count: 15, c)
+        #expect(Set(recs.compactMap { $0["id"]?.stringValue }) == Set((1...15).map { "c:u-\($0)" }))
+        #expect(recs.count == 15)
+    }
 }

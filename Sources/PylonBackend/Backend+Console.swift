@@ -26,10 +26,24 @@ extension Backend {
                         log.warn("cannot record who published", ["id": id, "error": error.description])
                     }
                 }
-                audit(p, Backend.auditAction(request, e), target: String(request.path), detail: response.body)
+                audit(p, Backend.auditAction(request, e), target: auditTarget(request, e), detail: response.body)
             default: break
             }
         }
         return consoleAnswer(request, response)
+    }
+
+    /// What a change acted on: a push send's target (`<appId> <targetType> <target>`), the
+    /// container or AppKey; else the path.
+    private func auditTarget(_ request: HTTPRequest, _ e: Endpoint) -> String {
+        switch e {
+        case .pushSend:
+            let b = (try? jsonBody(request)) ?? .null
+            return [b["appId"]?.stringValue ?? "-", b["targetType"]?.stringValue ?? "device", b["target"]?.stringValue ?? ""]
+                .joined(separator: " ")
+        case .gtmPublish(let id): return id
+        case .maSetApp(let k), .maSetMetadata(let k): return k
+        default: return String(request.path)
+        }
     }
 }

@@ -297,6 +297,14 @@ import Testing
         let c = try BackendProcess()
         #expect(try c.request("POST", "/v1/admin/reset").status == 200)
         #expect(try c.get("/v1/admin/audit")["items"]?.arrayValue?.first?["action"] == "reset")
+        // A publish is audited with its container and version; a refused push send (no broker
+        // here: 503) changed nothing and is not audited.
+        #expect(try c.request("POST", "/v1/admin/gtm/containers/GTM-A/versions", body: Array(#"{"container":{}}"#.utf8)).status == 200)
+        let publish = try c.get("/v1/admin/audit?action=gtm.publish")["items"]?.arrayValue?.first
+        #expect(publish?["target"] == "GTM-A")
+        #expect(publish?["detail"]?["version"] == "1")
+        #expect(try c.request("POST", "/v1/admin/push/send", body: Array(#"{"appId":"a","target":"t","title":"x"}"#.utf8)).status == 503)
+        #expect(try c.get("/v1/admin/audit?action=push.send")["items"]?.arrayValue?.isEmpty == true)
     }
 
     @Test func metricsAreValidPrometheusText() throws {

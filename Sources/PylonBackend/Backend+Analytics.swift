@@ -3,7 +3,7 @@ import PylonStore
 
 /// Analytics of one AppKey, computed by the database
 /// (`GET /v1/admin/analytics/{appKey}/{counts|top-events|uniques|funnel}`) over `[fromMs, toMs)`
-/// (default: the last 30 days; a funnel's, the last 7). Counts and top events sum the hourly rollup and unique users
+/// (default: the last 30 days; a funnel's range is cut to its last 7). Counts and top events sum the hourly rollup and unique users
 /// count the daily one (`Store+Rollups.swift`), so their cost depends on the hours and days in
 /// the range, not on the events: the range is taken in whole hours (days for uniques) and may
 /// span `AnalyticsLimits.maxSpanDays`. The funnel reads the event index (the
@@ -14,8 +14,10 @@ extension Backend {
         let q = request.query
         let now = System.wallClockMs()
         let to = try intParam(q, "toMs") ?? now
-        let from = try intParam(q, "fromMs") ?? to - (kind == .funnel ? AnalyticsLimits.maxFunnelSpanDays : 30) * Rollup.dayMs
+        var from = try intParam(q, "fromMs") ?? to - 30 * Rollup.dayMs
         guard from < to else { throw .badRequest(.invalidRequest, "fromMs must be before toMs") }
+        // A funnel reads events: its range is cut to its last `maxFunnelSpanDays` (answered).
+        if kind == .funnel { from = max(from, to - AnalyticsLimits.maxFunnelSpanDays * Rollup.dayMs) }
         let hourly = q["bucket"] == "hour"
         if let b = nonEmpty(q["bucket"]), b != "hour", b != "day" { throw .badRequest(.invalidRequest, "bucket must be hour or day") }
         let maxDays = kind == .funnel ? AnalyticsLimits.maxFunnelSpanDays : AnalyticsLimits.maxSpanDays
@@ -70,6 +72,7 @@ extension Backend {
             let m = rows.first?[1].int ?? 0
             return HTTPResponse([
                 "a": .int(n), "ab": .int(m), "rate": n > 0 ? .double(Double(m) / Double(n)) : .null, "days": .int(days),
+                "fromMs": .int(from), "toMs": .int(to),
             ])
         }
     }
@@ -90,12 +93,12 @@ extension Store {
 enum AnalyticsLimits {
     /// The widest range of counts, top events and uniques (rollup rows: hours × event names).
     static let maxSpanDays: Int64 = 400
-    /// The widest range of a funnel, and its default (it reads the users' first `a` from the
-    /// event index: 96 ms over 7 days of 1,000,000 events on PostgreSQL, 410 ms over 30 days;
-    /// docs/BENCHMARKS.md).
+    /// The widest range of a funnel: a longer one is cut to its last this many days (it reads
+    /// the users' first `a` from the event index: 96 ms over 7 days of 1,000,000 events on
+    /// PostgreSQL, 410 ms over 30 days; docs/BENCHMARKS.md).
     static let maxFunnelSpanDays: Int64 = 7
     static let maxTopEvents = 100
-    static let maxFunnelDays: Int64 = 30
+    static let maxFunnelDays: Int64 = 90
 
     /// `YYYY-MM-DD` (UTC) of a time in milliseconds.
     static func day(_ ms: Int64) -> String {

@@ -30,7 +30,8 @@ package struct Options {
     /// `--mqtt-dynsec`: the broker runs mosquitto's dynamic-security plugin with this login as
     /// its admin; registering a device creates its broker client and role.
     package var mqttDynsec = false
-    /// `--operator-token-file`: the admin and inspection endpoints' bearer token (0600 file).
+    /// `--operator-token-file`: the admin and inspection endpoints' bearer token (0600 file);
+    /// operator sessions (`Backend+Session.swift`) are the other way in.
     package var operatorTokenFile: String?
     /// `--enrol-secret-file`: the enrolment secret devices register with (0600 file), also
     /// accepted as a fleet-level device key on ingest, MA and container fetches.
@@ -118,8 +119,8 @@ package struct Options {
                               id, its own topics only, MQTT only), returned as its broker password
           --operator-token-file PATH
                               the operator token (a 0600 file): /v1/admin/*, /v1/inspect/* and
-                              /v1/faults need "Authorization: Bearer <token>"; without this
-                              option they answer 403
+                              /v1/faults need "Authorization: Bearer <token>" or an operator
+                              session (--add-operator); without either they answer 403
           --enrol-secret-file PATH
                               the enrolment secret (a 0600 file) POST /v1/devices/register needs;
                               also accepted as the fleet-level device key on ingest, MA and

@@ -46,4 +46,28 @@ extension Backend {
         default: return String(request.path)
         }
     }
+
+    /// `GET|HEAD /…`: a file of `--console-dir` (404 without one; 405 for other methods).
+    func staticFile(_ request: HTTPRequest, _ path: String) throws(APIError) -> HTTPResponse {
+        guard let files = console.files else { throw .notFound(request.path) }
+        guard Backend.isRead(request.method) else { throw .methodNotAllowed(request.method, allowed: ["GET", "HEAD"]) }
+        guard let f = files.lookup(path) else { throw .notFound(request.path) }
+        return HTTPResponse(headers: [("Cache-Control", "no-cache")], contentType: f.contentType, bytes: f.bytes)
+    }
+
+    /// Whether `path` is a device route (ingest, registration, MA, push, container fetches),
+    /// whose answers go to devices and carry no browser headers.
+    static func isDevicePath(_ path: Substring) -> Bool {
+        let r = MetricsCounters.routes[MetricsCounters.route(path)]
+        return r == "ingest" || r == "device"
+    }
+
+    /// A response as the console's routes send it: with `ConsoleLimits.securityHeaders`
+    /// unless it is a device route's.
+    func consoleAnswer(_ request: HTTPRequest, _ response: HTTPResponse) -> HTTPResponse {
+        guard !Backend.isDevicePath(request.path) else { return response }
+        var r = response
+        r.headers += ConsoleLimits.securityHeaders
+        return r
+    }
 }

@@ -85,6 +85,9 @@ enum PushMethodDocs {
                     fields: [
                         code, P("connection", .string, required: true, ""), P("lastError", .string, required: true, ""),
                         P("registration", .string, required: true, ""), P("deviceRegistered", .boolean, required: true, ""),
+                        P(
+                            "reregistration", .object, required: true,
+                            "count, lastMs, reason (credential_rejected, token_unknown, token_replaced), lastCheckMs, checkIntervalMs"),
                         P("attachedApps", .array, required: true, ""), P("inbox", .object, required: true, ""),
                         P("counters", .object, required: true, "received, delivered, acknowledged, duplicates, ..."),
                     ])))

@@ -58,11 +58,17 @@ struct Command {
                   --openrpc   the methods as an OpenRPC 1.2.6 document (bus.describe {"format":"openrpc"})
                 """),
         Command(
-            name: "sub", synopsis: "sub PATTERN...", summary: "print notifications on matching topics, one JSON line each"),
+            name: "sub", synopsis: "sub PATTERN... [--no-reconnect]", summary: "print notifications on matching topics, one JSON line each",
+            flags: ["--no-reconnect"],
+            details: """
+                  When the host goes away (a restart, an upgrade) sub connects again, with backoff,
+                  subscribes again and says on stderr how long the gap was: what was published
+                  meanwhile was missed. --no-reconnect: exit 69 instead.
+                """),
         Command(
-            name: "monitor", synopsis: "monitor [PATTERN] [--verbose] [--json]",
+            name: "monitor", synopsis: "monitor [PATTERN] [--verbose] [--json] [--no-reconnect]",
             summary: "admins: watch every routed request, reply, notification and publication",
-            flags: ["--verbose", "--json"],
+            flags: ["--verbose", "--json", "--no-reconnect"],
             details: """
                   PATTERN     method pattern, `*` matching any run of characters (default: *), e.g. 'echo.*'
                   --verbose   also print each message's params (replies: the result)
@@ -70,7 +76,9 @@ struct Command {
                   One line per event: time, type (request, reply, notification, publication),
                   method, from -> to, the caller (uid, pid or plugin), size in bytes, and for
                   replies the latency and "ok" or the error code. A monitor that does not keep up
-                  is disconnected by the host (exit 69); routing never waits for it.
+                  is disconnected by the host; routing never waits for it. When the connection
+                  ends (that, or a restart of the host) monitor connects again with backoff and
+                  says on stderr how long the gap was; --no-reconnect: exit 69 instead.
                 """),
         Command(name: "publish", synopsis: "publish TOPIC [DATA_JSON]", summary: "bus.publish"),
         Command(name: "restart", synopsis: "restart PLUGIN", summary: "restart a plugin (also clears 'failed')"),

@@ -41,30 +41,20 @@ func clockTime(ms: Int64) -> String {
     return "\(two(tm.tm_hour)):\(two(tm.tm_min)):\(two(tm.tm_sec))." + (milli < 10 ? "00" : milli < 100 ? "0" : "") + "\(milli)"
 }
 
-@MainActor func monitorCommand(_ args: [String], verbose: Bool, json: Bool) {
+@MainActor func monitorCommand(_ args: [String], verbose: Bool, json: Bool, reconnect: Bool) {
     guard args.count <= 1 else { fail("monitor takes at most one PATTERN\n" + Command.named("monitor")!.help, code: 64) }
-    let client = connect()
     var p: JSONObject = ["verbose": .bool(verbose)]
     if let pattern = args.first { p["pattern"] = .string(pattern) }
-    let answer = call(HostMethod.monitor, .object(p), client: client)
-    Log.writeRaw("pylonctl: monitoring \(fmt(answer["pattern"])) (Ctrl-C to stop)\n")
     func show(_ n: JSON) {
         guard n["method"]?.stringValue == HostMethod.monitorEvent, let e = n["params"] else { return }
         print(json ? text(e) : monitorLine(e, verbose: verbose))
     }
-    do {
-        while true {
-            for n in client.notifications { show(n) }
-            client.notifications.removeAll()
-            if let n = try client.nextNotification(timeoutMs: 3_600_000) { show(n) }
-            fflush(nil)  // line by line, also into a pipe
-        }
-    } catch  where error.kind == .closed {
-        fflush(nil)
-        fail("the host closed the connection (a monitor that does not keep up is disconnected)", code: 69)
-    } catch {
-        fail("\(error)", code: 69)
-    }
+    follow(
+        reconnect: reconnect, lost: "the host closed the connection (a monitor that does not keep up is disconnected)",
+        setup: { c in
+            let answer = try c.call(HostMethod.monitor, .object(p), timeoutMs: timeoutMs)
+            Log.writeRaw("pylonctl: monitoring \(fmt(answer["pattern"])) (Ctrl-C to stop)\n")
+        }, show: show)
 }
 
 @MainActor func reloadCommand(json: Bool) {

@@ -15,7 +15,7 @@ let exitStatusTable = """
        3  status, wait-ready: a plugin is failed (its restart intensity was spent; restart clears it)
       64  usage error (EX_USAGE): unknown command or option, bad arguments, invalid JSON
       65  with --check: the reply's "code" is not 0 (EX_DATAERR)
-      69  the host cannot be reached, or went away (sub, monitor) (EX_UNAVAILABLE)
+      69  the host cannot be reached, or went away (sub, monitor with --no-reconnect) (EX_UNAVAILABLE)
       75  no reply within the timeout; wait-ready: not ready in time (EX_TEMPFAIL)
       77  the host refused the call: not permitted, -32005 (EX_NOPERM)
       78  reload: the new configuration was refused, -32010; the running one stays (EX_CONFIG)
@@ -299,27 +299,16 @@ case "consent":
     }
 case "sub":
     guard !args.isEmpty else { fail("sub needs at least one PATTERN", code: 64) }
-    let client = connect()
-    for p in args { _ = call(HostMethod.subscribe, ["pattern": .string(p)], client: client) }
-    do {
-        while true {
-            for n in client.notifications { print(n.serialized) }
-            client.notifications.removeAll()
-            if let n = try client.nextNotification(timeoutMs: 3_600_000) { print(n.serialized) }
-            fflush(nil)  // line by line, also into a pipe
-        }
-    } catch  where error.kind == .closed {
-        fflush(nil)
-        fail("the host closed the connection", code: 69)
-    } catch {
-        fail("\(error)", code: 69)
-    }
+    follow(
+        reconnect: !flags.contains("--no-reconnect"), lost: "the host closed the connection",
+        setup: { c in for p in args { _ = try c.call(HostMethod.subscribe, ["pattern": .string(p)], timeoutMs: timeoutMs) } },
+        show: { print($0.serialized) })
 case "dead-letters":  // the uploader's dead letters: list, requeue, discard (DeadLetters.swift)
     deadLettersCommand(args)
 case "owner":  // admins: uploader.setOwner, ma.setOwner, push.setOwner (Owner.swift)
     ownerCommand(args)
 case "monitor":
-    monitorCommand(args, verbose: flags.contains("--verbose"), json: flags.contains("--json"))
+    monitorCommand(args, verbose: flags.contains("--verbose"), json: flags.contains("--json"), reconnect: !flags.contains("--no-reconnect"))
 case "reload":
     reloadCommand(json: flags.contains("--json"))
 case "wait-ready":

@@ -88,10 +88,11 @@ def detach(p, call):
 @method("status", "Connection, registration and attached apps",
         res=result("object", fields=[CODE] + [param(n, t, True) for n, t in [
             ("connection", "string"), ("lastError", "string"), ("registration", "string"),
-            ("deviceRegistered", "boolean"), ("attachedApps", "array"), ("inbox", "object"), ("counters", "object")]]))
+            ("deviceRegistered", "boolean"), ("attachedApps", "array"), ("inbox", "object"), ("counters", "object"),
+            ("reregistration", "object")]]))
 def status(p, call):
     return {"code": 0, "connection": "fake", "lastError": None, "registration": "registered",
-            "deviceRegistered": True, "attachedApps": [], "inbox": {}, "counters": {"bound": len(bound)}}
+            "deviceRegistered": True, "attachedApps": [], "inbox": {}, "counters": {"bound": len(bound)}, "reregistration": {}}
 
 
 @method("setOwner", "Admins only: hand an appId to another uid", [param("appId", "string", True), param("uid", "any", True)],

@@ -206,7 +206,7 @@ def test_pylonctl_conventions(host):
 
 
 def test_pylonctl_sub_exits_nonzero_when_the_host_goes_away(host):
-    p = subprocess.Popen([os.path.join(BUILD, "pylonctl"), "--socket", host.socket, "sub", "consent.*"],
+    p = subprocess.Popen([os.path.join(BUILD, "pylonctl"), "--socket", host.socket, "sub", "consent.*", "--no-reconnect"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)
     host.stop()

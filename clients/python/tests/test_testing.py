@@ -120,7 +120,8 @@ def test_conformance_fails_a_fake_with_a_missing_method(monkeypatch):
     monkeypatch.setenv("FAKE_PUSH_DROP", "detach")
     r = conformance(sys.executable, "push", [FAKE_PUSH])
     assert not r.ok
-    assert r.problems == ["push.detach: missing: the real push serves it (Stop receiving an app's messages)"], r.output
+    assert "push.detach: missing: the real push serves it (Stop receiving an app's messages)" in r.problems, r.output
+    assert all(p.startswith("push.detach") for p in r.problems), r.output
 
 
 def test_conformance_fails_a_fake_with_a_wrong_result_type(monkeypatch):
@@ -129,4 +130,5 @@ def test_conformance_fails_a_fake_with_a_wrong_result_type(monkeypatch):
     monkeypatch.setenv("FAKE_PUSH_WRONG", "status")
     r = conformance(sys.executable, "push", [FAKE_PUSH])
     assert not r.ok
-    assert r.problems == ["push.status: params {}: the result is string, not object"], r.output
+    assert "push.status: params {}: the result is string, not object" in r.problems, r.output
+    assert all(p.startswith("push.status") for p in r.problems), r.output

@@ -87,7 +87,7 @@ extension Bus {
         slot.process = process
         slot.manifest = nil
         slot.output = PluginOutputFilter()
-        for (stream, level) in [(out, Log.Level.info), (err, Log.Level.warn)] {
+        for (stream, level) in [(out, Log.Level.info), (err, Log.Level.info)] {
             let plog = Log("plugin")
             // Weak: a child of the plugin may hold the pipe open after a reload retired the slot
             // and its process exited (an unowned reference then trapped the host).
@@ -95,13 +95,13 @@ extension Bus {
                 // A plugin that already logs in Pylon's logfmt (the plugin kit does) is passed
                 // through with its name appended; anything else is wrapped as a message; blank
                 // lines and crash reports are condensed (PluginOutputFilter).
-                let text = String(decoding: line, as: UTF8.self)
-                let filtered = slot.flatMap { $0.process?.pid == pid ? $0.output.take(text) : nil } ?? .relay
-                switch filtered {
-                case .relay: Log.relayPluginLine(text, plugin: name, pid: pid, level: level)
-                case .debug: Log.relayPluginLine(text, plugin: name, pid: pid, level: .debug)
-                case .drop: break
-                }
+                // An sd-daemon `<N>` prefix sets the level (and is removed); other lines: info.
+                let raw = String(decoding: line, as: UTF8.self)
+                var scratch = PluginOutputFilter()
+                let (action, lineLevel, text) =
+                    slot.flatMap { $0.process?.pid == pid ? $0.output.classify(raw, plain: level) : nil }
+                    ?? scratch.classify(raw, plain: level)
+                if action != .drop { Log.relayPluginLine(text, plugin: name, pid: pid, level: lineLevel) }
             }
             stream.onOversized = { [pid = process.pid, name = pc.name] n, head in
                 plog.emit(level, String(decoding: head, as: UTF8.self) + "… (line of \(n) bytes truncated)", ["plugin": name, "pid": pid])

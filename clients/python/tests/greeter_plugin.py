@@ -49,6 +49,15 @@ def ping_host(params, call):
     return pylon.Plugin.LATER
 
 
+@plugin.method("log")
+def log(params, call):
+    """Logs through Python's logging (pylon.Plugin's handler: sd-daemon prefixes)."""
+    import logging
+    logging.getLogger("greeter").warning("careful: %s", params.get("what"))
+    logging.getLogger("greeter").error("broken: %s", params.get("what"))
+    return {}
+
+
 plugin.on_consent_changed = lambda key, granted: seen.append([key, granted])
 
 

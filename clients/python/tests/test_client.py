@@ -232,6 +232,21 @@ def test_plugin_crash_is_one_warning(host):
     assert len([l for l in host.log_text().splitlines() if "level=warn" in l or "level=error" in l]) == 1
 
 
+def test_plugin_stderr_is_logged_at_its_sd_daemon_prefixs_level(host):
+    """Python's logging through pylon.Plugin writes <4>/<3> lines; pylond logs them at warn and
+    error without the prefix; other stderr lines (the greeter's startup has none) would be info."""
+    from pylon.testing import wait_until
+    with host.client() as c:
+        c.call("greeter.log", {"what": "xyzzy"})
+    lines = wait_until(lambda: [l for l in host.log_text().splitlines() if "xyzzy" in l and "plugin=greeter" in l]
+                       if len([l for l in host.log_text().splitlines() if "xyzzy" in l]) >= 2 else None,
+                       what="the greeter's log lines")
+    warn = [l for l in lines if "careful" in l]
+    err = [l for l in lines if "broken" in l]
+    assert warn and "level=warn" in warn[0] and 'msg="greeter: careful: xyzzy"' in warn[0], lines
+    assert err and "level=error" in err[0] and "<3>" not in err[0] and "<4>" not in warn[0], lines
+
+
 def test_metrics_textfile_is_written_atomically(host):
     with host.client() as c:
         c.call("echo.echo", {})

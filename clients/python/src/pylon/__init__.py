@@ -13,11 +13,11 @@ from .errors import (
 )
 from .client import GAP_TOPIC, Client, Gap, Notification, default_socket_path
 from .aio import AsyncClient
-from .plugin import Plugin, Call, param, result
+from .plugin import Plugin, Call, PrefixFormatter, log_handler, param, result
 
 __version__ = "0.1.0"
 __all__ = [
-    "Client", "AsyncClient", "Plugin", "Call", "param", "result", "Notification", "Gap", "GAP_TOPIC",
+    "Client", "AsyncClient", "Plugin", "Call", "PrefixFormatter", "log_handler", "param", "result", "Notification", "Gap", "GAP_TOPIC",
     "default_socket_path",
     "PylonError", "ConnectionClosed", "ParseError", "InvalidRequest", "MethodNotFound", "InvalidParams",
     "InternalError", "PluginUnavailable", "Timeout", "ConsentDenied", "Overloaded", "NotPermitted",

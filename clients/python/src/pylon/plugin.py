@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import socket
 import sys
@@ -63,6 +64,39 @@ def method_doc(summary: Optional[str], params: Optional[Sequence[ParamSpec]],
     host reads them in ``bus.hello``: an undeclared result is ``any``."""
     return {"summary": summary or "", "params": [dict(p) for p in params or []],
             "result": dict(result_spec) if result_spec is not None else {"type": "any", "description": ""}}
+
+
+class PrefixFormatter(logging.Formatter):
+    """Writes each line of a record with its sd-daemon priority prefix (``<3>`` error, ``<4>``
+    warning, ``<6>`` info, ``<7>`` debug): pylond logs a plugin's stderr line at that level
+    (journald too), without the prefix."""
+
+    @staticmethod
+    def priority(levelno: int) -> int:
+        """The syslog priority of a logging level."""
+        if levelno >= logging.ERROR:
+            return 3 if levelno < logging.CRITICAL else 2
+        if levelno >= logging.WARNING:
+            return 4
+        return 6 if levelno >= logging.INFO else 7
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record, every line prefixed (a traceback stays at the record's level)."""
+        p = f"<{self.priority(record.levelno)}>"
+        return "\n".join(p + line for line in super().format(record).splitlines() or [""])
+
+
+def log_handler() -> logging.Handler:
+    """A handler writing to stderr with :class:`PrefixFormatter`: what :meth:`Plugin.run`
+    installs on the root logger when the program has configured no logging itself."""
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(PrefixFormatter("%(name)s: %(message)s"))
+    return h
+
+
+#: The host's ``PYLON_LOG_LEVEL`` names as logging levels.
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING,
+           "error": logging.ERROR}
 
 
 class Call:
@@ -203,6 +237,10 @@ class Plugin:
         if fd is None or not self.name:
             sys.stderr.write("PYLON_BUS_FD is not set: plugins are started by pylond\n")
             sys.exit(78)
+        root = logging.getLogger()
+        if not root.handlers:  # logging.warning(...) reaches pylond's log at its level
+            root.addHandler(log_handler())
+            root.setLevel(_LEVELS.get(os.environ.get("PYLON_LOG_LEVEL", "info"), logging.INFO))
         self._sock = socket.socket(fileno=int(fd))
         self._send({"jsonrpc": "2.0", "id": 1, "method": "bus.hello", "params": {
             "name": self.name, "version": self.version, "protocol": 1,

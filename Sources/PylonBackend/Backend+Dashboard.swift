@@ -71,8 +71,7 @@ extension Backend {
                 let i = Int((r[0].int ?? 0) - firstDay)
                 if (0..<30).contains(i) { pushesPerDay[i] += r[1].int ?? 0 }
             }
-            let instances = try store.instances(
-                since: now - ConsoleLimits.forgetInstanceMs, forgetBefore: now - ConsoleLimits.forgetInstanceMs)
+            let instances = try store.instances(since: now - ConsoleLimits.forgetInstanceMs)
             let (refusedToday, errorsToday) = console.metrics.today(now: now)
             return HTTPResponse([
                 // The broker does not tell the backend who is connected: null, not a guess.

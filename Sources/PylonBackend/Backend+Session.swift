@@ -220,7 +220,8 @@ extension Backend {
     package func consoleTick() {
         let now = System.wallClockMs()
         do throws(StoreError) {
-            try store.heartbeat(instance: console.instanceId, startedMs: console.startedMs, now: now)
+            try store.heartbeat(
+                instance: console.instanceId, startedMs: console.startedMs, now: now, forgetBefore: now - ConsoleLimits.forgetInstanceMs)
             try store.purgeSessions(idleBefore: now - console.sessions.idleMs, createdBefore: now - console.sessions.absoluteMs)
         } catch {
             log.warn("console upkeep failed", ["error": error.description])

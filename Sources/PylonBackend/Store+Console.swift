@@ -218,7 +218,9 @@ extension Store {
 
     // MARK: Instances and devices' last use
 
-    func heartbeat(instance: String, startedMs: Int64, now: Int64) throws(StoreError) {
+    /// Writes this instance's heartbeat and forgets instances not seen since `forgetBefore`.
+    func heartbeat(instance: String, startedMs: Int64, now: Int64, forgetBefore: Int64) throws(StoreError) {
+        try db.run("DELETE FROM backend_instances WHERE last_seen_at < ?", [.int(forgetBefore)])
         try db.run(
             """
             INSERT INTO backend_instances (id, started_at, last_seen_at) VALUES (?, ?, ?)
@@ -226,10 +228,9 @@ extension Store {
             """, [.text(instance), .int(startedMs), .int(now)])
     }
 
-    /// Instances seen since `since`, and forgets those not seen since `forgetBefore`.
-    func instances(since: Int64, forgetBefore: Int64) throws(StoreError) -> [(id: String, lastSeenMs: Int64)] {
-        try db.run("DELETE FROM backend_instances WHERE last_seen_at < ?", [.int(forgetBefore)])
-        return try db.query("SELECT id, last_seen_at FROM backend_instances WHERE last_seen_at >= ? ORDER BY id", [.int(since)]).map {
+    /// Instances seen since `since`.
+    func instances(since: Int64) throws(StoreError) -> [(id: String, lastSeenMs: Int64)] {
+        try db.query("SELECT id, last_seen_at FROM backend_instances WHERE last_seen_at >= ? ORDER BY id", [.int(since)]).map {
             ($0[0].text ?? "", $0[1].int ?? 0)
         }
     }

@@ -10,6 +10,8 @@ package final class ConsoleData {
     var streamDeletesInFlight = Set<Int64>()
     /// Job rounds since the start (retention runs every `RetentionLimits.everyRounds`).
     var rounds = 0
+    /// A `max_age` update of the JetStream stream is waiting for its answer.
+    var maxAgeUpdateInFlight = false
     /// The automation evaluator's caches and budgets (`Backend+Automation.swift`).
     let automation: AutomationState
 

@@ -42,7 +42,11 @@ extension Backend {
         var streams: JSONObject = [:]
         for (s, d) in r.streams { streams[s] = ["maxAgeDays": .int(d)] }
         var out: JSONObject = ["apps": .object(apps), "streams": .object(streams)]
-        if let js = jetstream { out["natsMaxAgeS"] = .int(Int64(js.settings.stream.maxAgeS)) }
+        if let js = jetstream {
+            out["natsMaxAgeS"] = .int(Int64(js.maxAgeS))
+            let days = try storage { () throws(StoreError) in try store.jetStreamMaxAgeDays(js.settings.stream.name) }
+            out["natsMaxAgeDays"] = days.map(JSON.int) ?? .null
+        }
         return HTTPResponse(.object(out))
     }
 
@@ -64,12 +68,19 @@ extension Backend {
         guard apps.count + streams.count <= RetentionLimits.maxRules else {
             throw .badRequest(.invalidRequest, "at most \(RetentionLimits.maxRules) rules")
         }
+        var natsDays: Int64?? = nil
+        if let v = o["natsMaxAgeDays"] {
+            guard jetstream != nil else { throw .badRequest(.invalidRequest, "natsMaxAgeDays needs a backend started with --nats") }
+            natsDays = .some(try maxAgeDays(v))
+        }
         try storage { () throws(StoreError) in
             try store.transaction { () throws(StoreError) in
                 for (a, d) in apps { try store.setAppRetention(a, days: d) }
                 for (s, d) in streams { try store.setStreamRetention(s, days: d) }
+                if let js = jetstream, let d = natsDays { try store.setJetStreamMaxAgeDays(js.settings.stream.name, d) }
             }
         }
+        if natsDays != nil { reconcileStreamMaxAge() }
         recordChange(principal, "retention", target: "retention", detail: ["body": body])
         return try retention()
     }
@@ -82,12 +93,27 @@ extension Backend {
         return n
     }
 
+    /// Sets the JetStream stream's `max_age` to the rule in the database (or `--nats-max-age-s`
+    /// without one) when this instance last knew it otherwise; every instance converges on it.
+    func reconcileStreamMaxAge() {
+        guard let js = jetstream, let d = consoleData, !d.maxAgeUpdateInFlight else { return }
+        let days: Int64?
+        do throws(StoreError) { days = try store.jetStreamMaxAgeDays(js.settings.stream.name) } catch { return }
+        let want = days.map { Int($0 * 86_400) } ?? js.settings.stream.maxAgeS
+        guard want != js.maxAgeS else { return }
+        d.maxAgeUpdateInFlight = js.updateMaxAge(seconds: want) { [weak self] ok in
+            self?.consoleData?.maxAgeUpdateInFlight = false
+            self?.log.info("stream max_age", ["stream": js.settings.stream.name, "seconds": want, "confirmed": ok])
+        }
+    }
+
     /// The periodic retention job: for each rule, at most one batch of expired events per round,
     /// `RetentionLimits.batchesPerRound` batches in all.
     func runRetention() {
         guard let d = consoleData else { return }
         d.rounds += 1
         guard d.rounds % RetentionLimits.everyRounds == 0 else { return }
+        reconcileStreamMaxAge()
         do throws(StoreError) {
             let r = try store.retention()
             let now = System.wallClockMs()

@@ -90,6 +90,9 @@ package final class JetStreamPublisher: UVHandleOwner {
     private var setup = Setup.idle
     /// API requests besides stream setup (message deletes), by token: the callback and deadline.
     private var apiCalls: [UInt64: (done: (Bool) -> Void, deadline: UInt64)] = [:]
+    /// The stream's `max_age` as this instance last set or confirmed it (`--nats-max-age-s`
+    /// until `updateMaxAge` succeeds).
+    private(set) var maxAgeS: Int
     private var apiToken: UInt64 = 1 << 62
     private var connected = false
     private var stopped = false
@@ -116,6 +119,7 @@ package final class JetStreamPublisher: UVHandleOwner {
     package init(loop: Loop, settings: NATSSettings) throws(StartError) {
         self.loop = loop
         self.settings = settings
+        maxAgeS = settings.stream.maxAgeS
         pending = PendingPublishes(
             maxInFlight: settings.maxPending, ackTimeoutMs: settings.ackTimeoutMs, lateAckMs: Limits.natsLateAckMs)
         inboxPrefix = "_INBOX.pylon-" + System.randomHex(8)
@@ -288,9 +292,9 @@ package final class JetStreamPublisher: UVHandleOwner {
     private func reply(token: UInt64, _ r: JetStreamWire.Reply) {
         if token >= 1 << 62, let call = apiCalls.removeValue(forKey: token) {
             switch r {
-            case .success: call.done(true)
+            case .success, .streamInfo: call.done(true)
             case .error(_, let errCode, _): call.done(errCode == JetStreamWire.ErrorCode.noMessageFound)
-            case .ack, .streamInfo, .invalid: call.done(false)
+            case .ack, .invalid: call.done(false)
             }
             return
         }
@@ -447,6 +451,28 @@ package final class JetStreamPublisher: UVHandleOwner {
             headers: [])
         guard s == NATS_OK else { return false }
         apiCalls[token] = (done, loop.nowMs + Limits.natsAPITimeoutMs)
+        armTimer()
+        return true
+    }
+
+    /// Sets the stream's `max_age` (`$JS.API.STREAM.UPDATE.<name>` with the stream's settings
+    /// and that age: the rule of `PUT /v1/admin/retention`). `done(true)` once JetStream
+    /// confirmed (`maxAgeS` is then `seconds`). False, without calling `done`, when not ready.
+    func updateMaxAge(seconds: Int, done: @escaping (Bool) -> Void) -> Bool {
+        refreshStatus()
+        guard isReady, !stopped, let nc else { return false }
+        var stream = settings.stream
+        stream.maxAgeS = seconds
+        let token = nextAPIToken()
+        let body = Array(JetStreamWire.createRequest(stream).serialized.utf8)
+        let s = send(nc, subject: "$JS.API.STREAM.UPDATE." + stream.name, reply: "\(inboxPrefix).api.\(token)", body: body, headers: [])
+        guard s == NATS_OK else { return false }
+        apiCalls[token] = (
+            { [weak self] ok in
+                if ok { self?.maxAgeS = seconds }
+                done(ok)
+            }, loop.nowMs + Limits.natsAPITimeoutMs
+        )
         armTimer()
         return true
     }

@@ -38,6 +38,10 @@ extension Store {
             stream TEXT PRIMARY KEY,
             max_age_days INTEGER NOT NULL
         );
+        CREATE TABLE IF NOT EXISTS jetstream_retention (
+            stream TEXT PRIMARY KEY,
+            max_age_days INTEGER NOT NULL
+        );
         """
 
     struct AppSettings: Equatable {
@@ -90,6 +94,24 @@ extension Store {
                 """, [.text(stream), .int(days)])
         } else {
             try db.run("DELETE FROM stream_retention WHERE stream = ?", [.text(stream)])
+        }
+    }
+
+    /// The `max_age` (days) set for JetStream stream `name` (`PUT /v1/admin/retention`
+    /// `natsMaxAgeDays`), if any.
+    func jetStreamMaxAgeDays(_ name: String) throws(StoreError) -> Int64? {
+        try db.query("SELECT max_age_days FROM jetstream_retention WHERE stream = ?", [.text(name)]).first?.first?.int
+    }
+
+    func setJetStreamMaxAgeDays(_ name: String, _ days: Int64?) throws(StoreError) {
+        if let days {
+            try db.run(
+                """
+                INSERT INTO jetstream_retention (stream, max_age_days) VALUES (?, ?)
+                ON CONFLICT (stream) DO UPDATE SET max_age_days = excluded.max_age_days
+                """, [.text(name), .int(days)])
+        } else {
+            try db.run("DELETE FROM jetstream_retention WHERE stream = ?", [.text(name)])
         }
     }
 

@@ -367,6 +367,14 @@ import Testing
         // The batch that held the user's records is gone from the stream; the other stays.
         let left = try StreamReader.readAll(urls: nats.urls, durable: "after")
         #expect(left.map(\.msgId) == ["k2"])
+
+        // The stream's retention: set through the API, applied to the stream by JetStream.
+        let put = try a.request("PUT", "/v1/admin/retention", body: Array(#"{"natsMaxAgeDays":30}"#.utf8))
+        #expect(put.status == 200)
+        try waitUntil(timeout: 20) { try a.get("/v1/admin/retention")["natsMaxAgeS"] == .int(30 * 86_400) }
+        let config = try StreamReader.info(urls: nats.urls)["config"] as? [String: Any]
+        #expect((config?["max_age"] as? Int) == 30 * 86_400 * 1_000_000_000)
+        #expect(try b.get("/v1/admin/retention")["natsMaxAgeDays"] == 30)
     }
 
     @Test(arguments: StoreKind.allCases) func retentionExpiresOldEventsAndAnOptOutErasesWhenTheAppSaysSo(_ kind: StoreKind) throws {

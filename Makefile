@@ -48,13 +48,18 @@ MQTT_LISTEN ?= 127.0.0.1:1883
 ## PYLON_SOCKET, PATH, BACKEND and OP (the operator API's Authorization header). Everything stops
 ## with its session: Ctrl-C, or closing the terminal (SIGHUP, which pylond alone would take as
 ## "reload"), stops pylond, backend and broker.
+## RUN_GROUP=GROUP lets that group's members (users who are not admins) reach the socket: RUN_DIR
+## is then 0750 with that group, and pylond's socket 0660 with socketGroup GROUP. Default: RUN_DIR
+## 0700, for the user who ran make run only.
 CONFIG ?= etc/pylon.json
+RUN_GROUP ?=
 MQTT_PORT = $(lastword $(subst :, ,$(MQTT_LISTEN)))
 run: build
 	@test -r "$(CONFIG)" || { echo "make run: CONFIG=$(CONFIG) is not a readable file" >&2; exit 2; }
 	@for l in $(BACKEND_LISTEN) $(MQTT_LISTEN); do python3 -c 'import socket,sys; h,p=sys.argv[1].rsplit(":",1); s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind((h,int(p)))' $$l 2>/dev/null \
 	  || { echo "make run: $$l is in use (another 'make run'?); choose others: make run BACKEND_LISTEN=127.0.0.1:8790 MQTT_LISTEN=127.0.0.1:1884 RUN_DIR=..." >&2; exit 1; }; done
-	@install -d -m 700 $(RUN_DIR) $(RUN_DIR)/state
+	@if [ -n "$(RUN_GROUP)" ]; then install -d -m 750 -g "$(RUN_GROUP)" $(RUN_DIR); else install -d -m 700 $(RUN_DIR); fi
+	@install -d -m 700 $(RUN_DIR)/state
 	@# Secrets (mode 0600, kept across runs): the operator token, the enrolment secret every plugin
 	@# presents (credentialFile) and the backend's broker password; the broker's dynsec file.
 	@umask 077; for f in operator.token device.key broker.password; do [ -s $(RUN_DIR)/$$f ] \
@@ -62,6 +67,7 @@ run: build
 	@[ -s $(RUN_DIR)/dynsec.json ] || tools/pylon-dynsec-init $(RUN_DIR)/dynsec.json pylon-backend $(RUN_DIR)/broker.password
 	@sed -e 's|http://127.0.0.1:8780|http://$(BACKEND_LISTEN)|g' -e 's|"port": *1883\b|"port": $(MQTT_PORT)|g' \
 	  -e 's|/etc/pylon/device.key|$(RUN_DIR)/device.key|g' "$(CONFIG)" > $(RUN_DIR)/pylon.json
+	@[ -z "$(RUN_GROUP)" ] || python3 -c 'import json,sys; p,g=sys.argv[1:]; c=json.load(open(p)); c.update(socketGroup=g, socketMode="0660"); json.dump(c,open(p,"w"),indent=1)' $(RUN_DIR)/pylon.json "$(RUN_GROUP)"
 	@printf '%s\n' "# Written by make run ($(CONFIG)): in another terminal, . $(RUN_DIR)/env" \
 	  "export PYLON_SOCKET='$(PYLON_SOCKET)'" "export PATH='$(CURDIR)/.build/debug':\"\$$PATH\"" \
 	  "BACKEND='http://$(BACKEND_LISTEN)'" "MQTT_LISTEN='$(MQTT_LISTEN)'" \

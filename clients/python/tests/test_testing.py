@@ -132,3 +132,21 @@ def test_conformance_fails_a_fake_with_a_wrong_result_type(monkeypatch):
     assert not r.ok
     assert "push.status: params {}: the result is string, not object" in r.problems, r.output
     assert all(p.startswith("push.status") for p in r.problems), r.output
+
+
+def test_one_fake_for_each_real_plugin(pylond):
+    """docs/TESTING-APPS.md's example, as written there."""
+    push = Fake("push", answers={"attach": {"code": 0, "pending": 0}, "bind": {"code": 0, "message": ""}},
+                publishes=["push.message"])
+    uploader = Fake("uploader", methods=["enqueue"]).fail("enqueue", pylon.Overloaded("queue full"))
+    ma = Fake("ma", answers={"start": {"code": 0, "message": "", "euid": "e1"}}).hang("eventRecord")
+    gtm = Fake("gtm", answers={"getValue": lambda p: {"value": {"greeting": "Hi"}.get(p["key"])},
+                               "push": {"queued": True, "containers": 1}})
+    bus = pylond(push, uploader, ma, gtm, config={"limits": {"requestTimeoutMs": 300}})
+    with bus.client() as c:
+        assert c.call("gtm.getValue", {"containerId": "GTM-1", "key": "greeting"}) == {"value": "Hi"}
+        with pytest.raises(pylon.Timeout):
+            c.call("ma.eventRecord", {"appKey": "k", "eventName": "open"})
+        with pytest.raises(pylon.Overloaded):
+            c.call("uploader.enqueue", {"stream": "s", "records": []})
+        assert c.call("push.bind", {"userId": "u"}) == {"code": 0, "message": ""}

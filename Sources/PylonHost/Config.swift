@@ -74,6 +74,11 @@ public struct PluginConfig: Equatable, Sendable {
     public var env: [String: String] = [:]
     public var user: String?
     public var enabled = true
+    /// Whether the plugin reads `--check-config` (`PLUGIN --check-config`, the plugin kit's and
+    /// `pylon.Plugin`'s convention): `"checkConfig": false` for one that does not (a third-party
+    /// plugin that would start, or fail, on that argument); the host then never runs it so
+    /// and says so once in `pylond --check-config`.
+    public var checkConfig = true
     public var policy = SupervisorPolicy()
     public var requestTimeoutMs: UInt64?
     /// The plugin's own section, handed to it in the handshake.
@@ -261,6 +266,7 @@ extension HostConfig {
         }
         p.user = try r.string("user")
         if let e = try r.bool("enabled") { p.enabled = e }
+        if let c = try r.bool("checkConfig") { p.checkConfig = c }
         if let s = try r.string("restart") {
             guard let rp = RestartPolicy(rawValue: s) else {
                 throw ConfigError("\(path)restart must be permanent, transient or temporary")

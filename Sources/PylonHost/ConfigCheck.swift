@@ -107,7 +107,7 @@ extension HostConfig {
         environment: [String] = System.environment()
     ) -> [PluginCheckInvocation] {
         var out: [PluginCheckInvocation] = []
-        for p in plugins where p.enabled {
+        for p in plugins where p.enabled && p.checkConfig {
             var exec = p.exec
             if !exec.contains("/") {
                 let dirs = execSearchPath(selfDir: selfDir, path: path)
@@ -147,9 +147,18 @@ extension HostConfig {
         return v
     }
 
+    /// One note per enabled plugin configured with `"checkConfig": false`: it is not run with
+    /// `--check-config`, so its settings are not checked before it starts.
+    public var uncheckedPluginNotes: [String] {
+        plugins.filter { $0.enabled && !$0.checkConfig }.map {
+            "plugin \($0.name): not asked to check its config (\"checkConfig\": false); its settings are not checked before start"
+        }
+    }
+
     /// Runs every enabled plugin's check, one after another (blocking: `pylond --check-config`).
     public func pluginConfigChecks(selfDir: String? = System.executableDirectory()) -> PluginCheck {
         var all = PluginCheck()
+        all.warnings += uncheckedPluginNotes
         for c in pluginCheckInvocations(selfDir: selfDir) {
             let r = Self.runCheck(c.exec, c.args, c.env, input: c.input)
             all.merge(Self.verdict(plugin: c.plugin, status: r.status, stdout: r.stdout, stderr: r.stderr))

@@ -69,4 +69,24 @@ struct PluginCheckVerdictTests {
         #expect(HostConfig.settingName("config: must be an object") == "must", "a word that is no setting is not found in the config")
         #expect(HostConfig.settingName("something else") == nil)
     }
+
+    @Test func aPluginWithCheckConfigFalseIsNotRunAndSaidSoOnce() throws {
+        let c = try HostConfig.parse(
+            try JSON.parse(
+                """
+                {"socket": "/tmp/s.sock", "plugins": [
+                  {"name": "own", "exec": "/bin/true"},
+                  {"name": "third", "exec": "/bin/true", "checkConfig": false},
+                  {"name": "off", "exec": "/bin/true", "checkConfig": false, "enabled": false}]}
+                """))
+        #expect(c.plugins.map(\.checkConfig) == [true, false, false])
+        #expect(c.pluginCheckInvocations(selfDir: nil, path: "/bin", environment: []).map(\.plugin) == ["own"])
+        #expect(
+            c.uncheckedPluginNotes == [
+                "plugin third: not asked to check its config (\"checkConfig\": false); its settings are not checked before start"
+            ])
+        #expect(throws: ConfigError.self) {
+            try HostConfig.parse(try JSON.parse(#"{"plugins": [{"name": "x", "exec": "/bin/true", "checkConfig": "no"}]}"#))
+        }
+    }
 }

@@ -68,11 +68,13 @@ package struct HTTPResponse {
     /// The full HTTP/1.1 message; `close` adds `Connection: close`. For a `HEAD` request
     /// (`headOnly`) the body is left out but `Content-Length` still describes it.
     func serialized(close: Bool, headOnly: Bool = false) -> [UInt8] {
-        // 304 Not Modified carries no body (RFC 9110 15.4.5).
-        let payload = status == 304 ? [] : raw?.bytes ?? Array(body.serialized.utf8)
+        // 304 Not Modified and 204 No Content carry no body (RFC 9110 15.4.5, 15.3.5); a 204
+        // has no Content-Length either (8.6).
+        let bodiless = status == 304 || status == 204
+        let payload = bodiless ? [] : raw?.bytes ?? Array(body.serialized.utf8)
         var head = "HTTP/1.1 \(status) \(HTTPResponse.reason(status))\r\n"
-        if status != 304 { head += "Content-Type: \(raw?.contentType ?? "application/json")\r\n" }
-        head += "Content-Length: \(payload.count)\r\n"
+        if !bodiless { head += "Content-Type: \(raw?.contentType ?? "application/json")\r\n" }
+        if status != 204 { head += "Content-Length: \(payload.count)\r\n" }
         for (k, v) in headers { head += "\(k): \(v)\r\n" }
         if close { head += "Connection: close\r\n" }
         head += "\r\n"

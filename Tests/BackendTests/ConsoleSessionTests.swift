@@ -65,6 +65,7 @@ import Testing
         let out = try b.request("POST", "/v1/session/logout", headers: session.changeHeaders)
         #expect(out.status == 204)
         #expect(out.headers["set-cookie"]?.contains("Max-Age=0") == true)
+        #expect(out.headers["content-length"] == nil && out.body.isEmpty)  // RFC 9110: a 204 has neither
         let after = try b.request("GET", "/v1/session", headers: session.headers)
         #expect(after.status == 401)
         #expect(try after.json()["code"] == "no_session")

@@ -463,13 +463,33 @@ final class PushService {
 
     // MARK: Backend
 
-    /// `POST /v1/devices/register {installId}` with the enrolment credential (`credentialFile`;
-    /// none: open enrolment); stores the device token (0600) and connects to the broker with it.
+    /// `POST /v1/devices/register {installId}`: with the device token held (the backend renews
+    /// an install only for its own token), else with the enrolment credential (`credentialFile`;
+    /// none: open enrolment), which registers a new install only. A held token the backend
+    /// refuses (401: it forgot the device; 403: the token is another install's, a copied state
+    /// file) is dropped and the install enrolled again at once;
+    /// a 409 means the backend knows the install but not from this device's token (an
+    /// operator approves its re-enrolment, docs/SECURITY.md "Enrolment"). Stores the device
+    /// token (0600) and connects to the broker with it.
     func registerDevice(_ done: @escaping (Bool) -> Void) {
-        let headers = DeviceCredential.headers(config.credentialFile, log: log)
+        let withToken = deviceToken != nil
+        let headers =
+            deviceToken.map { [("Authorization", "Bearer " + $0)] } ?? DeviceCredential.headers(config.credentialFile, log: log)
         post("/v1/devices/register", ["installId": .string(installId)], headers: headers) { [unowned self] r in
             guard case .success(let j) = r, let t = j["token"]?.stringValue else {
-                if case .failure(let e) = r { self.log.warn("device registration failed", ["error": e.description]) }
+                if case .failure(let e) = r, e.status == 401 || e.status == 403, withToken {
+                    self.log.warn("the backend refuses this device's token; enrolling the install again")
+                    self.forgetDeviceToken()
+                    self.registerDevice(done)
+                    return
+                }
+                if case .failure(let e) = r, e.status == 409 {
+                    self.log.error(
+                        "the backend knows this install but this device holds no token for it: an operator must approve "
+                            + "its re-enrolment (POST /v1/admin/devices/\(self.installId)/reenrol)", ["installId": self.installId])
+                } else if case .failure(let e) = r {
+                    self.log.warn("device registration failed", ["error": e.description])
+                }
                 done(false)
                 return
             }

@@ -31,7 +31,7 @@ extension Endpoint {
         case .pushCall: .pushDevice
         case .data: .operator
         case .console(let r): r.access
-        case .inspectStream, .inspectRecords, .stats, .reset, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
+        case .inspectStream, .inspectRecords, .stats, .reset, .deviceReenrol, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
             .maGetMetadata, .maSetMetadata, .maFindUser, .maInspectUser, .pushSend, .pushInspect, .gtmPublish, .gtmInspect:
             .operator
         }

@@ -29,12 +29,16 @@ extension Backend {
         let receivedAt = System.wallClockMs()
         let answer = DeferredAnswer()
         let subject = JetStreamWire.subject(prefix: js.settings.stream.subjectPrefix, stream: stream)
-        let headers = JetStreamWire.headers(
+        var headers = JetStreamWire.headers(
             stream: stream, receivedAtMs: receivedAt, records: records, contentType: "application/json")
+        // The sending device travels with the batch (docs/FLEET.md, "Ingest stream").
+        if let d = principal.deviceId { headers.append(("Pylon-Device", d)) }
         // The event index rows (`Store+Events.swift`), written once JetStream acknowledged.
         let index = EventIndex.Published(records: Store.indexed(batch, keepData: true), installId: principal.installId)
+        let device = principal.deviceId
         let admission = js.publish(subject: subject, msgID: key, headers: headers, body: body) { [weak self] outcome in
-            self?.streamOutcome(outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index)
+            self?.streamOutcome(
+                outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index, device: device)
         }
         switch admission {
         case .published:
@@ -52,14 +56,15 @@ extension Backend {
 
     private func streamOutcome(
         _ outcome: JetStreamPublisher.Outcome, _ answer: DeferredAnswer, key: String, stream: String, receivedAt: Int64, records: Int,
-        index: EventIndex.Published
+        index: EventIndex.Published, device: String?
     ) {
         switch outcome {
         case .acked(let seq, let duplicate, let late):
             var fresh = !duplicate
             do throws(StoreError) {
                 fresh =
-                    try store.ledgerRecord(key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate)
+                    try store.ledgerRecord(
+                        key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate, deviceId: device)
                     && !duplicate
                 if fresh {
                     try store.indexEvents(index.records, stream: stream, receivedAt: receivedAt, installId: index.installId, jsSeq: seq)

@@ -37,6 +37,8 @@ package final class Backend {
     package var console = ConsoleState()
     /// The live tail and the data jobs (`Backend+Events.swift`); nil until `startConsoleData`.
     package var consoleData: ConsoleData?
+    /// Devices known to have declared an AppKey (`Backend+Devices.swift`; bounded).
+    var deviceApps: Set<DeviceApp> = []
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -91,6 +93,7 @@ package final class Backend {
             console.current = (endpoint, principal)
             if case .console(let r) = endpoint, let d = try consoleLater(request, r, principal) { return d }
             if case .ingest(let stream) = endpoint, let js = jetstream {
+                try checkDeviceWrite(stream: stream, principal)
                 return try ingestToStream(request, stream: stream, js, principal)
             }
             if case .data(.eventsTail) = endpoint { return try tail(request) }
@@ -119,6 +122,7 @@ package final class Backend {
         switch e {
         case .health: return HTTPResponse(["ok": true])
         case .deviceRegister: return try registerDevice(request, principal)
+        case .deviceReenrol(let installId): return try approveReenrolment(installId: installId, principal)
         case .ingest(let stream): return try ingest(request, stream: stream, principal)
         case .inspectStream(let stream): return try inspect(stream: stream)
         case .inspectRecords(let stream): return try records(request, stream: stream)
@@ -132,7 +136,9 @@ package final class Backend {
         case .clearFaults:
             faults = FaultState()
             return HTTPResponse(faults.json)
-        case .maCall(let appKey, let call): return try maCall(request, appKey: appKey, call)
+        case .maCall(let appKey, let call):
+            try noteDeviceApp(appKey: appKey, principal)
+            return try maCall(request, appKey: appKey, call)
         case .maGetApp(let appKey): return try maApp(appKey: appKey)
         case .maSetApp(let appKey): return try setMAApp(request, appKey: appKey)
         case .maGetMetadata(let appKey): return try maMetadata(appKey: appKey)
@@ -156,9 +162,10 @@ package final class Backend {
     private func ingest(_ request: HTTPRequest, stream: String, _ principal: Principal) throws(APIError) -> HTTPResponse {
         let key = try idempotencyKey(request)
         let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
+        try checkDeviceWrite(stream: stream, principal)
         let r: Store.IngestResult
         do throws(StoreError) {
-            r = try store.ingest(batch, receivedAt: System.wallClockMs(), installId: principal.installId)
+            r = try store.ingest(batch, receivedAt: System.wallClockMs(), installId: principal.installId, deviceId: principal.deviceId)
         } catch {
             log.error("ingest failed", ["stream": stream, "error": error.description])
             throw .storage(error)
@@ -197,7 +204,9 @@ package final class Backend {
         for r in rows {
             // Stored data was serialised by json-c from valid JSON, so it parses back.
             let data = (try? JSON.parse(r.data, maxDepth: Limits.maxJSONDepth + 1)) ?? .null
-            list.append(["seq": .int(r.seq), "id": .string(r.id), "ts": .int(r.ts), "data": data])
+            list.append([
+                "seq": .int(r.seq), "id": .string(r.id), "ts": .int(r.ts), "data": data, "deviceId": r.deviceId.map(JSON.string) ?? .null,
+            ])
         }
         return HTTPResponse([
             "records": .array(list), "next": rows.last.map { .int($0.seq) } ?? .null,

@@ -80,4 +80,10 @@ enum Limits {
     static let readBufferSize = 64 * 1024
     /// `listen(2)` backlog.
     static let listenBacklog: Int32 = 511
+    /// How long an operator's approval of a re-enrolment (`POST /v1/admin/devices/{id}/reenrol`)
+    /// lets the enrolment secret register that existing install again (once).
+    static let reenrolmentApprovalMs: Int64 = 24 * 3_600_000
+    /// (device, AppKey) pairs an instance remembers as declared before starting over (each
+    /// forgotten pair costs one database read or write at its next use).
+    static let maxRememberedDeviceApps = 100_000
 }

@@ -5,6 +5,8 @@ enum Endpoint: Equatable {
     case health
     /// `POST /v1/devices/register`: a device credential for an install (`Backend+Devices.swift`).
     case deviceRegister
+    /// `POST /v1/admin/devices/{installId}/reenrol`: an operator's approval (`Backend+Devices.swift`).
+    case deviceReenrol(installId: String)
     case ingest(stream: String)
     case inspectStream(String)
     case inspectRecords(String)
@@ -68,6 +70,9 @@ enum Router {
         case 3 where starts("v1", "batches"): return stream(segs[2]) { [("POST", .ingest(stream: $0))] }
         case 3 where starts("v1", "inspect", "stats"): return pick([("GET", .stats)])
         case 3 where starts("v1", "admin", "reset"): return pick([("POST", .reset)])
+        case 5 where starts("v1", "admin", "devices") && segs[4] == "reenrol":
+            guard Backend.isValidInstallId(segs[3]) else { return .badParameter("installId must be 1 to 64 of [A-Za-z0-9._-]") }
+            return pick([("POST", .deviceReenrol(installId: segs[3]))])
         case 2 where starts("v1", "faults"): return pick([("GET", .getFaults), ("POST", .setFaults), ("DELETE", .clearFaults)])
         case 4 where starts("v1", "inspect", "streams"): return stream(segs[3]) { [("GET", .inspectStream($0))] }
         case 5 where starts("v1", "inspect", "streams") && segs[4] == "records":

@@ -7,9 +7,11 @@ import PylonStore
 ///   stream name and batch key as text.
 /// - 1: `streams` names each stream once; `batches` and `records` refer to streams, and
 ///   records to their batch, by integer id (`Store.schema`).
+/// - 2: `batches.device_id`, the device that sent the batch (NULL before, and for the
+///   enrolment secret): added in place, no rows rewritten (`addBatchDevice`).
 extension Store {
     /// The format this backend writes.
-    static let format = 1
+    static let format = 2
 
     /// Why `Store.init` failed.
     package enum OpenError: Error, CustomStringConvertible {
@@ -35,6 +37,7 @@ extension Store {
     /// `seq` continues from (it keeps increasing after a reset). A new database has no tables
     /// yet and is left to `schema`.
     func migrate(from version: Int) throws(StoreError) {
+        if version == 1 { try addBatchDevice() }
         guard version == 0, !(try db.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'records'")).isEmpty else {
             return
         }
@@ -69,6 +72,18 @@ extension Store {
         }
     }
 
+    /// Format 1 → 2: `batches.device_id` (a nullable column: SQLite and PostgreSQL add it
+    /// without rewriting the table). Skipped when the column is there.
+    func addBatchDevice() throws(StoreError) {
+        if db.dialect == .postgres {
+            try db.exec(db.dialect.schema("ALTER TABLE batches ADD COLUMN IF NOT EXISTS device_id TEXT"))
+            return
+        }
+        let columns = try db.query("PRAGMA table_info(batches)").compactMap { $0.count > 1 ? $0[1].text : nil }
+        guard !columns.isEmpty, !columns.contains("device_id") else { return }
+        try db.exec("ALTER TABLE batches ADD COLUMN device_id TEXT")
+    }
+
     /// The advisory lock held while a backend creates or checks the PostgreSQL schema (two
     /// instances starting at once would otherwise race on `CREATE TABLE IF NOT EXISTS`).
     static let schemaLockKey = Store.lockKey("pylon-backend", "schema")
@@ -84,6 +99,7 @@ extension Store {
             version = Int(try db.query("SELECT max(version) FROM pylon_format").first?.first?.int ?? 0)
             if version <= Store.format {
                 for s in Store.schemas { try db.exec(db.dialect.schema(s)) }
+                if version == 1 { try addBatchDevice() }
                 if version < Store.format {
                     try db.run("DELETE FROM pylon_format", [])
                     try db.run("INSERT INTO pylon_format (version) VALUES (?)", [.int(Int64(Store.format))])

@@ -10,7 +10,7 @@ import Glibc
 /// docs/FLEET.md). The SQL below is written once for both; `SQLDialect` names what differs.
 ///
 /// Tables: `streams` (an integer id per stream name), `batches` (one row per idempotency key
-/// ever accepted), `records` (one row per distinct `(stream, id)`, in arrival order by `seq`,
+/// ever accepted, with the device that sent it), `records` (one row per distinct `(stream, id)`, in arrival order by `seq`,
 /// referring to its stream and batch by integer id) and `counters` (duplicate counts per stream).
 /// Every ingest is one transaction, so a batch is stored entirely or not at all. The format is
 /// numbered (`Store.format`: SQLite's `PRAGMA user_version`, PostgreSQL's `pylon_format`); older
@@ -41,6 +41,8 @@ package final class Store {
         var id: String
         var ts: Int64
         var data: String
+        /// The device that sent its batch (`batches.device_id`; nil: the enrolment secret).
+        var deviceId: String? = nil
     }
 
     /// The ingest tables. A record carries its stream and batch as integers, not their names:
@@ -57,7 +59,8 @@ package final class Store {
             stream INTEGER NOT NULL,
             received_at INTEGER NOT NULL,
             record_count INTEGER NOT NULL,
-            accepted INTEGER NOT NULL
+            accepted INTEGER NOT NULL,
+            device_id TEXT
         );
         CREATE INDEX IF NOT EXISTS batches_stream ON batches(stream);
         CREATE TABLE IF NOT EXISTS records (
@@ -221,16 +224,19 @@ package final class Store {
     /// unique keys alone (`ON CONFLICT`), so the same batch posted to two instances at once is
     /// stored once: the second insert of the key waits for the first transaction and then
     /// stores nothing.
-    func ingest(_ batch: Batch, receivedAt: Int64, installId: String = "") throws(StoreError) -> IngestResult {
+    func ingest(_ batch: Batch, receivedAt: Int64, installId: String = "", deviceId: String? = nil) throws(StoreError) -> IngestResult {
         try transaction(.readCommitted) { () throws(StoreError) -> IngestResult in
             let stream = try streamID(batch.stream)
             guard
                 let batchID = try db.query(
                     """
-                    INSERT INTO batches (key, stream, received_at, record_count, accepted) VALUES (?, ?, ?, ?, 0)
+                    INSERT INTO batches (key, stream, received_at, record_count, accepted, device_id) VALUES (?, ?, ?, ?, 0, ?)
                     ON CONFLICT (key) DO NOTHING RETURNING id
                     """,
-                    [.text(batch.key), .int(stream), .int(receivedAt), .int(Int64(batch.records.count))]
+                    [
+                        .text(batch.key), .int(stream), .int(receivedAt), .int(Int64(batch.records.count)),
+                        deviceId.map { .text($0) } ?? .null,
+                    ]
                 ).first?.first?.int
             else {
                 try bump(batch.stream, "duplicateBatches", 1)
@@ -338,8 +344,9 @@ package final class Store {
 
     /// A page of a stream's records (read through `records_stream_seq`).
     static let pageSQL = """
-        SELECT seq, id, ts, data FROM records WHERE stream = (SELECT id FROM streams WHERE name = ?) AND seq > ?
-        ORDER BY seq LIMIT ?
+        SELECT r.seq, r.id, r.ts, r.data, b.device_id FROM records r LEFT JOIN batches b ON b.id = r.batch
+        WHERE r.stream = (SELECT id FROM streams WHERE name = ?) AND r.seq > ?
+        ORDER BY r.seq LIMIT ?
         """
 
     /// Up to `limit` records of `stream` with `seq > after`, in arrival order.
@@ -355,7 +362,8 @@ package final class Store {
             let want = min(Store.pageChunkRows, limit - out.count)
             let rows = try db.query(Store.pageSQL, [.text(stream), .int(last), .int(Int64(want))])
             for row in rows {
-                let r = StoredRecord(seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null")
+                let r = StoredRecord(
+                    seq: row[0].int ?? 0, id: row[1].text ?? "", ts: row[2].int ?? 0, data: row[3].text ?? "null", deviceId: row[4].text)
                 out.append(r)
                 last = r.seq
                 bytes += r.id.utf8.count + r.data.utf8.count

@@ -266,8 +266,16 @@ final class Fleet {
         switch d.phase {
         case .waiting, .registering:
             d.phase = .registering
-            post("/v1/devices/register", bearer: enrolSecret, json: ["installId": .string(d.installId)]) { [unowned self] st, j in
+            // A device that holds a token renews with it; the enrolment secret registers new
+            // installs only (409 for one whose earlier answer was lost: the operator token
+            // approves its re-enrolment, then the next attempt succeeds).
+            post("/v1/devices/register", bearer: d.token ?? enrolSecret, json: ["installId": .string(d.installId)]) {
+                [unowned self] st, j in
                 guard st == 200, let j, let id = j["deviceId"]?.stringValue, let token = j["token"]?.stringValue else {
+                    if st == 401, d.token != nil { d.token = nil }
+                    if st == 409, let op = self.operatorToken {
+                        self.post("/v1/admin/devices/\(d.installId)/reenrol", bearer: op, json: [:], queued: false) { _, _ in }
+                    }
                     self.setupFailed(d, "register: HTTP \(st)")
                     return
                 }

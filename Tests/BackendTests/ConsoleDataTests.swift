@@ -109,6 +109,30 @@ import Testing
         #expect(try tail.next(timeout: 10)["timeMs"] == 4)
     }
 
+    @Test func aLiveTailThatDoesNotReadIsDisconnected() throws {
+        let b = try BackendProcess()
+        func clients() throws -> String? {
+            try b.request("GET", "/metrics", headers: [("Authorization", "Bearer " + TestCredentials.operatorToken)]).text.split(
+                separator: "\n"
+            ).first { $0.hasPrefix("pylon_backend_sse_clients ") }.map(
+                String.init)
+        }
+        // A small receive window, and nothing read after the head: the backend's buffer fills.
+        let slow = try RawHTTPClient(port: b.port, receiveBuffer: 4096)
+        try slow.send(RawHTTPClient.message("GET", "/v1/admin/events/tail"))
+        try waitUntil(timeout: 10) { try clients() == "pylon_backend_sse_clients 1" }
+        let big = String(repeating: "x", count: 50_000)
+        // 20 MB of events: more than the kernel's buffers and the backend's 1 MiB per client.
+        for k in 0..<40 {
+            try ConsoleDataTests.post(
+                b, app: "shop", key: "big\(k)",
+                (0..<10).map { ConsoleDataTests.event("b\(k)-\($0)", "big", euid: "e", time: 1, props: ["pad": .string(big)]) })
+            if try clients() == "pylon_backend_sse_clients 0" { break }
+        }
+        try waitUntil(timeout: 10) { try clients() == "pylon_backend_sse_clients 0" }
+        withExtendedLifetime(slow) {}
+    }
+
     @Test func liveTailsAreBounded() throws {
         let b = try BackendProcess(["--max-sse-clients", "1"])
         let first = try SSEReader(port: b.port, "/v1/admin/events/tail")

@@ -126,6 +126,11 @@ extension Store {
             try db.run(
                 "INSERT INTO automation_rule_versions (rule_id, version, definition, actor, created_ms) VALUES (?, 1, ?, ?, ?)",
                 [.int(id), .text(rule.json.serialized), .text(actor), .int(now)])
+            // The evaluator starts after the events stored before the first rule (a rule acts on
+            // events received after its creation only).
+            try db.run(
+                "INSERT INTO automation_cursor (name, pos) SELECT 'events', coalesce(max(id), 0) FROM events WHERE true ON CONFLICT (name) DO NOTHING",
+                [])
             return id
         }
     }
@@ -243,12 +248,8 @@ extension Store {
                 db.dialect == .postgres
                 ? "SELECT pos FROM automation_cursor WHERE name = 'events' FOR UPDATE SKIP LOCKED"
                 : "SELECT pos FROM automation_cursor WHERE name = 'events'"
-            guard let pos = try db.query(lockSQL).first?.first?.int else {
-                // First start (or the row is held elsewhere): start from the newest event.
-                try db.run(
-                    "INSERT INTO automation_cursor (name, pos) VALUES ('events', ?) ON CONFLICT (name) DO NOTHING", [.int(upTo)])
-                return nil
-            }
+            // No row: no rule was ever created (the first creates it); or another instance holds it.
+            guard let pos = try db.query(lockSQL).first?.first?.int else { return nil }
             let hi = min(upTo, pos + AutomationLimits.scanIdsPerTurn)
             guard hi > pos else { return 0 }
             var rows: [TriggerRow] = []
@@ -402,11 +403,8 @@ extension Store {
     /// The facts the guards decide on (`AutomationGuard.Facts`) for a journey's user.
     func journeyFacts(_ j: JourneyRow, rule: AutomationRule, now: Int64) throws(StoreError) -> AutomationGuard.Facts {
         let status = try automationRuleStatus(j.ruleId)
-        let denied = try userConsentDenied(appKey: j.appKey, euid: j.euid, installId: j.installId)
-        let userId = try db.query(
-            "SELECT value FROM ma_identities WHERE app_key = ? AND euid = ? AND kind = 'user_id' ORDER BY seq DESC LIMIT 1",
-            [.text(j.appKey), .text(j.euid)]
-        ).first?.first?.text
+        let userId = try automationUserId(appKey: j.appKey, euid: j.euid)
+        let denied = try userConsentDenied(appKey: j.appKey, euid: j.euid, installId: j.installId, userId: userId)
         let devices = try userId.map { u throws(StoreError) in try pushResolve(targetType: "user", target: u).devices.count } ?? 0
         func count(_ sql: String, _ args: [SQLBind]) throws(StoreError) -> Int {
             Int(try db.query(sql, args).first?.first?.int ?? 0)
@@ -426,10 +424,11 @@ extension Store {
             ruleSentLastMinute: minute)
     }
 
-    /// Whether the user may not be sent to: an opt-out of the AppKey's MA switch naming the
-    /// user, an opt-out of the device's master or push switch on the install that triggered
-    /// the journey, or an erasure of the user (requested or done).
-    func userConsentDenied(appKey: String, euid: String, installId: String) throws(StoreError) -> Bool {
+    /// Whether the user may not be sent to: an opt-out naming the user (any switch of the
+    /// AppKey or of the device); an opt-out of the device's master switch, push switch or the
+    /// AppKey's MA switch on the install that triggered the journey or on any install whose push
+    /// token is bound to the user; or an erasure of the user (requested or done).
+    func userConsentDenied(appKey: String, euid: String, installId: String, userId: String?) throws(StoreError) -> Bool {
         if !(try db.query("SELECT 1 FROM optouts WHERE app_key = ? AND euid = ? LIMIT 1", [.text(appKey), .text(euid)]).isEmpty) {
             return true
         }
@@ -439,6 +438,18 @@ extension Store {
                 SELECT 1 FROM optouts WHERE install_id = ? AND app_key IN ('*', ?)
                     AND (switch = 'device' OR switch = 'push' OR switch = ?) LIMIT 1
                 """, [.text(installId), .text(appKey), .text("ma:" + appKey)]
+            ).isEmpty)
+        {
+            return true
+        }
+        if let userId,
+            !(try db.query(
+                """
+                SELECT 1 FROM optouts WHERE app_key IN ('*', ?) AND (switch = 'device' OR switch = 'push' OR switch = ?)
+                    AND install_id <> '' AND install_id IN
+                        (SELECT p.install_id FROM push_devices p JOIN push_bindings b ON b.token = p.token WHERE b.user_id = ?)
+                LIMIT 1
+                """, [.text(appKey), .text("ma:" + appKey), .text(userId)]
             ).isEmpty)
         {
             return true

@@ -80,6 +80,8 @@ extension Bus {
                 "inflight": .int(Int64(s.peer.map { pending.count(targeting: $0.id) } ?? 0)),
                 "queued_bytes": .int(Int64(s.peer?.conn.queuedBytes ?? 0)),
                 "restart_policy": .string(s.config.policy.restart.rawValue),
+                // Requests waiting for it to start (StartWaitQueue).
+                "waiting": .int(Int64(s.waiting.count)),
                 "version": s.manifest.map { .string($0.version) } ?? .null,
             ]
             if let r = s.life.lastExitReason { o["last_exit"] = .string(r) }
@@ -128,6 +130,7 @@ extension Bus {
                 "connections_refused": .int(Int64(refusedTotal)),
                 "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(counters.monitorsDropped)),
                 "answered_on_success": .int(Int64(counters.answeredOnSuccess)),
+                "waited_for_start": .int(Int64(slots.values.reduce(0) { $0 + $1.waiting.admittedTotal })),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),

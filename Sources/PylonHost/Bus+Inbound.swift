@@ -253,6 +253,11 @@ extension Bus {
                 monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: error)
             }
         case .refused(let e):
+            if e.code == RPCError.Code.pluginUnavailable.rawValue,
+                parkForStart(peer, principal, line, method: method, idSpan: idSpan, answersSpan: answersSpan)
+            {
+                return  // waits for the plugin to run (Bus+StartWait.swift)
+            }
             sendError(peer.conn, idText: idText, e)
             if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e) }
         case .denied(let spec, let key):

@@ -18,6 +18,9 @@ extension Bus {
     /// starts it once that process is gone (until then calls get -32001 "not running").
     func addPlugin(_ pc: PluginConfig, after predecessor: PluginSlot? = nil) {
         let slot = PluginSlot(config: pc, seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs) ^ UInt64(slots.count))
+        slot.onStateChange = { [weak self, weak slot] in
+            if let self, let slot { self.startWaitersChanged(slot) }
+        }
         slots[pc.name] = slot
         slotOrder.append(pc.name)
         // The copy to wait for: the one replaced, or one a reload removed or replaced before and

@@ -72,6 +72,9 @@ public final class Bus {
     var counters = BusCounters()
     /// The JSON-RPC batch whose members are being handled now.
     var currentBatch: BatchReply?
+    /// While a request that waited for its plugin to start is handled again: its deadline
+    /// (parked again, it keeps it; Bus+StartWait.swift).
+    var replayDeadlineMs: UInt64?
     /// Connections watching traffic (`bus.monitor`, Bus+Monitor); empty costs one test per hook.
     var monitors: [MonitorEntry] = []
     /// Forwarded requests' method and start, by host id, kept only while a monitor is connected

@@ -48,6 +48,10 @@ public struct Limits: Equatable, Sendable {
     /// Bytes of events queued to one monitor that has not read them: past it the monitor is
     /// disconnected (routing never waits for a monitor).
     public var maxMonitorQueuedBytes = 1 << 20
+    /// Requests that may wait for one plugin to start (`starting`, `backoff`; StartWaitQueue),
+    /// and the bytes of their lines: past either a request is answered -32001 at once.
+    public var maxStartWaiters = 256
+    public var maxStartWaitBytes = 4 << 20
     public init() {}
 
     public var json: JSON {
@@ -214,6 +218,8 @@ extension HostConfig {
             if let v = try lr.int("flushAboveBytes", min: 0) { c.limits.flushAboveBytes = v }
             if let v = try lr.int("maxMonitors", min: 0, max: 1024) { c.limits.maxMonitors = v }
             if let v = try lr.int("maxMonitorQueuedBytes", min: 4096) { c.limits.maxMonitorQueuedBytes = v }
+            if let v = try lr.int("maxStartWaiters", min: 0) { c.limits.maxStartWaiters = v }
+            if let v = try lr.int("maxStartWaitBytes", min: 0) { c.limits.maxStartWaitBytes = v }
             try lr.finish()
         }
         if let plugins = try r.array("plugins") {

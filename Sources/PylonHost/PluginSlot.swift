@@ -5,7 +5,18 @@ import PylonProtocol
 /// what the machine's actions act on — the process, the channel's peer and one timer per kind.
 final class PluginSlot {
     var config: PluginConfig
-    var life: PluginLifecycle { didSet { revision &+= 1 } }
+    var life: PluginLifecycle {
+        didSet {
+            revision &+= 1
+            if oldValue.state != life.state { onStateChange?() }
+        }
+    }
+    /// Called when `life.state` changes (`Bus` drains `waiting` then: Bus+StartWait.swift).
+    var onStateChange: (() -> Void)?
+    /// Requests waiting for the plugin to run (`starting`, `backoff`), and the timer of the
+    /// earliest one's deadline.
+    var waiting = StartWaitQueue<ParkedRequest>()
+    var waitTimer: Timer?
     /// Bumped by every change of `life` or `manifest`: the cached reports that show them
     /// (`ReportCache`) are built again.
     private(set) var revision: UInt64 = 0
@@ -77,6 +88,8 @@ final class PluginSlot {
     func closeTimers() {
         for t in timers.values { t.close() }
         timers.removeAll()
+        waitTimer?.close()
+        waitTimer = nil
     }
 
     func unavailableError() -> RPCError {

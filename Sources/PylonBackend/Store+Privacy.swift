@@ -175,12 +175,22 @@ extension Store {
                     "DELETE FROM optouts WHERE app_key = ? AND install_id = ? AND switch = ?", [.text(appKey), .text(installId), .text(sw)])
                 continue
             }
+            var euid = r.euid
+            if euid.isEmpty, appKey != "*", !installId.isEmpty {
+                // The uploader's report names no user: the user of the install's latest event of
+                // that AppKey (an index seek: `(install_id, app_key, time_ms)`).
+                euid =
+                    try db.query(
+                        "SELECT euid FROM events WHERE install_id = ? AND app_key = ? AND euid <> '' ORDER BY time_ms DESC LIMIT 1",
+                        [.text(installId), .text(appKey)]
+                    ).first?.first?.text ?? ""
+            }
             try db.run(
                 """
                 INSERT INTO optouts (app_key, install_id, switch, euid, time_ms) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT (app_key, install_id, switch) DO UPDATE SET euid = excluded.euid, time_ms = excluded.time_ms
-                """, [.text(appKey), .text(installId), .text(sw), .text(r.euid), .int(r.timeMs)])
-            if !r.euid.isEmpty, appKey != "*", try appSettings(appKey).eraseOnOptOut { erase.append((appKey, r.euid)) }
+                """, [.text(appKey), .text(installId), .text(sw), .text(euid), .int(r.timeMs)])
+            if !euid.isEmpty, appKey != "*", try appSettings(appKey).eraseOnOptOut { erase.append((appKey, euid)) }
         }
         return erase
     }

@@ -425,6 +425,22 @@ import Testing
             [["id": "c1", "ts": .int(now), "data": ["switch": "ma:shop", "granted": false, "euid": "e1"]]])
         try waitUntil(timeout: 20) { try ConsoleDataTests.walk(b, "appKey=shop").isEmpty }
         #expect(try b.get("/v1/admin/erasures")["items"]?.arrayValue?.first?["actor"] == "opt-out")
+
+        // The uploader's own report names no user ({switch, granted, timeMs}): the user is the
+        // one of the install's latest event of that AppKey.
+        let dev = try ConsoleDataTests.device(b, "install-o")
+        let start = try b.request(
+            "POST", "/v1/ma/shop/start", headers: [("Authorization", "Bearer " + dev.token)],
+            body: Array(JSON.object(["deviceId": "do"]).serialized.utf8))
+        let euid = try #require(try start.json()["euid"]?.stringValue)
+        try ConsoleDataTests.post(
+            b, stream: "ma.shop", key: "k3", token: dev.token, [ConsoleDataTests.event("o1", "view", euid: euid, time: now)])
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop").count == 1)
+        try ConsoleDataTests.post(
+            b, stream: "pylon.consent", key: "c2", token: dev.token,
+            [["id": "c2", "ts": .int(now), "data": ["switch": "ma:shop", "granted": false, "timeMs": .int(now)]]])
+        try waitUntil(timeout: 20) { try b.request("GET", "/v1/admin/users/shop/\(euid)").status == 404 }
+        #expect(try ConsoleDataTests.walk(b, "appKey=shop").isEmpty)
     }
 }
 

@@ -1,0 +1,81 @@
+import Foundation
+import PylonCore
+import TestSupport
+import Testing
+
+/// Automation in the real backend binary on SQLite and PostgreSQL: waits are rows that survive
+/// a kill -9, a trigger starts one journey however often its record arrives, and two instances
+/// on one PostgreSQL database start each journey once (docs/AUTOMATION.md). Without a broker
+/// the due journeys end as `no_binding` (the send path itself is AutomationTests').
+@Suite(.serialized) struct AutomationProcessTests {
+    static let rule: JSON = [
+        "name": "after a purchase", "appKey": "shop",
+        "trigger": ["event": "purchase", "conditions": [["property": "price", "op": "range", "gt": 100]]],
+        "reentry": ["mode": "every"],
+        "steps": [["type": "wait", "seconds": 2], ["type": "send", "push": ["appId": "shop", "title": "t", "body": "b"]]],
+    ]
+
+    static func event(_ id: String, euid: String, price: Int64) -> JSON {
+        ["id": .string(id), "ts": 1, "data": ["event": "purchase", "euid": .string(euid), "properties": ["price": .int(price)]]]
+    }
+
+    static func post(_ b: BackendProcess, key: String, _ records: [JSON]) throws {
+        let r = try b.postBatch("ma.shop", key: key, ["records": .array(records)])
+        guard r.status == 200 else { throw TestFailure(description: "batch \(key): \(r.status) \(r.text)") }
+    }
+
+    static func decisions(_ b: BackendProcess) throws -> [JSON] {
+        try b.get("/v1/admin/automation/decisions?limit=500")["items"]?.arrayValue ?? []
+    }
+
+    static func createRule(_ b: BackendProcess) throws -> Int64 {
+        let r = try b.request("POST", "/v1/admin/automation/rules", body: Array(rule.serialized.utf8))
+        guard r.status == 201, let id = try r.json()["id"]?.intValue else { throw TestFailure(description: "rule: \(r.status) \(r.text)") }
+        return id
+    }
+
+    @Test(arguments: StoreKind.allCases) func aWaitSurvivesAKill9AndARepeatedRecordStartsNoSecondJourney(_ store: StoreKind) throws {
+        let dir = NSTemporaryDirectory() + "pylon-automation-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let database = try store.databaseArguments(sqliteFile: dir + "/backend.db")
+        var b = try BackendProcess(database: database)
+        _ = try Self.createRule(b)
+        try Self.post(b, key: "k1", [Self.event("e1", euid: "ann", price: 150), Self.event("e2", euid: "bob", price: 50)])
+        try waitUntil(timeout: 10) { try Self.decisions(b).contains { $0["decision"] == "waiting" } }
+        // Killed before the wait is over: the journey is a row, the restarted backend fires it.
+        kill(b.process.processIdentifier, SIGKILL)
+        b.process.waitUntilExit()
+        b = try BackendProcess(database: database)
+        try waitUntil(timeout: 15) { try Self.decisions(b).contains { $0["decision"] == "suppressed" } }
+        // The same record again (a retried upload under another key): no second journey.
+        try Self.post(b, key: "k2", [Self.event("e1", euid: "ann", price: 150)])
+        try Self.post(b, key: "k3", [Self.event("e3", euid: "bob", price: 120)])
+        try waitUntil(timeout: 10) { try Self.decisions(b).contains { $0["user"] == "bob" && $0["decision"] == "triggered" } }
+        let ann = try Self.decisions(b).filter { $0["user"] == "ann" }.reversed().map { $0["decision"]?.stringValue ?? "" }
+        #expect(ann == ["triggered", "waiting", "suppressed"], "one journey for e1: \(ann)")
+        #expect(try Self.decisions(b).first { $0["user"] == "ann" && $0["decision"] == "suppressed" }?["reason"] == "no_binding")
+    }
+
+    @Test func twoInstancesOnOnePostgresDatabaseStartEachJourneyOnce() throws {
+        let database = try StoreKind.postgres.databaseArguments()
+        let a = try BackendProcess(database: database)
+        let b = try BackendProcess(database: database)
+        let rule = try Self.createRule(a)
+        // 40 users, each event posted to both instances (a retried upload landing elsewhere).
+        for i in 0..<40 {
+            let records = [Self.event("p\(i)", euid: "user\(i)", price: 200)]
+            try Self.post(a, key: "a\(i)", records)
+            try Self.post(b, key: "b\(i)", records)
+        }
+        try waitUntil(timeout: 30) {
+            try Self.decisions(a).filter { $0["decision"] == "suppressed" }.count == 40
+        }
+        let all = try Self.decisions(b)
+        let triggered = all.filter { $0["decision"] == "triggered" }.compactMap { $0["user"]?.stringValue }
+        #expect(triggered.count == 40 && Set(triggered).count == 40, "each user's trigger started one journey: \(triggered.count)")
+        #expect(all.filter { $0["decision"] == "suppressed" }.count == 40, "each journey ended once")
+        let f = try a.get("/v1/admin/automation/rules/\(rule)/funnel")
+        #expect(f["triggered"] == 40 && f["reasons"]?["no_binding"] == 40, "\(f.serialized)")
+    }
+}

@@ -327,6 +327,12 @@ extension GTMService {
         }
         t.pushSeq += 1
         guard t.pushQueue.enqueue(QueuedPush(data: data, seq: t.pushSeq, bytes: bytes)) == .accepted else {
+            let cleared = t.pushAcks
+            t.pushAcks = [:]
+            for a in cleared.values {
+                a.fail(
+                    RPCError(.overloaded, "data-layer push loop: more than \(limits.maxQueuedPushes) pushes queued; the queue was cleared"))
+            }
             log.error(
                 t.owner,
                 "Seems like an infinite loop of pushing to the data layer: more than \(limits.maxQueuedPushes) pushes queued; queue cleared"
@@ -337,8 +343,9 @@ extension GTMService {
         }
         t.counters.pushes += 1
         // How many containers this push can fire tags in: 0 after a tag-manager restart tells
-        // the client to open its containers again.
-        call.reply(["queued": true, "containers": .int(Int64(t.instances.count))])
+        // the client to open its containers again. Answered once its tags ran and their hits
+        // are durable (GTMService+Hits).
+        t.pushAcks[t.pushSeq] = PushAck(call: call, containers: t.instances.count)
         if !t.processing {
             t.processing = true
             if !pacer.run({ [unowned self] in self.drain(t) }) { drain(t) }
@@ -364,7 +371,12 @@ extension GTMService {
         t.processing = false
     }
 
-    func handle(_ t: Tenant, _ p: QueuedPush, _ done: @escaping () -> Void) {
+    func handle(_ t: Tenant, _ p: QueuedPush, _ finished: @escaping () -> Void) {
+        let ack = t.pushAcks.removeValue(forKey: p.seq)
+        let done = {
+            finished()
+            ack?.settle()
+        }
         var data = p.data
         let lifetime = data.removeValue("gtm.lifetime")
         t.dataLayer.push(data)
@@ -387,11 +399,12 @@ extension GTMService {
         let event = TagConversion.toString(ev)
         // Only this owner's containers: another uid's pushes never fire them.
         let targets = t.instances.keys.sorted().compactMap { t.instances[$0] }.filter { $0.openedAfterPush < p.seq }
-        fireAll(t, targets[...], event: event, seq: p.seq, done)
+        fireAll(t, targets[...], event: event, seq: p.seq, ack: ack, done)
     }
 
     private func fireAll(
-        _ tenant: Tenant, _ targets: ArraySlice<ContainerInstance>, event: String, seq: UInt64, _ done: @escaping () -> Void
+        _ tenant: Tenant, _ targets: ArraySlice<ContainerInstance>, event: String, seq: UInt64, ack: PushAck?,
+        _ done: @escaping () -> Void
     ) {
         guard let inst = targets.first else {
             done()
@@ -399,8 +412,8 @@ extension GTMService {
         }
         let rest = targets.dropFirst()
         evaluateTags(tenant, inst, context(tenant, event: event), round: 0) { [unowned self] tags in
-            for t in tags { self.fire(tenant, t, inst, event: event) }
-            self.fireAll(tenant, rest, event: event, seq: seq, done)
+            for t in tags { self.fire(tenant, t, inst, event: event, ack: ack) }
+            self.fireAll(tenant, rest, event: event, seq: seq, ack: ack, done)
         }
     }
 
@@ -416,7 +429,7 @@ extension GTMService {
         resolve(tenant, t.pending, ctx) { [unowned self] ctx2 in self.evaluateTags(tenant, inst, ctx2, round: round + 1, done) }
     }
 
-    func fire(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String) {
+    func fire(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String, ack: PushAck?) {
         let owner = tenant.owner
         tenant.counters.tagsFired += 1
         switch t.function {
@@ -435,7 +448,7 @@ extension GTMService {
                 }
             }
         case .analyticsHit, .pixel:
-            hit(tenant, t, inst, event: event)
+            hit(tenant, t, inst, event: event, ack: ack)
         default:
             log.warning(owner, "\(inst.id): tag \(t.index) (\(t.functionId)) has no backing implementation")
         }
@@ -444,7 +457,7 @@ extension GTMService {
     /// `_ua` hits (and `_img` pixels) go to the uploader under their own switch `gtm:hits`
     /// (stream `gtm.hits`), which the host enforces, and only while the container's own switch
     /// `gtm:<containerId>` is granted (one switch per container, as host.md asks).
-    func hit(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String) {
+    func hit(_ tenant: Tenant, _ t: TagFiring, _ inst: ContainerInstance, event: String, ack: PushAck?) {
         let owner = tenant.owner
         for key in [GTMService.hitConsent, GTMService.containerConsent(inst.id)] where !plugin.isConsentGranted(key) {
             tenant.counters.hitsDroppedForConsent += 1
@@ -469,46 +482,8 @@ extension GTMService {
         }
         let data = JSON.object(fields)
         let rec: JSON = ["id": .string("\(runPrefix)-\(hitSeq)"), "data": data]
-        sendHit(tenant, inst.id, rec, stream: pixel ? GTMService.pixelStream : GTMService.hitStream, attempt: 1)
-    }
-
-    /// One hit to the uploader. While the uploader is restarting (-32001) or does not answer in
-    /// time (-32002) the hit is held and sent again after a backoff (the record id is unique, so
-    /// the uploader never stores it twice), as the MA plugin does with its events. At most
-    /// `maxHeldHits` are held at once (plugin-wide): a hit beyond that is dropped and counted
-    /// (`hitsDropped` in `gtm.status`).
-    func sendHit(_ tenant: Tenant, _ containerId: String, _ rec: JSON, stream: String, attempt: Int) {
-        let owner = tenant.owner
-        plugin.call(
-            "uploader.enqueue",
-            [
-                "stream": .string(stream), "consent": .string(GTMService.hitConsent),
-                "records": [rec],
-            ]
-        ) { [unowned self] r in
-            if attempt > 1 { self.hitsHeld -= 1 }
-            switch r {
-            case .success:
-                tenant.counters.hitsQueued += 1
-            case .failure(let e) where e.code == RPCError.Code.pluginUnavailable.rawValue || e.code == RPCError.Code.timeout.rawValue:
-                guard self.hitsHeld < self.limits.maxHeldHits else {
-                    tenant.counters.hitsDropped += 1
-                    self.log.warning(
-                        owner, "\(containerId): hit dropped: uploader unavailable and maxHeldHits \(self.limits.maxHeldHits) held")
-                    return
-                }
-                self.hitsHeld += 1
-                tenant.counters.hitsRetried += 1
-                if attempt == 1 { self.log.info(owner, "\(containerId): uploader unavailable (\(e.message)); hit held") }
-                let delay = GTMService.uploaderRetry.delay(attempt: attempt)
-                _ = self.plugin.loop.after(ms: delay) { [unowned self] in
-                    self.sendHit(tenant, containerId, rec, stream: stream, attempt: attempt + 1)
-                }
-            case .failure(let e):
-                if e.code == RPCError.Code.consentDenied.rawValue { tenant.counters.hitsDroppedForConsent += 1 }
-                self.log.warning(owner, "\(containerId): hit not queued: \(e.message)")
-            }
-        }
+        ack?.add()
+        sendHit(tenant, inst.id, rec, stream: pixel ? GTMService.pixelStream : GTMService.hitStream, attempt: 1, held: nil, ack: ack)
     }
 
     // MARK: Persistence

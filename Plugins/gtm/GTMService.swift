@@ -24,8 +24,10 @@ final class GTMService {
     var environment = TagEnvironment()
     /// The clock (wall time, ms); injected so the machines stay testable.
     var now: () -> Int64 = { System.wallClockMs() }
-    /// Hits waiting to be sent again (the uploader restarting), plugin-wide (`maxHeldHits`).
+    /// Hits held (GTMService+Hits): on disk or waiting for this turn's transaction, plugin-wide
+    /// (`maxHeldHits`).
     var hitsHeld = 0
+    var holdQueue: [HoldingHit] = []
     static let uploaderRetry = BackoffPolicy(initialMs: 50, maxMs: 1_600)
     lazy var runPrefix = System.randomHex(6)
     var hitSeq: UInt64 = 0
@@ -97,6 +99,7 @@ final class GTMService {
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")
             restoreLifetimeValues()
+            restoreHeldHits()
         } catch {
             log.error(nil, "cannot open the saved-container store: \(error.description) (saved containers disabled)")
         }

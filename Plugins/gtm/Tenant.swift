@@ -104,6 +104,8 @@ final class Tenant {
     var dataLayerBytesBound = 0
     var pushQueue: PushQueue<QueuedPush>
     var pushSeq: UInt64 = 0
+    /// The unanswered `gtm.push` calls of the queued pushes, by push seq (GTMService+Hits).
+    var pushAcks: [UInt64: GTMService.PushAck] = [:]
     var processing = false
 
     var macroHandlers: [String: GTMService.Handler] = [:] { didSet { macroNames = Set(macroHandlers.keys) } }

@@ -21,6 +21,7 @@ final class AutomationState {
     var deferredByBudget = 0
     /// Event index rows not evaluated yet (newest id minus the cursor), as last seen.
     var backlog: Int64 = 0
+    var metricsRegistered = false
 
     init(postgres: Bool) {
         settle = AutomationSettle(settleMs: postgres ? AutomationLimits.settleMs : 0)
@@ -176,6 +177,25 @@ extension Backend {
     func runAutomation() {
         guard let a = automation else { return }
         let now = System.wallClockMs()
+        if !a.metricsRegistered {
+            a.metricsRegistered = true
+            console.metricSources.append { [weak a] m in
+                guard let a else { return }
+                m.single(
+                    "pylon_backend_automation_backlog", .gauge, "Event index rows the automation evaluator has not read yet.",
+                    Double(a.backlog))
+                m.single(
+                    "pylon_backend_automation_journeys_total", .counter, "Automation journeys started by this instance.", Double(a.journeys)
+                )
+                m.single("pylon_backend_automation_sent_total", .counter, "Automation pushes sent by this instance.", Double(a.sent))
+                m.single(
+                    "pylon_backend_automation_suppressed_total", .counter, "Automation journeys this instance ended without a send.",
+                    Double(a.suppressed))
+                m.single(
+                    "pylon_backend_automation_budget_deferred_total", .counter,
+                    "Automation sends this instance put off to the next second by a send budget.", Double(a.deferredByBudget))
+            }
+        }
         do throws(StoreError) {
             try loadActiveRules(a)
             let newest = try store.lastEventID()

@@ -22,6 +22,8 @@ let package = Package(
         .executable(name: "pylon", targets: ["pylon"]),
         .library(name: "PylonPluginKit", targets: ["PylonPluginKit"]),
         .library(name: "PylonClientKit", targets: ["PylonClientKit"]),
+        // Private hosts and fakes for apps' tests (docs/TESTING-APPS.md).
+        .library(name: "PylonTesting", targets: ["PylonTesting"]),
     ],
     targets: [
         // C libraries from Debian (installed by `make deps`): module maps and tiny typed shims only.
@@ -160,7 +162,10 @@ let package = Package(
         .testTarget(name: "PylonProtocolTests", dependencies: ["PylonProtocol"], swiftSettings: strict),
         .testTarget(name: "PylonHostTests", dependencies: ["PylonHost", "PylonProtocol"], swiftSettings: strict),
         .target(name: "TestSupport", dependencies: ["PylonCore"], path: "Tests/TestSupport", swiftSettings: strict),
-        .testTarget(name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "TestSupport"], swiftSettings: strict),
+        .target(name: "PylonTesting", dependencies: ["PylonClientKit", "PylonProtocol"], swiftSettings: strict),
+        .testTarget(
+            name: "IntegrationTests", dependencies: ["PylonClientKit", "PylonProtocol", "PylonTesting", "TestSupport"],
+            swiftSettings: strict),
         .testTarget(name: "UploaderTests", dependencies: ["pylon_uploader", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "MATests", dependencies: ["pylon_ma", "TestSupport"], swiftSettings: strict),
         .testTarget(name: "PushTests", dependencies: ["pylon_push", "PylonMQTT"], swiftSettings: strict),

@@ -8,6 +8,8 @@ DEB_PACKAGES := pkg-config libuv1-dev libjson-c-dev libcurl4-openssl-dev libsqli
 DEB_PACKAGES += libssl-dev openssl
 # promtool (Debian's prometheus) checks the metrics exporter's output in the tests.
 DEB_PACKAGES += prometheus
+# The mosquitto auth plugin (tools/mosquitto-auth): the broker's v5 plugin API headers.
+DEB_PACKAGES += mosquitto-dev
 # The console's browser tests (make test-console): Debian's headless Chromium and its driver.
 DEB_PACKAGES += chromium chromium-driver
 RUN_DIR ?= $(CURDIR)/run
@@ -15,7 +17,7 @@ RUN_DIR ?= $(CURDIR)/run
 # point a second one (another RUN_DIR) at the first one's socket.
 export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build release run test test-unit test-install test-run test-deb test-python test-console install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build mosquitto-auth release run test test-unit test-install test-run test-deb test-python test-console install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -28,8 +30,12 @@ deps:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-build: deps
+build: deps mosquitto-auth
 	$(SWIFT) build
+
+## The broker plugin that checks the devices' signed credentials (docs/FLEET.md): .build/pylon_auth.so
+mosquitto-auth: deps
+	@mkdir -p .build && $(MAKE) -s --no-print-directory -C tools/mosquitto-auth OUT=$(CURDIR)/.build/pylon_auth.so
 
 release: deps
 	$(SWIFT) build -c release --static-swift-stdlib

@@ -78,6 +78,12 @@ extension Backend {
             "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
             "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
         ]
+        // The pylon_auth plugin: a token the broker checks by its signature alone.
+        if let auth = mqttAuth {
+            mqtt["password"] = .string(
+                auth.token(
+                    username: id, clientId: Backend.mqttClientId(installId: install), nowS: now / 1000, validS: MQTTAuth.deviceTokenS))
+        }
         // A nats-server cluster: the broker password is a user JWT for this device, not the token.
         if let auth = natsAuth {
             guard let jwt = auth.deviceJWT(deviceId: id, now: now) else {

@@ -27,6 +27,9 @@ package final class Backend {
     /// The broker is a nats-server cluster with JWT auth (`--mqtt-nats-auth`): registration
     /// mints each device's broker credential (`NATSAuth.swift`).
     package var natsAuth: NATSAuth?
+    /// The broker runs the `pylon_auth` plugin (`--mqtt-auth-key-file`): registration signs each
+    /// device's broker password (`MQTTAuth.swift`).
+    package var mqttAuth: MQTTAuth?
     /// The server's output budget, shown in `/v1/inspect/stats` (set by `main`).
     package var outputBudget: OutputBudget?
     /// Dynsec commands per device id not yet confirmed by the broker (`Backend+Broker.swift`).

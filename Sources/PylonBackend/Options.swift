@@ -30,6 +30,9 @@ package struct Options {
     /// `--mqtt-dynsec`: the broker runs mosquitto's dynamic-security plugin with this login as
     /// its admin; registering a device creates its broker client and role.
     package var mqttDynsec = false
+    /// `--mqtt-auth-key-file PATH`: the broker runs the `pylon_auth` plugin; PATH (0600,
+    /// `<kid>:<hex key>`) signs each device's broker password (`MQTTAuth.swift`).
+    package var mqttAuthKeyFile: String?
     /// `--operator-token-file`: the admin and inspection endpoints' bearer token (0600 file);
     /// operator sessions (`Backend+Session.swift`) are the other way in.
     package var operatorTokenFile: String?
@@ -58,7 +61,7 @@ package struct Options {
                              [--max-output-bytes N] [--max-sse-clients N] [--erase-user APPKEY:EUID]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT[,HOST:PORT...]] [--mqtt-username USER]
-                             [--mqtt-password-file PATH] [--mqtt-dynsec | --mqtt-nats-auth PATH]
+                             [--mqtt-password-file PATH] [--mqtt-dynsec | --mqtt-nats-auth PATH | --mqtt-auth-key-file PATH]
                              [--mqtt-protocol 3.1.1|5|auto]
                              [--operator-token-file PATH] [--enrol-secret-file PATH | --open-enrolment]
                              [--enable-fault-injection] [--console-dir DIR] [--session-idle-ms MS]
@@ -117,6 +120,11 @@ package struct Options {
                               PATH (0600, from tools/pylon-nats-auth init) holds the account's
                               signing key; registering a device mints its user JWT (name = device
                               id, its own topics only, MQTT only), returned as its broker password
+          --mqtt-auth-key-file PATH
+                              the broker (mosquitto) runs tools/mosquitto-auth's pylon_auth plugin:
+                              PATH (0600, <kid>:<hex key>) signs each device's broker password
+                              (username = device id, its client id, 30 days) and the backend's
+                              own login (USER, default pylon-backend) when no password file is given
           --operator-token-file PATH
                               the operator token (a 0600 file): /v1/admin/*, /v1/inspect/* and
                               /v1/faults need "Authorization: Bearer <token>" or an operator
@@ -224,6 +232,7 @@ package struct Options {
             case "--mqtt-username": o.mqttUsername = try value()
             case "--mqtt-password-file": o.mqttPasswordFile = try value()
             case "--mqtt-dynsec": o.mqttDynsec = true
+            case "--mqtt-auth-key-file": o.mqttAuthKeyFile = try value()
             case "--operator-token-file": o.operatorTokenFile = try value()
             case "--enrol-secret-file": o.enrolSecretFile = try value()
             case "--open-enrolment": o.openEnrolment = true
@@ -275,6 +284,9 @@ package struct Options {
         }
         if o.mqttNatsAuth != nil && (o.mqtt.isEmpty || o.mqttDynsec) {
             throw UsageError(description: "--mqtt-nats-auth needs --mqtt and excludes --mqtt-dynsec")
+        }
+        if o.mqttAuthKeyFile != nil && (o.mqtt.isEmpty || o.mqttDynsec || o.mqttNatsAuth != nil) {
+            throw UsageError(description: "--mqtt-auth-key-file needs --mqtt and excludes --mqtt-dynsec and --mqtt-nats-auth")
         }
         if o.natsSettings.urls.isEmpty {
             if o.natsSettings != NATSSettings() || o.natsPasswordFile != nil {

@@ -82,6 +82,14 @@ if let path = options.mqttNatsAuth {
         System.exit(1)
     }
 }
+if let path = options.mqttAuthKeyFile {
+    switch MQTTAuth.load(path) {
+    case .success(let a): backend.mqttAuth = a
+    case .failure(let e):
+        log.error("cannot use the --mqtt-auth-key-file file", ["error": e.description])
+        System.exit(1)
+    }
+}
 if !options.mqtt.isEmpty {
     var o = MQTTOptions(clientId: "pylon-backend-" + System.randomHex(4))
     o.brokers = options.mqtt
@@ -91,6 +99,11 @@ if !options.mqtt.isEmpty {
     o.keepaliveS = 30
     o.username = options.mqttUsername
     if let pw = secret(options.mqttPasswordFile, "broker password") { o.password = String(decoding: pw, as: UTF8.self) }
+    if let auth = backend.mqttAuth, o.password == nil {
+        // The pylon_auth plugin's backend user: a token of our own, for any client id.
+        o.username = o.username ?? MQTTAuth.backendUser
+        o.password = auth.backendToken(username: o.username!)
+    }
     o.backoffInitialMs = 100
     o.backoffMaxMs = 5000
     backend.attachBroker(MQTTClient(loop: loop, options: o))

@@ -154,4 +154,18 @@ import Testing
         _ = try store.ingest(try batch("k1", "r1"), receivedAt: 2, deviceId: "00112233aabbccdd")
         #expect(try store.records(stream: "s", after: 0, limit: 10).map(\.deviceId) == [nil, "00112233aabbccdd"])
     }
+
+    /// The broker token's MAC is RFC 2104 HMAC-SHA256 (RFC 4231 test case 2), and the token
+    /// binds kid, expiry, username and client id.
+    @Test func brokerTokensAreHMACSHA256OverUserAndClientId() throws {
+        let mac = MQTTAuth.hmacSHA256(key: Array("Jefe".utf8), Array("what do ya want for nothing?".utf8))
+        #expect(
+            mac.map { String($0, radix: 16).leftPad(2) }.joined()
+                == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        let auth = MQTTAuth(kid: "k1", key: [UInt8](repeating: 0xAB, count: 32))
+        let t = auth.token(username: "d1", clientId: "pylon-push-i1", nowS: 1000, validS: 60)
+        let expected = MQTTAuth.hmacSHA256(key: auth.key, Array("pm1.k1.1060\nd1\npylon-push-i1".utf8))
+        #expect(t == "pm1.k1.1060." + expected.map { String($0, radix: 16).leftPad(2) }.joined())
+        #expect(t != auth.token(username: "d1", clientId: "pylon-push-i2", nowS: 1000, validS: 60))
+    }
 }

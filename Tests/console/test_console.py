@@ -142,7 +142,7 @@ def test_a_hostile_event_name_renders_as_text(console, stack, driver):
     assert not console.csp_violations()
 
 
-PAGES = ["dashboard", "devices", "push", "events", "analytics", "users", "containers", "privacy", "operators", "audit"]
+PAGES = ["dashboard", "devices", "push", "automation", "events", "analytics", "users", "containers", "privacy", "operators", "audit"]
 
 
 def test_every_page_renders_without_a_policy_violation(console, driver):

@@ -8,6 +8,7 @@ const PAGES = [
   {path: 'dashboard', label: 'Dashboard', module: './pages/dashboard.js'},
   {path: 'devices', label: 'Devices', module: './pages/devices.js'},
   {path: 'push', label: 'Push', module: './pages/push.js'},
+  {path: 'automation', label: 'Automation', module: './pages/automation.js'},
   {path: 'events', label: 'Events', module: './pages/events.js'},
   {path: 'analytics', label: 'Analytics', module: './pages/analytics.js'},
   {path: 'users', label: 'Users', module: './pages/users.js'},

@@ -30,6 +30,10 @@ struct PushConfig {
     static let maxBrokerPasswordBytes = 8192
     /// Broker refusals of the credential in a row before the device enrols again for a new one.
     static let refusalsBeforeReEnrolment = 3
+    /// The broker reconnect backoff's ceiling unless `broker.backoffMaxMs` sets another: while
+    /// the broker stays away the waits double from `broker.backoffInitialMs` (250 ms) up to this
+    /// (±20 %, never above it), so an unreachable broker costs one attempt every 1.6 to 2 min.
+    static let defaultBrokerBackoffMaxMs: UInt64 = 120_000
     var backend = "http://127.0.0.1:8780"
     /// The enrolment credential presented to `POST /v1/devices/register` (the fleet-level device
     /// key the other plugins' `credentialFile` names too); none: the backend's open enrolment.
@@ -65,6 +69,14 @@ struct PushConfig {
     /// Acknowledgement reports held for the backend while the broker is unreachable; beyond it
     /// the oldest reports are dropped (the messages stay acknowledged locally).
     var maxPendingAckReports = 10_000
+
+    /// The broker connection's options (`broker`, read by `MQTTOptions`) for `clientId`, with
+    /// the push plugin's reconnect ceiling (`defaultBrokerBackoffMaxMs`) unless `broker` sets one.
+    func brokerOptions(clientId: String) -> MQTTOptions {
+        var o = MQTTOptions(json: broker, clientId: clientId)
+        if broker["backoffMaxMs"] == nil { o.backoffMaxMs = max(o.backoffInitialMs, Self.defaultBrokerBackoffMaxMs) }
+        return o
+    }
 
     /// Warnings (unknown settings) of the last read.
     private(set) var warnings: [String] = []

@@ -189,7 +189,7 @@ final class PushService {
     /// when a connection fails or is lost and resumes its persistent session there.
     func startBroker() {
         guard mqtt == nil, let deviceToken, let deviceId else { return }
-        var o = MQTTOptions(json: config.broker, clientId: "pylon-push-" + installId)
+        var o = config.brokerOptions(clientId: "pylon-push-" + installId)
         for why in o.ignored { log.warn("broker configuration entry ignored", ["reason": why]) }
         o.cleanSession = false
         o.username = deviceId

@@ -57,9 +57,8 @@ public final class MQTTClient {
     private let mosq: OpaquePointer
     private var poll: SocketPoll?
     private var timer: Timer!
-    private var backoff: Backoff
-    /// When the current connection was accepted (its CONNACK), while connected.
-    private var connectedAtMs: UInt64?
+    /// The reconnect delays: growing to `backoffMaxMs`, starting over after a lasting connection.
+    private var reconnect: ReconnectBackoff
     private var subscriptions: [String: Int32] = [:]
     private var publishDone: [Int32: (Bool) -> Void] = [:]
     private let addresses: [MQTTOptions.Broker]
@@ -84,9 +83,9 @@ public final class MQTTClient {
         self.options = options
         protocolVersion = options.protocolVersion == 5 ? 5 : 4
         addresses = options.addresses
-        backoff = Backoff(
+        reconnect = ReconnectBackoff(
             initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
-            seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
+            stableMs: UInt64(options.keepaliveS) * 1000, seed: UInt64(truncatingIfNeeded: System.pid) &* 0x9E37_79B9 &+ Loop.hrtimeNs)
         subBackoff = Backoff(
             initialMs: options.backoffInitialMs, maxMs: options.backoffMaxMs, jitter: options.backoffJitter,
             seed: UInt64(truncatingIfNeeded: System.pid) &* 0x85EB_CA6B &+ Loop.hrtimeNs)
@@ -231,7 +230,7 @@ public final class MQTTClient {
         connects += 1
         // The backoff starts over only once the connection has lasted (see `lost`): a broker that
         // accepts and drops at once (a client id used twice) is not hammered every 250 ms.
-        connectedAtMs = loop.nowMs
+        reconnect.connected(nowMs: loop.nowMs)
         subscribing = [:]
         refused = []
         subRetry.stop()
@@ -248,8 +247,7 @@ public final class MQTTClient {
         let wasConnected = state == .connected
         if rc != 0, lastError == nil || wasConnected { lastError = String(cString: mosquitto_strerror(rc)) }
         if wasConnected { disconnects += 1 }
-        if wasConnected, let at = connectedAtMs, loop.nowMs >= at + UInt64(options.keepaliveS) * 1000 { backoff.reset() }
-        connectedAtMs = nil
+        reconnect.lost(nowMs: loop.nowMs)
         state = .disconnected
         onDisconnect(lastError ?? "disconnected")
         scheduleReconnect()
@@ -299,7 +297,7 @@ public final class MQTTClient {
             return
         }
         brokerIndex = (brokerIndex + 1) % addresses.count
-        timer.start(after: backoff.next())
+        timer.start(after: reconnect.nextDelayMs())
     }
 
     private func tick() {

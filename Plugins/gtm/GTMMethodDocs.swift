@@ -55,7 +55,12 @@ enum GTMMethodDocs {
             MethodDoc(
                 "Merge a map into the data layer; an event key fires tags",
                 params: [P("data", .object, required: true, "e.g. {\"event\": \"openScreen\", \"screenName\": \"Home\"}"), uid],
-                result: .init(.object, "", fields: [P("queued", .boolean, required: true, "true once accepted")]),
+                result: .init(
+                    .object, "",
+                    fields: [
+                        P("queued", .boolean, required: true, "true once its tags ran and their hits are durable (uploader or gtm.db)"),
+                        P("containers", .integer, required: true, "the caller's open containers it fires tags in"),
+                    ]),
                 hostChecksParams: true))
         plugin.describe(
             "refresh",

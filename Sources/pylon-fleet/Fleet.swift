@@ -289,6 +289,20 @@ final class Fleet {
                 d.ackTopic = m?["ackTopic"]?.stringValue ?? "pylon/push/ack/" + id
                 self.registered += 1
                 d.setupAttempts = 0
+                d.phase = .appRegistering
+                self.setup(d)
+            }
+        case .appRegistering:
+            // The app's MA start with the device's own token registers the AppKey on the device,
+            // as the MA plugin's does: its stream takes the device's batches only after it.
+            post("/v1/ma/\(options.appKey)/start", bearer: d.token, json: ["deviceId": .string(d.installId)]) {
+                [unowned self] st, j in
+                guard st == 200, let j, j["code"]?.intValue == 0 else {
+                    if st == 401 { d.phase = .registering }
+                    self.setupFailed(d, "ma start: HTTP \(st)")
+                    return
+                }
+                d.setupAttempts = 0
                 if d.pacer == nil {
                     d.pacer = RatePacer(ratePerSecond: self.options.ratePerDevice, startMs: self.now)
                     d.eventsStartWallMs = System.wallClockMs()

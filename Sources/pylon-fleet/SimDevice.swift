@@ -3,7 +3,7 @@ import PylonMQTT
 /// One simulated device: its credentials, its push session and its event ledger. The fleet
 /// drives it; this holds state only.
 final class SimDevice {
-    enum Phase: String { case waiting, registering, pushRegistering, binding, connecting, ready }
+    enum Phase: String { case waiting, registering, appRegistering, pushRegistering, binding, connecting, ready }
 
     let index: Int
     let installId: String

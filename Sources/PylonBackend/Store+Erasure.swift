@@ -148,6 +148,7 @@ extension Store {
             deleted["profile"] = .int(Int64(try db.run("DELETE FROM ma_users WHERE app_key = ? AND euid = ?", key)))
             deleted["channelValues"] = .int(Int64(try db.run("DELETE FROM ma_channel_values WHERE app_key = ? AND euid = ?", key)))
             deleted["optOuts"] = .int(Int64(try db.run("DELETE FROM optouts WHERE app_key = ? AND euid = ?", key)))
+            deleted["automation"] = .int(Int64(try eraseAutomation(appKey: e.appKey, euid: euid)))
             try db.run("DELETE FROM user_days WHERE app_key = ? AND euid = ?", key)
             var bindings = 0
             var sends = 0

@@ -55,6 +55,21 @@ import Testing
         let ann = try Self.decisions(b).filter { $0["user"] == "ann" }.reversed().map { $0["decision"]?.stringValue ?? "" }
         #expect(ann == ["triggered", "waiting", "suppressed"], "one journey for e1: \(ann)")
         #expect(try Self.decisions(b).first { $0["user"] == "ann" && $0["decision"] == "suppressed" }?["reason"] == "no_binding")
+        // Erasing ann deletes her journeys and decisions.
+        let erasure = try b.request(
+            "POST", "/v1/admin/erasures", body: Array(#"{"appKey":"shop","euid":"ann"}"#.utf8))
+        #expect(erasure.status == 200 || erasure.status == 202, "\(erasure.text)")
+        try waitUntil(timeout: 15) {
+            try b.get("/v1/admin/automation/decisions?user=ann")["items"]?.arrayValue?.isEmpty == true
+        }
+        // A later event of hers (an erased user's device still uploading) ends on consent.
+        try Self.post(b, key: "k4", [Self.event("e4", euid: "ann", price: 500)])
+        var annAfter: [JSON] = []
+        try waitUntil(timeout: 15) {
+            annAfter = try b.get("/v1/admin/automation/decisions?user=ann")["items"]?.arrayValue ?? []
+            return annAfter.contains { $0["decision"] == "suppressed" }
+        }
+        #expect(annAfter.first { $0["decision"] == "suppressed" }?["reason"] == "consent", "\(annAfter)")
     }
 
     @Test func twoInstancesOnOnePostgresDatabaseStartEachJourneyOnce() throws {

@@ -168,4 +168,15 @@ import Testing
         #expect(t == "pm1.k1.1060." + expected.map { String($0, radix: 16).leftPad(2) }.joined())
         #expect(t != auth.token(username: "d1", clientId: "pylon-push-i2", nowS: 1000, validS: 60))
     }
+
+    /// `--mqtt-auth-key-file` needs a broker and is one broker-auth mode of three.
+    @Test func theBrokerKeyFileNeedsABrokerAndExcludesTheOtherModes() throws {
+        #expect(throws: Options.UsageError.self) { _ = try Options.parse(["--mqtt-auth-key-file", "/k"]) }
+        #expect(throws: Options.UsageError.self) {
+            _ = try Options.parse(["--mqtt", "127.0.0.1:1883", "--mqtt-username", "u", "--mqtt-dynsec", "--mqtt-auth-key-file", "/k"])
+        }
+        let o = try Options.parse(["--mqtt", "127.0.0.1:1883", "--mqtt-auth-key-file", "/k"])
+        #expect(o.mqttAuthKeyFile == "/k")
+        #expect(MQTTAuth.hexBytes("0aFf") == [0x0A, 0xFF] && MQTTAuth.hexBytes("0g") == nil && MQTTAuth.hexBytes("abc") == nil)
+    }
 }

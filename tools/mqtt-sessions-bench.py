@@ -3,7 +3,7 @@
 
 usage: mqtt-sessions-bench.py HOST:PORT[,HOST:PORT...] N [--user U --password-file F] [--window W]
                               [--prefix P] [--topic-prefix T] [--hold-s S] [--pids PID,...]
-                              [--kill PID]
+                              [--kill PID] [--pylon-auth KEYFILE]
 
 Each client connects with clean session off and a fixed client id (P + index), subscribes QoS 1
 to its own topic (T + index), and stays connected; clients are spread over the addresses in
@@ -14,15 +14,17 @@ those processes (the broker nodes) read from /proc before and after, so
 long after (for measuring by hand). --kill PID then kills that broker node (SIGKILL) and every
 client whose connection dropped reconnects to the next address with the same client id, until
 all are up again: "failover" reports how long that took, how many CONNACKs said session present
-and how many attempts failed. One thread, one selector; needs `ulimit -n` above N.
+and how many attempts failed. One thread, one selector; needs `ulimit -n` above N. --pylon-auth KEYFILE (`<kid>:<hex key>`,
+the pylon_auth plugin's key, docs/FLEET.md): client i logs in as its own device, username i and a
+token signed as pylon-backend --mqtt-auth-key-file signs it (give --topic-prefix pylon/push/d/).
 """
-import json, os, selectors, socket, sys, time
+import hashlib, hmac, json, os, selectors, socket, sys, time
 
 args = sys.argv[1:]
 addrs = [(h, int(p)) for h, p in (a.rsplit(":", 1) for a in args.pop(0).split(","))]
 n = int(args.pop(0))
 user = password = None
-window, prefix, tprefix, hold, pids, kill_pid = 100, "bench-", "bench/d/", 0, [], None
+window, prefix, tprefix, hold, pids, kill_pid, auth_key = 100, "bench-", "bench/d/", 0, [], None, None
 while args:
     a = args.pop(0)
     if a == "--user": user = args.pop(0)
@@ -33,6 +35,7 @@ while args:
     elif a == "--hold-s": hold = float(args.pop(0))
     elif a == "--pids": pids = [int(x) for x in args.pop(0).split(",")]
     elif a == "--kill": kill_pid = int(args.pop(0))
+    elif a == "--pylon-auth": auth_key = open(args.pop(0)).read().strip()
     else: sys.exit(__doc__.split("\n\n")[1])
 
 
@@ -61,11 +64,20 @@ def pkt(t, body):
     return bytes([t]) + rl(len(body)) + body
 
 
+def pylon_token(username, client_id):
+    kid, hexkey = auth_key.split(":", 1)
+    head = "pm1.%s.%d" % (kid, int(time.time()) + 3600)
+    mac = hmac.new(bytes.fromhex(hexkey), ("%s\n%s\n%s" % (head, username, client_id)).encode(), hashlib.sha256)
+    return head + "." + mac.hexdigest()
+
+
 def connect_packet(i):
-    flags = (0x80 if user else 0) | (0x40 if password else 0)
+    u, pw = user, password
+    if auth_key: u, pw = str(i), pylon_token(str(i), prefix + str(i))
+    flags = (0x80 if u else 0) | (0x40 if pw else 0)
     body = s("MQTT") + bytes([4, flags, 0, 120]) + s(prefix + str(i))
-    if user: body += s(user)
-    if password: body += s(password)
+    if u: body += s(u)
+    if pw: body += s(pw)
     return pkt(0x10, body)
 
 

@@ -160,6 +160,28 @@ final class AutomationWorld {
         #expect(try w.funnel(second)["sent"] == 0)
     }
 
+    /// Quiet hours around the current time (UTC, an hour either side): a `drop` rule ends the
+    /// journey, a `defer` rule moves it to the window's end; the app receives nothing now.
+    /// (The window's end itself is checked on an injected clock in AutomationUnitTests.)
+    @Test func quietHoursDropOrDeferASend() throws {
+        let w = try AutomationWorld()
+        let minute = Int(Date().timeIntervalSince1970 / 60) % 1440
+        func clock(_ m: Int) -> JSON {
+            let v = (m + 1440) % 1440
+            return .string(String(format: "%02d:%02d", v / 60, v % 60))
+        }
+        func quiet(_ mode: String) -> JSON {
+            ["quietHours": ["start": clock(minute - 60), "end": clock(minute + 60), "mode": .string(mode)]]
+        }
+        let drop = try w.rule(AutomationWorld.definition("night drop", event: "late", title: "Dropped", guards: quiet("drop")))
+        let deferred = try w.rule(AutomationWorld.definition("night defer", event: "late", title: "Deferred", guards: quiet("defer")))
+        try w.record("late")
+        try w.waitForDecision(rule: drop, "suppressed", reason: "quiet_hours")
+        try w.waitForDecision(rule: deferred, "waiting", reason: "quiet_hours")
+        #expect(try w.app.next(timeoutMs: 1500) == nil)
+        #expect(try w.funnel(deferred)["sent"] == 0)
+    }
+
     @Test func anOptedOutUserIsNeverSentTo() throws {
         let w = try AutomationWorld()
         let rule = try w.rule(AutomationWorld.definition("any purchase", event: "purchase", title: "Hello"))

@@ -15,7 +15,10 @@ cleanup() { [ -n "$pg" ] && kill -KILL -- "-$pg" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 
 start() {
-    setsid make --no-print-directory run "${args[@]}" > "$tmp/run$1.log" 2>&1 < /dev/null & pg=$!
+    # SIGHUP back to its default first: under nohup (or any parent that ignores it) the shell of
+    # `make run` could not trap the hang-up this test sends.
+    setsid python3 -c 'import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+        make --no-print-directory run "${args[@]}" > "$tmp/run$1.log" 2>&1 < /dev/null & pg=$!
     for _ in $(seq 1200); do
         grep -q 'msg=ready' "$tmp/run$1.log" 2>/dev/null && return 0
         kill -0 "$pg" 2>/dev/null || { cat "$tmp/run$1.log" >&2; fail "make run (start $1) exited"; }

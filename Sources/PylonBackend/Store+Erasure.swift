@@ -94,7 +94,14 @@ extension Store {
 
     /// Erasures newest first, before id `before`.
     func erasures(before: Int64, status: String?, limit: Int) throws(StoreError) -> [ErasureRow] {
-        var sql = "SELECT \(Store.erasureColumns) FROM erasures WHERE id < ?"
+        try newestFirst("SELECT \(Store.erasureColumns) FROM erasures", before: before, status: status, limit: limit)
+            .map(Store.erasureRow)
+    }
+
+    /// One page of a table listed newest first by id: the rows of `select` (a `SELECT … FROM t`
+    /// without WHERE) with id < `before`, of `status` when given.
+    func newestFirst(_ select: String, before: Int64, status: String?, limit: Int) throws(StoreError) -> [[SQLValue]] {
+        var sql = select + " WHERE id < ?"
         var args: [SQLBind] = [.int(before)]
         if let status {
             sql += " AND status = ?"
@@ -102,7 +109,7 @@ extension Store {
         }
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(.int(Int64(limit)))
-        return try db.query(sql, args).map(Store.erasureRow)
+        return try db.query(sql, args)
     }
 
     /// The oldest erasure whose database part is still running, if any.

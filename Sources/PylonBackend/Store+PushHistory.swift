@@ -171,15 +171,7 @@ extension Store {
 
     /// Scheduled sends, newest first (by id), before `before`; `status` filters.
     func scheduledPushes(before: Int64, status: String?, limit: Int) throws(StoreError) -> [ScheduledRow] {
-        var sql = "SELECT \(Store.scheduledColumns) WHERE id < ?"
-        var args: [SQLBind] = [.int(before)]
-        if let status {
-            sql += " AND status = ?"
-            args.append(.text(status))
-        }
-        sql += " ORDER BY id DESC LIMIT ?"
-        args.append(.int(Int64(limit)))
-        return try db.query(sql, args).map(Store.scheduledRow)
+        try newestFirst("SELECT \(Store.scheduledColumns)", before: before, status: status, limit: limit).map(Store.scheduledRow)
     }
 
     func scheduledPush(_ id: Int64) throws(StoreError) -> ScheduledRow? {

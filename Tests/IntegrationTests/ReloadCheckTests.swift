@@ -84,14 +84,15 @@ import Testing
     }
 
     /// Configures an echo plugin whose `--check-config` writes its pid to `started`, waits for
-    /// the test's go-ahead (the file `gate`), then accepts.
+    /// the test's go-ahead (a line written into the FIFO `gate`), then accepts.
     func configureSlowCheck(_ h: TestHost, started: String, gate: String) throws {
         let script = h.dir + "/slow-check.sh"
+        guard mkfifo(gate, 0o600) == 0 else { throw TestFailure(description: "mkfifo \(gate): errno \(errno)") }
         try """
         #!/bin/sh
         if [ "$1" = "--check-config" ]; then
             echo $$ > "\(started).tmp" && mv "\(started).tmp" "\(started)"
-            while [ ! -e "\(gate)" ]; do sleep 0.05; done
+            read _ < "\(gate)"
             echo "config ok"; exit 0
         fi
         exec "\(binDir)/pylon-echo" "$@"
@@ -118,7 +119,10 @@ import Testing
         #expect(try h.client().call("bus.ping", nil, timeoutMs: 2000)["pong"] == true)
         let clients = try h.status()["clients"]?.arrayValue ?? []
         #expect(clients.contains { $0["inflight"] == 1 }, "the reload is answered only after the check: \(clients)")
-        _ = FileManager.default.createFile(atPath: gate, contents: nil)
+        // The go-ahead: opening the FIFO meets the check's read (the check has started), one line ends it.
+        let fd = open(gate, O_WRONLY)
+        #expect(fd >= 0 && Glibc.write(fd, "\n", 1) == 1, "errno \(errno)")
+        close(fd)
         let answer = try #require(try reloader.readMessage(timeoutMs: 10_000))
         #expect(answer["result"]?["added"] == ["echo"], "\(answer)")
         try h.waitForPlugin("echo")

@@ -78,7 +78,7 @@ extension Backend {
             throw .badRequest(.invalidRequest, "filtering by event, euid or user needs appKey (or an ma.<appKey> stream)")
         }
         if let c = nonEmpty(q["cursor"]) {
-            guard let parsed = EventCursor.parse(c) else { throw .badRequest(.invalidRequest, "cursor is not one this API gave") }
+            guard let parsed = EventCursor(parsing: c) else { throw .badRequest(.invalidRequest, "cursor is not one this API gave") }
             e.before = parsed
         }
         let rows = try storage { () throws(StoreError) -> [Store.EventRow] in
@@ -92,7 +92,7 @@ extension Backend {
         let full = rows.count == e.limit || rows.reduce(0, { $0 + $1.data.utf8.count }) >= EventIndex.maxPageBytes
         return HTTPResponse([
             "items": .array(rows.map(EventIndex.json)),
-            "nextCursor": full ? rows.last.map { .string(EventCursor.make($0.timeMs, $0.id)) } ?? .null : .null,
+            "nextCursor": full ? rows.last.map { .string(EventCursor(timeMs: $0.timeMs, id: $0.id).text) } ?? .null : .null,
         ])
     }
 
@@ -128,14 +128,22 @@ extension Backend {
 }
 
 /// The event search's cursor: `<timeMs>.<id>` of the last event of the page (opaque to clients).
-enum EventCursor {
-    static func make(_ timeMs: Int64, _ id: Int64) -> String { "\(timeMs).\(id)" }
+struct EventCursor: Equatable {
+    var timeMs: Int64
+    var id: Int64
 
-    static func parse(_ s: String) -> (timeMs: Int64, id: Int64)? {
+    init(timeMs: Int64, id: Int64) {
+        self.timeMs = timeMs
+        self.id = id
+    }
+
+    init?(parsing s: String) {
         let parts = s.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 2, let t = Int64(parts[0]), let i = Int64(parts[1]) else { return nil }
-        return (t, i)
+        self.init(timeMs: t, id: i)
     }
+
+    var text: String { "\(timeMs).\(id)" }
 }
 
 /// Limits of the console's data API.

@@ -77,13 +77,8 @@ extension Store {
         var euid: String?
         var fromMs: Int64?
         var toMs: Int64?
-        var before: (timeMs: Int64, id: Int64)?
+        var before: EventCursor?
         var limit = 50
-
-        static func == (a: EventQuery, b: EventQuery) -> Bool {
-            a.appKey == b.appKey && a.stream == b.stream && a.event == b.event && a.euid == b.euid && a.fromMs == b.fromMs
-                && a.toMs == b.toMs && a.before?.timeMs == b.before?.timeMs && a.before?.id == b.before?.id && a.limit == b.limit
-        }
     }
 
     /// The indexed fields of one record.

@@ -336,27 +336,11 @@ import Testing
         #expect(
             try b.request("GET", "/v1/admin/dashboard", headers: [("Authorization", "Bearer scrape-token-0123456789abcdef")]).status == 401)
         #expect(try b.request("GET", "/metrics", headers: [("Authorization", "")]).status == 401)
-        guard
-            let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first(where: {
-                FileManager.default.isExecutableFile(atPath: $0)
-            })
-        else {
+        guard let promtool = promtoolPath else {
             print("SKIPPED: promtool not installed (Debian package prometheus; make deps installs it)")
             return
         }
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: promtool)
-        p.arguments = ["check", "metrics"]
-        let inp = Pipe()
-        let out = Pipe()
-        p.standardInput = inp
-        p.standardOutput = out
-        p.standardError = out
-        try p.run()
-        inp.fileHandleForWriting.write(Data(text.utf8))
-        try inp.fileHandleForWriting.close()
-        let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        p.waitUntilExit()
-        #expect(p.terminationStatus == 0 && said.isEmpty, "promtool: \(said)")
+        let (status, said) = try promtoolCheck(text, promtool: promtool)
+        #expect(status == 0 && said.isEmpty, "promtool: \(said)")
     }
 }

@@ -8,24 +8,11 @@ import Testing
 /// conventions: base units, `_total` counters, singular labels, no configuration values,
 /// `pylon_build_info`, push's counters.
 @Suite(.serialized) struct MetricsTests {
-    static let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first { FileManager.default.isExecutableFile(atPath: $0) }
+    static let promtool = promtoolPath
 
     /// promtool's exit status and what it printed.
     func promtoolCheck(_ text: String) throws -> (Int32, String) {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: MetricsTests.promtool!)
-        p.arguments = ["check", "metrics"]
-        let inp = Pipe()
-        let out = Pipe()
-        p.standardInput = inp
-        p.standardOutput = out
-        p.standardError = out
-        try p.run()
-        inp.fileHandleForWriting.write(Data(text.utf8))
-        try inp.fileHandleForWriting.close()
-        let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        p.waitUntilExit()
-        return (p.terminationStatus, said)
+        try TestSupport.promtoolCheck(text, promtool: MetricsTests.promtool!)
     }
 
     /// Status replies shaped as the plugins answer them (fields copied from their `status`).

@@ -164,3 +164,24 @@ public func chooseFreeLoopbackPort() throws -> Int {
     guard ok else { throw TestFailure(description: "no free port") }
     return Int(UInt16(bigEndian: addr.sin_port))
 }
+
+/// Debian's promtool (package prometheus), if installed.
+public let promtoolPath = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first { FileManager.default.isExecutableFile(atPath: $0) }
+
+/// `promtool check metrics` of `text` (promtool at `promtool`): its exit status and what it printed.
+public func promtoolCheck(_ text: String, promtool: String) throws -> (Int32, String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: promtool)
+    p.arguments = ["check", "metrics"]
+    let inp = Pipe()
+    let out = Pipe()
+    p.standardInput = inp
+    p.standardOutput = out
+    p.standardError = out
+    try p.run()
+    inp.fileHandleForWriting.write(Data(text.utf8))
+    try inp.fileHandleForWriting.close()
+    let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    p.waitUntilExit()
+    return (p.terminationStatus, said)
+}

@@ -23,50 +23,30 @@ import argparse, json, os, shutil, socket, subprocess, sys, tempfile, threading,
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTACKER_UID = 65534
 
-ATTACKER = r"""
+# The never-reading attacker is the tests' own (Tests/fixtures/batch_flood.py); this one reads:
+# each connection sends a batch, reads its reply, and again, until the time is up.
+READER = r"""
 import socket, sys, threading, time
-path, conns, lines, members, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+path, conns, members, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 batch = ("[" + ",".join('{"jsonrpc":"2.0","id":%d,"method":"bus.describe","params":{"format":"openrpc"}}' % i
                         for i in range(members)) + "]\n").encode()
-if sys.argv[6] == "read":
-    # Clients that read: each sends a batch, reads its reply, and again, until the time is up.
-    done = [0]
-    def one():
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(path)
-        f = s.makefile("rb")
-        stop = time.time() + seconds
-        while time.time() < stop:
-            s.sendall(batch)
-            f.readline()
-            done[0] += 1
-        s.close()
-    ts = [threading.Thread(target=one) for _ in range(conns)]
-    for t in ts: t.start()
-    for t in ts: t.join()
-    print("read %d batch replies" % done[0], flush=True)
-    sys.exit(0)
-socks, sent = [], 0
-for _ in range(conns):
-    try:
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(path)
-        s.setblocking(False)
-        socks.append(s)
-    except OSError:
-        pass
-for s in socks:
-    for _ in range(lines):
-        try:
-            s.send(batch)  # never read; a write the host does not take is dropped
-            sent += 1
-        except OSError:
-            pass
-print("sent %d %d" % (len(socks), sent), flush=True)
-time.sleep(seconds)
-for s in socks:
+done = [0]
+def one():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    f = s.makefile("rb")
+    stop = time.time() + seconds
+    while time.time() < stop:
+        s.sendall(batch)
+        f.readline()
+        done[0] += 1
     s.close()
+ts = [threading.Thread(target=one) for _ in range(conns)]
+for t in ts: t.start()
+for t in ts: t.join()
+print("read %d batch replies" % done[0], flush=True)
 """
+FLOOD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Tests", "fixtures", "batch_flood.py")
 
 
 def rss_kib(pid):
@@ -218,11 +198,20 @@ def main():
         t_start = time.perf_counter()
         time.sleep(1)
         t_attack = time.perf_counter()
-        attacker = subprocess.Popen(
-            ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups", "/usr/bin/python3", "-c",
-             ATTACKER, sock, str(a.conns), str(a.lines), str(a.members), str(a.seconds), "read" if a.read else "flood"],
-            stdout=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
-        attacker_out, _ = attacker.communicate(timeout=a.seconds + 120)
+        as_attacker = ["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups", "/usr/bin/python3", "-c"]
+        env = {"PATH": "/usr/bin:/bin"}
+        if a.read:
+            attacker = subprocess.Popen(as_attacker + [READER, sock, str(a.conns), str(a.members), str(a.seconds)],
+                                        stdout=subprocess.PIPE, text=True, env=env)
+            attacker_out, _ = attacker.communicate(timeout=a.seconds + 120)
+        else:
+            # batch_flood.py holds its connections, never reading, until its stdin closes.
+            attacker = subprocess.Popen(as_attacker + [open(FLOOD).read(), sock, str(a.conns), str(a.lines), str(a.members)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            attacker_out = attacker.stdout.readline()
+            time.sleep(a.seconds)
+            attacker.stdin.close()
+            attacker.wait(120)
         t_gone = time.perf_counter()
         time.sleep(3)
         t_end = time.perf_counter()

@@ -116,6 +116,11 @@ package final class JetStreamPublisher: UVHandleOwner {
     /// Creates the connection (it keeps trying in the background when no server answers now:
     /// `RetryOnFailedConnect`) and the reply subscription. Must run on the loop's thread
     /// before `uv_run` (the adapter records that thread).
+    /// Start: a connection libnats closes while the inbox subscriptions are made (seen now and
+    /// then right after the first connect) is made anew this many times, before the loop runs.
+    package static let startAttempts = 3
+    package static let startRetryMs: UInt32 = 100
+
     package init(loop: Loop, settings: NATSSettings) throws(StartError) {
         self.loop = loop
         self.settings = settings

@@ -110,11 +110,18 @@ if !options.mqtt.isEmpty {
 }
 if var n = options.nats {
     if let pw = secret(options.natsPasswordFile, "NATS password") { n.password = String(decoding: pw, as: UTF8.self) }
-    do throws(JetStreamPublisher.StartError) {
-        backend.jetstream = try JetStreamPublisher(loop: loop, settings: n)
-    } catch {
-        log.error("cannot start the NATS client", ["error": error.description])
-        System.exit(1)
+    for attempt in 1...JetStreamPublisher.startAttempts {
+        do throws(JetStreamPublisher.StartError) {
+            backend.jetstream = try JetStreamPublisher(loop: loop, settings: n)
+            break
+        } catch {
+            guard attempt < JetStreamPublisher.startAttempts else {
+                log.error("cannot start the NATS client", ["error": error.description])
+                System.exit(1)
+            }
+            log.warn("NATS client start failed; trying again", ["error": error.description, "attempt": "\(attempt)"])
+            usleep(JetStreamPublisher.startRetryMs * 1000)  // start-up: the loop does not run yet
+        }
     }
 }
 let server: Server

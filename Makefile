@@ -17,7 +17,7 @@ RUN_DIR ?= $(CURDIR)/run
 # point a second one (another RUN_DIR) at the first one's socket.
 export PYLON_SOCKET := $(RUN_DIR)/pylon.sock
 
-.PHONY: all deps pydeps build mosquitto-auth release run test test-unit test-install test-run test-deb test-python test-console install install-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
+.PHONY: all deps pydeps build mosquitto-auth release run test test-unit test-install test-run test-deb test-python test-console install install-files install-device-files install-backend-files deb bench clean format format-check anchors fuzz fuzz-build test-asan soak
 
 all: build
 
@@ -151,10 +151,12 @@ test-run: build
 test-install: build
 	Tests/install/install-test.sh $(CURDIR)/.build/debug
 
-## Builds the .deb, dpkg -i, pylond --check-config, runs the installed service, dpkg -r / -P, and
-## checks nothing is left behind. Needs root; changes this machine's /usr, /etc and users.
+## Builds the three .debs, lintian on each, then installs them in throw-away copies of this
+## machine (an overlay of / in a private mount and network namespace, nothing written to the
+## real /usr, /etc or users): the device package where mosquitto is removed first, pylon-backend
+## with the packaged push path end to end; dpkg -r / -P leave nothing behind. Needs root.
 test-deb: deb
-	Tests/install/deb-test.sh $(DEB_FILE)
+	Tests/install/deb-test.sh $(DEB_DIR) $(VERSION) $(DEB_ARCH)
 
 # ---- Installation -----------------------------------------------------------------------------
 VERSION := 0.1.0
@@ -169,7 +171,11 @@ UNITDIR ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/syste
 SYSUSERSDIR ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/sysusers.d,$(PREFIX)/lib/sysusers.d)
 BASHCOMPDIR = $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR = $(PREFIX)/share/zsh/vendor-completions
-DOCDIR = $(PREFIX)/share/doc/pylon
+BACKENDDOCDIR = $(PREFIX)/share/doc/pylon-backend
+## The mosquitto auth plugin (make mosquitto-auth) and where it is installed.
+BACKENDLIBDIR = $(PREFIX)/lib/pylon-backend
+AUTH_SO ?= .build/pylon_auth.so
+FLEET_TOOLS := pylon-nats-auth pylon-nats-cluster pylon-stream-consumer
 ## The operator console's static files (pylon-backend --console-dir).
 CONSOLEDIR = $(PREFIX)/share/pylon/console
 ## Where the installed configuration sends uploads and MA calls.
@@ -177,16 +183,22 @@ BACKEND_URL ?= http://127.0.0.1:8780
 ## Binaries to install (the release build by default).
 BIN_SRC ?= .build/release
 
-## Release build, then install-files. DESTDIR= (empty) and root also create the pylon user.
-install: release install-files
+## Release build, then install-files. DESTDIR= (empty) and root also create the pylon and
+## pylon-backend users.
+install: release mosquitto-auth install-files
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v systemd-sysusers >/dev/null; then \
-	  systemd-sysusers $(SYSUSERSDIR)/pylon.conf; fi
+	  systemd-sysusers $(SYSUSERSDIR)/pylon.conf $(SYSUSERSDIR)/pylon-backend.conf; fi
 
-install-files:
+## Both halves: what a device runs and what a server runs. The .debs split them the same way
+## (tools/mkdeb.sh: pylon, pylon-backend, python3-pylon).
+install-files: install-device-files install-backend-files
+
+## The device: pylond, its plugins, pylonctl, their unit, configuration and manuals.
+install-device-files:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(SYSCONFDIR)/pylon $(DESTDIR)$(UNITDIR) \
 	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
-	  $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples
-	install -m 755 $(BIN_SRC)/pylonctl $(BIN_SRC)/pylon-backend $(DESTDIR)$(BINDIR)/
+	  $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR)
+	install -m 755 $(BIN_SRC)/pylonctl $(DESTDIR)$(BINDIR)/
 	@# The device's programs are one multi-call executable (Sources/pylon): pylond and the four
 	@# plugins are relative links to it, so they share its code pages and one Swift runtime.
 	install -m 755 $(BIN_SRC)/pylon $(DESTDIR)$(PYLONLIBDIR)/pylon
@@ -200,28 +212,50 @@ install-files:
 	else mv $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json.dist $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; \
 	  chmod 640 $(DESTDIR)$(SYSCONFDIR)/pylon/pylon.json; \
 	  if [ -z "$(DESTDIR)" ] && getent group pylon >/dev/null; then chgrp pylon $(SYSCONFDIR)/pylon/pylon.json; fi; fi
-	for u in pylond pylon-backend; do \
-	  sed -e 's|/usr/local/bin/|$(BINDIR)/|' -e 's|/usr/local/share/pylon/console|$(CONSOLEDIR)|' etc/$$u.service > $(DESTDIR)$(UNITDIR)/$$u.service; \
-	  chmod 644 $(DESTDIR)$(UNITDIR)/$$u.service; done
+	sed -e 's|/usr/local/bin/|$(BINDIR)/|' etc/pylond.service > $(DESTDIR)$(UNITDIR)/pylond.service
+	chmod 644 $(DESTDIR)$(UNITDIR)/pylond.service
 	install -m 644 etc/pylon.sysusers $(DESTDIR)$(SYSUSERSDIR)/pylon.conf
-	install -m 644 etc/mosquitto/pylon-push.conf $(DESTDIR)$(DOCDIR)/examples/mosquitto-pylon-push.conf
 	gzip -9n < docs/man/pylonctl.1 > $(DESTDIR)$(MANDIR)/man1/pylonctl.1.gz
 	gzip -9n < docs/man/pylon.json.5 > $(DESTDIR)$(MANDIR)/man5/pylon.json.5.gz
 	gzip -9n < docs/man/pylond.8 > $(DESTDIR)$(MANDIR)/man8/pylond.8.gz
-	gzip -9n < docs/man/pylon-backend.8 > $(DESTDIR)$(MANDIR)/man8/pylon-backend.8.gz
 	install -m 644 etc/completion/pylonctl.bash $(DESTDIR)$(BASHCOMPDIR)/pylonctl
 	install -m 644 etc/completion/_pylonctl $(DESTDIR)$(ZSHCOMPDIR)/_pylonctl
+
+## The server: pylon-backend and its console, the fleet tools, the template unit for N instances
+## with main.env, the mosquitto auth plugin with an example conf.d snippet (mosquitto's own
+## files are left alone) and a drop-in raising mosquitto's descriptor limit.
+install-backend-files:
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(BACKENDLIBDIR) $(DESTDIR)$(SYSCONFDIR)/pylon-backend $(DESTDIR)$(UNITDIR) \
+	  $(DESTDIR)$(UNITDIR)/mosquitto.service.d $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8 \
+	  $(DESTDIR)$(BACKENDDOCDIR)/examples
+	install -m 755 $(BIN_SRC)/pylon-backend $(DESTDIR)$(BINDIR)/
+	@# The fleet tools docs/FLEET.md names (Python 3, standard library and the openssl CLI).
+	for t in $(FLEET_TOOLS); do sed '1s|^#!/usr/bin/env python3|#!/usr/bin/python3|' tools/$$t > $(DESTDIR)$(BINDIR)/$$t; \
+	  chmod 755 $(DESTDIR)$(BINDIR)/$$t; gzip -9n < tools/deb/man/$$t.1 > $(DESTDIR)$(MANDIR)/man1/$$t.1.gz; done
+	install -m 644 $(AUTH_SO) $(DESTDIR)$(BACKENDLIBDIR)/pylon_auth.so
+	@[ -e $(DESTDIR)$(SYSCONFDIR)/pylon-backend/main.env ] && echo "kept $(DESTDIR)$(SYSCONFDIR)/pylon-backend/main.env" \
+	  || install -m 644 etc/pylon-backend/main.env $(DESTDIR)$(SYSCONFDIR)/pylon-backend/main.env
+	@[ -e $(DESTDIR)$(SYSCONFDIR)/pylon-backend/revoked ] || install -m 644 etc/pylon-backend/revoked $(DESTDIR)$(SYSCONFDIR)/pylon-backend/revoked
+	sed -e 's|/usr/local/bin/|$(BINDIR)/|' -e 's|/usr/local/share/pylon/console|$(CONSOLEDIR)|' \
+	  etc/systemd/pylon-backend@.service > $(DESTDIR)$(UNITDIR)/pylon-backend@.service
+	chmod 644 $(DESTDIR)$(UNITDIR)/pylon-backend@.service
+	install -m 644 etc/systemd/mosquitto-nofile.conf $(DESTDIR)$(UNITDIR)/mosquitto.service.d/pylon-backend-nofile.conf
+	install -m 644 etc/pylon-backend.sysusers $(DESTDIR)$(SYSUSERSDIR)/pylon-backend.conf
+	sed 's|^plugin /usr/lib/pylon-backend/|plugin $(BACKENDLIBDIR)/|' etc/mosquitto/pylon-auth.conf \
+	  > $(DESTDIR)$(BACKENDDOCDIR)/examples/mosquitto-pylon-auth.conf
+	gzip -9n < docs/man/pylon-backend.8 > $(DESTDIR)$(MANDIR)/man8/pylon-backend.8.gz
 	install -d $(DESTDIR)$(CONSOLEDIR)/css $(DESTDIR)$(CONSOLEDIR)/js/pages
 	install -m 644 clients/console/index.html $(DESTDIR)$(CONSOLEDIR)/
 	install -m 644 clients/console/css/*.css $(DESTDIR)$(CONSOLEDIR)/css/
 	install -m 644 clients/console/js/*.js $(DESTDIR)$(CONSOLEDIR)/js/
 	install -m 644 clients/console/js/pages/*.js $(DESTDIR)$(CONSOLEDIR)/js/pages/
 
-## A Debian package (dpkg-deb) of the release build: pylon_$(VERSION)_<arch>.deb in .build/deb.
+## Three Debian packages (dpkg-deb) of the release build in .build/deb: pylon (devices: no broker,
+## no libpq, no libnats), pylon-backend (servers) and python3-pylon (the client). docs/INSTALL.md.
 DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
-DEB_FILE := $(CURDIR)/.build/deb/pylon_$(VERSION)_$(DEB_ARCH).deb
+DEB_DIR := $(CURDIR)/.build/deb
 deb: release
-	tools/mkdeb.sh $(VERSION) $(DEB_ARCH) $(DEB_FILE)
+	tools/mkdeb.sh $(VERSION) $(DEB_ARCH) $(DEB_DIR)
 
 ## Release-mode benchmarks (numbers go to docs/BENCHMARKS.md; the latest to the README).
 bench: release

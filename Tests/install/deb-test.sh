@@ -1,167 +1,297 @@
 #!/usr/bin/env bash
-# `make test-deb`: installs the .deb on this machine (root), checks the result, runs the installed
-# service's binaries as the pylon user, removes and purges it, and checks nothing is left behind.
-# Where systemd runs (PID 1), it also starts pylond.service and talks to it as a pylon-group member.
+# `make test-deb`: Tests/install/deb-test.sh DEB_DIR VERSION ARCH. Checks the three packages
+# tools/mkdeb.sh built (pylon, pylon-backend, python3-pylon): lintian on each, then installs them
+# in throw-away copies of this machine, each an overlay of / (changes land in a temporary
+# directory, never in the real /usr, /etc or users) in its own mount, PID and network namespace
+# (loopback only, so the fixed ports 1883 and 8780 are free and nothing it starts outlives it):
+#
+# - device: mosquitto purged first; apt-get --simulate shows that installing pylon and
+#   python3-pylon pulls in no broker, libpq or libnats; libpq and libnats are then removed too,
+#   and the installed pylond runs as the pylon user, reached by a pylon-group member (from
+#   pylonctl and the system Python) and refused to others; dpkg -r / -P leave nothing behind.
+# - server: pylon-backend installed beside Debian's mosquitto (whose own files stay untouched),
+#   its files, users and secrets checked; then the device package on the same machine and the
+#   packaged push path end to end: mosquitto with the example conf.d snippet and the pylon_auth
+#   plugin, pylon-backend@main as its unit would start it, a registered device receiving an
+#   operator's send, and kicked when revoked; dpkg -P leaves nothing behind.
+#
+# systemd does not run inside (nor on this machine): the units are checked with
+# systemd-analyze verify, and their ExecStart run with their EnvironmentFile, LoadCredential,
+# User and StateDirectory done by this script.
 set -euo pipefail
-deb=$1
-tmp=$(mktemp -d /tmp/pylon-deb-test.XXXXXX)
-pid=""
-bpid="" mpid=""
-cleanup() {
-    for p in $pid $bpid $mpid; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 fail() { echo "deb-test: FAIL: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || fail "needs root"
-# One .deb test at a time on a machine.
-exec 9>/tmp/pylon-deb-test.lock
-flock 9
-# dpkg -i does not fetch dependencies: install the package's Depends first (a no-op when present).
-missing=""
-for p in $(dpkg-deb --field "$deb" Depends | tr ',' '\n' | sed 's/(.*)//; s/ //g'); do
-    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    echo "deb-test: installing dependencies:$missing"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
-dpkg -s pylon >/dev/null 2>&1 && fail "pylon is already installed; dpkg -P pylon first"
-getent passwd pylon >/dev/null && fail "a pylon user already exists"
 
+# ---- Inside a throw-away machine (this script, run again in the chroot) ------------------------
 snapshot() {
-    find /etc /usr /lib /var/lib /run -xdev \( -path /var/lib/dpkg -o -path /var/lib/apt -o -path /var/cache \
-        -o -path /run/user -o -path /var/lib/systemd/deb-systemd-user-helper-enabled \) -prune -o -print 2>/dev/null \
+    find /etc /usr /lib /var/lib /opt -xdev \( -path /var/lib/dpkg -o -path /var/lib/apt -o -path /var/cache \
+        -o -path /var/lib/systemd/deb-systemd-user-helper-enabled \) -prune -o -print 2>/dev/null \
         | grep -v -e '^/etc/[a-z]*-$' | sort  # useradd's backups (passwd-, subuid-) are not the package's
 }
-# lintian: no errors (its warnings are printed; the one override is shipped with the package).
-if command -v lintian >/dev/null; then
-    lintian --fail-on error --allow-root "$deb" || fail "lintian reports errors"
-fi
-snapshot > "$tmp/before"
-cp /etc/passwd "$tmp/passwd"; cp /etc/group "$tmp/group"
 
-dpkg -i "$deb" >/dev/null || fail "dpkg -i"
-getent passwd pylon >/dev/null || fail "no pylon user"
-getent group pylon >/dev/null || fail "no pylon group"
-[ -x /usr/bin/pylond ] && [ -x /usr/lib/pylon/plugins/pylon-uploader ] || fail "binaries"
-[ -f /usr/share/pylon/console/index.html ] && [ -f /usr/share/pylon/console/js/app.js ] || fail "the operator console is not installed"
-[ ! -e /usr/lib/pylon/plugins/pylon-echo ] || fail "test plugin shipped"
-dpkg-query -W -f='${Conffiles}' pylon | grep -q /etc/pylon/pylon.json || fail "pylon.json is not a conffile"
-[ "$(stat -c '%a %U:%G' /etc/pylon/device.key)" = "600 pylon:pylon" ] || fail "device.key is not 600 pylon:pylon"
-[ "$(stat -c '%a %U:%G' /etc/pylon/pylon.json)" = "640 root:pylon" ] || fail "pylon.json is $(stat -c '%a %U:%G' /etc/pylon/pylon.json), not 640 root:pylon"
-# Every shipped file under /etc/pylon is a conffile; device.key and broker.password are not shipped but made once by
-# the postinst (a per-machine secret, removed by purge).
-for f in $(cd / && find etc/pylon -type f ! -name device.key ! -name broker.password); do
-    dpkg-query -W -f='${Conffiles}' pylon | grep -q " /$f " || fail "/$f is not a conffile"
-done
-[ -L /etc/systemd/system/multi-user.target.wants/pylond.service ] || fail "pylond.service not enabled"
-/usr/bin/pylond --check-config /etc/pylon/pylon.json || fail "pylond --check-config /etc/pylon/pylon.json"
-# Push works out of the box: mosquitto is a dependency, the package configures it (conf.d file,
-# dynamic-security file with the backend as its admin) and the backend's unit publishes through it.
-dpkg-deb --field "$deb" Depends | grep -q 'mosquitto' || fail "mosquitto is not a dependency"
-[ -f /etc/mosquitto/conf.d/pylon-push.conf ] || fail "no /etc/mosquitto/conf.d/pylon-push.conf"
-[ "$(stat -c '%a %U' /etc/pylon/broker.password)" = "600 root" ] || fail "broker.password is not 600 root"
-[ "$(stat -c '%a %U' /var/lib/mosquitto/dynsec.json)" = "600 mosquitto" ] || fail "dynsec.json is not 600 mosquitto"
-grep -q -- '--mqtt 127.0.0.1:1883 .*--mqtt-dynsec' /lib/systemd/system/pylon-backend.service || fail "pylon-backend.service has no --mqtt"
-for d in copyright changelog.gz SECURITY.md CONFIG.md INSTALL.md PUSH.md; do
-    [ -e /usr/share/doc/pylon/$d ] || fail "/usr/share/doc/pylon/$d missing"; done
-for m in man1/pylonctl.1 man5/pylon.json.5 man8/pylond.8 man8/pylon-backend.8; do [ -e /usr/share/man/$m.gz ] || fail "man page $m"; done
-if command -v systemd-analyze >/dev/null; then
-    systemd-analyze verify /lib/systemd/system/pylond.service /lib/systemd/system/pylon-backend.service || fail "systemd-analyze verify"
-    systemd-analyze security --offline=yes /lib/systemd/system/pylond.service | grep "Overall exposure"
-fi
+# A freshly installed machine starts no service from a maintainer script (Debian's chroot rule).
+no_services() { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; }
 
-if [ -d /run/systemd/system ]; then
-    # A real systemd: the hardened service, reached by a member of the pylon group.
-    systemctl start pylon-backend.service pylond.service || { journalctl -u pylond -n 50 --no-pager; fail "start"; }
-    useradd -M -G pylon pylon-test-member
-    runuser -u pylon-test-member -- pylonctl ping | grep -q pong || fail "group member cannot reach the service"
-    systemctl stop pylond.service pylon-backend.service
-    userdel pylon-test-member
-else
-    # No systemd here: run the installed binaries as the pylon user with the installed config,
-    # its socket and state moved to a temporary directory, and connect as a pylon-group member.
-    echo "deb-test: systemd is not running here; running the installed pylond as the pylon user instead"
-    install -d -o pylon -g pylon -m 750 "$tmp/run" "$tmp/state"
-    chmod 755 "$tmp"
-    runuser -u pylon -- /usr/bin/pylond --config /etc/pylon/pylon.json --socket "$tmp/run/pylon.sock" \
-        --state-dir "$tmp/state" 2>"$tmp/pylond.log" & pid=$!
-    useradd -M -G pylon pylon-test-member
-    # The packaged push path, as the units would start it: Debian's mosquitto configuration (with
-    # the package's conf.d file) and pylon-backend with its unit's ExecStart, credentials and state
-    # in temporary directories. Skipped when something else already listens on the ports.
-    e2e=""
-    if ! (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/8780) 2>/dev/null; then
-        e2e=1
-        mosq_db_before=$([ -e /var/lib/mosquitto/mosquitto.db ] && echo 1 || true)
-        install -d -o mosquitto -g mosquitto /run/mosquitto
-        mosquitto -c /etc/mosquitto/mosquitto.conf 2>"$tmp/mosquitto.err" & mpid=$!
-        install -d -m 700 "$tmp/creds" "$tmp/bstate"
-        cp /etc/pylon/device.key "$tmp/creds/enrol.secret"; cp /etc/pylon/broker.password "$tmp/creds/broker.password"
-        (umask 077; od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$tmp/bstate/operator.token")
-        exec_start=$(sed -n 's/^ExecStart=//p' /lib/systemd/system/pylon-backend.service \
-            | sed -e "s|\${CREDENTIALS_DIRECTORY}|$tmp/creds|g" -e "s|/var/lib/pylon-backend|$tmp/bstate|g")
-        $exec_start >"$tmp/backend.out" 2>"$tmp/backend.err" & bpid=$!
-    fi
-    ok=""
-    for i in $(seq 100); do
-        if runuser -u pylon-test-member -- pylonctl --socket "$tmp/run/pylon.sock" ping 2>/dev/null | grep -q pong; then ok=1; break; fi
-        sleep 0.1
+# Polls until "$@" succeeds, at most N tenths of a second.
+wait_for() {
+    local n=$1; shift
+    for _ in $(seq "$n"); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+
+# push.status of the pylond on /tmp/run/pylon.sock: all of it; with KEY, that field (searched
+# at any depth); with KEY and VALUE, succeeds when the field is VALUE (a number: at least VALUE).
+push_status() {
+    pylonctl --socket /tmp/run/pylon.sock call push.status 2>/dev/null | python3 -c '
+import json, sys
+doc, args = json.load(sys.stdin), sys.argv[1:]
+def find(o, k):
+    if isinstance(o, dict):
+        if k in o: return o[k]
+        o = list(o.values())
+    for v in o if isinstance(o, list) else []:
+        r = find(v, k)
+        if r is not None: return r
+if not args: print(json.dumps(doc, indent=1)); sys.exit(0)
+v = find(doc, args[0])
+if len(args) == 1: print("" if v is None else v); sys.exit(0)
+ok = v >= int(args[1]) if isinstance(v, int) and not isinstance(v, bool) else v == args[1]
+sys.exit(0 if ok else 1)' "$@"
+}
+
+inside_device() {
+    cd /deb-test
+    no_services
+    # A machine without mosquitto (mosquitto-dev depends on it).
+    dpkg --purge mosquitto-dev mosquitto >/dev/null 2>&1 || dpkg --purge mosquitto >/dev/null
+    ! dpkg -s mosquitto >/dev/null 2>&1 || fail "mosquitto is still installed"
+    sim=$(apt-get --simulate install ./pylon_*.deb ./python3-pylon_*.deb 2>&1) || { echo "$sim"; fail "apt-get --simulate install"; }
+    if grep -E '^Inst (mosquitto|libpq|libnats)' <<<"$sim"; then fail "installing pylon pulls in a broker or a server library"; fi
+    echo "deb-test: device: apt-get would install: $(grep '^Inst ' <<<"$sim" | cut -d' ' -f2 | tr '\n' ' ')"
+    # Nor the server side's client libraries: the device's programs must load without them.
+    for lib in libpq.so.5 libnats.so; do
+        for p in $(dpkg -S "$lib" 2>/dev/null | cut -d: -f1 | sort -u); do dpkg -r --force-depends "$p" >/dev/null 2>&1; done
     done
-    [ -n "$ok" ] || { cat "$tmp/pylond.log"; userdel pylon-test-member; fail "a pylon-group member cannot reach pylond"; }
-    # The Python package is installed for the system Python: a group member scripts the host.
-    runuser -u pylon-test-member -- /usr/bin/python3 -c \
-        "import pylon, sys; sys.exit(0 if pylon.Client('$tmp/run/pylon.sock').call('bus.ping') else 1)" \
-        || fail "the system Python cannot use the installed pylon package"
-    if runuser -u nobody -- pylonctl --socket "$tmp/run/pylon.sock" ping >/dev/null 2>&1; then
-        userdel pylon-test-member; fail "a non-member reached pylond"; fi
-    userdel pylon-test-member
-    if [ -n "$e2e" ]; then
-        # The push plugin registers with the backend, which gives it a broker login; it connects,
-        # and an operator's send reaches it through the broker.
-        st=""
-        for i in $(seq 150); do
-            st=$(pylonctl --socket "$tmp/run/pylon.sock" call push.status 2>/dev/null || true)
-            echo "$st" | grep -q '"connection": *"connected"' && break
-            sleep 0.1
-        done
-        echo "$st" | grep -q '"connection": *"connected"' || {
-            echo "$st"; tail -20 "$tmp/pylond.log" "$tmp/backend.err" "$tmp/mosquitto.err" /var/log/mosquitto/mosquitto.log 2>/dev/null
-            fail "the installed push plugin does not connect to the packaged broker"; }
-        token=$(echo "$st" | sed -n 's/.*"token": *"\([^"]*\)".*/\1/p')
-        [ -n "$token" ] || fail "push.status shows no device token"
-        code=$(curl -s -o "$tmp/send.out" -w '%{http_code}' -H "Authorization: Bearer $(cat "$tmp/bstate/operator.token")" \
-            -XPOST 127.0.0.1:8780/v1/admin/push/send -d "{\"appId\":\"deb-test\",\"target\":\"$token\",\"title\":\"hi\"}")
-        [ "$code" = 200 ] || { cat "$tmp/send.out"; fail "admin push send answered $code"; }
-        got=""
-        for i in $(seq 100); do
-            pylonctl --socket "$tmp/run/pylon.sock" call push.status 2>/dev/null | grep -q '"received": *[1-9]' && { got=1; break; }
-            sleep 0.1
-        done
-        [ -n "$got" ] || fail "the push plugin did not receive the operator's send"
-        # The operator console, served by the packaged backend from /usr/share/pylon/console.
-        curl -sf 127.0.0.1:8780/ | grep -q '<title>Pylon console</title>' || fail "the packaged backend does not serve the console"
-        kill "$bpid"; wait "$bpid" 2>/dev/null || true; bpid=""
-        kill "$mpid"; wait "$mpid" 2>/dev/null || true; mpid=""
-        [ -n "$mosq_db_before" ] || rm -f /var/lib/mosquitto/mosquitto.db
-        rmdir /run/mosquitto 2>/dev/null || true
-        echo "deb-test: packaged push path ok (broker login from the postinst, device registered, send received, console served)"
-    else
-        echo "deb-test: ports 1883/8780 in use here; packaged push path not exercised"
+    ! ls /usr/lib/*/libpq.so.* /usr/lib/*/libnats.so.* >/dev/null 2>&1 || fail "libpq or libnats still present"
+
+    snapshot > /tmp/before
+    cp /etc/passwd /tmp/passwd; cp /etc/group /tmp/group
+    dpkg -i ./pylon_*.deb ./python3-pylon_*.deb >/dev/null || fail "dpkg -i pylon python3-pylon"
+    ! dpkg -s mosquitto >/dev/null 2>&1 || fail "mosquitto was installed"
+    ! ldd /usr/lib/pylon/pylon /usr/bin/pylonctl | grep 'not found' || fail "a library of the device's programs is missing"
+    getent passwd pylon >/dev/null && getent group pylon >/dev/null || fail "no pylon user or group"
+    ! getent passwd pylon-backend >/dev/null || fail "the device package made a pylon-backend user"
+    [ -x /usr/bin/pylond ] && [ -x /usr/lib/pylon/plugins/pylon-uploader ] && [ -x /usr/bin/pylonctl ] || fail "binaries"
+    [ ! -e /usr/lib/pylon/plugins/pylon-echo ] || fail "test plugin shipped"
+    for f in /usr/bin/pylon-backend /usr/share/pylon/console /etc/mosquitto/conf.d/pylon-push.conf /etc/pylon/broker.password; do
+        [ ! -e "$f" ] || fail "$f is on a device"
+    done
+    [ "$(stat -c '%a %U:%G' /etc/pylon/device.key)" = "600 pylon:pylon" ] || fail "device.key is not 600 pylon:pylon"
+    [ "$(stat -c '%a %U:%G' /etc/pylon/pylon.json)" = "640 root:pylon" ] || fail "pylon.json is $(stat -c '%a %U:%G' /etc/pylon/pylon.json)"
+    # Every shipped file under /etc/pylon is a conffile; device.key is made once by the postinst.
+    for f in $(cd / && find etc/pylon -type f ! -name device.key); do
+        dpkg-query -W -f='${Conffiles}' pylon | grep -q " /$f " || fail "/$f is not a conffile"
+    done
+    [ -L /etc/systemd/system/multi-user.target.wants/pylond.service ] || fail "pylond.service not enabled"
+    pylond --check-config /etc/pylon/pylon.json >/dev/null || fail "pylond --check-config /etc/pylon/pylon.json"
+    for d in copyright changelog.gz SECURITY.md CONFIG.md INSTALL.md PUSH.md; do
+        [ -e /usr/share/doc/pylon/$d ] || fail "/usr/share/doc/pylon/$d missing"; done
+    [ -e /usr/share/doc/python3-pylon/copyright ] || fail "python3-pylon has no copyright file"
+    for m in man1/pylonctl.1 man5/pylon.json.5 man8/pylond.8; do [ -e /usr/share/man/$m.gz ] || fail "man page $m"; done
+    [ ! -e /usr/share/man/man8/pylon-backend.8.gz ] || fail "pylon-backend(8) on a device"
+    if command -v systemd-analyze >/dev/null; then
+        systemd-analyze verify /lib/systemd/system/pylond.service || fail "systemd-analyze verify pylond.service"
     fi
-    kill "$pid"; wait "$pid" || true; pid=""
-    rm -rf "$tmp/run" "$tmp/state"
+
+    # The installed pylond as the pylon user with the installed config, its socket and state in
+    # /tmp; a pylon-group member connects (pylonctl, the system Python), nobody else does.
+    install -d -o pylon -g pylon -m 750 /tmp/run /tmp/state
+    runuser -u pylon -- /usr/bin/pylond --config /etc/pylon/pylon.json --socket /tmp/run/pylon.sock \
+        --state-dir /tmp/state 2>/tmp/pylond.log & pid=$!
+    useradd -M -G pylon pylon-test-member
+    wait_for 100 sh -c 'runuser -u pylon-test-member -- pylonctl --socket /tmp/run/pylon.sock ping | grep -q pong' \
+        || { cat /tmp/pylond.log; fail "a pylon-group member cannot reach pylond"; }
+    runuser -u pylon-test-member -- /usr/bin/python3 -c \
+        "import pylon, sys; sys.exit(0 if pylon.Client('/tmp/run/pylon.sock').call('bus.ping') else 1)" \
+        || fail "the system Python cannot use python3-pylon"
+    ! runuser -u nobody -- pylonctl --socket /tmp/run/pylon.sock ping >/dev/null 2>&1 || fail "a non-member reached pylond"
+    userdel pylon-test-member
+    kill "$pid"; wait "$pid" || true
+    rm -rf /tmp/run /tmp/state
+
+    dpkg -r python3-pylon pylon >/dev/null || fail "dpkg -r"
+    [ ! -e /usr/bin/pylond ] || fail "binaries left after dpkg -r"
+    [ -e /etc/pylon/pylon.json ] || fail "conffile removed by dpkg -r (only purge removes it)"
+    dpkg -P python3-pylon pylon >/dev/null || fail "dpkg -P"
+    ! getent passwd pylon >/dev/null || fail "pylon user left after purge"
+    ! getent group pylon >/dev/null || fail "pylon group left after purge"
+    snapshot > /tmp/after
+    diff /tmp/before /tmp/after >&2 || fail "device: files left behind or removed"
+    diff <(cut -d: -f1 /tmp/passwd) <(cut -d: -f1 /etc/passwd) || fail "users differ"
+    diff <(cut -d: -f1 /tmp/group) <(cut -d: -f1 /etc/group) || fail "groups differ"
+    echo "deb-test: device ok (no mosquitto, libpq or libnats; installed, run, reached by the group only, removed, purged, nothing left)"
+}
+
+inside_server() {
+    cd /deb-test
+    no_services
+    dpkg -s mosquitto >/dev/null 2>&1 || fail "the server machine needs Debian's mosquitto (make deps)"
+    mosq_verify=$(dpkg -V mosquitto || true)
+    mosq_confd=$(ls /etc/mosquitto/conf.d)
+    mosq_db=$([ -e /var/lib/mosquitto/mosquitto.db ] && echo 1 || true)
+    snapshot > /tmp/before
+    cp /etc/passwd /tmp/passwd; cp /etc/group /tmp/group
+
+    dpkg -i ./pylon-backend_*.deb >/dev/null || fail "dpkg -i pylon-backend"
+    getent passwd pylon-backend >/dev/null && getent group pylon-backend >/dev/null || fail "no pylon-backend user or group"
+    ! getent passwd pylon >/dev/null || fail "the server package made a pylon user"
+    # mosquitto's own files are left alone: none of the package's paths is under /etc/mosquitto,
+    # mosquitto's files verify as before and its conf.d is unchanged.
+    ! dpkg -L pylon-backend | grep '^/etc/mosquitto' || fail "pylon-backend ships a file in /etc/mosquitto"
+    [ "$(dpkg -V mosquitto || true)" = "$mosq_verify" ] || fail "mosquitto's files changed"
+    [ "$(ls /etc/mosquitto/conf.d)" = "$mosq_confd" ] || fail "/etc/mosquitto/conf.d changed"
+    for f in /usr/bin/pylon-backend /usr/share/pylon/console/index.html /usr/share/pylon/console/js/app.js \
+             /usr/lib/pylon-backend/pylon_auth.so /lib/systemd/system/pylon-backend@.service \
+             /usr/share/doc/pylon-backend/examples/mosquitto-pylon-auth.conf /usr/share/doc/pylon-backend/FLEET.md \
+             /usr/share/doc/pylon-backend/copyright /usr/share/doc/pylon-backend/backend-openapi.yaml \
+             /usr/share/man/man8/pylon-backend.8.gz; do
+        [ -e "$f" ] || fail "$f missing"
+    done
+    for t in pylon-nats-auth pylon-nats-cluster pylon-stream-consumer; do
+        out=$("$t" --help 2>&1 || true)
+        grep -q "^usage: $t" <<<"$out" || fail "$t --help: $out"
+        [ -e /usr/share/man/man1/$t.1.gz ] || fail "man page $t(1)"
+    done
+    [ ! -e /usr/bin/pylond ] && [ ! -e /etc/pylon ] || fail "the server package ships the device's files"
+    grep -qx 'LimitNOFILE=65536' /lib/systemd/system/mosquitto.service.d/pylon-backend-nofile.conf \
+        || fail "no drop-in raising mosquitto's LimitNOFILE"
+    for f in main.env revoked; do
+        dpkg-query -W -f='${Conffiles}' pylon-backend | grep -q " /etc/pylon-backend/$f " || fail "/etc/pylon-backend/$f is not a conffile"
+    done
+    for f in enrol.secret operator.token broker.key; do
+        [ "$(stat -c '%a %U:%G' /etc/pylon-backend/$f)" = "600 root:root" ] || fail "/etc/pylon-backend/$f is not 600 root:root"
+    done
+    [ "$(stat -c '%a %U:%G' /etc/pylon-backend/broker-keys)" = "640 root:mosquitto" ] || fail "broker-keys is not 640 root:mosquitto"
+    grep -Eqx 'k1:[0-9a-f]{64}' /etc/pylon-backend/broker.key || fail "broker.key is not <kid>:<hex key>"
+    if command -v systemd-analyze >/dev/null; then
+        # The template as its packaged instance.
+        systemd-analyze verify /lib/systemd/system/pylon-backend@main.service || fail "systemd-analyze verify pylon-backend@main"
+    fi
+
+    # The device package on the same machine takes the backend's enrolment secret.
+    dpkg -i ./pylon_*.deb >/dev/null || fail "dpkg -i pylon beside pylon-backend"
+    cmp -s /etc/pylon/device.key /etc/pylon-backend/enrol.secret || fail "device.key is not the local backend's enrolment secret"
+
+    # The broker as the operator sets it up (the example snippet into conf.d), started as Debian's
+    # unit starts it (as root; it drops to the mosquitto user).
+    cp /usr/share/doc/pylon-backend/examples/mosquitto-pylon-auth.conf /etc/mosquitto/conf.d/pylon-auth.conf
+    install -d -o mosquitto -g mosquitto /run/mosquitto /var/log/mosquitto
+    mosquitto -c /etc/mosquitto/mosquitto.conf 2>/tmp/mosquitto.err & mpid=$!
+    wait_for 100 bash -c 'exec 3<>/dev/tcp/127.0.0.1/1883' \
+        || { cat /tmp/mosquitto.err /var/log/mosquitto/mosquitto.log; fail "mosquitto with the packaged plugin does not start"; }
+
+    # pylon-backend@main as systemd would start it: EnvironmentFile, LoadCredential (copies only
+    # the service user reads), StateDirectory, User, then ExecStart with its variables expanded.
+    unit=/lib/systemd/system/pylon-backend@.service
+    set -a; . /etc/pylon-backend/main.env; set +a
+    CREDENTIALS_DIRECTORY=/tmp/credentials
+    install -d -m 0700 -o pylon-backend -g pylon-backend "$CREDENTIALS_DIRECTORY"
+    for c in $(sed -n 's/^LoadCredential=//p' "$unit"); do
+        install -m 0400 -o pylon-backend -g pylon-backend "${c#*:}" "$CREDENTIALS_DIRECTORY/${c%%:*}"
+    done
+    state=/var/lib/$(sed -n 's/^StateDirectory=//p' "$unit" | sed 's/%i/main/')
+    install -d -m 0700 -o pylon-backend -g pylon-backend "$state"
+    eval "cmd=($(sed -n 's/^ExecStart=//p' "$unit"))"
+    runuser -u "$(sed -n 's/^User=//p' "$unit")" -- "${cmd[@]}" >/tmp/backend.out 2>/tmp/backend.err & bpid=$!
+    wait_for 100 grep -q "listening on" /tmp/backend.out || { cat /tmp/backend.err; fail "pylon-backend@main does not start"; }
+
+    # pylond with the installed config: its push plugin registers, gets a signed broker password,
+    # connects, and receives an operator's send through the broker.
+    install -d -o pylon -g pylon -m 750 /tmp/run /tmp/state
+    runuser -u pylon -- /usr/bin/pylond --config /etc/pylon/pylon.json --socket /tmp/run/pylon.sock \
+        --state-dir /tmp/state 2>/tmp/pylond.log & pid=$!
+    wait_for 300 push_status connection connected \
+        || { push_status; tail -20 /tmp/pylond.log /tmp/backend.err /var/log/mosquitto/mosquitto.log
+        fail "the installed push plugin does not connect to the packaged broker"; }
+    token=$(push_status token) device=$(push_status deviceId)
+    [ -n "$token" ] && [ -n "$device" ] || fail "push.status shows no device token or id: $(push_status)"
+    code=$(curl -s -o /tmp/send.out -w '%{http_code}' -H "Authorization: Bearer $(cat /etc/pylon-backend/operator.token)" \
+        -XPOST 127.0.0.1:8780/v1/admin/push/send -d "{\"appId\":\"deb-test\",\"target\":\"$token\",\"title\":\"hi\"}")
+    [ "$code" = 200 ] || { cat /tmp/send.out; fail "admin push send answered $code"; }
+    wait_for 100 push_status received 1 || fail "the push plugin did not receive the operator's send"
+    curl -sf 127.0.0.1:8780/ | grep -q '<title>Pylon console</title>' || fail "the packaged backend does not serve the console"
+    # Revocation with the packaged files, read by the broker as the mosquitto user at a reload.
+    echo "$device" >> /etc/pylon-backend/revoked
+    kill -HUP "$mpid"
+    wait_for 100 push_status brokerDisconnects 1 \
+        || { tail -5 /var/log/mosquitto/mosquitto.log; fail "the revoked device was not disconnected"; }
+    kill "$pid" "$bpid" "$mpid"; wait "$pid" "$bpid" "$mpid" || true
+    echo "deb-test: server: packaged push path ok (pylon_auth broker, pylon-backend@main, device registered, send received, revoked device kicked, console served)"
+
+    # What the operator and the broker made go with them; then the packages.
+    rm -f /etc/mosquitto/conf.d/pylon-auth.conf
+    [ -n "$mosq_db" ] || rm -f /var/lib/mosquitto/mosquitto.db
+    rm -rf /tmp/run /tmp/state "$CREDENTIALS_DIRECTORY"
+    dpkg -r pylon-backend >/dev/null || fail "dpkg -r pylon-backend"
+    [ ! -e /usr/bin/pylon-backend ] || fail "pylon-backend left after dpkg -r"
+    [ -e /etc/pylon-backend/main.env ] && [ -e /etc/pylon-backend/broker.key ] || fail "dpkg -r removed configuration"
+    dpkg -P pylon pylon-backend >/dev/null || fail "dpkg -P"
+    ! getent passwd pylon-backend >/dev/null || fail "pylon-backend user left after purge"
+    ! getent group pylon-backend >/dev/null || fail "pylon-backend group left after purge"
+    snapshot > /tmp/after
+    diff /tmp/before /tmp/after >&2 || fail "server: files left behind or removed"
+    diff <(cut -d: -f1 /tmp/passwd) <(cut -d: -f1 /etc/passwd) || fail "users differ"
+    diff <(cut -d: -f1 /tmp/group) <(cut -d: -f1 /etc/group) || fail "groups differ"
+    echo "deb-test: server ok (files, secrets, mosquitto's files untouched, removed, purged, nothing left)"
+}
+
+if [ "${1:-}" = --inside ]; then
+    export PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8
+    unset PYLON_SOCKET PYLON_STATE_DIR PYLON_CONFIG
+    "inside_$2"
+    exit
 fi
 
-dpkg -r pylon >/dev/null || fail "dpkg -r"
-[ ! -e /usr/bin/pylond ] || fail "binaries left after dpkg -r"
-[ -e /etc/pylon/pylon.json ] || fail "conffile removed by dpkg -r (only purge removes it)"
-dpkg -P pylon >/dev/null || fail "dpkg -P"
-getent passwd pylon >/dev/null && fail "pylon user left after purge"
-getent group pylon >/dev/null && fail "pylon group left after purge"
-snapshot > "$tmp/after"
-if ! diff "$tmp/before" "$tmp/after" > "$tmp/diff"; then cat "$tmp/diff" >&2; fail "files left behind or removed"; fi
-diff <(cut -d: -f1 "$tmp/passwd") <(cut -d: -f1 /etc/passwd) || fail "users differ"
-diff <(cut -d: -f1 "$tmp/group") <(cut -d: -f1 /etc/group) || fail "groups differ"
-echo "deb-test: ok (dpkg -i, user and group, conffile, unit enabled, check-config, group member connects, dpkg -r, dpkg -P, nothing left)"
+# ---- On this machine ---------------------------------------------------------------------------
+dir=$1 version=$2 arch=$3
+device=$dir/pylon_${version}_${arch}.deb
+backend=$dir/pylon-backend_${version}_${arch}.deb
+python=$dir/python3-pylon_${version}_all.deb
+for d in "$device" "$backend" "$python"; do [ -f "$d" ] || fail "$d missing (make deb)"; done
+[ "$(id -u)" = 0 ] || fail "needs root (mount and network namespaces)"
+tmp=$(mktemp -d /tmp/pylon-deb-test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+# lintian: clean (no errors, no warnings; the one override is shipped with pylon and says why).
+if command -v lintian >/dev/null; then
+    for d in "$device" "$backend" "$python"; do
+        lintian --fail-on error,warning --allow-root "$d" || fail "lintian: $(basename "$d")"
+    done
+else
+    echo "deb-test: lintian not installed; packages not linted"
+fi
+# The split, as the control files say it.
+deps=$(dpkg-deb --field "$device" Depends Recommends)
+! grep -E -q 'mosquitto|libpq|libnats' <<<"$deps" || fail "pylon depends on a broker or a server library: $deps"
+! dpkg-deb -c "$device" | grep -E -q '\./etc/mosquitto|pylon-backend|/console/' || fail "pylon ships server files"
+! dpkg-deb -c "$backend" | grep -q '\./etc/mosquitto' || fail "pylon-backend ships a file in /etc/mosquitto"
+[ "$(dpkg-deb --field "$python" Architecture)" = all ] || fail "python3-pylon is not Architecture: all"
+
+# Runs this script's inside_NAME in a throw-away machine: an overlay of / in a new mount, PID and
+# network namespace, with its own /proc, /tmp, /run and loopback; everything it wrote is in
+# $tmp/NAME/upper and goes with $tmp.
+machine() {
+    local name=$1 m=$tmp/$1
+    mkdir -p "$m/upper/deb-test" "$m/work" "$m/root"
+    cp "$device" "$backend" "$python" "$0" "$m/upper/deb-test/"
+    unshare --mount --pid --net --fork --propagation private -- bash -ec '
+        m=$1; shift
+        mount -t overlay overlay -o "lowerdir=/,upperdir=$m/upper,workdir=$m/work" "$m/root"
+        mount -t proc proc "$m/root/proc"
+        mount --rbind /dev "$m/root/dev"
+        mount -t tmpfs -o mode=1777 tmpfs "$m/root/tmp"
+        mount -t tmpfs -o mode=755 tmpfs "$m/root/run"
+        ip link set lo up
+        chroot "$m/root" "$@"' _ "$m" /bin/bash /deb-test/"$(basename "$0")" --inside "$name"
+}
+machine device
+machine server
+echo "deb-test: ok (lintian clean x3; device without a broker, libpq or libnats; server with the packaged push path)"

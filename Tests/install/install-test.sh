@@ -20,7 +20,11 @@ make --no-print-directory install-files DESTDIR="$root" PREFIX=/usr BIN_SRC="$bi
 for f in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader \
          usr/lib/pylon/plugins/pylon-ma usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm \
          etc/pylon/gtm/GTM-DEMO etc/pylon/pylon.json lib/systemd/system/pylond.service \
-         lib/systemd/system/pylon-backend.service usr/lib/sysusers.d/pylon.conf \
+         lib/systemd/system/pylon-backend@.service etc/pylon-backend/main.env etc/pylon-backend/revoked \
+         lib/systemd/system/mosquitto.service.d/pylon-backend-nofile.conf usr/lib/pylon-backend/pylon_auth.so \
+         usr/share/doc/pylon-backend/examples/mosquitto-pylon-auth.conf usr/lib/sysusers.d/pylon-backend.conf \
+         usr/bin/pylon-nats-auth usr/bin/pylon-nats-cluster usr/bin/pylon-stream-consumer \
+         usr/share/man/man1/pylon-nats-auth.1.gz usr/share/man/man8/pylon-backend.8.gz usr/lib/sysusers.d/pylon.conf \
          usr/share/man/man1/pylonctl.1.gz usr/share/man/man5/pylon.json.5.gz usr/share/man/man8/pylond.8.gz \
          usr/share/bash-completion/completions/pylonctl usr/share/zsh/vendor-completions/_pylonctl \
          usr/share/pylon/console/index.html usr/share/pylon/console/js/app.js usr/share/pylon/console/js/pages/push.js; do
@@ -39,14 +43,23 @@ grep -q '"socketGroup": "pylon"' "$cfg" || fail "socketGroup not set"
 grep -q "http://127.0.0.1:$port/v1/batches" "$cfg" || fail "BACKEND_URL not substituted"
 ! grep -q '@' "$cfg" || fail "unsubstituted placeholder in $cfg"
 grep -q "ExecStart=/usr/bin/pylond " "$root/lib/systemd/system/pylond.service" || fail "unit ExecStart not under PREFIX"
-grep -q -- "--console-dir /usr/share/pylon/console" "$root/lib/systemd/system/pylon-backend.service" || fail "the backend unit does not serve the installed console"
+grep -q -- "--console-dir /usr/share/pylon/console" "$root/lib/systemd/system/pylon-backend@.service" || fail "the backend unit does not serve the installed console"
+grep -q "^ExecStart=/usr/bin/pylon-backend " "$root/lib/systemd/system/pylon-backend@.service" || fail "backend unit ExecStart not under PREFIX"
+grep -q "^plugin /usr/lib/pylon-backend/pylon_auth.so" "$root/usr/share/doc/pylon-backend/examples/mosquitto-pylon-auth.conf" \
+    || fail "the broker example does not name the installed plugin"
+# The fleet tools run with the system Python and print their usage.
+for t in pylon-nats-auth pylon-nats-cluster pylon-stream-consumer; do
+    head -1 "$root/usr/bin/$t" | grep -qx '#!/usr/bin/python3' || fail "$t: shebang"
+    out=$("$root/usr/bin/$t" --help 2>&1 || true)
+    grep -q "^usage: $t" <<<"$out" || fail "$t --help: $out"
+done
 for b in usr/bin/pylond usr/bin/pylonctl usr/bin/pylon-backend usr/lib/pylon/plugins/pylon-uploader usr/lib/pylon/plugins/pylon-ma \
          usr/lib/pylon/plugins/pylon-push usr/lib/pylon/plugins/pylon-gtm; do
     "$root/$b" --version | grep -q "0\.1\.0" || fail "$b --version"
     "$root/$b" --help >/dev/null || fail "$b --help exits non-zero"
 done
 "$root/usr/lib/pylon/plugins/pylon-ma" --help | grep -q "started and supervised by pylond" || fail "plugin --help text"
-for m in pylonctl.1 pylon.json.5 pylond.8; do
+for m in pylonctl.1 pylon.json.5 pylond.8 pylon-backend.8 pylon-nats-auth.1 pylon-nats-cluster.1 pylon-stream-consumer.1; do
     sec=${m##*.}
     zcat "$root/usr/share/man/man$sec/$m.gz" | grep -q '^\.TH ' || fail "man page $m has no .TH"
     if command -v man >/dev/null; then
@@ -103,12 +116,15 @@ comp=$(PATH="$root/usr/bin:$PATH" bash -c 'source "$1"; COMP_WORDS=(pylonctl con
 if command -v systemd-analyze >/dev/null; then
     # The installed units with ExecStart pointing into the DESTDIR (verify checks the binaries).
     mkdir -p "$tmp/units"
-    for u in pylond pylon-backend; do sed "s|=/usr/bin/|=$root/usr/bin/|" "$root/lib/systemd/system/$u.service" > "$tmp/units/$u.service"; done
-    systemd-analyze verify --man=no "$tmp/units/pylond.service" "$tmp/units/pylon-backend.service" \
+    for u in pylond pylon-backend@; do sed "s|=/usr/bin/|=$root/usr/bin/|" "$root/lib/systemd/system/$u.service" > "$tmp/units/$u.service"; done
+    # The template as its packaged instance (main.env).
+    systemd-analyze verify --man=no "$tmp/units/pylond.service" "$tmp/units/pylon-backend@main.service" \
         2>"$tmp/verify" || { cat "$tmp/verify" >&2; fail "systemd-analyze verify"; }
-    sa=$(systemd-analyze security --offline=yes "$tmp/units/pylond.service" 2>&1 | grep "Overall exposure")
-    echo "install-test: $sa"
-    case "$sa" in *" OK "*|*SAFE*) ;; *) fail "exposure not OK: $sa" ;; esac
+    for u in pylond pylon-backend@main; do
+        sa=$(systemd-analyze security --offline=yes "$tmp/units/$u.service" 2>&1 | grep "Overall exposure")
+        echo "install-test: $u: $sa"
+        case "$sa" in *" OK "*|*SAFE*) ;; *) fail "$u exposure not OK: $sa" ;; esac
+    done
 else
     echo "install-test: systemd-analyze not present; units not verified"
 fi

@@ -24,28 +24,19 @@ extension Bus {
             case HostMethod.consentGet: return .success(try consentGet(params))
             case HostMethod.consentSet: return .success(try consentSet(params, layer: .operatorLayer))
             case HostMethod.consentSetApp:
-                // The app layer of a plugin's own switches (`<plugin>:…`): an app narrows
-                // collection through the plugin that serves it; it never widens the operator's.
-                guard let plugin = principal.plugin else {
-                    throw RPCError(.notPermitted, "consent.setApp is called by plugins for their apps; clients use consent.set")
-                }
-                let key = try str(params, "key", aliases: ["switch", "name"])
-                guard key.hasPrefix(plugin + ":") else {
-                    throw RPCError(
-                        .notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
-                }
+                // Who may, and on which switches: `RoutingPolicy.hostCallRefusal` (decided before).
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
             case HostMethod.consentClear:
                 // Who may: whoever may set the switch (`RoutingPolicy.permission`, decided before).
                 return .success(try consentClear(params))
-            case HostMethod.monitor: return .success(try monitorMethod(peer, principal, params))
+            case HostMethod.monitor: return .success(try monitorMethod(peer, params))
             case HostMethod.reload:
                 // A notification (requests are answered by `deferReload` from handleRequest).
-                try reloadAllowed(peer, principal)
+                try reloadAllowed()
                 deferReload(peer, idText: nil)
                 return .success(["reloading": true])
-            case HostMethod.logLevel: return .success(try logLevelMethod(peer, principal, params))
+            case HostMethod.logLevel: return .success(try logLevelMethod(peer, params))
             case HostMethod.hello:
                 throw RPCError(.invalidRequest, "bus.hello is only valid as a plugin's first message")
             default:
@@ -220,20 +211,13 @@ extension Bus {
         }
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
-            if let e = policy.provideRefusal(n, configured: { slots[$0] != nil }) { throw e }
-            let ns = n.split(separator: ".", maxSplits: 1).first.map(String.init) ?? n
             if add, let other = provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
-            // A namespace is one user's while any of its methods is provided: another uid cannot
-            // add methods beside them and catch calls meant for that user's program.
-            if add, let uid = peer.credentials?.uid,
-                let other = provided.first(where: { $0.key.hasPrefix(ns + ".") && $0.value.credentials?.uid != uid })
-            {
-                throw RPCError(
-                    .notPermitted, "cannot provide \(n): \(ns).* is provided by another user (client#\(other.value.id))",
-                    data: ["namespace": .string(ns)])
-            }
+            // Names, namespaces, and a namespace another user provides in (`RoutingPolicy`).
+            let providers = provided.lazy.map { RoutingPolicy.Provider($0.key, $0.value.id, $0.value.credentials?.uid) }
+            let uid = add ? peer.credentials?.uid : nil
+            if let e = policy.provideRefusal(n, uid: uid, configured: { slots[$0] != nil }, providers: providers) { throw e }
         }
         if add, peer.provided.union(names).count > config.limits.maxProvidesPerConnection {
             throw RPCError(

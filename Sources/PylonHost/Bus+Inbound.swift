@@ -231,7 +231,7 @@ extension Bus {
             }
             if method == HostMethod.reload {
                 do throws(RPCError) {
-                    try reloadAllowed(peer, principal)
+                    try reloadAllowed()
                     if currentBatch != nil { throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch") }
                     deferReload(peer, idText: idText)
                 } catch {

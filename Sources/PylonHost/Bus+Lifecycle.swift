@@ -79,9 +79,9 @@ extension Bus {
     }
 
     /// `bus.reload`: what SIGHUP does, answered. Who may is the routing policy's (an operator
-    /// method: admins and pylond's own uid unless a rule says otherwise); a plugin never.
-    func reloadAllowed(_ peer: Peer, _ principal: Principal) throws(RPCError) {
-        guard !peer.isPlugin, principal.plugin == nil else { throw RPCError(.notPermitted, "bus.reload is for clients, not plugins") }
+    /// method: admins and pylond's own uid unless a rule says otherwise; a plugin never:
+    /// `RoutingPolicy.hostCallRefusal`).
+    func reloadAllowed() throws(RPCError) {
         guard onReloadRequest != nil else { throw RPCError(.internalError, "this host cannot reload its configuration") }
     }
 
@@ -118,11 +118,9 @@ extension Bus {
 
     /// `bus.logLevel {level, plugin?}`: the host's level, or a plugin's (sent to it as a
     /// `bus.logLevel` notification, and its level at later restarts). Clients only; which ones is
-    /// the routing policy's (an operator method: admins unless a rule says otherwise).
-    func logLevelMethod(_ peer: Peer, _ principal: Principal, _ params: JSON?) throws(RPCError) -> JSON {
-        guard !peer.isPlugin, principal.plugin == nil else {
-            throw RPCError(.notPermitted, "bus.logLevel is for clients, not plugins", data: ["method": .string(HostMethod.logLevel)])
-        }
+    /// the routing policy's (an operator method: admins unless a rule says otherwise; never a
+    /// plugin: `RoutingPolicy.hostCallRefusal`).
+    func logLevelMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         guard let name = params?["level"]?.stringValue, let level = Log.Level(name: name) else {
             throw RPCError(.invalidParams, "params.level must be debug, info, warn or error")
         }

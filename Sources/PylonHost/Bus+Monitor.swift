@@ -19,12 +19,9 @@ struct MonitorTrace {
 /// are built only for monitors whose pattern matches, and queued to them within their bound
 /// (`maxMonitorQueuedBytes`): a monitor that does not read is disconnected, never waited for.
 extension Bus {
-    func monitorMethod(_ peer: Peer, _ principal: Principal, _ params: JSON?) throws(RPCError) -> JSON {
+    func monitorMethod(_ peer: Peer, _ params: JSON?) throws(RPCError) -> JSON {
         // Which clients may is the routing policy's (an operator method: admins unless a rule
-        // says otherwise); a plugin cannot be a monitor.
-        guard !peer.isPlugin, principal.plugin == nil else {
-            throw RPCError(.notPermitted, "bus.monitor is for clients, not plugins")
-        }
+        // says otherwise; a plugin cannot be a monitor: `RoutingPolicy.hostCallRefusal`).
         let filter = try MonitorFilter.parse(params)
         let limits = config.limits
         let sink = MonitorSink(filter: filter, maxQueuedBytes: limits.maxMonitorQueuedBytes)

@@ -25,7 +25,7 @@ import Glibc
 /// and `Bus+Consent`.
 public final class Bus {
     let loop: Loop
-    var config: HostConfig { didSet { policy = RoutingPolicy(config) } }
+    var config: HostConfig { didSet { policy = RoutingPolicy(config, hostUid: policy.hostUid) } }
     /// The routing, security and consent rules of `config` (`RoutingPolicy`).
     private(set) var policy: RoutingPolicy
     let log = Log("bus")
@@ -94,10 +94,11 @@ public final class Bus {
     var readyReported = false
     var addingPlugins = false
 
-    public init(loop: Loop, config: HostConfig) {
+    /// `hostUid`: pylond's own uid (`getuid()`), which may `bus.reload` (`RoutingPolicy.hostUid`).
+    public init(loop: Loop, config: HostConfig, hostUid: UInt32) {
         self.loop = loop
         self.config = config
-        policy = RoutingPolicy(config)
+        policy = RoutingPolicy(config, hostUid: hostUid)
         tokener = Tokener(maxDepth: config.limits.maxDepth)
         startedAtMs = loop.nowMs
         sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in

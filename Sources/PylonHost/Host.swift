@@ -28,7 +28,7 @@ public final class Host {
     public init(config: HostConfig, configPath: String) {
         loop = Loop()
         self.configPath = configPath
-        bus = Bus(loop: loop, config: config)
+        bus = Bus(loop: loop, config: config, hostUid: getuid())
     }
 
     /// Creates directories, binds the socket, starts plugins and runs the loop until stopped.

@@ -58,7 +58,9 @@ struct RoutingPolicy: Equatable {
         self.hostUid = hostUid
     }
 
-    init(_ config: HostConfig, hostUid: UInt32 = getuid()) {
+    /// The rules of `config`; `hostUid` is pylond's own uid (the caller passes `getuid()`: the
+    /// policy reads nothing of the process).
+    init(_ config: HostConfig, hostUid: UInt32) {
         self.init(
             permissions: config.permissions, disclosure: config.disclosure, requestTimeoutMs: config.limits.requestTimeoutMs,
             hostUid: hostUid)
@@ -103,7 +105,10 @@ struct RoutingPolicy: Equatable {
                     .notPermitted, "\(who) may not call \(method)\(via)\(why)",
                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
-        if HostMethod.isHostNamespace(method) { return .host }
+        if HostMethod.isHostNamespace(method) {
+            if let e = hostCallRefusal(method, principal, field: field) { return .refused(e) }
+            return .host
+        }
         // A configured plugin's namespace is the plugin's, whatever a client provided. (Method
         // names are printable ASCII, checked before routing: the first "." byte is the first "."
         // character.)
@@ -189,6 +194,36 @@ struct RoutingPolicy: Equatable {
         return p.plugin == nil
     }
 
+    /// Host methods a plugin may not call, even for a client: it cannot watch traffic, reload the
+    /// host or set log levels (these are the operator's, through a client).
+    static let clientOnlyMethods: Set<String> = [HostMethod.reload, HostMethod.logLevel, HostMethod.monitor]
+
+    /// Why `p` may not call host method `method` although a permission allows it (nil: it may).
+    /// `clientOnlyMethods` are refused to plugins; `consent.setApp` is for plugins only, on their
+    /// own switches (`<plugin>:…`): an app narrows collection through the plugin that serves it
+    /// and never touches another plugin's switches. `field` reads a top-level params string (the
+    /// switch: `key`, or its spellings `switch` and `name`; without one the method itself answers
+    /// that it is required).
+    func hostCallRefusal(_ method: String, _ p: Principal, field: (String) -> String?) -> RPCError? {
+        if p.plugin != nil, RoutingPolicy.clientOnlyMethods.contains(method) {
+            return RPCError(.notPermitted, "\(method) is for clients, not plugins", data: ["method": .string(method)])
+        }
+        guard method == HostMethod.consentSetApp else { return nil }
+        guard let plugin = p.plugin else {
+            return RPCError(.notPermitted, "consent.setApp is called by plugins for their apps; clients use consent.set")
+        }
+        var key: String?
+        for k in RoutingPolicy.switchKeys where key == nil { if let v = field(k), !v.isEmpty { key = v } }
+        guard let key else { return nil }
+        guard key.hasPrefix(plugin + ":") else {
+            return RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
+        }
+        return nil
+    }
+
+    /// The spellings of a `consent.*` method's switch parameter, in the order they are read.
+    static let switchKeys = ["key", "switch", "name"]
+
     /// The switch that refuses a call under `template`, or nil when it may pass: the master switch
     /// first, then the template's key (a template whose field is absent does not refuse).
     static func deniedConsent(_ template: ConsentTemplate, _ consent: ConsentStore, field: (String) -> String?) -> String? {
@@ -234,15 +269,28 @@ struct RoutingPolicy: Equatable {
     /// Whether a client with `credentials` receives a publication on `topic`.
     func clientReceives(_ topic: String, credentials: PeerCredentials?) -> Bool { !isAdminTopic(topic) || isAdmin(credentials) }
 
+    /// A method a client provides now: its name, the providing connection and that client's uid.
+    typealias Provider = (method: String, client: UInt64, uid: UInt32?)
+
     /// Why a client may not `bus.provide` `method` (nil: it may, as far as names go). `configured`:
-    /// whether a plugin of that namespace is configured.
-    func provideRefusal(_ method: String, configured: (String) -> Bool) -> RPCError? {
+    /// whether a plugin of that namespace is configured. With `uid` (the caller's, when known) and
+    /// `providers` (the methods provided now), a namespace is one user's while any of its methods
+    /// is provided: another uid cannot add methods beside them and catch calls meant for that
+    /// user's program.
+    func provideRefusal(
+        _ method: String, uid: UInt32? = nil, configured: (String) -> Bool, providers: some Sequence<Provider> = [Provider]()
+    ) -> RPCError? {
         let ns = method.split(separator: ".", maxSplits: 1).first.map(String.init) ?? method
         guard method.contains("."), !method.hasSuffix("."), InboundEnvelope.isValidMethodName(method) else {
             return RPCError(.invalidParams, "cannot provide \(method): use <namespace>.<name> (printable ASCII)")
         }
         guard ns != "bus", ns != "consent", !configured(ns), !disclosure.reservedNamespaces.contains(ns) else {
             return RPCError(.notPermitted, "cannot provide \(method): \(ns).* belongs to the host or a plugin")
+        }
+        if let uid, let other = providers.first(where: { $0.method.hasPrefix(ns + ".") && $0.uid != uid }) {
+            return RPCError(
+                .notPermitted, "cannot provide \(method): \(ns).* is provided by another user (client#\(other.client))",
+                data: ["namespace": .string(ns)])
         }
         return nil
     }

@@ -261,6 +261,95 @@ struct RoutingPolicyTests {
         #expect(both.isPermitted("consent.clear", Self.client(Self.root)))
     }
 
+    /// Watching traffic, reloading and log levels are a client's (the operator's, through a
+    /// client): a plugin is refused even where a rule lets it call them, on its own or for an
+    /// admin client (was in the handlers; SecurityTests checked one through a process).
+    @Test func clientOnlyHostMethodsAreRefusedToPlugins() {
+        let everyone = AccessList(uids: [0, 1000], plugins: ["echo"])
+        let policy = RoutingPolicy(
+            permissions: RoutingPolicy.clientOnlyMethods.map { PermissionRule(method: TopicPattern($0), allowed: everyone) }, hostUid: 4242)
+        for m in RoutingPolicy.clientOnlyMethods.sorted() {
+            for p: Principal in [.plugin("echo"), .plugin("echo", via: Self.client(Self.root))] {
+                #expect(policy.isPermitted(m, p), "\(m): the rule lets \(p) through")
+                guard case .refused(let e) = decide(p, m, policy: policy) else {
+                    Issue.record("\(m) reached the host for \(p)")
+                    continue
+                }
+                #expect(e.code == RPCError.Code.notPermitted.rawValue && e.message == "\(m) is for clients, not plugins")
+                #expect(e.data?["method"] == .string(m))
+            }
+            guard case .host = decide(Self.client(Self.user), m, policy: policy) else { Issue.record("\(m) refused to a client"); continue }
+        }
+    }
+
+    /// `consent.setApp` is the app layer of a plugin's own switches: plugins only (also acting
+    /// for a client), on `<plugin>:…` only; the key read from any of its spellings; without a key
+    /// the method itself says it is required.
+    @Test func setAppIsAPluginsOnItsOwnSwitchesOnly() {
+        func refusal(_ p: Principal, _ fields: [String: String]) -> RPCError? {
+            guard case .refused(let e) = decide(p, "consent.setApp", fields: fields) else { return nil }
+            return e
+        }
+        #expect(refusal(.plugin("echo"), ["key": "echo:W"]) == nil)
+        #expect(refusal(.plugin("echo", via: Self.client(Self.user)), ["switch": "echo:W"]) == nil, "for a client, by another spelling")
+        #expect(refusal(.plugin("echo"), [:]) == nil, "no key: the method answers -32602")
+        let other = refusal(.plugin("echo"), ["key": "ma:W"])
+        #expect(other?.code == RPCError.Code.notPermitted.rawValue)
+        #expect(other?.message == "plugin echo may set the app layer of its own switches (echo:…) only, not ma:W")
+        #expect(refusal(.plugin("echo"), ["key": "", "name": "device"])?.code == -32005, "an empty key is not the key: the next spelling")
+        #expect(refusal(.plugin("echo"), ["key": "echoX:W"])?.code == -32005, "the prefix is the name and a colon")
+        let client = refusal(Self.client(Self.root), ["key": "echo:W"])
+        #expect(client?.message == "consent.setApp is called by plugins for their apps; clients use consent.set")
+    }
+
+    /// A namespace a user provides methods in is that user's while any of its methods is
+    /// provided (was SecurityTests.aProvidedNamespaceIsOneUsers, through two processes).
+    @Test func aProvidedNamespaceIsOneUsers() {
+        let policy = RoutingPolicy()
+        let providers: [RoutingPolicy.Provider] = [("kiosk.render", 3, 0)]
+        let refused = policy.provideRefusal("kiosk.pay", uid: 65534, configured: { _ in false }, providers: providers)
+        #expect(refused?.code == RPCError.Code.notPermitted.rawValue)
+        #expect(refused?.message == "cannot provide kiosk.pay: kiosk.* is provided by another user (client#3)")
+        #expect(refused?.data?["namespace"] == "kiosk")
+        #expect(
+            policy.provideRefusal("mine.hello", uid: 65534, configured: { _ in false }, providers: providers) == nil, "a free namespace")
+        #expect(policy.provideRefusal("kiosk.pay", uid: 0, configured: { _ in false }, providers: providers) == nil, "the same uid")
+        #expect(
+            policy.provideRefusal("kiosk.pay", configured: { _ in false }, providers: providers) == nil, "unknown credentials: names only")
+        #expect(
+            policy.provideRefusal("kiosk.pay", uid: 0, configured: { _ in false }, providers: [("kiosk.x", 4, nil)])?.code == -32005,
+            "a provider without credentials is another user")
+        #expect(policy.provideRefusal("kioskx.pay", uid: 65534, configured: { _ in false }, providers: providers) == nil, "by namespace")
+    }
+
+    /// Consent gates a call a plugin makes for a client as it gates the client's own (was
+    /// ConsentTests.pluginToPluginMessagesAreGatedToo).
+    @Test func pluginToPluginCallsAreGatedToo() {
+        let c = Self.consent(["ma:Q": false])
+        for p: Principal in [.plugin("echo", via: Self.client(Self.user)), .plugin("echo")] {
+            guard case .denied(_, "ma:Q") = decide(p, "ma.eventRecord", consent: c, fields: ["appKey": "Q"]) else {
+                Issue.record("\(p) passed a denied switch")
+                continue
+            }
+        }
+    }
+
+    /// The configuration's `limits.requestTimeoutMs` is the timeout of a plugin without its own
+    /// and of a provided method (was RoutingTests.requestTimeoutAnswersWithTimeoutError; the
+    /// deadline's answer is PendingTableTests').
+    @Test func theConfiguredRequestTimeoutIsTheDefault() {
+        var config = HostConfig()
+        config.limits.requestTimeoutMs = 300
+        let policy = RoutingPolicy(config, hostUid: 0)
+        guard case .forward(_, 300, false) = decide(Self.client(Self.user), "echo.sleep", policy: policy),
+            case .forward(_, 300, true) = decide(Self.client(Self.user), "app.thing", policy: policy),
+            case .forward(_, 5_000, false) = decide(Self.client(Self.user), "ma.ping", policy: policy)
+        else {
+            Issue.record("not the configured timeout")
+            return
+        }
+    }
+
     /// A configuration without rules is at least as closed as the shipped etc/pylon.json for
     /// every operator method and principal.
     @Test func noRulesIsAsSafeAsTheShippedConfig() throws {
@@ -374,6 +463,13 @@ struct RoutingPolicyTests {
         #expect(!policy.clientReceives("bus.plugin.exited", credentials: Self.user))
         #expect(!policy.clientReceives("bus.plugin.exited", credentials: nil))
         #expect(policy.clientReceives("app.news", credentials: Self.user))
+        // `disclosure.adminTopics: []` opens host topics to every subscriber (was
+        // SecurityTests.hostTopicsReachOnlyAdminsUnlessConfigured, through processes).
+        var open = Disclosure()
+        open.adminTopics = []
+        let opened = RoutingPolicy(disclosure: open)
+        #expect(opened.clientReceives("consent.changed", credentials: Self.user))
+        #expect(opened.clientReceives("bus.client.closed", credentials: nil))
     }
 
     @Test func reservedAndConfiguredNamespacesCannotBeProvidedOrPublished() {

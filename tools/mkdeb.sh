@@ -197,7 +197,7 @@ make --no-print-directory install-backend-files DESTDIR="$PWD/$s" PREFIX=/usr BI
 strip_elf "$s/usr/bin/pylon-backend" "$s/usr/lib/pylon-backend/pylon_auth.so"
 backend_libs=$(lib_depends "$s/usr/bin/pylon-backend" "$s/usr/lib/pylon-backend/pylon_auth.so")
 common_docs pylon-backend "$s"
-install -m 644 README.md docs/FLEET.md docs/SECURITY.md docs/CONSOLE.md docs/AUTOMATION.md docs/INSTALL.md \
+install -m 644 README.md docs/FLEET.md docs/SECURITY.md docs/CONSOLE.md docs/AUTOMATION.md docs/INSTALL.md docs/PUSH.md \
     docs/backend-openapi.yaml "$s/usr/share/doc/pylon-backend/"
 
 cat > "$s/DEBIAN/postinst" <<'SCRIPT'

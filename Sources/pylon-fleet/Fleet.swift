@@ -79,6 +79,10 @@ final class Fleet {
         var appDuplicates = 0
         var failed = false
         var msgId: String?
+        /// Wall-clock ms of the send (another process of the run times its deliveries from it).
+        var sentAtMs: Int64 = 0
+        /// A broadcast another process of this run sent (recognised by its `fsid` on arrival).
+        var peer = false
     }
     var sends: [String: Send] = [:]
     var sendSeq = 0
@@ -106,7 +110,9 @@ final class Fleet {
         startMs = Int64(loop.nowMs)
         ramp = Ramp(perSecond: options.rampPerSecond, startMs: startMs)
         devices = (0..<k).map {
-            SimDevice(index: $0, runId: options.runId, devicesPerUser: options.devicesPerUser, brokers: options.brokers.count)
+            SimDevice(
+                index: options.firstDevice + $0, runId: options.runId, devicesPerUser: options.devicesPerUser,
+                brokers: options.brokers.count)
         }
     }
 
@@ -241,15 +247,24 @@ final class Fleet {
             }
         }
         connectivity.update(nowMs: t, connected: connectedCount, target: everConnectedCount)
-        if tickNo % (1000 / Fleet.tickMs) == 0, let f = options.statusFile {
-            let j: JSON = [
-                "phase": .string(phase.rawValue), "elapsedMs": .int(t - startMs), "devices": .int(Int64(devices.count)),
-                "connected": .int(Int64(connectedCount)), "everConnected": .int(Int64(everConnectedCount)),
-            ]
-            _ = System.writeFileAtomically(f, Array(j.serialized.utf8), mode: 0o644)
-        }
+        if tickNo % (1000 / Fleet.tickMs) == 0 { writeStatus() }
         if readyAllAtMs == nil, connectedCount == devices.count { readyAllAtMs = t }
         if phase == .draining { checkDrained() }
+    }
+
+    /// The `--status-file`: progress for the fleet script, and for the run's other processes
+    /// the broadcasts this one sent (`PeerStatus`).
+    private func writeStatus() {
+        guard let f = options.statusFile else { return }
+        let own = sends.filter { !$0.value.peer && !$0.value.failed }
+        let broadcasts = own.filter { $0.value.kind == "broadcast" && $0.value.msgId != nil }.sorted { $0.key < $1.key }
+        let j: JSON = [
+            "phase": .string(phase.rawValue), "elapsedMs": .int(now - startMs), "devices": .int(Int64(devices.count)),
+            "connected": .int(Int64(connectedCount)), "everConnected": .int(Int64(everConnectedCount)),
+            "sendsPending": .int(Int64(own.filter { $0.value.msgId == nil }.count)),
+            "broadcasts": .array(broadcasts.map { ["fsid": .string($0.key), "sentAtMs": .int($0.value.sentAtMs)] }),
+        ]
+        _ = System.writeFileAtomically(f, Array(j.serialized.utf8), mode: 0o644)
     }
 
     // MARK: Device setup
@@ -287,6 +302,7 @@ final class Fleet {
                 d.clientId = m?["clientId"]?.stringValue ?? "pylon-push-" + d.installId
                 d.deviceTopic = m?["deviceTopic"]?.stringValue ?? "pylon/push/d/" + id
                 d.ackTopic = m?["ackTopic"]?.stringValue ?? "pylon/push/ack/" + id
+                d.broadcastTopic = m?["broadcastTopic"]?.stringValue ?? self.options.broadcastTopic
                 self.registered += 1
                 d.setupAttempts = 0
                 d.phase = .appRegistering
@@ -317,6 +333,7 @@ final class Fleet {
                     return
                 }
                 d.pushToken = pt
+                d.pushRegisteredWallMs = System.wallClockMs()
                 d.setupAttempts = 0
                 d.phase = .binding
                 self.setup(d)
@@ -355,6 +372,9 @@ final class Fleet {
         o.backoffMaxMs = 30_000
         let c = MQTTClient(loop: loop, options: o)
         c.subscribe(d.deviceTopic, qos: 1)
+        // The topic every device reads broadcasts on, at QoS 0 as pylon-push does (a device that
+        // missed one gets it on its own topic after its hello).
+        if !d.broadcastTopic.isEmpty { c.subscribe(d.broadcastTopic, qos: 0) }
         c.onConnect = { [unowned self, unowned d, unowned c] _ in
             guard d.mqtt === c else { return }
             if !d.connected { self.connectedCount += 1 }
@@ -511,10 +531,14 @@ final class Fleet {
             guard expected > 0 else { return }
         }
         sendSeq += 1
-        let fsid = "\(options.runId)-\(sendSeq)"
+        // Unique across the run's processes (each has its own first device).
+        let fsid = "\(options.runId)-\(options.firstDevice)-\(sendSeq)"
         body["msgKey"] = .string(fsid)
-        body["extendedParams"] = ["fsid": .string(fsid)]
-        sends[fsid] = Send(kind: kind, startNs: Loop.hrtimeNs, expected: expected)
+        // The kind and the send's wall-clock time let another process of this run count a
+        // broadcast reaching its devices, and time it.
+        let at = System.wallClockMs()
+        body["extendedParams"] = ["fsid": .string(fsid), "kind": .string(kind), "sentAtMs": .string(String(at))]
+        sends[fsid] = Send(kind: kind, startNs: Loop.hrtimeNs, expected: expected, sentAtMs: at)
         postSend(fsid, .object(body), attempt: 1)
     }
 
@@ -542,6 +566,7 @@ final class Fleet {
             return
         }
         if d.markSeen(id) {
+            if let fsid = j["extras"]?["fsid"]?.stringValue, sends[fsid] == nil, let x = j["extras"] { peerBroadcast(fsid, x) }
             if let fsid = j["extras"]?["fsid"]?.stringValue, var s = sends[fsid] {
                 if s.delivered.insert(d.index).inserted {
                     latency[s.kind, default: .init()].record(micros: (Loop.hrtimeNs - s.startNs) / 1000)
@@ -556,6 +581,41 @@ final class Fleet {
             pushRedelivered += 1
         }
         d.mqtt?.publish(d.ackTopic, Array(("{\"ids\":[" + JSON.string(id).serialized + "]}").utf8), qos: 1)
+    }
+
+    /// The first delivery of a broadcast another process of this run sent: a send of this
+    /// process from now on, expected on each of its devices that had registered for push
+    /// before it was sent, timed from the sender's wall clock (one machine, one clock).
+    private func peerBroadcast(_ fsid: String, _ extras: JSON) {
+        guard fsid.hasPrefix(options.runId + "-"), extras["kind"]?.stringValue == "broadcast",
+            let at = extras["sentAtMs"]?.stringValue.flatMap({ Int64($0) })
+        else { return }
+        addPeerBroadcast(fsid, sentAtMs: at)
+    }
+
+    private func addPeerBroadcast(_ fsid: String, sentAtMs at: Int64) {
+        let ageMs = max(0, System.wallClockMs() - at)
+        let now = Loop.hrtimeNs
+        let start = now - min(now, UInt64(ageMs) * 1_000_000)
+        let expected = devices.filter { $0.pushToken != nil && ($0.pushRegisteredWallMs ?? .max) <= at }.count
+        sends[fsid] = Send(kind: "broadcast", startNs: start, expected: expected, sentAtMs: at, peer: true)
+    }
+
+    /// The run's other processes (`--peer-status-file`): whether all of them ended their load
+    /// with every send answered, and the broadcasts they sent. A file that cannot be read or
+    /// parsed is a peer not yet final.
+    private func peers() -> (final: Bool, broadcasts: [PeerStatus.Broadcast]) {
+        var final = true
+        var out: [PeerStatus.Broadcast] = []
+        for f in options.peerStatusFiles {
+            guard let b = System.readFile(f, limit: PeerStatus.maxFileBytes), let p = PeerStatus.parse(b) else {
+                final = false
+                continue
+            }
+            final = final && p.final
+            out += p.broadcasts
+        }
+        return (final, out)
     }
 
     var pushExpected: Int { sends.values.filter { !$0.failed }.reduce(0) { $0 + $1.expected } }
@@ -574,7 +634,16 @@ final class Fleet {
 
     private func checkDrained() {
         let eventsDone = devices.allSatisfy { $0.inflight == nil && $0.generated == $0.batchedUpTo }
-        let pushDone = pushDelivered >= pushExpected
+        var pushDone = pushDelivered >= pushExpected
+        if !options.peerStatusFiles.isEmpty {
+            // Every broadcast of the other processes is expected here too: wait until their
+            // lists are final and each has reached this process (or the deadline: then the
+            // ones none of its devices received are added, undelivered).
+            let (final, list) = peers()
+            let missing = list.filter { sends[$0.fsid] == nil }
+            if now >= drainDeadlineMs { for b in missing { addPeerBroadcast(b.fsid, sentAtMs: b.sentAtMs) } }
+            pushDone = pushDone && final && missing.isEmpty
+        }
         guard (eventsDone && pushDone) || now >= drainDeadlineMs else { return }
         if !(eventsDone && pushDone) { say("drain timed out: some batches or push deliveries are outstanding") }
         drainedAtMs = now
@@ -593,7 +662,7 @@ final class Fleet {
     static let verifyAttempts = 5
 
     private func verify(after: Int64, attempt: Int = 1) {
-        if tally == nil, after == 0 { tally = StoredTally(devices: devices.count) }
+        if tally == nil, after == 0 { tally = StoredTally(devices: devices.count, first: options.firstDevice) }
         guard let op = operatorToken else {
             verifyError = "no operator token: the stream was not read back"
             finish()
@@ -630,7 +699,7 @@ final class Fleet {
     /// Reads the stream back from a program's stdout: one JSON object a line, a record (`id`)
     /// or a stream message whose `batch` holds the records as posted.
     private func verifyFromProgram(_ cmd: [String]) {
-        tally = StoredTally(devices: devices.count)
+        tally = StoredTally(devices: devices.count, first: options.firstDevice)
         var o = ChildProcess.Options(exec: cmd[0])
         o.args = Array(cmd.dropFirst())
         o.env = System.environment()
@@ -665,6 +734,7 @@ final class Fleet {
     private func finish() {
         guard phase != .done else { return }
         phase = .done
+        writeStatus()
         ticker.close()
         progressTimer.close()
         sampleProcesses()
@@ -680,7 +750,8 @@ final class Fleet {
     // MARK: Progress
 
     func say(_ line: String) {
-        Log.writeRaw("[" + Format.pad(Format.fixed(Double(now - startMs) / 1000, 1), 6) + "s] " + line + "\n")
+        let who = options.processName == "pylon-fleet" ? "" : options.processName + " "
+        Log.writeRaw("[" + Format.pad(Format.fixed(Double(now - startMs) / 1000, 1), 6) + "s] " + who + line + "\n")
     }
 
     private func pollStored() {
@@ -699,7 +770,7 @@ final class Fleet {
     /// plugins, PostgreSQL's backends): summed, so shared memory counts once per process.
     func sampleProcesses() {
         let t = now
-        var list: [(String, Int32)] = [("pylon-fleet", getpid())]
+        var list: [(String, Int32)] = [(options.processName, getpid())]
         if let f = options.watchFile, let b = System.readFile(f, limit: 1 << 20) {
             list += ProcStat.parseWatchList(String(decoding: b, as: UTF8.self)).map { ($0.name, $0.pid) }
         }

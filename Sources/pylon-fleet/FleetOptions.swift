@@ -7,6 +7,8 @@ struct FleetOptions: Equatable {
         static let maxBatchRecords = 10_000
         static let maxInflightHTTP = 4096
         static let maxDurationS = 86_400
+        /// Other processes of one run a process follows (`--peer-status-file`).
+        static let maxPeers = 64
         /// Descriptors kept back from the device count for HTTP, the loop and stdio.
         static let fdReserve = 64
         /// Push messages remembered per device to drop redeliveries (oldest forgotten first).
@@ -23,6 +25,12 @@ struct FleetOptions: Equatable {
     }
 
     var devices = 100
+    /// The global index of this process's first device (`--first-device`): with several
+    /// simulator processes (tools/fleet/fleet.py) each simulates `devices` devices from here, so
+    /// install ids, users and record ids stay disjoint.
+    var firstDevice = 0
+    /// This process's name in the process table of the summary (`--name`).
+    var processName = "pylon-fleet"
     var ratePerDevice = 1.0
     var durationS = 60
     var backend = "http://127.0.0.1:8780"
@@ -49,10 +57,16 @@ struct FleetOptions: Equatable {
     /// Written every second: `{"phase", "elapsedMs", "devices", "connected", "everConnected"}`
     /// (the fleet script waits for every device before it injects faults).
     var statusFile: String?
+    /// `--peer-status-file PATH` (repeatable): the status files of the run's other processes;
+    /// their broadcasts are expected on this process's devices too, and its drain waits for them.
+    var peerStatusFiles: [String] = []
     var appKey = "fleet"
     var appId = "fleet.app"
     var devicesPerUser = 2
     var keepaliveS: Int32 = 30
+    /// The broadcast topic every device subscribes to at QoS 0 (pylon-push's); the registration
+    /// answer's `mqtt.broadcastTopic` wins when it names one. Empty: none.
+    var broadcastTopic = "pylon/push/all"
     var runId = ""
     /// Read the stream back at the end and compare with what was acknowledged.
     var verify = true
@@ -67,12 +81,14 @@ struct FleetOptions: Equatable {
     var stream: String { "ma." + appKey }
 
     static let usage = """
-        usage: pylon-fleet [--devices K] [--rate EVENTS_PER_S] [--duration S] [--backend URL]
+        usage: pylon-fleet [--devices K] [--first-device I] [--name NAME] [--rate EVENTS_PER_S] [--duration S] [--backend URL]
                            [--broker HOST:PORT[,HOST:PORT...]] [--push-every S] [--broadcast-every S]
                            [--ramp DEVICES_PER_S] [--batch-interval-ms MS] [--max-batch N]
                            [--max-inflight N] [--progress S] [--drain-timeout S] [--devices-per-user N]
                            [--operator-token-file PATH] [--enrol-secret-file PATH] [--watch-file PATH]
-                           [--status-file PATH] [--app-key KEY] [--app-id ID] [--keepalive S] [--broker-failover-ms MS] [--run-id ID] [--no-verify | --verify-exec CMD]
+                           [--status-file PATH] [--peer-status-file PATH...] [--app-key KEY] [--app-id ID] [--keepalive S]
+                           [--broadcast-topic TOPIC|none] [--broker-failover-ms MS] [--run-id ID]
+                           [--no-verify | --verify-exec CMD]
                            [--no-gzip] [--json]
 
         Simulates K devices on one libuv loop speaking the device protocols of pylon-backend and
@@ -83,6 +99,10 @@ struct FleetOptions: Equatable {
         an acknowledged event is lost or stored twice, a push reached an app twice or never.
 
           --devices K            simulated devices (default 100, at most 200000)
+          --first-device I       global index of the first one (default 0): several processes
+                                 of one run (same --run-id) simulate disjoint ranges, and each
+                                 counts the broadcasts another one sends to its devices
+          --name NAME            this process's name in the summary (default pylon-fleet)
           --rate N               events per second per device (default 1)
           --duration S           seconds of load after the ramp starts (default 60)
           --backend URL          the backend or its load balancer (default http://127.0.0.1:8780)
@@ -100,8 +120,13 @@ struct FleetOptions: Equatable {
           --operator-token-file PATH, --enrol-secret-file PATH
                                  the backend's operator token and enrolment secret (0600 files)
           --watch-file PATH      lines "NAME PID": processes whose CPU and RSS are reported
-          --status-file PATH     written every second: phase, elapsedMs, devices, connected
+          --status-file PATH     written every second: phase, elapsedMs, devices, connected,
+                                 the broadcasts sent and the sends not yet answered
+          --peer-status-file PATH  another process of this run (repeatable): its broadcasts
+                                 are expected here too and the drain waits for them
           --keepalive S          MQTT keepalive (default 30)
+          --broadcast-topic T    the topic each device also reads at QoS 0 (default
+                                 pylon/push/all, as pylon-push; none: only its own topic)
           --broker-failover-ms MS  with several brokers, a device not connected this long moves
                                  to the next one (default 5000)
           --no-verify            do not read the stream back at the end
@@ -136,6 +161,11 @@ struct FleetOptions: Equatable {
             }
             switch a {
             case "--devices": o.devices = try int(1...Limits.maxDevices)
+            case "--first-device": o.firstDevice = try int(0...Limits.maxDevices)
+            case "--name":
+                let v = try value()
+                guard isName(v) else { throw UsageError(description: "--name must be 1 to 64 of [A-Za-z0-9_-]") }
+                o.processName = v
             case "--rate": o.ratePerDevice = try number(0...Limits.maxRatePerDevice)
             case "--duration": o.durationS = try int(1...Limits.maxDurationS)
             case "--backend":
@@ -158,6 +188,11 @@ struct FleetOptions: Equatable {
             case "--enrol-secret-file": o.enrolSecretFile = try value()
             case "--watch-file": o.watchFile = try value()
             case "--status-file": o.statusFile = try value()
+            case "--peer-status-file":
+                guard o.peerStatusFiles.count < Limits.maxPeers else {
+                    throw UsageError(description: "--peer-status-file: at most \(Limits.maxPeers) peers")
+                }
+                o.peerStatusFiles.append(try value())
             case "--app-key":
                 let v = try value()
                 guard isName(v) else { throw UsageError(description: "--app-key must be 1 to 64 of [A-Za-z0-9_-]") }
@@ -166,6 +201,12 @@ struct FleetOptions: Equatable {
                 let v = try value()
                 guard isName(v) || v.contains(".") else { throw UsageError(description: "--app-id must be 1 to 64 of [A-Za-z0-9._-]") }
                 o.appId = v
+            case "--broadcast-topic":
+                let v = try value()
+                guard v == "none" || (1...256).contains(v.utf8.count) && !v.contains("#") && !v.contains("+") else {
+                    throw UsageError(description: "--broadcast-topic expects a topic of 1 to 256 bytes without wildcards, or none")
+                }
+                o.broadcastTopic = v == "none" ? "" : v
             case "--keepalive": o.keepaliveS = Int32(try int(5...3600))
             case "--broker-failover-ms": o.brokerFailoverMs = Int64(try int(100...600_000))
             case "--run-id":
@@ -184,6 +225,9 @@ struct FleetOptions: Equatable {
             case "-h", "--help": throw UsageError(description: "")
             default: throw UsageError(description: "unknown argument \(a)")
             }
+        }
+        guard o.firstDevice + o.devices <= Limits.maxDevices else {
+            throw UsageError(description: "--first-device + --devices must be at most \(Limits.maxDevices)")
         }
         return o
     }

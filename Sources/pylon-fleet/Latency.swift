@@ -1,3 +1,5 @@
+import PylonCore
+
 /// A latency histogram with logarithmic buckets (each bucket 4% wider than the one before, from
 /// 1 µs to about 1,000 s): constant memory whatever the count, percentiles within one bucket's
 /// width (4%) of the exact value. A value type with no I/O.
@@ -57,6 +59,13 @@ struct LatencyHistogram: Equatable {
     }
 
     var meanMicros: Double? { count == 0 ? nil : sumMicros / Double(count) }
+
+    /// The non-empty buckets as `[index, count]` pairs, and the largest value: what a merger of
+    /// several processes' summaries needs to compute percentiles over all of them
+    /// (tools/fleet/fleet.py does, with `upperBound`'s rule).
+    var sparse: JSON {
+        .array(buckets.enumerated().filter { $0.element > 0 }.map { .array([.int(Int64($0.offset)), .int(Int64($0.element))]) })
+    }
 }
 
 #if canImport(Glibc)

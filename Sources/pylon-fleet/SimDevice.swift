@@ -17,12 +17,16 @@ final class SimDevice {
     var deviceId: String?
     var token: String?
     var pushToken: String?
+    /// Wall-clock ms of the push registration (a peer's broadcast sent before it is expected).
+    var pushRegisteredWallMs: Int64?
     var bound = false
     var mqttUsername = ""
     var mqttPassword = ""
     var clientId = ""
     var deviceTopic = ""
     var ackTopic = ""
+    /// Empty: none.
+    var broadcastTopic = ""
 
     // Push session.
     var mqtt: MQTTClient?

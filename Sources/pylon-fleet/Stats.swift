@@ -1,3 +1,5 @@
+import PylonCore
+
 /// The fleet's bookkeeping: value types, no I/O.
 
 /// Sorted, disjoint half-open ranges of event sequence numbers (a device's acknowledged
@@ -42,22 +44,35 @@ struct RangeSet: Equatable {
 }
 
 /// What the store holds of the events the fleet sent, compared with what was acknowledged:
-/// every acknowledged event must be read back exactly once.
+/// every acknowledged event must be read back exactly once. Devices are counted by their global
+/// index, `first..<first + devices` (this process's share of a run split over several processes);
+/// the run's other devices are `peer` records, not this process's to check.
 struct StoredTally: Equatable {
     /// Per device: which sequence numbers were read back (bit per event).
     private var seen: [[UInt64]]
+    let first: Int
     private(set) var read: Int64 = 0
     /// Read twice (a duplicate in the store or stream).
     private(set) var duplicates: Int64 = 0
     /// Ids that are not this run's (another run's, or malformed).
     private(set) var foreign: Int64 = 0
+    /// This run's records of devices another process simulates.
+    private(set) var peer: Int64 = 0
 
-    init(devices: Int) { seen = Array(repeating: [], count: devices) }
+    init(devices: Int, first: Int = 0) {
+        seen = Array(repeating: [], count: devices)
+        self.first = first
+    }
 
     /// A record id read back: `<runId>.<device>.<seq>`.
     mutating func add(id: Substring, runId: String) {
-        guard let (d, s) = StoredTally.parse(id, runId: runId), d < seen.count else {
+        guard let (g, s) = StoredTally.parse(id, runId: runId) else {
             foreign += 1
+            return
+        }
+        let d = g - first
+        guard d >= 0, d < seen.count else {
+            peer += 1
             return
         }
         let word = Int(s >> 6)
@@ -71,10 +86,12 @@ struct StoredTally: Equatable {
         read += 1
     }
 
+    /// Whether event `seq` of the device with global index `device` was read back.
     func has(device: Int, seq: Int64) -> Bool {
         let word = Int(seq >> 6)
-        guard device < seen.count, word < seen[device].count else { return false }
-        return seen[device][word] & (UInt64(1) << UInt64(seq & 63)) != 0
+        let d = device - first
+        guard d >= 0, d < seen.count, word < seen[d].count else { return false }
+        return seen[d][word] & (UInt64(1) << UInt64(seq & 63)) != 0
     }
 
     /// Acknowledged events not read back.
@@ -90,6 +107,34 @@ struct StoredTally: Equatable {
         let parts = id.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0] == runId, let d = Int(parts[1]), d >= 0, let s = Int64(parts[2]), s >= 0 else { return nil }
         return (d, s)
+    }
+}
+
+/// Another process of the same run, as its `--status-file` says: whether its load ended with
+/// every send answered (its list of broadcasts is then final), and the broadcasts it sent. A
+/// value type; parsing only.
+struct PeerStatus: Equatable {
+    struct Broadcast: Equatable {
+        var fsid: String
+        var sentAtMs: Int64
+    }
+    /// A status file larger than this is refused (a run sends a few hundred broadcasts at most).
+    static let maxFileBytes = 1 << 20
+
+    var phase: String
+    var sendsPending: Int
+    var broadcasts: [Broadcast]
+
+    var final: Bool { phase != "load" && sendsPending == 0 }
+
+    static func parse(_ bytes: [UInt8]) -> PeerStatus? {
+        guard let j = try? JSON.parse(String(decoding: bytes, as: UTF8.self)), let phase = j["phase"]?.stringValue else { return nil }
+        var out: [Broadcast] = []
+        for b in j["broadcasts"]?.arrayValue ?? [] {
+            guard let f = b["fsid"]?.stringValue, let at = b["sentAtMs"]?.intValue else { return nil }
+            out.append(Broadcast(fsid: f, sentAtMs: at))
+        }
+        return PeerStatus(phase: phase, sendsPending: Int(j["sendsPending"]?.intValue ?? 0), broadcasts: out)
     }
 }
 

@@ -30,7 +30,10 @@ extension Fleet {
             let h = latency[k] ?? LatencyHistogram()
             let sent = sends.values.filter { $0.kind == k && !$0.failed }.count
             func v(_ p: Double) -> JSON { h.percentile(p).map { .double(($0 / 1000 * 10).rounded() / 10) } ?? .null }
-            lat[k] = ["sends": .int(Int64(sent)), "deliveries": .int(Int64(h.count)), "p50Ms": v(50), "p99Ms": v(99), "maxMs": v(100)]
+            lat[k] = [
+                "sends": .int(Int64(sent)), "deliveries": .int(Int64(h.count)), "p50Ms": v(50), "p99Ms": v(99), "maxMs": v(100),
+                "histogram": h.sparse, "maxUs": .int(Int64(h.count > 0 ? h.maxMicrosSeen : 0)),
+            ]
             func t(_ p: Double) -> String { h.percentile(p).map { Format.ms($0 / 1000) } ?? "-" }
             latText += "  push \(k): \(sent) sends, \(h.count) deliveries, p50 \(t(50)), p99 \(t(99)), max \(t(100))\n"
         }
@@ -70,7 +73,8 @@ extension Fleet {
         let ackS = Double((drainedAtMs ?? now) - startMs) / 1000
         let ackRate = ackS > 0 ? Double(acked) / ackS : 0
         let j: JSON = [
-            "runId": .string(options.runId), "devices": .int(Int64(devices.count)), "ratePerDevice": .double(options.ratePerDevice),
+            "runId": .string(options.runId), "name": .string(options.processName), "firstDevice": .int(Int64(options.firstDevice)),
+            "devices": .int(Int64(devices.count)), "ratePerDevice": .double(options.ratePerDevice),
             "durationS": .double(elapsedS), "loadS": .double(loadS),
             "connected": .int(Int64(connectedCount)), "registered": .int(Int64(registered)),
             "allConnectedAfterS": readyAllAtMs.map { .double(Double($0 - startMs) / 1000) } ?? .null,
@@ -78,7 +82,7 @@ extension Fleet {
             "events": [
                 "generated": .int(generated), "acked": .int(acked), "unacked": .int(unacked), "rejected": .int(rejected),
                 "throttled": .int(throttled), "storedRead": storedRead.map { .int($0) } ?? .null, "lost": lost.map { .int($0) } ?? .null,
-                "duplicates": .int(dup), "foreign": .int(tally?.foreign ?? 0),
+                "duplicates": .int(dup), "foreign": .int(tally?.foreign ?? 0), "peer": .int(tally?.peer ?? 0),
                 "ackedPerS": .double(ackRate.rounded()), "peakAckedPerS": .double(peakAckedRate.rounded()),
                 "peakStoredPerS": .double(peakStoredRate.rounded()),
                 "batchesPosted": .int(Int64(batchesPosted)), "batchesFailed": .int(Int64(batchesFailed)),
@@ -86,7 +90,8 @@ extension Fleet {
             "push": [
                 "expected": .int(Int64(pushExpected)), "delivered": .int(Int64(pushDelivered)), "lost": .int(Int64(pushLost)),
                 "appDuplicates": .int(Int64(pushAppDuplicates)), "redeliveredDropped": .int(Int64(pushRedelivered)),
-                "malformed": .int(Int64(pushMalformed)), "latency": .object(lat),
+                "malformed": .int(Int64(pushMalformed)), "foreign": .int(Int64(pushForeign)), "latency": .object(lat),
+                "peerBroadcasts": .int(Int64(sends.values.filter(\.peer).count)),
             ],
             "mqtt": [
                 "connects": .int(Int64(mqttConnects)), "lostOrRefused": .int(Int64(mqttDisconnects)),
@@ -99,7 +104,7 @@ extension Fleet {
             "verifyError": verifyError.map { .string($0) } ?? .null,
             "exitCode": .int(Int64(code)),
         ]
-        var t = "pylon-fleet summary (run \(options.runId), \(Format.fixed(elapsedS, 1)) s)\n"
+        var t = "\(options.processName) summary (run \(options.runId), \(Format.fixed(elapsedS, 1)) s)\n"
         t += "  devices: \(devices.count), connected at the end \(connectedCount), registered \(registered)"
         t += readyAllAtMs.map { ", all connected after \(Format.fixed(Double($0 - startMs) / 1000, 1)) s\n" } ?? ", never all connected\n"
         if let fdNote { t += "  fd limit: \(fdNote)\n" }

@@ -1,3 +1,4 @@
+import PylonCore
 import Testing
 
 @testable import pylon_fleet
@@ -41,6 +42,18 @@ struct LatencyHistogramTests {
         #expect(a.count == 2)
         #expect(a.percentile(100) == 1_000_000)
         #expect(LatencyHistogram.bucket(0) == 0 && LatencyHistogram.bucket(UInt64.max) == LatencyHistogram.bucketCount - 1)
+    }
+
+    @Test func sparseBucketsAreWhatAMergerNeeds() {
+        var h = LatencyHistogram()
+        #expect(h.sparse.arrayValue?.isEmpty == true)
+        h.record(micros: 1000)
+        h.record(micros: 1000)
+        h.record(micros: 2_000_000)
+        let pairs = h.sparse.arrayValue ?? []
+        #expect(pairs.count == 2)
+        #expect(pairs.first?.arrayValue?.map(\.intValue) == [Int64(LatencyHistogram.bucket(1000)), 2])
+        #expect(pairs.last?.arrayValue?.map(\.intValue) == [Int64(LatencyHistogram.bucket(2_000_000)), 1])
     }
 }
 
@@ -92,13 +105,40 @@ struct LedgerTests {
         for q in 0..<100 where q != 42 { t.add(id: Substring(StoredTally.recordId(runId: "r1", device: 1, seq: Int64(q))), runId: "r1") }
         t.add(id: "r1.1.7", runId: "r1")
         t.add(id: "r0.1.8", runId: "r1")  // another run's
-        t.add(id: "r1.9.8", runId: "r1")  // no such device
+        t.add(id: "r1.9.8", runId: "r1")  // another process's device
         t.add(id: "garbage", runId: "r1")
         #expect(t.lost(device: 1, acked: acked) == 1)
         #expect(t.lost(device: 0, acked: RangeSet()) == 0)
         #expect(t.duplicates == 1)
         #expect(t.read == 99)
-        #expect(t.foreign == 3)
+        #expect(t.foreign == 2)
+        #expect(t.peer == 1)
+    }
+
+    @Test func aShareOfTheRunCountsItsOwnDevicesByGlobalIndex() {
+        // This process simulates devices 100 and 101 of the run.
+        var t = StoredTally(devices: 2, first: 100)
+        var acked = RangeSet()
+        acked.insert(0..<3)
+        for q in 0..<3 { t.add(id: Substring(StoredTally.recordId(runId: "r1", device: 101, seq: Int64(q))), runId: "r1") }
+        t.add(id: "r1.101.2", runId: "r1")
+        t.add(id: "r1.99.0", runId: "r1")  // the process below
+        t.add(id: "r1.102.0", runId: "r1")  // the process above
+        #expect(t.lost(device: 101, acked: acked) == 0)
+        #expect(t.lost(device: 100, acked: acked) == 3)
+        #expect(t.has(device: 101, seq: 2) && !t.has(device: 1, seq: 2) && !t.has(device: 102, seq: 0))
+        #expect(t.read == 3 && t.duplicates == 1 && t.peer == 2 && t.foreign == 0)
+    }
+
+    @Test func aPeersStatusIsFinalOnceItsLoadEndedWithEverySendAnswered() throws {
+        let text = #"{"phase":"draining","sendsPending":0,"broadcasts":[{"fsid":"r1-0-3","sentAtMs":1700000000123}]}"#
+        let p = try #require(PeerStatus.parse(Array(text.utf8)))
+        #expect(p.final)
+        #expect(p.broadcasts == [.init(fsid: "r1-0-3", sentAtMs: 1_700_000_000_123)])
+        #expect(PeerStatus.parse(Array(#"{"phase":"load","sendsPending":0,"broadcasts":[]}"#.utf8))?.final == false)
+        #expect(PeerStatus.parse(Array(#"{"phase":"draining","sendsPending":2}"#.utf8))?.final == false)
+        #expect(PeerStatus.parse(Array(#"{"phase":"done","broadcasts":[{"fsid":"x"}]}"#.utf8)) == nil)
+        #expect(PeerStatus.parse(Array("{\"phase\":".utf8)) == nil)  // a torn read: not final
     }
 
     @Test func outagesAreClearDropsBelowWhatHadConnected() {
@@ -146,6 +186,18 @@ struct ProcAndOptionsTests {
         #expect(o.brokers == [.init(host: "127.0.0.1", port: 1), .init(host: "127.0.0.1", port: 2)])
         #expect(o.backend == "http://x:1")
         #expect(try FleetOptions.parse(["--broker-failover-ms", "30000"]).brokerFailoverMs == 30_000)
+        let shard = try FleetOptions.parse([
+            "--devices", "5000", "--first-device", "5000", "--name", "pylon-fleet2", "--peer-status-file", "/a", "--peer-status-file", "/b",
+            "--broadcast-topic", "none",
+        ])
+        #expect(shard.firstDevice == 5000 && shard.processName == "pylon-fleet2" && shard.peerStatusFiles == ["/a", "/b"])
+        #expect(shard.broadcastTopic.isEmpty && FleetOptions().broadcastTopic == "pylon/push/all")
+        #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--broadcast-topic", "pylon/#"]) }
+        #expect(FleetOptions().firstDevice == 0 && FleetOptions().processName == "pylon-fleet")
+        #expect(throws: FleetOptions.UsageError.self) {
+            try FleetOptions.parse(["--devices", "10", "--first-device", "\(FleetOptions.Limits.maxDevices - 5)"])
+        }
+        #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--name", "a b"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--broker-failover-ms", "5"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--devices", "0"]) }
         #expect(throws: FleetOptions.UsageError.self) { try FleetOptions.parse(["--devices", "\(FleetOptions.Limits.maxDevices + 1)"]) }

@@ -30,6 +30,8 @@ struct PushConfig {
     static let maxBrokerPasswordBytes = 8192
     /// Broker refusals of the credential in a row before the device enrols again for a new one.
     static let refusalsBeforeReEnrolment = 3
+    /// The topic every device reads broadcasts on (the backend's `Backend.broadcastTopic`).
+    static let broadcastTopic = "pylon/push/all"
     /// The broker reconnect backoff's ceiling unless `broker.backoffMaxMs` sets another: while
     /// the broker stays away the waits double from `broker.backoffInitialMs` (250 ms) up to this
     /// (±20 %, never above it), so an unreachable broker costs one attempt every 1.6 to 2 min.

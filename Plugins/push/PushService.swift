@@ -275,12 +275,15 @@ final class PushService {
 
     // MARK: Registration
 
-    /// The device's own topic (by device id: a new push token keeps it).
+    /// The device's own topic (by device id: a new push token keeps it), at QoS 1, and the
+    /// broadcast topic every device reads, at QoS 0: a broadcast this device missed (offline,
+    /// or lost by the broker) is published again on its own topic after its hello.
     func subscribe() {
         guard let deviceId, subscribedTopic == nil else { return }
         let topic = "pylon/push/d/" + deviceId
         subscribedTopic = topic
         mqtt?.subscribe(topic, qos: 1)
+        mqtt?.subscribe(PushConfig.broadcastTopic, qos: 0)
     }
 
     func perform(_ actions: [Registration.Action]) {

@@ -6,7 +6,7 @@ import PylonMQTT
 /// when it registers a device, creates:
 ///
 /// - a role `pylon-dev-{deviceId}` that may subscribe to and receive `pylon/push/d/{deviceId}`
-///   and publish `pylon/push/ack/{deviceId}`, nothing else (mosquitto 2.0 dynsec has no `%c`/`%u`
+///   and the broadcast topic `pylon/push/all`, and publish `pylon/push/ack/{deviceId}`, nothing else (mosquitto 2.0 dynsec has no `%c`/`%u`
 ///   substitution, hence one role per device);
 /// - a client with username `{deviceId}`, the device token as password, and the fixed client id
 ///   `pylon-push-{installId}`, so no one else can take over the device's persistent session.
@@ -34,6 +34,9 @@ extension Backend {
                     ["acltype": "unsubscribeLiteral", "topic": .string(deviceTopic(id)), "allow": true],
                     ["acltype": "publishClientReceive", "topic": .string(deviceTopic(id)), "allow": true],
                     ["acltype": "publishClientSend", "topic": .string(ackTopic(id)), "allow": true],
+                    ["acltype": "subscribeLiteral", "topic": .string(broadcastTopic), "allow": true],
+                    ["acltype": "unsubscribeLiteral", "topic": .string(broadcastTopic), "allow": true],
+                    ["acltype": "publishClientReceive", "topic": .string(broadcastTopic), "allow": true],
                 ],
             ],
             [

@@ -16,7 +16,7 @@ import PylonStore
 ///    Retry-After: 1; an ack arriving later still records the key.
 extension Backend {
     func ingestToStream(
-        _ request: HTTPRequest, stream: String, _ js: JetStreamPublisher, _ principal: Principal
+        _ request: HTTPRequest, stream: String, _ js: JetStreamPublisher, _ principal: Principal, into answer: DeferredAnswer
     ) throws(APIError) -> Disposition {
         let key = try idempotencyKey(request)
         let body = try decodedBody(request)
@@ -27,7 +27,6 @@ extension Backend {
             return .respond(Backend.ingestAnswer(accepted: 0, duplicates: records, duplicateBatch: true, seq: nil), delayMs: 0)
         }
         let receivedAt = System.wallClockMs()
-        let answer = DeferredAnswer()
         let subject = JetStreamWire.subject(prefix: js.settings.stream.subjectPrefix, stream: stream)
         var headers = JetStreamWire.headers(
             stream: stream, receivedAtMs: receivedAt, records: records, contentType: "application/json")
@@ -37,8 +36,13 @@ extension Backend {
         let index = EventIndex.Published(records: Store.indexed(batch, keepData: true), installId: principal.installId)
         let device = principal.deviceId
         let admission = js.publish(subject: subject, msgID: key, headers: headers, body: body) { [weak self] outcome in
-            self?.streamOutcome(
-                outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index, device: device)
+            guard let self else { return }
+            // The ledger and index writes wait in the lane like the batch did (`IngestLane`).
+            let record = { [unowned self] in
+                self.streamOutcome(
+                    outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index, device: device)
+            }
+            if let lane = self.lane { lane.enqueue(record) } else { record() }
         }
         switch admission {
         case .published:

@@ -5,9 +5,10 @@ import PylonStore
 /// The push API: push-token registration, user and Live Activity bindings (device side, each
 /// with the calling device's own token), the admin send API that publishes to the broker with
 /// QoS 1, and inspection. Wire topics, by the device id of `POST /v1/devices/register`:
-/// `pylon/push/d/{deviceId}` carries a device's messages, `pylon/push/ack/{deviceId}` its apps'
-/// delivery acknowledgements (`{"ids": [msgId, ...]}`); the broker lets each device read and
-/// write only its own (`Backend+Broker.swift`).
+/// `pylon/push/d/{deviceId}` carries a device's messages, `pylon/push/all` broadcasts,
+/// `pylon/push/ack/{deviceId}` its apps' delivery acknowledgements (`{"ids": [msgId, ...]}`);
+/// the broker lets each device read only its own topic and the broadcast one, and write only
+/// its own ack topic (`Backend+Broker.swift`).
 extension Backend {
     /// Push limits (named, answered with 400/413 when exceeded).
     enum PushLimits {
@@ -26,6 +27,10 @@ extension Backend {
     }
 
     static func deviceTopic(_ deviceId: String) -> String { "pylon/push/d/" + deviceId }
+    /// The topic every device reads (at QoS 0): a broadcast is one publish here. Each device
+    /// still acknowledges it on its own ack topic, and one that missed it (offline, or the
+    /// broker lost it) gets it on its own topic when it says hello (`republish`).
+    static let broadcastTopic = "pylon/push/all"
     static func ackTopic(_ deviceId: String) -> String { "pylon/push/ack/" + deviceId }
     static let ackTopicFilter = "pylon/push/ack/+"
 
@@ -267,6 +272,14 @@ extension Backend {
         }
         let tokens = resolved.devices.map(\.token)
         let bytes = Array(payload.utf8)
+        if targetType == "broadcast" {
+            mqtt.publish(Backend.broadcastTopic, bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
+                guard ok else { self.log.warn("push: broadcast publish failed", ["msgId": msgId]); return }
+                do throws(StoreError) { try self.store.pushMarkAll("puback_at", msgId: msgId, now: System.wallClockMs()) } catch {}
+            }
+            log.debug("push: broadcast", ["msgId": msgId, "devices": tokens.count])
+            return HTTPResponse(["msgId": .string(msgId), "devices": .int(Int64(tokens.count)), "duplicate": false])
+        }
         for (t, device) in resolved.devices {
             mqtt.publish(Backend.deviceTopic(device), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
                 guard ok else { self.log.warn("push: publish failed", ["msgId": msgId, "token": t]); return }

@@ -42,6 +42,11 @@ package final class Backend {
     package var consoleData: ConsoleData?
     /// Devices known to have declared an AppKey (`Backend+Devices.swift`; bounded).
     var deviceApps: Set<DeviceApp> = []
+    /// Where ingest waits so sends do not (`IngestLane.swift`); nil: ingest runs as it is read.
+    var lane: IngestLane?
+
+    /// Runs ingest work through the lane once the loop is known (`main`).
+    package func startIngestLane(loop: Loop) { lane = IngestLane(loop: loop) }
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -95,9 +100,19 @@ package final class Backend {
             let (endpoint, principal) = try admitted.get()
             console.current = (endpoint, principal)
             if case .console(let r) = endpoint, let d = try consoleLater(request, r, principal) { return d }
-            if case .ingest(let stream) = endpoint, let js = jetstream {
-                try checkDeviceWrite(stream: stream, principal)
-                return try ingestToStream(request, stream: stream, js, principal)
+            if case .ingest(let stream) = endpoint {
+                guard let lane, delay == 0 else { return try ingestNow(request, stream: stream, principal, into: nil, delay: delay) }
+                let answer = DeferredAnswer()
+                lane.enqueue { [unowned self] in
+                    do throws(APIError) {
+                        if case .respond(let r, _) = try ingestNow(request, stream: stream, principal, into: answer, delay: 0) {
+                            answer.answer(r)
+                        }
+                    } catch {
+                        answer.answer(HTTPResponse(error))
+                    }
+                }
+                return .later(answer)
             }
             if case .data(.eventsTail) = endpoint { return try tail(request) }
             response = try route(request, endpoint, principal)
@@ -161,6 +176,16 @@ package final class Backend {
     }
 
     // MARK: Endpoints
+
+    /// An ingest request: to the JetStream stream in NATS mode (answered on its ack, through
+    /// `answer` when the lane runs it), else into the store.
+    private func ingestNow(
+        _ request: HTTPRequest, stream: String, _ principal: Principal, into answer: DeferredAnswer?, delay: UInt64
+    ) throws(APIError) -> Disposition {
+        guard let js = jetstream else { return .respond(try ingest(request, stream: stream, principal), delayMs: delay) }
+        try checkDeviceWrite(stream: stream, principal)
+        return try ingestToStream(request, stream: stream, js, principal, into: answer ?? DeferredAnswer())
+    }
 
     private func ingest(_ request: HTTPRequest, stream: String, _ principal: Principal) throws(APIError) -> HTTPResponse {
         let key = try idempotencyKey(request)
@@ -226,6 +251,11 @@ package final class Backend {
             "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
         ]
         if let n = natsStatsJSON { o["nats"] = n }
+        if let lane {
+            o["ingestLane"] = [
+                "depth": .int(Int64(lane.depth)), "peakDepth": .int(Int64(lane.peakDepth)), "ran": .int(Int64(lane.ran)),
+            ]
+        }
         return HTTPResponse(.object(o))
     }
 

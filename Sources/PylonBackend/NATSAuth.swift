@@ -13,7 +13,8 @@ import PylonCore
 ///
 /// - `name` = the device id;
 /// - publish allowed on `pylon.push.ack.{deviceId}` only (MQTT `pylon/push/ack/{deviceId}`);
-/// - subscribe allowed on `pylon.push.d.{deviceId}` and `$MQTT.sub.>` (the delivery subjects of
+/// - subscribe allowed on `pylon.push.d.{deviceId}`, the broadcast subject `pylon.push.all`, and
+///   `$MQTT.sub.>` (the delivery subjects of
 ///   its own QoS 1 subscriptions; nats-server refuses MQTT subscriptions to `$MQTT.sub.` itself);
 /// - `allowed_connection_types: ["MQTT"]`: the JWT does not open the core NATS port, where
 ///   `$MQTT.sub.>` would reach other devices' deliveries.
@@ -59,7 +60,7 @@ package struct NATSAuth: Sendable {
 
     /// The subjects a device may use (NATS form of its MQTT topics).
     static func permissions(deviceId: String) -> (pub: [String], sub: [String]) {
-        (["pylon.push.ack." + deviceId], ["pylon.push.d." + deviceId, "$MQTT.sub.>"])
+        (["pylon.push.ack." + deviceId], ["pylon.push.d." + deviceId, "pylon.push.all", "$MQTT.sub.>"])
     }
 
     /// A new bearer user JWT for device `deviceId` (a hex id: one subject token), or nil if

@@ -186,6 +186,11 @@ extension Store {
         }
     }
 
+    /// Marks every delivery of `msgId` (a broadcast: one publish for all of them).
+    func pushMarkAll(_ column: String, msgId: String, now: Int64) throws(StoreError) {
+        try db.run("UPDATE push_deliveries SET \(column) = coalesce(\(column), ?) WHERE msg_id = ?", [.int(now), .text(msgId)])
+    }
+
     func pushMark(_ column: String, msgId: String, token: String, now: Int64) throws(StoreError) {
         try db.run(
             "UPDATE push_deliveries SET \(column) = coalesce(\(column), ?) WHERE msg_id = ? AND token = ?",

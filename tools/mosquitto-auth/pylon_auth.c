@@ -8,7 +8,8 @@
  *   username and the client id, so a device's credential works with its own client id only.
  *   The backend's own login (plugin_opt_backend_user) is signed with the client id "*" (any).
  * - ACL (pattern rules on the username, the `%u` of an acl_file): a device may subscribe to and
- *   receive `pylon/push/d/<username>` and publish `pylon/push/ack/<username>`, nothing else; the
+ *   receive `pylon/push/d/<username>` and the broadcast topic `pylon/push/all`, and publish
+ *   `pylon/push/ack/<username>`, nothing else; the
  *   backend user may publish `pylon/push/#` and subscribe to and receive `pylon/push/ack/#`.
  * - Keys: plugin_opt_key_file, lines `<kid>:<hex key>` (rotation: several kids at once; the
  *   backend's --mqtt-auth-key-file holds the one it signs with, in the same form).
@@ -43,6 +44,7 @@
 #define PA_MAX_TOKEN 256
 #define PA_TOPIC_PREFIX_D "pylon/push/d/"
 #define PA_TOPIC_PREFIX_ACK "pylon/push/ack/"
+#define PA_TOPIC_BROADCAST "pylon/push/all"
 
 struct pa_key {
 	char kid[PA_MAX_KID + 1];
@@ -269,6 +271,7 @@ static int pa_acl_check(int event, void *event_data, void *userdata)
 	switch(ed->access){
 		case MOSQ_ACL_SUBSCRIBE:
 		case MOSQ_ACL_READ:
+			if(strcmp(topic, PA_TOPIC_BROADCAST) == 0) return MOSQ_ERR_SUCCESS;
 			return pa_topic_is(topic, PA_TOPIC_PREFIX_D, user) ? MOSQ_ERR_SUCCESS : MOSQ_ERR_ACL_DENIED;
 		case MOSQ_ACL_WRITE:
 			return pa_topic_is(topic, PA_TOPIC_PREFIX_ACK, user) ? MOSQ_ERR_SUCCESS : MOSQ_ERR_ACL_DENIED;

@@ -33,7 +33,7 @@ extension UploaderStore {
     /// key has dead letters is done). Returns the records set aside and what they count in the
     /// disk cap.
     func deadLetter(_ key: String, status: Int, reason: String, nowMs: Int64) throws -> (count: Int, bytes: Int) {
-        guard let id = batchIDs[key], let stream = batches[id]?.stream else { return (0, 0) }
+        guard let stream = index.batch(key)?.stream else { return (0, 0) }
         var letters: [(id: String, data: String, ts: Int64)] = []
         try texts(records(ofBatch: key)) { t in
             guard let rec = RecordText.parts(t) else { return }
@@ -120,7 +120,7 @@ extension UploaderStore {
         var chunks: [Chunk] = []
         var deleted: [Int64] = []
         var keys: [RecordKey] = []
-        var seen = self.ids[stream] ?? []
+        var seen = index.ids[stream] ?? []
         var escaped: [UInt8] = []
         for row in try deadLetterRows(stream: stream, ids: ids) {
             var id = row.id
@@ -165,7 +165,7 @@ extension UploaderStore {
                 while try del.step() {}
             }
         }
-        if !keys.isEmpty { self.ids[stream, default: []].formUnion(keys) }
+        if !keys.isEmpty { index.ids[stream, default: []].formUnion(keys) }
         return (plan, true)
     }
 

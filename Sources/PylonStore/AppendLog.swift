@@ -1,4 +1,3 @@
-import CZlib
 import PylonCore
 
 #if canImport(Glibc)
@@ -10,11 +9,12 @@ import Glibc
 /// frame appended with one `write`, never a rewrite of the file or of database pages; the whole
 /// file is rewritten only by `rewrite` (compaction, decided by the owner), atomically.
 ///
-/// The file is `magic` then frames `u32 length | u32 crc32 | body` (little-endian; `length`
-/// counts the body, `crc32` is zlib's over the body). Reading stops at the first frame that does
-/// not fit the file, is longer than `maxFrameBytes` or fails its crc: a torn tail (a write a crash
-/// or power cut cut short), and the file is truncated there so the next append follows the last
-/// whole frame. What survives is therefore always a prefix of the frames appended.
+/// The file is `magic` then frames `u32 length | u32 crc32 | body` (`FrameFile`, the format the
+/// uploader's queue segments share). Reading stops at the first frame that does not fit the
+/// file, is longer than `maxFrameBytes` or fails its crc (`FrameFile.Damage.endsFile`): a torn
+/// tail (a write a crash or power cut cut short), and the file is truncated there so the next
+/// append follows the last whole frame. What survives is therefore always a prefix of the
+/// frames appended.
 ///
 /// Durability: `commit` returns once the bytes are in the kernel (they survive `kill -9` of the
 /// process); `sync` (`fdatasync`) makes them survive an OS crash or power cut. I/O shell only:
@@ -25,7 +25,7 @@ public final class AppendLog {
     /// The largest file opened (its owner compacts long before; a larger one is refused with
     /// `EFBIG`, not read into memory).
     public static let maxFileBytes = 256 << 20
-    public static let headBytes = 8
+    public static let headBytes = FrameFile.headBytes
 
     public let path: String
     let magic: [UInt8]
@@ -56,16 +56,12 @@ public final class AppendLog {
             guard data.count >= magic.count, Array(data[0..<magic.count]) == magic else {
                 throw IOError(errnoCode: EINVAL, reason: "\(path) is not a log of this kind")
             }
-            var at = magic.count
-            data.withUnsafeBytes { b in
-                while at + Self.headBytes <= b.count {
-                    let n = Int(Self.u32(b, at))
-                    guard n <= Self.maxFrameBytes, at + Self.headBytes + n <= b.count else { break }
-                    let body = UnsafeRawBufferPointer(rebasing: b[(at + Self.headBytes)..<(at + Self.headBytes + n)])
-                    guard Self.crc32(body) == Self.u32(b, at + 4) else { break }
+            let at = data.withUnsafeBytes { b in
+                FrameFile.scan(b, from: magic.count, minBodyBytes: 0, maxBodyBytes: Self.maxFrameBytes, damage: .endsFile) {
+                    body, _ -> Void? in
                     frame(body)
-                    at += Self.headBytes + n
-                }
+                    return ()
+                }.validEnd
             }
             bytes = at
             truncatedBytes = data.count - at
@@ -131,23 +127,8 @@ public final class AppendLog {
 
     // MARK: Frames (pure)
 
-    public static func frame(_ body: [UInt8], into out: inout [UInt8]) {
-        var h = [UInt8](repeating: 0, count: headBytes)
-        put32(&h, 0, UInt32(body.count))
-        put32(&h, 4, body.withUnsafeBytes { crc32($0) })
-        out += h
-        out += body
-    }
-
-    static func crc32(_ b: UnsafeRawBufferPointer) -> UInt32 {
-        UInt32(truncatingIfNeeded: CZlib.crc32(0, b.baseAddress?.assumingMemoryBound(to: Bytef.self), uInt(b.count)))
-    }
-    static func u32(_ b: UnsafeRawBufferPointer, _ at: Int) -> UInt32 {
-        UInt32(b[at]) | UInt32(b[at + 1]) << 8 | UInt32(b[at + 2]) << 16 | UInt32(b[at + 3]) << 24
-    }
-    static func put32(_ b: inout [UInt8], _ at: Int, _ v: UInt32) {
-        for i in 0..<4 { b[at + i] = UInt8(truncatingIfNeeded: v >> (8 * UInt32(i))) }
-    }
+    /// Appends a frame of `body` to `out` (`FrameFile.frame`).
+    public static func frame(_ body: [UInt8], into out: inout [UInt8]) { FrameFile.frame(body, into: &out) }
 }
 
 /// Writes a frame body: unsigned LEB128 varints, strings as a varint length and their UTF-8.
@@ -155,21 +136,28 @@ public struct FrameWriter {
     public private(set) var bytes: [UInt8] = []
     public init(kind: UInt8) { bytes.append(kind) }
 
-    public mutating func varint(_ v: UInt64) {
-        var v = v
-        while v >= 0x80 {
-            bytes.append(UInt8(truncatingIfNeeded: v) | 0x80)
-            v >>= 7
-        }
-        bytes.append(UInt8(v))
-    }
+    public mutating func varint(_ v: UInt64) { Self.varint(v, to: &bytes) }
     /// A signed value (zigzag).
     public mutating func int(_ v: Int64) { varint(UInt64(bitPattern: (v << 1) ^ (v >> 63))) }
-    public mutating func string(_ s: String) {
+    public mutating func string(_ s: String) { Self.string(s, to: &bytes) }
+
+    /// Appends `v` as an unsigned LEB128 varint to `out` (a body written in place, as the
+    /// uploader's segment frames are).
+    public static func varint(_ v: UInt64, to out: inout [UInt8]) {
+        var v = v
+        while v >= 0x80 {
+            out.append(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        out.append(UInt8(v))
+    }
+
+    /// Appends `s` as its UTF-8 length (a varint) and bytes to `out`.
+    public static func string(_ s: String, to out: inout [UInt8]) {
         var s = s
         s.withUTF8 { u in
-            varint(UInt64(u.count))
-            bytes.append(contentsOf: u)
+            varint(UInt64(u.count), to: &out)
+            out.append(contentsOf: u)
         }
     }
 }
@@ -178,8 +166,12 @@ public struct FrameWriter {
 /// frame that passed its crc but does not parse is the owner's to skip).
 public struct FrameReader {
     let b: UnsafeRawBufferPointer
-    var at = 0
-    public init(_ b: UnsafeRawBufferPointer) { self.b = b }
+    /// The offset in the body of the next byte read.
+    public private(set) var at: Int
+    public init(_ b: UnsafeRawBufferPointer, at: Int = 0) {
+        self.b = b
+        self.at = at
+    }
 
     public var atEnd: Bool { at >= b.count }
 

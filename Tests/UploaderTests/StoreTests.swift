@@ -213,12 +213,12 @@ struct StoreTests {
         try Self.enqueue(store, "s", Self.numbered("r", 0..<4))
         _ = try store.cutBatch(stream: "s", key: "k", maxCount: 500, maxBytes: 1 << 20, final: false, nowMs: 1)
         store.deleteDelivered("k")
-        #expect(store.batchIDs.count == 1, "waits for a write")
+        #expect(store.index.batchIDs.count == 1, "waits for a write")
         #expect(
             try Self.enqueue(store, "s", [("r1", "1"), ("r9", "9")]) == (1, Self.charge([("r9", "9")])),
             "r1 was deleted first, and is a delivered id: a duplicate (DeliveredIds)")
         #expect(store.deliveredQueue.isEmpty)
-        #expect(store.batchIDs.isEmpty)
+        #expect(store.index.batchIDs.isEmpty)
         #expect(try store.summaries()["s"]?.queued == 1)
         #expect(try Self.enqueue(store, "s", [("r1", "1")]).added == 0, "queued again: a duplicate")
     }
@@ -232,8 +232,8 @@ struct StoreTests {
         store.deleteDelivered("k1")
         store.deleteDelivered("k2")
         try store.applyDeliveredDeletes()
-        #expect(store.deliveredQueue.isEmpty && store.ids["s"] == nil)
-        #expect(store.queues.isEmpty && store.batchIDs.isEmpty)
+        #expect(store.deliveredQueue.isEmpty && store.index.ids["s"] == nil)
+        #expect(store.index.queues.isEmpty && store.index.batchIDs.isEmpty)
         #expect(try store.totalBytes() == 0)
     }
 
@@ -247,10 +247,10 @@ struct StoreTests {
         store.log.failNextAppend = IOError(errnoCode: ENOSPC, reason: "injected")
         #expect(throws: IOError.self) { try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) }
         #expect(store.deliveredQueue == ["k"])
-        #expect(store.batchIDs.count == 1)
-        #expect(store.ids["s"]?.count == 2, "r0 and r1 still on disk; new not added")
+        #expect(store.index.batchIDs.count == 1)
+        #expect(store.index.ids["s"]?.count == 2, "r0 and r1 still on disk; new not added")
         #expect(try Self.enqueue(store, "s", [("r0", "0"), ("new", "1")]) == (1, Self.charge([("new", "1")])), "r0 delivered: a duplicate")
-        #expect(store.deliveredQueue.isEmpty && store.ids["s"]?.count == 1)
+        #expect(store.deliveredQueue.isEmpty && store.index.ids["s"]?.count == 1)
     }
 
     /// A delivered id is a duplicate until `DeliveredIds.window` later deliveries of the stream

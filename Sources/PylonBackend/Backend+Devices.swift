@@ -77,6 +77,7 @@ extension Backend {
         var mqtt: JSONObject = [
             "username": .string(id), "clientId": .string(Backend.mqttClientId(installId: install)),
             "deviceTopic": .string(Backend.deviceTopic(id)), "ackTopic": .string(Backend.ackTopic(id)),
+            "broadcastTopic": .string(Backend.broadcastTopic),
         ]
         // The pylon_auth plugin: a token the broker checks by its signature alone.
         if let auth = mqttAuth {

@@ -43,18 +43,20 @@ import Testing
         #expect(!c.predicateValue(0, context: ctx()).0)
     }
 
+    /// PCRE2's match limit ends the backtracking ("gave up"), not the end of the search; how
+    /// long that takes is `Benchmarks/engine-worst-cases.sh`'s to say (it was a 1 s bound here).
     @Test func catastrophicRegexGivesUpQuickly() {
         let subject = JSON.string(String(repeating: "a", count: 40) + "!")
         let c = container(predicates: [
             ["function": "_re", "arg0": subject, "arg1": "^(a+)+$"],
             ["function": "_re", "arg0": subject, "arg1": "^(a|aa)+$"],
         ])
-        let start = System.wallClockMs()
         let (r, w) = c.predicateValue(0, context: ctx())
         #expect(!r)
-        #expect(!c.predicateValue(1, context: ctx()).0)
-        #expect(System.wallClockMs() - start < 1000)
         #expect(w.contains { $0.contains("gave up") })
+        let (r1, w1) = c.predicateValue(1, context: ctx())
+        #expect(!r1)
+        #expect(w1.contains { $0.contains("gave up") })
     }
 
     @Test func numericPredicatesParseBothSides() {

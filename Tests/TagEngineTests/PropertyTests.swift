@@ -94,10 +94,13 @@ import Testing
         var g = Gen(rng: SplitMix64(seed: 0x5EED))
         var limits = EngineLimits()
         limits.maxSteps = 20_000
-        let start = System.wallClockMs()
+        // How long the 400 take is `Benchmarks/engine-worst-cases.sh`'s to say (a 60 s bound here
+        // before); here, that they were evaluated at all.
+        var parsed = 0
         for round in 0..<400 {
             let j = g.container()
             guard let c = try? Container.parse(full: j, limits: limits) else { continue }
+            parsed += 1
             var dl = DataLayer()
             for _ in 0..<3 { dl.push(g.dataLayer()) }
             var cx = EvaluationContext(dataLayer: dl, event: "openScreen", nowMs: 1, seed: UInt64(round), registeredMacros: ["f"])
@@ -110,15 +113,28 @@ import Testing
             cx.event = nil
             _ = c.tagsToFire(context: cx)
         }
-        #expect(System.wallClockMs() - start < 60_000)
+        #expect(parsed == 400, "bad entries are warnings, not refusals: \(parsed) of 400 parsed")
     }
 
     @Test func randomPushesNeverCrash() {
         var g = Gen(rng: SplitMix64(seed: 77))
         var dl = DataLayer()
+        var checked = 0
         for _ in 0..<2000 {
-            dl.push(g.dataLayer())
+            let update = g.dataLayer()
+            dl.push(update)
             _ = dl.get(g.pick(["a", "b", "x.y", "x", "a.b.c", ""]))
+            // A scalar pushed under a plain key overwrites (unless a dotted key of the same push
+            // expands into it).
+            for (k, v) in update where !k.contains(".") && !update.keys.contains(where: { $0.hasPrefix(k + ".") }) {
+                switch v {
+                case .object, .array: continue
+                default:
+                    #expect(dl.get(k) == v, "\(k) after \(JSON.object(update).serialized)")
+                    checked += 1
+                }
+            }
         }
+        #expect(checked > 500, "scalar overwrites checked: \(checked)")
     }
 }

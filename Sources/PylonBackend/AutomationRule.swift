@@ -2,10 +2,10 @@ import PylonCore
 import PylonProtocol
 
 /// A marketing-automation rule (docs/AUTOMATION.md): a trigger (an event of an AppKey by name,
-/// with conditions on its properties), a re-entry rule, an optional wait, a push from a template,
-/// and the guards a send passes (caps, quiet hours, a rate limit). A value type: parsed and
-/// validated from the API's JSON (`parse`), written back (`json`), and matched against an
-/// event (`matches`) without I/O.
+/// with conditions on its properties), a re-entry rule, steps (waits, branches, sends, exits;
+/// `AutomationSteps.swift`), an exit event, and the guards a send passes (caps, quiet hours, a
+/// rate limit). A value type: parsed and validated from the API's JSON (`parse`), written back
+/// (`json`), and matched against an event (`matches`) without I/O.
 struct AutomationRule: Equatable {
     /// A property operator of a trigger condition.
     enum Op: String, CaseIterable {
@@ -105,9 +105,11 @@ struct AutomationRule: Equatable {
     var event: String
     var conditions: [Condition] = []
     var reentry: Reentry = .once
-    /// The wait before the send, in seconds (0: none).
-    var waitSeconds: Int64 = 0
-    var push: Push
+    /// The steps, run from the first (`AutomationSteps.swift`), and their ids (nil: none).
+    var steps: [Step] = []
+    var stepIds: [String?] = []
+    /// An event that ends the user's journeys of this rule.
+    var exitOn: ExitOn?
     var guards = Guards()
 
     /// Whether an event of this rule's AppKey named `event` with `properties` triggers it.
@@ -142,11 +144,6 @@ struct AutomationRule: Equatable {
         case .every: re = ["mode": "every"]
         case .perDays(let d): re = ["mode": "perDays", "days": .int(d)]
         }
-        var steps: [JSON] = []
-        if waitSeconds > 0 { steps.append(["type": "wait", "seconds": .int(waitSeconds)]) }
-        var p: JSONObject = ["appId": .string(push.appId), "title": .string(push.title), "body": .string(push.body)]
-        if !push.data.isEmpty { p["data"] = .object(push.data) }
-        steps.append(["type": "send", "push": .object(p)])
         var g: JSONObject = [
             "sendsPerMinute": .int(Int64(guards.sendsPerMinute)), "transactional": .bool(guards.transactional),
             "utcOffsetMinutes": .int(Int64(guards.utcOffsetMinutes)),
@@ -159,16 +156,18 @@ struct AutomationRule: Equatable {
                 "mode": .string(q.deferSend ? "defer" : "drop"),
             ]
         }
-        return [
-            "name": .string(name), "appKey": .string(appKey), "trigger": .object(trigger), "reentry": re, "steps": .array(steps),
+        var o: JSONObject = [
+            "name": .string(name), "appKey": .string(appKey), "trigger": .object(trigger), "reentry": re, "steps": stepsJSON,
             "guards": .object(g),
         ]
+        if let x = exitJSON { o["exit"] = x }
+        return .object(o)
     }
 
     /// Parses and validates a rule definition; every refusal names the field and what it takes.
     static func parse(_ j: JSON) throws(AutomationError) -> AutomationRule {
         guard let o = j.objectValue else { throw AutomationError("", "a rule must be a JSON object") }
-        try only(o, ["name", "appKey", "trigger", "reentry", "steps", "guards"], at: "")
+        try only(o, ["name", "appKey", "trigger", "reentry", "steps", "exit", "guards"], at: "")
         let name = try string(o["name"], "name", max: AutomationLimits.maxNameBytes)
         let appKey = try string(o["appKey"], "appKey", max: AppKey.maxBytes)
         guard AppKey.isValid(appKey) else { throw AutomationError("appKey", "must be \(AppKey.rule)") }
@@ -177,23 +176,16 @@ struct AutomationRule: Equatable {
         }
         try only(t, ["event", "conditions"], at: "trigger")
         let event = try string(t["event"], "trigger.event", max: EventIndex.maxFieldBytes)
-        var conditions: [Condition] = []
-        if let cs = t["conditions"], !cs.isNull {
-            guard let list = cs.arrayValue, list.count <= AutomationLimits.maxConditions else {
-                throw AutomationError("trigger.conditions", "must be an array of at most \(AutomationLimits.maxConditions) conditions")
-            }
-            for (i, c) in list.enumerated() { conditions.append(try condition(c, at: "trigger.conditions[\(i)]")) }
-        }
-        var rule = AutomationRule(
-            name: name, appKey: appKey, event: event, conditions: conditions,
-            push: Push(appId: "", title: "", body: ""))
+        let conditions = try conditions(t["conditions"], at: "trigger.conditions")
+        var rule = AutomationRule(name: name, appKey: appKey, event: event, conditions: conditions)
         rule.reentry = try reentry(o["reentry"])
-        try steps(o["steps"], into: &rule)
+        try parseSteps(o["steps"], into: &rule)
+        rule.exitOn = try parseExit(o["exit"])
         rule.guards = try guards(o["guards"])
         return rule
     }
 
-    private static func condition(_ j: JSON, at path: String) throws(AutomationError) -> Condition {
+    static func condition(_ j: JSON, at path: String) throws(AutomationError) -> Condition {
         guard let o = j.objectValue else { throw AutomationError(path, "must be an object {\"property\", \"op\", ...}") }
         let property = try string(o["property"], path + ".property", max: AutomationLimits.maxPropertyBytes)
         guard let opName = o["op"]?.stringValue else {
@@ -265,59 +257,27 @@ struct AutomationRule: Equatable {
         }
     }
 
-    private static func steps(_ j: JSON?, into rule: inout AutomationRule) throws(AutomationError) {
-        guard let list = j?.arrayValue, !list.isEmpty else {
-            throw AutomationError("steps", "is required: an optional wait then one send, e.g. [{\"type\": \"send\", \"push\": {...}}]")
-        }
-        guard list.count <= 2 else { throw AutomationError("steps", "takes at most two steps: an optional wait, then a send") }
-        for (i, s) in list.enumerated() {
-            let path = "steps[\(i)]"
-            guard let o = s.objectValue, let type = o["type"]?.stringValue else {
-                throw AutomationError(path + ".type", "is required: wait or send")
-            }
-            let last = i == list.count - 1
-            switch type {
-            case "wait":
-                guard !last else { throw AutomationError(path, "a wait must be followed by a send") }
-                try only(o, ["type", "seconds"], at: path)
-                guard let sec = o["seconds"] else {
-                    throw AutomationError(
-                        path + ".seconds", "a wait needs a duration: seconds, an integer in 1...\(AutomationLimits.maxWaitSeconds)")
-                }
-                guard let n = sec.intValue, (1...AutomationLimits.maxWaitSeconds).contains(n) else {
-                    throw AutomationError(path + ".seconds", "must be an integer in 1...\(AutomationLimits.maxWaitSeconds)")
-                }
-                rule.waitSeconds = n
-            case "send":
-                guard last else { throw AutomationError(path, "the send must be the last step") }
-                try only(o, ["type", "push"], at: path)
-                rule.push = try push(o["push"], at: path + ".push")
-            default:
-                throw AutomationError(path + ".type", "unknown step type \"\(type)\" (wait, send)")
-            }
-        }
-    }
-
-    private static func push(_ j: JSON?, at path: String) throws(AutomationError) -> Push {
+    static func push(_ j: JSON?, at path: String) throws(AutomationError) -> Push {
         guard let o = j?.objectValue else { throw AutomationError(path, "is required: {\"appId\", \"title\", \"body\", \"data\"?}") }
         try only(o, ["appId", "title", "body", "data"], at: path)
-        let appId = try string(o["appId"], path + ".appId", max: Backend.PushLimits.maxIdBytes)
-        guard Router.invalidName(appId, what: "appId") == nil else { throw AutomationError(path + ".appId", "contains control characters") }
-        let title = try template(o["title"], path + ".title", max: Backend.PushLimits.maxTitleBytes)
-        let body = try template(o["body"], path + ".body", max: Backend.PushLimits.maxContentBytes)
+        let at = { (k: String) in path.isEmpty ? k : path + "." + k }
+        let appId = try string(o["appId"], at("appId"), max: Backend.PushLimits.maxIdBytes)
+        guard Router.invalidName(appId, what: "appId") == nil else { throw AutomationError(at("appId"), "contains control characters") }
+        let title = try template(o["title"], at("title"), max: Backend.PushLimits.maxTitleBytes)
+        let body = try template(o["body"], at("body"), max: Backend.PushLimits.maxContentBytes)
         var data: JSONObject = [:]
         if let d = o["data"], !d.isNull {
             guard let m = d.objectValue, m.count <= Backend.PushLimits.maxExtendedParams else {
-                throw AutomationError(path + ".data", "must be an object of at most \(Backend.PushLimits.maxExtendedParams) strings")
+                throw AutomationError(at("data"), "must be an object of at most \(Backend.PushLimits.maxExtendedParams) strings")
             }
             for (k, v) in m {
-                data[k] = .string(try template(v, path + ".data." + k, max: AutomationLimits.maxDataValueBytes))
+                data[k] = .string(try template(v, at("data." + k), max: AutomationLimits.maxDataValueBytes))
             }
         }
         return Push(appId: appId, title: title, body: body, data: data)
     }
 
-    private static func template(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
+    static func template(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
         guard let s = j?.stringValue else { throw AutomationError(path, "is required: a string (a template)") }
         guard s.utf8.count <= max else { throw AutomationError(path, "exceeds \(max) bytes") }
         if let why = AutomationTemplate.invalid(s) { throw AutomationError(path, why) }
@@ -367,13 +327,13 @@ struct AutomationRule: Equatable {
     // MARK: Helpers
 
     /// Refuses members of `o` not in `known` (a misspelt field is an error, not ignored).
-    private static func only(_ o: JSONObject, _ known: Set<String>, at path: String) throws(AutomationError) {
+    static func only(_ o: JSONObject, _ known: Set<String>, at path: String) throws(AutomationError) {
         for k in o.keys where !known.contains(k) {
             throw AutomationError(path.isEmpty ? k : path + "." + k, "unknown field (expected \(known.sorted().joined(separator: ", ")))")
         }
     }
 
-    private static func string(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
+    static func string(_ j: JSON?, _ path: String, max: Int) throws(AutomationError) -> String {
         guard let j, !j.isNull else { throw AutomationError(path, "is required") }
         guard let s = j.stringValue, !s.isEmpty, s.utf8.count <= max,
             !s.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
@@ -435,6 +395,11 @@ enum AutomationLimits {
     static let maxDataValueBytes = 1024
     static let maxReentryDays: Int64 = 3650
     static let maxWaitSeconds: Int64 = 90 * 86_400
+    /// Steps of a rule at most, and the bytes of a step's id.
+    static let maxSteps = 20
+    static let maxStepIdBytes = 64
+    /// Events read after a trigger at most, for a branch's or an exit's "did EVENT".
+    static let eventsSinceRead = 200
     static let maxCap: Int64 = 1000
     static let defaultSendsPerMinute = 600
     static let maxSendsPerMinute: Int64 = 60_000

@@ -22,6 +22,8 @@ final class AutomationState {
     /// Event index rows not evaluated yet (newest id minus the cursor), as last seen.
     var backlog: Int64 = 0
     var metricsRegistered = false
+    /// `automation_journeys.step` is there (added in place to an older database once).
+    var stepColumnChecked = false
 
     init(postgres: Bool) {
         settle = AutomationSettle(settleMs: postgres ? AutomationLimits.settleMs : 0)
@@ -93,12 +95,12 @@ extension Backend {
         case .funnel(let id):
             _ = try ruleRow(id)
             let f = try storage { () throws(StoreError) in try store.automationFunnel(id) }
-            var counts: JSONObject = ["triggered": 0, "waiting": 0, "sent": 0, "suppressed": 0]
+            var counts: JSONObject = ["triggered": 0, "waiting": 0, "branch": 0, "sent": 0, "suppressed": 0, "exited": 0]
             var reasons: JSONObject = [:]
             for d in f.decisions {
                 counts[d.kind] = .int((counts[d.kind]?.intValue ?? 0) + d.count)
-                if d.kind == "suppressed" || d.kind == "waiting", let r = d.reason {
-                    let key = d.kind == "waiting" ? "waiting:" + r : r
+                if let r = d.reason {
+                    let key = d.kind == "suppressed" ? r : d.kind + ":" + r
                     reasons[key] = .int((reasons[key]?.intValue ?? 0) + d.count)
                 }
             }
@@ -197,6 +199,10 @@ extension Backend {
             }
         }
         do throws(StoreError) {
+            if !a.stepColumnChecked {
+                try store.ensureAutomationStepColumn()
+                a.stepColumnChecked = true
+            }
             try loadActiveRules(a)
             let newest = try store.lastEventID()
             a.settle.note(newestId: newest, now: now)
@@ -267,8 +273,9 @@ extension Backend {
                         Store.NewJourney(
                             ruleId: r.id, version: r.version, appKey: row.appKey, euid: row.euid,
                             entryKey: r.rule.entryKey(triggerKey: String(row.streamId) + ":" + row.recordId), eventId: row.id,
-                            installId: row.installId, properties: properties.serialized, dueMs: now + r.rule.waitSeconds * 1000,
-                            transactional: r.rule.guards.transactional, waits: r.rule.waitSeconds > 0))
+                            installId: row.installId, properties: properties.serialized, dueMs: now + r.rule.leadingWaitSeconds * 1000,
+                            transactional: r.rule.guards.transactional, waits: r.rule.leadingWaitSeconds > 0,
+                            step: r.rule.leadingWaitSeconds > 0 ? 1 : 0))
                 }
                 if turn.journeys.count >= AutomationLimits.journeysPerTurn { turn.stoppedAfter = row.id }
             }
@@ -287,7 +294,24 @@ extension Backend {
                 try store.suppressJourney(j, reason: "rule_missing", now: now)
                 continue
             }
+            var j = j
             if j.state != "sending" {
+                // The steps up to the next wait, send or end.
+                let (branches, next) = try runSteps(j, rule, now: now)
+                for b in branches {
+                    try store.recordDecision(
+                        rule: j.ruleId, version: j.version, appKey: j.appKey, euid: j.euid, journey: j.id, event: j.eventId,
+                        kind: "branch", reason: b, msgId: nil, now: now)
+                }
+                switch next {
+                case .wait(let until, let step, let reason):
+                    try store.postponeJourney(j, untilMs: until, step: step, reason: reason, log: true, now: now)
+                    continue
+                case .exit(let reason):
+                    try store.suppressJourney(j, reason: reason, kind: "exited", now: now)
+                    continue
+                case .send(let step): j.step = step
+                }
                 var ruleBudget = a.perRule[j.ruleId] ?? AutomationBudget(perSecond: AutomationLimits.ruleSendsPerSecond)
                 if ruleBudget.available(now: now) == 0 {
                     a.deferredByBudget += 1
@@ -299,7 +323,7 @@ extension Backend {
                     let facts = try store.journeyFacts(j, rule: rule, now: now)
                     let outcome = AutomationGuard.decide(rule, facts)
                     switch outcome {
-                    case .send: try store.reserveJourney(j, now: now)
+                    case .send: try store.reserveJourney(j, step: j.step, now: now)
                     case .suppress(let reason): try store.suppressJourney(j, reason: reason, now: now)
                     case .later(let until, let reason):
                         try store.postponeJourney(j, untilMs: until, reason: reason, log: reason == "quiet_hours", now: now)
@@ -318,11 +342,57 @@ extension Backend {
         }
     }
 
+    /// The push a send step sends: its own, or the stored template's (nil: the template is gone).
+    func sendPush(_ content: AutomationRule.Send) throws(StoreError) -> AutomationRule.Push? {
+        switch content {
+        case .push(let p): return p
+        case .template: return nil
+        }
+    }
+
+    /// Runs the journey's steps from its `step` (`AutomationJourney.run`) with what they read
+    /// from the store: the profile, events since the trigger, the user's time zone.
+    private func runSteps(_ j: Store.JourneyRow, _ rule: AutomationRule, now: Int64) throws(StoreError) -> (
+        branches: [String], outcome: AutomationJourney.Outcome
+    ) {
+        var failure: StoreError?
+        var profile: JSON?
+        let context = AutomationJourney.Context(
+            now: now, offsetMinutes: rule.guards.utcOffsetMinutes, event: (try? JSON.parse(j.properties)) ?? .object([:]),
+            profile: {
+                if let p = profile { return p }
+                do throws(StoreError) {
+                    let text = try self.store.automationProfile(appKey: j.appKey, euid: j.euid)
+                    profile = (try? JSON.parse(text)) ?? .object([:])
+                } catch {
+                    failure = error
+                    profile = .object([:])
+                }
+                return profile!
+            },
+            did: { event, conditions in
+                do throws(StoreError) {
+                    return try self.store.automationEventsSince(appKey: j.appKey, euid: j.euid, event: event, afterId: j.eventId)
+                        .contains { p in conditions.allSatisfy { $0.holds(p) } }
+                } catch {
+                    failure = error
+                    return false
+                }
+            })
+        let result = AutomationJourney.run(rule, from: j.step, context)
+        if let failure { throw failure }
+        return result
+    }
+
     /// Renders the journey's push and sends it through `POST /v1/admin/push/send`'s path
     /// (history, funnel, republish), with `automation:<journey id>` as its dedup key.
     private func send(_ a: AutomationState, _ j: Store.JourneyRow, _ rule: AutomationRule, now: Int64) throws(StoreError) {
         guard let userId = try store.automationUserId(appKey: j.appKey, euid: j.euid) else {
             try store.suppressJourney(j, reason: "no_binding", now: now)
+            return
+        }
+        guard j.step < rule.steps.count, case .send(let content) = rule.steps[j.step], let push = try sendPush(content) else {
+            try store.suppressJourney(j, reason: "template_missing", now: now)
             return
         }
         let event = (try? JSON.parse(j.properties)) ?? .object([:])
@@ -331,13 +401,13 @@ extension Backend {
             .string(AutomationTemplate.cut(AutomationTemplate.render(s, event: event, profile: profile), max))
         }
         var body: JSONObject = [
-            "appId": .string(rule.push.appId), "targetType": "user", "target": .string(userId),
-            "title": render(rule.push.title, PushLimits.maxTitleBytes), "content": render(rule.push.body, PushLimits.maxContentBytes),
+            "appId": .string(push.appId), "targetType": "user", "target": .string(userId),
+            "title": render(push.title, PushLimits.maxTitleBytes), "content": render(push.body, PushLimits.maxContentBytes),
             "msgKey": .string("automation:" + String(j.id)),
         ]
-        if !rule.push.data.isEmpty {
+        if !push.data.isEmpty {
             var data: JSONObject = [:]
-            for (k, v) in rule.push.data { data[k] = render(v.stringValue ?? "", AutomationLimits.maxDataValueBytes) }
+            for (k, v) in push.data { data[k] = render(v.stringValue ?? "", AutomationLimits.maxDataValueBytes) }
             body["extendedParams"] = .object(data)
         }
         let request = HTTPRequest(

@@ -57,6 +57,7 @@ extension Store {
             transactional INTEGER NOT NULL,
             msg_id TEXT,
             reason TEXT,
+            step INTEGER NOT NULL DEFAULT 0,
             UNIQUE (rule_id, app_key, euid, entry_key)
         );
         CREATE INDEX IF NOT EXISTS automation_journeys_due ON automation_journeys(state, due_ms);
@@ -78,12 +79,12 @@ extension Store {
         );
         CREATE INDEX IF NOT EXISTS automation_decisions_rule ON automation_decisions(rule_id, id);
         CREATE INDEX IF NOT EXISTS automation_decisions_user ON automation_decisions(euid, id);
-        """
+        """ + automationObjectsSchema
 
     static let automationReset = """
         DELETE FROM automation_rules; DELETE FROM automation_rule_versions; DELETE FROM automation_cursor;
         DELETE FROM automation_journeys; DELETE FROM automation_decisions;
-        """
+        """ + automationObjectsReset
 
     // MARK: Rules
 
@@ -223,6 +224,8 @@ extension Store {
         var dueMs: Int64
         var transactional: Bool
         var waits: Bool
+        /// The step the journey goes on with when due (after a leading wait: 1).
+        var step: Int
     }
 
     /// What the evaluator decided for the rows of one turn.
@@ -286,13 +289,14 @@ extension Store {
                 let id = try db.query(
                     """
                     INSERT INTO automation_journeys (rule_id, version, app_key, euid, entry_key, event_id, install_id, properties,
-                        state, due_ms, entered_ms, transactional)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+                        state, due_ms, entered_ms, transactional, step)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
                     ON CONFLICT (rule_id, app_key, euid, entry_key) DO NOTHING RETURNING id
                     """,
                     [
                         .int(j.ruleId), .int(j.version), .text(j.appKey), .text(j.euid), .text(j.entryKey), .int(j.eventId),
                         .text(j.installId), .text(j.properties), .int(j.dueMs), .int(now), .int(j.transactional ? 1 : 0),
+                        .int(Int64(j.step)),
                     ]
                 ).first?.first?.int
                 guard let id else {
@@ -355,16 +359,18 @@ extension Store {
         var properties: String
         var state: String
         var dueMs: Int64
+        /// The step the journey goes on with (a `sending` journey: its send step).
+        var step: Int = 0
     }
 
     static let journeyColumns =
-        "id, rule_id, version, app_key, euid, event_id, install_id, properties, state, due_ms FROM automation_journeys"
+        "id, rule_id, version, app_key, euid, event_id, install_id, properties, state, due_ms, step FROM automation_journeys"
 
     static func journeyRow(_ r: [SQLValue]) -> JourneyRow {
         JourneyRow(
             id: r[0].int ?? 0, ruleId: r[1].int ?? 0, version: r[2].int ?? 0, appKey: r[3].text ?? "", euid: r[4].text ?? "",
             eventId: r[5].int ?? 0, installId: r[6].text ?? "", properties: r[7].text ?? "{}", state: r[8].text ?? "",
-            dueMs: r[9].int ?? 0)
+            dueMs: r[9].int ?? 0, step: Int(r[10].int ?? 0))
     }
 
     /// Claims due journeys (at most `limit`): `pending` ones whose time has come, and `claimed`
@@ -461,22 +467,24 @@ extension Store {
             ).isEmpty)
     }
 
-    /// Ends a journey without a send (its trigger properties are dropped).
-    func suppressJourney(_ j: JourneyRow, reason: String, now: Int64) throws(StoreError) {
+    /// Ends a journey without a send (its trigger properties are dropped): `suppressed` by a
+    /// guard, or `exited` (an exit event or step; `kind`).
+    func suppressJourney(_ j: JourneyRow, reason: String, kind: String = "suppressed", now: Int64) throws(StoreError) {
         try db.run(
-            "UPDATE automation_journeys SET state = 'suppressed', reason = ?, properties = '{}', sent_ms = NULL WHERE id = ?",
-            [.text(reason), .int(j.id)])
+            "UPDATE automation_journeys SET state = ?, reason = ?, properties = '{}', sent_ms = NULL WHERE id = ?",
+            [.text(kind), .text(reason), .int(j.id)])
         try recordDecision(
-            rule: j.ruleId, version: j.version, appKey: j.appKey, euid: j.euid, journey: j.id, event: j.eventId, kind: "suppressed",
+            rule: j.ruleId, version: j.version, appKey: j.appKey, euid: j.euid, journey: j.id, event: j.eventId, kind: kind,
             reason: reason, msgId: nil, now: now)
     }
 
-    /// Moves a journey back to `pending` until `untilMs` (quiet hours deferred, rate limit, or
-    /// a send the broker could not take); `log`: a `waiting` decision with `reason`.
-    func postponeJourney(_ j: JourneyRow, untilMs: Int64, reason: String, log: Bool, now: Int64) throws(StoreError) {
+    /// Moves a journey back to `pending` until `untilMs` (a wait step, quiet hours deferred, rate
+    /// limit, or a send the broker could not take), to go on at `step` (nil: the same);
+    /// `log`: a `waiting` decision with `reason`.
+    func postponeJourney(_ j: JourneyRow, untilMs: Int64, step: Int? = nil, reason: String, log: Bool, now: Int64) throws(StoreError) {
         try db.run(
-            "UPDATE automation_journeys SET state = 'pending', due_ms = ?, sent_ms = NULL, claimed_ms = NULL WHERE id = ?",
-            [.int(untilMs), .int(j.id)])
+            "UPDATE automation_journeys SET state = 'pending', due_ms = ?, step = ?, sent_ms = NULL, claimed_ms = NULL WHERE id = ?",
+            [.int(untilMs), .int(Int64(step ?? j.step)), .int(j.id)])
         if log {
             try recordDecision(
                 rule: j.ruleId, version: j.version, appKey: j.appKey, euid: j.euid, journey: j.id, event: j.eventId, kind: "waiting",
@@ -484,11 +492,12 @@ extension Store {
         }
     }
 
-    /// Marks the journey as passing its guards (`sending`, counted against caps from now).
-    func reserveJourney(_ j: JourneyRow, now: Int64) throws(StoreError) {
+    /// Marks the journey as passing its guards at send step `step` (`sending`, counted against
+    /// caps from now).
+    func reserveJourney(_ j: JourneyRow, step: Int, now: Int64) throws(StoreError) {
         try db.run(
-            "UPDATE automation_journeys SET state = 'sending', sent_ms = ?, claimed_ms = ? WHERE id = ?",
-            [.int(now), .int(now), .int(j.id)])
+            "UPDATE automation_journeys SET state = 'sending', sent_ms = ?, claimed_ms = ?, step = ? WHERE id = ?",
+            [.int(now), .int(now), .int(Int64(step)), .int(j.id)])
     }
 
     func finishJourney(_ j: JourneyRow, msgId: String, now: Int64) throws(StoreError) {

@@ -93,4 +93,51 @@ import Testing
         let f = try a.get("/v1/admin/automation/rules/\(rule)/funnel")
         #expect(f["triggered"] == 40 && f["reasons"]?["no_binding"] == 40, "\(f.serialized)")
     }
+
+    /// Branch and exit on both engines: a purchase since the trigger takes the `then` branch to
+    /// an exit step; a user who did not buy reaches the send (no broker: `no_binding`); the
+    /// exit event ends a waiting journey. A loop is refused with the field named.
+    @Test(arguments: StoreKind.allCases) func aBranchOnAnEventSinceTheTriggerAndAnExitEvent(_ store: StoreKind) throws {
+        let dir = NSTemporaryDirectory() + "pylon-automation-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let b = try BackendProcess(database: try store.databaseArguments(sqliteFile: dir + "/backend.db"))
+        let send: JSON = ["type": "send", "push": ["appId": "shop", "title": "Come back", "body": "b"]]
+        let loop: JSON = [
+            "name": "loop", "appKey": "shop", "trigger": ["event": "cart"],
+            "steps": [["id": "top", "type": "wait", "seconds": 1], ["type": "branch", "if": ["did": "purchase"], "then": "top"], send],
+        ]
+        let refused = try b.request("POST", "/v1/admin/automation/rules", body: Array(loop.serialized.utf8))
+        let field = try refused.json()["field"]
+        #expect(refused.status == 400 && field == "steps[1].then", "\(refused.text)")
+        let rule: JSON = [
+            "name": "abandoned cart", "appKey": "shop", "trigger": ["event": "cart"], "reentry": ["mode": "every"],
+            "exit": ["event": "logout"],
+            "steps": [
+                ["type": "wait", "seconds": 2], ["type": "branch", "if": ["did": "purchase"], "then": "done"], send,
+                ["id": "done", "type": "exit"],
+            ],
+        ]
+        let created = try b.request("POST", "/v1/admin/automation/rules", body: Array(rule.serialized.utf8))
+        #expect(created.status == 201, "\(created.text)")
+        func event(_ id: String, _ euid: String, _ name: String) -> JSON {
+            ["id": .string(id), "ts": 1, "data": ["event": .string(name), "euid": .string(euid), "properties": [:]]]
+        }
+        try Self.post(b, key: "c", [event("c1", "ann", "cart"), event("c2", "bob", "cart"), event("c3", "cid", "cart")])
+        try waitUntil(timeout: 10) { try Self.decisions(b).filter { $0["decision"] == "waiting" }.count == 3 }
+        try Self.post(b, key: "p", [event("p1", "ann", "purchase"), event("l1", "cid", "logout")])
+        func trail(_ user: String) throws -> [String] {
+            try Self.decisions(b).filter { $0["user"] == .string(user) }.reversed().map {
+                ($0["decision"]?.stringValue ?? "") + "/" + ($0["reason"]?.stringValue ?? "")
+            }
+        }
+        try waitUntil(timeout: 15) {
+            try [trail("ann"), trail("bob"), trail("cid")].allSatisfy { $0.count >= 4 || $0.last?.hasPrefix("exited") == true }
+        }
+        #expect(try trail("ann") == ["triggered/", "waiting/wait", "branch/steps[1].then", "exited/exit_step"])
+        #expect(try trail("bob") == ["triggered/", "waiting/wait", "branch/steps[1].else", "suppressed/no_binding"])
+        #expect(try trail("cid") == ["triggered/", "waiting/wait", "exited/exit_event"])
+        let f = try b.get("/v1/admin/automation/rules/\((try created.json())["id"]?.intValue ?? 0)/funnel")
+        #expect(f["exited"] == 2 && f["branch"] == 2 && f["reasons"]?["exited:exit_event"] == 1, "\(f.serialized)")
+    }
 }

@@ -45,7 +45,7 @@ struct AutomationUnitTests {
 
     @Test func aRuleParsesAndItsJSONParsesToTheSameRule() throws {
         let r = try parse(Self.bigPurchase)
-        #expect(r.appKey == "shop" && r.event == "purchase" && r.waitSeconds == 60 && r.reentry == .perDays(7))
+        #expect(r.appKey == "shop" && r.event == "purchase" && r.leadingWaitSeconds == 60 && r.reentry == .perDays(7))
         #expect(r.guards.capPerDay == 1 && r.guards.utcOffsetMinutes == 60)
         #expect(r.guards.quietHours == AutomationRule.QuietHours(start: 22 * 60, end: 8 * 60, deferSend: true))
         #expect(try parse(r.json) == r)
@@ -70,7 +70,7 @@ struct AutomationUnitTests {
         #expect(noDuration?.field == "steps[0].seconds")
         #expect(noDuration?.message.contains("a wait needs a duration") == true)
         #expect(refusal(with(Self.bigPurchase, "steps", [["type": "wait", "seconds": 0], send]))?.field == "steps[0].seconds")
-        #expect(refusal(with(Self.bigPurchase, "steps", [send, ["type": "wait", "seconds": 5]]))?.field == "steps[0]")
+        #expect(refusal(with(Self.bigPurchase, "steps", [send, ["type": "wait", "seconds": 5]]))?.field == "steps[1]")
         #expect(refusal(with(Self.bigPurchase, "steps", [["type": "wait", "seconds": 5]]))?.field == "steps[0]")
         #expect(refusal(with(Self.bigPurchase, "steps", []))?.field == "steps")
         #expect(refusal(with(Self.bigPurchase, "stpes", []))?.field == "stpes", "a misspelt field is refused, not ignored")

@@ -317,18 +317,22 @@ FLEET_BACKENDS ?= 2
 FLEET_PYLONDS ?= 2
 ## FLEET_FAULTS=1: kill -9 a broker node and a backend, restart PostgreSQL during the load.
 FLEET_FAULTS ?=
+## The push broker: auto (mosquitto with the pylon_auth plugin), dynsec (mosquitto with dynamic
+## security) or nats (three nats-server MQTT nodes, JWT auth).
+FLEET_BROKER ?= auto
 ## More pylon-fleet options (pylon-fleet --help), e.g. FLEET_ARGS="--push-every 2 --ramp 500".
 FLEET_ARGS ?=
 
-## Release build, then the server side (PostgreSQL, three nats-server nodes, FLEET_BACKENDS
-## pylon-backend instances behind haproxy, or the embedded default where a piece is missing),
-## FLEET_PYLONDS real pylond instances and pylon-fleet with FLEET_DEVICES devices. Progress on
-## stderr, the JSON summary on stdout; everything stops at the end and on Ctrl-C.
-fleet: deps
+## Release build, then the server side (PostgreSQL, three nats-server nodes, mosquitto with
+## pylon_auth, FLEET_BACKENDS pylon-backend instances behind haproxy, or the embedded default where
+## a piece is missing), FLEET_PYLONDS real pylond instances and one pylon-fleet process per 5,000 of
+## FLEET_DEVICES devices. Progress on stderr, the merged JSON summary on stdout; everything stops
+## at the end and on Ctrl-C. The 10,000-device run: make fleet FLEET_DEVICES=10000 (docs/FLEET.md).
+fleet: deps mosquitto-auth
 	$(SWIFT) build -c release
 	python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/release --devices $(FLEET_DEVICES) --rate $(FLEET_RATE) \
 	  --duration $(FLEET_DURATION) --backends $(FLEET_BACKENDS) --pylonds $(FLEET_PYLONDS) $(if $(FLEET_FAULTS),--faults) \
-	  -- $(FLEET_ARGS)
+	  --broker $(FLEET_BROKER) -- $(FLEET_ARGS)
 
 ## The fleet's smoke test (debug build, about a minute): 50 devices x 5 events/s for 30 s with the
 ## three faults, one pylond; fails on any acknowledged event lost or stored twice, a push lost or

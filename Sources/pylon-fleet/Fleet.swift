@@ -738,11 +738,12 @@ final class Fleet {
         ticker.close()
         progressTimer.close()
         sampleProcesses()
+        // The summary first: it counts the devices connected at the end.
+        let s = summary()
         for d in devices {
             d.mqtt?.stop()
             d.mqtt = nil
         }
-        let s = summary()
         if options.json { print(s.json.prettySerialized) } else { print(s.text) }
         onDone(s.exitCode)
     }

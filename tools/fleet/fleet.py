@@ -11,13 +11,19 @@ script runs the embedded default today and the full fleet once every piece is in
              when pylon-backend takes `--db postgresql://...`; otherwise one SQLite file (and then
              one backend instance: SQLite is not shared between processes)
   stream     three nats-server nodes (JetStream, one cluster) when pylon-backend takes `--nats`
-  broker     mosquitto with dynamic security (the embedded default); when pylon-backend takes
-             `--mqtt-nats-auth`, three more nats-server nodes with MQTT listeners and JWT auth
-             (tools/pylon-nats-auth), a cluster of their own: the stream's tools log in with a
-             user and password, not a JWT
+  broker     one mosquitto with the pylon_auth plugin (stateless signed device credentials:
+             registering a device costs the broker nothing) when pylon-backend takes
+             `--mqtt-auth-key-file` and the plugin is built (`make mosquitto-auth`); `--broker
+             nats`: three more nats-server nodes with MQTT listeners and JWT auth
+             (tools/pylon-nats-auth), a cluster of their own; `--broker dynsec` (or neither
+             built): mosquitto with dynamic security
   backends   N pylon-backend instances on free ports, behind
   haproxy    one address: leastconn, health checks on /healthz, retries and redispatch on
              connection failure (requests not yet sent), so any request may land on any instance
+
+Simulator: one `pylon-fleet` process per --devices-per-process devices (default 5,000: a device
+holds three descriptors there, and RLIMIT_NOFILE is 20,000 here), each with its own range of
+device indexes in one run; their JSON summaries are merged into one.
 
 Faults (--faults): once every device is connected, at 20, 45 and 70 % of the remaining load: kill -9 of one broker node (restarted
 5 s later), kill -9 of one backend instance (restarted 5 s later), a PostgreSQL restart
@@ -41,7 +47,12 @@ p.add_argument("--backends", type=int, default=2, help="pylon-backend instances 
 p.add_argument("--pylonds", type=int, default=2, help="real pylond instances end to end (default 2)")
 p.add_argument("--db", choices=["auto", "sqlite", "postgres"], default="auto")
 p.add_argument("--stream", choices=["auto", "none", "nats"], default="auto")
-p.add_argument("--broker", choices=["auto", "mosquitto", "nats"], default="auto")
+p.add_argument("--broker", choices=["auto", "mosquitto", "dynsec", "nats"], default="auto",
+               help="auto/mosquitto: mosquitto with pylon_auth when built, else dynamic security; dynsec; nats")
+p.add_argument("--auth-plugin", default=os.path.join(REPO, ".build", "pylon_auth.so"),
+               help="the pylon_auth mosquitto plugin (make mosquitto-auth)")
+p.add_argument("--devices-per-process", type=int, default=5000,
+               help="devices per pylon-fleet process (default 5000); more devices start more processes")
 p.add_argument("--faults", action="store_true", help="kill -9 a broker node, a backend; restart PostgreSQL")
 p.add_argument("--devices", type=int, default=1000)
 p.add_argument("--rate", type=float, default=1.0, help="events per second per device")
@@ -56,7 +67,7 @@ os.makedirs(run, exist_ok=True)
 os.chmod(run, 0o755)
 procs = {}          # name -> Popen (servers this script started)
 pids_file = os.path.join(run, "pids")
-status_file = os.path.join(run, "fleet-status.json")
+fleet_procs = []     # (name, Popen, status file) of the pylon-fleet processes
 stopping = threading.Event()
 lock = threading.Lock()
 
@@ -99,6 +110,9 @@ def wait_port(port, what, timeout=30, proc=None):
 def write_pids():
     with lock:
         lines = [f"{n} {pr.pid}" for n, pr in sorted(procs.items()) if pr.poll() is None and not n.startswith("__")]
+        # The first pylon-fleet process reads this file and reports itself: the others are
+        # listed so its process table has every one of them.
+        lines += [f"{n} {pr.pid}" for n, pr, _ in fleet_procs[1:] if pr.poll() is None]
     if "pid" in pg:
         lines.append(f"postgres {pg['pid']}")
     tmp = pids_file + ".new"
@@ -139,14 +153,33 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 backend_help = subprocess.run([os.path.join(BIN, "pylon-backend"), "--help"], capture_output=True, text=True).stdout
 use_pg = args.db == "postgres" or (args.db == "auto" and "postgresql://" in backend_help)
 use_nats_stream = args.stream == "nats" or (args.stream == "auto" and "--nats" in backend_help)
-# A broker address list in the backend's --mqtt (wt-mqtt) is what the nats-server MQTT cluster needs.
-use_nats_mqtt = args.broker == "nats" or (args.broker == "auto" and "--mqtt-nats-auth" in backend_help)
+# The broker: mosquitto with the pylon_auth plugin (what holds 10,000 devices here, docs/FLEET.md)
+# unless another is asked or it is not built.
+use_nats_mqtt = args.broker == "nats"
+use_pylon_auth = (args.broker in ("auto", "mosquitto") and "--mqtt-auth-key-file" in backend_help
+                  and os.path.exists(args.auth_plugin))
+if args.broker == "mosquitto" and not use_pylon_auth:
+    log(f"no pylon_auth plugin at {args.auth_plugin} (make mosquitto-auth) or no --mqtt-auth-key-file in pylon-backend: "
+        "mosquitto with dynamic security")
 n_backends = args.backends if use_pg else 1
 if not use_pg and args.backends > 1:
     log(f"pylon-backend has no PostgreSQL store here: one backend instance on SQLite (asked {args.backends})")
 need_nats = use_nats_stream
 
 OPERATOR_TOKEN_FILE, DEVICE_KEY, BROKER_PASSWORD = secret("operator.token"), secret("device.key"), secret("broker.password")
+
+
+def auth_key():
+    """The pylon_auth key, `<kid>:<hex key>` (0600): the broker checks with it, the backends sign with it."""
+    path = os.path.join(run, "broker-auth.key")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"fleet:" + os.urandom(32).hex().encode() + b"\n")
+        os.close(fd)
+    return path
+
+
+AUTH_KEY = auth_key() if use_pylon_auth else None
 OPERATOR_TOKEN = open(OPERATOR_TOKEN_FILE).read().strip()
 LB_PORT = free_port()
 LB = f"http://127.0.0.1:{LB_PORT}"
@@ -287,7 +320,34 @@ def start_nats_node(n):
 mosq = {}
 
 
+def mosquitto_conf_pylon_auth():
+    """etc/mosquitto.conf with the pylon_auth plugin instead of dynamic security (docs/FLEET.md,
+    "Stateless broker credentials"): no per-device state in the broker."""
+    open(os.path.join(run, "revoked"), "a").close()
+    out = []
+    for ln in open(os.path.join(REPO, "etc", "mosquitto.conf")).read().split("\n"):
+        if ln.startswith("listener "):
+            ln = f"listener {mosq['port']} 127.0.0.1"
+        elif ln.startswith("plugin_opt_config_file "):
+            continue
+        elif ln.startswith("plugin "):
+            ln = (f"plugin {os.path.abspath(args.auth_plugin)}\nplugin_opt_key_file {AUTH_KEY}\n"
+                  f"plugin_opt_revocation_file {run}/revoked\nplugin_opt_backend_user pylon-backend")
+        elif ln.startswith("persistence_location"):
+            ln = f"persistence_location {run}/"
+        elif ln.startswith("autosave_interval"):
+            ln = "autosave_interval 5"
+        out.append(ln)
+    return "\n".join(out)
+
+
 def start_mosquitto():
+    if not mosq and use_pylon_auth:
+        mosq["port"] = free_port()
+        conf = mosquitto_conf_pylon_auth()
+        if os.getuid() != 0:
+            conf = conf.replace("\nuser root\n", "\n")
+        open(os.path.join(run, "mosquitto.conf"), "w").write(conf)
     if not mosq:
         mosq["port"] = free_port()
         subprocess.run([os.path.join(REPO, "tools", "pylon-dynsec-init"), os.path.join(run, "dynsec.json"),
@@ -328,6 +388,9 @@ def start_backend(i):
     if use_nats_mqtt:
         auth = os.path.join(run, "mqttc", "auth")
         argv += ["--mqtt-password-file", os.path.join(auth, "backend.jwt"), "--mqtt-nats-auth", os.path.join(auth, "backend-auth.json")]
+    elif use_pylon_auth:
+        # The backend signs each device's broker password and its own login with this key.
+        argv += ["--mqtt-auth-key-file", AUTH_KEY]
     else:
         argv += ["--mqtt-password-file", BROKER_PASSWORD, "--mqtt-dynsec"]
     if use_nats_stream:
@@ -611,10 +674,16 @@ def fault(at, name, action):
 
 
 def fleet_status():
-    try:
-        return json.load(open(status_file))
-    except (OSError, ValueError):
-        return {}
+    """Every pylon-fleet process's status file, summed ({} until each has written one)."""
+    total = {"devices": 0, "connected": 0}
+    for _, _, path in fleet_procs:
+        try:
+            st = json.load(open(path))
+        except (OSError, ValueError):
+            return {}
+        total["devices"] += st.get("devices", 0)
+        total["connected"] += st.get("connected", 0)
+    return total if fleet_procs else {}
 
 
 def schedule_faults():
@@ -691,9 +760,9 @@ def stop_all(*_):
 def on_signal(sig, _frame):
     # pylon-fleet got the same Ctrl-C (it is in our process group) and is draining; SIGTERM and
     # SIGHUP are passed on to it.
-    fl = procs.get("__fleet")
-    if fl and fl.poll() is None and sig != signal.SIGINT:
-        fl.send_signal(signal.SIGINT)
+    for _, fl, _ in fleet_procs:
+        if fl.poll() is None and sig != signal.SIGINT:
+            fl.send_signal(signal.SIGINT)
 
 
 fleet_start = time.time()
@@ -706,7 +775,8 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     log(f"run directory {run}; database {'PostgreSQL' if use_pg else 'SQLite'}, stream "
         f"{'NATS JetStream' if use_nats_stream else 'none (the database)'}, broker "
-        f"{'nats-server MQTT x3 (JWT auth)' if use_nats_mqtt else 'mosquitto'}, {n_backends} backend(s)")
+        f"{'nats-server MQTT x3 (JWT auth)' if use_nats_mqtt else 'mosquitto + pylon_auth' if use_pylon_auth else 'mosquitto + dynamic security'}"
+        f", {n_backends} backend(s)")
     if use_pg:
         start_postgres()
     if need_nats:
@@ -731,25 +801,62 @@ def main():
             t = threading.Thread(target=target, args=(stop_e2e,), daemon=True)
             t.start()
             threads.append(t)
-    fleet_argv = [os.path.join(BIN, "pylon-fleet"), "--backend", LB, "--broker", ",".join(broker_list()),
-                  "--devices", str(args.devices), "--rate", str(args.rate), "--duration", str(args.duration),
-                  "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
-                  "--watch-file", pids_file, "--status-file", status_file, "--json"]
-    if use_nats_stream:
-        # The batches are in JetStream, not the database: read them back with a durable pull
-        # consumer of this run's subject (tools/pylon-stream-consumer).
-        fleet_argv += ["--verify-exec", f"/usr/bin/python3 {REPO}/tools/pylon-stream-consumer --server {nats_urls()} "
-                       f"--durable fleet-verify --filter {stream_subject('ma.fleet')} --batch 256 --once"]
-    fleet_argv += args.fleet_args
-    log("starting: " + " ".join(fleet_argv[1:]))
+    shares = shards(args.devices, args.devices_per_process, int(fleet_opt("--devices-per-user", 2)))
+    n = len(shares)
+    run_id = fleet_opt("--run-id", "r" + os.urandom(4).hex())
+    status = [os.path.join(run, f"fleet-status-{i + 1}.json") for i in range(n)]
+    argvs = []
+    for i, (first, count) in enumerate(shares):
+        argv = [os.path.join(BIN, "pylon-fleet"), "--backend", LB, "--broker", ",".join(broker_list()),
+                "--devices", str(count), "--rate", str(args.rate), "--duration", str(args.duration),
+                "--operator-token-file", OPERATOR_TOKEN_FILE, "--enrol-secret-file", DEVICE_KEY,
+                "--status-file", status[i], "--run-id", run_id, "--json"]
+        if i == 0:
+            argv += ["--watch-file", pids_file]
+        if use_nats_stream:
+            # The batches are in JetStream, not the database: read them back with a durable pull
+            # consumer of this run's subject (tools/pylon-stream-consumer), one per process.
+            argv += ["--verify-exec", f"/usr/bin/python3 {REPO}/tools/pylon-stream-consumer --server {nats_urls()} "
+                     f"--durable fleet-verify-{i + 1} --filter {stream_subject('ma.fleet')} --batch 256 --once"]
+        argv += args.fleet_args
+        if n > 1:
+            # One run in n processes: its own devices each, the same totals as one process
+            # (ramp and device/user sends shared out, broadcasts from the first process only,
+            # each process expecting the others' broadcasts on its devices).
+            argv += ["--first-device", str(first), "--name", f"pylon-fleet{i + 1}",
+                     "--ramp", str(float(fleet_opt("--ramp", 200)) / n)]
+            pe = float(fleet_opt("--push-every", 5))
+            if pe > 0:
+                argv += ["--push-every", str(min(3600.0, pe * n))]
+            if i > 0:
+                argv += ["--broadcast-every", "0"]
+            for j in range(n):
+                if j != i:
+                    argv += ["--peer-status-file", status[j]]
+        argvs.append(argv)
+    log(f"starting {n} pylon-fleet process(es), run {run_id}: " + " ".join(argvs[0][1:]))
     fleet_start = time.time()
-    fl = subprocess.Popen(fleet_argv, stdout=subprocess.PIPE)
-    procs["__fleet"] = fl
+    outs = [b""] * n
+    readers = []
+    for i, argv in enumerate(argvs):
+        fl = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        name = "pylon-fleet" if n == 1 else f"pylon-fleet{i + 1}"
+        fleet_procs.append((name, fl, status[i]))
+        procs[f"__fleet{i + 1}"] = fl
+
+        def read(i=i, fl=fl):
+            outs[i] = fl.stdout.read()
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        readers.append(t)
+    write_pids()
     if args.faults:
         threading.Thread(target=schedule_faults, daemon=True).start()
-    out = fl.stdout.read()
-    code = fl.wait()
-    procs.pop("__fleet", None)
+    codes = []
+    for i, (_, fl, _) in enumerate(fleet_procs):
+        readers[i].join()
+        codes.append(fl.wait())
+        procs.pop(f"__fleet{i + 1}", None)
     stop_e2e.set()
     for t in threads:
         t.join(timeout=35)
@@ -757,15 +864,20 @@ def main():
     for d in pylonds:
         d.flush_and_check()
         reports.append(d.report())
-    try:
-        summary = json.loads(out)
-    except ValueError:
-        log(f"pylon-fleet exited with {code} and no summary")
-        return 2
+    parts = []
+    for i, out in enumerate(outs):
+        try:
+            parts.append(json.loads(out))
+        except ValueError:
+            log(f"{fleet_procs[i][0]} exited with {codes[i]} and no summary")
+            return 2
+    summary = merge_summaries(parts)
+    code = summary["exitCode"]
     summary["faults"] = faults
     summary["pylonds"] = reports
     summary["servers"] = {"database": "postgresql" if use_pg else "sqlite", "stream": "nats" if use_nats_stream else "none",
-                          "broker": "nats-mqtt" if use_nats_mqtt else "mosquitto", "backends": n_backends,
+                          "broker": "nats-mqtt" if use_nats_mqtt else "mosquitto+pylon_auth" if use_pylon_auth else "mosquitto+dynsec",
+                          "backends": n_backends, "fleetProcesses": len(parts),
                           "loadBalancer": LB}
     print(json.dumps(summary, indent=2))
     if args.summary_json:
@@ -775,9 +887,150 @@ def main():
     return code if code != 0 else (1 if e2e_bad else 0)
 
 
+def fleet_opt(name, default):
+    """The last value of a pylon-fleet option among the arguments after --, else `default`."""
+    v = default
+    for a, b in zip(args.fleet_args, args.fleet_args[1:]):
+        if a == name:
+            v = b
+    return v
+
+
+def shards(total, per_process, unit):
+    """[(first device, count)]: as few processes as `per_process` allows, equal shares, each a
+    multiple of `unit` (the devices one user has, so a user's devices share a process)."""
+    n = max(1, -(-total // max(1, per_process)))
+    size = -(-total // n)
+    size = -(-size // max(1, unit)) * max(1, unit)
+    out, first = [], 0
+    while first < total:
+        out.append((first, min(size, total - first)))
+        first += size
+    return out
+
+
+def histogram_percentile(hist, max_us, p):
+    """pylon-fleet's LatencyHistogram.percentile over `[[bucket, count], ...]` (buckets 4 % wide),
+    in ms rounded to 0.1; None when empty."""
+    count = sum(c for _, c in hist)
+    if count == 0:
+        return None
+    rank = max(1, -(-p * count // 100))
+    seen = 0
+    for i, c in sorted(hist):
+        seen += c
+        if seen >= rank:
+            return round(min(1.0 if i == 0 else 1.04 ** i, max_us) / 1000, 1)
+    return round(max_us / 1000, 1)
+
+
+def merge_summaries(parts):
+    """One summary of a run split over several pylon-fleet processes: counts added, latency
+    histograms merged, the stream-wide figures (each process reads the whole stream) taken once,
+    the first process's table of processes (it watches the others), outages that overlap joined."""
+    if len(parts) == 1:
+        return parts[0]
+    m = dict(parts[0])
+
+    def add(get):
+        return sum(get(p) or 0 for p in parts)
+
+    def known_sum(get):
+        vals = [get(p) for p in parts]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    m["devices"] = add(lambda p: p["devices"])
+    m.pop("firstDevice", None)
+    m["name"] = "pylon-fleet x" + str(len(parts))
+    for k in ("durationS", "loadS"):
+        m[k] = max(p[k] for p in parts)
+    for k in ("connected", "registered", "setupFailures"):
+        m[k] = add(lambda p: p[k])
+    ready = [p["allConnectedAfterS"] for p in parts]
+    m["allConnectedAfterS"] = None if None in ready else max(ready)
+    m["fdLimit"] = "; ".join(p["fdLimit"] for p in parts if p.get("fdLimit")) or None
+    ev = dict(parts[0]["events"])
+    for k in ("generated", "acked", "unacked", "rejected", "throttled", "duplicates", "batchesPosted", "batchesFailed",
+              "ackedPerS", "peakAckedPerS"):
+        ev[k] = add(lambda p: p["events"][k])
+    for k in ("storedRead", "lost"):
+        ev[k] = known_sum(lambda p: p["events"][k])
+    for k in ("foreign", "peakStoredPerS"):
+        ev[k] = max(p["events"][k] for p in parts)
+    ev.pop("peer", None)
+    m["events"] = ev
+    pu = dict(parts[0]["push"])
+    for k in ("expected", "delivered", "lost", "appDuplicates", "redeliveredDropped", "malformed", "foreign"):
+        pu[k] = add(lambda p: p["push"].get(k))
+    pu.pop("peerBroadcasts", None)
+    lat = {}
+    for kind in parts[0]["push"]["latency"]:
+        ls = [p["push"]["latency"][kind] for p in parts]
+        buckets = {}
+        for lv in ls:
+            for i, c in lv.get("histogram", []):
+                buckets[i] = buckets.get(i, 0) + c
+        hist = sorted(buckets.items())
+        max_us = max(lv.get("maxUs", 0) for lv in ls)
+        # Every process counts each broadcast (its own or a peer's); device and user sends are each one's own.
+        sends = max(lv["sends"] for lv in ls) if kind == "broadcast" else sum(lv["sends"] for lv in ls)
+        lat[kind] = {"sends": sends, "deliveries": sum(lv["deliveries"] for lv in ls),
+                     "p50Ms": histogram_percentile(hist, max_us, 50), "p99Ms": histogram_percentile(hist, max_us, 99),
+                     "maxMs": histogram_percentile(hist, max_us, 100), "histogram": [list(x) for x in hist], "maxUs": max_us}
+    pu["latency"] = lat
+    m["push"] = pu
+    m["mqtt"] = {k: add(lambda p: p["mqtt"][k]) for k in parts[0]["mqtt"]}
+    errs = {}
+    for p in parts:
+        for k, v in p["httpErrors"].items():
+            errs[k] = errs.get(k, 0) + v
+    m["httpErrors"] = errs
+    m["outages"] = merge_outages(parts)
+    m["verifyError"] = "; ".join(p["verifyError"] for p in parts if p.get("verifyError")) or None
+    codes = [p["exitCode"] for p in parts]
+    m["exitCode"] = 1 if 1 in codes else (3 if 3 in codes else max(codes))
+    m["fleetProcesses"] = [{"name": p.get("name"), "firstDevice": p.get("firstDevice"), "devices": p["devices"],
+                            "allConnectedAfterS": p["allConnectedAfterS"], "eventsAcked": p["events"]["acked"],
+                            "eventsLost": p["events"]["lost"], "pushDelivered": p["push"]["delivered"],
+                            "pushExpected": p["push"]["expected"], "exitCode": p["exitCode"]} for p in parts]
+    return m
+
+
+def merge_outages(parts):
+    """The processes' outages that overlap in time as one: from the first start to the last
+    reconnection, the lowest count the sum of the members' lowest (a process with no outage in
+    it counted as fully connected)."""
+    items = []
+    for n, p in enumerate(parts):
+        for o in p["outages"]:
+            end = None if o["reconnectedAfterS"] is None else o["atS"] + o["reconnectedAfterS"]
+            items.append((o["atS"], end, o["lowest"], n))
+    items.sort(key=lambda x: x[0])
+    groups = []
+    for it in items:
+        g = groups[-1] if groups else None
+        if g and (g["end"] is None or it[0] <= g["end"]):
+            g["members"].append(it)
+            g["end"] = None if g["end"] is None or it[1] is None else max(g["end"], it[1])
+        else:
+            groups.append({"start": it[0], "end": it[1], "members": [it]})
+    out = []
+    for g in groups:
+        lowest = {}
+        for _, _, low, n in g["members"]:
+            lowest[n] = min(lowest.get(n, low), low)
+        total = sum(lowest.get(n, p["devices"]) for n, p in enumerate(parts))
+        out.append({"atS": g["start"], "lowest": total,
+                    "reconnectedAfterS": None if g["end"] is None else round(g["end"] - g["start"], 1)})
+    return out
+
+
 def human(s):
     e, pu = s["events"], s["push"]
+    ready = s.get("allConnectedAfterS")
     lines = [f"fleet: {s['devices']} devices x {s['ratePerDevice']} ev/s, {s['loadS']:.0f} s load, servers {s['servers']}",
+             f"  devices: {s['connected']} connected at the end, "
+             + (f"all connected {ready:.1f} s after the start" if ready is not None else "never all connected at once"),
              f"  events: acked {e['acked']} ({e['ackedPerS']:.0f}/s, peak {e['peakAckedPerS']:.0f}/s), read back "
              f"{e['storedRead']}, lost {e['lost']}, duplicates {e['duplicates']}, unacked {e['unacked']}",
              f"  push: {pu['delivered']}/{pu['expected']} delivered, lost {pu['lost']}, duplicates to apps {pu['appDuplicates']}"]
@@ -790,6 +1043,10 @@ def human(s):
     for r in s["pylonds"]:
         lines.append(f"  {r['name']}: events acked {r['eventsAcked']}, lost {r['eventsLost']}; push sent {r['pushSent']}, "
                      f"lost {r['pushLost']}")
+    for fp in s.get("fleetProcesses", []):
+        lines.append(f"  {fp['name']}: devices {fp['firstDevice']}..{fp['firstDevice'] + fp['devices'] - 1}, events acked "
+                     f"{fp['eventsAcked']}, lost {fp['eventsLost']}, push {fp['pushDelivered']}/{fp['pushExpected']}, "
+                     f"exit {fp['exitCode']}")
     for pr in s["processes"]:
         lines.append(f"  {pr['name']}: peak cpu {pr['peakCpu'] * 100:.0f}%, peak rss {pr['peakRssKiB'] // 1024} MB")
     return "\n".join(lines)

@@ -112,6 +112,9 @@ struct StreamState {
     var cutAhead: AheadCut?
     /// The pending batch read and compressed while the one before it is in flight (`Step.prepare`).
     var preparedAhead: String?
+    /// Batches read and compressed off the loop, by key (`StreamState+Preparation.swift`): the
+    /// next one, and the one just sent while it still compresses.
+    var prepared: [String: Preparation] = [:]
     /// Whether the current flight already asked for a cut ahead (at most one per flight).
     var cutAheadTried = false
     /// Consecutive failed attempts of the current batch.

@@ -61,10 +61,6 @@ final class Uploader {
     var ownerChanges: UInt64 = 0
     /// Set by `shutdown`: a compression finishing later sends nothing.
     private var stopped = false
-    /// Batches read and compressed ahead while the one before is in flight
-    /// (`StreamState.Step.prepare`), by batch key: per stream at most the next one, and the one
-    /// just sent while it still compresses; each at most `maxBatchBytes` before compression.
-    private var ahead: [String: Ahead] = [:]
     /// Runs `applyDeliveredDeletes` when no group commit took the delivered batches within
     /// `deliveredDeleteDelayMs`.
     private let deleteTimer: Timer
@@ -79,20 +75,7 @@ final class Uploader {
     /// counts them all).
     static let maxQuarantinedNamesShown = 32
 
-    /// A batch read from disk and compressed: ready to post.
-    struct Loaded {
-        var gz: [UInt8]
-        var count: Int
-        /// Bytes of its record bodies (their share of the disk cap).
-        var recordBytes: Int
-    }
-
-    /// A batch prepared ahead: still compressing (and to be posted to `postTo` when done, once
-    /// its `send` came first), or ready.
-    enum Ahead {
-        case compressing(postTo: String?)
-        case ready(Loaded)
-    }
+    typealias Loaded = LoadedBatch
 
     init(plugin: Plugin, config: UploaderConfig, store: UploaderStore) {
         self.plugin = plugin
@@ -493,8 +476,11 @@ final class Uploader {
                 }
                 return
             case .prepare(let key):
+                st.startPreparing(key)
                 streams[name] = st
-                prepare(stream: name, key: key)
+                load(key, stream: name) { [unowned self] loaded in self.prepared(stream: name, key: key, loaded) }
+                // The read may have finished at once (an empty batch, a failure).
+                st = streams[name] ?? st
             }
         }
     }
@@ -502,35 +488,28 @@ final class Uploader {
     /// Posts batch `key`: the one prepared ahead if it is that one (when it is still
     /// compressing, once it is done), else read and compressed now.
     func send(stream: String, key: String, endpoint: String) {
-        switch ahead[key] {
-        case .compressing:
-            ahead[key] = .compressing(postTo: endpoint)
-        case .ready(let loaded):
-            ahead[key] = nil
-            upload(loaded, key: key, stream: stream, endpoint: endpoint)
-        case nil:
-            prepare(stream: stream, key: key, postTo: endpoint)
+        guard var st = streams[stream] else { return }
+        let start = st.startSend(key, to: endpoint)
+        streams[stream] = st
+        switch start {
+        case .waitForCompression: break
+        case .upload(let loaded): upload(loaded, key: key, stream: stream, endpoint: endpoint)
+        case .load: load(key, stream: stream) { [unowned self] loaded in self.prepared(stream: stream, key: key, loaded) }
         }
     }
 
-    /// Reads and compresses batch `key`, then posts it to `postTo`; without `postTo` (ahead of
-    /// its `send`, `StreamState.Step.prepare`) it is kept in `ahead` for that `send`.
-    func prepare(stream: String, key: String, postTo: String? = nil) {
-        ahead[key] = .compressing(postTo: postTo)
-        load(key, stream: stream) { [unowned self] loaded in
-            // Dissolved meanwhile (a 413): nothing to do.
-            guard case .compressing(let postTo) = self.ahead[key] else { return }
-            guard let postTo else {
-                self.ahead[key] = loaded.map { .ready($0) }  // a failure reads again at `send`
-                return
-            }
-            self.ahead[key] = nil
-            guard let loaded else {
-                self.streams[stream]?.storeFailed(now: self.now)
-                self.armWake()
-                return
-            }
-            self.upload(loaded, key: key, stream: stream, endpoint: postTo)
+    /// Batch `key` was read and compressed (nil: it failed): posted, kept for its send, or the
+    /// stream backs off, as its machine says.
+    private func prepared(stream: String, key: String, _ loaded: Loaded?) {
+        guard var st = streams[stream] else { return }
+        let end = st.preparationFinished(key, loaded)
+        streams[stream] = st
+        switch end {
+        case .nothing, .kept: break
+        case .upload(let loaded, let endpoint): upload(loaded, key: key, stream: stream, endpoint: endpoint)
+        case .failed:
+            streams[stream]?.storeFailed(now: now)
+            armWake()
         }
     }
 
@@ -649,7 +628,7 @@ final class Uploader {
                 // The batch cut behind this one goes back too, unless it became final.
                 if let a = st.cutAhead, !(try store.isFinal(a.key)) {
                     try store.unbatch([batch.key, a.key])
-                    ahead[a.key] = nil
+                    st.dropPreparation(a.key)
                     dissolvedAhead = true
                 } else {
                     try store.unbatch([batch.key])

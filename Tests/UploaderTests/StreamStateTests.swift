@@ -101,4 +101,42 @@ struct StreamStateTests {
         #expect(StreamState.retryDelay(attempts: 1, policy: j, retryAfterMs: nil, random: 0) == 800)
         #expect(StreamState.retryDelay(attempts: 1, policy: j, retryAfterMs: nil, random: 0.999_999) <= 1200)
     }
+
+    // MARK: Batches prepared off the loop
+
+    /// Prepared ahead, then sent: posted when its compression is done, or at once when it was.
+    @Test func aBatchPreparedAheadIsPostedByItsSend() {
+        let loaded = LoadedBatch(gz: [1, 2], count: 2, recordBytes: 20)
+        var s = state()
+        s.startPreparing("b1")
+        #expect(s.preparationFinished("b1", loaded) == .kept)
+        #expect(s.startSend("b1", to: "e") == .upload(loaded))
+        #expect(s.prepared.isEmpty)
+
+        s.startPreparing("b2")
+        #expect(s.startSend("b2", to: "e") == .waitForCompression)
+        #expect(s.preparationFinished("b2", loaded) == .upload(loaded, endpoint: "e"))
+        #expect(s.prepared.isEmpty)
+    }
+
+    /// Sent without being prepared: read now, posted when done, the stream backing off when
+    /// the read fails; a failed preparation ahead is not kept (the send reads again); one
+    /// dissolved meanwhile is dropped.
+    @Test func aBatchNotPreparedIsReadAtItsSend() {
+        let loaded = LoadedBatch(gz: [], count: 0, recordBytes: 0)
+        var s = state()
+        #expect(s.startSend("b1", to: "e") == .load)
+        #expect(s.preparationFinished("b1", nil) == .failed)
+        #expect(s.prepared.isEmpty)
+
+        s.startPreparing("b2")
+        #expect(s.preparationFinished("b2", nil) == .kept)
+        #expect(s.startSend("b2", to: "e") == .load, "a failure is read again")
+        #expect(s.preparationFinished("b2", loaded) == .upload(loaded, endpoint: "e"))
+
+        s.startPreparing("b3")
+        s.dropPreparation("b3")
+        #expect(s.preparationFinished("b3", loaded) == .nothing)
+        #expect(s.prepared.isEmpty)
+    }
 }

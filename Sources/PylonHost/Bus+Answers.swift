@@ -29,11 +29,11 @@ extension Bus {
             return .failure(
                 RPCError(.invalidRequest, "\"_answers\" must be {\"ids\": [integer request ids, at least one], \"result\": any value}"))
         }
-        guard ids.count <= pending.count(targeting: peer.id) else {
+        guard ids.count <= forwarder.pending.count(targeting: peer.id) else {
             return .failure(RPCError(.notPermitted, "\"_answers\" names more requests than \(peer.label) is serving"))
         }
         for id in ids {
-            guard let p = pending[id], p.target === peer, !p.isHostCall else {
+            guard let p = forwarder.pending[id], p.target === peer, !p.isHostCall else {
                 return .failure(
                     RPCError(.notPermitted, "\"_answers\": \(id) is not a request \(peer.label) is serving (answered or timed out)"))
             }
@@ -52,7 +52,7 @@ extension Bus {
             counters.answeredOnSuccess += 1
             line.withUnsafeBytes { l in
                 guard let idSpan = RawJSON.memberValueSpan(l, key: "id") else { return }
-                if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, l) }
+                if !monitoring.monitors.isEmpty, let t = monitoring.traces.removeValue(forKey: id) { monitorReply(p, t, l) }
                 switch p.origin {
                 case .peer(let origin, let originalId): relayResponse(l, idSpan: idSpan, to: origin, originalId: originalId)
                 case .batch(let b, let originalId): relayToBatch(l, idSpan: idSpan, b, originalId: originalId)
@@ -66,7 +66,7 @@ extension Bus {
     /// `_answers` and the answer is a success (`succeeded`), they are answered now. Called
     /// before the answer is relayed to `plugin`.
     @inline(__always) func settleAnswers(_ hostId: Int64, succeeded: Bool, plugin: Peer) {
-        guard !pendingAnswers.isEmpty, let a = pendingAnswers.removeValue(forKey: hostId), succeeded else { return }
+        guard !forwarder.pendingAnswers.isEmpty, let a = forwarder.pendingAnswers.removeValue(forKey: hostId), succeeded else { return }
         answerOnSuccess(a, plugin: plugin)
     }
 }

@@ -160,8 +160,8 @@ extension Bus {
     func continueBatch(_ peer: Peer, _ line: UnsafeRawBufferPointer, _ cursor: BatchCursor) {
         let batch = cursor.reply
         peer.batchInProgress = nil
-        currentBatch = batch
-        defer { currentBatch = nil }
+        forwarder.currentBatch = batch
+        defer { forwarder.currentBatch = nil }
         var members = RawJSON.ElementCursor(line, cursor.arrayStart..<line.count)
         members.resume(at: cursor.resumeAt)
         var first = true
@@ -204,7 +204,7 @@ extension Bus {
     /// peer; false when no batch is collecting for `conn` (the caller sends it as a line).
     /// `id`: the member's id as JSON text, for a reply that may be too large for the batch.
     func takeIntoBatch(_ conn: Connection, _ reply: [UInt8], id: String? = nil) -> Bool {
-        guard let b = currentBatch, b.peer.conn === conn else { return false }
+        guard let b = forwarder.currentBatch, b.peer.conn === conn else { return false }
         reply.withUnsafeBytes { b.add($0, id: id) }
         return true
     }

@@ -96,9 +96,9 @@ extension Bus {
             // dropped for a slow reader, unlike other publications.
             let adminOnly = isAdminTopic(HostTopic.consentChanged)
             note.withUnsafeBytes { line in
-                for slot in slots.values { if let p = slot.peer, p.handshaken { p.conn.sendLine(line) } }
-                for id in subscriptions.subscribers(of: HostTopic.consentChanged) {
-                    guard let p = peers[id], !p.isPlugin else { continue }
+                for slot in pluginSet.slots.values { if let p = slot.peer, p.handshaken { p.conn.sendLine(line) } }
+                for id in peerTable.subscriptions.subscribers(of: HostTopic.consentChanged) {
+                    guard let p = peerTable.peers[id], !p.isPlugin else { continue }
                     if adminOnly && !isAdmin(p) { continue }
                     p.conn.sendLine(line)
                 }

@@ -15,7 +15,9 @@ extension Bus {
     func providedVisible(to requester: Peer?, _ principal: Principal) -> JSONObject {
         let all = seesEverything(principal)
         var prov = JSONObject()
-        for k in provided.keys.sorted() where all || provided[k] === requester { prov[k] = .int(Int64(provided[k]!.id)) }
+        for k in peerTable.provided.keys.sorted() where all || peerTable.provided[k] === requester {
+            prov[k] = .int(Int64(peerTable.provided[k]!.id))
+        }
         return prov
     }
 
@@ -24,8 +26,8 @@ extension Bus {
     /// declares no docs).
     func describeOpenRPC(for requester: Peer?, _ principal: Principal) -> JSON {
         var entries = Bus.hostMethods.map { OpenRPC.Entry(name: $0, servedBy: "pylond", doc: Bus.hostMethodDocs[$0]) }
-        for name in slotOrder {
-            guard let m = slots[name]?.manifest else { continue }
+        for name in pluginSet.slotOrder {
+            guard let m = pluginSet.slots[name]?.manifest else { continue }
             for n in m.methodOrder {
                 guard let spec = m.methods[n] else { continue }
                 entries.append(OpenRPC.Entry(name: n, servedBy: name, consent: spec.consent, doc: spec.doc))

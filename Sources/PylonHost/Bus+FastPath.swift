@@ -80,7 +80,7 @@ extension Bus {
                 }),
             case .peer(let origin, let originalId) = p.origin
         else { return false }
-        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
+        if !monitoring.monitors.isEmpty, let t = monitoring.traces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         settleAnswers(hostId, succeeded: succeeded, plugin: origin)
         relayResponse(line, idSpan: idSpan, to: origin, originalId: originalId)
         counters.fastRouted += 1

@@ -24,7 +24,10 @@ extension Bus {
             case HostMethod.consentGet: return .success(try consentGet(params))
             case HostMethod.consentSet: return .success(try consentSet(params, layer: .operatorLayer))
             case HostMethod.consentSetApp:
-                // Who may, and on which switches: `RoutingPolicy.hostCallRefusal` (decided before).
+                // The app layer of a plugin's own switches (`RoutingPolicy.setAppRefusal`).
+                if let e = policy.setAppRefusal(principal, key: nil) { throw e }
+                let key = try str(params, "key", aliases: ["switch", "name"])
+                if let e = policy.setAppRefusal(principal, key: key) { throw e }
                 return .success(try consentSet(params, layer: .app))
             case HostMethod.consentList: return .success(consentJSON(all: seesEverything(principal)))
             case HostMethod.consentClear:
@@ -61,14 +64,14 @@ extension Bus {
         let all = seesEverything(principal)
         let now = loop.nowMs
         var plugins: [JSON] = []
-        for name in slotOrder {
-            guard let s = slots[name] else { continue }
+        for name in pluginSet.slotOrder {
+            guard let s = pluginSet.slots[name] else { continue }
             var o: JSONObject = [
                 "name": .string(name), "pid": s.life.pid.map { .int(Int64($0)) } ?? .null,
                 "state": .string(s.life.state.rawValue), "restarts": .int(Int64(s.life.restarts)),
                 "uptime_s": s.life.runningSince.map { .double(Double(now - $0) / 1000) } ?? .int(0),
                 "requests_served": .int(Int64(s.served)),
-                "inflight": .int(Int64(s.peer.map { pending.count(targeting: $0.id) } ?? 0)),
+                "inflight": .int(Int64(s.peer.map { forwarder.pending.count(targeting: $0.id) } ?? 0)),
                 "queued_bytes": .int(Int64(s.peer?.conn.queuedBytes ?? 0)),
                 "restart_policy": .string(s.config.policy.restart.rawValue),
                 // Requests waiting for it to start (StartWaitQueue).
@@ -83,7 +86,7 @@ extension Bus {
             plugins.append(.object(o))
         }
         var clients: [JSON] = []
-        for p in peers.values.sorted(by: { $0.id < $1.id }) where !p.isPlugin && (all || p === requester) {
+        for p in peerTable.peers.values.sorted(by: { $0.id < $1.id }) where !p.isPlugin && (all || p === requester) {
             var o: JSONObject = [
                 "id": .int(Int64(p.id)), "inflight": .int(Int64(p.inflight)),
                 "queued_bytes": .int(Int64(p.conn.queuedBytes)), "requests": .int(Int64(p.requestsSent)),
@@ -98,20 +101,20 @@ extension Bus {
             clients.append(.object(o))
         }
         var refused = JSONObject()
-        for k in consentRefused.keys.sorted() { refused[k] = .int(Int64(consentRefused[k]!)) }
+        for k in counters.consentRefused.keys.sorted() { refused[k] = .int(Int64(counters.consentRefused[k]!)) }
         var consentInfo = consentJSON(all: all).objectValue!
         if all { consentInfo["refused"] = .object(refused) }
         return [
             "version": .string(pylonVersion), "pid": .int(Int64(System.pid)),
-            "uptime_s": .double(Double(now - startedAtMs) / 1000), "socket": .string(config.socketPath),
-            "state": shuttingDown ? "stopping" : (readyReported ? "running" : "starting"),
+            "uptime_s": .double(Double(now - hostState.startedAtMs) / 1000), "socket": .string(config.socketPath),
+            "state": hostState.shuttingDown ? "stopping" : (pluginSet.readyReported ? "running" : "starting"),
             "rss_kib": System.rssKiB().map { .int(Int64($0)) } ?? .null,
             "plugins": .array(plugins), "clients": .array(clients), "clients_total": .int(Int64(clientCount)),
             "counters": [
                 "routed": .int(Int64(counters.routed)), "routed_fast": .int(Int64(counters.fastRouted)),
                 "inflight": .int(
                     Int64(
-                        pending.values.reduce(0) {
+                        forwarder.pending.values.reduce(0) {
                             $1.isHostCall ? $0 : $0 + 1
                         })),
                 "timeouts": .int(Int64(counters.timeouts)), "protocol_errors": .int(Int64(counters.protocolErrors)),
@@ -119,9 +122,9 @@ extension Bus {
                 "slow_readers_closed": .int(Int64(counters.slowReadersClosed)), "batches": .int(Int64(counters.batches)),
                 "dropped_for_uid_queue": .int(Int64(counters.droppedForUidQueue)),
                 "connections_refused": .int(Int64(refusedTotal)),
-                "monitors": .int(Int64(monitors.count)), "monitors_dropped": .int(Int64(counters.monitorsDropped)),
+                "monitors": .int(Int64(monitoring.monitors.count)), "monitors_dropped": .int(Int64(counters.monitorsDropped)),
                 "answered_on_success": .int(Int64(counters.answeredOnSuccess)),
-                "waited_for_start": .int(Int64(slots.values.reduce(0) { $0 + $1.waiting.admittedTotal })),
+                "waited_for_start": .int(Int64(pluginSet.slots.values.reduce(0) { $0 + $1.waiting.admittedTotal })),
             ],
             "limits": config.limits.json,
             "consent": .object(consentInfo),
@@ -139,8 +142,8 @@ extension Bus {
         default: throw RPCError(.invalidParams, "params.format must be \"pylon\" or \"openrpc\"")
         }
         var plugins = JSONObject()
-        for name in slotOrder {
-            guard let s = slots[name] else { continue }
+        for name in pluginSet.slotOrder {
+            guard let s = pluginSet.slots[name] else { continue }
             if let m = s.manifest {
                 var o = m.json.objectValue!
                 o["state"] = .string(s.life.state.rawValue)
@@ -174,11 +177,11 @@ extension Bus {
                         data: ["limit": "maxSubscriptionsPerConnection"])
                 }
                 peer.subscriptions.append(p)
-                subscriptions.add(p, peer.id)
+                peerTable.subscriptions.add(p, peer.id)
             }
         } else {
             peer.subscriptions.removeAll { $0 == p }
-            subscriptions.remove(p, peer.id)
+            peerTable.subscriptions.remove(p, peer.id)
         }
         return ["subscriptions": .array(peer.subscriptions.map { .string($0.text) })]
     }
@@ -187,7 +190,7 @@ extension Bus {
         let topic = try str(params, "topic")
         // It becomes the notification's method: the method-name rule, and no namespace of the
         // host's or a plugin's.
-        if let e = policy.publishRefusal(topic, configured: { slots[$0] != nil }) { throw e }
+        if let e = policy.publishRefusal(topic, configured: { pluginSet.slots[$0] != nil }) { throw e }
         let data = params?["data"] ?? params?["params"] ?? .null
         switch data {
         case .null, .object, .array: break
@@ -211,13 +214,13 @@ extension Bus {
         }
         guard !names.isEmpty else { throw RPCError(.invalidParams, "params.method or params.methods is required") }
         for n in names {
-            if add, let other = provided[n], other !== peer {
+            if add, let other = peerTable.provided[n], other !== peer {
                 throw RPCError(.invalidParams, "\(n) is already provided by client#\(other.id)")
             }
             // Names, namespaces, and a namespace another user provides in (`RoutingPolicy`).
-            let providers = provided.lazy.map { RoutingPolicy.Provider($0.key, $0.value.id, $0.value.credentials?.uid) }
+            let providers = peerTable.provided.lazy.map { RoutingPolicy.Provider($0.key, $0.value.id, $0.value.credentials?.uid) }
             let uid = add ? peer.credentials?.uid : nil
-            if let e = policy.provideRefusal(n, uid: uid, configured: { slots[$0] != nil }, providers: providers) { throw e }
+            if let e = policy.provideRefusal(n, uid: uid, configured: { pluginSet.slots[$0] != nil }, providers: providers) { throw e }
         }
         if add, peer.provided.union(names).count > config.limits.maxProvidesPerConnection {
             throw RPCError(
@@ -226,10 +229,10 @@ extension Bus {
         }
         for n in names {
             if add {
-                provided[n] = peer
+                peerTable.provided[n] = peer
                 peer.provided.insert(n)
-            } else if provided[n] === peer {
-                provided[n] = nil
+            } else if peerTable.provided[n] === peer {
+                peerTable.provided[n] = nil
                 peer.provided.remove(n)
             }
         }
@@ -239,10 +242,10 @@ extension Bus {
     /// Manual restart: clears `failed` without spending the automatic restart budget.
     func restartMethod(_ params: JSON?) throws(RPCError) -> JSON {
         let name = try str(params, "plugin")
-        guard let slot = slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
+        guard let slot = pluginSet.slots[name] else { throw RPCError(.invalidParams, "no plugin named \(name)") }
         // A new definition waiting for the old copy to exit starts then: starting it now would
         // run two copies on one state directory.
-        if retiring.contains(where: { $0.successor === slot && $0.life.isAlive }) {
+        if pluginSet.retiring.contains(where: { $0.successor === slot && $0.life.isAlive }) {
             throw RPCError(.pluginUnavailable, "\(name) is waiting for its old copy to exit; it starts then")
         }
         log.info("manual restart requested", ["plugin": name])

@@ -13,7 +13,7 @@ extension Bus {
         // An answer too large to relay (a plugin's, or a provider's): whoever asked gets the
         // error now instead of waiting for its timeout; the sender gets nothing back (an answer
         // is not answered).
-        if case .int(let hostId)? = id, let p = pending[hostId], p.target === peer, Bus.looksLikeResponse(head) {
+        if case .int(let hostId)? = id, let p = forwarder.pending[hostId], p.target === peer, Bus.looksLikeResponse(head) {
             complete(
                 hostId,
                 RPCError(
@@ -37,12 +37,12 @@ extension Bus {
         peer.lastInboundMs = loop.nowMs
         // One uid's connections together have a budget per loop turn too: a line over it waits
         // for a later turn, first in its connection's line.
-        if currentBatch == nil, !takeUidWork(peer, 1) { return peer.conn.deferCurrentLine() }
+        if forwarder.currentBatch == nil, !takeUidWork(peer, 1) { return peer.conn.deferCurrentLine() }
         // A batch line handled in part on an earlier turn, come again (`continueBatch`): on with
         // its next member (the line was checked and counted the first time). The connection
         // dispatches a deferred line before anything else, so another line cannot come first;
         // were it to, the batch is answered with what it has and the line handled as usual.
-        if currentBatch == nil, let cursor = peer.batchInProgress {
+        if forwarder.currentBatch == nil, let cursor = peer.batchInProgress {
             if cursor.lineBytes == line.count { return continueBatch(peer, line, cursor) }
             log.error("a batch's line did not come again; its members not handled are dropped", ["peer": peer.label])
             peer.batchInProgress = nil
@@ -65,7 +65,7 @@ extension Bus {
             // A batch (the scan validated the whole line: its members are counted by the scan,
             // no json-c tree of them is built), or a scalar (answered as an invalid request).
             let start = RawJSON.skipSpace(line, 0)
-            if currentBatch == nil, start < line.count, line[start] == UInt8(ascii: "[") {
+            if forwarder.currentBatch == nil, start < line.count, line[start] == UInt8(ascii: "[") {
                 var count = 0
                 for _ in RawJSON.Elements(line, start..<line.count) { count += 1 }
                 return handleBatch(peer, line, count: count)
@@ -222,9 +222,11 @@ extension Bus {
                 // built once and shared by the callers who see the same (`ReportCache`).
                 charge(peer, Bus.reportCost)
                 if let text = reportText(peer, principal, method, params) {
-                    let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
+                    let startNs = monitoring.monitors.isEmpty ? 0 : Loop.hrtimeNs
                     sendResult(peer.conn, idText: idText, text: text)
-                    if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: nil) }
+                    if !monitoring.monitors.isEmpty {
+                        monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: nil)
+                    }
                     enforceOutputBounds(peer)
                     return
                 }
@@ -232,22 +234,24 @@ extension Bus {
             if method == HostMethod.reload {
                 do throws(RPCError) {
                     try reloadAllowed()
-                    if currentBatch != nil { throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch") }
+                    if forwarder.currentBatch != nil {
+                        throw RPCError(.invalidRequest, "bus.reload is answered on its own, not in a batch")
+                    }
                     deferReload(peer, idText: idText)
                 } catch {
                     sendError(peer.conn, idText: idText, error)
                 }
                 return
             }
-            let startNs = monitors.isEmpty ? 0 : Loop.hrtimeNs
+            let startNs = monitoring.monitors.isEmpty ? 0 : Loop.hrtimeNs
             let answer = hostMethod(peer, principal, method, params)
-            if !Bus.readOnlyHostMethods.contains(method) { stateRevision &+= 1 }
+            if !Bus.readOnlyHostMethods.contains(method) { hostState.stateRevision &+= 1 }
             switch answer {
             case .success(let v): sendResult(peer.conn, idText: idText, v)
             case .failure(let e): sendError(peer.conn, idText: idText, e)
             }
             enforceOutputBounds(peer)
-            if !monitors.isEmpty, method != HostMethod.monitor {
+            if !monitoring.monitors.isEmpty, method != HostMethod.monitor {
                 var error: RPCError?
                 if case .failure(let e) = answer { error = e }
                 monitorHostAnswer(peer, principal, method, line, id: idText, startNs: startNs, error: error)
@@ -259,16 +263,18 @@ extension Bus {
                 return  // waits for the plugin to run (Bus+StartWait.swift)
             }
             sendError(peer.conn, idText: idText, e)
-            if !monitors.isEmpty { monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e) }
+            if !monitoring.monitors.isEmpty {
+                monitorHostAnswer(peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: e)
+            }
         case .denied(let spec, let key):
-            consentRefused[key, default: 0] += 1
+            counters.consentRefused[key, default: 0] += 1
             let error = RPCError(.consentDenied, "consent switch \(key) is denied", data: ["switch": .string(key)])
             if spec.dropWhenDenied {
                 sendResult(peer.conn, idText: idText, spec.deniedResult)
             } else {
                 sendError(peer.conn, idText: idText, error)
             }
-            if !monitors.isEmpty {
+            if !monitoring.monitors.isEmpty {
                 monitorHostAnswer(
                     peer, principal, method, line, id: idText, startNs: Loop.hrtimeNs, error: spec.dropWhenDenied ? nil : error)
             }
@@ -310,15 +316,15 @@ extension Bus {
             if deferIfCongested(peer, target) { return }  // held like a request (see forward)
             forwardNotification(line, principal, to: target)
             counters.routed += 1
-            if !monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
+            if !monitoring.monitors.isEmpty { monitorNotification(peer, principal, method, line, to: target) }
         case .host:
             // Done as the request would be; the answer, error or not, is nobody's (a report's is
             // not even built).
             if method == HostMethod.status || method == HostMethod.describe { return charge(peer, Bus.reportCost) }
             _ = hostMethod(peer, principal, method, msg.has("params") ? JSONRef.toJSON(msg.member("params")) : nil)
-            if !Bus.readOnlyHostMethods.contains(method) { stateRevision &+= 1 }
+            if !Bus.readOnlyHostMethods.contains(method) { hostState.stateRevision &+= 1 }
         case .denied(_, let key):
-            consentRefused[key, default: 0] += 1
+            counters.consentRefused[key, default: 0] += 1
         case .refused, .forward:
             break
         }

@@ -10,21 +10,23 @@ extension Bus {
     /// Stops accepting work, asks every plugin to exit (`bus.shutdown`, channel closed), and calls
     /// `done` once all have exited or their grace periods ran out and they were killed.
     public func shutdown(_ done: @escaping () -> Void) {
-        guard !shuttingDown else { return }
-        shuttingDown = true
-        onShutdownComplete = done
-        log.info("shutting down", ["plugins": slots.count, "clients": clientCount])
-        for id in pending.ids(where: { _ in true }) { complete(id, RPCError(.shuttingDown, "host is shutting down")) }
-        for name in slotOrder { if let s = slots[name] { stopPlugin(s) } }
-        for p in peers.values where !p.isPlugin { p.conn.closeAfterFlush() }
+        guard !hostState.shuttingDown else { return }
+        hostState.shuttingDown = true
+        hostState.onShutdownComplete = done
+        log.info("shutting down", ["plugins": pluginSet.slots.count, "clients": clientCount])
+        for id in forwarder.pending.ids(where: { _ in true }) { complete(id, RPCError(.shuttingDown, "host is shutting down")) }
+        for name in pluginSet.slotOrder { if let s = pluginSet.slots[name] { stopPlugin(s) } }
+        for p in peerTable.peers.values where !p.isPlugin { p.conn.closeAfterFlush() }
         checkShutdownComplete()
     }
 
     func checkShutdownComplete() {
-        guard shuttingDown, slots.values.allSatisfy({ !$0.life.isAlive }), retiring.allSatisfy({ !$0.life.isAlive }) else { return }
-        for s in slots.values { s.closeTimers() }
-        let cb = onShutdownComplete
-        onShutdownComplete = {}
+        guard hostState.shuttingDown, pluginSet.slots.values.allSatisfy({ !$0.life.isAlive }),
+            pluginSet.retiring.allSatisfy({ !$0.life.isAlive })
+        else { return }
+        for s in pluginSet.slots.values { s.closeTimers() }
+        let cb = hostState.onShutdownComplete
+        hostState.onShutdownComplete = {}
         cb()
     }
 
@@ -47,15 +49,15 @@ extension Bus {
         next.socketGroup = config.socketGroup
         config = next
         if next.limits.maxDepth != tokener.maxDepth { tokener = Tokener(maxDepth: next.limits.maxDepth) }
-        for p in peers.values {
+        for p in peerTable.peers.values {
             p.conn.maxLineBytes = next.limits.maxLineBytes
             p.conn.pauseAbove = next.limits.maxQueuedBytes
             p.conn.flushAboveBytes = next.limits.flushAboveBytes
             p.callerMember = nil
         }
         let wanted = Dictionary(uniqueKeysWithValues: next.plugins.filter(\.enabled).map { ($0.name, $0) })
-        for name in slotOrder {
-            guard let slot = slots[name] else { continue }
+        for name in pluginSet.slotOrder {
+            guard let slot = pluginSet.slots[name] else { continue }
             if let pc = wanted[name] {
                 if pc != slot.config {
                     log.info("reload: plugin definition changed; restarting", ["plugin": name])
@@ -69,12 +71,12 @@ extension Bus {
                 report.removed.append(name)
             }
         }
-        for pc in next.plugins where pc.enabled && slots[pc.name] == nil {
+        for pc in next.plugins where pc.enabled && pluginSet.slots[pc.name] == nil {
             log.info("reload: plugin added", ["plugin": pc.name])
             addPlugin(pc)
             report.added.append(pc.name)
         }
-        log.info("configuration reloaded", ["plugins": slots.count])
+        log.info("configuration reloaded", ["plugins": pluginSet.slots.count])
         return report
     }
 
@@ -90,13 +92,13 @@ extension Bus {
     /// is delivering the very line that asked for it. The reload answers once the plugins have
     /// checked the new file (`Host.reload`); the loop goes on meanwhile.
     func deferReload(_ peer: Peer, idText: String?) {
-        reloadWaiters.append((peer, idText))
+        hostState.reloadWaiters.append((peer, idText))
         peer.inflight += 1
-        guard reloadTimer == nil else { return }  // one reload answers every request made meanwhile
-        reloadTimer = loop.after(ms: 1) { [unowned self] in
-            self.reloadTimer = nil
-            let waiters = self.reloadWaiters
-            self.reloadWaiters = []
+        guard hostState.reloadTimer == nil else { return }  // one reload answers every request made meanwhile
+        hostState.reloadTimer = loop.after(ms: 1) { [unowned self] in
+            self.hostState.reloadTimer = nil
+            let waiters = self.hostState.reloadWaiters
+            self.hostState.reloadWaiters = []
             guard let reload = self.onReloadRequest else {
                 return self.answerReload(waiters, .failure(RPCError(.internalError, "this host cannot reload its configuration")))
             }
@@ -129,7 +131,7 @@ extension Bus {
             Log.minimum = level
             return ["level": .string(name), "scope": "host"]
         }
-        guard let pluginName = plugin.stringValue, let slot = slots[pluginName] else {
+        guard let pluginName = plugin.stringValue, let slot = pluginSet.slots[pluginName] else {
             throw RPCError(.invalidParams, "no plugin named \(plugin.stringValue ?? plugin.serialized)")
         }
         slot.logLevel = name
@@ -145,9 +147,9 @@ extension Bus {
 
     /// Removes a slot from routing and stops its process.
     private func retire(_ slot: PluginSlot) {
-        slots[slot.config.name] = nil
-        slotOrder.removeAll { $0 == slot.config.name }
-        if slot.life.isAlive { retiring.append(slot) }
+        pluginSet.slots[slot.config.name] = nil
+        pluginSet.slotOrder.removeAll { $0 == slot.config.name }
+        if slot.life.isAlive { pluginSet.retiring.append(slot) }
         stopPlugin(slot)
     }
 }

@@ -25,15 +25,15 @@ extension Bus {
         let filter = try MonitorFilter.parse(params)
         let limits = config.limits
         let sink = MonitorSink(filter: filter, maxQueuedBytes: limits.maxMonitorQueuedBytes)
-        if let i = monitors.firstIndex(where: { $0.peer === peer }) {
-            monitors[i].sink = sink  // a second call replaces the filter
+        if let i = monitoring.monitors.firstIndex(where: { $0.peer === peer }) {
+            monitoring.monitors[i].sink = sink  // a second call replaces the filter
         } else {
-            guard monitors.count < limits.maxMonitors else {
+            guard monitoring.monitors.count < limits.maxMonitors else {
                 throw RPCError(
                     .overloaded, "too many monitors (limit \(limits.maxMonitors))",
                     data: ["limit": "maxMonitors", "value": .int(Int64(limits.maxMonitors))])
             }
-            monitors.append(MonitorEntry(peer: peer, sink: sink))
+            monitoring.monitors.append(MonitorEntry(peer: peer, sink: sink))
         }
         log.info("monitor started", ["client": peer.id, "pattern": filter.pattern.text, "verbose": filter.verbose])
         return [
@@ -43,9 +43,9 @@ extension Bus {
     }
 
     func monitorRemove(_ peer: Peer) {
-        guard monitors.contains(where: { $0.peer === peer }) else { return }
-        monitors.removeAll { $0.peer === peer }
-        if monitors.isEmpty { monitorTraces = [:] }
+        guard monitoring.monitors.contains(where: { $0.peer === peer }) else { return }
+        monitoring.monitors.removeAll { $0.peer === peer }
+        if monitoring.monitors.isEmpty { monitoring.traces = [:] }
         log.info("monitor stopped", ["client": peer.id])
     }
 
@@ -55,15 +55,15 @@ extension Bus {
         var event: MonitorEvent?
         var over: [Peer] = []
         let now = System.wallClockMs()
-        for i in monitors.indices {
-            let filter = monitors[i].sink.filter
-            guard filter.wants(method), !monitors[i].peer.closed else { continue }
+        for i in monitoring.monitors.indices {
+            let filter = monitoring.monitors[i].sink.filter
+            guard filter.wants(method), !monitoring.monitors[i].peer.closed else { continue }
             if event == nil { event = make() }
-            let line = event!.line(seq: monitors[i].sink.sent + 1, timeMs: now, verbose: filter.verbose)
-            let conn = monitors[i].peer.conn
-            switch monitors[i].sink.offer(bytes: line.count + 1, queuedBytes: conn.queuedBytes) {
+            let line = event!.line(seq: monitoring.monitors[i].sink.sent + 1, timeMs: now, verbose: filter.verbose)
+            let conn = monitoring.monitors[i].peer.conn
+            switch monitoring.monitors[i].sink.offer(bytes: line.count + 1, queuedBytes: conn.queuedBytes) {
             case .send: line.withUnsafeBytes { conn.sendLine($0) }
-            case .drop: over.append(monitors[i].peer)
+            case .drop: over.append(monitoring.monitors[i].peer)
             case .ignore: break
             }
         }

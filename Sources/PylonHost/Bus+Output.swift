@@ -8,13 +8,13 @@ extension Bus {
     /// Sends one reply line, or takes it into the batch being handled for `conn`'s peer. `id`:
     /// the request's id as JSON text, for a result that may be too large for the batch's line.
     func sendReply(_ conn: Connection, _ envelope: [UInt8], id: String? = nil) {
-        if currentBatch != nil, takeIntoBatch(conn, envelope, id: id) { return }
+        if forwarder.currentBatch != nil, takeIntoBatch(conn, envelope, id: id) { return }
         conn.send(envelope: envelope)
     }
 
     /// A result whose text is already built (`ReportCache`), for an id kept as JSON text.
     func sendResult(_ conn: Connection, idText: String, text result: [UInt8]) {
-        if let b = currentBatch, b.peer.conn === conn { return b.addResult(result, id: idText) }
+        if let b = forwarder.currentBatch, b.peer.conn === conn { return b.addResult(result, id: idText) }
         var idText = idText
         idText.withUTF8 { id in
             result.withUnsafeBytes { conn.send(envelope: Envelope.result(id: .text(UnsafeRawBufferPointer(id)), .text($0))) }
@@ -40,7 +40,7 @@ extension Bus {
             return false
         }
         guard let uid = peer.credentials?.uid else { return true }
-        for p in admission.evictions(ofUid: uid, limit: limits.maxQueuedBytesPerUid, held: { $0.heldBytes }) where !p.closed {
+        for p in peerTable.admission.evictions(ofUid: uid, limit: limits.maxQueuedBytesPerUid, held: { $0.heldBytes }) where !p.closed {
             disconnectSlowReader(p, limit: "maxQueuedBytesPerUid")
         }
         return !peer.closed

@@ -12,7 +12,7 @@ extension Bus {
         guard target.conn.isCongested else { return false }
         // A batch member cannot wait alone (the line holds the members already sent): the
         // batch goes through, and the peer's input is held after it (`handleBatch`).
-        if let b = currentBatch, b.peer === peer {
+        if let b = forwarder.currentBatch, b.peer === peer {
             b.congested = target
             return false
         }
@@ -28,8 +28,8 @@ extension Bus {
         _ target: Peer, method: String, params: JSON?, timeoutMs: UInt64, caller: CallerInfo? = nil,
         _ done: @escaping (Result<JSON, RPCError>) -> Void
     ) -> Int64 {
-        let hostId = nextRequestId
-        nextRequestId += 1
+        let hostId = forwarder.nextRequestId
+        forwarder.nextRequestId += 1
         addPending(hostId, Pending(origin: .host(done), target: target), deadlineMs: loop.nowMs + timeoutMs)
         target.conn.send(envelope: Envelope.request(id: .int(hostId), method: method, params: .params(params), caller: caller))
         return hostId
@@ -42,7 +42,7 @@ extension Bus {
             log.debug("reply to an unknown request ignored", ["peer": peer.label])
             return
         }
-        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
+        if !monitoring.monitors.isEmpty, let t = monitoring.traces.removeValue(forKey: hostId) { monitorReply(p, t, line) }
         switch p.origin {
         case .peer(let origin, let originalId):
             settleAnswers(hostId, succeeded: msg.has("result") && !msg.has("error"), plugin: origin)
@@ -54,7 +54,7 @@ extension Bus {
 
     /// Removes and returns the pending request `hostId` if `peer` is the one it was sent to.
     func takePending(_ hostId: Int64, answeredBy peer: Peer, if accept: (Pending) -> Bool = { _ in true }) -> Pending? {
-        guard let p = pending.remove(hostId, if: { $0.target === peer && accept($0) }) else { return nil }
+        guard let p = forwarder.pending.remove(hostId, if: { $0.target === peer && accept($0) }) else { return nil }
         peer.slot?.served += 1
         return p
     }
@@ -62,18 +62,18 @@ extension Bus {
     /// Fails every request `peer` was serving (it closed), in id order: taken from the table's
     /// by-target index, not found by a scan.
     func failPending(targeting peer: Peer, _ error: RPCError) {
-        for (id, p) in pending.takeAll(targeting: peer.id) { finish(id, p, error) }
+        for (id, p) in forwarder.pending.takeAll(targeting: peer.id) { finish(id, p, error) }
     }
 
     /// Answers a pending request with an error (plugin death, timeout).
     func complete(_ id: Int64, _ error: RPCError) {
-        guard let p = pending.remove(id) else { return }
+        guard let p = forwarder.pending.remove(id) else { return }
         finish(id, p, error)
     }
 
     private func finish(_ id: Int64, _ p: Pending, _ error: RPCError) {
-        if !monitors.isEmpty, let t = monitorTraces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
-        if !pendingAnswers.isEmpty { pendingAnswers[id] = nil }  // not a success: its plugin answers them
+        if !monitoring.monitors.isEmpty, let t = monitoring.traces.removeValue(forKey: id) { monitorReply(p, t, error: error) }
+        if !forwarder.pendingAnswers.isEmpty { forwarder.pendingAnswers[id] = nil }  // not a success: its plugin answers them
         switch p.origin {
         case .peer(let origin, let originalId):
             origin.inflight -= 1
@@ -91,27 +91,27 @@ extension Bus {
     }
 
     func addPending(_ id: Int64, _ p: Pending, deadlineMs: UInt64) {
-        pending.insert(id, p, target: p.target.id, deadlineMs: deadlineMs)
-        if let armed = sweepArmedForMs, armed <= deadlineMs { return }  // the usual case: no work
+        forwarder.pending.insert(id, p, target: p.target.id, deadlineMs: deadlineMs)
+        if let armed = forwarder.sweepArmedForMs, armed <= deadlineMs { return }  // the usual case: no work
         arm(deadlineMs)
     }
 
     /// Arms the timeout timer for the earliest pending deadline; with nothing pending it stays
     /// idle: an idle host does not wake up for timeouts.
     private func armSweep() {
-        guard let next = pending.nextDeadline() else { return }
+        guard let next = forwarder.pending.nextDeadline() else { return }
         arm(next)
     }
 
     private func arm(_ deadlineMs: UInt64) {
-        sweepArmedForMs = deadlineMs
+        forwarder.sweepArmedForMs = deadlineMs
         // At least 1 ms: a zero timer started from the timer's own callback would run again in
         // the same loop phase.
-        sweepTimer.start(after: max(1, deadlineMs > loop.nowMs ? deadlineMs - loop.nowMs : 0))
+        forwarder.sweepTimer.start(after: max(1, deadlineMs > loop.nowMs ? deadlineMs - loop.nowMs : 0))
     }
 
     func sweepTimeouts() {
-        for (id, p) in pending.expired(nowMs: loop.nowMs) {
+        for (id, p) in forwarder.pending.expired(nowMs: loop.nowMs) {
             if !p.isHostCall { counters.timeouts += 1 }
             guard !p.continues else {
                 // Not a failure: the plugin carries on with the request and its effect still

@@ -137,7 +137,7 @@ extension Bus {
         peer.handshaken = true
         // Its publications from now on (`publish` looks subscribers up in the index).
         peer.subscriptions = manifest.subscribes
-        for p in manifest.subscribes { subscriptions.add(p, peer.id) }
+        for p in manifest.subscribes { peerTable.subscriptions.add(p, peer.id) }
         let welcome = Welcome(
             protocolVersion: manifest.protocolVersion, config: slot.config.config,
             stateDir: config.stateDir + "/plugins/" + slot.config.name, consent: consentJSON(),

@@ -14,8 +14,8 @@ extension Bus {
         // What each uid has queued, summed when first needed and kept up to date as this
         // publication is queued (one pass over that uid's connections per publication).
         var uidQueued: [UInt32: Int] = [:]
-        for id in subscriptions.subscribers(of: topic) {
-            guard let peer = peers[id], peer !== sender, !peer.closed else { continue }
+        for id in peerTable.subscriptions.subscribers(of: topic) {
+            guard let peer = peerTable.peers[id], peer !== sender, !peer.closed else { continue }
             if peer.isPlugin {
                 guard peer.handshaken else { continue }
             } else if adminOnly && !isAdmin(peer) {
@@ -38,13 +38,13 @@ extension Bus {
             peer.conn.sendLine(line)
             delivered += 1
         }
-        if !monitors.isEmpty { monitorPublication(topic, line, from: sender, delivered: delivered) }
+        if !monitoring.monitors.isEmpty { monitorPublication(topic, line, from: sender, delivered: delivered) }
         return delivered
     }
 
     /// Bytes held for all client connections of `uid`: queued, and in open batches.
     func queuedBytes(ofUid uid: UInt32) -> Int {
-        admission.members(ofUid: uid).reduce(0) { $0 + $1.heldBytes }
+        peerTable.admission.members(ofUid: uid).reduce(0) { $0 + $1.heldBytes }
     }
 
     func publish(topic: String, params: JSON, from sender: Peer? = nil) {

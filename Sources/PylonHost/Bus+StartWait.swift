@@ -24,10 +24,12 @@ extension Bus {
         _ peer: Peer, _ principal: Principal, _ line: UnsafeRawBufferPointer, method: String, idSpan: Range<Int>,
         answersSpan: Range<Int>?
     ) -> Bool {
-        guard currentBatch == nil else { return false }
+        guard forwarder.currentBatch == nil else { return false }
         let dot = method.firstIndex(of: ".") ?? method.endIndex
-        guard let slot = slots[String(method[..<dot])], StartWaitQueue<ParkedRequest>.waits(in: slot.life.state) else { return false }
-        let deadline = replayDeadlineMs ?? loop.nowMs + (slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
+        guard let slot = pluginSet.slots[String(method[..<dot])], StartWaitQueue<ParkedRequest>.waits(in: slot.life.state) else {
+            return false
+        }
+        let deadline = forwarder.replayDeadlineMs ?? loop.nowMs + (slot.config.requestTimeoutMs ?? config.limits.requestTimeoutMs)
         let item = ParkedRequest(
             peer: peer, principal: principal, line: Array(line), method: method, idSpan: idSpan, answersSpan: answersSpan)
         guard
@@ -88,8 +90,8 @@ extension Bus {
     func replayStartWaiters(_ slot: PluginSlot) {
         for e in slot.waiting.drain() where !e.item.peer.closed {
             let p = e.item
-            replayDeadlineMs = e.deadlineMs
-            defer { replayDeadlineMs = nil }
+            forwarder.replayDeadlineMs = e.deadlineMs
+            defer { forwarder.replayDeadlineMs = nil }
             p.line.withUnsafeBytes { buf in
                 guard let msg = try? tokener.parse(buf) else { return }
                 handleRequest(

@@ -8,25 +8,25 @@ extension Bus {
     public func startPlugins() {
         // Readiness is judged only once every configured plugin has been added: a plugin whose
         // spawn fails at once must not make the host report READY before the others start.
-        addingPlugins = true
+        pluginSet.addingPlugins = true
         for pc in config.plugins where pc.enabled { addPlugin(pc) }
-        addingPlugins = false
+        pluginSet.addingPlugins = false
         checkReady()
     }
 
     /// Adds a plugin and starts it, or, when it replaces a `predecessor` that is still exiting,
     /// starts it once that process is gone (until then calls get -32001 "not running").
     func addPlugin(_ pc: PluginConfig, after predecessor: PluginSlot? = nil) {
-        let slot = PluginSlot(config: pc, seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs) ^ UInt64(slots.count))
+        let slot = PluginSlot(config: pc, seed: UInt64(truncatingIfNeeded: Loop.hrtimeNs) ^ UInt64(pluginSet.slots.count))
         slot.onStateChange = { [weak self, weak slot] in
             if let self, let slot { self.startWaitersChanged(slot) }
         }
-        slots[pc.name] = slot
-        slotOrder.append(pc.name)
+        pluginSet.slots[pc.name] = slot
+        pluginSet.slotOrder.append(pc.name)
         // The copy to wait for: the one replaced, or one a reload removed or replaced before and
         // is still stopping (removed then added again, changed twice): never two at once.
         let replaced = predecessor?.life.isAlive == true ? predecessor : nil
-        let alive = replaced ?? retiring.last { $0.config.name == pc.name && $0.life.isAlive }
+        let alive = replaced ?? pluginSet.retiring.last { $0.config.name == pc.name && $0.life.isAlive }
         if let old = alive {
             log.info("waiting for the old copy to exit before starting the new one", ["plugin": pc.name, "pid": old.life.pid ?? 0])
             old.successor = slot
@@ -139,7 +139,7 @@ extension Bus {
     func pluginExited(_ slot: PluginSlot, status: Int64, signal: Int32) {
         let name = slot.config.name
         let pid = slot.life.pid ?? 0
-        let requested = shuttingDown || slot.life.exitIsRequested
+        let requested = hostState.shuttingDown || slot.life.exitIsRequested
         if let peer = slot.peer {
             slot.peer = nil
             peer.conn.close()
@@ -165,23 +165,23 @@ extension Bus {
                 ])
         }
         for action in actions { perform(slot, action) }
-        if !slot.life.isAlive, let i = retiring.firstIndex(where: { $0 === slot }) {
-            retiring.remove(at: i)
+        if !slot.life.isAlive, let i = pluginSet.retiring.firstIndex(where: { $0 === slot }) {
+            pluginSet.retiring.remove(at: i)
             slot.closeTimers()
         }
         if !slot.life.isAlive, let next = slot.successor {
             slot.successor = nil
             // Only if no later reload replaced or removed it meanwhile.
-            if slots[next.config.name] === next, !shuttingDown { supervise(next) { $0.start(now: $1) } }
+            if pluginSet.slots[next.config.name] === next, !hostState.shuttingDown { supervise(next) { $0.start(now: $1) } }
         }
-        if shuttingDown { checkShutdownComplete() }
+        if hostState.shuttingDown { checkShutdownComplete() }
     }
 
     /// Ready (READY=1) once every plugin has left `starting` at least once: it is running, or
     /// known to be failing (backoff/failed) — a broken plugin must not hold the whole host back.
     func checkReady() {
-        guard !readyReported, !addingPlugins, slots.values.allSatisfy(\.life.hasLeftStarting) else { return }
-        readyReported = true
+        guard !pluginSet.readyReported, !pluginSet.addingPlugins, pluginSet.slots.values.allSatisfy(\.life.hasLeftStarting) else { return }
+        pluginSet.readyReported = true
         onReady()
     }
 }

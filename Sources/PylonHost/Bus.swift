@@ -19,6 +19,9 @@ import Glibc
 ///
 /// The rules are value types that decide without I/O (`RoutingPolicy`, `Admission`,
 /// `SubscriptionIndex`, `PendingTable`); `Bus` keeps the peers and performs their decisions.
+/// Its state is in named parts (BusParts.swift): the peers (`PeerTable`), requests in flight
+/// (`Forwarder`), the plugins (`PluginSet`), monitors (`MonitorSet`) and the host's run
+/// (`HostState`).
 /// This file: the state, admission and closing of peers, and forwarding. The inbound ladder is in
 /// `Bus+Inbound`, requests in flight and timeouts in `Bus+Pending`, fan-out in `Bus+Publish`,
 /// replies in `Bus+Output`, supervision in `Bus+Supervision`, host methods in `Bus+HostMethods`
@@ -30,69 +33,32 @@ public final class Bus {
     private(set) var policy: RoutingPolicy
     let log = Log("bus")
     var tokener: Tokener
-
-    var peers: [UInt64: Peer] = [:]
-    /// Connection ids are unique across restarts of pylond too (they start at the wall clock in
-    /// ms × 1000, below 2^53), so a plugin that kept state about a client id from an earlier
-    /// host run cannot mistake a new client for it.
-    private var nextPeerId = UInt64(max(0, System.wallClockMs())) * 1000
-    var pending = PendingTable<Pending>()
-    var nextRequestId: Int64 = 1
-    var slots: [String: PluginSlot] = [:] { didSet { slotSetRevision &+= 1 } }
-    /// Bumped whenever a slot is added, removed or replaced (`ReportCache.Version`).
-    var slotSetRevision: UInt64 = 0
-    /// Slots a reload removed or replaced whose process has not exited yet: kept until it has,
-    /// so shutdown waits for them too (a plugin never outlives the host) and a replacement does
-    /// not start beside them.
-    var retiring: [PluginSlot] = []
-    var slotOrder: [String] = [] { didSet { slotSetRevision &+= 1 } }
-    /// Every peer's topic patterns (clients' `bus.subscribe`, plugins' manifest `subscribes`).
-    var subscriptions = SubscriptionIndex<UInt64>()
-    /// Methods served by clients (`bus.provide`), by full name.
-    var provided: [String: Peer] = [:] { didSet { providedRevision &+= 1 } }
-    var providedRevision: UInt64 = 0
-    /// `bus.describe` and `bus.status` answers, built once and shared (`ReportCache`).
-    var reports = ReportCache()
-    /// Bumped when the host's state that `bus.status` shows changes outside a plugin slot: a
-    /// client came or went, a host method that changes state ran.
-    var stateRevision: UInt64 = 0
-
+    /// The peers, their admission, subscriptions and provided methods (`PeerTable`).
+    let peerTable = PeerTable()
+    /// Requests in flight (`Forwarder`).
+    let forwarder = Forwarder()
+    /// The configured plugins' slots (`PluginSet`).
+    let pluginSet = PluginSet()
+    /// `bus.monitor` connections (`MonitorSet`).
+    let monitoring = MonitorSet()
+    /// The host's run: start, shutdown, reloads, reports (`HostState`).
+    let hostState: HostState
     var consent = ConsentStore()
-    var consentRefused: [String: UInt64] = [:]
-    var consentPath: String { config.stateDir + "/consent.json" }
-
-    /// Armed for the earliest pending deadline only (none while nothing is pending).
-    var sweepTimer: Timer!
-    var sweepArmedForMs: UInt64?
-    let startedAtMs: UInt64
-    var shuttingDown = false
-    var onShutdownComplete: () -> Void = {}
-
     /// Counters for bus.status (`BusCounters`).
     var counters = BusCounters()
-    /// The JSON-RPC batch whose members are being handled now.
-    var currentBatch: BatchReply?
-    /// While a request that waited for its plugin to start is handled again: its deadline
-    /// (parked again, it keeps it; Bus+StartWait.swift).
-    var replayDeadlineMs: UInt64?
-    /// Connections watching traffic (`bus.monitor`, Bus+Monitor); empty costs one test per hook.
-    var monitors: [MonitorEntry] = []
-    /// Forwarded requests' method and start, by host id, kept only while a monitor is connected
-    /// (so `Pending` and the routing path stay as they are without one).
-    var monitorTraces: [Int64: MonitorTrace] = [:]
-    /// `_answers` of forwarded plugin calls, by the host id of the call (Bus+Answers).
-    var pendingAnswers: [Int64: Envelope.Answers] = [:]
+    var consentPath: String { config.stateDir + "/consent.json" }
 
     /// Called once every enabled plugin has left `starting` for the first time.
-    public var onReady: () -> Void = {}
+    public var onReady: () -> Void {
+        get { hostState.onReady }
+        set { hostState.onReady = newValue }
+    }
     /// Set by `Host`: re-reads the configuration file, checks it and applies it, then calls back
     /// with the answer (`bus.reload`; the plugins check it asynchronously, `Host.reload`).
-    public var onReloadRequest: ((@escaping (Result<JSON, RPCError>) -> Void) -> Void)?
-    /// `bus.reload` requests waiting for the next loop turn (`deferReload`).
-    var reloadWaiters: [(Peer, String?)] = []
-    var reloadTimer: Timer?
-    var readyReported = false
-    var addingPlugins = false
+    public var onReloadRequest: ((@escaping (Result<JSON, RPCError>) -> Void) -> Void)? {
+        get { hostState.onReloadRequest }
+        set { hostState.onReloadRequest = newValue }
+    }
 
     /// `hostUid`: pylond's own uid (`getuid()`), which may `bus.reload` (`RoutingPolicy.hostUid`).
     public init(loop: Loop, config: HostConfig, hostUid: UInt32) {
@@ -100,27 +66,17 @@ public final class Bus {
         self.config = config
         policy = RoutingPolicy(config, hostUid: hostUid)
         tokener = Tokener(maxDepth: config.limits.maxDepth)
-        startedAtMs = loop.nowMs
-        sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in
-            self.sweepArmedForMs = nil
+        hostState = HostState(startedAtMs: loop.nowMs)
+        forwarder.sweepTimer = Timer(loop: loop, unref: true) { [unowned self] in
+            self.forwarder.sweepArmedForMs = nil
             self.sweepTimeouts()
         }
         loadConsent()
     }
 
-    /// Client connections in all and per uid (their count is the per-uid connection limit's;
-    /// their queued bytes are the per-uid queue bound's), and the refusal log's throttle.
-    var admission = Admission<Peer>()
-    /// Armed while a refusal summary is due (`Admission.LogAction.logAfter`).
-    var refusalLogTimer: Timer?
     /// Connected clients.
-    public var clientCount: Int { admission.count }
-    var refusedTotal: UInt64 { admission.refusedTotal }
-    /// Each uid's work in the current loop turn, shared by its connections (`Peer.uidWork`).
-    var uidWork: [UInt32: UidTurnWork] = [:]
-    /// Clients closed since the allocator was last asked to return free memory.
-    var closedSinceTrim = 0
-    var trimTimer: Timer?
+    public var clientCount: Int { peerTable.admission.count }
+    var refusedTotal: UInt64 { peerTable.admission.refusedTotal }
 
     // MARK: Peers
 
@@ -130,17 +86,19 @@ public final class Bus {
     /// connect flood holds no descriptors or memory beyond the limit.
     public func adoptClient(_ conn: Connection) {
         let creds = PeerCredentials.of(fd: conn.fd)
-        if case .refuse(let limit, let error) = admission.decide(uid: creds?.uid, shuttingDown: shuttingDown, limits: config.limits) {
+        if case .refuse(let limit, let error) = peerTable.admission.decide(
+            uid: creds?.uid, shuttingDown: hostState.shuttingDown, limits: config.limits)
+        {
             conn.refuse(line: String(decoding: Envelope.error(id: .null, error), as: UTF8.self))
             noteRefusal(limit)
             return
         }
         let peer = newPeer(kind: .client(creds), conn: conn)
-        admission.admit(peer, uid: creds?.uid)
-        stateRevision &+= 1
+        peerTable.admission.admit(peer, uid: creds?.uid)
+        hostState.stateRevision &+= 1
         if let uid = creds?.uid {
-            let work = uidWork[uid] ?? UidTurnWork()
-            uidWork[uid] = work
+            let work = peerTable.uidWork[uid] ?? UidTurnWork()
+            peerTable.uidWork[uid] = work
             peer.uidWork = work
         }
         // `printf '...' | socat - UNIX-CONNECT:…` shuts down its side after the last request:
@@ -153,9 +111,9 @@ public final class Bus {
     }
 
     func newPeer(kind: Peer.Kind, conn: Connection) -> Peer {
-        let peer = Peer(id: nextPeerId, kind: kind, conn: conn, now: loop.nowMs)
-        nextPeerId += 1
-        peers[peer.id] = peer
+        let peer = Peer(id: peerTable.nextPeerId, kind: kind, conn: conn, now: loop.nowMs)
+        peerTable.nextPeerId += 1
+        peerTable.peers[peer.id] = peer
         conn.maxLineBytes = config.limits.maxLineBytes
         conn.pauseAbove = config.limits.maxQueuedBytes
         conn.flushAboveBytes = config.limits.flushAboveBytes
@@ -182,7 +140,7 @@ public final class Bus {
     /// (clients cannot name one).
     func principal(of peer: Peer, via: Int64?) -> Principal? {
         RoutingPolicy.principal(client: peer.isPlugin ? nil : (peer.id, peer.credentials), plugin: peer.slot?.config.name, via: via) {
-            guard let p = pending[$0], p.target === peer else { return nil }
+            guard let p = forwarder.pending[$0], p.target === peer else { return nil }
             return p.principal
         }
     }
@@ -203,13 +161,13 @@ public final class Bus {
     /// Counts a refused connection; logs as `Admission` says (at most one line per
     /// `Admission.refusalLogMs`).
     func noteRefusal(_ limit: String) {
-        switch admission.refused(limit, nowMs: loop.nowMs) {
+        switch peerTable.admission.refused(limit, nowMs: loop.nowMs) {
         case .none: break
         case .logNow(let summary): logRefusals(summary)
         case .logAfter(let ms):
-            refusalLogTimer = loop.after(ms: ms, unref: true) { [unowned self] in
-                self.refusalLogTimer = nil
-                if let summary = self.admission.logTimerFired(nowMs: self.loop.nowMs) { self.logRefusals(summary) }
+            peerTable.refusalLogTimer = loop.after(ms: ms, unref: true) { [unowned self] in
+                self.peerTable.refusalLogTimer = nil
+                if let summary = self.peerTable.admission.logTimerFired(nowMs: self.loop.nowMs) { self.logRefusals(summary) }
             }
         }
     }
@@ -221,18 +179,18 @@ public final class Bus {
     /// After a burst of clients went away, asks the allocator to return free memory to the
     /// system (glibc keeps freed heap otherwise), once the burst is over.
     func clientGone() {
-        closedSinceTrim += 1
-        guard closedSinceTrim >= Bus.trimAfterClosedClients else { return }
+        peerTable.closedSinceTrim += 1
+        guard peerTable.closedSinceTrim >= Bus.trimAfterClosedClients else { return }
         releaseFreeMemorySoon()
     }
 
     /// Returns free memory to the system one second from now (once for a burst): after many
     /// clients went away, or one that did not read its replies (it held a lot).
     func releaseFreeMemorySoon() {
-        guard trimTimer == nil else { return }
-        trimTimer = loop.after(ms: 1_000, unref: true) { [unowned self] in
-            self.trimTimer = nil
-            self.closedSinceTrim = 0
+        guard peerTable.trimTimer == nil else { return }
+        peerTable.trimTimer = loop.after(ms: 1_000, unref: true) { [unowned self] in
+            self.peerTable.trimTimer = nil
+            self.peerTable.closedSinceTrim = 0
             System.releaseFreeMemory()
         }
     }
@@ -241,18 +199,18 @@ public final class Bus {
     func peerClosed(_ peer: Peer) {
         guard !peer.closed else { return }
         peer.closed = true
-        peers[peer.id] = nil
-        stateRevision &+= 1
+        peerTable.peers[peer.id] = nil
+        hostState.stateRevision &+= 1
         // Its batch's place (which holds the peer: a cycle) and what it gathered go now.
         peer.batchInProgress = nil
         if !peer.isPlugin {
-            admission.remove(peer, uid: peer.credentials?.uid)
-            if let uid = peer.credentials?.uid, admission.members(ofUid: uid).isEmpty { uidWork[uid] = nil }
+            peerTable.admission.remove(peer, uid: peer.credentials?.uid)
+            if let uid = peer.credentials?.uid, peerTable.admission.members(ofUid: uid).isEmpty { peerTable.uidWork[uid] = nil }
             clientGone()
         }
-        for m in peer.provided where provided[m] === peer { provided[m] = nil }
-        subscriptions.remove(peer.id, from: peer.subscriptions)
-        if !monitors.isEmpty { monitorRemove(peer) }
+        for m in peer.provided where peerTable.provided[m] === peer { peerTable.provided[m] = nil }
+        peerTable.subscriptions.remove(peer.id, from: peer.subscriptions)
+        if !monitoring.monitors.isEmpty { monitorRemove(peer) }
         // Requests that peer was serving fail now, not at their timeout.
         failPending(
             targeting: peer,
@@ -261,7 +219,7 @@ public final class Bus {
                 data: ["reason": "disconnected"]))
         if let slot = peer.slot {
             pluginChannelClosed(slot, peer)
-        } else if !shuttingDown {
+        } else if !hostState.shuttingDown {
             // Plugins that keep per-client state (MA's "app went away") subscribe to this.
             publish(topic: HostTopic.clientClosed, params: ["client": .int(Int64(peer.id))])
         }
@@ -275,8 +233,8 @@ public final class Bus {
     /// string).
     func route(_ peer: Peer, _ principal: Principal, _ method: String, field: (String) -> String?) -> Route {
         policy.decide(
-            principal, method, tables: BusRoutingTables(slots: slots, provided: provided), consent: consent,
-            shuttingDown: shuttingDown, field: field)
+            principal, method, tables: BusRoutingTables(slots: pluginSet.slots, provided: peerTable.provided), consent: consent,
+            shuttingDown: hostState.shuttingDown, field: field)
     }
 
     /// Forwards a request with a host-issued id: the line with only its id's bytes (`idSpan`)
@@ -300,8 +258,8 @@ public final class Bus {
                     data: ["limit": "maxInflightPerConnection", "value": .int(Int64(config.limits.maxInflightPerConnection))]))
             return
         }
-        let hostId = nextRequestId
-        nextRequestId += 1
+        let hostId = forwarder.nextRequestId
+        forwarder.nextRequestId += 1
         if target.slot?.wantsCallerInfo == true {
             // `"id":N,"_pylon":{…}`. A client's own caller text is the same for each of its
             // requests (until a reload): built once.
@@ -316,20 +274,20 @@ public final class Bus {
             target.conn.sendSpliced(line, span, int: hostId)
         }
         let origin: Pending.Origin
-        if let b = currentBatch, b.peer === peer {
+        if let b = forwarder.currentBatch, b.peer === peer {
             b.outstanding += 1
             origin = .batch(b, originalId: original)
         } else {
             origin = .peer(peer, originalId: original)
         }
-        if !monitors.isEmpty {
-            monitorTraces[hostId] = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
+        if !monitoring.monitors.isEmpty {
+            monitoring.traces[hostId] = MonitorTrace(method: method, startNs: Loop.hrtimeNs)
             monitorRequest(peer, principal, method, line, id: original, to: target.label)
         }
         var entry = Pending(origin: origin, target: target, principal: principal)
         if let slot = target.slot, !slot.continuing.isEmpty { entry.continues = slot.continuing.contains(method) }
         addPending(hostId, entry, deadlineMs: loop.nowMs + timeoutMs)
-        if let answers { pendingAnswers[hostId] = answers }
+        if let answers { forwarder.pendingAnswers[hostId] = answers }
         peer.inflight += 1
         peer.requestsSent += 1
         counters.routed += 1
@@ -354,6 +312,8 @@ public final class Bus {
 /// The counters `bus.status` reports (`counters`).
 struct BusCounters {
     var routed: UInt64 = 0
+    /// Calls refused by each consent switch.
+    var consentRefused: [String: UInt64] = [:]
     /// Messages (requests and answers) routed without a json-c tree (Bus+FastPath).
     var fastRouted: UInt64 = 0
     var timeouts: UInt64 = 0

@@ -78,8 +78,8 @@ public final class Host {
         startWatchdog()
 
         bus.onReady = { [unowned self] in
-            System.sdNotify("READY=1\nSTATUS=serving \(self.bus.slots.count) plugins\nMAINPID=\(System.pid)")
-            self.log.info("ready", ["socket": cfg.socketPath, "plugins": self.bus.slots.count])
+            System.sdNotify("READY=1\nSTATUS=serving \(self.bus.pluginSet.slots.count) plugins\nMAINPID=\(System.pid)")
+            self.log.info("ready", ["socket": cfg.socketPath, "plugins": self.bus.pluginSet.slots.count])
         }
         bus.startPlugins()
         if let path = cfg.metricsTextfile {
@@ -120,7 +120,7 @@ public final class Host {
     func reload(source: String, _ done: @escaping (Result<JSON, RPCError>) -> Void) {
         // Stopping: a reload would start the plugins it adds, and the host would wait for them
         // forever (a second SIGTERM is ignored once stopping).
-        guard !bus.shuttingDown else {
+        guard !bus.hostState.shuttingDown else {
             log.warn("reload ignored: the host is stopping")
             return done(.failure(RPCError(.shuttingDown, "host is shutting down")))
         }
@@ -149,7 +149,7 @@ public final class Host {
                     e.data = .object(data)
                 }
                 done(.failure(e))
-            } else if self.bus.shuttingDown {
+            } else if self.bus.hostState.shuttingDown {
                 self.log.warn("reload ignored: the host is stopping")
                 done(.failure(RPCError(.shuttingDown, "host is shutting down")))
             } else {

@@ -38,14 +38,14 @@ final class MetricsExporter {
     }
 
     private func tick() {
-        guard !inRound, !bus.shuttingDown else { return }
+        guard !inRound, !bus.hostState.shuttingDown else { return }
         inRound = true
         round += 1
         let thisRound = round
         let status = bus.status(for: nil, .host)
         var targets: [(String, Peer)] = []
-        for name in bus.slotOrder {
-            guard let s = bus.slots[name], s.life.state == .running, let peer = s.peer, !peer.closed,
+        for name in bus.pluginSet.slotOrder {
+            guard let s = bus.pluginSet.slots[name], s.life.state == .running, let peer = s.peer, !peer.closed,
                 s.manifest?.methods[name + ".status"] != nil
             else { continue }
             targets.append((name, peer))

@@ -86,10 +86,10 @@ extension Bus {
     /// The version of what `bus.describe` shows (`ReportCache.Version`).
     var describeVersion: ReportCache.Version {
         ReportCache.Version(
-            slots: slotOrder.compactMap { name in
-                slots[name].map { ReportCache.Mark(slot: ObjectIdentifier($0), revision: $0.revision) }
+            slots: pluginSet.slotOrder.compactMap { name in
+                pluginSet.slots[name].map { ReportCache.Mark(slot: ObjectIdentifier($0), revision: $0.revision) }
             },
-            slotSet: slotSetRevision, provided: providedRevision)
+            slotSet: pluginSet.slotSetRevision, provided: peerTable.providedRevision)
     }
 
     /// The result bytes of a `bus.status` or `bus.describe` request, from `reports` when the
@@ -100,8 +100,8 @@ extension Bus {
         let all = seesEverything(principal)
         if method == HostMethod.status {
             let view: ReportCache.StatusView = all ? .all : .client(peer.id)
-            let stamp = ReportCache.StatusStamp(turn: loop.turn, revision: stateRevision, version: describeVersion)
-            return reports.status(view, stamp) { Bus.resultText(status(for: peer, principal)) }
+            let stamp = ReportCache.StatusStamp(turn: loop.turn, revision: hostState.stateRevision, version: describeVersion)
+            return hostState.reports.status(view, stamp) { Bus.resultText(status(for: peer, principal)) }
         }
         guard method == HostMethod.describe, all || peer.provided.isEmpty else { return nil }
         let view: ReportCache.DescribeView
@@ -110,7 +110,7 @@ extension Bus {
         case .string("openrpc")?: view = .openrpc(all: all)
         default: return nil  // refused by `describe`
         }
-        return reports.describe(view, describeVersion) {
+        return hostState.reports.describe(view, describeVersion) {
             // A view without its own provided methods: `describe` shows the same to any such caller.
             (try? describe(for: peer, principal, params)).map(Bus.resultText) ?? Array("null".utf8)
         }

@@ -106,7 +106,7 @@ struct RoutingPolicy: Equatable {
                     data: ["method": .string(method), "uid": uid.map { .int($0) } ?? .null]))
         }
         if HostMethod.isHostNamespace(method) {
-            if let e = hostCallRefusal(method, principal, field: field) { return .refused(e) }
+            if let e = hostCallRefusal(method, principal) { return .refused(e) }
             return .host
         }
         // A configured plugin's namespace is the plugin's, whatever a client provided. (Method
@@ -198,31 +198,25 @@ struct RoutingPolicy: Equatable {
     /// host or set log levels (these are the operator's, through a client).
     static let clientOnlyMethods: Set<String> = [HostMethod.reload, HostMethod.logLevel, HostMethod.monitor]
 
-    /// Why `p` may not call host method `method` although a permission allows it (nil: it may).
-    /// `clientOnlyMethods` are refused to plugins; `consent.setApp` is for plugins only, on their
-    /// own switches (`<plugin>:…`): an app narrows collection through the plugin that serves it
-    /// and never touches another plugin's switches. `field` reads a top-level params string (the
-    /// switch: `key`, or its spellings `switch` and `name`; without one the method itself answers
-    /// that it is required).
-    func hostCallRefusal(_ method: String, _ p: Principal, field: (String) -> String?) -> RPCError? {
-        if p.plugin != nil, RoutingPolicy.clientOnlyMethods.contains(method) {
-            return RPCError(.notPermitted, "\(method) is for clients, not plugins", data: ["method": .string(method)])
-        }
-        guard method == HostMethod.consentSetApp else { return nil }
+    /// Why `p` may not call host method `method` although a permission allows it (nil: it may):
+    /// `clientOnlyMethods` are refused to plugins (decided with the route).
+    func hostCallRefusal(_ method: String, _ p: Principal) -> RPCError? {
+        guard p.plugin != nil, RoutingPolicy.clientOnlyMethods.contains(method) else { return nil }
+        return RPCError(.notPermitted, "\(method) is for clients, not plugins", data: ["method": .string(method)])
+    }
+
+    /// Why `p` may not set switch `key` with `consent.setApp` (nil: it may). The app layer is for
+    /// plugins only, on their own switches (`<plugin>:…`): an app narrows collection through the
+    /// plugin that serves it and never touches another plugin's switches or the master switch.
+    /// `consent.setApp` is open as a method (a client gets this refusal from the method, after the
+    /// route). `key` nil: only who may call it (the method then reads the required key).
+    func setAppRefusal(_ p: Principal, key: String?) -> RPCError? {
         guard let plugin = p.plugin else {
             return RPCError(.notPermitted, "consent.setApp is called by plugins for their apps; clients use consent.set")
         }
-        var key: String?
-        for k in RoutingPolicy.switchKeys where key == nil { if let v = field(k), !v.isEmpty { key = v } }
-        guard let key else { return nil }
-        guard key.hasPrefix(plugin + ":") else {
-            return RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
-        }
-        return nil
+        guard let key, !key.hasPrefix(plugin + ":") else { return nil }
+        return RPCError(.notPermitted, "plugin \(plugin) may set the app layer of its own switches (\(plugin):…) only, not \(key)")
     }
-
-    /// The spellings of a `consent.*` method's switch parameter, in the order they are read.
-    static let switchKeys = ["key", "switch", "name"]
 
     /// The switch that refuses a call under `template`, or nil when it may pass: the master switch
     /// first, then the template's key (a template whose field is absent does not refuse).

@@ -283,23 +283,23 @@ struct RoutingPolicyTests {
     }
 
     /// `consent.setApp` is the app layer of a plugin's own switches: plugins only (also acting
-    /// for a client), on `<plugin>:…` only; the key read from any of its spellings; without a key
-    /// the method itself says it is required.
+    /// for a client), on `<plugin>:…` only (was in the handler; SecurityTests checks one of each
+    /// through a process).
     @Test func setAppIsAPluginsOnItsOwnSwitchesOnly() {
-        func refusal(_ p: Principal, _ fields: [String: String]) -> RPCError? {
-            guard case .refused(let e) = decide(p, "consent.setApp", fields: fields) else { return nil }
-            return e
-        }
-        #expect(refusal(.plugin("echo"), ["key": "echo:W"]) == nil)
-        #expect(refusal(.plugin("echo", via: Self.client(Self.user)), ["switch": "echo:W"]) == nil, "for a client, by another spelling")
-        #expect(refusal(.plugin("echo"), [:]) == nil, "no key: the method answers -32602")
-        let other = refusal(.plugin("echo"), ["key": "ma:W"])
+        let policy = RoutingPolicy()
+        #expect(policy.setAppRefusal(.plugin("echo"), key: "echo:W") == nil)
+        #expect(policy.setAppRefusal(.plugin("echo", via: Self.client(Self.user)), key: "echo:W") == nil, "for a client")
+        #expect(policy.setAppRefusal(.plugin("echo"), key: nil) == nil, "who: a plugin (the method then reads the key)")
+        let other = policy.setAppRefusal(.plugin("echo"), key: "ma:W")
         #expect(other?.code == RPCError.Code.notPermitted.rawValue)
         #expect(other?.message == "plugin echo may set the app layer of its own switches (echo:…) only, not ma:W")
-        #expect(refusal(.plugin("echo"), ["key": "", "name": "device"])?.code == -32005, "an empty key is not the key: the next spelling")
-        #expect(refusal(.plugin("echo"), ["key": "echoX:W"])?.code == -32005, "the prefix is the name and a colon")
-        let client = refusal(Self.client(Self.root), ["key": "echo:W"])
-        #expect(client?.message == "consent.setApp is called by plugins for their apps; clients use consent.set")
+        #expect(policy.setAppRefusal(.plugin("echo"), key: "device")?.code == -32005, "the master switch is the operator's")
+        #expect(policy.setAppRefusal(.plugin("echo"), key: "echoX:W")?.code == -32005, "the prefix is the name and a colon")
+        for key: String? in [nil, "echo:W"] {
+            let client = policy.setAppRefusal(Self.client(Self.root), key: key)
+            #expect(client?.message == "consent.setApp is called by plugins for their apps; clients use consent.set")
+        }
+        guard case .host = decide(Self.client(Self.user), "consent.setApp") else { Issue.record("not the host's"); return }
     }
 
     /// A namespace a user provides methods in is that user's while any of its methods is

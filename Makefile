@@ -10,6 +10,8 @@ DEB_PACKAGES += libssl-dev openssl
 DEB_PACKAGES += prometheus
 # The mosquitto auth plugin (tools/mosquitto-auth): the broker's v5 plugin API headers.
 DEB_PACKAGES += mosquitto-dev
+# nft drops a test database's packets (PostgresBlackholeTests).
+DEB_PACKAGES += nftables
 # The console's browser tests (make test-console): Debian's headless Chromium and its driver.
 DEB_PACKAGES += chromium chromium-driver
 RUN_DIR ?= $(CURDIR)/run

@@ -242,15 +242,24 @@ package final class Backend {
     }
 
     private func statsResponse() throws(APIError) -> HTTPResponse {
-        let t = try storage { () throws(StoreError) in try store.totals() }
         var o: JSONObject = [
             "requests": .int(Int64(stats.requests)), "requestsByPath": stats.requestsByPathJSON,
-            "batches": .int(t.batches), "records": .int(t.records),
-            "duplicateRecords": .int(t.duplicateRecords), "duplicateBatches": .int(t.duplicateBatches),
             "faultsInjected": .int(Int64(stats.faultsInjected)), "refused": .int(Int64(stats.refused)),
             "outputBytes": .int(Int64(outputBudget?.used ?? 0)), "busyRefused": .int(Int64(outputBudget?.refused ?? 0)),
         ]
+        // The database's totals; while it cannot be reached the rest is still answered.
+        do throws(StoreError) {
+            let t = try store.totals()
+            o["batches"] = .int(t.batches)
+            o["records"] = .int(t.records)
+            o["duplicateRecords"] = .int(t.duplicateRecords)
+            o["duplicateBatches"] = .int(t.duplicateBatches)
+        } catch {
+            guard error.status == 503 else { throw .storage(error) }
+            o["databaseError"] = .string(error.description)
+        }
         if let n = natsStatsJSON { o["nats"] = n }
+        if let d = store.engineStatsJSON { o["database"] = d }
         if let lane {
             o["ingestLane"] = [
                 "depth": .int(Int64(lane.depth)), "peakDepth": .int(Int64(lane.peakDepth)), "ran": .int(Int64(lane.ran)),

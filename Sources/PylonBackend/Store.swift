@@ -1,3 +1,4 @@
+import PylonCore
 import PylonStore
 
 #if canImport(Glibc)
@@ -155,6 +156,18 @@ package final class Store {
     }
 
     package func close() { db.close() }
+
+    /// PostgreSQL: from now on reconnect in the background on `loop` (`PostgresEngine`).
+    package func reconnect(on loop: Loop) { (db as? PostgresEngine)?.reconnect(on: loop) }
+
+    /// `database` in `/v1/inspect/stats` (PostgreSQL only): connected, reconnects made, tried.
+    var engineStatsJSON: JSON? {
+        guard let pg = db as? PostgresEngine else { return nil }
+        return [
+            "connected": .bool(pg.isConnected), "reconnects": .int(Int64(pg.reconnects)),
+            "reconnectAttempts": .int(Int64(pg.reconnectAttempts)),
+        ]
+    }
 
     /// Runs `body` as one transaction, at `isolation` (PostgreSQL), holding the advisory locks
     /// `locking` (PostgreSQL; taken in ascending order before the transaction starts, so two

@@ -1,3 +1,4 @@
+import CLibUV
 import CPQ
 import PylonCore
 import PylonStore
@@ -8,11 +9,15 @@ import Glibc
 
 /// The shared engine: one libpq connection to PostgreSQL (`--db postgresql://…`).
 ///
-/// Calls are synchronous on the loop thread: a backend instance runs one statement at a time and
-/// scales by instances (docs/FLEET.md). `statement_timeout` bounds each statement; a lost
-/// connection fails the statement with `StoreError.unavailable` (503) and the next call outside
-/// a transaction reconnects. Statements are prepared once per connection (by their text) and
-/// run with text parameters; `?` and `?N` are rewritten to `$n`.
+/// Statements are synchronous on the loop thread: a backend instance runs one statement at a
+/// time and scales by instances (docs/FLEET.md). `statement_timeout` bounds each statement, and
+/// TCP keepalives and `tcp_user_timeout` bound one whose packets are dropped; a lost connection
+/// fails the statement with `StoreError.unavailable` (503). Once the loop runs
+/// (`reconnect(on:)`), a new connection is made without holding the loop: `PQconnectStartParams`
+/// and `PQconnectPoll` driven by a libuv poll on the connection's socket, bounded by
+/// `connect_timeout`; requests meanwhile are answered 503 at once. Statements are prepared once
+/// per connection (by their text) and run with text parameters; `?` and `?N` are rewritten to
+/// `$n`.
 final class PostgresEngine: SQLEngine {
     var dialect: SQLDialect { .postgres }
     private let url: String
@@ -25,6 +30,13 @@ final class PostgresEngine: SQLEngine {
     private let log = Log("store")
     /// Connections made after the first (reconnects).
     private(set) var reconnects = 0
+    /// Connection attempts made after the first (each reconnect tried, whether it worked).
+    private(set) var reconnectAttempts = 0
+    /// The loop reconnects run on, without blocking it; nil before it runs (start-up, tools):
+    /// then a reconnect is synchronous.
+    private var loop: Loop?
+    /// The connection being made in the background, its socket's poll and its deadline.
+    private var pending: (conn: OpaquePointer, poll: SocketPoll, deadline: Timer)?
 
     /// Connects (failing if the database cannot be reached now).
     init(url: String, statementTimeoutMs: Int) throws(StoreError) {
@@ -33,27 +45,62 @@ final class PostgresEngine: SQLEngine {
         try connect()
     }
 
+    /// libpq's connection parameters: earlier entries are defaults the connection string
+    /// (expanded from `dbname`) overrides.
+    private func withParameters<T>(_ body: ([UnsafePointer<CChar>?], [UnsafePointer<CChar>?]) -> T) -> T {
+        let params = [
+            ("connect_timeout", String(StoreLimits.defaultConnectTimeoutSeconds)),
+            ("application_name", "pylon-backend"),
+            // A statement whose packets are dropped fails in seconds, not at TCP's minutes.
+            ("keepalives", "1"), ("keepalives_idle", String(StoreLimits.keepaliveIdleSeconds)),
+            ("keepalives_interval", "1"), ("keepalives_count", String(StoreLimits.keepaliveCount)),
+            ("tcp_user_timeout", String(StoreLimits.tcpUserTimeoutMs)),
+            ("dbname", url),
+        ]
+        let kp = params.map { strdup($0.0) }
+        let vp = params.map { strdup($0.1) }
+        defer {
+            for p in kp + vp { free(p) }
+        }
+        return body(kp.map { UnsafePointer($0) } + [nil], vp.map { UnsafePointer($0) } + [nil])
+    }
+
+    /// The `connect_timeout` in force, in ms: the connection string's (libpq treats values below
+    /// 2 s as 2 s), else the default.
+    static func connectTimeoutMs(_ url: String) -> UInt64 {
+        let fallback = UInt64(StoreLimits.defaultConnectTimeoutSeconds) * 1000
+        var err: UnsafeMutablePointer<CChar>?
+        guard let opts = PQconninfoParse(url, &err) else {
+            PQfreemem(err)
+            return fallback
+        }
+        defer { PQconninfoFree(opts) }
+        var i = 0
+        while let kw = opts[i].keyword {
+            if String(cString: kw) == "connect_timeout", let val = opts[i].val, let n = UInt64(String(cString: val)), n > 0 {
+                return max(2, n) * 1000
+            }
+            i += 1
+        }
+        return fallback
+    }
+
     private func connect() throws(StoreError) {
         if let c = conn { PQfinish(c) }
         conn = nil
         statements = [:]
-        // Earlier entries are defaults the connection string (expanded from `dbname`) overrides.
-        let keys = ["connect_timeout", "application_name", "dbname"]
-        let values = [String(StoreLimits.defaultConnectTimeoutSeconds), "pylon-backend", url]
-        let kp = keys.map { strdup($0) }
-        let vp = values.map { strdup($0) }
-        defer {
-            for p in kp + vp { free(p) }
-        }
-        let kc: [UnsafePointer<CChar>?] = kp.map { UnsafePointer($0) } + [nil]
-        let vc: [UnsafePointer<CChar>?] = vp.map { UnsafePointer($0) } + [nil]
-        let c = PQconnectdbParams(kc, vc, 1)
+        let c = withParameters { k, v in PQconnectdbParams(k, v, 1) }
         guard let c, PQstatus(c) == CONNECTION_OK else {
             let why = c.map { String(cString: PQerrorMessage($0)) } ?? "out of memory"
             if let c { PQfinish(c) }
             lastFailedConnectMs = Self.monotonicMs()
             throw .unavailable(why.trimmingNewlines)
         }
+        try adopt(c)
+    }
+
+    /// Makes `c`, just connected, the connection: quiet notices, the statement timeout.
+    private func adopt(_ c: OpaquePointer) throws(StoreError) {
         conn = c
         // Server notices (a WARNING as the server shuts down) would go to stderr unformatted.
         PQsetNoticeProcessor(c, { _, _ in }, nil)
@@ -68,17 +115,91 @@ final class PostgresEngine: SQLEngine {
     }
 
     /// The connection, reconnecting when it was lost (never inside a transaction: the statements
-    /// after the loss would run outside it).
+    /// after the loss would run outside it). On the loop, the reconnect is started in the
+    /// background and this call answers `.unavailable` (503) at once.
     private func connection() throws(StoreError) -> OpaquePointer {
         if let c = conn, PQstatus(c) == CONNECTION_OK { return c }
         if inTransaction { throw .unavailable("the connection was lost during a transaction") }
+        if pending != nil { throw .unavailable("reconnecting") }
         if Self.monotonicMs() &- lastFailedConnectMs < StoreLimits.reconnectIntervalMs, lastFailedConnectMs != 0 {
+            throw .unavailable("reconnecting")
+        }
+        reconnectAttempts += 1
+        if let loop {
+            startConnect(loop)
+            if let c = conn { return c }
             throw .unavailable("reconnecting")
         }
         try connect()
         reconnects += 1
         log.info("reconnected to PostgreSQL")
         return conn!
+    }
+
+    var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }
+
+    /// From now on, reconnect without blocking `loop` (called once the loop is about to run).
+    func reconnect(on loop: Loop) { self.loop = loop }
+
+    /// Starts a non-blocking connection; `advance` drives it as its socket becomes ready.
+    private func startConnect(_ loop: Loop) {
+        drop()
+        guard let c = withParameters({ k, v in PQconnectStartParams(k, v, 1) }), PQstatus(c) != CONNECTION_BAD else {
+            connectFailed(nil, "cannot start a connection")
+            return
+        }
+        let poll = SocketPoll(loop: loop, fd: PQsocket(c)) { [unowned self] _, _ in self.advance() }
+        let timeoutMs = Self.connectTimeoutMs(url)
+        let deadline = loop.after(ms: timeoutMs) { [unowned self] in
+            guard let p = self.pending else { return }
+            self.connectFailed(p.conn, "timed out after \(timeoutMs) ms")
+        }
+        pending = (c, poll, deadline)
+        poll.watch(Int32(UV_WRITABLE.rawValue))
+    }
+
+    /// One step of `PQconnectPoll` (its socket is ready).
+    private func advance() {
+        guard let p = pending, let loop else { return }
+        let state = PQconnectPoll(p.conn)
+        switch state {
+        case PGRES_POLLING_OK:
+            p.poll.close()
+            p.deadline.cancel()
+            pending = nil
+            do throws(StoreError) {
+                try adopt(p.conn)
+                reconnects += 1
+                log.info("reconnected to PostgreSQL")
+            } catch {
+                log.warn("PostgreSQL reconnect failed", ["error": error.description])
+            }
+        case PGRES_POLLING_FAILED:
+            connectFailed(p.conn, String(cString: PQerrorMessage(p.conn)).trimmingNewlines)
+        default:
+            // libpq may move to another socket (another host or address of the connection string).
+            let fd = PQsocket(p.conn)
+            let events = Int32(state == PGRES_POLLING_READING ? UV_READABLE.rawValue : UV_WRITABLE.rawValue)
+            if fd != p.poll.fd {
+                p.poll.close()
+                let poll = SocketPoll(loop: loop, fd: fd) { [unowned self] _, _ in self.advance() }
+                pending = (p.conn, poll, p.deadline)
+                poll.watch(events)
+            } else {
+                p.poll.watch(events)
+            }
+        }
+    }
+
+    private func connectFailed(_ c: OpaquePointer?, _ why: String) {
+        if let p = pending {
+            p.poll.close()
+            p.deadline.cancel()
+        }
+        pending = nil
+        if let c { PQfinish(c) }
+        lastFailedConnectMs = Self.monotonicMs()
+        log.warn("PostgreSQL reconnect failed", ["error": why])
     }
 
     private static func monotonicMs() -> UInt64 {
@@ -246,6 +367,7 @@ final class PostgresEngine: SQLEngine {
     }
 
     func close() {
+        if let p = pending { connectFailed(p.conn, "closed") }
         if let c = conn { PQfinish(c) }
         conn = nil
     }

@@ -136,6 +136,13 @@ package enum StoreLimits {
     /// After a failed connection attempt, requests within this interval are answered 503 without
     /// trying again (a down database costs one connect per interval, not one per request).
     static let reconnectIntervalMs: UInt64 = 200
+    /// TCP bounds on a connection whose packets are dropped (libpq's `tcp_user_timeout`,
+    /// `keepalives_idle`, `keepalives_count` with a 1 s interval; a connection string may set
+    /// its own): a statement waiting on such a connection fails within about 2 s, instead of
+    /// TCP's minutes, and holds the loop no longer than that.
+    static let tcpUserTimeoutMs = 2000
+    static let keepaliveIdleSeconds = 1
+    static let keepaliveCount = 2
 }
 
 extension String {

@@ -43,6 +43,7 @@ if options.console.addOperator != nil {
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
 backend.startIngestLane(loop: loop)
+store.reconnect(on: loop)
 if let target = options.eraseUser {
     // `--erase-user APPKEY:EUID`: erase, print the request's record, exit (0 when done).
     let (code, text) = backend.eraseFromCommandLine(target)

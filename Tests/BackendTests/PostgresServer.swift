@@ -22,9 +22,13 @@ enum StoreKind: String, CaseIterable, CustomTestStringConvertible, Sendable {
 /// database on it (`createDatabase`, a cheap `CREATE DATABASE` from `template1`).
 final class PostgresServer {
     static let binDir = "/usr/lib/postgresql/15/bin"
-    /// The socket's "port" (its file name; there is no TCP listener).
+    /// The socket's "port" (its file name) unless the server also listens on TCP.
     static let port = 5432
     let dir: String
+    /// The server's port: its Unix socket's name, and its TCP port on 127.0.0.1 with `tcpPort`.
+    let port: Int
+    /// Listens on 127.0.0.1 too (`init(tcpPort:)`): a test can filter its packets.
+    let tcp: Bool
     private(set) var running = false
 
     /// The server every parity test uses, started on first use.
@@ -43,7 +47,10 @@ final class PostgresServer {
 
     /// `durable`: commits survive a server crash (`synchronous_commit = on`; off for the shared
     /// server, whose tests never crash it).
-    init(durable: Bool = false) throws {
+    /// `tcpPort`: also listen on 127.0.0.1 at that port.
+    init(durable: Bool = false, tcpPort: Int? = nil) throws {
+        port = tcpPort ?? PostgresServer.port
+        tcp = tcpPort != nil
         // /tmp directly: a Unix socket path is limited to 107 bytes.
         var template = Array("/tmp/pylon-pg-XXXXXX".utf8CString)
         guard let p = mkdtemp(&template) else { throw TestFailure(description: "mkdtemp failed") }
@@ -57,9 +64,9 @@ final class PostgresServer {
             "initdb",
             ["-D", dir + "/data", "-U", "pylon", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
         let conf = """
-            listen_addresses = ''
+            listen_addresses = '\(tcp ? "127.0.0.1" : "")'
             unix_socket_directories = '\(dir)'
-            port = \(PostgresServer.port)
+            port = \(port)
             fsync = off
             synchronous_commit = \(durable ? "on" : "off")
             full_page_writes = off
@@ -91,6 +98,8 @@ final class PostgresServer {
     /// An existing server directory (to stop it).
     private init(adopting dir: String) {
         self.dir = dir
+        port = PostgresServer.port
+        tcp = false
         running = FileManager.default.fileExists(atPath: dir + "/data/postmaster.pid")
     }
 
@@ -145,8 +154,10 @@ final class PostgresServer {
         }
     }
 
-    /// The connection string of database `name` (over the socket in `dir`).
-    func url(_ name: String) -> String { "postgresql://pylon@/\(name)?host=\(dir)&port=\(PostgresServer.port)" }
+    /// The connection string of database `name` (over the socket in `dir`, or TCP with `tcp`).
+    func url(_ name: String) -> String {
+        tcp ? "postgresql://pylon@127.0.0.1:\(port)/\(name)" : "postgresql://pylon@/\(name)?host=\(dir)&port=\(port)"
+    }
 
     /// A new empty database; its connection string.
     func createDatabase() throws -> String {

@@ -68,11 +68,13 @@ common_docs() {
 strip_elf() { strip --strip-unneeded --remove-section=.comment --remove-section=.note "$@"; }
 
 # control (from stdin, Installed-Size added), conffiles (every file under /etc: the operator's to
-# edit, kept on upgrade), modes, then the .deb.
+# edit, kept on upgrade), md5sums (dpkg --verify), modes, then the .deb.
 finish() {
     local s=$1 out=$2
     { cat; echo "Installed-Size: $(du -sk --exclude=DEBIAN "$s" | cut -f1)"; } > "$s/DEBIAN/control"
     if [ -d "$s/etc" ]; then (cd "$s" && find etc -type f | sort | sed 's|^|/|') > "$s/DEBIAN/conffiles"; fi
+    (cd "$s" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0r md5sum) \
+        > "$s/DEBIAN/md5sums"
     for m in postinst prerm postrm; do [ -e "$s/DEBIAN/$m" ] && chmod 755 "$s/DEBIAN/$m"; done
     find "$s" -type d -exec chmod 755 {} +
     dpkg-deb --root-owner-group --build "$s" "$out" >/dev/null
@@ -95,10 +97,15 @@ common_docs pylon "$s"
 # What the man pages and the unit point to; the server side's documents are pylon-backend's.
 install -m 644 README.md $(ls docs/*.md | grep -v -e FLEET.md -e CONSOLE.md -e AUTOMATION.md) "$s/usr/share/doc/pylon/"
 gzip -9n "$s/usr/share/doc/pylon/BENCHMARKS.md"
-# pylon.json holds the backend credentials' paths and broker settings: 0640 root:pylon on
-# purpose (docs/SECURITY.md); dpkg ships it 0640 root:root, the postinst gives it its group.
 install -d "$s/usr/share/lintian/overrides"
-echo "pylon: non-standard-file-perm 0640 != 0644 [etc/pylon/pylon.json]" > "$s/usr/share/lintian/overrides/pylon"
+cat > "$s/usr/share/lintian/overrides/pylon" <<'OVERRIDES'
+# pylon.json names the credential files and broker settings: 0640 root:pylon on purpose
+# (docs/SECURITY.md); dpkg ships it 0640 root:root, the postinst gives it its group.
+pylon: non-standard-file-perm 0640 != 0644 [etc/pylon/pylon.json]
+# INSTALL.md is the operator's guide the man pages point to (units, logs, metrics, exit
+# statuses, removal), not instructions to build or install from source.
+pylon: package-contains-upstream-installation-documentation [usr/share/doc/pylon/INSTALL.md]
+OVERRIDES
 
 cat > "$s/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
@@ -186,9 +193,10 @@ Description: local JSON-RPC bus serving mobile-engagement SDK services
 CONTROL
 
 # ---- pylon-backend: the server -----------------------------------------------------------------
-# The broker plugin, built with Debian's hardening flags (from the environment, so that its
-# Makefile's own flags are added to them).
+# The broker plugin, built with all of Debian's hardening flags (bindnow included; from the
+# environment, so that its Makefile's own flags are added to them).
 rm -f "$work/pylon_auth.so"
+export DEB_BUILD_MAINT_OPTIONS=hardening=+all
 CFLAGS="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS) $(dpkg-buildflags --get LDFLAGS)" \
     make -s --no-print-directory -C tools/mosquitto-auth OUT="$PWD/$work/pylon_auth.so"
 s=$(new_stage pylon-backend)
@@ -197,6 +205,18 @@ make --no-print-directory install-backend-files DESTDIR="$PWD/$s" PREFIX=/usr BI
 strip_elf "$s/usr/bin/pylon-backend" "$s/usr/lib/pylon-backend/pylon_auth.so"
 backend_libs=$(lib_depends "$s/usr/bin/pylon-backend" "$s/usr/lib/pylon-backend/pylon_auth.so")
 common_docs pylon-backend "$s"
+install -d "$s/usr/share/lintian/overrides"
+cat > "$s/usr/share/lintian/overrides/pylon-backend" <<'OVERRIDES'
+# INSTALL.md is the operator's guide pylon-backend(8) points to (the packages, the units, the
+# broker set-up, N instances), not instructions to build or install from source.
+pylon-backend: package-contains-upstream-installation-documentation [usr/share/doc/pylon-backend/INSTALL.md]
+# The operator console: the web application pylon-backend serves (--console-dir), not documentation.
+pylon-backend: package-contains-documentation-outside-usr-share-doc [usr/share/pylon/console/index.html]
+# A drop-in for Debian's mosquitto.service (its LimitNOFILE), not a service of this package:
+# there is no init script to ship.
+pylon-backend: package-supports-alternative-init-but-no-init.d-script [lib/systemd/system/mosquitto.service.d/]
+pylon-backend: package-supports-alternative-init-but-no-init.d-script [lib/systemd/system/mosquitto.service.d/pylon-backend-nofile.conf]
+OVERRIDES
 install -m 644 README.md docs/FLEET.md docs/SECURITY.md docs/CONSOLE.md docs/AUTOMATION.md docs/INSTALL.md docs/PUSH.md \
     docs/backend-openapi.yaml "$s/usr/share/doc/pylon-backend/"
 
@@ -231,7 +251,7 @@ if [ "$1" = configure ]; then
         # Also reads the drop-in raising mosquitto's LimitNOFILE (in effect at its next start).
         systemctl --system daemon-reload >/dev/null || true
         # An upgrade restarts the instances that run.
-        if [ -n "$2" ]; then systemctl try-restart 'pylon-backend@*.service' >/dev/null || true; fi
+        if [ -n "$2" ]; then deb-systemd-invoke try-restart 'pylon-backend@*.service' >/dev/null || true; fi
     fi
 fi
 exit 0
@@ -240,7 +260,7 @@ cat > "$s/DEBIAN/prerm" <<'SCRIPT'
 #!/bin/sh
 set -e
 if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
-    systemctl stop 'pylon-backend@*.service' >/dev/null || true
+    deb-systemd-invoke stop 'pylon-backend@*.service' >/dev/null || true
 fi
 exit 0
 SCRIPT

@@ -97,6 +97,8 @@ enum AutomationGuard {
         var sent7Days: Int
         /// This rule's sends in the last minute.
         var ruleSentLastMinute: Int
+        /// The user's UTC offset in minutes now (`AutomationTimeZone`; nil: the rule's).
+        var offsetMinutes: Int? = nil
     }
 
     enum Outcome: Equatable {
@@ -113,7 +115,7 @@ enum AutomationGuard {
         guard let u = f.userId, !u.isEmpty, f.devices > 0 else { return .suppress("no_binding") }
         let g = rule.guards
         if !g.transactional {
-            if let q = g.quietHours, let end = quietEnd(f.now, q, offsetMinutes: g.utcOffsetMinutes) {
+            if let q = g.quietHours, let end = quietEnd(f.now, q, offsetMinutes: f.offsetMinutes ?? g.utcOffsetMinutes) {
                 return q.deferSend ? .later(untilMs: end, reason: "quiet_hours") : .suppress("quiet_hours")
             }
             if let c = g.capPerDay, f.sentToday >= c { return .suppress("cap") }

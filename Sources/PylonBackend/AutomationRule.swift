@@ -96,8 +96,11 @@ struct AutomationRule: Equatable {
         var sendsPerMinute = AutomationLimits.defaultSendsPerMinute
         /// Exempt from caps and quiet hours (an order confirmation), never from consent.
         var transactional = false
-        /// The offset of the users' time zone from UTC, in minutes (calendar days, quiet hours).
+        /// The offset of the users' time zone from UTC, in minutes (calendar days, quiet hours,
+        /// a wait until a time of day) for a user whose profile names no time zone.
         var utcOffsetMinutes = 0
+        /// The profile property that holds the user's time zone (`AutomationTimeZone`).
+        var timeZoneProperty = AutomationLimits.defaultTimeZoneProperty
     }
 
     var name: String
@@ -148,6 +151,9 @@ struct AutomationRule: Equatable {
             "sendsPerMinute": .int(Int64(guards.sendsPerMinute)), "transactional": .bool(guards.transactional),
             "utcOffsetMinutes": .int(Int64(guards.utcOffsetMinutes)),
         ]
+        if guards.timeZoneProperty != AutomationLimits.defaultTimeZoneProperty {
+            g["timeZoneProperty"] = .string(guards.timeZoneProperty)
+        }
         if let c = guards.capPerDay { g["capPerDay"] = .int(Int64(c)) }
         if let c = guards.capPer7Days { g["capPer7Days"] = .int(Int64(c)) }
         if let q = guards.quietHours {
@@ -288,7 +294,12 @@ struct AutomationRule: Equatable {
         var g = Guards()
         guard let j, !j.isNull else { return g }
         guard let o = j.objectValue else { throw AutomationError("guards", "must be an object") }
-        try only(o, ["capPerDay", "capPer7Days", "quietHours", "sendsPerMinute", "transactional", "utcOffsetMinutes"], at: "guards")
+        try only(
+            o, ["capPerDay", "capPer7Days", "quietHours", "sendsPerMinute", "transactional", "utcOffsetMinutes", "timeZoneProperty"],
+            at: "guards")
+        if let t = o["timeZoneProperty"], !t.isNull {
+            g.timeZoneProperty = try string(t, "guards.timeZoneProperty", max: AutomationLimits.maxPropertyBytes)
+        }
         func int(_ k: String, _ r: ClosedRange<Int64>) throws(AutomationError) -> Int? {
             guard let v = o[k], !v.isNull else { return nil }
             guard let n = v.intValue, r.contains(n) else {
@@ -398,6 +409,10 @@ enum AutomationLimits {
     /// Steps of a rule at most, and the bytes of a step's id.
     static let maxSteps = 20
     static let maxStepIdBytes = 64
+    /// The profile property holding a user's time zone unless a rule names another.
+    static let defaultTimeZoneProperty = "timezone"
+    /// Zone files kept parsed at most (there are about 600 IANA names).
+    static let maxCachedZones = 1000
     /// Events read after a trigger at most, for a branch's or an exit's "did EVENT".
     static let eventsSinceRead = 200
     static let maxCap: Int64 = 1000

@@ -22,6 +22,8 @@ final class AutomationState {
     /// Event index rows not evaluated yet (newest id minus the cursor), as last seen.
     var backlog: Int64 = 0
     var metricsRegistered = false
+    /// Parsed zone files by IANA name (nil: none such), at most `AutomationLimits.maxCachedZones`.
+    var zones: [String: TZif?] = [:]
     /// `automation_journeys.step` is there (added in place to an older database once).
     var stepColumnChecked = false
 
@@ -320,7 +322,8 @@ extension Backend {
                 }
                 let lock = Store.lockKey("automation", j.appKey, j.euid)
                 let outcome = try store.transaction(locking: [lock]) { () throws(StoreError) -> AutomationGuard.Outcome in
-                    let facts = try store.journeyFacts(j, rule: rule, now: now)
+                    let offset = try userOffsetMinutes(a, rule, appKey: j.appKey, euid: j.euid, now: now)
+                    let facts = try store.journeyFacts(j, rule: rule, offsetMinutes: offset, now: now)
                     let outcome = AutomationGuard.decide(rule, facts)
                     switch outcome {
                     case .send: try store.reserveJourney(j, step: j.step, now: now)
@@ -350,6 +353,23 @@ extension Backend {
         }
     }
 
+    /// The user's UTC offset in minutes at `now`: the time zone in the profile property the rule
+    /// names (`AutomationTimeZone`), else the rule's `utcOffsetMinutes`.
+    func userOffsetMinutes(_ a: AutomationState, _ rule: AutomationRule, appKey: String, euid: String, now: Int64) throws(StoreError)
+        -> Int
+    {
+        let text = try store.automationProfile(appKey: appKey, euid: euid)
+        let profile = (try? JSON.parse(text)) ?? .null
+        let zone = { (name: String) -> TZif? in
+            if let z = a.zones[name] { return z }
+            let z = AutomationTimeZone.load(name)
+            if a.zones.count < AutomationLimits.maxCachedZones { a.zones[name] = z }
+            return z
+        }
+        return AutomationTimeZone.offsetMinutes(profile[rule.guards.timeZoneProperty], now: now, zone: zone)
+            ?? rule.guards.utcOffsetMinutes
+    }
+
     /// Runs the journey's steps from its `step` (`AutomationJourney.run`) with what they read
     /// from the store: the profile, events since the trigger, the user's time zone.
     private func runSteps(_ j: Store.JourneyRow, _ rule: AutomationRule, now: Int64) throws(StoreError) -> (
@@ -357,8 +377,9 @@ extension Backend {
     ) {
         var failure: StoreError?
         var profile: JSON?
+        let offset = try automation.map { a throws(StoreError) in try userOffsetMinutes(a, rule, appKey: j.appKey, euid: j.euid, now: now) }
         let context = AutomationJourney.Context(
-            now: now, offsetMinutes: rule.guards.utcOffsetMinutes, event: (try? JSON.parse(j.properties)) ?? .object([:]),
+            now: now, offsetMinutes: offset ?? rule.guards.utcOffsetMinutes, event: (try? JSON.parse(j.properties)) ?? .object([:]),
             profile: {
                 if let p = profile { return p }
                 do throws(StoreError) {

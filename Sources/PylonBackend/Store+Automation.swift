@@ -407,7 +407,10 @@ extension Store {
     }
 
     /// The facts the guards decide on (`AutomationGuard.Facts`) for a journey's user.
-    func journeyFacts(_ j: JourneyRow, rule: AutomationRule, now: Int64) throws(StoreError) -> AutomationGuard.Facts {
+    /// `offsetMinutes`: the user's UTC offset now (the calendar day of `capPerDay`, quiet hours).
+    func journeyFacts(_ j: JourneyRow, rule: AutomationRule, offsetMinutes: Int, now: Int64) throws(StoreError)
+        -> AutomationGuard.Facts
+    {
         let status = try automationRuleStatus(j.ruleId)
         let userId = try automationUserId(appKey: j.appKey, euid: j.euid)
         let denied = try userConsentDenied(appKey: j.appKey, euid: j.euid, installId: j.installId, userId: userId)
@@ -420,14 +423,14 @@ extension Store {
                 AND state IN ('sending', 'sent') AND transactional = 0
             """
         let today = try count(
-            sentSince, [.text(j.appKey), .text(j.euid), .int(AutomationGuard.dayStart(now, offsetMinutes: rule.guards.utcOffsetMinutes))])
+            sentSince, [.text(j.appKey), .text(j.euid), .int(AutomationGuard.dayStart(now, offsetMinutes: offsetMinutes))])
         let week = try count(sentSince, [.text(j.appKey), .text(j.euid), .int(now - 7 * 86_400_000)])
         let minute = try count(
             "SELECT count(*) FROM automation_journeys WHERE rule_id = ? AND sent_ms >= ? AND state IN ('sending', 'sent')",
             [.int(j.ruleId), .int(now - 60_000)])
         return AutomationGuard.Facts(
             now: now, ruleStatus: status, consentDenied: denied, userId: userId, devices: devices, sentToday: today, sent7Days: week,
-            ruleSentLastMinute: minute)
+            ruleSentLastMinute: minute, offsetMinutes: offsetMinutes)
     }
 
     /// Whether the user may not be sent to: an opt-out naming the user (any switch of the

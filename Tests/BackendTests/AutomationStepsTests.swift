@@ -137,3 +137,48 @@ struct AutomationStepsTests {
         #expect(refusal(Self.rule([Self.send], exit: ["conditions": []]))?.field == "exit.event")
     }
 }
+
+/// The user's time zone (`AutomationTimeZone`): fixed offsets, IANA names from the system's
+/// zoneinfo with daylight saving, and the rule's offset when the profile names none.
+struct AutomationTimeZoneTests {
+    @Test func fixedOffsetsParseAndNonsenseDoesNot() {
+        #expect(AutomationTimeZone.fixedOffset("UTC") == 0 && AutomationTimeZone.fixedOffset("Z") == 0)
+        #expect(AutomationTimeZone.fixedOffset("+05:30") == 330)
+        #expect(AutomationTimeZone.fixedOffset("-0800") == -480)
+        #expect(AutomationTimeZone.fixedOffset("UTC+2") == 120 && AutomationTimeZone.fixedOffset("GMT-03:00") == -180)
+        for bad in ["", "UTCX", "+25", "+05:3", "5", "+١٢", "Europe/Berlin", "+12345"] {
+            #expect(AutomationTimeZone.fixedOffset(bad) == nil, "\(bad)")
+        }
+        for bad in ["../etc/passwd", "/etc/passwd", "Europe/../../x", "a b", "Europe//Berlin", ".hidden"] {
+            #expect(!AutomationTimeZone.isZoneName(bad), "\(bad)")
+        }
+        #expect(AutomationTimeZone.isZoneName("America/Argentina/Buenos_Aires") && AutomationTimeZone.isZoneName("Etc/GMT+5"))
+    }
+
+    @Test func anIANAZoneFollowsDaylightSaving() throws {
+        let berlin = try #require(AutomationTimeZone.load("Europe/Berlin"), "the system's zoneinfo has Europe/Berlin")
+        // 2026-01-15 12:00 UTC: CET (+60); 2026-07-15 12:00 UTC: CEST (+120).
+        #expect(berlin.offsetSeconds(at: 1_768_478_400) == 3600)
+        #expect(berlin.offsetSeconds(at: 1_784_116_800) == 7200)
+        let zone = { (n: String) in AutomationTimeZone.load(n) }
+        #expect(AutomationTimeZone.offsetMinutes("America/New_York", now: 1_784_116_800_000, zone: zone) == -240)
+        #expect(AutomationTimeZone.offsetMinutes("Asia/Kolkata", now: 1_784_116_800_000, zone: zone) == 330)
+        #expect(AutomationTimeZone.offsetMinutes("Mars/Olympus_Mons", now: 0, zone: zone) == nil)
+        #expect(AutomationTimeZone.offsetMinutes(42, now: 0, zone: zone) == nil)
+        #expect(TZif(Array("TZif2 not a zone file".utf8)) == nil && TZif([]) == nil)
+    }
+
+    @Test func theGuardsUseTheUsersOffsetWhenKnown() throws {
+        var r = try AutomationStepsTests().parse(
+            AutomationStepsTests.rule([AutomationStepsTests.send]))
+        r.guards.quietHours = AutomationRule.QuietHours(start: 22 * 60, end: 8 * 60, deferSend: false)
+        let day: Int64 = 86_400_000
+        let facts = AutomationGuard.Facts(
+            now: 10 * day + 21 * 3_600_000, ruleStatus: "active", consentDenied: false, userId: "u", devices: 1, sentToday: 0,
+            sent7Days: 0, ruleSentLastMinute: 0)
+        #expect(AutomationGuard.decide(r, facts) == .send, "21:00 at the rule's UTC")
+        var tokyo = facts
+        tokyo.offsetMinutes = 540
+        #expect(AutomationGuard.decide(r, tokyo) == .suppress("quiet_hours"), "06:00 in Tokyo")
+    }
+}

@@ -13,7 +13,8 @@
 #   its files, users and secrets checked; then the device package on the same machine and the
 #   packaged push path end to end: mosquitto with the example conf.d snippet and the pylon_auth
 #   plugin, pylon-backend@main as its unit would start it, a registered device receiving an
-#   operator's send, and kicked when revoked; dpkg -P leaves nothing behind.
+#   operator's send, and kicked when revoked; two more instances from their own env files on one
+#   PostgreSQL, a batch posted to one read through the other; dpkg -P leaves nothing behind.
 #
 # systemd does not run inside (nor on this machine): the units are checked with
 # systemd-analyze verify, and their ExecStart run with their EnvironmentFile, LoadCredential,
@@ -131,6 +132,24 @@ inside_device() {
     echo "deb-test: device ok (no mosquitto, libpq or libnats; installed, run, reached by the group only, removed, purged, nothing left)"
 }
 
+# Runs pylon-backend@NAME in the foreground as systemd would start it: its EnvironmentFile,
+# LoadCredential (copies only the service user reads), StateDirectory and User, then ExecStart
+# with the variables expanded (${X} one word, $X split). stdout and stderr go to
+# /tmp/backend-NAME.out and .err.
+start_instance() {
+    local name=$1 unit=/lib/systemd/system/pylon-backend@.service c state
+    set -a; . "$(sed -n 's/^EnvironmentFile=//p' "$unit" | sed "s/%i/$name/")"; set +a
+    CREDENTIALS_DIRECTORY=/tmp/credentials-$name
+    install -d -m 0700 -o pylon-backend -g pylon-backend "$CREDENTIALS_DIRECTORY"
+    for c in $(sed -n 's/^LoadCredential=//p' "$unit"); do
+        install -m 0400 -o pylon-backend -g pylon-backend "${c#*:}" "$CREDENTIALS_DIRECTORY/${c%%:*}"
+    done
+    state=/var/lib/$(sed -n 's/^StateDirectory=//p' "$unit" | sed "s/%i/$name/")
+    install -d -m 0700 -o pylon-backend -g pylon-backend "$state"
+    eval "cmd=($(sed -n 's/^ExecStart=//p' "$unit"))"
+    exec runuser -u "$(sed -n 's/^User=//p' "$unit")" -- "${cmd[@]}" >"/tmp/backend-$name.out" 2>"/tmp/backend-$name.err"
+}
+
 inside_server() {
     cd /deb-test
     no_services
@@ -190,20 +209,8 @@ inside_server() {
     wait_for 100 bash -c 'exec 3<>/dev/tcp/127.0.0.1/1883' \
         || { cat /tmp/mosquitto.err /var/log/mosquitto/mosquitto.log; fail "mosquitto with the packaged plugin does not start"; }
 
-    # pylon-backend@main as systemd would start it: EnvironmentFile, LoadCredential (copies only
-    # the service user reads), StateDirectory, User, then ExecStart with its variables expanded.
-    unit=/lib/systemd/system/pylon-backend@.service
-    set -a; . /etc/pylon-backend/main.env; set +a
-    CREDENTIALS_DIRECTORY=/tmp/credentials
-    install -d -m 0700 -o pylon-backend -g pylon-backend "$CREDENTIALS_DIRECTORY"
-    for c in $(sed -n 's/^LoadCredential=//p' "$unit"); do
-        install -m 0400 -o pylon-backend -g pylon-backend "${c#*:}" "$CREDENTIALS_DIRECTORY/${c%%:*}"
-    done
-    state=/var/lib/$(sed -n 's/^StateDirectory=//p' "$unit" | sed 's/%i/main/')
-    install -d -m 0700 -o pylon-backend -g pylon-backend "$state"
-    eval "cmd=($(sed -n 's/^ExecStart=//p' "$unit"))"
-    runuser -u "$(sed -n 's/^User=//p' "$unit")" -- "${cmd[@]}" >/tmp/backend.out 2>/tmp/backend.err & bpid=$!
-    wait_for 100 grep -q "listening on" /tmp/backend.out || { cat /tmp/backend.err; fail "pylon-backend@main does not start"; }
+    start_instance main & bpid=$!
+    wait_for 100 grep -q "listening on" /tmp/backend-main.out || { cat /tmp/backend-main.err; fail "pylon-backend@main does not start"; }
 
     # pylond with the installed config: its push plugin registers, gets a signed broker password,
     # connects, and receives an operator's send through the broker.
@@ -211,7 +218,7 @@ inside_server() {
     runuser -u pylon -- /usr/bin/pylond --config /etc/pylon/pylon.json --socket /tmp/run/pylon.sock \
         --state-dir /tmp/state 2>/tmp/pylond.log & pid=$!
     wait_for 300 push_status connection connected \
-        || { push_status; tail -20 /tmp/pylond.log /tmp/backend.err /var/log/mosquitto/mosquitto.log
+        || { push_status; tail -20 /tmp/pylond.log /tmp/backend-main.err /var/log/mosquitto/mosquitto.log
         fail "the installed push plugin does not connect to the packaged broker"; }
     token=$(push_status token) device=$(push_status deviceId)
     [ -n "$token" ] && [ -n "$device" ] || fail "push.status shows no device token or id: $(push_status)"
@@ -231,10 +238,38 @@ inside_server() {
     kill "$pid" "$bpid" "$mpid"; wait "$pid" "$bpid" "$mpid" || true
     echo "deb-test: server: packaged push path ok (pylon_auth broker, pylon-backend@main, device registered, send received, revoked device kicked, console served)"
 
+    # N instances on one PostgreSQL, as INSTALL.md sets them up: peer authentication on the
+    # local socket as the pylon-backend user, one env file each (its LISTEN and DB); a batch
+    # posted to one instance is read back through the other.
+    pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    install -d -o postgres -g postgres -m 2775 /run/postgresql
+    runuser -u postgres -- "$pgbin/initdb" -D /tmp/pg -A peer --no-sync >/dev/null || fail "initdb"
+    runuser -u postgres -- "$pgbin/pg_ctl" -D /tmp/pg -w -l /tmp/pg.log -o "-k /run/postgresql -h ''" start >/dev/null \
+        || { cat /tmp/pg.log; fail "PostgreSQL does not start"; }
+    runuser -u postgres -- "$pgbin/createuser" -h /run/postgresql pylon-backend
+    runuser -u postgres -- "$pgbin/createdb" -h /run/postgresql -O pylon-backend pylon
+    ipids=()
+    for i in 1 2; do
+        sed -e "s|^LISTEN=.*|LISTEN=127.0.0.1:878$i|" -e "s|^DB=.*|DB=postgresql:///pylon?host=/run/postgresql|" \
+            /etc/pylon-backend/main.env > /etc/pylon-backend/b$i.env
+        start_instance b$i & ipids+=($!)
+        wait_for 150 grep -q "listening on" /tmp/backend-b$i.out || { cat /tmp/backend-b$i.err; fail "pylon-backend@b$i does not start"; }
+    done
+    code=$(curl -s -o /tmp/batch.out -w '%{http_code}' -H "Authorization: Bearer $(cat /etc/pylon-backend/enrol.secret)" \
+        -H 'Idempotency-Key: deb-test-1' -H 'Content-Type: application/json' -XPOST 127.0.0.1:8781/v1/batches/deb-test \
+        -d '{"records":[{"id":"r1","ts":1700000000000,"data":{"n":1}}]}')
+    [ "$code" = 200 ] || { cat /tmp/batch.out; fail "a batch to pylon-backend@b1 answered $code"; }
+    out=$(curl -sf -H "Authorization: Bearer $(cat /etc/pylon-backend/operator.token)" 127.0.0.1:8782/v1/inspect/streams/deb-test) \
+        || fail "pylon-backend@b2 inspect"
+    grep -q '"records":1' <<<"$out" || fail "pylon-backend@b2 does not see b1's batch on the shared database: $out"
+    kill "${ipids[@]}"; wait "${ipids[@]}" || true
+    runuser -u postgres -- "$pgbin/pg_ctl" -D /tmp/pg -m immediate stop >/dev/null
+    echo "deb-test: server: two instances on one PostgreSQL from their env files ok (a batch posted to b1 read through b2)"
+
     # What the operator and the broker made go with them; then the packages.
-    rm -f /etc/mosquitto/conf.d/pylon-auth.conf
+    rm -f /etc/mosquitto/conf.d/pylon-auth.conf /etc/pylon-backend/b1.env /etc/pylon-backend/b2.env
     [ -n "$mosq_db" ] || rm -f /var/lib/mosquitto/mosquitto.db
-    rm -rf /tmp/run /tmp/state "$CREDENTIALS_DIRECTORY"
+    rm -rf /tmp/run /tmp/state /tmp/credentials-*
     dpkg -r pylon-backend >/dev/null || fail "dpkg -r pylon-backend"
     [ ! -e /usr/bin/pylon-backend ] || fail "pylon-backend left after dpkg -r"
     [ -e /etc/pylon-backend/main.env ] && [ -e /etc/pylon-backend/broker.key ] || fail "dpkg -r removed configuration"

@@ -13,8 +13,10 @@
 #   its files, users and secrets checked; then the device package on the same machine and the
 #   packaged push path end to end: mosquitto with the example conf.d snippet and the pylon_auth
 #   plugin, pylon-backend@main as its unit would start it, a registered device receiving an
-#   operator's send, and kicked when revoked; two more instances from their own env files on one
-#   PostgreSQL, a batch posted to one read through the other; dpkg -P leaves nothing behind.
+#   operator's send, and kicked when revoked; more instances from their own env files: two on
+#   one PostgreSQL (a batch posted to one read through the other), a third with its ingest on
+#   NATS JetStream (started with pylon-nats-cluster, read with pylon-stream-consumer); dpkg -P
+#   leaves nothing behind.
 #
 # systemd does not run inside (nor on this machine): the units are checked with
 # systemd-analyze verify, and their ExecStart run with their EnvironmentFile, LoadCredential,
@@ -137,8 +139,14 @@ inside_device() {
 # with the variables expanded (${X} one word, $X split). stdout and stderr go to
 # /tmp/backend-NAME.out and .err.
 start_instance() {
-    local name=$1 unit=/lib/systemd/system/pylon-backend@.service c state
-    set -a; . "$(sed -n 's/^EnvironmentFile=//p' "$unit" | sed "s/%i/$name/")"; set +a
+    local name=$1 unit=/lib/systemd/system/pylon-backend@.service c state line val
+    # systemd's environment file: KEY=VALUE, the value the rest of the line (quotes optional).
+    while IFS= read -r line; do
+        case $line in '' | '#'* | ';'*) continue ;; esac
+        val=${line#*=}
+        case $val in \"*\" | \'*\') val=${val:1:-1} ;; esac
+        export "${line%%=*}=$val"
+    done < "$(sed -n 's/^EnvironmentFile=//p' "$unit" | sed "s/%i/$name/")"
     CREDENTIALS_DIRECTORY=/tmp/credentials-$name
     install -d -m 0700 -o pylon-backend -g pylon-backend "$CREDENTIALS_DIRECTORY"
     for c in $(sed -n 's/^LoadCredential=//p' "$unit"); do
@@ -262,12 +270,30 @@ inside_server() {
     out=$(curl -sf -H "Authorization: Bearer $(cat /etc/pylon-backend/operator.token)" 127.0.0.1:8782/v1/inspect/streams/deb-test) \
         || fail "pylon-backend@b2 inspect"
     grep -q '"records":1' <<<"$out" || fail "pylon-backend@b2 does not see b1's batch on the shared database: $out"
+    # A third with the ingest stream on NATS JetStream (OPTIONS=--nats ...), the server started
+    # and the stream read with the packaged fleet tools.
+    urls=$(pylon-nats-cluster start --dir /tmp/nats --nodes 1 --base-port 4222) || fail "pylon-nats-cluster start"
+    sed -e "s|^LISTEN=.*|LISTEN=127.0.0.1:8783|" -e "s|^DB=.*|DB=postgresql:///pylon?host=/run/postgresql|" \
+        -e "s|^OPTIONS=.*|OPTIONS=--nats $urls|" /etc/pylon-backend/main.env > /etc/pylon-backend/b3.env
+    start_instance b3 & ipids+=($!)
+    wait_for 150 grep -q "listening on" /tmp/backend-b3.out || { cat /tmp/backend-b3.err; fail "pylon-backend@b3 does not start"; }
+    for _ in $(seq 100); do  # ingest answers 503 until the stream exists
+        code=$(curl -s -o /tmp/batch.out -w '%{http_code}' -H "Authorization: Bearer $(cat /etc/pylon-backend/enrol.secret)" \
+            -H 'Idempotency-Key: deb-test-2' -H 'Content-Type: application/json' -XPOST 127.0.0.1:8783/v1/batches/deb-test \
+            -d '{"records":[{"id":"r2","ts":1700000000000,"data":{"n":2}}]}')
+        [ "$code" = 503 ] || break
+        sleep 0.1
+    done
+    [ "$code" = 200 ] || { cat /tmp/batch.out; fail "a batch to pylon-backend@b3 (--nats) answered $code"; }
+    out=$(pylon-stream-consumer --server "$urls" --durable deb-test --once) || fail "pylon-stream-consumer"
+    grep -q '"msgId": "deb-test-2"' <<<"$out" || fail "the batch is not in the stream: $out"
     kill "${ipids[@]}"; wait "${ipids[@]}" || true
+    pylon-nats-cluster stop --dir /tmp/nats >/dev/null
     runuser -u postgres -- "$pgbin/pg_ctl" -D /tmp/pg -m immediate stop >/dev/null
-    echo "deb-test: server: two instances on one PostgreSQL from their env files ok (a batch posted to b1 read through b2)"
+    echo "deb-test: server: instances from env files ok (b1 and b2 on one PostgreSQL: a batch posted to b1 read through b2; b3 with --nats: its batch read from the stream with pylon-stream-consumer)"
 
     # What the operator and the broker made go with them; then the packages.
-    rm -f /etc/mosquitto/conf.d/pylon-auth.conf /etc/pylon-backend/b1.env /etc/pylon-backend/b2.env
+    rm -f /etc/mosquitto/conf.d/pylon-auth.conf /etc/pylon-backend/b[123].env
     [ -n "$mosq_db" ] || rm -f /var/lib/mosquitto/mosquitto.db
     rm -rf /tmp/run /tmp/state /tmp/credentials-*
     dpkg -r pylon-backend >/dev/null || fail "dpkg -r pylon-backend"

@@ -29,9 +29,13 @@ final class Fleet {
     let fdNote: String?
     private(set) var phase = Phase.load
 
-    // HTTP queue.
-    private var queue: [(HTTPRequest, (Result<HTTPResponse, HTTPClientError>) -> Void)] = []
-    private var queueHead = 0
+    // HTTP queues: device setup (registration, MA start, push registration, binding) first,
+    // then batches and read-back, each in order. Setup goes first so the time to connect the
+    // fleet measures the backend, not this process's own queue of batches: real devices do not
+    // share one.
+    typealias Pending = (HTTPRequest, (Result<HTTPResponse, HTTPClientError>) -> Void)
+    private var setupQueue = FIFO<Pending>()
+    private var queue = FIFO<Pending>()
     private var inflightHTTP = 0
 
     // Timers and clocks.
@@ -157,15 +161,14 @@ final class Fleet {
 
     // MARK: HTTP
 
-    func request(_ r: HTTPRequest, _ done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
-        queue.append((r, done))
+    func request(_ r: HTTPRequest, setup: Bool = false, _ done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
+        if setup { setupQueue.push((r, done)) } else { queue.push((r, done)) }
         pump()
     }
 
     private func pump() {
-        while inflightHTTP < options.maxInflightHTTP, queueHead < queue.count {
-            let (r, done) = queue[queueHead]
-            queueHead += 1
+        while inflightHTTP < options.maxInflightHTTP, let next = setupQueue.pop() ?? queue.pop() {
+            let (r, done) = next
             inflightHTTP += 1
             http.send(r) { [unowned self] res in
                 self.inflightHTTP -= 1
@@ -175,20 +178,23 @@ final class Fleet {
                 self.pump()
             }
         }
-        if queueHead > 1024, queueHead * 2 > queue.count {
-            queue.removeFirst(queueHead)
-            queueHead = 0
-        }
     }
 
-    var queuedHTTP: Int { queue.count - queueHead }
+    var queuedHTTP: Int { setupQueue.count + queue.count }
 
-    func post(_ path: String, bearer: String?, json: JSON, queued: Bool = true, _ done: @escaping (Int, JSON?) -> Void) {
+    /// A device setup step: queued ahead of the batches.
+    func setupPost(_ path: String, bearer: String?, json: JSON, _ done: @escaping (Int, JSON?) -> Void) {
+        post(path, bearer: bearer, json: json, setup: true, done)
+    }
+
+    func post(
+        _ path: String, bearer: String?, json: JSON, queued: Bool = true, setup: Bool = false, _ done: @escaping (Int, JSON?) -> Void
+    ) {
         var headers = [("Content-Type", "application/json")]
         if let bearer { headers.append(("Authorization", "Bearer " + bearer)) }
         typealias Done = (Result<HTTPResponse, HTTPClientError>) -> Void
         let send: (HTTPRequest, @escaping Done) -> Void =
-            queued ? { [unowned self] r, d in self.request(r, d) } : { [unowned self] r, d in self.http.send(r, d) }
+            queued ? { [unowned self] r, d in self.request(r, setup: setup, d) } : { [unowned self] r, d in self.http.send(r, d) }
         send(
             HTTPRequest(method: "POST", url: options.backend + path, headers: headers, body: Array(json.serialized.utf8), timeoutMs: 30_000)
         ) {
@@ -237,6 +243,7 @@ final class Fleet {
                 sendBatch(d)
             } else if d.inflight == nil, d.token != nil, d.generated > d.batchedUpTo,
                 phase != .load || Int64(d.index) % slots == tickNo % slots
+                    || d.generated - d.batchedUpTo >= Int64(options.maxBatchRecords)
             {
                 cutBatch(d)
             }
@@ -284,7 +291,7 @@ final class Fleet {
             // A device that holds a token renews with it; the enrolment secret registers new
             // installs only (409 for one whose earlier answer was lost: the operator token
             // approves its re-enrolment, then the next attempt succeeds).
-            post("/v1/devices/register", bearer: d.token ?? enrolSecret, json: ["installId": .string(d.installId)]) {
+            setupPost("/v1/devices/register", bearer: d.token ?? enrolSecret, json: ["installId": .string(d.installId)]) {
                 [unowned self] st, j in
                 guard st == 200, let j, let id = j["deviceId"]?.stringValue, let token = j["token"]?.stringValue else {
                     if st == 401, d.token != nil { d.token = nil }
@@ -311,7 +318,7 @@ final class Fleet {
         case .appRegistering:
             // The app's MA start with the device's own token registers the AppKey on the device,
             // as the MA plugin's does: its stream takes the device's batches only after it.
-            post("/v1/ma/\(options.appKey)/start", bearer: d.token, json: ["deviceId": .string(d.installId)]) {
+            setupPost("/v1/ma/\(options.appKey)/start", bearer: d.token, json: ["deviceId": .string(d.installId)]) {
                 [unowned self] st, j in
                 guard st == 200, let j, j["code"]?.intValue == 0 else {
                     if st == 401 { d.phase = .registering }
@@ -327,7 +334,7 @@ final class Fleet {
                 self.setup(d)
             }
         case .pushRegistering:
-            post("/v1/push/register", bearer: d.token, json: [:]) { [unowned self] st, j in
+            setupPost("/v1/push/register", bearer: d.token, json: [:]) { [unowned self] st, j in
                 guard st == 200, let j, j["code"]?.intValue == 0, let pt = j["token"]?.stringValue else {
                     self.setupFailed(d, "push register: HTTP \(st)")
                     return
@@ -339,7 +346,7 @@ final class Fleet {
                 self.setup(d)
             }
         case .binding:
-            post("/v1/push/bind", bearer: d.token, json: ["token": .string(d.pushToken ?? ""), "userId": .string(d.userId)]) {
+            setupPost("/v1/push/bind", bearer: d.token, json: ["token": .string(d.pushToken ?? ""), "userId": .string(d.userId)]) {
                 [unowned self] st, j in
                 guard st == 200, let j, j["code"]?.intValue == 0 else {
                     self.setupFailed(d, "bind: HTTP \(st)")

@@ -42,9 +42,11 @@ struct FleetOptions: Equatable {
     var json = false
     /// Devices started per second (registration, binding, MQTT connect).
     var rampPerSecond = 200.0
-    /// How often a device posts what it has (the uploader's flush interval).
-    var batchIntervalMs: Int64 = 1000
-    var maxBatchRecords = 500
+    /// How often a device posts what it has, and how many waiting events make it post at once:
+    /// the uploader's defaults (`intervalMs` 10,000, `maxCount` 50, docs/UPLOADER.md), so K
+    /// simulated devices send the backend the requests K real ones would.
+    var batchIntervalMs: Int64 = 10_000
+    var maxBatchRecords = 50
     /// Requests in flight to the backend at once; the rest wait in order.
     var maxInflightHTTP = 256
     var progressS = 5.0
@@ -111,8 +113,10 @@ struct FleetOptions: Equatable {
           --push-every S         a device-targeted and a user-targeted send every S (default 5; 0 none)
           --broadcast-every S    a broadcast every S (default 30; 0 none)
           --ramp N               devices started per second (default 200)
-          --batch-interval-ms MS how often a device posts its events (default 1000)
-          --max-batch N          records per batch at most (default 500)
+          --batch-interval-ms MS how often a device posts its events (default 10000, the
+                                 uploader's intervalMs)
+          --max-batch N          records per batch at most; this many waiting are posted at
+                                 once (default 50, the uploader's maxCount)
           --max-inflight N       backend requests in flight at once (default 256)
           --progress S           seconds between progress lines (default 5)
           --drain-timeout S      wait after the load for acknowledgements (default 60)

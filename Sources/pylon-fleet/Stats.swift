@@ -2,6 +2,32 @@ import PylonCore
 
 /// The fleet's bookkeeping: value types, no I/O.
 
+/// A first-in first-out queue: pushes at the tail, pops at the head, storage reclaimed as the
+/// head moves on (amortised O(1)). A value type.
+struct FIFO<Element> {
+    private var items: [Element?] = []
+    private var head = 0
+
+    var count: Int { items.count - head }
+
+    mutating func push(_ x: Element) { items.append(x) }
+
+    mutating func pop() -> Element? {
+        guard head < items.count else { return nil }
+        let x = items[head]
+        items[head] = nil
+        head += 1
+        if head == items.count {
+            items.removeAll(keepingCapacity: items.count <= 4096)
+            head = 0
+        } else if head > 1024, head * 2 > items.count {
+            items.removeFirst(head)
+            head = 0
+        }
+        return x
+    }
+}
+
 /// Sorted, disjoint half-open ranges of event sequence numbers (a device's acknowledged
 /// events). Ranges usually arrive in order and merge into one.
 struct RangeSet: Equatable {

@@ -83,6 +83,19 @@ struct PacingTests {
 }
 
 struct LedgerTests {
+    @Test func fifoKeepsOrderAcrossReclaiming() {
+        var q = FIFO<Int>()
+        #expect(q.pop() == nil)
+        for i in 0..<3000 { q.push(i) }
+        var out: [Int] = []
+        for _ in 0..<2000 { out.append(q.pop()!) }
+        for i in 3000..<3500 { q.push(i) }
+        #expect(q.count == 1500)
+        while let x = q.pop() { out.append(x) }
+        #expect(out == Array(0..<3500))
+        #expect(q.count == 0)
+    }
+
     @Test func rangesMergeInAnyOrder() {
         var s = RangeSet()
         s.insert(0..<10)
@@ -183,6 +196,8 @@ struct ProcAndOptionsTests {
             "--devices", "1000", "--rate", "10", "--broker", "127.0.0.1:1,localhost:2", "--backend", "http://x:1/", "--json",
         ])
         #expect(o.devices == 1000 && o.ratePerDevice == 10 && o.json)
+        // A device posts as the uploader does by default: every 10 s, or once 50 events wait.
+        #expect(o.batchIntervalMs == 10_000 && o.maxBatchRecords == 50)
         #expect(o.brokers == [.init(host: "127.0.0.1", port: 1), .init(host: "127.0.0.1", port: 2)])
         #expect(o.backend == "http://x:1")
         #expect(try FleetOptions.parse(["--broker-failover-ms", "30000"]).brokerFailoverMs == 30_000)

@@ -109,8 +109,8 @@ pydeps: deps
 	  || python3 -m pip install -q --break-system-packages $$m; done
 
 ## Every test: unit and integration tests against the real host and plugins, the Python client
-## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (install,
-## check, remove, purge on this machine) is `make test-deb`. Measured on 2 cores: release build
+## against the real host, and the installed tree (DESTDIR) end to end. The .deb test (each package
+## installed, checked, removed and purged in a throw-away overlay of this machine) is `make test-deb`. Measured on 2 cores: release build
 ## 1-3 min, the deb test 20 s (the rest of `make test` ~2 min), so `make test` runs it too when it
 ## can (root, dpkg, pylon not installed); PYLON_TEST_DEB=0 skips it. Randomised property tests draw
 ## all their inputs here (PYLON_PROPERTY_RUNS=full), a quarter of them in test-unit and test-asan.

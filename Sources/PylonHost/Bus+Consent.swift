@@ -111,39 +111,27 @@ extension Bus {
     }
 
     /// Loads persisted switches. No file means nothing was ever set (all granted). A file that
-    /// exists but cannot be read or understood fails closed: the master switch is denied until an
-    /// operator sets consent again, because granting by accident is the worse error.
+    /// exists but cannot be read or understood (`ConsentStore.read`) fails closed: the master
+    /// switch is denied until an operator sets consent again, because granting by accident is the
+    /// worse error.
     func loadConsent() {
         // A state file left looser by an earlier release is tightened to 0600 first.
         StateFile.tighten(consentPath)?.report(to: log)
-        var problem: String
-        let bytes: [UInt8]?
+        let problem: String
         do throws(IOError) {
-            bytes = try System.readFile(atPath: consentPath)
-            problem = "unreadable"
-        } catch {
-            if error.errnoCode == ENOENT { return }
-            bytes = nil
-            problem = "unreadable (\(error))"
-        }
-        if let bytes {
-            var parsed = try? bytes.withUnsafeBytes { b throws(JSONParseError) in try JSONRef.parse(b).json }
-            if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
-                parsed = nil
-                problem = "damaged (key \(dup) appears twice)"
-            }
-            switch parsed.map(ConsentStore.restore) {
-            case .success(let restored)?:
+            switch ConsentStore.read(fileBytes: try System.readFile(atPath: consentPath)) {
+            case .success(let restored):
                 consent = restored
                 return
-            case .failure(let e)?: problem = "not a consent snapshot (\(e.reason))"
-            case nil: if !problem.hasPrefix("damaged") { problem = "not JSON" }
+            case .failure(let e): problem = e.reason
             }
+        } catch {
+            if error.errnoCode == ENOENT { return }
+            problem = "unreadable (\(error))"
         }
         log.error(
             "consent file \(problem); collection denied (master switch) until consent is set again",
             ["path": consentPath])
-        consent = ConsentStore()
-        consent.set(ConsentStore.master, granted: false)
+        consent = ConsentStore.failedClosed
     }
 }

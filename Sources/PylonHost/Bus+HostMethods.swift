@@ -164,10 +164,7 @@ extension Bus {
     func subscribe(_ peer: Peer, _ params: JSON?, add: Bool) throws(RPCError) -> JSON {
         let pattern = try str(params, "pattern", aliases: ["topic"])
         guard !peer.isPlugin else { throw RPCError(.invalidRequest, "plugins subscribe through their manifest") }
-        // A publication is a notification whose method is the topic: patterns follow the same rule.
-        guard InboundEnvelope.isValidMethodName(pattern) else {
-            throw RPCError(.invalidParams, "pattern must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
-        }
+        if let e = policy.subscribeRefusal(pattern) { throw e }
         let p = TopicPattern(pattern)
         if add {
             if !peer.subscriptions.contains(p) {

@@ -131,6 +131,28 @@ public struct ConsentStore: Equatable, Sendable {
         return .success(s)
     }
 
+    /// Reads the consent file's bytes: JSON without a key given twice, in the `snapshot` shape
+    /// (`restore`). The failure says what is wrong with the file, for the log; the host then
+    /// fails closed (`failedClosed`).
+    public static func read(fileBytes bytes: [UInt8]) -> Result<ConsentStore, RestoreError> {
+        if let dup = bytes.withUnsafeBytes({ RawJSON.duplicateKey(in: $0) }) {
+            return .failure(RestoreError("damaged (key \(dup) appears twice)"))
+        }
+        guard let parsed = try? bytes.withUnsafeBytes({ b throws(JSONParseError) in try JSONRef.parse(b).json }) else {
+            return .failure(RestoreError("not JSON"))
+        }
+        return restore(parsed).mapError { RestoreError("not a consent snapshot (\($0.reason))") }
+    }
+
+    /// What the host uses when the consent file exists but cannot be read or understood: the
+    /// master switch denied until an operator sets consent again (granting by accident is the
+    /// worse error).
+    public static var failedClosed: ConsentStore {
+        var s = ConsentStore()
+        s.set(master, granted: false)
+        return s
+    }
+
     public struct RestoreError: Error, Equatable, Sendable {
         public let reason: String
         init(_ r: String) { reason = r }

@@ -289,6 +289,16 @@ struct RoutingPolicy: Equatable {
         return nil
     }
 
+    /// Why a client may not `bus.subscribe` to `pattern` (nil: it may): a publication is a
+    /// notification whose method is the topic, so patterns follow the method-name rule (an
+    /// unbounded one let one client hold the loop while matching).
+    func subscribeRefusal(_ pattern: String) -> RPCError? {
+        guard InboundEnvelope.isValidMethodName(pattern) else {
+            return RPCError(.invalidParams, "pattern must be 1-\(InboundEnvelope.maxMethodBytes) bytes of printable ASCII without spaces")
+        }
+        return nil
+    }
+
     /// Why a client may not `bus.publish` on `topic` (nil: it may).
     func publishRefusal(_ topic: String, configured: (String) -> Bool) -> RPCError? {
         guard InboundEnvelope.isValidMethodName(topic) else {

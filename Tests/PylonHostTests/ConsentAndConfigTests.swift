@@ -1,3 +1,4 @@
+import Foundation
 import PylonCore
 import PylonProtocol
 import Testing
@@ -48,6 +49,34 @@ struct ConsentStoreTests {
         ] {
             #expect(throws: ConsentStore.RestoreError.self, "\(bad)") { try ConsentStore.restore(bad).get() }
         }
+    }
+
+    /// A consent file that is not exactly what the host writes fails closed (master denied): a
+    /// bad epoch, a duplicated switch, an app layer for the master switch, an epoch at Int64's end
+    /// (the next change trapped the host, at every start), text that is not JSON. The host lives
+    /// on: a change to the failed-closed switches works (was SecurityTests, five pylond runs).
+    @Test func aDamagedConsentFileFailsClosed() throws {
+        let bad = [
+            #"{"epoch":"x","switches":{}}"#, #"{"epoch":-5,"switches":{}}"#,
+            #"{"epoch":1,"switches":{"ma:a":false,"ma:a":true}}"#, #"{"epoch":1,"switches":{},"app":{"device":true}}"#,
+            #"{"epoch":9223372036854775807,"switches":{},"app":{}}"#, #"{"epoch":1,"switches":{}"#,
+        ]
+        for text in bad {
+            guard case .failure(let e) = ConsentStore.read(fileBytes: Array(text.utf8)) else {
+                Issue.record("read: \(text)")
+                continue
+            }
+            #expect(!e.reason.isEmpty)
+        }
+        guard case .failure(let dup) = ConsentStore.read(fileBytes: Array(bad[2].utf8)) else { return }
+        #expect(dup.reason == "damaged (key ma:a appears twice)")
+        var closed = ConsentStore.failedClosed
+        #expect(!closed.masterGranted && !closed.isGranted("ma:x"))
+        let changed = closed.set("ma:x", granted: false)
+        #expect(changed && closed.epoch == 2, "the host lives on: the next change is an ordinary one")
+        var s = ConsentStore()
+        s.set("ma:k", granted: false)
+        #expect(try ConsentStore.read(fileBytes: Array(s.snapshot.serialized.utf8)).get() == s, "what the host writes reads back")
     }
 
     /// An app can narrow a switch but never re-grant what the operator denied.
@@ -112,6 +141,21 @@ struct ConfigTests {
     @Test func unknownKeysAreErrors() {
         #expect(throws: ConfigError.self) { try HostConfig.parse(["sockett": "/x"]) }
         #expect(throws: ConfigError.self) { try HostConfig.parse(["limits": ["maxLines": 1]]) }
+    }
+
+    /// A configuration with a key given twice is refused with the key named (json-c would keep
+    /// the last silently; was SecurityTests, through `pylond --check-config`).
+    @Test func aConfigWithADuplicateKeyIsRefused() throws {
+        let path = NSTemporaryDirectory() + "pylon-dup-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).json"
+        try #"{"socket":"/tmp/s.sock","logLevel":"info","logLevel":"debug","plugins":[]}"#
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            _ = try HostConfig.load(path: path, environment: { _ in nil })
+            Issue.record("a key given twice was accepted")
+        } catch {
+            #expect(error.description == "\(path): key \"logLevel\" appears twice in one object")
+        }
     }
 
     @Test func wrongTypesAreErrors() {

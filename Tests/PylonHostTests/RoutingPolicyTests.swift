@@ -302,6 +302,18 @@ struct RoutingPolicyTests {
         guard case .host = decide(Self.client(Self.user), "consent.setApp") else { Issue.record("not the host's"); return }
     }
 
+    /// Topics and patterns follow the method-name rule (a publication's topic is its method):
+    /// unbounded ones let one client hold the loop while matching (a review held it 34 s). Was
+    /// SecurityTests.topicsAndPatternsFollowTheMethodNameRule, through a process.
+    @Test func topicsAndPatternsFollowTheMethodNameRule() {
+        let policy = RoutingPolicy()
+        for bad in [String(repeating: "a", count: 257), "a b", "x.\u{7F}", "", "echo.echo\u{0}.x"] {
+            #expect(policy.subscribeRefusal(bad)?.code == RPCError.Code.invalidParams.rawValue, "\(bad.prefix(9))")
+            #expect(policy.publishRefusal(bad, configured: { _ in false })?.code == RPCError.Code.invalidParams.rawValue)
+        }
+        #expect(policy.subscribeRefusal(String(repeating: "a", count: 254) + ".*") == nil, "256 bytes")
+    }
+
     /// A namespace a user provides methods in is that user's while any of its methods is
     /// provided (was SecurityTests.aProvidedNamespaceIsOneUsers, through two processes).
     @Test func aProvidedNamespaceIsOneUsers() {

@@ -347,7 +347,9 @@ final class UploaderStore {
     func commit(_ enqueues: [Enqueue], nowMs: Int64) throws -> [(added: Int, bytes: Int)] {
         guard !enqueues.isEmpty || !deliveredQueue.isEmpty else { return [] }
         // The delivered batches' ids leave the duplicate check first (restored on failure).
-        let gone = index.recordKeys(ofBatches: deliveredQueue)
+        // A non-mutating call on the index may copy it (a retain per table, seen in `perf`):
+        // skipped when no delivery waits, as in most commits.
+        let gone = deliveredQueue.isEmpty ? [] : index.recordKeys(ofBatches: deliveredQueue)
         for g in gone { index.forget(g.keys, of: g.stream) }
         // Delivered ids stay duplicates for a while (`DeliveredIds`), this commit's included.
         for g in gone where !g.keys.isEmpty { index.delivered[g.stream, default: DeliveredIds()].add(g.keys) }

@@ -91,6 +91,19 @@ final class AutomationWorld {
 
     func funnel(_ rule: Int64) throws -> JSON { try backend.request("GET", "/v1/admin/automation/rules/\(rule)/funnel").json }
 
+    /// The barrier for "nothing (more) reaches the app": a push sent now through the admin path
+    /// to the same user and app is the next message the app gets. Anything the automation had
+    /// sent before it would have come first (one broker session, delivered in order), and the
+    /// caller waited for the decision that ended the journey, so nothing is sent after it.
+    func expectTheMarkerNext(_ label: String) throws {
+        let marker = "marker " + label
+        _ = try PushWorld.send(
+            backend, ["appId": .string(appKey), "targetType": "user", "target": .string(userId), "title": .string(marker), "content": "m"],
+            timeout: 15)
+        let p = try app.receive(timeoutMs: 15000)
+        #expect(p?["message"]?["title"] == .string(marker), "the next message is the marker: \(p?.serialized ?? "none")")
+    }
+
     static func definition(
         _ name: String, event: String, conditions: JSON = [], reentry: JSON = ["mode": "every"], wait: Int64? = nil,
         title: String = "t", body: String = "b", data: JSON? = nil, guards: JSON = [:]
@@ -136,7 +149,7 @@ final class AutomationWorld {
         // A second matching event inside the re-entry window: nothing sent, and logged why.
         try w.record("purchase", ["price": 300, "sku": "TV-65"])
         try w.waitForDecision(rule: rule, "suppressed", reason: "reentry")
-        #expect(try w.app.next(timeoutMs: 1500) == nil)
+        try w.expectTheMarkerNext("after the re-entry")
         // The funnel continues under the message id: the device acknowledged it.
         try waitUntil(timeout: 10) { try w.funnel(rule)["push"]?["delivered"] == 1 }
         let f = try w.funnel(rule)
@@ -156,7 +169,7 @@ final class AutomationWorld {
         try w.waitForDecision(rule: first, "sent")
         try w.record("level_up")
         try w.waitForDecision(rule: second, "suppressed", reason: "cap")
-        #expect(try w.app.next(timeoutMs: 1500) == nil)
+        try w.expectTheMarkerNext("after the cap")
         #expect(try w.funnel(second)["sent"] == 0)
     }
 
@@ -178,7 +191,7 @@ final class AutomationWorld {
         try w.record("late")
         try w.waitForDecision(rule: drop, "suppressed", reason: "quiet_hours")
         try w.waitForDecision(rule: deferred, "waiting", reason: "quiet_hours")
-        #expect(try w.app.next(timeoutMs: 1500) == nil)
+        try w.expectTheMarkerNext("in quiet hours")
         #expect(try w.funnel(deferred)["sent"] == 0)
     }
 
@@ -200,8 +213,8 @@ final class AutomationWorld {
         }
         try w.record("purchase", ["price": 10])
         try w.waitForDecision(rule: rule, "suppressed", reason: "consent")
-        #expect(try w.app.next(timeoutMs: 1500) == nil)
         let sends = try w.backend.request("GET", "/v1/inspect/push/sends").json["sends"]?.arrayValue ?? []
         #expect(sends.isEmpty, "no push was recorded for the user: \(sends)")
+        try w.expectTheMarkerNext("after the opt-out")
     }
 }

@@ -418,6 +418,9 @@ enum AutomationLimits {
     static let maxCap: Int64 = 1000
     static let defaultSendsPerMinute = 600
     static let maxSendsPerMinute: Int64 = 60_000
+    /// Templates and segments at most.
+    static let maxTemplates = 1000
+    static let maxSegments = 500
     /// Rules that are not archived, at most (every one is matched against every event).
     static let maxRules = 200
     /// Event index rows the evaluator reads per loop turn at most (bounded batches).

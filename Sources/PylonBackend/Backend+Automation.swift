@@ -40,6 +40,8 @@ extension Backend {
     func automationRoute(_ request: HTTPRequest, _ r: AutomationRoute, _ principal: Principal) throws(APIError) -> HTTPResponse {
         let now = System.wallClockMs()
         switch r {
+        case .templates, .createTemplate, .template, .updateTemplate:
+            return try automationObjectRoute(request, r, principal, now: now)
         case .rules:
             let q = request.query
             let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
@@ -129,14 +131,16 @@ extension Backend {
         }
     }
 
+    /// Parses a rule definition; a send step's template must exist.
     private func parseRule(_ body: JSON) throws(APIError) -> AutomationRule {
-        do throws(AutomationError) {
-            return try AutomationRule.parse(body)
-        } catch {
-            var e = APIError.badRequest(.invalidRequest, error.description)
-            e.extra = ["field": .string(error.field)]
-            throw e
+        let rule = try refusing { () throws(AutomationError) in try AutomationRule.parse(body) }
+        for (i, s) in rule.steps.enumerated() {
+            guard case .send(.template(let id)) = s else { continue }
+            guard try storage({ () throws(StoreError) in try store.automationObject(.template, id) }) != nil else {
+                throw automationRefusal(AutomationError("steps[\(i)].template", "no template \(id)"))
+            }
         }
+        return rule
     }
 
     /// Removes `status` from a create body: `active` (the default) or `paused`.
@@ -349,7 +353,9 @@ extension Backend {
     func sendPush(_ content: AutomationRule.Send) throws(StoreError) -> AutomationRule.Push? {
         switch content {
         case .push(let p): return p
-        case .template: return nil
+        case .template(let id):
+            guard let row = try store.automationObject(.template, id), let j = try? JSON.parse(row.definition) else { return nil }
+            return try? PushTemplate.parse(j).push
         }
     }
 

@@ -11,6 +11,8 @@ enum AutomationRoute: Equatable {
     case funnel(Int64)
     /// `GET /v1/admin/automation/decisions`.
     case decisions
+    /// `GET|POST /v1/admin/automation/templates`, `GET|PUT /v1/admin/automation/templates/{id}`.
+    case templates, createTemplate, template(Int64), updateTemplate(Int64)
 }
 
 extension Router {
@@ -28,6 +30,10 @@ extension Router {
         switch rest.count {
         case 2 where rest[1] == "rules": return pick([("GET", .rules), ("POST", .createRule)])
         case 2 where rest[1] == "decisions": return pick([("GET", .decisions)])
+        case 2 where rest[1] == "templates": return pick([("GET", .templates), ("POST", .createTemplate)])
+        case 3 where rest[1] == "templates":
+            guard let n = id(rest[2]) else { return .badParameter("a template id is a positive integer") }
+            return pick([("GET", .template(n)), ("PUT", .updateTemplate(n))])
         case 3 where rest[1] == "rules":
             guard let n = id(rest[2]) else { return .badParameter("a rule id is a positive integer") }
             return pick([("GET", .rule(n)), ("PUT", .updateRule(n))])

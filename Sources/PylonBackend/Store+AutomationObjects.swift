@@ -1,13 +1,116 @@
 import PylonCore
 import PylonStore
 
-/// What automation's steps read besides the journeys (docs/AUTOMATION.md): the events a user
-/// recorded after a trigger (branches on "did event Y since the trigger", exit events), and the
-/// journey's `step` column added in place to a database created before steps had one.
+/// Automation's objects besides rules and journeys (docs/AUTOMATION.md):
+///
+/// - `automation_templates`: push templates a send step names by id; `definition` is the
+///   template's JSON (`PushTemplate`), replaced by an edit (`version` counts edits).
+/// - `automation_segments`: saved audiences (`Segment`), the same way.
+///
+/// And what steps read: the events a user recorded after a trigger (branches on "did event Y
+/// since the trigger", exit events); the journey's `step` column, added in place to a database
+/// created before steps had one.
 extension Store {
-    static let automationObjectsSchema = ""
+    static let automationObjectsSchema = """
+        CREATE TABLE IF NOT EXISTS automation_templates (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            created_ms INTEGER NOT NULL,
+            updated_ms INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS automation_segments (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL,
+            app_key TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            created_ms INTEGER NOT NULL,
+            updated_ms INTEGER NOT NULL
+        );
+        """
 
-    static let automationObjectsReset = ""
+    static let automationObjectsReset = """
+        DELETE FROM automation_templates; DELETE FROM automation_segments;
+        """
+
+    /// A stored template or segment: its definition as stored (JSON text).
+    struct ObjectRow: Equatable {
+        var id: Int64
+        var name: String
+        var definition: String
+        var version: Int64
+        var actor: String
+        var createdMs: Int64
+        var updatedMs: Int64
+    }
+
+    /// The two object tables.
+    enum AutomationObject: String {
+        case template = "automation_templates"
+        case segment = "automation_segments"
+    }
+
+    func automationObjectCount(_ kind: AutomationObject) throws(StoreError) -> Int64 {
+        try db.query("SELECT count(*) FROM \(kind.rawValue)").first?.first?.int ?? 0
+    }
+
+    /// Inserts an object (`appKey`: a segment's) and answers its id.
+    func createAutomationObject(
+        _ kind: AutomationObject, name: String, appKey: String?, definition: String, actor: String, now: Int64
+    ) throws(StoreError) -> Int64 {
+        let extra = kind == .segment ? ", app_key" : ""
+        var args: [SQLBind] = [.text(name), .text(definition), .text(actor), .int(now), .int(now)]
+        if kind == .segment { args.append(.text(appKey ?? "")) }
+        guard
+            let id = try db.query(
+                """
+                INSERT INTO \(kind.rawValue) (name, definition, version, actor, created_ms, updated_ms\(extra))
+                VALUES (?, ?, 1, ?, ?, ?\(kind == .segment ? ", ?" : "")) RETURNING id
+                """, args
+            ).first?.first?.int
+        else { throw .postgres(sqlstate: "XX000", message: "no id for the new \(kind)") }
+        return id
+    }
+
+    /// Replaces an object's definition; false when there is no such object.
+    func updateAutomationObject(
+        _ kind: AutomationObject, _ id: Int64, name: String, appKey: String?, definition: String, actor: String, now: Int64
+    ) throws(StoreError) -> Bool {
+        var sql = "UPDATE \(kind.rawValue) SET name = ?, definition = ?, version = version + 1, actor = ?, updated_ms = ?"
+        var args: [SQLBind] = [.text(name), .text(definition), .text(actor), .int(now)]
+        if kind == .segment {
+            sql += ", app_key = ?"
+            args.append(.text(appKey ?? ""))
+        }
+        args.append(.int(id))
+        return try db.run(sql + " WHERE id = ?", args) == 1
+    }
+
+    func automationObject(_ kind: AutomationObject, _ id: Int64) throws(StoreError) -> ObjectRow? {
+        try db.query(
+            "SELECT id, name, definition, version, actor, created_ms, updated_ms FROM \(kind.rawValue) WHERE id = ?", [.int(id)]
+        ).first.map(Store.objectRow)
+    }
+
+    /// Objects by id after the cursor `after`.
+    func automationObjects(_ kind: AutomationObject, after: Int64, limit: Int) throws(StoreError) -> [ObjectRow] {
+        try db.query(
+            """
+            SELECT id, name, definition, version, actor, created_ms, updated_ms FROM \(kind.rawValue) WHERE id > ?
+            ORDER BY id LIMIT ?
+            """, [.int(after), .int(Int64(limit))]
+        ).map(Store.objectRow)
+    }
+
+    static func objectRow(_ r: [SQLValue]) -> ObjectRow {
+        ObjectRow(
+            id: r[0].int ?? 0, name: r[1].text ?? "", definition: r[2].text ?? "{}", version: r[3].int ?? 0, actor: r[4].text ?? "",
+            createdMs: r[5].int ?? 0, updatedMs: r[6].int ?? 0)
+    }
 
     /// Adds `automation_journeys.step` to a database made before it existed (a nullable-free
     /// column with a default: SQLite and PostgreSQL add it without rewriting rows).

@@ -217,4 +217,45 @@ final class AutomationWorld {
         #expect(sends.isEmpty, "no push was recorded for the user: \(sends)")
         try w.expectTheMarkerNext("after the opt-out")
     }
+
+    /// A stored template (profile and trigger-event properties, fallbacks) that a rule's send
+    /// step names; an edit of the template applies to the next send.
+    @Test func aStoredTemplateRendersProfileAndEventPropertiesWithFallbacks() throws {
+        let w = try AutomationWorld()
+        let bad = try w.backend.request(
+            "POST", "/v1/admin/automation/templates", body: ["name": "x", "appId": "shop", "title": "{{user.name}}", "body": "b"])
+        #expect(bad.status == 400 && bad.json["field"] == "title", "\(bad.json.serialized)")
+        let created = try w.backend.request(
+            "POST", "/v1/admin/automation/templates",
+            body: [
+                "name": "shipped", "appId": "shop", "title": "Thanks {{profile.name|there}}",
+                "body": "{{event.sku|Your order}} is on its way", "data": ["tier": "{{profile.tier|basic}}"],
+            ])
+        let template = try #require(created.json["id"]?.intValue, "\(created.json.serialized)")
+        #expect(created.status == 201 && created.json["version"] == 1)
+        let missing = try w.backend.request(
+            "POST", "/v1/admin/automation/rules",
+            body: ["name": "r", "appKey": "shop", "trigger": ["event": "purchase"], "steps": [["type": "send", "template": 999]]])
+        #expect(missing.status == 400 && missing.json["field"] == "steps[0].template", "\(missing.json.serialized)")
+        let rule = try w.rule([
+            "name": "shipped", "appKey": "shop", "trigger": ["event": "purchase"], "reentry": ["mode": "every"],
+            "steps": [["type": "send", "template": .int(template)]],
+        ])
+        #expect(code(try w.client.call("ma.setProperty", ["properties": ["name": "Ann"]])) == 0)
+        try w.record("purchase", ["price": 10])
+        let first = try #require(try w.app.receive(timeoutMs: 15000)?["message"], "the templated push arrives")
+        #expect(first["title"] == "Thanks Ann" && first["content"] == "Your order is on its way", "\(first.serialized)")
+        #expect(first["extras"]?["tier"] == "basic")
+        try w.waitForDecision(rule: rule, "sent")
+        // An edit is the template's next version; the next journey sends the new text.
+        let edited = try w.backend.request(
+            "PUT", "/v1/admin/automation/templates/\(template)",
+            body: ["name": "shipped", "appId": "shop", "title": "Danke {{profile.name}}", "body": "{{event.sku}} kommt"])
+        #expect(edited.status == 200 && edited.json["version"] == 2, "\(edited.json.serialized)")
+        try w.record("purchase", ["sku": "TV-55"])
+        let second = try #require(try w.app.receive(timeoutMs: 15000)?["message"])
+        #expect(second["title"] == "Danke Ann" && second["content"] == "TV-55 kommt", "\(second.serialized)")
+        let listed = try w.backend.request("GET", "/v1/admin/automation/templates").json["items"]?.arrayValue ?? []
+        #expect(listed.count == 1 && listed.first?["name"] == "shipped")
+    }
 }

@@ -338,8 +338,9 @@ fleet: deps mosquitto-auth
 
 ## The fleet's smoke test (debug build, about a minute): 50 devices x 5 events/s for 30 s with the
 ## three faults, one pylond; fails on any acknowledged event lost or stored twice, a push lost or
-## delivered twice.
+## delivered twice. First the unit tests of how several simulator processes' summaries merge.
 fleet-test: build
+	python3 tools/fleet/test_fleet_merge.py
 	python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/debug --devices 50 --rate 5 --duration 30 --pylonds 1 --faults \
 	  -- --push-every 1 --broadcast-every 5 --progress 5 --drain-timeout 90 >/dev/null
 

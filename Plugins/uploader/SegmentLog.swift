@@ -69,7 +69,8 @@ final class SegmentLog {
         self.maxSegmentBytes = maxSegmentBytes
         self.fsyncEveryAppend = fsyncEveryAppend
         try System.createDirectories(atPath: dir, mode: 0o700)
-        _ = chmod(dir, 0o700)
+        // One made looser by hand is tightened; one this user cannot tighten is not opened.
+        _ = try System.syscall("chmod \(dir)") { chmod(dir, 0o700) }
         let lock = dir + "/lock"
         // A lock that is not a regular file (a planted symlink or directory) is set aside too:
         // no process could have locked it, since each opens it with O_NOFOLLOW.
@@ -175,11 +176,7 @@ final class SegmentLog {
             to = base + ".\(k)"
         }
         _ = try System.syscall("rename \(from)") { rename(from, to) }
-        let d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if d >= 0 {
-            _ = fsync(d)
-            Glibc.close(d)
-        }
+        try syncDirectory(dir)
         return String(to.dropFirst(dir.count + 1))
     }
 
@@ -242,18 +239,29 @@ final class SegmentLog {
         return size > Frame.segmentMagic.count && size + bytes > maxSegmentBytes
     }
 
-    /// Closes the active segment (fdatasync: it is never written again) and starts the next.
+    /// Closes the active segment (fdatasync: it is never written again) and starts the next
+    /// (created 0600, never through a link: whatever the umask, `open` can only narrow the
+    /// mode). A segment whose magic could not be written and synced is removed again, so the
+    /// next try creates it anew; one whose name could not be synced in the directory is used,
+    /// and the next append syncs the directory first (`directoryUnsynced`).
     func startSegment() throws {
         if active != 0, let f = fds[active] { _ = try System.syscall("fdatasync") { fdatasync(f) } }
         let n = active + 1
         let f = try System.syscall("create \(path(n))") { open(path(n), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        do {
+            try writeAll(f, Frame.segmentMagic, at: 0, n)
+            _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) }
+        } catch {
+            Glibc.close(f)
+            // Best effort: when the unlink fails too, the next open finds a segment without
+            // its magic, empty or zeros, and makes it an empty one.
+            _ = unlink(path(n))
+            throw error
+        }
         fds[n] = f
-        _ = fchmod(f, 0o600)
-        try writeAll(f, Frame.segmentMagic, at: 0, n)
-        _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) }
-        syncDirectory()
         sizes[n] = Frame.segmentMagic.count
         active = n
+        try syncDirectory()
     }
 
     /// Appends `bytes` to the active segment with one write (and one fdatasync with `fsync:
@@ -266,6 +274,7 @@ final class SegmentLog {
             throw e
         }
         if active == 0 { try startSegment() }
+        if directoryUnsynced { try syncDirectory() }
         let n = active
         let f = try fd(n)
         let at = sizes[n]!
@@ -276,11 +285,24 @@ final class SegmentLog {
             try writeAll(f, bytes, at: at, n)
             if fsyncEveryAppend || sync { _ = try System.syscall("fdatasync \(path(n))") { fdatasync(f) } }
         } catch {
-            _ = ftruncate(f, off_t(at))
+            undo(f, n, from: at, count: bytes.count)
             throw error
         }
         sizes[n] = at + bytes.count
         return at
+    }
+
+    /// Undoes a failed append of `count` bytes at `at`: the segment is cut back there. When it
+    /// cannot be, what the write left is overwritten with zeros (no new blocks needed), so no
+    /// frame of it replays (a head of zeros ends a segment's valid part) and the next append
+    /// writes at `at` again. When that fails too there is nothing left to do: the frames it
+    /// left may replay after a restart, as if the append had succeeded.
+    private func undo(_ f: Int32, _ n: UInt32, from at: Int, count: Int) {
+        if ftruncate(f, off_t(at)) == 0 { return }
+        var st = stat()
+        let end = fstat(f, &st) == 0 ? Int(st.st_size) : at + count
+        guard end > at else { return }
+        try? writeAll(f, [UInt8](repeating: 0, count: min(count, end - at)), at: at, n)
     }
 
     private func writeAll(_ f: Int32, _ bytes: [UInt8], at: Int, _ n: UInt32) throws {
@@ -322,14 +344,26 @@ final class SegmentLog {
         if let f = fds.removeValue(forKey: n) { Glibc.close(f) }
         _ = try System.syscall("unlink \(path(n))") { unlink(path(n)) }
         sizes[n] = nil
-        syncDirectory()
+        try syncDirectory()
     }
 
-    func syncDirectory() {
-        let d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard d >= 0 else { return }
-        _ = fsync(d)
-        Glibc.close(d)
+    /// A segment was created or removed and the directory's fsync failed: the next append
+    /// syncs it first, so nothing is acknowledged in a segment whose name may not survive a
+    /// power cut.
+    private var directoryUnsynced = false
+
+    /// fsync of the queue directory: the names of segments created, removed or set aside are
+    /// durable.
+    func syncDirectory() throws {
+        directoryUnsynced = true
+        try SegmentLog.syncDirectory(dir)
+        directoryUnsynced = false
+    }
+
+    static func syncDirectory(_ dir: String) throws {
+        let d = try System.syscall("open \(dir)") { open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
+        defer { Glibc.close(d) }
+        _ = try System.syscall("fsync \(dir)") { fsync(d) }
     }
 
     /// Closes the files and releases the lock.

@@ -140,7 +140,7 @@ extension UploaderStore {
             try log.append(cuts)
         }
         if log.active != 0 { try log.sync(log.active) }
-        log.syncDirectory()
+        try log.syncDirectory()
         log.close()
 
         // 2. The old tables go, their pages zeroed.
@@ -155,11 +155,7 @@ extension UploaderStore {
         if exists(dir) { try removeTree(dir) }
         _ = try System.syscall("rename \(tmp)") { rename(tmp, dir) }
         let parent = String(dir[..<(dir.lastIndex(of: "/") ?? dir.startIndex)])
-        let d = open(parent.isEmpty ? "." : parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if d >= 0 {
-            _ = fsync(d)
-            Glibc.close(d)
-        }
+        try SegmentLog.syncDirectory(parent.isEmpty ? "." : parent)
     }
 
     /// Removes a directory of segment files (nothing else is ever in it).

@@ -66,7 +66,7 @@ public final class AppendLog {
             bytes = at
             truncatedBytes = data.count - at
             if truncatedBytes > 0 { _ = try System.syscall("ftruncate \(path)") { ftruncate(fd, off_t(at)) } }
-            _ = lseek(fd, off_t(at), SEEK_SET)
+            _ = try System.syscall("lseek \(path)") { lseek(fd, off_t(at), SEEK_SET) }
         } catch {
             Glibc.close(fd)
             throw error
@@ -83,7 +83,9 @@ public final class AppendLog {
     public var hasPending: Bool { !pending.isEmpty }
 
     /// Writes the queued frames (one `write`). On failure the file is cut back to its last whole
-    /// frame and the frames are dropped.
+    /// frame and the frames are dropped; when it cannot be cut back, what the write left is
+    /// overwritten with zeros (a head of zeros ends the frames read back), and the next commit
+    /// writes from the last whole frame again.
     public func commit() throws(IOError) {
         guard !pending.isEmpty else { return }
         let out = pending
@@ -92,7 +94,12 @@ public final class AppendLog {
             try writeAll(out)
             bytes += out.count
         } catch {
-            _ = ftruncate(fd, off_t(bytes))
+            if ftruncate(fd, off_t(bytes)) != 0 {
+                let zeros = [UInt8](repeating: 0, count: out.count)
+                // Nothing more to do when this fails too: the frames it left may be read back.
+                _ = zeros.withUnsafeBytes { pwrite(fd, $0.baseAddress!, zeros.count, off_t(bytes)) }
+            }
+            // The offset of the next write; `lseek` of an open regular file does not fail.
             _ = lseek(fd, off_t(bytes), SEEK_SET)
             throw error
         }
@@ -110,9 +117,14 @@ public final class AppendLog {
         for b in bodies { Self.frame(b, into: &out) }
         try System.writeFileAtomically(atPath: path, contents: out)
         let nfd = try System.syscall("open \(path)") { open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW) }
+        do throws(IOError) {
+            _ = try System.syscall("lseek \(path)") { lseek(nfd, off_t(out.count), SEEK_SET) }
+        } catch {
+            Glibc.close(nfd)
+            throw error
+        }
         Glibc.close(fd)
         fd = nfd
-        _ = lseek(fd, off_t(out.count), SEEK_SET)
         bytes = out.count
         pending.removeAll(keepingCapacity: true)
     }

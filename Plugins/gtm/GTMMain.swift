@@ -8,27 +8,27 @@ public enum GTMMain {
     public static func run() -> Never {
         let plugin = Plugin(name: "gtm", version: "0.1.0")
         plugin.wantsCallerInfo = true
-        let gtm = GTMService(plugin: plugin)
+        // Built from the host's welcome (`GTMService.open`); `gtm.serve` answers -32001 before.
+        let gtm = plugin.service(GTMService.open)
         plugin.checkConfig = { j throws(ConfigProblems) in try GTMLimits(j).warnings }
 
-        plugin.onReady = { gtm.start() }
-        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { gtm.clientClosed(c) } }
+        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { gtm.current?.clientClosed(c) } }
         plugin.declarePublishes("gtm.container.refresh")
         plugin.declarePublishes("gtm.container.available")
         plugin.declarePublishes(GTMLog.topic)
         plugin.declarePublishes("gtm.started")
 
-        plugin.method("openContainer") { gtm.open($0) }
-        plugin.method("closeContainer") { gtm.close($0) }
-        plugin.method("getValue") { gtm.getValue($0) }
-        plugin.method("push") { gtm.push($0) }
-        plugin.method("refresh") { gtm.refresh($0) }
-        plugin.method("preview") { gtm.preview($0) }
-        plugin.method("registerFunctionCallMacro") { gtm.register($0, tag: false) }
-        plugin.method("registerFunctionCallTag") { gtm.register($0, tag: true) }
-        plugin.method("setLogLevel") { gtm.setLogLevel($0) }
-        plugin.method("logLines") { gtm.logLines($0) }
-        plugin.method("status") { gtm.status($0) }
+        plugin.method("openContainer", gtm.serve { $0.open($1) })
+        plugin.method("closeContainer", gtm.serve { $0.close($1) })
+        plugin.method("getValue", gtm.serve { $0.getValue($1) })
+        plugin.method("push", gtm.serve { $0.push($1) })
+        plugin.method("refresh", gtm.serve { $0.refresh($1) })
+        plugin.method("preview", gtm.serve { $0.preview($1) })
+        plugin.method("registerFunctionCallMacro", gtm.serve { $0.register($1, tag: false) })
+        plugin.method("registerFunctionCallTag", gtm.serve { $0.register($1, tag: true) })
+        plugin.method("setLogLevel", gtm.serve { $0.setLogLevel($1) })
+        plugin.method("logLines", gtm.serve { $0.logLines($1) })
+        plugin.method("status", gtm.serve { $0.status($1) })
         GTMMethodDocs.declare(plugin)
 
         plugin.run()

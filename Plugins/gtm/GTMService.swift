@@ -12,16 +12,19 @@ import Glibc
 /// refresh schedule, preview, values, the data layer and tags.
 final class GTMService {
     let plugin: Plugin
-    var limits = GTMLimits()
+    /// The settings, read once from the host's welcome.
+    let limits: GTMLimits
     /// Created on the first network load: libcurl's initialisation is a large share of an idle
-    /// plugin's memory.
+    /// plugin's memory (the one lazy member, for that reason; nothing is patched after `open`).
     lazy var http = HTTPClient(loop: plugin.loop)
-    var store: SavedStore?
-    lazy var log = GTMLog(plugin: plugin, level: .warning)
-    lazy var pacer = Pacer(loop: plugin.loop, budgetMs: limits.maxBusyMsPerTurn, maxQueued: limits.maxDeferredEvaluations)
+    /// Saved containers, lifetime values and held hits (`gtm.db`); nil when it could not be
+    /// opened (saved containers disabled, said once in the log), decided in `open`.
+    let store: SavedStore?
+    let log: GTMLog
+    let pacer: Pacer
     /// Every owner's state (Tenant.swift): a call sees only its owner's.
     var tenants: [Owner: Tenant] = [:]
-    var environment = TagEnvironment()
+    let environment: TagEnvironment
     /// The clock (wall time, ms); injected so the machines stay testable.
     var now: () -> Int64 = { System.wallClockMs() }
     /// Hits held (GTMService+Hits): on disk or waiting for this turn's transaction, plugin-wide
@@ -29,7 +32,8 @@ final class GTMService {
     var hitsHeld = 0
     var holdQueue: [HoldingHit] = []
     static let uploaderRetry = BackoffPolicy(initialMs: 50, maxMs: 1_600)
-    lazy var runPrefix = System.randomHex(6)
+    /// This process start's prefix of hit ids (and `gtm.started`'s run).
+    let runPrefix = System.randomHex(6)
     var hitSeq: UInt64 = 0
 
     struct Handler {
@@ -77,9 +81,20 @@ final class GTMService {
     /// A container's own consent switch: its hits are collected only while it is granted.
     static func containerConsent(_ containerId: String) -> String { "gtm:" + containerId }
 
-    init(plugin: Plugin) { self.plugin = plugin }
+    private init(plugin: Plugin, limits: GTMLimits, store: SavedStore?, log: GTMLog) {
+        self.plugin = plugin
+        self.limits = limits
+        self.store = store
+        self.log = log
+        pacer = Pacer(loop: plugin.loop, budgetMs: limits.maxBusyMsPerTurn, maxQueued: limits.maxDeferredEvaluations)
+        environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
+    }
 
-    func start() {
+    /// The service, from the host's welcome: the configuration read (`GTMLimits`; a problem: exit
+    /// 78, EX_CONFIG), the log set up, `gtm.db` opened (or saved containers disabled), lifetime
+    /// values and held hits restored; clients learn of the restart (`gtm.started`).
+    static func open(_ plugin: Plugin) -> GTMService {
+        let limits: GTMLimits
         do throws(ConfigProblems) {
             limits = try GTMLimits(plugin.config)
         } catch {
@@ -87,22 +102,29 @@ final class GTMService {
             System.exit(exitStatusConfigError)
         }
         for w in limits.warnings { plugin.log.warn("configuration", ["warning": w]) }
-        log.level = limits.logLevel
+        let log = GTMLog(plugin: plugin, level: limits.logLevel)
         log.maxLinesPerOwner = limits.maxLogLinesPerOwner
         log.publishOwnerLines = limits.publishOwnerLogLines
         log.burst = limits.logBurst
         log.perSecond = limits.logLinesPerSecond
-        environment = GTMService.systemEnvironment(version: plugin.version, overrides: limits.environment)
-        // Clients learn of a restart (their containers and handlers are gone): no uid's data.
-        plugin.publish("gtm.started", ["run": .string(runPrefix), "ts": .int(now())])
-        if environment.osVersion.isEmpty { log.warning(nil, "OS version unknown (uname failed): the _ov macro is unresolved") }
+        var store: SavedStore?
+        var storeError: String?
         do {
             store = try SavedStore(path: plugin.stateDir + "/gtm.db")
-            restoreLifetimeValues()
-            restoreHeldHits()
         } catch {
-            log.error(nil, "cannot open the saved-container store: \(error.description) (saved containers disabled)")
+            storeError = error.description
         }
+        let gtm = GTMService(plugin: plugin, limits: limits, store: store, log: log)
+        // Clients learn of a restart (their containers and handlers are gone): no uid's data.
+        plugin.publish("gtm.started", ["run": .string(gtm.runPrefix), "ts": .int(gtm.now())])
+        if gtm.environment.osVersion.isEmpty { log.warning(nil, "OS version unknown (uname failed): the _ov macro is unresolved") }
+        if let storeError {
+            log.error(nil, "cannot open the saved-container store: \(storeError) (saved containers disabled)")
+        } else {
+            gtm.restoreLifetimeValues()
+            gtm.restoreHeldHits()
+        }
+        return gtm
     }
 
     // MARK: Opening

@@ -17,50 +17,49 @@ public enum MAMain {
         // A call past the host's deadline still goes on (a start waiting for the network, an
         // event held for a restarting uploader): the host answers it pending, -32008.
         plugin.continuesAfterDeadline = true
-        let ma = MAService(plugin: plugin)
+        // Built from the host's welcome (`MAService.open`); `ma.serve` answers -32001 before.
+        let ma = plugin.service(MAService.open)
         plugin.checkConfig = { j throws(ConfigProblems) in try MAConfig(j).warnings }
 
         // Identity: start and identifyAccount run strictly in call order per AppKey.
-        plugin.method("start") { ma.start($0) }
-        plugin.method("identifyAccount") { ma.identifyAccount($0) }
-        plugin.method("euid") { ma.euid($0) }
+        plugin.method("start", ma.serve { $0.start($1) })
+        plugin.method("identifyAccount", ma.serve { $0.identifyAccount($1) })
+        plugin.method("euid", ma.serve { $0.euid($1) })
         // Events, served from the request's bytes: while the AppKey's switch is denied the host answers
         // `{"code":0,"message":""}` itself.
         plugin.method(
             "eventRecord", consent: "ma:{appKey}", dropWhenDenied: true,
-            deniedResult: MAService.result(0, ""), reads: .text
-        ) { ma.eventRecord($0) }
+            deniedResult: MAService.result(0, ""), reads: .text, ma.serve { $0.eventRecord($1) })
         // The data collection switch and what is collected.
-        plugin.method("setDataCollectionEnabled") { ma.setDataCollectionEnabled($0) }
-        plugin.method("isDataCollectionEnabled") { ma.isDataCollectionEnabled($0) }
-        plugin.method("setCollectControl") { ma.setCollectControl($0) }
-        plugin.method("setUtmProperties") { ma.setUtmProperties($0) }
+        plugin.method("setDataCollectionEnabled", ma.serve { $0.setDataCollectionEnabled($1) })
+        plugin.method("isDataCollectionEnabled", ma.serve { $0.isDataCollectionEnabled($1) })
+        plugin.method("setCollectControl", ma.serve { $0.setCollectControl($1) })
+        plugin.method("setUtmProperties", ma.serve { $0.setUtmProperties($1) })
         // Upload cadence and sessions.
-        plugin.method("setReportInterval") { ma.setReportInterval($0) }
-        plugin.method("setMaxEventCacheCount") { ma.setMaxEventCacheCount($0) }
-        plugin.method("setSessionTimeout") { ma.setSessionTimeout($0) }
-        plugin.method("setAppState") { ma.setAppState($0) }
+        plugin.method("setReportInterval", ma.serve { $0.setReportInterval($1) })
+        plugin.method("setMaxEventCacheCount", ma.serve { $0.setMaxEventCacheCount($1) })
+        plugin.method("setSessionTimeout", ma.serve { $0.setSessionTimeout($1) })
+        plugin.method("setAppState", ma.serve { $0.setAppState($1) })
         // Contacts, channel values and user properties (validated here, sent to the backend).
-        plugin.method("setUserContact") { ma.setUserContact($0) }
-        plugin.method("setChannelValue") { ma.setChannelValue($0) }
-        plugin.method("setProperty") { ma.setProperty($0) }
-        plugin.method("increaseProperty") { ma.increaseProperty($0) }
-        plugin.method("addProperty") { ma.addProperty($0) }
-        plugin.method("removeProperty") { ma.removeProperty($0) }
-        plugin.method("deleteProperty") { ma.deleteProperty($0) }
-        plugin.method("updateObjectArrayProperty") { ma.updateObjectArrayProperty($0) }
-        plugin.method("addObjectArrayProperty") { ma.addObjectArrayProperty($0) }
-        plugin.method("removeObjectArrayProperty") { ma.removeObjectArrayProperty($0) }
+        plugin.method("setUserContact", ma.serve { $0.setUserContact($1) })
+        plugin.method("setChannelValue", ma.serve { $0.setChannelValue($1) })
+        plugin.method("setProperty", ma.serve { $0.setProperty($1) })
+        plugin.method("increaseProperty", ma.serve { $0.increaseProperty($1) })
+        plugin.method("addProperty", ma.serve { $0.addProperty($1) })
+        plugin.method("removeProperty", ma.serve { $0.removeProperty($1) })
+        plugin.method("deleteProperty", ma.serve { $0.deleteProperty($1) })
+        plugin.method("updateObjectArrayProperty", ma.serve { $0.updateObjectArrayProperty($1) })
+        plugin.method("addObjectArrayProperty", ma.serve { $0.addObjectArrayProperty($1) })
+        plugin.method("removeObjectArrayProperty", ma.serve { $0.removeObjectArrayProperty($1) })
         // Operator view (not an SDK method).
-        plugin.method("status") { ma.status($0) }
+        plugin.method("status", ma.serve { $0.status($1) })
         // Admins only: hand an AppKey to another uid, or release it (docs/MA.md, "AppKey owners").
-        plugin.method("setOwner") { ma.setOwner($0) }
+        plugin.method("setOwner", ma.serve { $0.setOwner($1) })
         MAMethodDocs.declare(plugin)
 
-        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.clientClosed(c) } }
-        plugin.onReady = { ma.ready() }
-        plugin.onConsentChanged = { _, granted in if !granted { ma.clearUtmWhereDenied() } }
-        plugin.onShutdown = { ma.http.shutdown() }
+        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { ma.current?.clientClosed(c) } }
+        plugin.onConsentChanged = { _, granted in if !granted { ma.current?.clearUtmWhereDenied() } }
+        plugin.onShutdown = { ma.current?.http.shutdown() }
         plugin.run()
     }
 }

@@ -20,8 +20,8 @@ extension MAService {
         _ done: @escaping (Result<JSON, MAError>) -> Void
     ) {
         let req = HTTPRequest(
-            method: "POST", url: backendURL + path,
-            headers: [("Content-Type", "application/json")] + DeviceCredential.headers(credentialFile, log: plugin.log),
+            method: "POST", url: config.backend + path,
+            headers: [("Content-Type", "application/json")] + DeviceCredential.headers(config.credentialFile, log: plugin.log),
             body: body, timeoutMs: 10_000)
         http.send(req) { [unowned self] r in
             switch r {
@@ -50,7 +50,7 @@ extension MAService {
             done(.failure(MAError(message: "backend unreachable: \(reason)")))
             return
         }
-        let delay = BackoffPolicy(initialMs: retryInitialMs, maxMs: retryMaxMs).delay(attempt: attempt)
+        let delay = BackoffPolicy(initialMs: config.retryInitialMs, maxMs: config.retryMaxMs).delay(attempt: attempt)
         plugin.log.warn("MA backend unavailable; retrying", ["path": path, "reason": reason, "in_ms": delay])
         failed?(attempt, delay, reason)
         plugin.loop.after(ms: delay) { [unowned self] in
@@ -76,7 +76,7 @@ extension MAService {
         } else if let call {
             // Not answered within `pendingAfterMs` (a backend that does not answer, or a long
             // queue): pending, so that no client gives up on a call that still takes effect.
-            plugin.loop.after(ms: pendingAfterMs) { [unowned self] in call.fail(self.pendingAnswer(inst)) }
+            plugin.loop.after(ms: config.pendingAfterMs) { [unowned self] in call.fail(self.pendingAnswer(inst)) }
         }
         inst.enqueueOp { [unowned self] in
             let (path, body) = prepare()

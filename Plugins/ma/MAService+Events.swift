@@ -59,16 +59,16 @@ extension MAService {
         // The record's size, from above: its name, properties and tail, and room for the id,
         // time, EUID and session around them.
         let size = name.count + properties.count + eventTail(inst).count + Self.recordFrameBytes
-        guard size <= maxEventBytes else {
-            call?.reply(Self.result(MACode.invalidParams, "event larger than maxEventBytes (\(maxEventBytes))"))
+        guard size <= config.maxEventBytes else {
+            call?.reply(Self.result(MACode.invalidParams, "event larger than maxEventBytes (\(config.maxEventBytes))"))
             return
         }
         if inst.pendingStarts > 0 || inst.parked > 0 {
             park(inst, name: name, properties: properties, session: session, eventId: eventId, for: call)
             return
         }
-        guard held + outboxCount < maxHeldEvents else {
-            call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(maxHeldEvents))"))
+        guard held + outboxCount < config.maxHeldEvents else {
+            call?.reply(Self.result(MACode.failed, "too many events waiting for the uploader (maxHeldEvents \(config.maxHeldEvents))"))
             return
         }
         eventSeq &+= 1
@@ -102,7 +102,7 @@ extension MAService {
         inst.eventsInFlight += 1
         let batch: EventBatch
         if let open = outbox[inst.appKey]?.last, !open.isClosed, open.count < Self.maxRecordsPerEnqueue,
-            open.text.count + size <= maxEnqueueBytes
+            open.text.count + size <= config.maxEnqueueBytes
         {
             batch = open
         } else {
@@ -121,7 +121,7 @@ extension MAService {
     /// Sends the AppKey's open batches at the end of this loop turn, unless all its enqueue
     /// slots are taken (an answer then arms the flush).
     func armOutboxFlush(_ appKey: String) {
-        guard enqueuesInFlight[appKey, default: 0] < maxEnqueuesInFlight || uploaderDown, !outboxTimer.isActive else { return }
+        guard enqueuesInFlight[appKey, default: 0] < config.maxEnqueuesInFlight || uploaderDown, !outboxTimer.isActive else { return }
         outboxTimer.start(after: 0)
     }
 
@@ -130,8 +130,8 @@ extension MAService {
         if let t = inst.eventTail { return t }
         var device: [(String, String)] = [("os", "linux")]
         if inst.collectControl["idfv"] == true { device.append(("idfv", vendorId)) }
-        if inst.collectControl["idfa"] == true, let a = advertisingId { device.append(("idfa", a)) }
-        if inst.collectControl["carrier"] == true, let c = carrier { device.append(("carrier", c)) }
+        if inst.collectControl["idfa"] == true, let a = config.advertisingId { device.append(("idfa", a)) }
+        if inst.collectControl["carrier"] == true, let c = config.carrier { device.append(("carrier", c)) }
         let t = EventText.tail(utm: inst.utm, device: device)
         inst.eventTail = t
         return t
@@ -169,7 +169,7 @@ extension MAService {
             }
             var inFlight = enqueuesInFlight[appKey, default: 0]
             var sent = 0
-            while sent < batches.count, inFlight < maxEnqueuesInFlight {
+            while sent < batches.count, inFlight < config.maxEnqueuesInFlight {
                 let batch = batches[sent]
                 sent += 1
                 inFlight += 1

@@ -13,8 +13,8 @@ extension MAService {
             call.reply(Self.result(MACode.invalidParams, "appKey must be \(AppKey.rule)"))
             return
         }
-        guard instances[appKey] != nil || instances.count < maxAppKeys else {
-            call.reply(Self.result(MACode.failed, "too many AppKeys (maxAppKeys \(maxAppKeys))"))
+        guard instances[appKey] != nil || instances.count < config.maxAppKeys else {
+            call.reply(Self.result(MACode.failed, "too many AppKeys (maxAppKeys \(config.maxAppKeys))"))
             return
         }
         // Parameters are captured now; a queued start is not affected by later calls.
@@ -25,7 +25,7 @@ extension MAService {
         }
         let input = StartInput(
             enable: collection.boolValue ?? true, userID: call.params["userID"]?.objectValue.map { JSON.object($0) },
-            project: call.params["project"]?.stringValue ?? defaultProject)
+            project: call.params["project"]?.stringValue ?? config.project)
         for k in call.params.objectValue?.keys ?? [] where !Self.startKeys.contains(k) {
             plugin.log.warn("ma.start: unknown configuration key ignored", ["key": k])
         }

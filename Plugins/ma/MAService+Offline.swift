@@ -48,9 +48,9 @@ extension MAService {
         _ inst: MAInstance, name: UnsafeRawBufferPointer, properties: UnsafeRawBufferPointer, session: String?, eventId: String?,
         for call: Call?
     ) {
-        guard parkedTotal < maxParkedEvents else {
+        guard parkedTotal < config.maxParkedEvents else {
             call?.reply(
-                Self.result(MACode.failed, "too many events waiting for their AppKey's start (maxParkedEvents \(maxParkedEvents))"))
+                Self.result(MACode.failed, "too many events waiting for their AppKey's start (maxParkedEvents \(config.maxParkedEvents))"))
             return
         }
         let recordId: String
@@ -197,7 +197,7 @@ extension MAService {
     /// Adds client event ids to `inst`'s window, on disk too (the ids that fall out leave it).
     private func remember(_ ids: [String], _ inst: MAInstance) {
         var gone: [String] = []
-        for id in ids { if let old = inst.recentEventIds.add(id, limit: eventIdWindow) { gone.append(old) } }
+        for id in ids { if let old = inst.recentEventIds.add(id, limit: config.eventIdWindow) { gone.append(old) } }
         do {
             try db.transaction { () throws(SQLiteError) in
                 for id in ids {
@@ -250,7 +250,7 @@ extension MAService {
         try? db.run("DELETE FROM identity_ops WHERE seq=?", [.int(seq)])
     }
 
-    /// At `ready()`: parked events, client event ids, and the starts and identifies that were
+    /// At `open`: parked events, client event ids, and the starts and identifies that were
     /// pending when the plugin stopped (run again, in order, with nobody to answer).
     func restoreOffline() throws(SQLiteError) {
         for r in try db.query("SELECT seq, app_key, kind, params FROM identity_ops ORDER BY seq") {
@@ -277,7 +277,7 @@ extension MAService {
         }
         for r in try db.query("SELECT app_key, event_id FROM event_ids ORDER BY seq") {
             guard let k = r[0].text, let id = r[1].text, let inst = instances[k] else { continue }
-            _ = inst.recentEventIds.add(id, limit: eventIdWindow)
+            _ = inst.recentEventIds.add(id, limit: config.eventIdWindow)
         }
         // Enqueues held for the uploader when the plugin stopped: sent again first.
         for r in try db.query("SELECT seq, app_key, params FROM held ORDER BY seq") {

@@ -18,12 +18,12 @@ extension MAService {
             ]
         }
         call.reply([
-            "backend": .string(backendURL), "appKeys": .object(apps),
-            "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(maxHeldEvents)),
+            "backend": .string(config.backend), "appKeys": .object(apps),
+            "heldEvents": .int(Int64(held)), "maxHeldEvents": .int(Int64(config.maxHeldEvents)),
             "waitingEvents": .int(Int64(outboxCount)), "eventsWaitingForStart": .int(Int64(parkedTotal)),
-            "maxParkedEvents": .int(Int64(maxParkedEvents)), "duplicateEvents": .int(Int64(duplicateEvents)),
+            "maxParkedEvents": .int(Int64(config.maxParkedEvents)), "duplicateEvents": .int(Int64(duplicateEvents)),
             "parkedDropped": .int(Int64(parkedDropped)),
-            "maxEnqueuesInFlight": .int(Int64(maxEnqueuesInFlight)),
+            "maxEnqueuesInFlight": .int(Int64(config.maxEnqueuesInFlight)),
             "enqueues": .int(Int64(enqueuesSent)), "enqueuedEvents": .int(Int64(eventsEnqueued)),
             "ownerChanges": .int(Int64(ownerChanges)),
         ])

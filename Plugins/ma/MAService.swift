@@ -10,11 +10,16 @@ package struct MAError: Error {
 /// over HTTP, hands events to the uploader, and drives the host's `ma:<appKey>` consent switch.
 final class MAService {
     let plugin: Plugin
-    /// The MA backend's client (requests start only after the handshake).
+    /// The settings, read once from the host's welcome (`MAConfig`: every default is there).
+    let config: MAConfig
+    /// The MA backend's client.
     let http: HTTPClient
-    /// The plugin's state (apps, client bindings, device ids), opened on first use: `ready()`,
-    /// once the host's welcome has named the state directory. It cannot open: exit 78.
-    lazy var db: Database = openState()
+    /// The plugin's state (apps, client bindings, device ids, parked events), `ma.db` in the
+    /// state directory the welcome named.
+    let db: Database
+    /// Per-install vendor id (`idfv` on Linux) and device id, persisted.
+    let vendorId: String
+    let deviceId: String
     var instances: [String: MAInstance] = [:]
     /// Which AppKey each client connection last started (ma.md: calls without `appKey` use it).
     var clientAppKey: [Int64: String] = [:]
@@ -22,29 +27,9 @@ final class MAService {
     /// `appKey`). An AppKey's app session lasts while one of them, or a bound client, is
     /// connected. (The host delivers a client's requests before its `bus.client.closed`.)
     var liveClients: [Int64: Set<String>] = [:]
-    var backendURL = "http://127.0.0.1:8780"
-    /// The device credential file sent as `Authorization: Bearer` (config `credentialFile`).
-    var credentialFile: String?
-    var defaultProject: String?
-    /// Per-install vendor id (`idfv` on Linux), persisted.
-    var vendorId = ""
-    /// `idfa`: only when configured (Linux has no advertising id).
-    var advertisingId: String?
-    /// `carrier`: the network operator, only when configured.
-    var carrier: String?
-    var deviceId = ""
-    var retryInitialMs: UInt64 = 500
-    var retryMaxMs: UInt64 = 30_000
-    /// The most AppKeys (MA instances) this plugin keeps (config `maxAppKeys`); a start for one
-    /// more is answered -1.
-    var maxAppKeys = 1_024
-    /// A start or identify the backend has not answered within this many ms is answered pending
-    /// (-32008) and goes on (config `pendingAfterMs`); below the host's `requestTimeoutMs`.
-    var pendingAfterMs: UInt64 = MAService.defaultPendingAfterMs
-    static let defaultPendingAfterMs: UInt64 = 3_000
     var eventSeq: UInt64 = 0
     /// Event ids: this install's device id and a random value drawn once per process start.
-    lazy var eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
+    let eventIdPrefix: [UInt8]
 
     // Events on their way to the uploader (MAService+Events).
     /// Per AppKey, the batches of events recorded in this loop turn (the last one open).
@@ -55,9 +40,6 @@ final class MAService {
     var spareBatches: [EventBatch] = []
     /// Events sent to the uploader and not yet answered (or waiting to be sent again).
     var held = 0
-    /// The most events held while the uploader is unavailable (config `maxHeldEvents`); beyond
-    /// it new events are answered -1 at once instead of waiting.
-    var maxHeldEvents = 100_000
     // Offline (MAService+Offline).
     /// Events recorded and waiting to be parked in ma.db at the end of this loop turn (one
     /// transaction for all), answered once it commits.
@@ -69,34 +51,13 @@ final class MAService {
     var uploaderDown = false
     /// Events parked in ma.db, every AppKey (`eventsWaitingForStart` in `ma.status`).
     var parkedTotal = 0
-    /// The most events parked at once (config `maxParkedEvents`); beyond it `ma.eventRecord`
-    /// answers -1 at once.
-    var maxParkedEvents = MAService.defaultMaxParkedEvents
-    static let defaultMaxParkedEvents = 200_000
-    /// Client event ids remembered per AppKey after the uploader stored them (config
-    /// `eventIdWindow`): a repeat within the window is answered 0 and stored nothing.
-    var eventIdWindow = MAService.defaultEventIdWindow
-    static let defaultEventIdWindow = 10_000
     /// Events answered as repeats of a client event id, since the start (`ma.status`).
     var duplicateEvents = 0
     /// Parked events dropped because their AppKey never got an EUID (its starts failed), since
     /// the start (`ma.status`).
     var parkedDropped = 0
-    /// The largest event record (config `maxEventBytes`), answered -3 beyond: it must stay under
-    /// the uploader's `maxRecordBytes` (256 KiB by default), which refuses the whole enqueue of a
-    /// record over it, the other apps' events with it.
-    var maxEventBytes = 128 * 1024
-    /// The largest `uploader.enqueue` this plugin sends (config `maxEnqueueBytes`): a batch is
-    /// closed before it would grow past it. It must stay under the host's `limits.maxLineBytes`
-    /// (1 MiB by default), which skips a longer line, and with it every event in it.
-    var maxEnqueueBytes = 512 * 1024
     /// Unanswered `uploader.enqueue` calls per AppKey, at most `maxEnqueuesInFlight`.
     var enqueuesInFlight: [String: Int] = [:]
-    /// Enqueues one AppKey may have unanswered at once (config `maxEnqueuesInFlight`); its
-    /// later events wait in the outbox, counted against `maxHeldEvents`, and go out in the next
-    /// enqueues when answers free a slot. See `flushOutbox` for why.
-    var maxEnqueuesInFlight = MAService.defaultMaxEnqueuesInFlight
-    static let defaultMaxEnqueuesInFlight = 2
     /// Enqueues sent and the events they carried, since the start (`ma.status`), resends not
     /// counted: events per enqueue is the batching under load.
     var enqueuesSent = 0
@@ -104,23 +65,21 @@ final class MAService {
     /// Hand-overs and releases by `ma.setOwner` since the start (`ma.status`).
     var ownerChanges = 0
 
-    init(plugin: Plugin) {
+    /// Built by `open` once the host's welcome named the config and the state directory.
+    private init(plugin: Plugin, config: MAConfig, db: Database, vendorId: String, deviceId: String) {
         self.plugin = plugin
+        self.config = config
+        self.db = db
+        self.vendorId = vendorId
+        self.deviceId = deviceId
+        eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
         http = HTTPClient(loop: plugin.loop)
     }
 
-    private func openState() -> Database {
-        precondition(!plugin.stateDir.isEmpty, "MA state opened before the host's welcome")
-        do {
-            return try Database(path: plugin.stateDir + "/ma.db")
-        } catch {
-            plugin.log.error("cannot open MA state", ["error": "\(error)"])
-            System.exit(exitStatusConfigError)
-        }
-    }
-
-    /// Reads the configuration and the persisted state (after the handshake).
-    func ready() {
+    /// The service, from the host's welcome: the configuration read (`MAConfig`), `ma.db` opened
+    /// and its schema made, the device ids and the persisted apps, bindings and parked events
+    /// restored. A configuration or state it cannot use: exit 78 (EX_CONFIG).
+    static func open(_ plugin: Plugin) -> MAService {
         let c: MAConfig
         do throws(ConfigProblems) {
             c = try MAConfig(plugin.config)
@@ -129,22 +88,10 @@ final class MAService {
             System.exit(exitStatusConfigError)
         }
         for w in c.warnings { plugin.log.warn("configuration", ["warning": w]) }
-        backendURL = c.backend
-        credentialFile = c.credentialFile
-        defaultProject = c.project
-        advertisingId = c.advertisingId
-        carrier = c.carrier
-        retryInitialMs = c.retryInitialMs
-        retryMaxMs = c.retryMaxMs
-        maxHeldEvents = c.maxHeldEvents
-        maxEventBytes = c.maxEventBytes
-        maxEnqueueBytes = c.maxEnqueueBytes
-        maxAppKeys = c.maxAppKeys
-        maxEnqueuesInFlight = c.maxEnqueuesInFlight
-        maxParkedEvents = c.maxParkedEvents
-        pendingAfterMs = c.pendingAfterMs
-        eventIdWindow = c.eventIdWindow
+        precondition(!plugin.stateDir.isEmpty, "MA state opened before the host's welcome")
+        let ma: MAService
         do {
+            let db = try Database(path: plugin.stateDir + "/ma.db")
             try db.exec(
                 """
                 PRAGMA journal_mode=WAL;
@@ -153,36 +100,43 @@ final class MAService {
                 CREATE TABLE IF NOT EXISTS device(k TEXT PRIMARY KEY, v TEXT NOT NULL);
                 """)
             try db.exec(MAService.offlineSchema)
-            for r in try db.query("SELECT app_key, state FROM apps") {
-                guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
-                guard AppKey.isValid(k) else {
-                    plugin.log.warn("stored AppKey not valid any more; ignored", ["appKey": k])
-                    continue
-                }
-                let inst = MAInstance(appKey: k)
-                inst.restore(j)
-                inst.started = inst.euid != nil
-                instances[k] = inst
-            }
-            for r in try db.query("SELECT client, app_key FROM bindings") {
-                if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
-            }
-            restoredBindings = Set(clientAppKey.keys)
-            vendorId = try deviceValue("vendor_id") { System.randomHex(16) }
-            deviceId = try deviceValue("device_id") { System.randomHex(16) }
-            // Parked events and the starts and identifies they wait for, before anything is
-            // recorded (a session ended by the restart is recorded behind them).
-            try restoreOffline()
-            // A session that was in the background when the plugin stopped ends after a full
-            // timeout from now.
-            for inst in instances.values { restoreSession(inst) }
+            ma = MAService(
+                plugin: plugin, config: c, db: db, vendorId: try deviceValue(db, "vendor_id") { System.randomHex(16) },
+                deviceId: try deviceValue(db, "device_id") { System.randomHex(16) })
+            try ma.restore()
         } catch {
             plugin.log.error("cannot open MA state", ["error": "\(error)"])
             System.exit(exitStatusConfigError)
         }
-        plugin.log.info("ma ready", ["appKeys": instances.count, "backend": backendURL])
-        pruneRestoredBindings()
-        clearUtmWhereDenied()  // a switch denied while this plugin was down
+        plugin.log.info("ma ready", ["appKeys": ma.instances.count, "backend": c.backend])
+        ma.pruneRestoredBindings()
+        ma.clearUtmWhereDenied()  // a switch denied while this plugin was down
+        return ma
+    }
+
+    /// The persisted apps, client bindings and parked events.
+    private func restore() throws {
+        for r in try db.query("SELECT app_key, state FROM apps") {
+            guard let k = r[0].text, let t = r[1].text, let j = try? JSON.parse(t) else { continue }
+            guard AppKey.isValid(k) else {
+                plugin.log.warn("stored AppKey not valid any more; ignored", ["appKey": k])
+                continue
+            }
+            let inst = MAInstance(appKey: k)
+            inst.restore(j)
+            inst.started = inst.euid != nil
+            instances[k] = inst
+        }
+        for r in try db.query("SELECT client, app_key FROM bindings") {
+            if let c = r[0].int, let k = r[1].text { clientAppKey[c] = k }
+        }
+        restoredBindings = Set(clientAppKey.keys)
+        // Parked events and the starts and identifies they wait for, before anything is
+        // recorded (a session ended by the restart is recorded behind them).
+        try restoreOffline()
+        // A session that was in the background when the plugin stopped ends after a full
+        // timeout from now.
+        for inst in instances.values { restoreSession(inst) }
     }
 
     /// Bindings restored from disk after a restart of this plugin (or of the host).
@@ -208,7 +162,7 @@ final class MAService {
         }
     }
 
-    private func deviceValue(_ k: String, _ make: () -> String) throws(SQLiteError) -> String {
+    private static func deviceValue(_ db: Database, _ k: String, _ make: () -> String) throws(SQLiteError) -> String {
         if let v = try db.query("SELECT v FROM device WHERE k=?", [.text(k)]).first?[0].text { return v }
         let v = make()
         try db.run("INSERT INTO device(k,v) VALUES(?,?)", [.text(k), .text(v)])

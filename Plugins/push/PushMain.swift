@@ -11,31 +11,23 @@ public enum PushMain {
         let plugin = Plugin(name: "push", version: "0.1.0")
         plugin.wantsCallerInfo = true
         plugin.checkConfig = { j throws(ConfigProblems) in try PushConfig(j).warnings }
-        // Built from the host's welcome (config, state directory) in `onReady`; the host routes
-        // no request before it, so `serve` only guards.
-        var push: PushService?
-        func serve(_ method: @escaping (PushService, Call) -> Void) -> (Call) -> Void {
-            { call in
-                guard let p = push else { return call.fail(RPCError(.pluginUnavailable, "the push plugin is starting")) }
-                method(p, call)
-            }
-        }
+        // Built from the host's welcome (config, state directory) in `onReady` (the kit's
+        // `service`); the host routes no request before it, so `push.serve` only guards.
+        let push = plugin.service(PushService.open)
+        plugin.onShutdown = { push.current?.shutdown() }
+        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { push.current?.clientClosed(c) } }
 
-        plugin.onReady = { push = PushService.open(plugin) }
-        plugin.onShutdown = { push?.shutdown() }
-        plugin.subscribe("bus.client.closed") { _, p in if let c = p["client"]?.intValue { push?.clientClosed(c) } }
-
-        plugin.method("register", serve { $0.registerCall($1) })
-        plugin.method("setDeviceToken", serve { $0.setDeviceToken($1) })
-        plugin.method("bind", serve { $0.bind($1, unbind: false) })
-        plugin.method("unbind", serve { $0.bind($1, unbind: true) })
-        plugin.method("openLogReport", consent: "push:opens", serve { $0.openLogReport($1) })
-        plugin.method("liveActivityBind", serve { $0.liveActivityBind($1) })
-        plugin.method("attach", serve { $0.attach($1) })
-        plugin.method("detach", serve { $0.detach($1) })
-        plugin.method("status", serve { $1.reply($0.status(for: $1)) })
+        plugin.method("register", push.serve { $0.registerCall($1) })
+        plugin.method("setDeviceToken", push.serve { $0.setDeviceToken($1) })
+        plugin.method("bind", push.serve { $0.bind($1, unbind: false) })
+        plugin.method("unbind", push.serve { $0.bind($1, unbind: true) })
+        plugin.method("openLogReport", consent: "push:opens", push.serve { $0.openLogReport($1) })
+        plugin.method("liveActivityBind", push.serve { $0.liveActivityBind($1) })
+        plugin.method("attach", push.serve { $0.attach($1) })
+        plugin.method("detach", push.serve { $0.detach($1) })
+        plugin.method("status", push.serve { $1.reply($0.status(for: $1)) })
         // Admins only: hand an appId to another uid, or release it (docs/PUSH.md, "App owners").
-        plugin.method("setOwner", serve { $0.setOwner($1) })
+        plugin.method("setOwner", push.serve { $0.setOwner($1) })
         PushMethodDocs.declare(plugin)
 
         plugin.run()

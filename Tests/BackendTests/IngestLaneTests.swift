@@ -19,12 +19,20 @@ import Testing
             try b.request("POST", "/v1/admin/push/send", body: Array(#"{"appId":"x","targetType":"broadcast"}"#.utf8)).status == 200
         }
         let clients = try (0..<IngestLaneTests.devices).map { _ in try b.client() }
+        // Every device sends at once (a thread each), so the backend reads them side by side.
+        let sent = DispatchGroup()
+        let failures = Failures()
         for (i, c) in clients.enumerated() {
             let key = "lane-\(i)"
             let body = batchBody(key: key, stream: "lane", ids: (0..<IngestLaneTests.recordsPerBatch).map { "r\(i)-\($0)" })
-            try c.send(
-                RawHTTPClient.message(
-                    "POST", "/v1/batches/lane", headers: [("Idempotency-Key", key)], body: Array(body.serialized.utf8)))
+            let bytes = RawHTTPClient.message(
+                "POST", "/v1/batches/lane", headers: [("Idempotency-Key", key)], body: Array(body.serialized.utf8))
+            sent.enter()
+            nonisolated(unsafe) let client = c  // used by this thread only until `sent` is done
+            Thread {
+                defer { sent.leave() }
+                do { try client.send(bytes) } catch { failures.add("device \(i): \(error)") }
+            }.start()
         }
         // Barrier: the backend has read most batches and still has some waiting.
         var lane: JSON = .null
@@ -32,6 +40,8 @@ import Testing
             lane = try b.get("/v1/inspect/stats")["ingestLane"] ?? .null
             return (lane["peakDepth"]?.intValue ?? 0) >= Int64(IngestLaneTests.devices / 2)
         }
+        sent.wait()
+        #expect(failures.all.isEmpty, "\(failures.all)")
         let send = try b.request(
             "POST", "/v1/admin/push/send", body: Array(#"{"appId":"x","targetType":"broadcast","title":"now"}"#.utf8))
         #expect(send.status == 200, "\(send.text)")
@@ -47,4 +57,12 @@ import Testing
         }
         #expect(try b.get("/v1/inspect/streams/lane")["records"] == .int(Int64(IngestLaneTests.devices * IngestLaneTests.recordsPerBatch)))
     }
+}
+
+/// Errors collected from several threads.
+private final class Failures: @unchecked Sendable {
+    private let lock = NSLock()
+    private var list: [String] = []
+    func add(_ s: String) { lock.withLock { list.append(s) } }
+    var all: [String] { lock.withLock { list } }
 }

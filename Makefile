@@ -331,8 +331,9 @@ FLEET_ARGS ?=
 ## FLEET_DEVICES devices. Progress on stderr, the merged JSON summary on stdout; everything stops
 ## at the end and on Ctrl-C. The 10,000-device run: make fleet FLEET_DEVICES=10000 (docs/FLEET.md).
 fleet: deps mosquitto-auth
-	$(SWIFT) build -c release
-	python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/release --devices $(FLEET_DEVICES) --rate $(FLEET_RATE) \
+	@# Only the summary on stdout: the build's output goes to stderr with the progress.
+	@$(SWIFT) build -c release >&2
+	@python3 tools/fleet/fleet.py --bin-dir $(CURDIR)/.build/release --devices $(FLEET_DEVICES) --rate $(FLEET_RATE) \
 	  --duration $(FLEET_DURATION) --backends $(FLEET_BACKENDS) --pylonds $(FLEET_PYLONDS) $(if $(FLEET_FAULTS),--faults) \
 	  --broker $(FLEET_BROKER) -- $(FLEET_ARGS)
 

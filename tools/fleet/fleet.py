@@ -34,7 +34,7 @@ delivered twice, 3 incomplete), or 1 if a pylond instance lost an acknowledged e
 2 if the run itself failed.
 """
 import argparse, json, os, pwd, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
-import urllib.error, urllib.request
+import http.client, urllib.error, urllib.request
 
 from fleet_merge import fleet_opt as _fleet_opt, merge_summaries, shards  # tools/fleet/fleet_merge.py
 
@@ -78,12 +78,20 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), "fleet:", *a, file=sys.stderr, flush=True)
 
 
+given_ports = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free loopback port, never one this script handed out before: a port chosen early (the
+    load balancer's) is not bound until later, and the kernel may offer it again meanwhile."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in given_ports:
+            given_ports.add(port)
+            return port
 
 
 def secret(name):
@@ -455,7 +463,10 @@ backend pylon_backends
             with urllib.request.urlopen(LB + "/healthz", timeout=2) as resp:
                 if resp.status == 200:
                     break
-        except (OSError, urllib.error.URLError):
+        except (OSError, urllib.error.URLError, http.client.HTTPException):
+            # Not haproxy (another process took its port) or not ready yet.
+            if pr.poll() is not None:
+                raise SystemExit(f"haproxy exited with {pr.returncode} (logs in {run})")
             time.sleep(0.1)
     log(f"haproxy: {LB} -> " + ", ".join(f"{b['name']} 127.0.0.1:{b['port']}" for b in backends))
     if "--console-dir" in backend_help:

@@ -11,7 +11,8 @@ import Glibc
 ///
 /// The file is `magic` then frames `u32 length | u32 crc32 | body` (`FrameFile`, the format the
 /// uploader's queue segments share). Reading stops at the first frame that does not fit the
-/// file, is longer than `maxFrameBytes` or fails its crc (`FrameFile.Damage.endsFile`): a torn
+/// file, is empty (a body always has its kind byte: a head of zeros is a tail a crash left
+/// zero-filled), is longer than `maxFrameBytes` or fails its crc (`FrameFile.Damage.endsFile`): a torn
 /// tail (a write a crash or power cut cut short), and the file is truncated there so the next
 /// append follows the last whole frame. What survives is therefore always a prefix of the
 /// frames appended.
@@ -57,7 +58,7 @@ public final class AppendLog {
                 throw IOError(errnoCode: EINVAL, reason: "\(path) is not a log of this kind")
             }
             let at = data.withUnsafeBytes { b in
-                FrameFile.scan(b, from: magic.count, minBodyBytes: 0, maxBodyBytes: Self.maxFrameBytes, damage: .endsFile) {
+                FrameFile.scan(b, from: magic.count, maxBodyBytes: Self.maxFrameBytes, damage: .endsFile) {
                     body, _ -> Void? in
                     frame(body)
                     return ()

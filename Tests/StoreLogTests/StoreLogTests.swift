@@ -70,6 +70,26 @@ func message(_ i: Int, app: String = "app") -> PushInbox.Message {
         #expect(got == [[1, 2, 3]])
     }
 
+    /// A tail of zeros (what a crash can leave of blocks allocated and never written, or what
+    /// an undone commit leaves when the file cannot be cut back) is a torn tail: cut off, and
+    /// the next frame follows the last whole one.
+    @Test func aTailOfZerosIsCutOff() throws {
+        let path = tempDir() + "/l"
+        let log = try AppendLog(path: path, magic: Array("TESTLOG1".utf8)) { _ in }
+        log.append([1, 2, 3])
+        try log.commit()
+        appendBytes(path, [UInt8](repeating: 0, count: 40))
+        var got: [[UInt8]] = []
+        let again = try AppendLog(path: path, magic: Array("TESTLOG1".utf8)) { got.append(Array($0)) }
+        #expect(got == [[1, 2, 3]])
+        #expect(again.truncatedBytes == 40 && fileSize(path) == 8 + 8 + 3)
+        again.append([4])
+        try again.commit()
+        got = []
+        _ = try AppendLog(path: path, magic: Array("TESTLOG1".utf8)) { got.append(Array($0)) }
+        #expect(got == [[1, 2, 3], [4]])
+    }
+
     @Test func anotherKindOfFileIsRefused() throws {
         let path = tempDir() + "/l"
         _ = System.writeFileAtomically(path, Array("SOMETHING ELSE".utf8))

@@ -31,11 +31,8 @@ import Testing
             let d = dir
             // Started through python3, which clears the signal mask Foundation gives children
             // (SIGHUP must reach mosquitto: it is the plugin's reload).
-            var started: (process: Process, port: Int)?
-            var last = ""
-            for _ in 0..<mosquittoPortAttempts where started == nil {
-                let port = try chooseFreeLoopbackPort()
-                try """
+            let started = try startMosquitto(dir: d, log: d + "/mosquitto.log", unmaskSignals: true) { port in
+                """
                 listener \(port) 127.0.0.1
                 allow_anonymous false
                 persistence false
@@ -46,24 +43,8 @@ import Testing
                 plugin_opt_key_file \(d)/broker.keys
                 plugin_opt_revocation_file \(d)/revoked
                 plugin_opt_backend_user pylon-backend
-                """.write(toFile: d + "/mosquitto.conf", atomically: true, encoding: .utf8)
-                let p = Process()
-                p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-                p.arguments = [
-                    "-c",
-                    "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, set()); "
-                        + "os.execv('/usr/sbin/mosquitto', ['mosquitto', '-c', sys.argv[1]])",
-                    d + "/mosquitto.conf",
-                ]
-                p.standardOutput = FileHandle.nullDevice
-                p.standardError = FileHandle.nullDevice
-                let from = World.logText(d).utf8.count
-                try p.run()
-                func logged() -> String { String(World.logText(d).dropFirst(from)) }
-                try waitUntil(timeout: 10) { !p.isRunning || logged().contains(" running") }
-                if p.isRunning { started = (p, port) } else { last = logged() }
+                """
             }
-            guard let started else { throw TestFailure(description: "mosquitto did not start: \(last)") }
             broker = started.process
             port = started.port
             backend = try TestBackend(args: ["--mqtt", "127.0.0.1:\(port)", "--mqtt-auth-key-file", dir + "/backend.key"])
@@ -164,13 +145,13 @@ import Testing
         try held.run()
         try waitUntil(timeout: 10) { w.brokerLog.contains("as \(a.clientId)") }
         try World.write(w.dir + "/revoked", a.id + "\n")
-        let started = Date()
         w.hup()
         let data = out.fileHandleForReading.readDataToEndOfFile()
         held.waitUntilExit()
         let result = try JSON.parse(String(decoding: data, as: UTF8.self))
+        // `closed`: the broker ended the connection; at the end of its 15 s the probe would have
+        // left with `closed` false.
         #expect(result["closed"] == true, "kicked: \(result)")
-        #expect(Date().timeIntervalSince(started) < 10, "off the broker within seconds, not at the probe's end")
         #expect(try w.probe(["--user", a.id, "--password", a.password, "--client-id", a.clientId])["connack"] == 5)
         #expect(w.brokerLog.contains("refused revoked device \(a.id)"))
 

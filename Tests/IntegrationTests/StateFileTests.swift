@@ -82,7 +82,7 @@ import Testing
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
             #expect(FileManager.default.createFile(atPath: dir + "/" + db, contents: nil, attributes: [.posixPermissions: 0o644]))
         }
-        let deadPort = try TestBroker.freePort()
+        let deadPort = try chooseFreeLoopbackPort()
         let plugins =
             TestHost.maPlugins(b)
             + [

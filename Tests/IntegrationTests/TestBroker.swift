@@ -86,8 +86,6 @@ final class TestBroker {
         try? FileManager.default.removeItem(atPath: dir)
     }
 
-    static func freePort() throws -> Int { try chooseFreeLoopbackPort() }
-
     static func connect(_ port: Int) -> Int32? {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var addr = sockaddr_in()

@@ -29,12 +29,11 @@ final class TestBrokerCluster {
         guard tool.terminationStatus == 0 else { throw TestFailure(description: "pylon-nats-auth init failed") }
         // Inlined, not included: nats-server resolves `include` relative to the node's config.
         let auth = try String(contentsOfFile: authDir + "/auth.conf", encoding: .utf8)
-        let ports = try (0..<size).map { _ in try TestBroker.freePort() }
-        mqttPorts = ports
         let replicas = min(size, 3)
-        nats = try NATSCluster(nodes: size) { i in
-            TestBrokerCluster.mqttConfig(port: ports[i - 1], replicas: replicas) + auth
+        nats = try NATSCluster(nodes: size, portsPerNode: 1) { _, ports in
+            TestBrokerCluster.mqttConfig(port: ports[0], replicas: replicas) + auth
         }
+        mqttPorts = nats.nodes.map { $0.extraPorts[0] }
         for i in 0..<size { try waitReady(i) }
     }
 

@@ -103,29 +103,62 @@ public func httpExchange(
     return (Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0, String(text[sep.upperBound...]))
 }
 
-/// How many ports `startMosquitto` tries when another process took the one it chose.
-public let mosquittoPortAttempts = 5
+/// How many times a server on ports chosen free (`onFreePorts`) is started again on new ones
+/// because another process took one of them between the choice and the server's bind.
+public let freePortAttempts = 5
 
-/// Starts mosquitto on a free loopback port (or on `port`: a broker started again on its own
-/// port) and returns it with the port. mosquitto 2.0.11 cannot bind port 0 and say which port it
-/// got (`listener 0` makes it a Unix socket), so the port is chosen free (bound to 0, read back,
-/// closed) and mosquitto's own log decides: "Address already in use" (another process took the
-/// port in between) means another port, up to `mosquittoPortAttempts` times; "… running" means
-/// this broker listens there (not merely that something answers on the port). `conf(port)` is
-/// its configuration, which must log to `log` (`log_dest file …`, the default log types). A
-/// broker that is neither running nor refused within 10 s is killed (SIGKILL: Foundation starts
-/// children with SIGTERM blocked) and an error is thrown.
-public func startMosquitto(dir: String, log: String, port fixed: Int? = nil, conf: (Int) -> String) throws -> (
-    process: Process, port: Int
-) {
+/// What one start of a server on chosen ports came to (`onFreePorts`).
+public enum PortStart<T> {
+    case started(T)
+    /// Another process took one of the ports in between ("address already in use"); the text
+    /// says what the server said.
+    case taken(String)
+}
+
+/// The one way the tests give ports to servers that cannot bind port 0 and say which port they
+/// got (mosquitto 2.0.11: `listener 0` is a Unix socket to it; a nats-server cluster, whose
+/// nodes must know each other's route ports before any starts). Chooses `count` distinct free
+/// loopback ports and calls `start` with them; when `start` says one was taken in between (the
+/// server's own log decides, never a probe of the port: something else may answer there), it
+/// chooses new ones, up to `freePortAttempts` times. `what` names the server in the error.
+public func onFreePorts<T>(_ count: Int, _ what: String, _ start: ([Int]) throws -> PortStart<T>) throws -> T {
     var last = "no attempt"
-    for _ in 0..<(fixed == nil ? mosquittoPortAttempts : 1) {
-        let port = try fixed ?? chooseFreeLoopbackPort()
+    for _ in 0..<freePortAttempts {
+        switch try start(try chooseFreeLoopbackPorts(count)) {
+        case .started(let value): return value
+        case .taken(let why): last = why
+        }
+    }
+    throw TestFailure(description: "\(what): a chosen port was taken \(freePortAttempts) times; last: \(last)")
+}
+
+/// Starts mosquitto on a free loopback port (`onFreePorts`), or on `port` (a broker started
+/// again on its own port), and returns it with the port. mosquitto's own log decides: "…
+/// running" means this broker listens there (not merely that something answers on the port);
+/// "Address already in use" means another port. `conf(port)` is its configuration, which must
+/// log to `log` (`log_dest file …`, the default log types). `unmaskSignals`: started through
+/// python3, which clears the signal mask Foundation gives children (for a test that sends it
+/// SIGHUP). A broker that is neither running nor refused within 10 s is killed (SIGKILL:
+/// Foundation starts children with SIGTERM blocked) and an error is thrown.
+public func startMosquitto(
+    dir: String, log: String, port fixed: Int? = nil, unmaskSignals: Bool = false, conf: (Int) -> String
+) throws -> (process: Process, port: Int) {
+    func attempt(_ port: Int) throws -> PortStart<(process: Process, port: Int)> {
         try conf(port).write(toFile: dir + "/mosquitto.conf", atomically: true, encoding: .utf8)
         let from = (try? FileManager.default.attributesOfItem(atPath: log)[.size] as? Int) ?? 0
         let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
-        p.arguments = ["-c", dir + "/mosquitto.conf"]
+        if unmaskSignals {
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            p.arguments = [
+                "-c",
+                "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, set()); "
+                    + "os.execv('/usr/sbin/mosquitto', ['mosquitto', '-c', sys.argv[1]])",
+                dir + "/mosquitto.conf",
+            ]
+        } else {
+            p.executableURL = URL(fileURLWithPath: "/usr/sbin/mosquitto")
+            p.arguments = ["-c", dir + "/mosquitto.conf"]
+        }
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
         try p.run()
@@ -140,29 +173,47 @@ public func startMosquitto(dir: String, log: String, port fixed: Int? = nil, con
             p.waitUntilExit()
             throw TestFailure(description: "mosquitto did not start within 10 s: \(logged())")
         }
-        if p.isRunning { return (p, port) }
+        if p.isRunning { return .started((p, port)) }
         p.waitUntilExit()
-        last = logged()
-        guard last.contains("Address already in use") else { break }
+        let said = logged()
+        guard said.contains("Address already in use") else { throw TestFailure(description: "mosquitto did not start: \(said)") }
+        return .taken(said)
     }
-    throw TestFailure(description: "mosquitto did not start: \(last)")
+    if let fixed {
+        guard case .started(let s) = try attempt(fixed) else {
+            throw TestFailure(description: "mosquitto cannot listen on its port \(fixed) again: taken")
+        }
+        return s
+    }
+    return try onFreePorts(1, "mosquitto") { try attempt($0[0]) }
 }
 
-/// A loopback port nothing listens on now (bound to 0, read back, closed): only for servers
-/// that cannot bind port 0 themselves, with a retry on "in use" (`startMosquitto`).
-public func chooseFreeLoopbackPort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    addr.sin_port = 0
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &addr) { p in
-        p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+/// A loopback port nothing listens on now (bound to 0, read back, closed): for a port that must
+/// refuse connections, and for `onFreePorts`.
+public func chooseFreeLoopbackPort() throws -> Int { try chooseFreeLoopbackPorts(1)[0] }
+
+/// `count` distinct loopback ports nothing listens on now: all bound to port 0 at once, read
+/// back, then closed.
+public func chooseFreeLoopbackPorts(_ count: Int) throws -> [Int] {
+    var fds: [Int32] = []
+    defer { for fd in fds { close(fd) } }
+    var ports: [Int] = []
+    for _ in 0..<count {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure(description: "socket: errno \(errno)") }
+        fds.append(fd)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+        }
+        guard ok else { throw TestFailure(description: "no free port") }
+        ports.append(Int(UInt16(bigEndian: addr.sin_port)))
     }
-    guard ok else { throw TestFailure(description: "no free port") }
-    return Int(UInt16(bigEndian: addr.sin_port))
+    return ports
 }
 
 /// Debian's promtool (package prometheus), if installed.

@@ -4,7 +4,7 @@ import PylonCore
 /// setting is read with its type and bounds, and a value of the wrong type or out of bounds is a
 /// problem named by its path (`config.retryMaxMs: must be an integer from 0 to 86400000`), never
 /// silently replaced by the default. Settings the reader was not asked for are reported as
-/// unknown (a warning: a typo, or a setting of another version).
+/// unknown: a warning at start, an error under `--check-config` (a typo must not pass the check).
 ///
 /// The same reader serves the plugin at start (it exits 78, EX_CONFIG, on a problem) and
 /// `pylond --check-config`, which runs `PLUGIN --check-config` with the config on stdin
@@ -113,9 +113,14 @@ public struct ConfigReader {
     /// Adds `problem` found by the plugin's own checks (cross-setting rules), under `key`.
     public mutating func fail(_ key: String, _ what: String) { problem(key, what) }
 
-    /// Settings present that no one asked for, as warnings (`config.fo: unknown setting`).
+    /// Settings present that no one asked for (`config.fo: unknown setting`): a warning when the
+    /// plugin starts (the setting is ignored), an error under `--check-config`
+    /// (`Plugin.checkConfigAndExit`). Keys starting with `_` or `//` are comments, as in the
+    /// host's file.
     public var unknown: [String] {
-        object.keys.filter { !asked.contains($0) }.sorted().map { "\(path).\($0): unknown setting (ignored)" }
+        object.keys.filter { !asked.contains($0) && !$0.hasPrefix("_") && !$0.hasPrefix("//") }.sorted().map {
+            "\(path).\($0): unknown setting"
+        }
     }
 
     /// Throws the problems found so far, if any.

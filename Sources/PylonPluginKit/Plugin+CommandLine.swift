@@ -30,9 +30,9 @@ extension Plugin {
     }
 
     /// `PLUGIN --check-config`: reads the plugin's `config` (JSON) from stdin, runs the plugin's
-    /// strict reader (`checkConfig`) on it and prints each problem (stderr) and warning (stdout);
-    /// exits 0 when it would start, 78 (EX_CONFIG) when it would refuse to. `pylond
-    /// --check-config` runs this for every enabled plugin.
+    /// strict reader (`checkConfig`) on it and prints each problem (stderr), an unknown setting
+    /// being one here; exits 0 when it would start and every setting is known, 78 (EX_CONFIG)
+    /// otherwise. `pylond --check-config` (and a reload) runs this for every enabled plugin.
     func checkConfigAndExit(_ exe: String) -> Never {
         let config: JSON
         do {
@@ -47,13 +47,17 @@ extension Plugin {
             System.exit(0)
         }
         do throws(ConfigProblems) {
-            let warnings = try check(config)
-            for w in warnings { print("warning: \(w)") }
-            print("config ok")
-            System.exit(0)
+            // A setting no reader asked for is an error here (a typo would otherwise pass the
+            // check and be ignored at start, where it stays a warning).
+            let unknown = try check(config)
+            if unknown.isEmpty {
+                print("config ok")
+                System.exit(0)
+            }
+            for p in unknown { Log.writeRaw("\(p)\n") }
+            System.exit(exitStatusConfigError)
         } catch {
-            for w in error.warnings { print("warning: \(w)") }
-            for p in error.problems { Log.writeRaw("\(p)\n") }
+            for p in error.problems + error.warnings { Log.writeRaw("\(p)\n") }
             System.exit(exitStatusConfigError)
         }
     }

@@ -52,15 +52,14 @@ extension Backend {
             }
             if j["hello"]?.boolValue == true { self.republish(deviceId: device) }
             let now = System.wallClockMs()
-            for id in ids.compactMap(\.stringValue) {
-                do throws(StoreError) { try self.store.pushMarkAcked(msgId: id, deviceId: device, now: now) } catch {
-                    self.log.error("push: ack not stored", ["error": error.description])
-                }
-            }
+            for id in ids.compactMap(\.stringValue) { self.mark(.acked(msgId: id, deviceId: device, at: now)) }
         }
         // PUBACKs and acks read together are recorded in one transaction.
-        client.onReadBatchBegin = { [unowned self] in self.store.batch(begin: true) }
-        client.onReadBatchEnd = { [unowned self] in self.store.batch(begin: false) }
+        client.onReadBatchBegin = { [unowned self] in self.marks.batching = true }
+        client.onReadBatchEnd = { [unowned self] in
+            self.marks.batching = false
+            self.flushMarks()
+        }
         client.onConnect = { [unowned self] _ in self.brokerConnected() }
         // Republish once acks can be heard: a clustered broker (nats-server) keeps no ack
         // published while this clean-session subscription is being re-created, and the device
@@ -69,6 +68,49 @@ extension Backend {
             if topic == Backend.ackTopicFilter { self.republish(deviceId: nil) }
         }
         client.start()
+    }
+
+    /// A delivery's state change, recorded with the others read at the same time.
+    enum DeliveryMark {
+        /// The device acknowledged `msgId` (its apps have it).
+        case acked(msgId: String, deviceId: String, at: Int64)
+        /// The broker acknowledged the publish of `msgId` to `token`'s device, or (nil) to the
+        /// broadcast topic: every delivery of it.
+        case puback(msgId: String, token: String?, at: Int64)
+    }
+
+    /// The marks not yet written, and whether a broker read is in progress (its marks are
+    /// written together when it ends; at most one read's worth: `MQTTOptions.maxPacketsPerRead`).
+    struct DeliveryMarks {
+        var pending: [DeliveryMark] = []
+        var batching = false
+    }
+
+    func mark(_ m: DeliveryMark) {
+        marks.pending.append(m)
+        if !marks.batching { flushMarks() }
+    }
+
+    /// Writes the pending marks in one transaction, run again on a conflict (two instances
+    /// marking rows of one broadcast can deadlock: the loser's whole batch is retried, not left
+    /// half-applied in an aborted transaction).
+    func flushMarks() {
+        guard !marks.pending.isEmpty else { return }
+        let batch = marks.pending
+        marks.pending = []
+        do throws(StoreError) {
+            try store.transaction(.readCommitted) { () throws(StoreError) in
+                for m in batch {
+                    switch m {
+                    case .acked(let id, let device, let at): try store.pushMarkAcked(msgId: id, deviceId: device, now: at)
+                    case .puback(let id, let token?, let at): try store.pushMark("puback_at", msgId: id, token: token, now: at)
+                    case .puback(let id, nil, let at): try store.pushMarkAll("puback_at", msgId: id, now: at)
+                    }
+                }
+            }
+        } catch {
+            log.error("push: delivery marks not stored", ["count": batch.count, "error": error.description])
+        }
     }
 
     /// Publishes again every send its device has not acknowledged (not yet expired), with the
@@ -275,7 +317,7 @@ extension Backend {
         if targetType == "broadcast" {
             mqtt.publish(Backend.broadcastTopic, bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
                 guard ok else { self.log.warn("push: broadcast publish failed", ["msgId": msgId]); return }
-                do throws(StoreError) { try self.store.pushMarkAll("puback_at", msgId: msgId, now: System.wallClockMs()) } catch {}
+                self.mark(.puback(msgId: msgId, token: nil, at: System.wallClockMs()))
             }
             log.debug("push: broadcast", ["msgId": msgId, "devices": tokens.count])
             return HTTPResponse(["msgId": .string(msgId), "devices": .int(Int64(tokens.count)), "duplicate": false])
@@ -283,7 +325,7 @@ extension Backend {
         for (t, device) in resolved.devices {
             mqtt.publish(Backend.deviceTopic(device), bytes, qos: 1, expirySeconds: UInt32(expired)) { [unowned self] ok in
                 guard ok else { self.log.warn("push: publish failed", ["msgId": msgId, "token": t]); return }
-                do throws(StoreError) { try self.store.pushMark("puback_at", msgId: msgId, token: t, now: System.wallClockMs()) } catch {}
+                self.mark(.puback(msgId: msgId, token: t, at: System.wallClockMs()))
             }
         }
         log.debug("push: sent", ["msgId": msgId, "targetType": targetType, "devices": tokens.count])

@@ -44,6 +44,8 @@ package final class Backend {
     var deviceApps: Set<DeviceApp> = []
     /// Where ingest waits so sends do not (`IngestLane.swift`); nil: ingest runs as it is read.
     var lane: IngestLane?
+    /// Push delivery marks waiting for the end of a broker read (`Backend+Push.swift`).
+    var marks = DeliveryMarks()
 
     /// Runs ingest work through the lane once the loop is known (`main`).
     package func startIngestLane(loop: Loop) { lane = IngestLane(loop: loop) }

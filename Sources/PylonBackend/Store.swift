@@ -207,19 +207,6 @@ package final class Store {
         }
     }
 
-    /// Starts (`begin: true`) or ends a batch of independent writes recorded together (the
-    /// broker's PUBACKs and acknowledgements of one read): one transaction, not retried.
-    func batch(begin: Bool) {
-        if begin {
-            guard depth == 0, (try? db.begin(.readCommitted)) != nil else { return }
-            depth = 1
-        } else {
-            guard depth > 0 else { return }
-            depth = 0
-            do throws(StoreError) { try db.commit() } catch { db.rollback() }
-        }
-    }
-
     /// An advisory lock key for `parts` (FNV-1a 64 of the parts joined by U+0001): stable
     /// across processes, unlike `Hasher`.
     static func lockKey(_ parts: String...) -> Int64 {

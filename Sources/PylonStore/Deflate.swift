@@ -31,14 +31,8 @@ public final class Deflater {
     /// 15 and 8; smaller ones cost less memory: `(1 << (windowBits + 2)) + (1 << (memLevel + 9))`
     /// bytes plus about 6 KiB of state).
     public init(format: Format, level: Int32 = 6, windowBits: Int32 = 15, memLevel: Int32 = 8) throws(ZlibError) {
-        s = .allocate(capacity: 1)
-        s.initialize(to: z_stream())
         let bits = format == .gzip ? windowBits + 16 : -windowBits
-        let rc = deflateInit2_(s, level, Z_DEFLATED, bits, memLevel, Z_DEFAULT_STRATEGY, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
-        guard rc == Z_OK else {
-            s.deallocate()
-            throw ZlibError(description: "deflateInit2 failed (\(rc))")
-        }
+        s = try zStream("deflateInit2") { deflateInit2_($0, level, Z_DEFLATED, bits, memLevel, Z_DEFAULT_STRATEGY, zlibVersion(), $1) }
     }
 
     deinit {
@@ -106,14 +100,8 @@ public final class Inflater {
     /// largest, reads whatever window the writer used).
     public init(format: Deflater.Format, windowBits: Int32 = 15) throws(ZlibError) {
         self.format = format
-        s = .allocate(capacity: 1)
-        s.initialize(to: z_stream())
         let bits = format == .gzip ? windowBits + 16 : -windowBits
-        let rc = inflateInit2_(s, bits, zlibVersion(), Int32(MemoryLayout<z_stream>.size))
-        guard rc == Z_OK else {
-            s.deallocate()
-            throw ZlibError(description: "inflateInit2 failed (\(rc))")
-        }
+        s = try zStream("inflateInit2") { inflateInit2_($0, bits, zlibVersion(), $1) }
     }
 
     deinit {
@@ -182,4 +170,19 @@ public enum Gzip {
     public static func decompress(_ input: [UInt8], limit: Int) throws(ZlibError) -> [UInt8] {
         try Inflater(format: .gzip).finish(input, limit: limit)
     }
+}
+
+/// A `z_stream` on the heap, initialised by `initialise` (zlib's `*Init2_`, given the stream and
+/// its size); freed again when that fails.
+private func zStream(
+    _ name: String, _ initialise: (UnsafeMutablePointer<z_stream>, Int32) -> Int32
+) throws(ZlibError) -> UnsafeMutablePointer<z_stream> {
+    let s = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
+    s.initialize(to: z_stream())
+    let rc = initialise(s, Int32(MemoryLayout<z_stream>.size))
+    guard rc == Z_OK else {
+        s.deallocate()
+        throw ZlibError(description: "\(name) failed (\(rc))")
+    }
+    return s
 }

@@ -269,7 +269,6 @@ enum Frame: Equatable {
             }
         }
     }
-
 }
 
 extension FrameFile.Found where Value == Frame {

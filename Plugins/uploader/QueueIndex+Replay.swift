@@ -62,8 +62,8 @@ extension QueueIndex {
             case .records(let lane, let first, let ms, let deltas, let lengths, let textStart)?:
                 guard let l = lanes[lane] else { return }
                 let texts = UnsafeRawBufferPointer(rebasing: bytes[textStart...])
-                take(l, first: first, deltas: deltas, lengths: lengths, texts: texts, ms: ms) { at, _ in
-                    (f.offset, textStart + at, .plain)
+                take(l, frame: f.offset, first: first, deltas: deltas, lengths: lengths, texts: texts, ms: ms) { at, _ in
+                    (textStart + at, .plain)
                 }
             case .packed(let lane, let first, let ms, let deltas, let lengths, let seq, let dataStart)?:
                 guard let l = lanes[lane] else { return }
@@ -76,8 +76,8 @@ extension QueueIndex {
                 let context = UInt32(f.offset - (contexts.lanes[lane]?.start ?? f.offset))
                 let textBytes = Frame.textBytes(lengths)
                 (texts ?? []).withUnsafeBytes { t in
-                    take(l, first: first, deltas: deltas, lengths: lengths, texts: texts == nil ? nil : t, ms: ms) { at, len in
-                        (f.offset, at, .packed(context: context, share: Rec.share(frameBytes: f.length, textBytes: textBytes, len: len)))
+                    take(l, frame: f.offset, first: first, deltas: deltas, lengths: lengths, texts: texts == nil ? nil : t, ms: ms) {
+                        at, len in (at, .packed(context: context, share: Rec.share(frameBytes: f.length, textBytes: textBytes, len: len)))
                     }
                 }
             case .cut(let key, let stream, let fin, let seq, let ms, let runs)?:
@@ -95,13 +95,14 @@ extension QueueIndex {
             }
         }
 
-        /// Takes the records of one frame: positions `first` + `deltas`, texts of `lengths`
-        /// joined by commas in `texts` (nil: unreadable); `where_` gives a record's frame, text
-        /// offset and placement from its offset in `texts` and its length. A position already
-        /// read (a forward copy's original) is skipped; a text that is not a record's is counted.
+        /// Takes the records of the frame at `frame`: positions `first` + `deltas`, texts of
+        /// `lengths` joined by commas in `texts` (nil: unreadable); `locate` gives a record's
+        /// text offset and placement from its offset in `texts` and its length. A position
+        /// already read (a forward copy's original) is skipped; a text that is not a record's is
+        /// counted.
         private mutating func take(
-            _ lane: (stream: String, consent: Int32), first: Int64, deltas: [UInt64], lengths: [Int], texts: UnsafeRawBufferPointer?,
-            ms: Int64, _ where_: (Int, Int) -> (frame: Int, text: Int, place: Placement)
+            _ lane: (stream: String, consent: Int32), frame: Int, first: Int64, deltas: [UInt64], lengths: [Int],
+            texts: UnsafeRawBufferPointer?, ms: Int64, _ locate: (Int, Int) -> (text: Int, place: Placement)
         ) {
             var pos = first
             var at = 0
@@ -115,9 +116,9 @@ extension QueueIndex {
                     continue
                 }
                 seen.insert(pos)
-                let w = where_(at, len)
+                let w = locate(at, len)
                 let rec = Rec(
-                    pos: pos, seg: seg, frame: w.frame, text: w.text, len: Int32(len), consent: lane.consent, place: w.place,
+                    pos: pos, seg: seg, frame: frame, text: w.text, len: Int32(len), consent: lane.consent, place: w.place,
                     enqueuedMs: ms, key: RecordKey(id))
                 index.appendReplayed(rec, to: lane.stream)
             }

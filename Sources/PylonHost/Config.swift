@@ -248,8 +248,8 @@ extension HostConfig {
                 c.disclosure.admins = try ar.accessList()
                 try ar.finish()
             }
-            if dr.value("adminTopics") != nil { c.disclosure.adminTopics = try dr.stringArray("adminTopics").map(TopicPattern.init) }
-            if dr.value("reservedNamespaces") != nil { c.disclosure.reservedNamespaces = Set(try dr.stringArray("reservedNamespaces")) }
+            if dr.has("adminTopics") { c.disclosure.adminTopics = try dr.stringArray("adminTopics").map(TopicPattern.init) }
+            if dr.has("reservedNamespaces") { c.disclosure.reservedNamespaces = Set(try dr.stringArray("reservedNamespaces")) }
             try dr.finish()
         }
         try r.finish()
@@ -297,7 +297,7 @@ extension HostConfig {
         if let v = try r.int("heartbeatTimeoutMs", min: 10) { p.policy.heartbeatTimeoutMs = UInt64(v) }
         if let v = try r.int("stopGraceMs", min: 0) { p.policy.stopGraceMs = UInt64(v) }
         if let v = try r.int("requestTimeoutMs", min: 1) { p.requestTimeoutMs = UInt64(v) }
-        if let c = o["config"] { r.consumed.insert("config"); p.config = c }
+        if let c = o["config"] { r.accept("config"); p.config = c }
         try r.finish()
         return p
     }
@@ -319,92 +319,58 @@ func lookupUser(_ name: String) -> (uid: UInt32, gid: UInt32)? {
     return (p.pointee.pw_uid, p.pointee.pw_gid)
 }
 
-/// Typed access to a config object that rejects unknown keys (typos fail loudly).
+/// The host's view of the one config reader (`ConfigReader`, PylonCore): the same types, bounds
+/// and messages as every plugin's, but the first problem is thrown (`ConfigError`) where the host
+/// reads it, and an unknown key is always an error (`finish`: typos fail loudly).
 struct Reader {
-    let o: JSONObject
-    let path: String
-    var consumed = Set<String>()
-    init(_ o: JSONObject, path: String) { self.o = o; self.path = path }
+    private var r: ConfigReader
+    /// `path`: `""` at the top level, else the object's name and a dot (`limits.`).
+    init(_ o: JSONObject, path: String) { r = ConfigReader(.object(o), path: path.hasSuffix(".") ? String(path.dropLast()) : path) }
 
-    mutating func value(_ k: String) -> JSON? {
-        consumed.insert(k)
-        guard let v = o[k], v != .null else { return nil }
+    /// Runs one read; throws the problem it found.
+    private mutating func read<T>(_ f: (inout ConfigReader) -> T) throws(ConfigError) -> T {
+        let before = r.problems.count
+        let v = f(&r)
+        if r.problems.count > before { throw ConfigError(r.problems[before]) }
         return v
     }
-    mutating func string(_ k: String) throws(ConfigError) -> String? {
-        guard let v = value(k) else { return nil }
-        guard let s = v.stringValue else { throw ConfigError("\(path)\(k) must be a string, not \(v.serialized)") }
-        return s
-    }
-    mutating func bool(_ k: String) throws(ConfigError) -> Bool? {
-        guard let v = value(k) else { return nil }
-        guard let b = v.boolValue else { throw ConfigError("\(path)\(k) must be true or false, not \(v.serialized)") }
-        return b
-    }
+
+    mutating func has(_ k: String) -> Bool { r.has(k) }
+    mutating func accept(_ k: String) { r.accept(k) }
+    mutating func string(_ k: String) throws(ConfigError) -> String? { try read { $0.string(k, nonEmpty: false) } }
+    mutating func bool(_ k: String) throws(ConfigError) -> Bool? { try read { $0.bool(k) } }
     mutating func int(_ k: String, min lo: Int = Int.min, max hi: Int = Int.max) throws(ConfigError) -> Int? {
-        guard let v = value(k) else { return nil }
-        guard let i = v.intValue, i >= lo, i <= hi else {
-            throw ConfigError(
-                "\(path)\(k) must be an integer" + (lo > Int.min ? " >= \(lo)" : "") + (hi < Int.max ? " and <= \(hi)" : "")
-                    + ", not \(v.serialized)")
-        }
-        return Int(i)
+        try read { $0.int(k, atLeast: Int64(lo), atMost: Int64(hi)) }.map { Int($0) }
     }
-    mutating func double(_ k: String) throws(ConfigError) -> Double? {
-        guard let v = value(k) else { return nil }
-        guard let d = v.doubleValue else { throw ConfigError("\(path)\(k) must be a number, not \(v.serialized)") }
-        return d
-    }
-    mutating func object(_ k: String) throws(ConfigError) -> JSONObject? {
-        guard let v = value(k) else { return nil }
-        guard let ob = v.objectValue else { throw ConfigError("\(path)\(k) must be an object, not \(v.serialized)") }
-        return ob
-    }
-    mutating func array(_ k: String) throws(ConfigError) -> [JSON]? {
-        guard let v = value(k) else { return nil }
-        guard let a = v.arrayValue else { throw ConfigError("\(path)\(k) must be an array, not \(v.serialized)") }
-        return a
-    }
-    mutating func stringArray(_ k: String) throws(ConfigError) -> [String] {
-        guard let a = try array(k) else { return [] }
-        var out: [String] = []
-        for x in a {
-            guard let s = x.stringValue else { throw ConfigError("\(path)\(k) must be an array of strings") }
-            out.append(s)
-        }
-        return out
-    }
-    mutating func intArray(_ k: String) throws(ConfigError) -> [Int] {
-        guard let a = try array(k) else { return [] }
-        var out: [Int] = []
-        for x in a {
-            guard let i = x.intValue, i >= 0 else { throw ConfigError("\(path)\(k) must be an array of non-negative integers") }
-            out.append(Int(i))
-        }
-        return out
-    }
+    mutating func double(_ k: String) throws(ConfigError) -> Double? { try read { $0.double(k) } }
+    mutating func object(_ k: String) throws(ConfigError) -> JSONObject? { try read { $0.object(k) } }
+    mutating func array(_ k: String) throws(ConfigError) -> [JSON]? { try read { $0.array(k) } }
+    mutating func stringArray(_ k: String) throws(ConfigError) -> [String] { try read { $0.stringArray(k) } }
+    mutating func intArray(_ k: String) throws(ConfigError) -> [Int] { try read { $0.intArray(k) }.map { Int($0) } }
+    /// A setting's full name in messages (`limits.maxLineBytes`).
+    func name(_ k: String) -> String { r.name(k) }
+
     /// `uids`, `gids`, `groups` (names resolved to gids) and `plugins` of a rule or admin list.
     mutating func accessList() throws(ConfigError) -> AccessList {
         var a = AccessList()
         for u in try intArray("uids") {
-            guard let v = UInt32(exactly: u) else { throw ConfigError("\(path)uids: \(u) is not a uid") }
+            guard let v = UInt32(exactly: u) else { throw ConfigError("\(name("uids")): \(u) is not a uid") }
             a.uids.append(v)
         }
         for g in try intArray("gids") {
-            guard let v = UInt32(exactly: g) else { throw ConfigError("\(path)gids: \(g) is not a gid") }
+            guard let v = UInt32(exactly: g) else { throw ConfigError("\(name("gids")): \(g) is not a gid") }
             a.gids.append(v)
         }
         for g in try stringArray("groups") {
-            guard let gid = lookupGroup(g) else { throw ConfigError("\(path)groups: unknown group \(g)") }
+            guard let gid = lookupGroup(g) else { throw ConfigError("\(name("groups")): unknown group \(g)") }
             a.gids.append(gid)
         }
         a.plugins = try stringArray("plugins")
         return a
     }
 
+    /// An unknown key is an error (keys starting with `_` or `//` are comments).
     func finish() throws(ConfigError) {
-        for k in o.keys where !consumed.contains(k) && !k.hasPrefix("_") && !k.hasPrefix("//") {
-            throw ConfigError("unknown setting \(path)\(k)")
-        }
+        if let u = r.unknown.first { throw ConfigError(u) }
     }
 }

@@ -1,5 +1,3 @@
-import PylonCore
-
 /// A strict reader of a plugin's `config` object (`plugins[NAME].config` in pylon.json): every
 /// setting is read with its type and bounds, and a value of the wrong type or out of bounds is a
 /// problem named by its path (`config.retryMaxMs: must be an integer from 0 to 86400000`), never
@@ -8,13 +6,17 @@ import PylonCore
 ///
 /// The same reader serves the plugin at start (it exits 78, EX_CONFIG, on a problem) and
 /// `pylond --check-config`, which runs `PLUGIN --check-config` with the config on stdin
-/// (`Plugin.checkConfig`), so the check is exactly what the plugin will do.
+/// (`Plugin.checkConfig`), so the check is exactly what the plugin will do. It is also the host's
+/// reader of pylon.json (`HostConfig.parse`, where an unknown key is always an error): one reader
+/// of configuration for the host and every plugin.
 public struct ConfigReader {
     public private(set) var problems: [String] = []
     let object: JSONObject
     let path: String
     private var asked: Set<String> = []
 
+    /// `path` names the object in problems (`config`, `limits`, `plugins[2]`; empty: the file's
+    /// top level, whose settings are named alone).
     public init(_ json: JSON, path: String = "config") {
         self.path = path
         if let o = json.objectValue {
@@ -33,8 +35,14 @@ public struct ConfigReader {
     }
 
     private mutating func problem(_ key: String, _ what: String) {
-        problems.append("\(path).\(key): \(what)")
+        problems.append("\(name(key)): \(what)")
     }
+
+    /// A setting's full name: `path.key`, or `key` at the top level.
+    public func name(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
+
+    /// Whether `key` is present and not `null` (marking it read).
+    public mutating func has(_ key: String) -> Bool { value(key) != nil }
 
     public mutating func string(_ key: String, nonEmpty: Bool = true) -> String? {
         guard let v = value(key) else { return nil }
@@ -53,6 +61,56 @@ public struct ConfigReader {
             return nil
         }
         return n
+    }
+
+    /// An integer of at least `lo` (and at most `hi`), for settings bounded on one side.
+    public mutating func int(_ key: String, atLeast lo: Int64, atMost hi: Int64 = .max) -> Int64? {
+        guard let v = value(key) else { return nil }
+        guard let n = v.intValue, n >= lo, n <= hi, v.boolValue == nil else {
+            problem(key, "must be an integer >= \(lo)" + (hi < .max ? " and <= \(hi)" : "") + ", not \(v.serialized)")
+            return nil
+        }
+        return n
+    }
+
+    public mutating func double(_ key: String) -> Double? {
+        guard let v = value(key) else { return nil }
+        guard let d = v.doubleValue, v.boolValue == nil else {
+            problem(key, "must be a number, not \(v.serialized)")
+            return nil
+        }
+        return d
+    }
+
+    public mutating func array(_ key: String) -> [JSON]? {
+        guard let v = value(key) else { return nil }
+        guard let a = v.arrayValue else {
+            problem(key, "must be an array")
+            return nil
+        }
+        return a
+    }
+
+    /// An array of strings (absent: empty).
+    public mutating func stringArray(_ key: String) -> [String] {
+        guard let a = array(key) else { return [] }
+        let out = a.compactMap(\.stringValue)
+        guard out.count == a.count else {
+            problem(key, "must be an array of strings")
+            return []
+        }
+        return out
+    }
+
+    /// An array of non-negative integers (absent: empty).
+    public mutating func intArray(_ key: String) -> [Int64] {
+        guard let a = array(key) else { return [] }
+        let out = a.compactMap { $0.boolValue == nil ? $0.intValue : nil }.filter { $0 >= 0 }
+        guard out.count == a.count else {
+            problem(key, "must be an array of non-negative integers")
+            return []
+        }
+        return out
     }
 
     public mutating func bool(_ key: String) -> Bool? {
@@ -119,7 +177,7 @@ public struct ConfigReader {
     /// host's file.
     public var unknown: [String] {
         object.keys.filter { !asked.contains($0) && !$0.hasPrefix("_") && !$0.hasPrefix("//") }.sorted().map {
-            "\(path).\($0): unknown setting"
+            "\(name($0)): unknown setting"
         }
     }
 

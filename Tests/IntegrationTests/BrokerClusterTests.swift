@@ -145,7 +145,10 @@ final class ClusterWorld: PushSender {
         // B's persistent session exists (subscribed), then goes offline.
         let bSub = try c.probe(
             node: 2,
-            ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--sub", "pylon/push/d/" + b.id, "--wait-ms", "3000"])
+            [
+                "--user", b.id, "--password", b.password, "--client-id", b.clientId, "--sub", "pylon/push/d/" + b.id, "--until-acked",
+                "--wait-ms", "3000",
+            ])
         #expect(bSub["suback"] == [1])
         // A: its own topic yes; B's topic, wildcards and the delivery subjects no.
         let r = try c.probe(
@@ -153,7 +156,7 @@ final class ClusterWorld: PushSender {
             [
                 "--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", "pylon/push/d/" + a.id,
                 "--sub", "pylon/push/d/" + b.id, "--sub", "#", "--sub", "pylon/push/d/+", "--sub", "$MQTT/sub/#", "--sub", "$MQTT/#",
-                "--pub", "pylon/push/d/" + b.id, #"{"id":"mforged","appId":"x"}"#, "--wait-ms", "3000",
+                "--pub", "pylon/push/d/" + b.id, #"{"id":"mforged","appId":"x"}"#, "--until-acked", "--wait-ms", "3000",
             ])
         #expect(r["connack"] == 0)
         #expect(r["suback"] == [1, 128, 128, 128, 128, 128])
@@ -163,8 +166,10 @@ final class ClusterWorld: PushSender {
         _ = try c.probe(
             node: 1,
             ["--user", a.id, "--password", a.password, "--pub", "pylon/push/ack/" + b.id, #"{"ids":["\#(msgId)"]}"#, "--wait-ms", "500"])
-        // B comes back: it gets the backend's send and not A's forged publish.
-        let bBack = try c.probe(node: 0, ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--wait-ms", "3000"])
+        // B comes back: it gets the backend's send and not A's forged publish (which, let through,
+        // would be in B's session before the send, so delivered first).
+        let bBack = try c.probe(
+            node: 0, ["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--expect", "1", "--wait-ms", "10000"])
         let topics = bBack["messages"]?.arrayValue ?? []
         #expect(topics.count == 1, "\(bBack.serialized)")
         #expect(topics.first?.arrayValue?.last?.stringValue?.contains(msgId) == true)
@@ -183,7 +188,10 @@ final class ClusterWorld: PushSender {
         let c = w.cluster
         let aSub = try c.probe(
             node: 1,
-            ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", "pylon/push/d/" + a.id, "--wait-ms", "3000"])
+            [
+                "--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", "pylon/push/d/" + a.id, "--until-acked",
+                "--wait-ms", "3000",
+            ])
         #expect(aSub["suback"] == [1])
         let token = a.pushToken
         // B holds A's client id (A's session) while the backend sends to A.
@@ -195,7 +203,8 @@ final class ClusterWorld: PushSender {
         let stolen = try TestBrokerCluster.finish(thief)
         #expect(stolen["connack"] == 0, "a valid credential may use any client id (and so kick its holder)")
         #expect(stolen["messages"] == [], "but it receives nothing of A's session")
-        let aBack = try c.probe(node: 0, ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--wait-ms", "3000"])
+        let aBack = try c.probe(
+            node: 0, ["--user", a.id, "--password", a.password, "--client-id", a.clientId, "--expect", "1", "--wait-ms", "10000"])
         #expect(
             aBack["messages"]?.arrayValue?.contains { $0.arrayValue?.last?.stringValue?.contains(msgId) == true } == true,
             "\(aBack.serialized)")

@@ -104,7 +104,7 @@ import Testing
         let dTopic = "pylon/push/d/" + a.id
         let own = try w.probe([
             "--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub", dTopic, "--pub",
-            "pylon/push/ack/" + a.id, "ok",
+            "pylon/push/ack/" + a.id, "ok", "--until-acked",
         ])
         #expect(own["connack"] == 0)
         #expect(own["suback"] == [1])
@@ -120,7 +120,7 @@ import Testing
         // A reads only its own topic: B's topic and wildcards are refused at subscribe.
         let other = try w.probe([
             "--user", a.id, "--password", a.password, "--client-id", a.clientId, "--sub",
-            "pylon/push/d/" + b.id, "--sub", "pylon/push/d/#",
+            "pylon/push/d/" + b.id, "--sub", "pylon/push/d/#", "--until-acked",
         ])
         #expect(other["suback"] == [128, 128])
 
@@ -162,7 +162,7 @@ import Testing
             w.dir + "/broker.keys", "k1:" + String(repeating: "ab", count: 32) + "\nk2:" + String(repeating: "cd", count: 32) + "\n")
         w.hup()
         try waitUntil(timeout: 10) { w.brokerLog.contains("reloaded 2 keys") }
-        #expect(try w.probe(["--user", b.id, "--password", b.password, "--client-id", b.clientId])["connack"] == 0)
+        #expect(try w.probe(["--user", b.id, "--password", b.password, "--client-id", b.clientId, "--until-acked"])["connack"] == 0)
         try World.write(w.dir + "/broker.keys", "k2:" + String(repeating: "cd", count: 32) + "\n")
         w.hup()
         try waitUntil(timeout: 10) { w.brokerLog.components(separatedBy: "reloaded 1 keys").count > 1 }
@@ -173,6 +173,6 @@ import Testing
         let r = try rotated.request("POST", "/v1/devices/register", body: ["installId": "inst-c"])
         let c = (r.json["deviceId"]?.stringValue ?? "", r.json["mqtt"]?["password"]?.stringValue ?? "", "pylon-push-inst-c")
         #expect(c.1.hasPrefix("pm1.k2."))
-        #expect(try w.probe(["--user", c.0, "--password", c.1, "--client-id", c.2])["connack"] == 0)
+        #expect(try w.probe(["--user", c.0, "--password", c.1, "--client-id", c.2, "--until-acked"])["connack"] == 0)
     }
 }

@@ -65,4 +65,43 @@ struct SegmentSeedTests {
         for b in store.index.batches.values { batches[b.key] = try SegmentQueueTests.ids(store, b.key, b.stream) }
         #expect(batches == want.batches)
     }
+
+    /// Record `i` of the seeds (tools/fuzz-segment-seeds.py `text`).
+    static func seedText(_ i: Int) -> [UInt8] {
+        Array(
+            (#"{"id":"r\#(i)","ts":\#(1_764_612_345_678 + i),"data":{"appKey":"seed","eventName":"purchase","property":{"sku":"A-\#(i)","price":9.99}}}"#)
+                .utf8)
+    }
+
+    /// The writer: the frames written for the seeds' contents are byte for byte the seeds'
+    /// (written by Python's zlib with the same deflate parameters), so what this code writes is
+    /// the format as documented, packed frames included.
+    @Test func theWriterWritesTheSeedsBytes() throws {
+        func file(_ name: String) throws -> [UInt8] {
+            Self.segment(try [UInt8](Data(contentsOf: URL(fileURLWithPath: Self.corpus + "/" + name))))
+        }
+        func chunk(_ ids: Range<Int>) -> Chunk {
+            var c = Chunk()
+            for i in ids { _ = Self.seedText(i).withUnsafeBytes { c.appendText($0) } }
+            return c
+        }
+        var plain = Frame.segmentMagic
+        Frame.appendLane(&plain, id: 0, stream: "seed", consent: "analytics")
+        _ = Frame.appendRecords(&plain, lane: 0, positions: [0], enqueuedMs: 1_764_612_345_000, chunk: chunk(0..<1))
+        _ = Frame.appendRecords(&plain, lane: 0, positions: [1], enqueuedMs: 1_764_612_345_000, chunk: chunk(1..<2))
+        Frame.appendCut(&plain, key: "k1", stream: "seed", final: false, seq: 0, createdMs: 1_764_612_346_000, runs: [0...1])
+        #expect(plain == (try file("plain-records")))
+
+        var packed = Frame.segmentMagic
+        Frame.appendLane(&packed, id: 0, stream: "seed", consent: "analytics")
+        let stream = try LaneDeflate.deflater()
+        for i in 0..<4 {
+            try Frame.appendPacked(
+                &packed, lane: 0, positions: [Int64(i)], enqueuedMs: 1_764_612_345_000, chunk: chunk(i..<(i + 1)), seq: UInt64(i),
+                stream: stream)
+        }
+        Frame.appendCut(&packed, key: "k1", stream: "seed", final: false, seq: 0, createdMs: 1_764_612_346_000, runs: [0...1])
+        Frame.appendEnded(&packed, [.init(key: "k1", stream: "seed", runs: [0...1])], zeroed: false)
+        #expect(packed == (try file("packed-context")))
+    }
 }

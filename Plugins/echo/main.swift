@@ -73,7 +73,10 @@ plugin.onConsentChanged = { key, granted in
 plugin.method("consentLog") { call in call.reply(.array(consentLog)) }
 // `echo.caller`: who called (only with PYLON_ECHO_CALLER=1, which turns on caller info).
 plugin.wantsCallerInfo = System.env("PYLON_ECHO_CALLER") == "1"
-plugin.method("caller") { call in call.reply(call.caller ?? .null) }
+plugin.method("caller") { call in
+    let c = call.callerInfo
+    call.reply(c == CallerInfo() ? .null : (try? JSON.parse(c.serialized)) ?? .null)
+}
 // `echo.closedClients`: client connections the host reported closed.
 var closedClients: [JSON] = []
 plugin.subscribe("bus.client.closed") { _, p in closedClients.append(p["client"] ?? .null) }

@@ -99,15 +99,20 @@ public final class Call: ManagedBuffer<CallHeader, UInt8> {
     }
 
     /// Who called, when the plugin set `wantsCallerInfo` (`CallerInfo`: all nil otherwise): read
-    /// once per call from the host's `_pylon` text (the plugin keeps the reading of the last
-    /// text, which repeats for every request of one client). Written by the host only (a
-    /// sender's own `_pylon` is refused), on requests and notifications alike. A caller without
-    /// a `uid` is no user: it owns nothing a user owns (`Ownership`).
+    /// once per call from the host's `_pylon` text, one way for every call (`CallerInfo(text:)`,
+    /// through `Plugin.callerInfo`, which keeps the reading of the last text: it repeats for every
+    /// request of one client); a call parsed by json-c hands over its member's text. Written by the
+    /// host only (a sender's own `_pylon` is refused), on requests and notifications alike. A
+    /// caller without a `uid` is no user: it owns nothing a user owns (`Ownership`).
     public var callerInfo: CallerInfo {
         if let c = header.callerInfoCache { return c }
         let c: CallerInfo
         if let tree = header.tree {
-            c = tree.has("_pylon") ? CallerInfo(json: JSONRef.toJSON(tree.member("_pylon"))) : CallerInfo()
+            if tree.has("_pylon") {
+                c = JSONRef(retaining: tree.member("_pylon")).withSerialized { plugin.callerInfo(text: $0) }
+            } else {
+                c = CallerInfo()
+            }
         } else {
             c = plugin.callerInfo(text: callerText)
         }
@@ -115,10 +120,9 @@ public final class Call: ManagedBuffer<CallHeader, UInt8> {
         return c
     }
 
-    /// The `_pylon` member as a Swift value (nil when absent): `{"client": N, "uid", "gid",
-    /// "pid"}` for a client connection, `{"plugin": name}` for another plugin, both for a plugin
-    /// acting for a client, plus `"admin": true` for an admin client. Prefer `callerInfo`.
-    public var caller: JSON? {
+    /// The `_pylon` member as a Swift value (nil when absent), for the kit's own tests; plugins
+    /// read `callerInfo`.
+    var caller: JSON? {
         if let tree = header.tree { return tree.has("_pylon") ? JSONRef.toJSON(tree.member("_pylon")) : nil }
         guard let t = callerText else { return nil }
         return (try? JSONRef.parse(t, maxDepth: Plugin.maxDepth))?.json

@@ -113,6 +113,8 @@ struct AutomationRule: Equatable {
     var stepIds: [String?] = []
     /// An event that ends the user's journeys of this rule.
     var exitOn: ExitOn?
+    /// The segment a user must be in when the trigger is evaluated (`"audience": {"segment": ID}`).
+    var audience: Int64?
     var guards = Guards()
 
     /// Whether an event of this rule's AppKey named `event` with `properties` triggers it.
@@ -167,13 +169,14 @@ struct AutomationRule: Equatable {
             "guards": .object(g),
         ]
         if let x = exitJSON { o["exit"] = x }
+        if let a = audience { o["audience"] = ["segment": .int(a)] }
         return .object(o)
     }
 
     /// Parses and validates a rule definition; every refusal names the field and what it takes.
     static func parse(_ j: JSON) throws(AutomationError) -> AutomationRule {
         guard let o = j.objectValue else { throw AutomationError("", "a rule must be a JSON object") }
-        try only(o, ["name", "appKey", "trigger", "reentry", "steps", "exit", "guards"], at: "")
+        try only(o, ["name", "appKey", "trigger", "reentry", "steps", "exit", "audience", "guards"], at: "")
         let name = try string(o["name"], "name", max: AutomationLimits.maxNameBytes)
         let appKey = try string(o["appKey"], "appKey", max: AppKey.maxBytes)
         guard AppKey.isValid(appKey) else { throw AutomationError("appKey", "must be \(AppKey.rule)") }
@@ -187,6 +190,12 @@ struct AutomationRule: Equatable {
         rule.reentry = try reentry(o["reentry"])
         try parseSteps(o["steps"], into: &rule)
         rule.exitOn = try parseExit(o["exit"])
+        if let a = o["audience"], !a.isNull {
+            guard let ao = a.objectValue else { throw AutomationError("audience", "must be {\"segment\": ID}") }
+            try only(ao, ["segment"], at: "audience")
+            guard let id = ao["segment"]?.intValue, id > 0 else { throw AutomationError("audience.segment", "must be a segment id") }
+            rule.audience = id
+        }
         rule.guards = try guards(o["guards"])
         return rule
     }
@@ -421,6 +430,17 @@ enum AutomationLimits {
     /// Templates and segments at most.
     static let maxTemplates = 1000
     static let maxSegments = 500
+    /// A segment's event-history condition: at most this many events, over at most this many days.
+    static let maxSegmentCount: Int64 = 100_000
+    static let maxSegmentDays: Int64 = 3650
+    /// Users a segment's size or member page reads at most (a size over it is answered as a
+    /// lower bound, `complete: false`), and per page of the scan.
+    static let segmentScanUsers = 200_000
+    static let segmentScanPage = 1000
+    /// Members of a one-off send to a segment at most (a larger segment is refused: narrow it).
+    static let maxSendMembers = 10_000
+    /// Members of one-off sends sent per loop turn at most (after the journeys' sends).
+    static let sendMembersPerTurn = 64
     /// Rules that are not archived, at most (every one is matched against every event).
     static let maxRules = 200
     /// Event index rows the evaluator reads per loop turn at most (bounded batches).

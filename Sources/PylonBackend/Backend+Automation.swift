@@ -40,7 +40,8 @@ extension Backend {
     func automationRoute(_ request: HTTPRequest, _ r: AutomationRoute, _ principal: Principal) throws(APIError) -> HTTPResponse {
         let now = System.wallClockMs()
         switch r {
-        case .templates, .createTemplate, .template, .updateTemplate:
+        case .templates, .createTemplate, .template, .updateTemplate, .segments, .createSegment, .segment, .updateSegment,
+            .segmentSize, .segmentMembers, .segmentSend, .send:
             return try automationObjectRoute(request, r, principal, now: now)
         case .rules:
             let q = request.query
@@ -140,6 +141,15 @@ extension Backend {
                 throw automationRefusal(AutomationError("steps[\(i)].template", "no template \(id)"))
             }
         }
+        if let id = rule.audience {
+            let seg: Segment
+            do throws(APIError) { seg = try segment(id) } catch {
+                throw automationRefusal(AutomationError("audience.segment", "no segment \(id)"))
+            }
+            guard seg.appKey == rule.appKey else {
+                throw automationRefusal(AutomationError("audience.segment", "segment \(id) is of AppKey \(seg.appKey), not \(rule.appKey)"))
+            }
+        }
         return rule
     }
 
@@ -217,6 +227,7 @@ extension Backend {
                 a.backlog = max(0, newest - (try store.automationCursor() ?? newest))
             }
             try fireDue(a, now: now)
+            try runSegmentSends(a, now: now)
         } catch {
             log.warn("automation: turn failed", ["error": error.description])
         }
@@ -257,6 +268,8 @@ extension Backend {
         let apps = Array(Set(rules.map(\.rule.appKey))).sorted()
         return try store.evaluateAutomation(apps: apps, upTo: upTo, now: now) { rows, lastEntry throws(StoreError) in
             var turn = Store.AutomationTurn()
+            // The audiences' definitions, read once per turn (nil: the segment is gone).
+            var segments: [Int64: Segment?] = [:]
             // Entries decided in this turn (not stored yet), per rule and user.
             var entered: [String: Int64] = [:]
             for row in rows {
@@ -267,6 +280,16 @@ extension Backend {
                 let properties = data["properties"] ?? .object([:])
                 for r in rules where r.rule.appKey == row.appKey && row.receivedMs >= r.createdMs {
                     guard !row.euid.isEmpty, r.rule.matches(event: row.event, properties: properties) else { continue }
+                    if let id = r.rule.audience {
+                        if segments[id] == nil {
+                            let def = try store.automationObject(.segment, id).flatMap { try? JSON.parse($0.definition) }
+                            segments[id] = def.flatMap { try? Segment.parse($0) }
+                        }
+                        guard let seg = segments[id] ?? nil, try store.segmentHas(seg, euid: row.euid, now: now) else {
+                            turn.refusals.append((r.id, r.version, row, "audience"))
+                            continue
+                        }
+                    }
                     let key = String(r.id) + "\u{1}" + row.euid
                     var last = entered[key]
                     if last == nil { last = try lastEntry(r.id, row.appKey, row.euid) }
@@ -422,29 +445,9 @@ extension Backend {
             try store.suppressJourney(j, reason: "template_missing", now: now)
             return
         }
-        let event = (try? JSON.parse(j.properties)) ?? .object([:])
-        let profile = (try? JSON.parse(try store.automationProfile(appKey: j.appKey, euid: j.euid))) ?? .object([:])
-        func render(_ s: String, _ max: Int) -> JSON {
-            .string(AutomationTemplate.cut(AutomationTemplate.render(s, event: event, profile: profile), max))
-        }
-        var body: JSONObject = [
-            "appId": .string(push.appId), "targetType": "user", "target": .string(userId),
-            "title": render(push.title, PushLimits.maxTitleBytes), "content": render(push.body, PushLimits.maxContentBytes),
-            "msgKey": .string("automation:" + String(j.id)),
-        ]
-        if !push.data.isEmpty {
-            var data: JSONObject = [:]
-            for (k, v) in push.data { data[k] = render(v.stringValue ?? "", AutomationLimits.maxDataValueBytes) }
-            body["extendedParams"] = .object(data)
-        }
-        let request = HTTPRequest(
-            method: "POST", target: "/v1/admin/push/send", headers: [], body: Array(JSON.object(body).serialized.utf8), keepAlive: true)
-        let answer: Result<HTTPResponse, APIError>
-        do throws(APIError) {
-            answer = .success(try pushSendRecorded(request, .operator, actor: "automation rule " + String(j.ruleId)))
-        } catch {
-            answer = .failure(error)
-        }
+        let answer = try sendRendered(
+            push, appKey: j.appKey, euid: j.euid, userId: userId, event: (try? JSON.parse(j.properties)) ?? .object([:]),
+            msgKey: "automation:" + String(j.id), actor: "automation rule " + String(j.ruleId))
         switch answer {
         case .success(let r):
             guard let msgId = r.body["msgId"]?.stringValue else {
@@ -460,6 +463,91 @@ extension Backend {
         case .failure(let e):
             log.warn("automation: send refused", ["journey": j.id, "error": e.message])
             try store.suppressJourney(j, reason: "send_failed", now: now)
+        }
+    }
+
+    /// Renders `push` for the user (profile as of now, `event` the trigger's properties) and
+    /// sends it through `POST /v1/admin/push/send`'s path (history, funnel, republish) to user
+    /// `userId` with dedup key `msgKey`.
+    func sendRendered(
+        _ push: AutomationRule.Push, appKey: String, euid: String, userId: String, event: JSON, msgKey: String, actor: String
+    ) throws(StoreError) -> Result<HTTPResponse, APIError> {
+        let text = try store.automationProfile(appKey: appKey, euid: euid)
+        let profile = (try? JSON.parse(text)) ?? .object([:])
+        func render(_ s: String, _ max: Int) -> JSON {
+            .string(AutomationTemplate.cut(AutomationTemplate.render(s, event: event, profile: profile), max))
+        }
+        var body: JSONObject = [
+            "appId": .string(push.appId), "targetType": "user", "target": .string(userId),
+            "title": render(push.title, PushLimits.maxTitleBytes), "content": render(push.body, PushLimits.maxContentBytes),
+            "msgKey": .string(msgKey),
+        ]
+        if !push.data.isEmpty {
+            var data: JSONObject = [:]
+            for (k, v) in push.data { data[k] = render(v.stringValue ?? "", AutomationLimits.maxDataValueBytes) }
+            body["extendedParams"] = .object(data)
+        }
+        let request = HTTPRequest(
+            method: "POST", target: "/v1/admin/push/send", headers: [], body: Array(JSON.object(body).serialized.utf8), keepAlive: true)
+        do throws(APIError) {
+            return .success(try pushSendRecorded(request, .operator, actor: actor))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Sends to the members of one-off segment sends (`POST .../segments/{id}/send`), at most
+    /// `AutomationLimits.sendMembersPerTurn` per turn, within this second's global budget. A
+    /// member without a push binding, opted out or erased is skipped with the reason.
+    func runSegmentSends(_ a: AutomationState, now: Int64) throws(StoreError) {
+        let budget = min(AutomationLimits.sendMembersPerTurn, a.global.available(now: now))
+        guard budget > 0 else { return }
+        var sends: [Int64: (Store.SendRow, AutomationRule.Push?)] = [:]
+        for (sendId, euid) in try store.claimSendMembers(now: now, limit: budget) {
+            if sends[sendId] == nil, let row = try store.segmentSend(sendId) {
+                let c = (try? JSON.parse(row.content)) ?? .null
+                var push: AutomationRule.Push?
+                if let t = c["template"]?.intValue {
+                    push = try sendPush(.template(t))
+                } else if let p = c["push"] {
+                    push = try? AutomationRule.push(p, at: "push")
+                }
+                sends[sendId] = (row, push)
+            }
+            guard let (row, push) = sends[sendId] else { continue }
+            func end(_ state: String, _ reason: String?, _ msgId: String? = nil) throws(StoreError) {
+                try store.finishSendMember(send: sendId, euid: euid, state: state, reason: reason, msgId: msgId)
+            }
+            guard let push else {
+                try end("suppressed", "template_missing")
+                continue
+            }
+            guard let userId = try store.automationUserId(appKey: row.appKey, euid: euid) else {
+                try end("suppressed", "no_binding")
+                continue
+            }
+            if try store.userConsentDenied(appKey: row.appKey, euid: euid, installId: "", userId: userId) {
+                try end("suppressed", "consent")
+                continue
+            }
+            a.global.spend(1, now: now)
+            let answer = try sendRendered(
+                push, appKey: row.appKey, euid: euid, userId: userId, event: .object([:]),
+                msgKey: "automation-send:" + String(sendId) + ":" + euid, actor: "automation send " + String(sendId))
+            switch answer {
+            case .success(let r):
+                if let msgId = r.body["msgId"]?.stringValue {
+                    try end("sent", nil, msgId)
+                } else {
+                    try end("suppressed", "send_failed")
+                }
+            case .failure(let e) where e.status == 404:
+                try end("suppressed", "no_binding")
+            case .failure(let e) where e.status >= 500:
+                try end("pending", nil)
+            case .failure:
+                try end("suppressed", "send_failed")
+            }
         }
     }
 }

@@ -13,6 +13,11 @@ enum AutomationRoute: Equatable {
     case decisions
     /// `GET|POST /v1/admin/automation/templates`, `GET|PUT /v1/admin/automation/templates/{id}`.
     case templates, createTemplate, template(Int64), updateTemplate(Int64)
+    /// `GET|POST /v1/admin/automation/segments`, `GET|PUT .../segments/{id}`,
+    /// `GET .../segments/{id}/size`, `GET .../segments/{id}/members`, `POST .../segments/{id}/send`.
+    case segments, createSegment, segment(Int64), updateSegment(Int64), segmentSize(Int64), segmentMembers(Int64), segmentSend(Int64)
+    /// `GET /v1/admin/automation/sends/{id}`: a one-off send's progress.
+    case send(Int64)
 }
 
 extension Router {
@@ -34,6 +39,21 @@ extension Router {
         case 3 where rest[1] == "templates":
             guard let n = id(rest[2]) else { return .badParameter("a template id is a positive integer") }
             return pick([("GET", .template(n)), ("PUT", .updateTemplate(n))])
+        case 2 where rest[1] == "segments": return pick([("GET", .segments), ("POST", .createSegment)])
+        case 3 where rest[1] == "segments":
+            guard let n = id(rest[2]) else { return .badParameter("a segment id is a positive integer") }
+            return pick([("GET", .segment(n)), ("PUT", .updateSegment(n))])
+        case 4 where rest[1] == "segments":
+            guard let n = id(rest[2]) else { return .badParameter("a segment id is a positive integer") }
+            switch rest[3] {
+            case "size": return pick([("GET", .segmentSize(n))])
+            case "members": return pick([("GET", .segmentMembers(n))])
+            case "send": return pick([("POST", .segmentSend(n))])
+            default: return .notFound
+            }
+        case 3 where rest[1] == "sends":
+            guard let n = id(rest[2]) else { return .badParameter("a send id is a positive integer") }
+            return pick([("GET", .send(n))])
         case 3 where rest[1] == "rules":
             guard let n = id(rest[2]) else { return .badParameter("a rule id is a positive integer") }
             return pick([("GET", .rule(n)), ("PUT", .updateRule(n))])

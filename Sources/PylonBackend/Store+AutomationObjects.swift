@@ -31,11 +31,11 @@ extension Store {
             created_ms INTEGER NOT NULL,
             updated_ms INTEGER NOT NULL
         );
-        """
+        """ + segmentSendSchema
 
     static let automationObjectsReset = """
         DELETE FROM automation_templates; DELETE FROM automation_segments;
-        """
+        """ + segmentSendReset
 
     /// A stored template or segment: its definition as stored (JSON text).
     struct ObjectRow: Equatable {

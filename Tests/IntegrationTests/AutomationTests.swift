@@ -258,4 +258,34 @@ final class AutomationWorld {
         let listed = try w.backend.request("GET", "/v1/admin/automation/templates").json["items"]?.arrayValue ?? []
         #expect(listed.count == 1 && listed.first?["name"] == "shipped")
     }
+
+    /// A one-off send to a segment goes through the admin push path: the member's app gets the
+    /// templated push once, and the send's progress names its message.
+    @Test func aOneOffSendToASegmentReachesItsMembers() throws {
+        let w = try AutomationWorld()
+        #expect(code(try w.client.call("ma.setProperty", ["properties": ["name": "Ann", "plan": "gold"]])) == 0)
+        let seg = try w.backend.request(
+            "POST", "/v1/admin/automation/segments",
+            body: [
+                "name": "gold and reachable", "appKey": "shop",
+                "conditions": [["property": "profile.plan", "op": "equals", "value": "gold"], ["pushBinding": true]],
+            ])
+        let segment = try #require(seg.json["id"]?.intValue, "\(seg.json.serialized)")
+        let members = try w.backend.request("GET", "/v1/admin/automation/segments/\(segment)/members").json["items"]?.arrayValue ?? []
+        #expect(members.map { $0["user"] } == [.string(w.euid)] && members.first?["userId"] == .string(w.userId))
+        #expect(try w.backend.request("GET", "/v1/admin/automation/segments/\(segment)/size").json["size"] == 1)
+        let send = try w.backend.request(
+            "POST", "/v1/admin/automation/segments/\(segment)/send",
+            body: ["push": ["appId": "shop", "title": "Hi {{profile.name|there}}", "body": "Gold news"]])
+        #expect(send.status == 202 && send.json["members"] == 1, "\(send.json.serialized)")
+        let m = try #require(try w.app.receive(timeoutMs: 15000)?["message"])
+        #expect(m["title"] == "Hi Ann" && m["content"] == "Gold news")
+        var status: JSON = .null
+        try waitUntil(timeout: 10) {
+            status = try w.backend.request("GET", "/v1/admin/automation/sends/\(send.json["id"]?.intValue ?? 0)").json
+            return status["sent"] == 1
+        }
+        #expect(status["pending"] == 0 && status["suppressed"] == 0, "\(status.serialized)")
+        try w.expectTheMarkerNext("after the one-off send")
+    }
 }

@@ -37,12 +37,17 @@ extension Backend {
         let device = principal.deviceId
         let admission = js.publish(subject: subject, msgID: key, headers: headers, body: body) { [weak self] outcome in
             guard let self else { return }
-            // The ledger and index writes wait in the lane like the batch did (`IngestLane`).
-            let record = { [unowned self] in
+            // The ledger and index writes wait in the lane like the batch did, and are committed
+            // with the other batches of its slice (`IngestLane`).
+            let record = { [unowned self] () -> IngestLane.Writes? in
                 self.streamOutcome(
                     outcome, answer, key: key, stream: stream, receivedAt: receivedAt, records: records, index: index, device: device)
             }
-            if let lane = self.lane { lane.enqueue(record) } else { record() }
+            if let lane = self.lane {
+                lane.enqueue(record)
+            } else if let w = record() {
+                self.commit([w])
+            }
         }
         switch admission {
         case .published:
@@ -58,37 +63,47 @@ extension Backend {
         }
     }
 
+    /// JetStream's answer for a batch: an acknowledged one leaves its ledger and index writes to
+    /// the caller's commit (the device is answered after it); the others answer at once.
     private func streamOutcome(
         _ outcome: JetStreamPublisher.Outcome, _ answer: DeferredAnswer, key: String, stream: String, receivedAt: Int64, records: Int,
         index: EventIndex.Published, device: String?
-    ) {
+    ) -> IngestLane.Writes? {
         switch outcome {
         case .acked(let seq, let duplicate, let late):
             var fresh = !duplicate
-            do throws(StoreError) {
-                fresh =
-                    try store.ledgerRecord(
-                        key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate, deviceId: device)
-                    && !duplicate
-                if fresh {
-                    try store.indexEvents(index.records, stream: stream, receivedAt: receivedAt, installId: index.installId, jsSeq: seq)
-                }
-            } catch {
-                // The batch is in the stream: the device is told so. Its key is not in the
-                // ledger, so a re-send after the duplicate window would be published again.
-                log.error("ingest ledger failed", ["stream": stream, "key": key, "error": error.description])
-            }
-            log.debug("batch acknowledged", ["stream": stream, "key": key, "seq": seq, "duplicate": !fresh, "late": late])
-            answer.answer(
-                Backend.ingestAnswer(
-                    accepted: fresh ? records : 0, duplicates: fresh ? 0 : records, duplicateBatch: !fresh, seq: seq))
+            return IngestLane.Writes(
+                write: { [unowned self] () throws(StoreError) in
+                    fresh =
+                        try store.ledgerRecord(
+                            key: key, stream: stream, receivedAt: receivedAt, records: records, duplicate: duplicate, deviceId: device)
+                        && !duplicate
+                    if fresh {
+                        try store.indexEvents(
+                            index.records, stream: stream, receivedAt: receivedAt, installId: index.installId, jsSeq: seq)
+                    }
+                },
+                done: { [unowned self] error in
+                    if let error {
+                        // The batch is in the stream: the device is told so. Its key is not in
+                        // the ledger, so a re-send after the duplicate window would be published again.
+                        log.error("ingest ledger failed", ["stream": stream, "key": key, "error": error.description])
+                        fresh = !duplicate
+                    }
+                    log.debug("batch acknowledged", ["stream": stream, "key": key, "seq": seq, "duplicate": !fresh, "late": late])
+                    answer.answer(
+                        Backend.ingestAnswer(
+                            accepted: fresh ? records : 0, duplicates: fresh ? 0 : records, duplicateBatch: !fresh, seq: seq))
+                })
         case .failed(let why):
             log.warn("batch not stored", ["stream": stream, "key": key, "reason": why])
             answer.answer(
                 HTTPResponse(APIError(status: 503, code: .streamUnavailable, message: "\(why); retry", retryAfter: 1)))
+            return nil
         case .tooLarge(let why):
             log.warn("batch not stored", ["stream": stream, "key": key, "reason": why])
             answer.answer(HTTPResponse(APIError.tooLarge("\(why); split the batch")))
+            return nil
         case .timedOut:
             log.warn("batch not acknowledged in time", ["stream": stream, "key": key])
             let ms = jetstream?.settings.ackTimeoutMs ?? 0
@@ -98,6 +113,7 @@ extension Backend {
                         status: 503, code: .streamUnavailable,
                         message: "JetStream did not acknowledge the batch within \(ms) ms or before the connection was lost; retry",
                         retryAfter: 1)))
+            return nil
         }
     }
 

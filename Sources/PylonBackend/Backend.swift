@@ -48,7 +48,34 @@ package final class Backend {
     var marks = DeliveryMarks()
 
     /// Runs ingest work through the lane once the loop is known (`main`).
-    package func startIngestLane(loop: Loop) { lane = IngestLane(loop: loop) }
+    package func startIngestLane(loop: Loop, maxGroup: Int = IngestLane.defaultMaxGroup) {
+        lane = IngestLane(loop: loop, maxGroup: maxGroup) { [unowned self] group in self.commit(group) }
+    }
+
+    /// Group commit (`IngestLane`): the writes of a slice in one transaction, then each job
+    /// told; if the group fails, each job's writes run alone (and only a failing one is told
+    /// its error).
+    func commit(_ group: [IngestLane.Writes]) {
+        if group.count > 1 {
+            do throws(StoreError) {
+                try store.transaction(.readCommitted) { () throws(StoreError) in
+                    for w in group { try w.write() }
+                }
+                for w in group { w.done(nil) }
+                return
+            } catch {
+                log.info("group commit failed; committing its batches one by one", ["batches": group.count, "error": error.description])
+            }
+        }
+        for w in group {
+            do throws(StoreError) {
+                try store.transaction(.readCommitted) { () throws(StoreError) in try w.write() }
+                w.done(nil)
+            } catch {
+                w.done(error)
+            }
+        }
+    }
 
     package init(store: Store, maxBody: Int) {
         self.store = store
@@ -105,14 +132,16 @@ package final class Backend {
             if case .ingest(let stream) = endpoint {
                 guard let lane, delay == 0 else { return try ingestNow(request, stream: stream, principal, into: nil, delay: delay) }
                 let answer = DeferredAnswer()
-                lane.enqueue { [unowned self] in
+                lane.enqueue { [unowned self] () -> IngestLane.Writes? in
                     do throws(APIError) {
+                        if jetstream == nil { return try ingestWrites(request, stream: stream, principal, answer) }
                         if case .respond(let r, _) = try ingestNow(request, stream: stream, principal, into: answer, delay: 0) {
                             answer.answer(r)
                         }
                     } catch {
                         answer.answer(HTTPResponse(error))
                     }
+                    return nil
                 }
                 return .later(answer)
             }
@@ -187,6 +216,32 @@ package final class Backend {
         guard let js = jetstream else { return .respond(try ingest(request, stream: stream, principal), delayMs: delay) }
         try checkDeviceWrite(stream: stream, principal)
         return try ingestToStream(request, stream: stream, js, principal, into: answer ?? DeferredAnswer())
+    }
+
+    /// A batch checked now, its store writes left to the lane's group commit, which answers.
+    private func ingestWrites(
+        _ request: HTTPRequest, stream: String, _ principal: Principal, _ answer: DeferredAnswer
+    ) throws(APIError) -> IngestLane.Writes {
+        let key = try idempotencyKey(request)
+        let batch = try Batch.parse(try decodedBody(request), key: key, stream: stream)
+        try checkDeviceWrite(stream: stream, principal)
+        let receivedAt = System.wallClockMs()
+        var result: Store.IngestResult?
+        return IngestLane.Writes(
+            write: { [unowned self] () throws(StoreError) in
+                result = try store.ingest(batch, receivedAt: receivedAt, installId: principal.installId, deviceId: principal.deviceId)
+            },
+            done: { [unowned self] error in
+                guard let r = result, error == nil else {
+                    let e = error ?? .unavailable("not stored")
+                    log.error("ingest failed", ["stream": stream, "error": e.description])
+                    answer.answer(HTTPResponse(APIError.storage(e)))
+                    return
+                }
+                log.debug("batch", ["stream": stream, "key": key, "accepted": r.accepted, "duplicates": r.duplicates])
+                answer.answer(
+                    Backend.ingestAnswer(accepted: r.accepted, duplicates: r.duplicates, duplicateBatch: r.duplicateBatch, seq: nil))
+            })
     }
 
     private func ingest(_ request: HTTPRequest, stream: String, _ principal: Principal) throws(APIError) -> HTTPResponse {
@@ -265,6 +320,7 @@ package final class Backend {
         if let lane {
             o["ingestLane"] = [
                 "depth": .int(Int64(lane.depth)), "peakDepth": .int(Int64(lane.peakDepth)), "ran": .int(Int64(lane.ran)),
+                "commits": .int(Int64(lane.commits)),
             ]
         }
         return HTTPResponse(.object(o))

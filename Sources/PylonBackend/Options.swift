@@ -12,6 +12,8 @@ package struct Options {
     package var dbTimeoutMs = StoreLimits.defaultStatementTimeoutMs
     package var maxBody = Limits.defaultMaxBody
     package var maxConnections = Limits.defaultMaxConnections
+    /// Most batches committed in one transaction (`IngestLane`; 1: one transaction a batch).
+    package var ingestGroup = IngestLane.defaultMaxGroup
     package var maxOutputBytes = Limits.defaultMaxOutputBytes
     package var timeouts = Timeouts()
     package var logLevel = Log.Level.info
@@ -57,7 +59,7 @@ package struct Options {
 
     package static let usage = """
         usage: pylon-backend [--listen HOST:PORT] [--db PATH | --db postgresql://...] [--db-timeout-ms MS]
-                             [--max-body BYTES] [--max-connections N]
+                             [--max-body BYTES] [--max-connections N] [--ingest-group N]
                              [--max-output-bytes N] [--max-sse-clients N] [--erase-user APPKEY:EUID]
                              [--idle-timeout-ms MS] [--header-timeout-ms MS] [--body-timeout-ms MS]
                              [--log-level LEVEL] [--mqtt HOST:PORT[,HOST:PORT...]] [--mqtt-username USER]
@@ -86,6 +88,8 @@ package struct Options {
           --max-body BYTES    largest request body, as sent and after gunzip (default 1048576)
           --max-connections N open connections; at the limit the least recently active one that
                               is not answering is closed to make room (default 1024)
+          --ingest-group N    most batches stored in one transaction (group commit; 1: a
+                              transaction a batch; default 64)
           --max-output-bytes N  response bytes waiting for slow or non-reading clients, all
                               connections together; beyond it a response over 64 KiB is
                               answered 503 server_busy, Retry-After: 1 (default 67108864)
@@ -201,6 +205,8 @@ package struct Options {
                 o.maxBody = try positive(try value(), a)
             case "--max-connections":
                 o.maxConnections = try positive(try value(), a)
+            case "--ingest-group":
+                o.ingestGroup = try positive(try value(), a)
             case "--max-output-bytes":
                 o.maxOutputBytes = try positive(try value(), a)
             case "--idle-timeout-ms":

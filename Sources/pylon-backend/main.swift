@@ -42,7 +42,7 @@ if options.console.addOperator != nil {
     System.exit(status)
 }
 let backend = Backend(store: store, maxBody: options.maxBody)
-backend.startIngestLane(loop: loop)
+backend.startIngestLane(loop: loop, maxGroup: options.ingestGroup)
 store.reconnect(on: loop)
 if let target = options.eraseUser {
     // `--erase-user APPKEY:EUID`: erase, print the request's record, exit (0 when done).

@@ -29,11 +29,13 @@ let package = Package(
         // C libraries from Debian (installed by `make deps`): module maps and tiny typed shims only.
         .systemLibrary(name: "CLibUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
         .systemLibrary(name: "CJSONC", pkgConfig: "json-c", providers: [.apt(["libjson-c-dev"])]),
-        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        // libcurl and libmosquitto: headers only, no pkg-config (its -lcurl / -lmosquitto): the
+        // programs open them on first use through CLazyLink.
+        .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
-        .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto", providers: [.apt(["libmosquitto-dev"])]),
+        .systemLibrary(name: "CMosquitto", providers: [.apt(["libmosquitto-dev"])]),
         .systemLibrary(name: "CPCRE2", pkgConfig: "libpcre2-8", providers: [.apt(["libpcre2-dev"])]),
         .systemLibrary(name: "CPlist", pkgConfig: "libplist-2.0", providers: [.apt(["libplist-dev"])]),
         // Native journal entries (sd_journal_sendv) when stderr is the journal.
@@ -59,10 +61,15 @@ let package = Package(
         .target(name: "PylonClientKit", dependencies: ["PylonCore", "PylonProtocol"], swiftSettings: strict),
         // SQLite (durable queues and state) and gzip, shared by plugins and the backend.
         .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
+        // libcurl and libmosquitto opened on first use (dlopen), not at exec: CCurl and CMosquitto
+        // are headers only, these functions stand in for the libraries. A process maps curl's
+        // tree (OpenSSL, GnuTLS, Kerberos, LDAP, …) only once it makes a request (docs/BENCHMARKS.md,
+        // "Footprint").
+        .target(name: "CLazyLink", dependencies: ["CCurl", "CMosquitto"]),
         // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
-        .target(name: "PylonHTTP", dependencies: ["CCurl", "PylonCore"], swiftSettings: strict),
+        .target(name: "PylonHTTP", dependencies: ["CCurl", "CLazyLink", "PylonCore"], swiftSettings: strict),
         // MQTT client: libmosquitto driven by the process's libuv loop (push plugin and backend).
-        .target(name: "PylonMQTT", dependencies: ["CMosquitto", "CLibUV", "PylonCore"], swiftSettings: strict),
+        .target(name: "PylonMQTT", dependencies: ["CMosquitto", "CLazyLink", "CLibUV", "PylonCore"], swiftSettings: strict),
 
         // The tag-manager engine: parse a container once, evaluate macros, rules and tags. No I/O.
         // Evaluation state is confined to one call on one thread: the dynamic exclusivity checks

@@ -21,13 +21,18 @@ work=.build/deb
 mkdir -p "$work" "$outdir"
 maintainer="Pylon maintainers <pylon@example.invalid>"
 
-# The packages of the shared libraries the given ELF files link directly, as Depends entries.
+# The packages of the shared libraries the given ELF files link directly, as Depends entries:
+# those they need at exec (DT_NEEDED) and those they open on first use (Sources/CLazyLink names
+# their SONAMEs; a file holding one of those strings opens it).
+lazy_sonames=$(sed -n 's/^#define PYLON_LAZY_[A-Z]* "\(.*\)"$/\1/p' Sources/CLazyLink/include/lazy_link.h)
 lib_depends() {
     declare -A deps=()
     local f so lib pkg
     for f in "$@"; do
-        for so in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        for so in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p') \
+            $(for so in $lazy_sonames; do grep -qaF "$so" "$f" && echo "$so"; done); do
             lib=$(ldd "$f" | awk -v so="$so" '$1 == so && $3 ~ /^\// { print $3 }')
+            [ -n "$lib" ] || lib=$(ldconfig -p | awk -v so="$so" '$1 == so { print $NF; exit }')
             [ -n "$lib" ] || { [[ $so == ld-linux* ]] && continue; echo "mkdeb: $f: $so not found" >&2; exit 1; }
             pkg=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true)
             pkg=${pkg%%:*}

@@ -64,16 +64,22 @@ public struct HTTPClientError: Error, CustomStringConvertible, Sendable {
 /// shape of curl's `multi-uv.c`). Completion callbacks run on the loop.
 public final class HTTPClient {
     let loop: Loop
-    let multi: UnsafeMutableRawPointer
+    /// libcurl's multi handle, made by the first request: a process that never sends one never
+    /// opens libcurl and its dependency tree (they are opened on first use, Sources/CLazyLink).
+    private var multiHandle: UnsafeMutableRawPointer?
     private var timer: Timer!
     private var transfers: [UnsafeMutableRawPointer: Transfer] = [:]
     private var closed = false
 
     public init(loop: Loop) {
-        HTTPClient.globalInit()
         self.loop = loop
-        multi = curl_multi_init()
         timer = Timer(loop: loop) { [unowned self] in self.onTimeout() }
+    }
+
+    var multi: UnsafeMutableRawPointer {
+        if let multiHandle { return multiHandle }
+        HTTPClient.globalInit()
+        let multi: UnsafeMutableRawPointer = curl_multi_init()
         let me = Unmanaged.passUnretained(self).toOpaque()
         _ = pylon_multi_setopt_socket_cb(multi) { easy, s, action, userp, socketp in
             Unmanaged<HTTPClient>.fromOpaque(userp!).takeUnretainedValue().socketCallback(s, action, socketp)
@@ -85,6 +91,8 @@ public final class HTTPClient {
             return 0
         }
         _ = pylon_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
+        multiHandle = multi
+        return multi
     }
 
     /// The only URL schemes a transfer may use (`CURLOPT_PROTOCOLS_STR`, also for redirects).
@@ -100,10 +108,11 @@ public final class HTTPClient {
 
     /// Starts a request; `done` is called exactly once on the loop.
     public func send(_ request: HTTPRequest, _ done: @escaping (Result<HTTPResponse, HTTPClientError>) -> Void) {
-        guard !closed, let easy = curl_easy_init() else {
-            done(.failure(HTTPClientError(code: -1, description: "HTTP client closed")))
-            return
-        }
+        let refused = HTTPClientError(code: -1, description: "HTTP client closed")
+        guard !closed else { return done(.failure(refused)) }
+        // The multi handle first: it makes libcurl's global state before the first easy handle.
+        let multi = multi
+        guard let easy = curl_easy_init() else { return done(.failure(refused)) }
         let t = Transfer(request: request, done: done)
         transfers[easy] = t
         let tp = Unmanaged.passUnretained(t).toOpaque()
@@ -250,7 +259,7 @@ public final class HTTPClient {
             t.done(.failure(HTTPClientError(code: -1, description: "HTTP client shut down")))
         }
         transfers.removeAll()
-        curl_multi_cleanup(multi)
+        if let multiHandle { curl_multi_cleanup(multiHandle) }
         timer.close()
     }
 }

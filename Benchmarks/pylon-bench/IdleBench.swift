@@ -4,8 +4,9 @@ import PylonClientKit
 import Glibc
 #endif
 
-/// `pylon-bench idle`: how often an idle install wakes up. Starts pylond with the uploader and MA
-/// plugins (the shipped set; no traffic), waits for them to settle, then counts each process's
+/// `pylon-bench idle`: how often an idle install wakes up. Starts pylond with the four shipped
+/// plugins, their backend and broker unreachable (no traffic: the push plugin keeps retrying its
+/// registration, GTM its container), waits for them to settle, then counts each process's
 /// context switches (`voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches` in
 /// /proc/PID/status) over `--seconds` (default 30 for this mode) and prints wake-ups per second.
 func idleBench() throws {
@@ -13,6 +14,8 @@ func idleBench() throws {
     startHost(plugins: [
         ["name": "uploader", "exec": "pylon-uploader", "config": ["endpoint": "http://127.0.0.1:9/v1/batches/{stream}"]],
         ["name": "ma", "exec": "pylon-ma", "config": ["backend": "http://127.0.0.1:9"]],
+        ["name": "push", "exec": "pylon-push", "config": ["backend": "http://127.0.0.1:9", "broker": ["host": "127.0.0.1", "port": 9]]],
+        ["name": "gtm", "exec": "pylon-gtm", "config": ["backend": "http://127.0.0.1:9"]],
     ])
     guard let hostPid = hostProcess?.pid else { fatalError("no host") }
     let status = try SyncClient(path: socketPath).call("bus.status", nil, timeoutMs: 5000)

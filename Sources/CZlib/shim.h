@@ -1,9 +1,6 @@
 #ifndef PYLON_CZLIB_SHIM_H
 #define PYLON_CZLIB_SHIM_H
+/* zlib for Swift: PylonStore's Deflater/Inflater call deflateInit2_/inflateInit2_ directly
+   (deflateInit2 and inflateInit2 are macros Swift cannot import). */
 #include <zlib.h>
-/* deflateInit2/inflateInit2 are macros. windowBits 15+16 selects the gzip wrapper. */
-static inline int pylon_deflate_init_gzip(z_stream *s, int level) {
-    return deflateInit2(s, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
-}
-static inline int pylon_inflate_init_gzip(z_stream *s) { return inflateInit2(s, 15 + 16); }
 #endif

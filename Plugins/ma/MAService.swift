@@ -34,7 +34,8 @@ final class MAService {
     // Events on their way to the uploader (MAService+Events).
     /// Per AppKey, the batches of events recorded in this loop turn (the last one open).
     var outbox: [String: [EventBatch]] = [:]
-    lazy var outboxTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushOutbox() }
+    /// Fires at the end of the loop turn the outbox's first event came in (`flushOutbox`).
+    let outboxTimer: Timer
     var outboxCount = 0
     /// Settled batches, kept (emptied) for the next ones.
     var spareBatches: [EventBatch] = []
@@ -44,7 +45,8 @@ final class MAService {
     /// Events recorded and waiting to be parked in ma.db at the end of this loop turn (one
     /// transaction for all), answered once it commits.
     var parkQueue: [ParkedEvent] = []
-    lazy var parkTimer = Timer(loop: plugin.loop) { [unowned self] in self.flushParkQueue() }
+    /// Fires at the end of the loop turn the park queue's first event came in (`flushParkQueue`).
+    let parkTimer: Timer
     /// The last enqueue met an uploader restarting or not answering in time (cleared by one that
     /// succeeds): batches waiting for an enqueue slot are kept on disk and answered
     /// (`flushOutbox`).
@@ -74,6 +76,10 @@ final class MAService {
         self.deviceId = deviceId
         eventIdPrefix = Array("\(deviceId)-\(System.randomHex(6))".utf8)
         http = HTTPClient(loop: plugin.loop)
+        outboxTimer = Timer(loop: plugin.loop) {}
+        parkTimer = Timer(loop: plugin.loop) {}
+        outboxTimer.callback = { [unowned self] in self.flushOutbox() }
+        parkTimer.callback = { [unowned self] in self.flushParkQueue() }
     }
 
     /// The service, from the host's welcome: the configuration read (`MAConfig`), `ma.db` opened

@@ -441,6 +441,9 @@ enum AutomationLimits {
     static let maxSendMembers = 10_000
     /// Members of one-off sends sent per loop turn at most (after the journeys' sends).
     static let sendMembersPerTurn = 64
+    /// A dry run replays the trigger events of this window, at most this many of them.
+    static let dryRunWindowMs: Int64 = 86_400_000
+    static let dryRunEvents = 5000
     /// Rules that are not archived, at most (every one is matched against every event).
     static let maxRules = 200
     /// Event index rows the evaluator reads per loop turn at most (bounded batches).

@@ -41,7 +41,7 @@ extension Backend {
         let now = System.wallClockMs()
         switch r {
         case .templates, .createTemplate, .template, .updateTemplate, .segments, .createSegment, .segment, .updateSegment,
-            .segmentSize, .segmentMembers, .segmentSend, .send:
+            .segmentSize, .segmentMembers, .segmentSend, .send, .dryRun:
             return try automationObjectRoute(request, r, principal, now: now)
         case .rules:
             let q = request.query
@@ -133,7 +133,7 @@ extension Backend {
     }
 
     /// Parses a rule definition; a send step's template must exist.
-    private func parseRule(_ body: JSON) throws(APIError) -> AutomationRule {
+    func parseRule(_ body: JSON) throws(APIError) -> AutomationRule {
         let rule = try refusing { () throws(AutomationError) in try AutomationRule.parse(body) }
         for (i, s) in rule.steps.enumerated() {
             guard case .send(.template(let id)) = s else { continue }
@@ -164,7 +164,7 @@ extension Backend {
         return status
     }
 
-    private func ruleRow(_ id: Int64) throws(APIError) -> Store.RuleRow {
+    func ruleRow(_ id: Int64) throws(APIError) -> Store.RuleRow {
         guard let row = try storage({ () throws(StoreError) in try store.automationRule(id) }) else {
             throw APIError(status: 404, code: .notFound, message: "no rule \(id)")
         }

@@ -84,6 +84,8 @@ extension Backend {
             return list(items, next: cursor)
         case .segmentSend(let id):
             return try segmentSend(request, id, principal, now: now)
+        case .dryRun:
+            return try automationDryRun(request, now: now)
         case .send(let id):
             guard let row = try storage({ () throws(StoreError) in try store.segmentSend(id) }) else {
                 throw APIError(status: 404, code: .notFound, message: "no send \(id)")
@@ -209,5 +211,58 @@ extension Backend {
         var e = APIError.badRequest(.invalidRequest, error.description)
         e.extra = ["field": .string(error.field)]
         return e
+    }
+
+    /// `POST .../dry-run` with a rule definition, or `{"rule": ID}` for a stored rule: the rule
+    /// replayed over the trigger events of the last `AutomationLimits.dryRunWindowMs`
+    /// (`AutomationDryRun`), at most `AutomationLimits.dryRunEvents` of them.
+    private func automationDryRun(_ request: HTTPRequest, now: Int64) throws(APIError) -> HTTPResponse {
+        let body = try jsonBody(request)
+        var ruleId: Int64?
+        let rule: AutomationRule
+        if let o = body.objectValue, o.count == 1, let ref = o["rule"] {
+            guard let id = ref.intValue, id > 0 else { throw automationRefusal(AutomationError("rule", "must be a rule id")) }
+            let row = try ruleRow(id)
+            guard let j = try? JSON.parse(row.definition) else { throw APIError(status: 404, code: .notFound, message: "no rule \(id)") }
+            rule = try parseRule(j)
+            ruleId = id
+        } else {
+            rule = try parseRule(body)
+        }
+        let since = now - AutomationLimits.dryRunWindowMs
+        let limit = AutomationLimits.dryRunEvents
+        let events = try storage { () throws(StoreError) in
+            try store.automationWindowEvents(appKey: rule.appKey, event: rule.event, sinceMs: since, limit: limit + 1)
+        }
+        let seg: Segment? = try rule.audience.map { id throws(APIError) in try segment(id) }
+        var failure: APIError?
+        let result = AutomationDryRun.run(rule, events: Array(events.prefix(limit))) { euid in
+            do throws(APIError) {
+                return try storage { () throws(StoreError) -> AutomationDryRun.User in
+                    var u = AutomationDryRun.User()
+                    if let seg { u.member = try store.segmentHas(seg, euid: euid, now: now) }
+                    let userId = try store.automationUserId(appKey: rule.appKey, euid: euid)
+                    u.consentDenied = try store.userConsentDenied(appKey: rule.appKey, euid: euid, installId: "", userId: userId)
+                    u.reachable =
+                        try userId.map { id throws(StoreError) in try store.pushResolve(targetType: "user", target: id).devices.count > 0 }
+                        ?? false
+                    if let a = automation { u.offsetMinutes = try userOffsetMinutes(a, rule, appKey: rule.appKey, euid: euid, now: now) }
+                    let h = try store.automationDryRunHistory(
+                        rule: ruleId, appKey: rule.appKey, euid: euid, beforeMs: since, sinceMs: since - 7 * 86_400_000)
+                    u.lastEntryMs = h.lastEntryMs
+                    u.sentMs = h.sentMs
+                    return u
+                }
+            } catch {
+                failure = error
+                return AutomationDryRun.User()
+            }
+        }
+        if let failure { throw failure }
+        var o = result.json.objectValue ?? [:]
+        o["windowMs"] = .int(AutomationLimits.dryRunWindowMs)
+        o["truncated"] = .bool(events.count > limit)
+        if let ruleId { o["ruleId"] = .int(ruleId) }
+        return HTTPResponse(.object(o))
     }
 }

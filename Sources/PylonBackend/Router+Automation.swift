@@ -18,6 +18,8 @@ enum AutomationRoute: Equatable {
     case segments, createSegment, segment(Int64), updateSegment(Int64), segmentSize(Int64), segmentMembers(Int64), segmentSend(Int64)
     /// `GET /v1/admin/automation/sends/{id}`: a one-off send's progress.
     case send(Int64)
+    /// `POST /v1/admin/automation/dry-run`: a rule replayed over the last 24 h of events.
+    case dryRun
 }
 
 extension Router {
@@ -35,6 +37,7 @@ extension Router {
         switch rest.count {
         case 2 where rest[1] == "rules": return pick([("GET", .rules), ("POST", .createRule)])
         case 2 where rest[1] == "decisions": return pick([("GET", .decisions)])
+        case 2 where rest[1] == "dry-run": return pick([("POST", .dryRun)])
         case 2 where rest[1] == "templates": return pick([("GET", .templates), ("POST", .createTemplate)])
         case 3 where rest[1] == "templates":
             guard let n = id(rest[2]) else { return .badParameter("a template id is a positive integer") }

@@ -204,3 +204,43 @@ extension Store {
             [.text(state), reason.map { .text($0) } ?? .null, msgId.map { .text($0) } ?? .null, .int(send), .text(euid)])
     }
 }
+
+extension Store {
+    // MARK: Dry run
+
+    /// The trigger events of `event` in `appKey` since `sinceMs` (by the events' time), oldest
+    /// first, at most `limit`: (euid, received, properties).
+    func automationWindowEvents(appKey: String, event: String, sinceMs: Int64, limit: Int) throws(StoreError) -> [AutomationDryRun.Event] {
+        try db.query(
+            """
+            SELECT e.euid, e.received_ms, coalesce(e.data, r.data, 'null')
+            FROM events e LEFT JOIN records r ON r.stream = e.stream AND r.id = e.record_id
+            WHERE e.app_key = ? AND e.event = ? AND e.time_ms >= ? ORDER BY e.time_ms, e.id LIMIT ?
+            """, [.text(appKey), .text(event), .int(sinceMs), .int(Int64(limit))]
+        ).map {
+            let data = (try? JSON.parse($0[2].text ?? "null", maxDepth: Limits.maxJSONDepth + 1)) ?? .null
+            return AutomationDryRun.Event(
+                euid: $0[0].text ?? "", receivedMs: $0[1].int ?? 0, properties: data["properties"] ?? .object([:]))
+        }
+    }
+
+    /// The rule's last entry for the user before `beforeMs`, and the non-transactional
+    /// automation pushes the user got since `sinceMs`.
+    func automationDryRunHistory(rule: Int64?, appKey: String, euid: String, beforeMs: Int64, sinceMs: Int64) throws(StoreError) -> (
+        lastEntryMs: Int64?, sentMs: [Int64]
+    ) {
+        let last = try rule.flatMap { id throws(StoreError) in
+            try db.query(
+                "SELECT max(entered_ms) FROM automation_journeys WHERE rule_id = ? AND app_key = ? AND euid = ? AND entered_ms < ?",
+                [.int(id), .text(appKey), .text(euid), .int(beforeMs)]
+            ).first?.first?.int
+        }
+        let sent = try db.query(
+            """
+            SELECT sent_ms FROM automation_journeys WHERE app_key = ? AND euid = ? AND sent_ms >= ?
+                AND state IN ('sending', 'sent') AND transactional = 0
+            """, [.text(appKey), .text(euid), .int(sinceMs)]
+        ).compactMap { $0[0].int }
+        return (last, sent)
+    }
+}

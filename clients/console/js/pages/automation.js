@@ -3,6 +3,7 @@
 import {h, fmtTime, fmtNum, replace} from '../dom.js';
 import {get, post, seg, isAdmin} from '../api.js';
 import {page, panel, errorBox, table, field, input, select, status, button, busy, note, kv, pagedTable, pre} from '../ui.js';
+import {templatesPanel, segmentsPanel, dryRunButton, parse} from './automation-objects.js';
 
 const EXAMPLE = {
   name: 'Thanks for a big purchase',
@@ -43,8 +44,8 @@ export async function render({root, params, query, navigate}) {
   const paused = h('input', {type: 'checkbox', id: 'rule-paused', name: 'paused'});
   const create = h('button', {type: 'submit', id: 'rule-create'}, 'Create rule');
   const form = h('form', {class: 'composer'},
-    field('Definition (JSON)', text, 'trigger, reentry, steps (an optional wait, then a send), guards — see docs/AUTOMATION.md'),
-    h('label', {class: 'check'}, paused, ' Create paused'), create);
+    field('Definition (JSON)', text, 'trigger, reentry, audience, steps (wait, branch, send, exit), exit, guards — see docs/AUTOMATION.md'),
+    h('label', {class: 'check'}, paused, ' Create paused'), create, dryRunButton(() => parse(text.value), st));
   if (!isAdmin()) for (const c of [text, paused, create]) c.disabled = true;
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
@@ -62,10 +63,12 @@ export async function render({root, params, query, navigate}) {
     });
   });
   root.appendChild(page('Automation',
-    h('p', {class: 'muted'}, 'Rules send a push when a user records an event: trigger, an optional wait, the send, and its guards (caps, quiet hours, consent).'),
+    h('p', {class: 'muted'}, 'Rules send a push when a user records an event: trigger, steps (waits, branches, the send), and its guards (caps, quiet hours, consent).'),
     isAdmin() ? null : note('Viewers can see the rules; changing them needs the admin role.', 'info'),
     panel('Rules', listWrap, st),
     panel('New rule', form),
+    templatesPanel(),
+    segmentsPanel(),
     h('p', null, h('a', {href: '#/automation/decisions'}, 'All decisions →'))));
   await load();
 }
@@ -127,18 +130,21 @@ async function ruleView({root, id, query, navigate}) {
   const push = f.push || {};
   const reasons = Object.entries(f.reasons || {});
   const stats = h('div', {id: 'automation-funnel'}, kv([
-    ['Triggered', fmtNum(f.triggered)], ['Waiting', fmtNum(f.waiting)], ['Sent', fmtNum(f.sent)],
-    ['Suppressed', fmtNum(f.suppressed)], ['Push: devices sent', fmtNum(push.sent)], ['Push: delivered', fmtNum(push.delivered)],
+    ['Triggered', fmtNum(f.triggered)], ['Waiting', fmtNum(f.waiting)], ['Branches taken', fmtNum(f.branch)], ['Sent', fmtNum(f.sent)],
+    ['Suppressed', fmtNum(f.suppressed)], ['Exited', fmtNum(f.exited)], ['Push: devices sent', fmtNum(push.sent)], ['Push: delivered', fmtNum(push.delivered)],
     ['Push: opened', fmtNum(push.opened)],
   ]), reasons.length ? table([
     {label: 'Reason', value: ([k]) => k}, {label: 'Count', value: ([, v]) => fmtNum(v)},
   ], reasons, {class: 'reasons'}) : note('No suppression yet.', 'info'));
+  const dryStatus = status();
+  dryStatus.id = 'dry-run-status';
   const versions = table([
     {label: 'Version', value: (v) => v.version}, {label: 'Created', value: (v) => fmtTime(v.createdMs)}, {label: 'By', value: (v) => v.actor},
   ], rule.versions || []);
   root.appendChild(page(`Rule ${rule.id} · ${rule.name}`,
     h('p', null, h('a', {href: '#/automation'}, '← Rules'), ' ', h('span', {class: ['badge', `status-${rule.status}`]}, rule.status)),
     panel('Funnel', stats),
+    panel('Dry run', dryRunButton(() => ({rule: rule.id}), dryStatus), dryStatus),
     panel('Decisions', form, decisions),
     panel(`Definition (version ${rule.version})`, pre(rule.definition), versions)));
 }

@@ -530,12 +530,16 @@ extension Store {
         try db.query("SELECT count(*) FROM automation_journeys WHERE state IN ('pending', 'claimed', 'sending')").first?.first?.int ?? 0
     }
 
-    /// Deletes the user's journeys and decisions (an erasure's last step); answers how many.
+    /// Deletes the user's journeys, decisions and one-off send rows (an erasure's last step);
+    /// answers how many.
     /// The erasure itself keeps the user from any later send (`userConsentDenied`).
     func eraseAutomation(appKey: String, euid: String) throws(StoreError) -> Int {
         let key: [SQLBind] = [.text(appKey), .text(euid)]
         return try db.run("DELETE FROM automation_journeys WHERE app_key = ? AND euid = ?", key)
             + db.run("DELETE FROM automation_decisions WHERE euid = ? AND app_key = ?", [.text(euid), .text(appKey)])
+            + db.run(
+                "DELETE FROM automation_send_members WHERE euid = ? AND send_id IN (SELECT id FROM automation_sends WHERE app_key = ?)",
+                [.text(euid), .text(appKey)])
     }
 
     // MARK: Decisions and funnel

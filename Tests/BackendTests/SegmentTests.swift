@@ -123,5 +123,10 @@ import Testing
             return status["pending"] == 0
         }
         #expect(status["suppressed"] == 1 && status["reasons"]?["no_binding"] == 1, "\(status.serialized)")
+        // Erasing cid deletes the send's row of cid.
+        let erasure = try b.request(
+            "POST", "/v1/admin/erasures", body: Array(JSON.object(["appKey": "app", "euid": .string(cid)]).serialized.utf8))
+        #expect(erasure.status == 200 || erasure.status == 202, "\(erasure.text)")
+        try waitUntil(timeout: 15) { try b.get("/v1/admin/automation/sends/\(sendId)")["suppressed"] == 0 }
     }
 }

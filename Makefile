@@ -126,7 +126,7 @@ test: build pydeps
 ## backend binary's suites in BackendTests) are `make test`'s. A suite added to BackendTests that
 ## starts no process belongs in UNIT_SUITES.
 UNIT_TARGETS := PylonCoreTests PylonProtocolTests PylonHostTests UploaderTests MATests PushTests TagEngineTests FleetTests StoreLogTests
-UNIT_SUITES := BackendTests.BatchReaderTests BackendTests.BrokerClusterOptionsTests BackendTests.ConsoleUnitTests BackendTests.AutomationUnitTests BackendTests.FreePortTests BackendTests.GroupCommitTests
+UNIT_SUITES := BackendTests.BatchReaderTests BackendTests.BrokerClusterOptionsTests BackendTests.ConsoleUnitTests BackendTests.AutomationUnitTests BackendTests.AutomationStepsTests BackendTests.AutomationTimeZoneTests BackendTests.FreePortTests BackendTests.GroupCommitTests
 ## UNIT_TMPDIR: where their temporary files go (a tmpfs: the store tests check logic, not the disk).
 UNIT_TMPDIR ?= $(shell test -w /dev/shm && echo /dev/shm || echo /tmp)
 test-unit: deps

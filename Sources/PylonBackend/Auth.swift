@@ -9,10 +9,11 @@ import Glibc
 /// schemes).
 ///
 /// - `open`: anyone (`/healthz`).
-/// - `enrolment`: `POST /v1/devices/register`: the enrolment secret (`--enrol-secret-file`) as
-///   `Authorization: Bearer`, or nothing under `--open-enrolment`.
+/// - `enrolment`: `POST /v1/devices/register`: the enrolment secret (`--enrol-secret-file`) or an
+///   enrolment key (`pe1.…`, `Backend+EnrolmentKeys.swift`) as `Authorization: Bearer`, or
+///   nothing under `--open-enrolment`.
 /// - `device`: a device credential: a device token issued at registration, or the enrolment
-///   secret (the fleet-level device key every device is provisioned with).
+///   secret or key the device was provisioned with.
 /// - `pushDevice`: a device token only: the push calls act on that device's own push identity.
 /// - `operator`: the operator token (`--operator-token-file`), or an operator session's cookie
 ///   (`Backend+Session.swift`: a `viewer` may only read, every change needs `X-CSRF-Token`);
@@ -31,7 +32,8 @@ extension Endpoint {
         case .pushCall: .pushDevice
         case .data: .operator
         case .console(let r): r.access
-        case .inspectStream, .inspectRecords, .stats, .reset, .deviceReenrol, .getFaults, .setFaults, .clearFaults, .maGetApp, .maSetApp,
+        case .inspectStream, .inspectRecords, .stats, .reset, .deviceReenrol, .enrolmentKeys, .getFaults, .setFaults, .clearFaults,
+            .maGetApp, .maSetApp,
             .maGetMetadata, .maSetMetadata, .maFindUser, .maInspectUser, .pushSend, .pushInspect, .gtmPublish, .gtmInspect:
             .operator
         }
@@ -41,7 +43,9 @@ extension Endpoint {
 /// The caller a request was authenticated as.
 enum Principal: Equatable {
     case anonymous
-    case enrolment
+    /// The fleet-wide enrolment secret (`key` nil) or an enrolment key of a batch of devices
+    /// (`Backend+EnrolmentKeys.swift`).
+    case enrolment(key: String?)
     /// A registered device (its id and install id).
     case device(id: String, installId: String)
     /// The operator token: an admin named `SessionLimits.tokenName`.
@@ -158,11 +162,17 @@ extension Backend {
             noteDeviceSeen(id)
             return .device(id: id, installId: row.installId)
         }
+        let enrolment: Principal?
         if let e = credentials.enrolSecret, Credentials.equal(token.utf8, e) {
+            enrolment = .enrolment(key: nil)
+        } else {
+            enrolment = try enrolmentKeyPrincipal(token)
+        }
+        if let enrolment {
             guard access != .pushDevice else {
                 throw .forbidden("push calls need this device's own token (POST /v1/devices/register)")
             }
-            return .enrolment
+            return enrolment
         }
         if let op = credentials.operatorToken, Credentials.equal(token.utf8, op) {
             throw .forbidden("the operator token is not a device credential")

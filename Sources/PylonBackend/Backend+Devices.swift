@@ -39,7 +39,7 @@ extension Backend {
         default:
             if let existing {
                 var approved = false
-                if principal == .enrolment {
+                if case .enrolment = principal {
                     approved = try storage { () throws(StoreError) in try store.takeReenrolment(installId: install, now: now) }
                 }
                 guard approved else {
@@ -55,8 +55,25 @@ extension Backend {
                 log.info("re-enrolment approved by an operator used", ["installId": install, "deviceId": existing])
             } else {
                 let candidate = System.randomHex(8)
-                let made = try storage { () throws(StoreError) in
-                    try store.createDevice(id: candidate, installId: install, secret: secret, now: now)
+                var keyUsed = true
+                let made: (deviceId: String, secret: String, created: Bool)
+                do throws(APIError) {
+                    made = try storage { () throws(StoreError) in
+                        try store.transaction(.readCommitted) { () throws(StoreError) in
+                            let made = try store.createDevice(id: candidate, installId: install, secret: secret, now: now)
+                            // An enrolment key counts the device it registered, within its limit.
+                            if made.created, case .enrolment(let key?) = principal {
+                                keyUsed = try store.useEnrolmentKey(key, deviceId: made.deviceId, now: now)
+                                if !keyUsed { throw StoreError.busy("the enrolment key may register no more devices") }
+                            }
+                            return made
+                        }
+                    }
+                } catch {
+                    guard keyUsed else {
+                        throw .forbidden("this enrolment key may register no more devices (revoked, expired or at its maxDevices)")
+                    }
+                    throw error
                 }
                 (id, secret, renewed) = (made.deviceId, made.secret, false)
                 if !made.created {

@@ -172,6 +172,7 @@ package final class Backend {
         case .health: return HTTPResponse(["ok": true])
         case .deviceRegister: return try registerDevice(request, principal)
         case .deviceReenrol(let installId): return try approveReenrolment(installId: installId, principal)
+        case .enrolmentKeys(let id): return try enrolmentKeys(request, id: id, principal)
         case .ingest(let stream): return try ingest(request, stream: stream, principal)
         case .inspectStream(let stream): return try inspect(stream: stream)
         case .inspectRecords(let stream): return try records(request, stream: stream)

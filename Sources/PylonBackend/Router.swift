@@ -7,6 +7,9 @@ enum Endpoint: Equatable {
     case deviceRegister
     /// `POST /v1/admin/devices/{installId}/reenrol`: an operator's approval (`Backend+Devices.swift`).
     case deviceReenrol(installId: String)
+    /// `GET|POST /v1/admin/enrolment-keys`, `DELETE /v1/admin/enrolment-keys/{id}`
+    /// (`Backend+EnrolmentKeys.swift`).
+    case enrolmentKeys(id: String?)
     case ingest(stream: String)
     case inspectStream(String)
     case inspectRecords(String)
@@ -73,6 +76,13 @@ enum Router {
         case 5 where starts("v1", "admin", "devices") && segs[4] == "reenrol":
             guard Backend.isValidInstallId(segs[3]) else { return .badParameter("installId must be 1 to 64 of [A-Za-z0-9._-]") }
             return pick([("POST", .deviceReenrol(installId: segs[3]))])
+        case 3 where starts("v1", "admin", "enrolment-keys"):
+            return pick([("GET", .enrolmentKeys(id: nil)), ("POST", .enrolmentKeys(id: nil))])
+        case 4 where starts("v1", "admin", "enrolment-keys"):
+            guard segs[3].utf8.count == 16, DeviceToken.isHex(segs[3][...]) else {
+                return .badParameter("an enrolment key id is 16 hex digits")
+            }
+            return pick([("DELETE", .enrolmentKeys(id: segs[3]))])
         case 2 where starts("v1", "faults"): return pick([("GET", .getFaults), ("POST", .setFaults), ("DELETE", .clearFaults)])
         case 4 where starts("v1", "inspect", "streams"): return stream(segs[3]) { [("GET", .inspectStream($0))] }
         case 5 where starts("v1", "inspect", "streams") && segs[4] == "records":

@@ -84,7 +84,9 @@ package final class Store {
         """
 
     /// Every table, in the order they are created (`schema` of each part).
-    static var schemas: [String] { [schema, maSchema, pushSchema, gtmSchema, devicesSchema, dataSchema, consoleSchema] }
+    static var schemas: [String] {
+        [schema, maSchema, pushSchema, gtmSchema, devicesSchema, dataSchema, consoleSchema, enrolmentSchema]
+    }
 
     /// Permission bits of the database file and of its `-wal` and `-shm` files: the data is
     /// the clients', so only the backend's user may read it.

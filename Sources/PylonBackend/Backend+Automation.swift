@@ -129,6 +129,21 @@ extension Backend {
                     rule: rule, euid: nonEmpty(q["user"]), appKey: nonEmpty(q["appKey"]), before: before, limit: limit)
             }
             return list(rows.map(Backend.decisionJSON), next: rows.count == limit ? rows.last.map { String($0.id) } : nil)
+        case .journeys:
+            let q = request.query
+            let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
+            var rule: Int64?
+            if let s = nonEmpty(q["rule"]) {
+                guard let n = Int64(s), n > 0 else { throw .badRequest(.invalidRequest, "rule must be a rule id") }
+                rule = n
+            }
+            if let a = nonEmpty(q["appKey"]), let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
+            let before = try cursorInt(q) ?? .max
+            let rows = try storage { () throws(StoreError) in
+                try store.automationJourneys(
+                    rule: rule, euid: nonEmpty(q["user"]), appKey: nonEmpty(q["appKey"]), before: before, limit: limit)
+            }
+            return list(rows, next: rows.count == limit ? rows.last?["id"]?.intValue.map { String($0) } : nil)
         }
     }
 

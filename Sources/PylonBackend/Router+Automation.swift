@@ -20,6 +20,8 @@ enum AutomationRoute: Equatable {
     case send(Int64)
     /// `POST /v1/admin/automation/dry-run`: a rule replayed over the last 24 h of events.
     case dryRun
+    /// `GET /v1/admin/automation/journeys`: journeys newest first (a user's journey view).
+    case journeys
 }
 
 extension Router {
@@ -38,6 +40,7 @@ extension Router {
         case 2 where rest[1] == "rules": return pick([("GET", .rules), ("POST", .createRule)])
         case 2 where rest[1] == "decisions": return pick([("GET", .decisions)])
         case 2 where rest[1] == "dry-run": return pick([("POST", .dryRun)])
+        case 2 where rest[1] == "journeys": return pick([("GET", .journeys)])
         case 2 where rest[1] == "templates": return pick([("GET", .templates), ("POST", .createTemplate)])
         case 3 where rest[1] == "templates":
             guard let n = id(rest[2]) else { return .badParameter("a template id is a positive integer") }

@@ -137,4 +137,33 @@ extension Store {
             return data["properties"] ?? .object([:])
         }
     }
+
+    /// Journeys newest first, before the cursor `before`, filtered by rule, user and AppKey, as
+    /// the API answers them (`GET /v1/admin/automation/journeys`).
+    func automationJourneys(rule: Int64?, euid: String?, appKey: String?, before: Int64, limit: Int) throws(StoreError) -> [JSON] {
+        var sql = """
+            SELECT id, rule_id, version, app_key, euid, state, step, due_ms, entered_ms, sent_ms, msg_id, reason, event_id
+            FROM automation_journeys WHERE id < ?
+            """
+        var args: [SQLBind] = [.int(before)]
+        for (column, value) in [
+            ("rule_id", rule.map { SQLBind.int($0) }), ("euid", euid.map { .text($0) }), ("app_key", appKey.map { .text($0) }),
+        ] {
+            guard let value else { continue }
+            sql += " AND \(column) = ?"
+            args.append(value)
+        }
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(.int(Int64(limit)))
+        return try db.query(sql, args).map { r in
+            [
+                "id": .int(r[0].int ?? 0), "ruleId": .int(r[1].int ?? 0), "version": .int(r[2].int ?? 0),
+                "appKey": .string(r[3].text ?? ""),
+                "user": .string(r[4].text ?? ""), "state": .string(r[5].text ?? ""), "step": .int(r[6].int ?? 0),
+                "dueMs": .int(r[7].int ?? 0), "enteredMs": .int(r[8].int ?? 0), "sentMs": r[9].int.map(JSON.int) ?? .null,
+                "msgId": r[10].text.map(JSON.string) ?? .null, "reason": r[11].text.map(JSON.string) ?? .null,
+                "eventId": .int(r[12].int ?? 0),
+            ]
+        }
+    }
 }

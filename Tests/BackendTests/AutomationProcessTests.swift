@@ -19,8 +19,8 @@ import Testing
         ["id": .string(id), "ts": 1, "data": ["event": "purchase", "euid": .string(euid), "properties": ["price": .int(price)]]]
     }
 
-    static func post(_ b: BackendProcess, key: String, _ records: [JSON]) throws {
-        let r = try b.postBatch("ma.shop", key: key, ["records": .array(records)])
+    static func post(_ b: BackendProcess, key: String, _ records: [JSON], stream: String = "ma.shop") throws {
+        let r = try b.postBatch(stream, key: key, ["records": .array(records)])
         guard r.status == 200 else { throw TestFailure(description: "batch \(key): \(r.status) \(r.text)") }
     }
 
@@ -139,5 +139,43 @@ import Testing
         #expect(try trail("cid") == ["triggered/", "waiting/wait", "exited/exit_event"])
         let f = try b.get("/v1/admin/automation/rules/\((try created.json())["id"]?.intValue ?? 0)/funnel")
         #expect(f["exited"] == 2 && f["branch"] == 2 && f["reasons"]?["exited:exit_event"] == 1, "\(f.serialized)")
+    }
+
+    /// A wait until 09:00 in each user's time zone: an IANA name in the profile (Asia/Tokyo:
+    /// 00:00 UTC), a fixed offset (+05:30: 03:30 UTC), and none (the rule's -60: 10:00 UTC),
+    /// seen in the journey view.
+    @Test(arguments: StoreKind.allCases) func aWaitUntilATimeOfDayFollowsTheProfilesTimeZone(_ store: StoreKind) throws {
+        let b = try BackendProcess(store: store)
+        let rule: JSON = [
+            "name": "morning", "appKey": "app", "trigger": ["event": "signup"], "guards": ["utcOffsetMinutes": -60],
+            "steps": [["type": "wait", "until": "09:00"], ["type": "send", "push": ["appId": "app", "title": "t", "body": "b"]]],
+        ]
+        let created = try b.request("POST", "/v1/admin/automation/rules", body: Array(rule.serialized.utf8))
+        #expect(created.status == 201, "\(created.text)")
+        let zones: [(String, JSON?, Int64)] = [("tokyo", "Asia/Tokyo", 0), ("delhi", "+05:30", 12_600_000), ("nowhere", nil, 36_000_000)]
+        var euids: [String: String] = [:]
+        for (device, zone, _) in zones {
+            let e = try b.startEUID(device)
+            euids[device] = e
+            if let zone { #expect(try b.prop(e, ["op": "set", "properties": ["timezone": zone]])["code"] == 0) }
+        }
+        let before = Int64(Date().timeIntervalSince1970 * 1000)
+        try Self.post(
+            b, key: "s",
+            zones.map { ["id": .string($0.0), "ts": 1, "data": ["event": "signup", "euid": .string(euids[$0.0]!), "properties": [:]]] },
+            stream: "ma.app")
+        var journeys: [JSON] = []
+        try waitUntil(timeout: 15) {
+            journeys = try b.get("/v1/admin/automation/journeys")["items"]?.arrayValue ?? []
+            return journeys.count == 3 && journeys.allSatisfy { $0["step"] == 1 }
+        }
+        let after = Int64(Date().timeIntervalSince1970 * 1000)
+        for (device, _, utcOfDay) in zones {
+            let j = try #require(journeys.first { $0["user"] == .string(euids[device]!) })
+            let due = try #require(j["dueMs"]?.intValue)
+            #expect(due % 86_400_000 == utcOfDay, "\(device): 09:00 local is \(utcOfDay / 60_000) min after 00:00 UTC: \(j.serialized)")
+            #expect(due > before && due <= after + 86_400_000 && j["state"] == "pending", "\(device): the next such time: \(j.serialized)")
+        }
+        #expect(try Self.decisions(b).filter { $0["reason"] == "wait_until" }.count == 3)
     }
 }

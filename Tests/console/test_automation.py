@@ -99,3 +99,4 @@ def test_templates_segments_and_a_dry_run_from_the_page(console, stack, driver):
     actions = [e["action"] for e in stack.ok("GET", "/v1/admin/audit?limit=500")["items"]]
     assert {"automation.template.create", "automation.segment.create"} <= set(actions)
     assert not console.csp_violations()
+    console.screenshot("automation")

@@ -64,14 +64,16 @@ let package = Package(
         // SQLite (durable queues and state) and gzip, shared by plugins and the backend.
         .target(name: "PylonStore", dependencies: ["CSQLite", "CZlib", "PylonCore"], swiftSettings: strict),
         // libcurl and libmosquitto opened on first use (dlopen), not at exec: CCurl and CMosquitto
-        // are headers only, these functions stand in for the libraries. A process maps curl's
-        // tree (OpenSSL, GnuTLS, Kerberos, LDAP, …) only once it makes a request (docs/BENCHMARKS.md,
-        // "Footprint").
-        .target(name: "CLazyLink", dependencies: ["CCurl", "CMosquitto"]),
+        // are headers only, these functions stand in for the libraries (one target each, so a
+        // program names only the libraries it can open). A process maps curl's tree (OpenSSL,
+        // GnuTLS, Kerberos, LDAP, …) only once it makes a request (docs/BENCHMARKS.md, "Footprint").
+        .target(name: "CLazyLink"),
+        .target(name: "CLazyCurl", dependencies: ["CCurl", "CLazyLink"]),
+        .target(name: "CLazyMosquitto", dependencies: ["CMosquitto", "CLazyLink"]),
         // HTTP client: libcurl's multi-socket API driven by the process's libuv loop.
-        .target(name: "PylonHTTP", dependencies: ["CCurl", "CLazyLink", "PylonCore"], swiftSettings: strict),
+        .target(name: "PylonHTTP", dependencies: ["CCurl", "CLazyCurl", "PylonCore"], swiftSettings: strict),
         // MQTT client: libmosquitto driven by the process's libuv loop (push plugin and backend).
-        .target(name: "PylonMQTT", dependencies: ["CMosquitto", "CLazyLink", "CLibUV", "PylonCore"], swiftSettings: strict),
+        .target(name: "PylonMQTT", dependencies: ["CMosquitto", "CLazyMosquitto", "CLibUV", "PylonCore"], swiftSettings: strict),
 
         // The tag-manager engine: parse a container once, evaluate macros, rules and tags. No I/O.
         // Evaluation state is confined to one call on one thread: the dynamic exclusivity checks

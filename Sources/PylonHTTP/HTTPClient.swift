@@ -65,7 +65,7 @@ public struct HTTPClientError: Error, CustomStringConvertible, Sendable {
 public final class HTTPClient {
     let loop: Loop
     /// libcurl's multi handle, made by the first request: a process that never sends one never
-    /// opens libcurl and its dependency tree (they are opened on first use, Sources/CLazyLink).
+    /// opens libcurl and its dependency tree (opened on first use: Sources/CLazyCurl).
     private var multiHandle: UnsafeMutableRawPointer?
     private var timer: Timer!
     private var transfers: [UnsafeMutableRawPointer: Transfer] = [:]

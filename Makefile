@@ -39,8 +39,13 @@ build: deps mosquitto-auth
 mosquitto-auth: deps
 	@mkdir -p .build && $(MAKE) -s --no-print-directory -C tools/mosquitto-auth OUT=$(CURDIR)/.build/pylon_auth.so
 
+## The Swift runtime and libstdc++ (its C++) linked statically: tools/static-libstdc++ is a linker
+## script that sends the runtime's -lstdc++ to libstdc++.a, and the last -l:libstdc++.a resolves
+## what the runtime's archives need after it. No process maps libstdc++.so.6 (docs/BENCHMARKS.md,
+## "Footprint").
 release: deps
-	$(SWIFT) build -c release --static-swift-stdlib
+	$(SWIFT) build -c release --static-swift-stdlib \
+	  -Xlinker -L$(CURDIR)/tools/static-libstdc++ -Xlinker -l:libstdc++.a
 
 BACKEND_LISTEN ?= 127.0.0.1:8780
 MQTT_LISTEN ?= 127.0.0.1:1883

@@ -38,10 +38,8 @@ let package = Package(
         .systemLibrary(name: "CMosquitto", providers: [.apt(["libmosquitto-dev"])]),
         .systemLibrary(name: "CPCRE2", pkgConfig: "libpcre2-8", providers: [.apt(["libpcre2-dev"])]),
         .systemLibrary(name: "CPlist", pkgConfig: "libplist-2.0", providers: [.apt(["libplist-dev"])]),
-        // Native journal entries (sd_journal_sendv) when stderr is the journal: the header only,
-        // CJournal speaks the protocol (libsystemd and its tree are not linked).
-        .systemLibrary(name: "CSystemd", providers: [.apt(["libsystemd-dev"])]),
-        .target(name: "CJournal", dependencies: ["CSystemd"]),
+        // Native journal entries (sd_journal_sendv) when stderr is the journal.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // The fleet's server side: PostgreSQL (libpq) for shared state, NATS JetStream (libnats,
         // with its libuv adapter) for the ingest stream.
         .systemLibrary(name: "CPQ", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
@@ -52,7 +50,7 @@ let package = Package(
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
 
         // Loop wrappers, framing, JSON, protocol types, logging. No Foundation.
-        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd", "CJournal"], swiftSettings: strict),
+        .target(name: "PylonCore", dependencies: ["CLibUV", "CJSONC", "CSystemd"], swiftSettings: strict),
         // The wire protocol, for every side: JSON-RPC envelopes, error codes, the bus.hello
         // manifest and welcome, host method names and topics.
         .target(name: "PylonProtocol", dependencies: ["PylonCore", "CJSONC"], swiftSettings: strict),

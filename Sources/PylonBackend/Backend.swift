@@ -181,10 +181,12 @@ package final class Backend {
         case .getFaults: return HTTPResponse(faults.json)
         case .setFaults:
             try faults.merge(try jsonBody(request))
+            lane?.held = faults.holdIngest
             log.info("faults set", ["state": faults.json.serialized])
             return HTTPResponse(faults.json)
         case .clearFaults:
             faults = FaultState()
+            lane?.held = false
             return HTTPResponse(faults.json)
         case .maCall(let appKey, let call):
             try noteDeviceApp(appKey: appKey, principal)
@@ -333,6 +335,7 @@ package final class Backend {
         }
         try storage { () throws(StoreError) in try store.reset() }
         faults = FaultState()
+        lane?.held = false
         stats = Stats()
         gtmFetches = [:]
         log.info("reset")

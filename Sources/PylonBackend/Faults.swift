@@ -5,13 +5,15 @@ import PylonCore
 /// Order of precedence for a matching request: `dropNext` (close without answering), then
 /// `failNext` (answer `status` with `Retry-After` when set, store nothing). `latencyMs` delays
 /// every matching response, failed ones included, until cleared; dropped connections close at
-/// once.
+/// once. `holdIngest` stalls the ingest lane (`IngestLane`): batches are read and queued but
+/// none is stored or answered until it is cleared, as when the store cannot keep up.
 struct FaultState: Equatable {
     var failNext = 0
     var status = 503
     var retryAfter: Int?
     var latencyMs = 0
     var dropNext = 0
+    var holdIngest = false
 
     enum Decision: Equatable {
         case pass
@@ -50,6 +52,9 @@ struct FaultState: Equatable {
             case "retryAfter": next.retryAfter = value.isNull ? nil : try int(0...86_400)
             case "latencyMs": next.latencyMs = try int(0...Limits.maxLatencyMs)
             case "dropNext": next.dropNext = try int(0...1_000_000)
+            case "holdIngest":
+                guard let b = value.boolValue else { throw .badRequest(.invalidRequest, "holdIngest must be true or false") }
+                next.holdIngest = b
             default: throw .badRequest(.invalidRequest, "unknown fault setting \(key)")
             }
         }
@@ -60,7 +65,7 @@ struct FaultState: Equatable {
         [
             "failNext": .int(Int64(failNext)), "status": .int(Int64(status)),
             "retryAfter": retryAfter.map { .int(Int64($0)) } ?? .null,
-            "latencyMs": .int(Int64(latencyMs)), "dropNext": .int(Int64(dropNext)),
+            "latencyMs": .int(Int64(latencyMs)), "dropNext": .int(Int64(dropNext)), "holdIngest": .bool(holdIngest),
         ]
     }
 }

@@ -52,6 +52,11 @@ final class IngestLane {
     /// Jobs waiting now.
     var depth: Int { jobs.count - head }
 
+    /// Run nothing while set (the `holdIngest` fault: a store that cannot keep up).
+    var held = false {
+        didSet { schedule() }
+    }
+
     /// Queues `job` to run after this turn's reads, in order of arrival. The job answers by
     /// itself, or returns the writes whose commit answers it.
     func enqueue(_ job: @escaping () -> Writes?) {
@@ -61,7 +66,7 @@ final class IngestLane {
     }
 
     private func schedule() {
-        guard !scheduled, depth > 0 else { return }
+        guard !scheduled, !held, depth > 0 else { return }
         scheduled = true
         loop.nextTurn { [unowned self] in self.runSlice() }
     }
@@ -70,6 +75,7 @@ final class IngestLane {
     /// writes, then yields to the loop's reads.
     private func runSlice() {
         scheduled = false
+        guard !held else { return }
         let start = Loop.hrtimeNs
         var group: [Writes] = []
         repeat {

@@ -349,7 +349,10 @@ import Testing
         let r = try b.postBatch("s", key: "g", batchBody(key: "g", stream: "s", ids: ["2"]))
         #expect(r.status == 429)
         #expect(try b.request("DELETE", "/v1/faults").status == 200)
-        #expect(try b.get("/v1/faults") == ["failNext": 0, "status": 503, "retryAfter": .null, "latencyMs": 0, "dropNext": 0])
+        #expect(
+            try b.get("/v1/faults") == [
+                "failNext": 0, "status": 503, "retryAfter": .null, "latencyMs": 0, "dropNext": 0, "holdIngest": false,
+            ])
     }
 
     @Test func invalidFaultSettingsAreRejected() throws {

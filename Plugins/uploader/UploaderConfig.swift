@@ -216,6 +216,21 @@ package struct UploaderConfig {
 
     package init() {}
 
+    /// The top-level settings `init` reads (the others are unknown: `unknown`).
+    static let settings = [
+        "endpoint", "credentialFile", "maxDiskBytes", "maxDiskBytesPerOwner", "maxStreamsPerOwner", "requestTimeoutMs",
+        "retryInitialMs", "retryMaxMs", "maxRetryAfterMs", "fsync", "queueCompression", "allowedHosts", "owners", "pixels",
+        "pluginNamespaces", "streams",
+    ]
+
+    /// Top-level settings of `c` no one reads, as the kit's `ConfigReader` names them
+    /// (`config.fo: unknown setting`): a warning at start, an error under `--check-config`.
+    package static func unknown(_ c: JSON) -> [String] {
+        var r = ConfigReader(c)
+        for k in settings { r.accept(k) }
+        return r.unknown
+    }
+
     package init(_ c: JSON) throws(UploaderConfigError) {
         func int(_ k: String, _ range: ClosedRange<Int64>) throws(UploaderConfigError) -> Int? {
             try ConfigBounds.int(c[k], k, range).map { Int($0) }
@@ -243,7 +258,11 @@ package struct UploaderConfig {
         guard retry.maxMs >= retry.initialMs else {
             throw UploaderConfigError("retryMaxMs (\(retry.maxMs)) must be at least retryInitialMs (\(retry.initialMs))")
         }
-        fsyncFull = c["fsync"]?.stringValue == "full"
+        switch c["fsync"] {
+        case nil, .null?, .string("normal")?: fsyncFull = false
+        case .string("full")?: fsyncFull = true
+        default: throw UploaderConfigError("fsync must be \"normal\" or \"full\"")
+        }
         if let v = c["queueCompression"], v != .null {
             guard let t = v.stringValue, let q = QueueCompression(rawValue: t) else {
                 throw UploaderConfigError("queueCompression must be \"deflate\" or \"none\"")
@@ -290,7 +309,10 @@ package struct UploaderConfig {
             for (pattern, v) in obj {
                 guard v.objectValue != nil else { throw UploaderConfigError("streams[\(pattern)] must be an object of settings") }
                 var e = StreamCatalog.Entry(pattern: pattern)
-                e.endpoint = v["endpoint"]?.stringValue
+                if let ev = v["endpoint"], ev != .null {
+                    guard let url = ev.stringValue else { throw UploaderConfigError("streams[\(pattern)].endpoint must be a string") }
+                    e.endpoint = url
+                }
                 let key = "streams[\(pattern)]."
                 e.maxCount = try ConfigBounds.int(v["maxCount"], key + "maxCount", StreamSettings.maxCountRange).map { Int($0) }
                 e.intervalMs = try ConfigBounds.int(v["intervalMs"], key + "intervalMs", StreamSettings.intervalMsRange).map {

@@ -22,40 +22,35 @@ public enum UploaderMain {
             } catch {
                 throw ConfigProblems("config: " + error.description)
             }
-            return []
+            return UploaderConfig.unknown(j)
         }
         // Every request carries the host's `_pylon` caller info: streams are owned (docs/UPLOADER.md).
         plugin.wantsCallerInfo = true
-        // Built from the host's welcome (config, state directory) in `onReady`; the host routes
-        // no request before it, so `serve` only guards.
-        var uploader: Uploader?
-        func serve(_ method: @escaping (Uploader, Call) -> Void) -> (Call) -> Void {
-            { call in
-                guard let u = uploader else { return call.fail(RPCError(.pluginUnavailable, "the uploader is starting")) }
-                method(u, call)
-            }
+        // Built from the host's welcome (config, state directory) in `onReady` (the kit's
+        // `service`); the host routes no request before it, so `uploader.serve` only guards.
+        let uploader = plugin.service { p in
+            for w in UploaderConfig.unknown(p.config) { p.log.warn("configuration", ["warning": w]) }
+            let u = Uploader.open(p)
+            u.reportConsentAtStart()
+            return u
         }
 
         // The hot path: served from the request's bytes, answered after the group commit.
-        plugin.method("enqueue", consent: "{consent}", reads: .text, serve { $0.enqueue($1) })
-        plugin.method("flush", serve { $0.flush($1) })
-        plugin.method("status", serve { $0.status($1) })
-        plugin.method("deadLetters", serve { $0.deadLetters($1) })
-        plugin.method("requeue", serve { $0.requeue($1) })
-        plugin.method("discard", serve { $0.discard($1) })
-        plugin.method("configureStream", serve { $0.configureStream($1) })
+        plugin.method("enqueue", consent: "{consent}", reads: .text, uploader.serve { $0.enqueue($1) })
+        plugin.method("flush", uploader.serve { $0.flush($1) })
+        plugin.method("status", uploader.serve { $0.status($1) })
+        plugin.method("deadLetters", uploader.serve { $0.deadLetters($1) })
+        plugin.method("requeue", uploader.serve { $0.requeue($1) })
+        plugin.method("discard", uploader.serve { $0.discard($1) })
+        plugin.method("configureStream", uploader.serve { $0.configureStream($1) })
         // Admins only: hand a stream to another owner, or release it (docs/UPLOADER.md, "Owners").
-        plugin.method("setOwner", serve { $0.setOwner($1) })
+        plugin.method("setOwner", uploader.serve { $0.setOwner($1) })
         UploaderMethodDocs.declare(plugin)
-        plugin.onReady = {
-            uploader = Uploader.open(plugin)
-            uploader?.reportConsentAtStart()
-        }
         plugin.onConsentChanged = { key, granted in
-            uploader?.consentChanged(key: key, granted: granted)
-            uploader?.reportConsent(key: key, granted: granted)  // opt-outs reach the server
+            uploader.current?.consentChanged(key: key, granted: granted)
+            uploader.current?.reportConsent(key: key, granted: granted)  // opt-outs reach the server
         }
-        plugin.onShutdown = { uploader?.shutdown() }
+        plugin.onShutdown = { uploader.current?.shutdown() }
         plugin.run()
     }
 }

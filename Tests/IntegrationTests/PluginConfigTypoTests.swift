@@ -30,6 +30,7 @@ import Testing
         ("pylon-ma", #""retryMaxMs": 1000"#, #""retryMaxMS": 1000"#, "config.retryMaxMS: unknown setting"),
         ("pylon-gtm", #""logLevel": "info""#, #""loglevel": "info""#, "config.loglevel: unknown setting"),
         ("pylon-push", #""inboxMaxCount": 10"#, #""inboxMaxCuont": 10"#, "config.inboxMaxCuont: unknown setting"),
+        ("pylon-uploader", #""maxDiskBytes": 1048576"#, #""maxDiskBytez": 1048576"#, "config.maxDiskBytez: unknown setting"),
     ])
     func aTypoIsAnError(exe: String, good: String, typo: String, problem: String) throws {
         let ok = try check(exe, "{\(good), \"_comment\": \"comments are not settings\"}")

@@ -26,9 +26,9 @@ public struct SupervisorPolicy: Equatable, Sendable {
     /// How long a started plugin has to complete its handshake.
     public var startTimeoutMs: UInt64 = 10_000
     /// Heartbeat period, and how long a heartbeat may go unanswered before the plugin is killed.
-    /// 5 s: an idle install wakes rarely (all plugins share one tick); a hung plugin is found
-    /// within timeout + interval.
-    public var heartbeatIntervalMs: UInt64 = 5_000
+    /// 10 s: an idle plugin wakes 0.1 times a second for it (all plugins share one tick); a hung
+    /// plugin is found within timeout + 2 × interval (30 s, the unit's WatchdogSec).
+    public var heartbeatIntervalMs: UInt64 = 10_000
     public var heartbeatTimeoutMs: UInt64 = 10_000
     /// Grace period between asking a plugin to stop (`bus.shutdown`, channel closed) and SIGTERM.
     public var stopGraceMs: UInt64 = 5_000

@@ -115,34 +115,18 @@ extension Backend {
             o["push"] = ["sent": .int(f.sent), "delivered": .int(f.delivered), "opened": .int(f.opened)]
             return HTTPResponse(.object(o))
         case .decisions:
-            let q = request.query
-            let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
-            var rule: Int64?
-            if let s = nonEmpty(q["rule"]) {
-                guard let n = Int64(s), n > 0 else { throw .badRequest(.invalidRequest, "rule must be a rule id") }
-                rule = n
-            }
-            if let a = nonEmpty(q["appKey"]), let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
-            let before = try cursorInt(q) ?? .max
+            let f = try journeyFilter(request)
             let rows = try storage { () throws(StoreError) in
-                try store.automationDecisions(
-                    rule: rule, euid: nonEmpty(q["user"]), appKey: nonEmpty(q["appKey"]), before: before, limit: limit)
+                try store.automationDecisions(rule: f.rule, euid: f.user, appKey: f.appKey, before: f.before, limit: f.limit)
             }
+            let limit = f.limit
             return list(rows.map(Backend.decisionJSON), next: rows.count == limit ? rows.last.map { String($0.id) } : nil)
         case .journeys:
-            let q = request.query
-            let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
-            var rule: Int64?
-            if let s = nonEmpty(q["rule"]) {
-                guard let n = Int64(s), n > 0 else { throw .badRequest(.invalidRequest, "rule must be a rule id") }
-                rule = n
-            }
-            if let a = nonEmpty(q["appKey"]), let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
-            let before = try cursorInt(q) ?? .max
+            let f = try journeyFilter(request)
             let rows = try storage { () throws(StoreError) in
-                try store.automationJourneys(
-                    rule: rule, euid: nonEmpty(q["user"]), appKey: nonEmpty(q["appKey"]), before: before, limit: limit)
+                try store.automationJourneys(rule: f.rule, euid: f.user, appKey: f.appKey, before: f.before, limit: f.limit)
             }
+            let limit = f.limit
             return list(rows, next: rows.count == limit ? rows.last?["id"]?.intValue.map { String($0) } : nil)
         }
     }
@@ -385,5 +369,20 @@ extension Backend {
             a.global.spend(1, now: now)
             try send(a, j, rule, now: now)
         }
+    }
+
+    /// The filters of the decision and journey lists: `?rule=&user=&appKey=&limit=&cursor=`.
+    private func journeyFilter(_ request: HTTPRequest) throws(APIError) -> (
+        rule: Int64?, user: String?, appKey: String?, before: Int64, limit: Int
+    ) {
+        let q = request.query
+        let limit = try pageLimit(q, max: AutomationLimits.maxPage, default: 50)
+        var rule: Int64?
+        if let s = nonEmpty(q["rule"]) {
+            guard let n = Int64(s), n > 0 else { throw .badRequest(.invalidRequest, "rule must be a rule id") }
+            rule = n
+        }
+        if let a = nonEmpty(q["appKey"]), let why = Router.invalidAppKey(a) { throw .badRequest(.invalidRequest, why) }
+        return (rule, nonEmpty(q["user"]), nonEmpty(q["appKey"]), try cursorInt(q) ?? .max, limit)
     }
 }

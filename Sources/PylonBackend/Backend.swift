@@ -48,8 +48,8 @@ package final class Backend {
     var marks = DeliveryMarks()
 
     /// Runs ingest work through the lane once the loop is known (`main`).
-    package func startIngestLane(loop: Loop, maxGroup: Int = IngestLane.defaultMaxGroup) {
-        lane = IngestLane(loop: loop, maxGroup: maxGroup) { [unowned self] group in self.commit(group) }
+    package func startIngestLane(loop: Loop, maxGroup: Int = IngestLane.defaultMaxGroup, sliceNs: UInt64 = IngestLane.defaultSliceNs) {
+        lane = IngestLane(loop: loop, maxGroup: maxGroup, sliceNs: sliceNs) { [unowned self] group in self.commit(group) }
     }
 
     /// Group commit (`IngestLane`): the writes of a slice in one transaction, then each job

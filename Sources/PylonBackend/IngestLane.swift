@@ -18,7 +18,8 @@ import PylonCore
 /// (`--nats-max-pending`).
 final class IngestLane {
     /// How long one turn of the loop may spend on queued batches before it reads again.
-    static let sliceNs: UInt64 = 2_000_000
+    static let defaultSliceNs: UInt64 = 2_000_000
+    let sliceNs: UInt64
     /// Most jobs whose writes share one transaction, unless `--ingest-group` says otherwise.
     static let defaultMaxGroup = 64
     let maxGroup: Int
@@ -43,9 +44,14 @@ final class IngestLane {
     private(set) var peakDepth = 0
     private(set) var commits = 0
 
-    init(loop: Loop, maxGroup: Int = IngestLane.defaultMaxGroup, commit: @escaping ([Writes]) -> Void) {
+    /// `sliceNs`: the time budget of a turn (tests that count groups give one that never runs out).
+    init(
+        loop: Loop, maxGroup: Int = IngestLane.defaultMaxGroup, sliceNs: UInt64 = IngestLane.defaultSliceNs,
+        commit: @escaping ([Writes]) -> Void
+    ) {
         self.loop = loop
         self.maxGroup = max(1, maxGroup)
+        self.sliceNs = sliceNs
         self.commit = commit
     }
 
@@ -84,7 +90,7 @@ final class IngestLane {
             head += 1
             ran += 1
             if let w = job() { group.append(w) }
-        } while depth > 0 && group.count < maxGroup && Loop.hrtimeNs &- start < IngestLane.sliceNs
+        } while depth > 0 && group.count < maxGroup && Loop.hrtimeNs &- start < sliceNs
         if !group.isEmpty {
             commits += 1
             commit(group)

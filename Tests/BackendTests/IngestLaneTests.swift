@@ -42,7 +42,7 @@ import Testing
             #expect(try r?.json()["accepted"] == .int(Int64(IngestLaneTests.recordsPerBatch)))
         }
         #expect(try b.get("/v1/inspect/streams/lane")["records"] == .int(Int64(IngestLaneTests.devices * IngestLaneTests.recordsPerBatch)))
-        let after = try b.get("/v1/inspect/stats")["ingestLane"] ?? .null
-        #expect((after["commits"]?.intValue ?? .max) < Int64(IngestLaneTests.devices), "batches were committed together: \(after)")
+        // How many batches share a commit depends on the machine's speed (a 2 ms slice):
+        // GroupCommitTests counts the groups with a budget that does not run out.
     }
 }

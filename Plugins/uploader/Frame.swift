@@ -88,14 +88,8 @@ enum Frame: Equatable {
         var starts: [Int] = []
         starts.reserveCapacity(chunk.count)
         append(to: &out) { o in
-            o.append(Kind.records.rawValue)
-            varint(&o, lane)
-            varint(&o, UInt64(bitPattern: positions[0]))
-            varint(&o, UInt64(bitPattern: max(0, enqueuedMs)))
-            varint(&o, UInt64(chunk.count))
-            for i in 1..<max(1, positions.count) { varint(&o, UInt64(positions[i] - positions[i - 1])) }
+            recordsHead(&o, .records, lane: lane, positions: positions, enqueuedMs: enqueuedMs, chunk: chunk)
             chunk.index.withUnsafeBytes { ix in
-                for i in 0..<chunk.count { varint(&o, UInt64(Chunk.span(ix, i).count)) }
                 let base = o.count
                 for i in 0..<chunk.count { starts.append(base + Chunk.span(ix, i).lowerBound) }
             }
@@ -110,17 +104,25 @@ enum Frame: Equatable {
         _ out: inout [UInt8], lane: UInt64, positions: [Int64], enqueuedMs: Int64, chunk: Chunk, seq: UInt64, stream: Deflater
     ) throws {
         try append(to: &out) { o in
-            o.append(Kind.packed.rawValue)
-            varint(&o, lane)
-            varint(&o, UInt64(bitPattern: positions[0]))
-            varint(&o, UInt64(bitPattern: max(0, enqueuedMs)))
-            varint(&o, UInt64(chunk.count))
-            for i in 1..<max(1, positions.count) { varint(&o, UInt64(positions[i] - positions[i - 1])) }
-            chunk.index.withUnsafeBytes { ix in
-                for i in 0..<chunk.count { varint(&o, UInt64(Chunk.span(ix, i).count)) }
-            }
+            recordsHead(&o, .packed, lane: lane, positions: positions, enqueuedMs: enqueuedMs, chunk: chunk)
             varint(&o, seq)
             try stream.deflate(chunk.body, into: &o)
+        }
+    }
+
+    /// What a records frame and a packed frame start with alike: kind, lane, first position,
+    /// enqueue time, count, the other positions as deltas, each record's length.
+    private static func recordsHead(
+        _ o: inout [UInt8], _ kind: Kind, lane: UInt64, positions: [Int64], enqueuedMs: Int64, chunk: Chunk
+    ) {
+        o.append(kind.rawValue)
+        varint(&o, lane)
+        varint(&o, UInt64(bitPattern: positions[0]))
+        varint(&o, UInt64(bitPattern: max(0, enqueuedMs)))
+        varint(&o, UInt64(chunk.count))
+        for i in 1..<max(1, positions.count) { varint(&o, UInt64(positions[i] - positions[i - 1])) }
+        chunk.index.withUnsafeBytes { ix in
+            for i in 0..<chunk.count { varint(&o, UInt64(Chunk.span(ix, i).count)) }
         }
     }
 

@@ -23,34 +23,33 @@ import Testing
             done: told)
     }
 
-    @Test func aGroupIsOneTransactionAndEveryJobIsToldAfterIt() throws {
+    /// Commits three batches of two records as one group (batch `failing` throws after its
+    /// writes); answers how each was told (batch key → success) and the stream's summary.
+    static func commitThree(failing: Int? = nil) throws -> (told: [String: Bool], records: Int64, batches: Int64) {
         let store = try Store(path: ":memory:")
         defer { store.close() }
         let backend = Backend(store: store, maxBody: 1 << 20)
-        var told: [String: Bool] = [:]  // batch key → told success
+        var told: [String: Bool] = [:]
         let group = try (0..<3).map { i in
             let b = try Self.batch("k\(i)", ids: ["a\(i)", "b\(i)"])
-            return Self.writes(backend, b) { told["k\(i)"] = $0 == nil }
+            return Self.writes(backend, b, fail: i == failing) { told["k\(i)"] = $0 == nil }
         }
         backend.commit(group)
-        #expect(told == ["k0": true, "k1": true, "k2": true])
-        #expect(try store.summary(stream: "s").records == 6)
+        let s = try store.summary(stream: "s")
+        return (told, s.records, s.batches)
+    }
+
+    @Test func aGroupIsOneTransactionAndEveryJobIsToldAfterIt() throws {
+        let r = try Self.commitThree()
+        #expect(r.told == ["k0": true, "k1": true, "k2": true])
+        #expect(r.records == 6)
     }
 
     @Test func aFailedGroupIsCommittedJobByJobAndOnlyTheFailingJobIsToldAnError() throws {
-        let store = try Store(path: ":memory:")
-        defer { store.close() }
-        let backend = Backend(store: store, maxBody: 1 << 20)
-        var told: [String: Bool] = [:]  // batch key → told success
-        let group = try (0..<3).map { i in
-            let b = try Self.batch("k\(i)", ids: ["a\(i)", "b\(i)"])
-            return Self.writes(backend, b, fail: i == 1) { told["k\(i)"] = $0 == nil }
-        }
-        backend.commit(group)
-        #expect(told == ["k0": true, "k1": false, "k2": true], "only the failing batch is told an error")
+        let r = try Self.commitThree(failing: 1)
+        #expect(r.told == ["k0": true, "k1": false, "k2": true], "only the failing batch is told an error")
         // The failing batch's writes were rolled back with it; the others are stored once.
-        let s = try store.summary(stream: "s")
-        #expect(s.records == 4 && s.batches == 2)
+        #expect(r.records == 4 && r.batches == 2)
     }
 
     @Test func theLaneCommitsTheJobsOfOneSliceTogether() throws {

@@ -9,20 +9,7 @@ import Testing
 @Suite struct PluginConfigTypoTests {
     /// Runs `PLUGIN --check-config` (no bus) with `config` on stdin.
     func check(_ exe: String, _ config: String) throws -> (status: Int32, output: String) {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: binDir + "/" + exe)
-        p.arguments = ["--check-config"]
-        let input = Pipe()
-        let out = Pipe()
-        p.standardInput = input
-        p.standardOutput = out
-        p.standardError = out
-        try p.run()
-        input.fileHandleForWriting.write(Data(config.utf8))
-        try input.fileHandleForWriting.close()
-        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        p.waitUntilExit()
-        return (p.terminationStatus, text)
+        try runWithInput(binDir + "/" + exe, ["--check-config"], input: config)
     }
 
     /// Each plugin: a setting it knows, and the same one misspelt.

@@ -221,16 +221,22 @@ public let promtoolPath = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first
 
 /// `promtool check metrics` of `text` (promtool at `promtool`): its exit status and what it printed.
 public func promtoolCheck(_ text: String, promtool: String) throws -> (Int32, String) {
+    try runWithInput(promtool, ["check", "metrics"], input: text)
+}
+
+/// Runs `path` with `arguments` and `input` on its standard input to completion: its exit status
+/// and what it wrote to standard output and standard error together.
+public func runWithInput(_ path: String, _ arguments: [String], input: String) throws -> (status: Int32, output: String) {
     let p = Process()
-    p.executableURL = URL(fileURLWithPath: promtool)
-    p.arguments = ["check", "metrics"]
+    p.executableURL = URL(fileURLWithPath: path)
+    p.arguments = arguments
     let inp = Pipe()
     let out = Pipe()
     p.standardInput = inp
     p.standardOutput = out
     p.standardError = out
     try p.run()
-    inp.fileHandleForWriting.write(Data(text.utf8))
+    inp.fileHandleForWriting.write(Data(input.utf8))
     try inp.fileHandleForWriting.close()
     let said = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
     p.waitUntilExit()
